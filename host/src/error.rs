@@ -1,0 +1,179 @@
+//! The one error type of the crate.
+//!
+//! One variant per failure a user can act on, each carrying the context needed to act
+//! (PE, offset, size, variable name, library name). Nothing a user's input or environment
+//! can cause is a panic.
+
+use std::io;
+
+/// Result alias used throughout rshmem.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in rshmem.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An environment variable is missing or malformed.
+    #[error("environment variable {var}={value:?}: {reason}")]
+    Env {
+        var: String,
+        value: String,
+        reason: String,
+    },
+
+    /// A required variable (or set of variables) is absent.
+    #[error("{0}")]
+    MissingEnv(String),
+
+    /// A caller passed something rshmem cannot do; the message says what and why.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// A PE number outside the job or team.
+    #[error("PE {pe} does not exist (the {scope} has {n_pes} PEs)")]
+    InvalidPe {
+        pe: usize,
+        n_pes: usize,
+        scope: &'static str,
+    },
+
+    /// The peer exists but no transport reaches it (e.g. it is on another node and no
+    /// network transport is configured).
+    #[error("PE {pe} is not reachable from PE {from}: {reason}")]
+    Unreachable {
+        pe: usize,
+        from: usize,
+        reason: String,
+    },
+
+    /// A symmetric address range outside the heap.
+    #[error(
+        "symmetric range [{offset:#x}, {offset:#x}+{len}) on PE {pe} is outside the symmetric heap \
+         (usable range [{heap_start:#x}, {heap_end:#x}))"
+    )]
+    OutOfBounds {
+        pe: usize,
+        offset: usize,
+        len: usize,
+        heap_start: usize,
+        heap_end: usize,
+    },
+
+    /// A symmetric address not aligned for the operation.
+    #[error("symmetric offset {offset:#x} is not {align}-byte aligned, as {op} requires")]
+    Misaligned {
+        offset: usize,
+        align: usize,
+        op: &'static str,
+    },
+
+    /// The symmetric heap cannot satisfy an allocation.
+    #[error(
+        "symmetric heap exhausted on PE {pe}: requested {requested} bytes (alignment {align}), \
+         {free} bytes free, largest free block {largest_free} bytes; \
+         raise RSHMEM_SYMMETRIC_SIZE (now {heap_size} bytes)"
+    )]
+    HeapExhausted {
+        pe: usize,
+        requested: usize,
+        align: usize,
+        free: usize,
+        largest_free: usize,
+        heap_size: usize,
+    },
+
+    /// PEs passed different arguments to one collective call.
+    #[error("collective {op} called with mismatched arguments across PEs: {detail}")]
+    CollectiveMismatch { op: &'static str, detail: String },
+
+    /// A bounded wait on symmetric memory expired.
+    #[error(
+        "PE {pe}: timed out after {waited_ms} ms in {op} waiting for the value at symmetric \
+         offset {offset:#x} to become {cmp} {expected}; last value seen {last}"
+    )]
+    WaitTimeout {
+        pe: usize,
+        op: &'static str,
+        offset: usize,
+        cmp: &'static str,
+        expected: String,
+        last: String,
+        waited_ms: u64,
+    },
+
+    /// A bounded wait for something other than a memory word expired.
+    #[error("PE {pe}: timed out after {waited_ms} ms waiting for {what}")]
+    Timeout {
+        pe: usize,
+        what: String,
+        waited_ms: u64,
+    },
+
+    /// A peer PE died (or the bootstrap root was lost); the job cannot continue.
+    #[error("PE {pe} died: {detail}")]
+    PeerDied { pe: usize, detail: String },
+
+    /// The bootstrap root refused this PE.
+    #[error("bootstrap root refused PE {rank}: {reason}")]
+    Refused { rank: usize, reason: String },
+
+    /// A bootstrap protocol or socket failure.
+    #[error("bootstrap: {what}: {source}")]
+    Bootstrap {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// A shared-memory segment operation failed.
+    #[error("shared memory {op} of {path} ({size} bytes) failed: {source}")]
+    Shm {
+        op: &'static str,
+        path: String,
+        size: usize,
+        #[source]
+        source: io::Error,
+    },
+
+    /// A run-time library (CUDA, rdma-core, libfabric) is absent or lacks a symbol.
+    #[error("{library} could not be loaded ({detail}); install {package}")]
+    LibraryMissing {
+        library: String,
+        package: String,
+        detail: String,
+    },
+
+    /// The launcher could not start or supervise a PE.
+    #[error("launcher: {0}")]
+    Launch(String),
+
+    /// A self-test or benchmark found wrong data.
+    #[error("data check failed: {0}")]
+    Verification(String),
+
+    /// Any other I/O failure, with what was being done.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// Wraps an I/O error with a description of the operation that failed.
+    pub fn io(what: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// Wraps a bootstrap socket error with what was being done.
+    pub fn bootstrap(what: impl Into<String>, source: io::Error) -> Self {
+        Error::Bootstrap {
+            what: what.into(),
+            source,
+        }
+    }
+}

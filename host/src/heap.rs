@@ -1,0 +1,1 @@
+//! Symmetric heap (placeholder, written next).

@@ -1,0 +1,18 @@
+//! rshmem: a GPU-initiated networking runtime in the family of NVSHMEM.
+//!
+//! Every processing element (PE) owns a slice of a *symmetric heap*; PEs read and write
+//! each other's slices with one-sided operations (put, get, atomics, signals). This crate
+//! is the host side: bootstrap, launcher, symmetric heap, teams, host-initiated RMA over
+//! the p2p transport, diagnostics (`doctor`) and benchmarks.
+//!
+//! The runtime is handle-based: a [`Pe`] is a value, so one process can host one PE or
+//! several (one thread each). See the README for what is supported where.
+
+pub mod bootstrap;
+pub mod config;
+pub mod doctor;
+pub mod error;
+pub mod heap;
+pub mod launcher;
+
+pub use error::{Error, Result};
