@@ -1,1 +1,413 @@
-//! Symmetric heap (placeholder, written next).
+//! Symmetric heap on host memory: the shared-memory segment behind each CPU PE's heap, and
+//! the deterministic allocator that makes collective allocations land at the same offset on
+//! every PE.
+//!
+//! Layout of every PE's segment (the same on all PEs):
+//!
+//! ```text
+//! 0                    RESERVED_BYTES                                    size
+//! | runtime region      | user allocations (Allocator)                    |
+//! | team psync slots    |                                                 |
+//! ```
+//!
+//! The runtime region holds the barrier counters of the teams ([`TEAM_SLOTS`] slots of
+//! [`PSYNC_WORDS`] words each). User code cannot address it: RMA on it is rejected as out of
+//! bounds.
+//!
+//! Segments are files in `/dev/shm` named `rshmem-<job id>-pe<rank>`: created by their owner,
+//! opened by every PE of the node, and unlinked by the owner once all have mapped it, so that
+//! nothing is left behind even if the job crashes later. The launcher removes any leftover of
+//! a crash inside that short window by the job-id prefix.
+
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io;
+use std::ptr::NonNull;
+
+/// Number of team barrier slots in the runtime region (world and node teams use 0 and 1).
+pub const TEAM_SLOTS: usize = 64;
+/// 64-bit counters per slot: one per dissemination round, enough for 2^64 PEs.
+pub const PSYNC_WORDS: usize = 64;
+/// Bytes reserved at the start of every heap for the runtime.
+pub const RESERVED_BYTES: usize = 64 << 10;
+/// Largest alignment a symmetric allocation may ask for.
+pub const MAX_ALIGN: usize = 4096;
+
+const _: () = assert!(TEAM_SLOTS * PSYNC_WORDS * 8 <= RESERVED_BYTES);
+
+/// Offset of the psync counters of team slot `slot`, round `round`.
+pub const fn psync_offset(slot: usize, round: usize) -> usize {
+    (slot * PSYNC_WORDS + round) * 8
+}
+
+/// Path of the segment of PE `rank` in job `job_id`.
+pub fn segment_path(job_id: &str, rank: usize) -> String {
+    format!("/dev/shm/rshmem-{job_id}-pe{rank}")
+}
+
+/// A shared-memory segment mapped into this process.
+#[derive(Debug)]
+pub struct Segment {
+    base: NonNull<u8>,
+    len: usize,
+    path: String,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; concurrent access to its
+// bytes is governed by the RMA layer (atomics for synchronisation words), not by Segment.
+unsafe impl Send for Segment {}
+// SAFETY: as above; Segment only hands out the base pointer.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Creates the segment file (exclusively, mode 0600), sizes it and maps it.
+    pub fn create(path: &str, len: usize) -> Result<Segment> {
+        let shm_err = |op, source| Error::Shm {
+            op,
+            path: path.to_string(),
+            size: len,
+            source,
+        };
+        check_shm_space(path, len)?;
+        let c = CString::new(path).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        // SAFETY: `c` is a valid NUL-terminated path; the flags create a new file or fail.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(shm_err("create", io::Error::last_os_error()));
+        }
+        // SAFETY: fd is the file we just opened.
+        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: fd is open; c names the file we created.
+            unsafe {
+                libc::close(fd);
+                libc::unlink(c.as_ptr());
+            }
+            return Err(shm_err("resize", e));
+        }
+        let seg = Self::map_fd(fd, path, len);
+        // SAFETY: the mapping (if any) keeps its own reference to the file.
+        unsafe { libc::close(fd) };
+        if seg.is_err() {
+            unlink(path);
+        }
+        seg
+    }
+
+    /// Opens and maps an existing segment created by another PE of this node.
+    pub fn open(path: &str, len: usize) -> Result<Segment> {
+        let c = CString::new(path).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        // SAFETY: valid path; opening an existing file read-write.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::Shm {
+                op: "open",
+                path: path.to_string(),
+                size: len,
+                source: io::Error::last_os_error(),
+            });
+        }
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open and st is a valid out-pointer.
+        let r = unsafe { libc::fstat(fd, &mut st) };
+        if r != 0 || (st.st_size as usize) < len {
+            // SAFETY: fd is open.
+            unsafe { libc::close(fd) };
+            return Err(Error::Shm {
+                op: "open",
+                path: path.to_string(),
+                size: len,
+                source: io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("segment is {} bytes, expected {len}", st.st_size),
+                ),
+            });
+        }
+        let seg = Self::map_fd(fd, path, len);
+        // SAFETY: fd is open; the mapping holds its own reference.
+        unsafe { libc::close(fd) };
+        seg
+    }
+
+    fn map_fd(fd: libc::c_int, path: &str, len: usize) -> Result<Segment> {
+        // SAFETY: mapping `len` bytes of a file at least that long, shared, at an address of
+        // the kernel's choosing; the result is checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Shm {
+                op: "map",
+                path: path.to_string(),
+                size: len,
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(Segment {
+            base: NonNull::new(p.cast()).expect("mmap never returns null on success"),
+            len,
+            path: path.to_string(),
+        })
+    }
+
+    /// Base address of the mapping.
+    pub fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// Length of the mapping in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a segment has at least one page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The file the segment was mapped from.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: base/len describe a mapping created by map_fd and not unmapped elsewhere.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Removes a segment file; missing files are fine.
+pub fn unlink(path: &str) {
+    let _ = std::fs::remove_file(path);
+}
+
+/// Refuses to create a segment that /dev/shm cannot back: writing past a full tmpfs would
+/// kill the process with SIGBUS instead of giving an error.
+fn check_shm_space(path: &str, len: usize) -> Result<()> {
+    let dir = std::path::Path::new(path)
+        .parent()
+        .and_then(|p| p.to_str())
+        .unwrap_or("/dev/shm");
+    let c = CString::new(dir).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Ok(()); // cannot tell; creation itself will report real failures
+    }
+    let free = st.f_bavail as u128 * st.f_frsize as u128;
+    if (len as u128) > free {
+        return Err(Error::Shm {
+            op: "create",
+            path: path.to_string(),
+            size: len,
+            source: io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!(
+                    "{dir} has only {free} bytes free; lower RSHMEM_SYMMETRIC_SIZE or enlarge {dir}"
+                ),
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// First-fit allocator over `[start, end)` with coalescing of free neighbours.
+///
+/// It is deterministic: the same sequence of calls gives the same offsets, which is what
+/// makes collective allocation symmetric once all PEs agree on the arguments.
+#[derive(Debug, Clone)]
+pub struct Allocator {
+    start: usize,
+    end: usize,
+    /// offset → length of each free block; blocks never touch (they are merged).
+    free: BTreeMap<usize, usize>,
+    /// offset handed out → (block start, block length) actually reserved.
+    used: BTreeMap<usize, (usize, usize)>,
+}
+
+impl Allocator {
+    pub fn new(start: usize, end: usize) -> Allocator {
+        let mut free = BTreeMap::new();
+        if end > start {
+            free.insert(start, end - start);
+        }
+        Allocator {
+            start,
+            end,
+            free,
+            used: BTreeMap::new(),
+        }
+    }
+
+    /// Reserves `size` bytes (at least 1) aligned to `align` (a power of two ≤ MAX_ALIGN).
+    /// Returns the offset, or None when no free block fits.
+    pub fn alloc(&mut self, size: usize, align: usize) -> Option<usize> {
+        debug_assert!(align.is_power_of_two() && align <= MAX_ALIGN);
+        // Round sizes to 16 bytes so that neighbours never share a 16-byte atom.
+        let size = size.max(1).checked_add(15)? & !15;
+        let align = align.max(16);
+        let (block, blen, off) = self.free.iter().find_map(|(&b, &l)| {
+            let off = b.checked_add(align - 1)? & !(align - 1);
+            (off.checked_add(size)? <= b + l).then_some((b, l, off))
+        })?;
+        self.free.remove(&block);
+        if off > block {
+            self.free.insert(block, off - block);
+        }
+        let tail = off + size;
+        if tail < block + blen {
+            self.free.insert(tail, block + blen - tail);
+        }
+        self.used.insert(off, (off, size));
+        Some(off)
+    }
+
+    /// Returns the block at `offset` to the free list. Err(()) if `offset` was not allocated.
+    pub fn free(&mut self, offset: usize) -> std::result::Result<(), ()> {
+        let (mut b, mut l) = self.used.remove(&offset).ok_or(())?;
+        // Merge with the following free block.
+        if let Some(nl) = self.free.remove(&(b + l)) {
+            l += nl;
+        }
+        // Merge with the preceding free block.
+        if let Some((&pb, &pl)) = self.free.range(..b).next_back() {
+            if pb + pl == b {
+                self.free.remove(&pb);
+                b = pb;
+                l += pl;
+            }
+        }
+        self.free.insert(b, l);
+        Ok(())
+    }
+
+    /// Usable size of the allocation at `offset`, if it is one.
+    pub fn size_of(&self, offset: usize) -> Option<usize> {
+        self.used.get(&offset).map(|&(_, l)| l)
+    }
+
+    /// Total free bytes.
+    pub fn free_bytes(&self) -> usize {
+        self.free.values().sum()
+    }
+
+    /// Largest free block.
+    pub fn largest_free(&self) -> usize {
+        self.free.values().copied().max().unwrap_or(0)
+    }
+
+    /// The managed range.
+    pub fn range(&self) -> (usize, usize) {
+        (self.start, self.end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_fit_reuse_and_coalesce() {
+        let mut a = Allocator::new(4096, 4096 + 1024);
+        let x = a.alloc(100, 16).unwrap();
+        let y = a.alloc(100, 16).unwrap();
+        let z = a.alloc(100, 16).unwrap();
+        assert_eq!((x, y, z), (4096, 4096 + 112, 4096 + 224));
+        assert_eq!(a.free_bytes(), 1024 - 336);
+        a.free(y).unwrap();
+        // Reuse after free: the hole is taken first.
+        assert_eq!(a.alloc(50, 16), Some(4096 + 112));
+        a.free(4096 + 112).unwrap();
+        a.free(x).unwrap();
+        a.free(z).unwrap();
+        // Everything coalesced back into one block.
+        assert_eq!(a.free_bytes(), 1024);
+        assert_eq!(a.largest_free(), 1024);
+        assert_eq!(a.alloc(1024, 16), Some(4096));
+        assert_eq!(a.alloc(1, 16), None);
+    }
+
+    #[test]
+    fn alignment_up_to_page() {
+        let mut a = Allocator::new(65536, 65536 * 4);
+        let _ = a.alloc(24, 8).unwrap();
+        for align in [16, 64, 256, 1024, 4096] {
+            let o = a.alloc(8, align).unwrap();
+            assert_eq!(o % align, 0, "align {align}");
+        }
+        // The gaps left by alignment are still usable.
+        let small = a.alloc(16, 16).unwrap();
+        assert!(small < 65536 + 4096, "gap reused: {small:#x}");
+    }
+
+    #[test]
+    fn double_free_and_foreign_offsets_are_rejected() {
+        let mut a = Allocator::new(0, 1 << 20);
+        let x = a.alloc(64, 16).unwrap();
+        assert_eq!(a.free(x + 16), Err(()));
+        a.free(x).unwrap();
+        assert_eq!(a.free(x), Err(()));
+    }
+
+    #[test]
+    fn deterministic_across_instances() {
+        let ops: Vec<(bool, usize, usize)> = (0..500)
+            .map(|i| (i % 3 != 2, (i * 7919) % 5000 + 1, 1 << (i % 13)))
+            .collect();
+        let run = || {
+            let mut a = Allocator::new(65536, 8 << 20);
+            let mut live = Vec::new();
+            let mut trace = Vec::new();
+            for &(is_alloc, size, align) in &ops {
+                if is_alloc || live.is_empty() {
+                    let o = a.alloc(size, align.min(MAX_ALIGN));
+                    trace.push(o);
+                    if let Some(o) = o {
+                        live.push(o);
+                    }
+                } else {
+                    let o = live.remove(size % live.len());
+                    a.free(o).unwrap();
+                }
+            }
+            trace
+        };
+        assert_eq!(run(), run());
+    }
+
+    #[test]
+    fn segment_create_open_unlink() {
+        let path = format!("/dev/shm/rshmem-unittest-{}-pe0", std::process::id());
+        let s = Segment::create(&path, 1 << 20).unwrap();
+        let o = Segment::open(&path, 1 << 20).unwrap();
+        // SAFETY: both map the same 1 MiB file; offsets are in range; single thread.
+        unsafe {
+            s.base().add(12345).write(0xAB);
+            assert_eq!(o.base().add(12345).read(), 0xAB);
+        }
+        assert!(Segment::create(&path, 4096).is_err(), "exclusive create");
+        unlink(&path);
+        assert!(!std::path::Path::new(&path).exists());
+        // Still mapped after unlink.
+        // SAFETY: mapping alive; in range.
+        unsafe { assert_eq!(o.base().add(12345).read(), 0xAB) };
+        let e = Segment::open(&path, 4096).unwrap_err();
+        assert!(e.to_string().contains(&path), "{e}");
+    }
+}

@@ -8,11 +8,23 @@
 //! The runtime is handle-based: a [`Pe`] is a value, so one process can host one PE or
 //! several (one thread each). See the README for what is supported where.
 
+pub mod atomic;
+pub mod bench;
 pub mod bootstrap;
 pub mod config;
 pub mod doctor;
 pub mod error;
 pub mod heap;
 pub mod launcher;
+pub mod pe;
+mod rma;
+pub mod selftest;
+pub mod team;
+pub mod types;
 
+pub use atomic::AtomicInt;
+pub use config::Settings;
 pub use error::{Error, Result};
+pub use pe::{run_threads, Pe, PeConfig};
+pub use team::Team;
+pub use types::{Cmp, Element, SignalOp, SymPtr};

@@ -2,7 +2,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "rshmem", version, about = "GPU-initiated networking runtime: launcher, diagnostics, benchmarks")]
+#[command(
+    name = "rshmem",
+    version,
+    about = "GPU-initiated networking runtime: launcher, self-test, diagnostics, benchmarks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -14,6 +18,88 @@ enum Command {
     Run(rshmem::launcher::RunArgs),
     /// Report what this machine offers rshmem (CPU PEs, CUDA, rdma-core, libfabric).
     Doctor(rshmem::doctor::DoctorArgs),
+    /// Benchmark a host operation between PEs (put, get, p, atomic, signal, barrier).
+    Bench(rshmem::bench::BenchArgs),
+    /// Check every host operation among the PEs of a job, with exact values.
+    Selftest(SelftestArgs),
+}
+
+/// Arguments of `rshmem selftest`.
+#[derive(clap::Args)]
+#[command(long_about = "Runs the self-test cases as this process's PE: under `rshmem run -n N`, \
+    another launcher, or alone (a job of one PE). Every case checks exact values written by \
+    the other PEs. Exits 0 when every case passed on this PE.")]
+struct SelftestArgs {
+    /// Run only these cases (repeatable); default: all.
+    #[arg(long = "case")]
+    cases: Vec<String>,
+    /// List the cases and exit.
+    #[arg(long)]
+    list: bool,
+    /// Testing aid: this PE kills itself (SIGKILL) ...
+    #[arg(long, hide = true)]
+    crash_pe: Option<usize>,
+    /// ... just before this case starts.
+    #[arg(long, hide = true, default_value = "barrier")]
+    crash_at: String,
+}
+
+fn selftest(a: SelftestArgs) -> i32 {
+    if a.list {
+        for c in rshmem::selftest::CASES {
+            println!("{}", c.name);
+        }
+        return 0;
+    }
+    let pe = match rshmem::Pe::init() {
+        Ok(pe) => pe,
+        Err(e) => {
+            eprintln!("rshmem selftest: {e}");
+            return 1;
+        }
+    };
+    let names: Vec<String> = if a.crash_pe.is_some() {
+        // Run the cases up to (not including) crash_at, then crash or continue with it.
+        let mut v = Vec::new();
+        for c in rshmem::selftest::CASES {
+            if c.name == a.crash_at {
+                break;
+            }
+            v.push(c.name.to_string());
+        }
+        v
+    } else {
+        a.cases.clone()
+    };
+    let me = pe.my_pe();
+    let r = rshmem::selftest::run(&pe, &names, |c| println!("selftest {c}: ok")).and_then(|n| {
+        if a.crash_pe == Some(me) {
+            println!("selftest: PE {me} crashing on purpose before {}", a.crash_at);
+            // SAFETY: raising a signal against our own process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        if a.crash_pe.is_some() {
+            let more = vec![a.crash_at.clone()];
+            return rshmem::selftest::run(&pe, &more, |c| println!("selftest {c}: ok")).map(|m| n + m);
+        }
+        Ok(n)
+    });
+    match r {
+        Ok(n) => match pe.finalize() {
+            Ok(()) => {
+                println!("selftest: all {n} cases passed on PE {me}");
+                0
+            }
+            Err(e) => {
+                eprintln!("rshmem selftest: finalize: {e}");
+                1
+            }
+        },
+        Err(e) => {
+            eprintln!("rshmem selftest: PE {me}: {e}");
+            1
+        }
+    }
 }
 
 fn main() {
@@ -21,6 +107,8 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => rshmem::launcher::run_cli(args),
         Command::Doctor(args) => rshmem::doctor::run_cli(args),
+        Command::Bench(args) => rshmem::bench::run_cli(args),
+        Command::Selftest(args) => selftest(args),
     };
     std::process::exit(code);
 }

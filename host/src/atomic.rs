@@ -1,0 +1,98 @@
+//! Integer types usable with symmetric atomics and point-to-point waits, mapped onto the
+//! standard library's atomics so that every access to a synchronisation word is atomic.
+
+use crate::types::Element;
+use std::fmt::{Debug, Display};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+/// 32- and 64-bit integers: the types of OpenSHMEM's standard and bitwise AMOs and of
+/// `wait_until`.
+///
+/// Every method takes a raw pointer into a mapped heap.
+///
+/// # Safety (of each method)
+/// `p` must be non-null, aligned to `size_of::<Self>()`, point into a live mapping, and
+/// every concurrent access to that word must be atomic (which rshmem guarantees for words
+/// accessed through its atomic, signal and wait operations).
+pub trait AtomicInt: Element + PartialOrd + Eq + Debug + Display {
+    /// # Safety
+    /// See the trait documentation.
+    unsafe fn load(p: *mut Self, o: Ordering) -> Self;
+    /// # Safety
+    /// See the trait documentation.
+    unsafe fn store(p: *mut Self, v: Self, o: Ordering);
+    /// # Safety
+    /// See the trait documentation.
+    unsafe fn swap(p: *mut Self, v: Self, o: Ordering) -> Self;
+    /// Returns the previous value whether or not the exchange happened.
+    /// # Safety
+    /// See the trait documentation.
+    unsafe fn compare_swap(p: *mut Self, cond: Self, v: Self, o: Ordering) -> Self;
+    /// Wrapping add.
+    /// # Safety
+    /// See the trait documentation.
+    unsafe fn fetch_add(p: *mut Self, v: Self, o: Ordering) -> Self;
+    /// # Safety
+    /// See the trait documentation.
+    unsafe fn fetch_and(p: *mut Self, v: Self, o: Ordering) -> Self;
+    /// # Safety
+    /// See the trait documentation.
+    unsafe fn fetch_or(p: *mut Self, v: Self, o: Ordering) -> Self;
+    /// # Safety
+    /// See the trait documentation.
+    unsafe fn fetch_xor(p: *mut Self, v: Self, o: Ordering) -> Self;
+    /// The value 1 (for inc).
+    const ONE: Self;
+}
+
+macro_rules! atomic_int {
+    ($t:ty, $a:ty) => {
+        impl AtomicInt for $t {
+            const ONE: Self = 1;
+            unsafe fn load(p: *mut Self, o: Ordering) -> Self {
+                // SAFETY: caller guarantees alignment, liveness and atomic-only access.
+                unsafe { <$a>::from_ptr(p).load(o) }
+            }
+            unsafe fn store(p: *mut Self, v: Self, o: Ordering) {
+                // SAFETY: as above.
+                unsafe { <$a>::from_ptr(p).store(v, o) }
+            }
+            unsafe fn swap(p: *mut Self, v: Self, o: Ordering) -> Self {
+                // SAFETY: as above.
+                unsafe { <$a>::from_ptr(p).swap(v, o) }
+            }
+            unsafe fn compare_swap(p: *mut Self, cond: Self, v: Self, o: Ordering) -> Self {
+                // The failure ordering only needs to make the returned value meaningful.
+                let fail = match o {
+                    Ordering::Release | Ordering::Relaxed => Ordering::Relaxed,
+                    _ => Ordering::Acquire,
+                };
+                // SAFETY: as above.
+                match unsafe { <$a>::from_ptr(p).compare_exchange(cond, v, o, fail) } {
+                    Ok(old) | Err(old) => old,
+                }
+            }
+            unsafe fn fetch_add(p: *mut Self, v: Self, o: Ordering) -> Self {
+                // SAFETY: as above.
+                unsafe { <$a>::from_ptr(p).fetch_add(v, o) }
+            }
+            unsafe fn fetch_and(p: *mut Self, v: Self, o: Ordering) -> Self {
+                // SAFETY: as above.
+                unsafe { <$a>::from_ptr(p).fetch_and(v, o) }
+            }
+            unsafe fn fetch_or(p: *mut Self, v: Self, o: Ordering) -> Self {
+                // SAFETY: as above.
+                unsafe { <$a>::from_ptr(p).fetch_or(v, o) }
+            }
+            unsafe fn fetch_xor(p: *mut Self, v: Self, o: Ordering) -> Self {
+                // SAFETY: as above.
+                unsafe { <$a>::from_ptr(p).fetch_xor(v, o) }
+            }
+        }
+    };
+}
+
+atomic_int!(u32, AtomicU32);
+atomic_int!(i32, AtomicI32);
+atomic_int!(u64, AtomicU64);
+atomic_int!(i64, AtomicI64);

@@ -1,0 +1,612 @@
+//! `rshmem bench put|get|p|atomic|signal|barrier`: perftest-style benchmarks of the host
+//! operations, in the manner of NVSHMEM's perftest and `ucx_perftest`.
+//!
+//! Method (per size): PE 0 and PE 1 measure, other PEs only join the barriers.
+//! - Latency of put, p and signal is a ping-pong: PE 0 sends, PE 1 waits for the data (the
+//!   last word of the put, the p'd word, or the signal) and answers the same way; the
+//!   reported figure is half the round trip ("half_round_trip"). Latency of get and of the
+//!   fetching atomic is the time of one blocking operation ("round_trip"), and of barrier
+//!   the time of one `barrier_all` across all PEs.
+//! - Round trips are timed in batches (16 operations for sizes up to 64 KiB, else 1) so
+//!   the clock is not the measurement; median and p99 are over batches.
+//! - Bandwidth: PE 0 streams `iters` non-blocking operations of the size, then `quiet`.
+//! - Every size is verified afterwards (the receiver checks every word of what arrived);
+//!   a mismatch fails the benchmark with the position and values.
+
+use crate::config::{LaunchInfo, Settings};
+use crate::error::{Error, Result};
+use crate::pe::{run_threads, Pe};
+use crate::types::{Cmp, SignalOp, SymPtr};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::time::Instant;
+
+/// What to benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Put,
+    Get,
+    P,
+    Atomic,
+    Signal,
+    Barrier,
+}
+
+/// Transports a benchmark can run over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// Loads and stores into peers' heaps mapped in this process (same node).
+    P2p,
+    /// mlx5 queues drained by the soft HCA (not implemented yet).
+    Proxy,
+}
+
+/// Arguments of `rshmem bench <kind>`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Operation to measure.
+    #[arg(value_enum)]
+    pub kind: Kind,
+    /// PEs to start when not launched as a PE (as threads of this process).
+    #[arg(long, default_value_t = 2)]
+    pub pes: usize,
+    /// Smallest message size (bytes; units like 64K accepted).
+    #[arg(long, default_value = "8", value_parser = parse_size_arg)]
+    pub min_size: usize,
+    /// Largest message size (bytes; units like 32M accepted). Sizes double from min to max.
+    #[arg(long, default_value = "32M", value_parser = parse_size_arg)]
+    pub max_size: usize,
+    /// Measured iterations per size (bandwidth runs of large sizes use fewer: at most
+    /// 512 MiB moved per size, at least 20 iterations).
+    #[arg(long, default_value_t = 10_000)]
+    pub iters: usize,
+    /// Unmeasured warm-up iterations per size.
+    #[arg(long, default_value_t = 500)]
+    pub warmup: usize,
+    /// Device whose memory holds the heap.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    pub device: String,
+    /// Transport between the PEs.
+    #[arg(long, value_enum, default_value_t = Transport::P2p)]
+    pub transport: Transport,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_size_arg(s: &str) -> std::result::Result<usize, String> {
+    crate::config::parse_size(s)
+}
+
+/// One row of results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub size: usize,
+    pub latency_us_median: f64,
+    pub latency_us_p99: f64,
+    /// None for barrier.
+    pub bandwidth_gbps: Option<f64>,
+    pub iters: usize,
+    pub bw_iters: usize,
+}
+
+/// A whole benchmark result, as printed by `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub bench: Kind,
+    pub pes: usize,
+    pub device: String,
+    pub transport: &'static str,
+    pub latency_kind: &'static str,
+    pub rows: Vec<Row>,
+}
+
+/// Entry point of the CLI: returns the process exit code.
+pub fn run_cli(args: BenchArgs) -> i32 {
+    match run(&args) {
+        Ok(Some(rep)) => {
+            print_report(&rep, args.json);
+            0
+        }
+        Ok(None) => 0, // a PE other than 0 under a launcher
+        Err(e) => {
+            eprintln!("rshmem bench: {e}");
+            1
+        }
+    }
+}
+
+/// Runs the benchmark; Some(report) on the PE that reports (PE 0).
+pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
+    validate(args)?;
+    if LaunchInfo::from_env()?.is_some() {
+        let pe = Pe::init()?;
+        if pe.n_pes() < 2 && args.kind != Kind::Barrier {
+            return Err(Error::InvalidArgument(format!(
+                "bench {:?} needs at least 2 PEs, the job has {}",
+                args.kind,
+                pe.n_pes()
+            )));
+        }
+        let r = bench_pe(&pe, args)?;
+        pe.finalize()?;
+        return Ok(r);
+    }
+    if args.pes < 2 && args.kind != Kind::Barrier {
+        return Err(Error::InvalidArgument(format!(
+            "bench {:?} needs --pes 2 or more (got {})",
+            args.kind, args.pes
+        )));
+    }
+    let settings = Settings::from_env()?;
+    let need = args.max_size.saturating_mul(2) + (4 << 20);
+    let mut settings = settings;
+    if settings.symmetric_size < need {
+        settings.symmetric_size = need.next_multiple_of(1 << 20);
+    }
+    let mut out = run_threads(args.pes, settings, |pe| bench_pe(pe, args))?;
+    // Report the first failure (by rank) if any.
+    for r in out.iter_mut() {
+        if let Err(e) = r {
+            return Err(std::mem::replace(e, Error::Launch(String::new())));
+        }
+    }
+    Ok(out.into_iter().next().and_then(|r| r.ok()).flatten())
+}
+
+fn validate(a: &BenchArgs) -> Result<()> {
+    if a.transport == Transport::Proxy {
+        return Err(Error::InvalidArgument(
+            "--transport proxy is not available yet (the soft HCA is tracked in its own issue); use p2p"
+                .into(),
+        ));
+    }
+    if a.min_size == 0 || a.min_size > a.max_size {
+        return Err(Error::InvalidArgument(format!(
+            "--min-size {} / --max-size {}: need 1 <= min <= max",
+            a.min_size, a.max_size
+        )));
+    }
+    if a.iters == 0 {
+        return Err(Error::InvalidArgument("--iters must be at least 1".into()));
+    }
+    if a.pes == 0 || a.pes > 1024 {
+        return Err(Error::InvalidArgument(format!("--pes {} is out of range 1..=1024", a.pes)));
+    }
+    Ok(())
+}
+
+/// The sizes measured for `kind`.
+pub fn sizes(kind: Kind, min: usize, max: usize) -> Vec<usize> {
+    match kind {
+        Kind::Barrier => vec![0],
+        Kind::Atomic => vec![8],
+        Kind::P => [4usize, 8].into_iter().filter(|&s| s >= min.min(4) && s <= max.max(4)).collect(),
+        _ => {
+            // Word-based verification and polling need multiples of 8.
+            let mut s = min.next_multiple_of(8);
+            let mut v = Vec::new();
+            while s <= max.max(8) {
+                v.push(s);
+                s = match s.checked_mul(2) {
+                    Some(x) => x,
+                    None => break,
+                };
+            }
+            v
+        }
+    }
+}
+
+fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
+    let sizes = sizes(a.kind, a.min_size, a.max_size);
+    let max = sizes.iter().copied().max().unwrap_or(8).max(8);
+    let buf = pe.calloc::<u64>(max / 8)?;
+    let aux = pe.calloc::<u64>(8)?;
+    let bar = (pe.my_pe() == 0 && !a.json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(sizes.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} sizes")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b.set_message(format!("bench {:?}", a.kind));
+        b
+    });
+    let mut rows = Vec::new();
+    for (si, &size) in sizes.iter().enumerate() {
+        let salt = (si as u64 + 1) << 48;
+        let row = match a.kind {
+            Kind::Put | Kind::Signal => put_like(pe, a, buf, aux, size, salt)?,
+            Kind::Get => get_row(pe, a, buf, size, salt)?,
+            Kind::P => p_row(pe, a, aux, size, salt)?,
+            Kind::Atomic => atomic_row(pe, a, aux)?,
+            Kind::Barrier => barrier_row(pe, a)?,
+        };
+        rows.push(row);
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
+        pe.barrier_all()?;
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    pe.free(aux)?;
+    pe.free(buf)?;
+    Ok((pe.my_pe() == 0).then(|| Report {
+        bench: a.kind,
+        pes: pe.n_pes(),
+        device: "cpu".into(),
+        transport: "p2p",
+        latency_kind: match a.kind {
+            Kind::Put | Kind::P | Kind::Signal => "half_round_trip",
+            Kind::Get | Kind::Atomic => "round_trip",
+            Kind::Barrier => "barrier",
+        },
+        rows,
+    }))
+}
+
+/// Word `i` of the payload of size `size` in iteration `tag` (non-zero, position-dependent).
+fn word(i: usize, tag: u64) -> u64 {
+    (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ tag
+}
+
+fn fill(v: &mut [u64], tag: u64) {
+    for (i, w) in v.iter_mut().enumerate() {
+        *w = word(i, tag);
+    }
+}
+
+fn verify(pe: &Pe, what: &str, got: &[u64], tag: u64) -> Result<()> {
+    if let Some(i) = got.iter().enumerate().position(|(i, &g)| g != word(i, tag)) {
+        return Err(Error::Verification(format!(
+            "PE {}: {what}: word {i} of {} is {:#x}, expected {:#x}",
+            pe.my_pe(),
+            got.len(),
+            got[i],
+            word(i, tag)
+        )));
+    }
+    Ok(())
+}
+
+fn batch_for(size: usize) -> usize {
+    if size <= 64 << 10 {
+        16
+    } else {
+        1
+    }
+}
+
+fn bw_iters(a: &BenchArgs, size: usize) -> usize {
+    a.iters.min(((512usize << 20) / size.max(1)).max(20))
+}
+
+fn lat_iters(a: &BenchArgs, size: usize) -> usize {
+    a.iters.min(((256usize << 20) / size.max(1)).max(20))
+}
+
+/// Median and p99 of per-operation microseconds.
+fn stats(mut per_op_us: Vec<f64>) -> (f64, f64) {
+    if per_op_us.is_empty() {
+        return (0.0, 0.0);
+    }
+    per_op_us.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| per_op_us[((per_op_us.len() - 1) as f64 * p).round() as usize];
+    (q(0.5), q(0.99))
+}
+
+/// put and signal: ping-pong latency, streaming bandwidth, verification.
+fn put_like(pe: &Pe, a: &BenchArgs, buf: SymPtr<u64>, aux: SymPtr<u64>, size: usize, salt: u64) -> Result<Row> {
+    let me = pe.my_pe();
+    let words = size / 8;
+    let dest = buf.slice(0..words);
+    let sig = aux.at(0);
+    let signal = a.kind == Kind::Signal;
+    let mut src = vec![0u64; words];
+    fill(&mut src, 0);
+    let iters = lat_iters(a, size);
+    let batch = batch_for(size);
+    let total = a.warmup + iters.div_ceil(batch) * batch;
+    pe.atomic_set(sig, 0u64, me)?;
+    pe.barrier_all()?;
+    let mut samples = Vec::with_capacity(total / batch);
+    if me < 2 {
+        let peer = 1 - me;
+        let mut t0 = Instant::now();
+        for it in 0..total {
+            let tag = salt | (it as u64 + 1);
+            if (it - a.warmup.min(it)) % batch == 0 && it >= a.warmup {
+                t0 = Instant::now();
+            }
+            // PE 0 pings with the odd half of the exchange, PE 1 answers.
+            for turn in 0..2 {
+                if turn == me {
+                    src[words - 1] = tag;
+                    if signal {
+                        pe.put_signal(dest, &src, sig, tag, SignalOp::Set, peer)?;
+                    } else {
+                        pe.put(dest, &src, peer)?;
+                    }
+                } else if signal {
+                    pe.signal_wait_until(sig, Cmp::Eq, tag)?;
+                } else {
+                    pe.wait_until(dest.at(words - 1), Cmp::Eq, tag)?;
+                }
+            }
+            if it >= a.warmup && (it - a.warmup + 1) % batch == 0 {
+                samples.push(t0.elapsed().as_secs_f64() * 1e6 / (2 * batch) as f64);
+            }
+        }
+    }
+    pe.barrier_all()?;
+    // Latency check: the whole last message arrived (not only its final word).
+    if me < 2 {
+        let last = salt | total as u64;
+        let mut got = vec![0u64; words];
+        pe.get(&mut got, dest, me)?;
+        verify(pe, "ping-pong payload", &got[..words - 1], 0)?;
+        if got[words - 1] != last {
+            return Err(Error::Verification(format!(
+                "PE {me}: ping-pong ended with tag {:#x}, expected {last:#x}",
+                got[words - 1]
+            )));
+        }
+    }
+    pe.barrier_all()?;
+    // Bandwidth: PE 0 streams to PE 1.
+    let bw_n = bw_iters(a, size);
+    pe.atomic_set(sig, 0u64, me)?;
+    pe.barrier_all()?;
+    let mut bw = 0.0;
+    let bw_tag = salt | 0xB000_0000;
+    if me == 0 {
+        fill(&mut src, bw_tag);
+        let t = Instant::now();
+        for _ in 0..bw_n {
+            if signal {
+                pe.put_signal_nbi(dest, &src, sig, 1, SignalOp::Add, 1)?;
+            } else {
+                pe.put_nbi(dest, &src, 1)?;
+            }
+        }
+        pe.quiet();
+        bw = (size * bw_n) as f64 / t.elapsed().as_secs_f64() / 1e9;
+    }
+    if me == 1 && signal {
+        pe.signal_wait_until(sig, Cmp::Eq, bw_n as u64)?;
+    }
+    pe.barrier_all()?;
+    if me == 1 {
+        let mut got = vec![0u64; words];
+        pe.get(&mut got, dest, me)?;
+        verify(pe, &format!("{size}-byte stream"), &got, bw_tag)?;
+    }
+    let (med, p99) = stats(samples);
+    Ok(Row {
+        size,
+        latency_us_median: med,
+        latency_us_p99: p99,
+        bandwidth_gbps: Some(bw),
+        iters,
+        bw_iters: bw_n,
+    })
+}
+
+fn get_row(pe: &Pe, a: &BenchArgs, buf: SymPtr<u64>, size: usize, salt: u64) -> Result<Row> {
+    let me = pe.my_pe();
+    let words = size / 8;
+    let src = buf.slice(0..words);
+    // PE 1 owns the data PE 0 reads.
+    if me == 1 {
+        let mut v = vec![0u64; words];
+        fill(&mut v, salt);
+        pe.put(src, &v, me)?;
+    }
+    pe.barrier_all()?;
+    let iters = lat_iters(a, size);
+    let batch = batch_for(size);
+    let mut samples = Vec::new();
+    let mut bw = 0.0;
+    let bw_n = bw_iters(a, size);
+    if me == 0 {
+        let mut dst = vec![0u64; words];
+        for _ in 0..a.warmup {
+            pe.get(&mut dst, src, 1)?;
+        }
+        for _ in 0..iters.div_ceil(batch) {
+            let t = Instant::now();
+            for _ in 0..batch {
+                pe.get(&mut dst, src, 1)?;
+            }
+            samples.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
+        }
+        verify(pe, &format!("{size}-byte get"), &dst, salt)?;
+        dst.fill(0);
+        let t = Instant::now();
+        for _ in 0..bw_n {
+            pe.get_nbi(&mut dst, src, 1)?;
+        }
+        pe.quiet();
+        bw = (size * bw_n) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        verify(pe, &format!("{size}-byte get stream"), &dst, salt)?;
+    }
+    let (med, p99) = stats(samples);
+    Ok(Row {
+        size,
+        latency_us_median: med,
+        latency_us_p99: p99,
+        bandwidth_gbps: Some(bw),
+        iters,
+        bw_iters: bw_n,
+    })
+}
+
+fn p_row(pe: &Pe, a: &BenchArgs, aux: SymPtr<u64>, size: usize, salt: u64) -> Result<Row> {
+    match size {
+        4 => p_row_typed::<u32>(pe, a, aux.cast::<u32>().at(2), size, salt as u32 | 1 << 31),
+        _ => p_row_typed::<u64>(pe, a, aux.at(1), size, salt),
+    }
+}
+
+fn p_row_typed<T>(pe: &Pe, a: &BenchArgs, w: SymPtr<T>, size: usize, salt: T) -> Result<Row>
+where
+    T: crate::AtomicInt + TryFrom<u64> + std::ops::BitOr<Output = T> + Default,
+{
+    let me = pe.my_pe();
+    let tag = |it: usize| -> T { salt | T::try_from(it as u64 + 1 & 0x7FFF_FFFF).unwrap_or_default() };
+    pe.atomic_set(w, T::default(), me)?;
+    pe.barrier_all()?;
+    let iters = lat_iters(a, size);
+    let batch = 16;
+    let total = a.warmup + iters.div_ceil(batch) * batch;
+    let mut samples = Vec::new();
+    if me < 2 {
+        let peer = 1 - me;
+        let mut t0 = Instant::now();
+        for it in 0..total {
+            if it >= a.warmup && (it - a.warmup) % batch == 0 {
+                t0 = Instant::now();
+            }
+            for turn in 0..2 {
+                if turn == me {
+                    pe.p(w, tag(it), peer)?;
+                } else {
+                    pe.wait_until(w, Cmp::Eq, tag(it))?;
+                }
+            }
+            if it >= a.warmup && (it - a.warmup + 1) % batch == 0 {
+                samples.push(t0.elapsed().as_secs_f64() * 1e6 / (2 * batch) as f64);
+            }
+        }
+        let got = pe.g(w, me)?;
+        if got != tag(total - 1) {
+            return Err(Error::Verification(format!(
+                "PE {me}: p ping-pong ended with {got}, expected {}",
+                tag(total - 1)
+            )));
+        }
+    }
+    pe.barrier_all()?;
+    // Bandwidth: a stream of p's (message rate × size).
+    let bw_n = a.iters;
+    let mut bw = 0.0;
+    if me == 0 {
+        let t = Instant::now();
+        for it in 0..bw_n {
+            pe.p(w, tag(it), 1)?;
+        }
+        pe.quiet();
+        bw = (size * bw_n) as f64 / t.elapsed().as_secs_f64() / 1e9;
+    }
+    pe.barrier_all()?;
+    if me == 1 {
+        let got = pe.g(w, me)?;
+        if got != tag(bw_n - 1) {
+            return Err(Error::Verification(format!("PE 1: p stream ended with {got}, expected {}", tag(bw_n - 1))));
+        }
+    }
+    let (med, p99) = stats(samples);
+    Ok(Row {
+        size,
+        latency_us_median: med,
+        latency_us_p99: p99,
+        bandwidth_gbps: Some(bw),
+        iters,
+        bw_iters: bw_n,
+    })
+}
+
+fn atomic_row(pe: &Pe, a: &BenchArgs, aux: SymPtr<u64>) -> Result<Row> {
+    let me = pe.my_pe();
+    let ctr = aux.at(3);
+    pe.atomic_set(ctr, 0u64, me)?;
+    pe.barrier_all()?;
+    let iters = a.iters;
+    let batch = 16;
+    let mut samples = Vec::new();
+    let mut bw = 0.0;
+    let mut expect = 0u64;
+    if me == 0 {
+        for _ in 0..a.warmup {
+            pe.atomic_fetch_add(ctr, 1u64, 1)?;
+        }
+        expect += a.warmup as u64;
+        for _ in 0..iters.div_ceil(batch) {
+            let t = Instant::now();
+            for _ in 0..batch {
+                pe.atomic_fetch_add(ctr, 1u64, 1)?;
+            }
+            samples.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
+        }
+        expect += (iters.div_ceil(batch) * batch) as u64;
+        let t = Instant::now();
+        for _ in 0..iters {
+            pe.atomic_add(ctr, 1u64, 1)?;
+        }
+        pe.quiet();
+        bw = (8 * iters) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        expect += iters as u64;
+        let got = pe.atomic_fetch(ctr, 1)?;
+        if got != expect {
+            return Err(Error::Verification(format!("atomic counter on PE 1 is {got}, expected {expect}")));
+        }
+    }
+    let (med, p99) = stats(samples);
+    Ok(Row {
+        size: 8,
+        latency_us_median: med,
+        latency_us_p99: p99,
+        bandwidth_gbps: Some(bw),
+        iters,
+        bw_iters: iters,
+    })
+}
+
+fn barrier_row(pe: &Pe, a: &BenchArgs) -> Result<Row> {
+    for _ in 0..a.warmup {
+        pe.barrier_all()?;
+    }
+    let batch = 16;
+    let mut samples = Vec::new();
+    for _ in 0..a.iters.div_ceil(batch) {
+        let t = Instant::now();
+        for _ in 0..batch {
+            pe.barrier_all()?;
+        }
+        samples.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
+    }
+    let (med, p99) = stats(samples);
+    Ok(Row {
+        size: 0,
+        latency_us_median: med,
+        latency_us_p99: p99,
+        bandwidth_gbps: None,
+        iters: a.iters,
+        bw_iters: 0,
+    })
+}
+
+fn print_report(r: &Report, json: bool) {
+    if json {
+        match serde_json::to_string(r) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("rshmem bench: cannot encode the report: {e}"),
+        }
+        return;
+    }
+    println!(
+        "rshmem bench {:?}: {} PEs, device {}, transport {}, latency = {}",
+        r.bench, r.pes, r.device, r.transport, r.latency_kind
+    );
+    println!("{:>10} {:>14} {:>14} {:>12}", "size (B)", "lat med (us)", "lat p99 (us)", "bw (GB/s)");
+    for row in &r.rows {
+        let bw = row.bandwidth_gbps.map_or("-".to_string(), |b| format!("{b:.3}"));
+        println!(
+            "{:>10} {:>14.3} {:>14.3} {:>12}",
+            row.size, row.latency_us_median, row.latency_us_p99, bw
+        );
+    }
+}

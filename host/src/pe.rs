@@ -1,0 +1,537 @@
+//! The processing element: a handle that owns one PE's bootstrap connection, symmetric heap
+//! and peer mappings.
+//!
+//! A [`Pe`] is a value, not process-global state: a process may host one PE (the usual
+//! case, started by `rshmem run`, torchrun, mpirun or srun) or several, one thread each
+//! ([`run_threads`]), all with their own heap and bootstrap connection.
+//!
+//! Thread use: RMA, atomics, signals and waits take `&self` and may be called from any
+//! thread that can reach the `Pe` (it is `Sync`). Collective calls (allocation, team
+//! creation, barriers) must be made by one thread at a time per PE, in the same order on
+//! every PE of the team — as in OpenSHMEM.
+
+use crate::bootstrap::{Bootstrap, Group, JoinParams, Liveness, Root};
+use crate::config::{LaunchInfo, Settings};
+use crate::error::{Error, Result};
+use crate::heap::{self, Allocator, Segment, MAX_ALIGN, RESERVED_BYTES};
+use crate::team::Team;
+use crate::types::{Element, SymPtr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Everything needed to start one PE explicitly (instead of from the environment).
+#[derive(Debug, Clone)]
+pub struct PeConfig {
+    pub rank: usize,
+    pub world_size: usize,
+    /// `host:port` of the bootstrap root.
+    pub root_addr: String,
+    pub token: String,
+    pub settings: Settings,
+}
+
+/// One processing element.
+pub struct Pe {
+    rank: usize,
+    n_pes: usize,
+    boot: Option<Bootstrap>,
+    pub(crate) live: Arc<Liveness>,
+    pub(crate) settings: Settings,
+    job_id: String,
+    heap_size: usize,
+    /// Mapping of every PE's heap that this process can address (same node), by world rank.
+    peers: Vec<Option<Segment>>,
+    alloc: Mutex<Allocator>,
+    world: Team,
+    node: Team,
+    /// Team slots in use on this PE (bit i = slot i).
+    pub(crate) slots: Mutex<u64>,
+    /// The bootstrap root, when this PE hosts it (rank 0 under torchrun/mpirun, or a
+    /// single PE started without a launcher).
+    root: Option<Root>,
+}
+
+impl std::fmt::Debug for Pe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pe")
+            .field("rank", &self.rank)
+            .field("n_pes", &self.n_pes)
+            .field("heap_size", &self.heap_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pe {
+    /// Starts this process's PE from the environment (see the README for the variables):
+    /// `rshmem run`, torchrun, Open MPI, Slurm or PMI variables; without any, a job of one PE.
+    ///
+    /// Rank 0 hosts the bootstrap root at `RSHMEM_MASTER_ADDR:RSHMEM_MASTER_PORT` (or
+    /// `MASTER_ADDR:MASTER_PORT`) unless `RSHMEM_ROOT=external` says a launcher hosts it.
+    pub fn init() -> Result<Pe> {
+        let settings = Settings::from_env()?;
+        match LaunchInfo::from_env()? {
+            None => {
+                let token = random_token()?;
+                let root = Root::bind("127.0.0.1:0", 1, &token)?;
+                let cfg = PeConfig {
+                    rank: 0,
+                    world_size: 1,
+                    root_addr: root.local_addr().to_string(),
+                    token,
+                    settings,
+                };
+                Pe::init_with(cfg, Some(root))
+            }
+            Some(li) => {
+                let token = settings.token.clone().ok_or_else(|| {
+                    Error::MissingEnv(format!(
+                        "RSHMEM_TOKEN is not set: every PE of a job must carry the same job token \
+                         (rank/size came from {:?} variables). `rshmem run` sets it; with other \
+                         launchers export RSHMEM_TOKEN=<secret> to every PE (e.g. mpirun -x RSHMEM_TOKEN)",
+                        li.source
+                    ))
+                })?;
+                let (addr, port) = match (&li.master_addr, li.master_port) {
+                    (Some(a), Some(p)) => (a.clone(), p),
+                    _ => {
+                        return Err(Error::MissingEnv(format!(
+                            "the bootstrap root address is not set: export RSHMEM_MASTER_ADDR and \
+                             RSHMEM_MASTER_PORT (or MASTER_ADDR and MASTER_PORT) to every PE; rank 0 \
+                             listens there (rank/size came from {:?} variables)",
+                            li.source
+                        )))
+                    }
+                };
+                let root_addr = format!("{addr}:{port}");
+                let root = if li.rank == 0 && !settings.root_external {
+                    Some(Root::bind(&root_addr, li.world_size, &token)?)
+                } else {
+                    None
+                };
+                let cfg = PeConfig {
+                    rank: li.rank,
+                    world_size: li.world_size,
+                    root_addr,
+                    token,
+                    settings,
+                };
+                Pe::init_with(cfg, root)
+            }
+        }
+    }
+
+    /// Starts a PE with explicit parameters. `root`, if given, is kept alive by this PE.
+    pub fn init_with(cfg: PeConfig, root: Option<Root>) -> Result<Pe> {
+        let settings = cfg.settings;
+        let boot = Bootstrap::join(&JoinParams {
+            rank: cfg.rank,
+            world_size: cfg.world_size,
+            root_addr: cfg.root_addr,
+            token: cfg.token,
+            node_id: settings.node_id.clone(),
+            timeout: settings.timeout,
+        })?;
+        let rank = boot.rank();
+        let n = boot.world_size();
+        let world_group = Group {
+            uid: 0,
+            members: (0..n as u32).collect(),
+        };
+        let live = boot.liveness();
+        let job_id = boot.job_id().to_string();
+
+        // Every PE must use the same heap size: offsets are symmetric.
+        let sizes = boot.allgather(&world_group, &(settings.symmetric_size as u64).to_le_bytes())?;
+        let sizes: Vec<u64> = sizes.iter().map(|b| le_u64(b)).collect();
+        if sizes.iter().any(|&s| s != sizes[0]) {
+            return Err(Error::CollectiveMismatch {
+                op: "init (RSHMEM_SYMMETRIC_SIZE)",
+                detail: per_pe(&sizes, |s| format!("{s} bytes")),
+            });
+        }
+        let heap_size = settings.symmetric_size;
+
+        // Node-local peers share their heaps through /dev/shm.
+        let node_ids = boot.node_ids().to_vec();
+        let local: Vec<usize> = (0..n).filter(|&r| node_ids[r] == node_ids[rank]).collect();
+        let my_path = heap::segment_path(&job_id, rank);
+        let mine = Segment::create(&my_path, heap_size);
+        exchange_status(&boot, &world_group, "create its symmetric heap", &mine)?;
+        let mine = mine?;
+        let mut peers: Vec<Option<Segment>> = (0..n).map(|_| None).collect();
+        let opened: Result<()> = local.iter().filter(|&&r| r != rank).try_for_each(|&r| {
+            peers[r] = Some(Segment::open(&heap::segment_path(&job_id, r), heap_size)?);
+            Ok(())
+        });
+        let st = exchange_status(&boot, &world_group, "map its node peers' heaps", &opened);
+        // Everyone has mapped (or failed); the name is no longer needed either way.
+        heap::unlink(&my_path);
+        st?;
+        opened?;
+        peers[rank] = Some(mine);
+
+        let world = Team::new(0, world_group.members.clone(), rank, 0, true);
+        let node_members: Vec<u32> = local.iter().map(|&r| r as u32).collect();
+        let node_uid = 1u64 << 63 | fnv(node_ids[rank].as_bytes());
+        let node = Team::new(node_uid, node_members, rank, 1, true);
+        let world_p2p = local.len() == n;
+        world.set_p2p(world_p2p);
+
+        Ok(Pe {
+            rank,
+            n_pes: n,
+            boot: Some(boot),
+            live,
+            settings,
+            job_id,
+            heap_size,
+            peers,
+            alloc: Mutex::new(Allocator::new(RESERVED_BYTES, heap_size)),
+            world,
+            node,
+            slots: Mutex::new(0b11),
+            root,
+        })
+    }
+
+    /// This PE's number in the world team.
+    pub fn my_pe(&self) -> usize {
+        self.rank
+    }
+    /// Number of PEs in the job.
+    pub fn n_pes(&self) -> usize {
+        self.n_pes
+    }
+    /// The job id (shared by all PEs of the job).
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+    /// Size of every PE's symmetric heap in bytes (the usable part starts at
+    /// [`heap::RESERVED_BYTES`]).
+    pub fn heap_size(&self) -> usize {
+        self.heap_size
+    }
+    /// The bound applied to every wait.
+    pub fn timeout(&self) -> Duration {
+        self.settings.timeout
+    }
+    /// The world team.
+    pub fn world(&self) -> &Team {
+        &self.world
+    }
+    /// The node-local team: PEs whose heaps this PE maps (OpenSHMEM's SHMEM_TEAM_SHARED).
+    pub fn node(&self) -> &Team {
+        &self.node
+    }
+    /// Whether PE `pe`'s heap is mapped here (p2p reachable).
+    pub fn is_local(&self, pe: usize) -> bool {
+        self.peers.get(pe).is_some_and(|s| s.is_some())
+    }
+
+    pub(crate) fn boot(&self) -> &Bootstrap {
+        self.boot.as_ref().expect("bootstrap present until finalize")
+    }
+
+    /// Address in this process of PE `pe`'s symmetric object (OpenSHMEM `shmem_ptr`):
+    /// `None` when that PE's heap is not mapped here or the range is invalid.
+    pub fn ptr<T: Element>(&self, sym: SymPtr<T>, pe: usize) -> Option<*mut T> {
+        self.target(pe, sym.offset(), sym.bytes())
+            .ok()
+            .map(|p| p.cast())
+    }
+
+    /// Validates `[offset, offset+len)` on PE `pe` and returns its local address.
+    pub(crate) fn target(&self, pe: usize, offset: usize, len: usize) -> Result<*mut u8> {
+        if pe >= self.n_pes {
+            return Err(Error::InvalidPe {
+                pe,
+                n_pes: self.n_pes,
+                scope: "world team",
+            });
+        }
+        let seg = self.peers[pe].as_ref().ok_or_else(|| Error::Unreachable {
+            pe,
+            from: self.rank,
+            reason: "it is on another node and no network transport is configured".into(),
+        })?;
+        match offset.checked_add(len) {
+            Some(end) if offset >= RESERVED_BYTES && end <= self.heap_size => {}
+            _ => {
+                return Err(Error::OutOfBounds {
+                    pe,
+                    offset,
+                    len,
+                    heap_start: RESERVED_BYTES,
+                    heap_end: self.heap_size,
+                })
+            }
+        }
+        self.live.check()?;
+        // SAFETY: offset + len <= heap_size = the mapping's length (checked above).
+        Ok(unsafe { seg.base().add(offset) })
+    }
+
+    /// Local address of a runtime-region word of PE `pe` (no user bounds check: internal).
+    pub(crate) fn runtime_word(&self, pe: usize, offset: usize) -> Result<*mut u64> {
+        debug_assert!(offset + 8 <= RESERVED_BYTES && offset % 8 == 0);
+        let seg = self.peers[pe].as_ref().ok_or_else(|| Error::Unreachable {
+            pe,
+            from: self.rank,
+            reason: "it is on another node and no network transport is configured".into(),
+        })?;
+        // SAFETY: offset is inside the reserved region, which is inside the mapping.
+        Ok(unsafe { seg.base().add(offset).cast() })
+    }
+
+    // ---------------------------------------------------------------- allocation
+
+    /// Collective: every PE allocates `size` bytes at the same offset (16-byte aligned).
+    /// `size == 0` returns an empty pointer and allocates nothing.
+    pub fn malloc(&self, size: usize) -> Result<SymPtr<u8>> {
+        self.alloc_collective("malloc", size, 16, false)
+            .map(|o| SymPtr::from_raw(o, size))
+    }
+
+    /// Collective: `count` zeroed elements of `T` at the same offset on every PE. Returns
+    /// after every PE has zeroed its copy.
+    pub fn calloc<T: Element>(&self, count: usize) -> Result<SymPtr<T>> {
+        let bytes = bytes_of::<T>(count)?;
+        let o = self.alloc_collective("calloc", bytes, align_of_elem::<T>(), true)?;
+        Ok(SymPtr::from_raw(o, count))
+    }
+
+    /// Collective: `count` elements of `T` (uninitialised content) at the same offset.
+    pub fn alloc<T: Element>(&self, count: usize) -> Result<SymPtr<T>> {
+        let bytes = bytes_of::<T>(count)?;
+        let o = self.alloc_collective("alloc", bytes, align_of_elem::<T>(), false)?;
+        Ok(SymPtr::from_raw(o, count))
+    }
+
+    /// Collective: `size` bytes aligned to `alignment` (a power of two up to the page size).
+    pub fn align(&self, alignment: usize, size: usize) -> Result<SymPtr<u8>> {
+        self.alloc_collective("align", size, alignment, false)
+            .map(|o| SymPtr::from_raw(o, size))
+    }
+
+    /// Collective: releases an allocation on every PE (all must pass the same pointer).
+    pub fn free<T>(&self, ptr: SymPtr<T>) -> Result<()> {
+        let args = [ptr.offset() as u64];
+        self.agree("free", &args, |a| format!("offset {:#x}", a[0]))?;
+        if ptr.offset() == 0 {
+            return Ok(()); // the empty allocation
+        }
+        let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        a.free(ptr.offset()).map_err(|()| {
+            Error::InvalidArgument(format!(
+                "free: offset {:#x} is not the start of a live symmetric allocation",
+                ptr.offset()
+            ))
+        })
+    }
+
+    /// Bytes still free in the symmetric heap, and the largest free block.
+    pub fn heap_free(&self) -> (usize, usize) {
+        let a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        (a.free_bytes(), a.largest_free())
+    }
+
+    fn alloc_collective(&self, op: &'static str, size: usize, align: usize, zero: bool) -> Result<usize> {
+        self.agree(op, &[size as u64, align as u64], |a| {
+            format!("size {} align {}", a[0], a[1])
+        })?;
+        if !align.is_power_of_two() || align > MAX_ALIGN {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: alignment {align} is not a power of two up to {MAX_ALIGN}"
+            )));
+        }
+        if size == 0 {
+            return Ok(0);
+        }
+        let off = {
+            let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+            a.alloc(size, align).ok_or_else(|| Error::HeapExhausted {
+                pe: self.rank,
+                requested: size,
+                align,
+                free: a.free_bytes(),
+                largest_free: a.largest_free(),
+                heap_size: self.heap_size,
+            })?
+        };
+        if zero {
+            let p = self.target(self.rank, off, size)?;
+            // SAFETY: p..p+size is inside our own mapping (validated by target); no other
+            // PE may access a block before the collective allocation returns.
+            unsafe { std::ptr::write_bytes(p, 0, size) };
+            self.sync_team(&self.world)?;
+        }
+        Ok(off)
+    }
+
+    /// Collective check that every PE passed the same arguments to `op`; on mismatch every
+    /// PE gets the same error listing each PE's arguments. Also acts as a barrier.
+    pub(crate) fn agree(&self, op: &'static str, args: &[u64], show: impl Fn(&[u64]) -> String) -> Result<()> {
+        self.agree_in(&self.world, op, args, show)
+    }
+
+    pub(crate) fn agree_in(
+        &self,
+        team: &Team,
+        op: &'static str,
+        args: &[u64],
+        show: impl Fn(&[u64]) -> String,
+    ) -> Result<()> {
+        let bytes: Vec<u8> = args.iter().flat_map(|a| a.to_le_bytes()).collect();
+        let all = self.boot().allgather(&team.group(), &bytes)?;
+        if all.iter().any(|b| *b != bytes) {
+            let vals: Vec<Vec<u64>> = all
+                .iter()
+                .map(|b| b.chunks_exact(8).map(le_u64).collect())
+                .collect();
+            let detail = team
+                .members()
+                .iter()
+                .zip(&vals)
+                .take(32)
+                .map(|(pe, v)| format!("PE {pe}: {}", show(v)))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(Error::CollectiveMismatch { op, detail });
+        }
+        Ok(())
+    }
+
+    /// Leaves the job cleanly: a barrier with every PE, then the bootstrap farewell. PEs
+    /// that drop their `Pe` without `finalize` are reported to the others as died.
+    pub fn finalize(mut self) -> Result<()> {
+        let r = self.boot().barrier(&self.world.group());
+        if let Some(b) = self.boot.take() {
+            b.finalize()?;
+        }
+        if let Some(root) = self.root.take() {
+            // Keep serving the other PEs' farewells before this process goes away.
+            root.wait_all_left(self.settings.timeout);
+        }
+        r
+    }
+}
+
+/// Runs `n` PEs as threads of this process, with a bootstrap root hosted here. Each thread
+/// initialises its PE, runs `f`, and finalizes when `f` returns Ok (a failed PE leaves
+/// without finalize, so the others see it as died). Results are in rank order.
+pub fn run_threads<R: Send>(
+    n: usize,
+    settings: Settings,
+    f: impl Fn(&Pe) -> Result<R> + Sync,
+) -> Result<Vec<Result<R>>> {
+    if n == 0 {
+        return Err(Error::InvalidArgument("run_threads: 0 PEs".into()));
+    }
+    let token = random_token()?;
+    let root = Root::bind("127.0.0.1:0", n, &token)?;
+    let addr = root.local_addr().to_string();
+    let out = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let cfg = PeConfig {
+                    rank,
+                    world_size: n,
+                    root_addr: addr.clone(),
+                    token: token.clone(),
+                    settings: settings.clone(),
+                };
+                let f = &f;
+                std::thread::Builder::new()
+                    .name(format!("pe{rank}"))
+                    .spawn_scoped(s, move || -> Result<R> {
+                        let pe = Pe::init_with(cfg, None)?;
+                        let r = f(&pe)?;
+                        pe.finalize()?;
+                        Ok(r)
+                    })
+                    .map_err(|e| Error::io("spawning a PE thread", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok::<_, Error>(
+            hs.into_iter()
+                .enumerate()
+                .map(|(rank, h)| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Verification(format!("PE {rank} panicked")))
+                    })
+                })
+                .collect(),
+        )
+    })?;
+    root.wait_all_left(Duration::from_secs(1));
+    Ok(out)
+}
+
+/// Shares each PE's outcome of a local step, so that a failure on one PE becomes an error
+/// naming it on every PE instead of a hang or a bare "peer died".
+fn exchange_status<T>(boot: &Bootstrap, g: &Group, what: &str, r: &Result<T>) -> Result<()> {
+    let mine = match r {
+        Ok(_) => Vec::new(),
+        Err(e) => e.to_string().into_bytes(),
+    };
+    let all = boot.allgather(g, &mine)?;
+    if let Some((pe, msg)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
+        if r.is_ok() {
+            return Err(Error::PeerDied {
+                pe,
+                detail: format!("PE {pe} could not {what}: {}", String::from_utf8_lossy(msg)),
+            });
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    let n = b.len().min(8);
+    a[..n].copy_from_slice(&b[..n]);
+    u64::from_le_bytes(a)
+}
+
+fn per_pe(v: &[u64], show: impl Fn(u64) -> String) -> String {
+    v.iter()
+        .enumerate()
+        .take(32)
+        .map(|(pe, &x)| format!("PE {pe}: {}", show(x)))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+pub(crate) fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+fn bytes_of<T>(count: usize) -> Result<usize> {
+    count.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{count} elements of {} overflow the address space",
+            std::any::type_name::<T>()
+        ))
+    })
+}
+
+fn align_of_elem<T>() -> usize {
+    std::mem::align_of::<T>().clamp(16, MAX_ALIGN)
+}
+
+/// 32 random hex characters from the kernel's CSPRNG.
+pub fn random_token() -> Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| Error::io("reading /dev/urandom for a job token", e))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Milliseconds since `t`, saturating.
+pub(crate) fn ms_since(t: Instant) -> u64 {
+    t.elapsed().as_millis().min(u64::MAX as u128) as u64
+}

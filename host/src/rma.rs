@@ -1,0 +1,608 @@
+//! Host-initiated one-sided operations over the p2p transport: put/get, signals,
+//! point-to-point synchronisation (wait/test) and atomics, with OpenSHMEM 1.5 semantics.
+//!
+//! # Transport and completion
+//! The p2p transport moves data with CPU loads and stores into the peer's heap, which is
+//! mapped into this process. So every operation has *completed* when it returns — the
+//! `_nbi` forms exist for API parity with OpenSHMEM and with transports where they differ,
+//! and their guarantee is the OpenSHMEM one: complete at the next [`Pe::quiet`] (or barrier).
+//!
+//! # Memory ordering
+//! - Synchronisation words (signals, atomics, waited-on variables) are only ever accessed
+//!   with atomic instructions.
+//! - `put`/`put_nbi` of 4 or 8 aligned bytes (or more, when the last 8 bytes are 8-aligned)
+//!   write the final word last, with a Release store, so a PE polling that word with
+//!   `wait_until` (Acquire) sees the whole put. This is a property of the p2p transport,
+//!   not an OpenSHMEM guarantee: portable code uses `put_signal` or `fence` + a flag.
+//! - `put_signal` writes the data, then updates the signal with Release; a
+//!   `signal_wait_until`/`wait_until` that observes the signal (Acquire) observes the data.
+//! - Atomics: fetching AMOs are Acquire (fetch) or AcqRel (read-modify-write); `atomic_set`
+//!   is Release. They order against this PE's earlier and later accesses to the heap.
+//! - `fence` is a Release fence: puts and AMOs issued before it become visible before those
+//!   issued after it to any PE that acquires one of the later ones. `quiet` is a SeqCst
+//!   fence: it also orders this PE's later loads after its earlier stores.
+//! - Bulk data is copied with plain (non-atomic) copies. As in OpenSHMEM, a program that
+//!   reads a buffer while another PE writes it without synchronisation has a data race and
+//!   may see torn values; rshmem never does this for its own words.
+
+use crate::atomic::AtomicInt;
+use crate::error::{Error, Result};
+use crate::pe::{ms_since, Pe};
+use crate::types::{Cmp, Element, SignalOp, SymPtr};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Polls before a waiting PE starts yielding its core (a few tens of microseconds).
+const SPIN_POLLS: u64 = 1 << 14;
+/// Polls between checks of the clock and of peer liveness.
+const CHECK_EVERY: u64 = 256;
+
+impl Pe {
+    // ------------------------------------------------------------------ put / get
+
+    /// Copies `src` into `dest` on PE `pe` (`src.len() <= dest.len()`). On return `src` may
+    /// be reused; the data is visible to `pe` after `quiet`/barrier (with p2p: already).
+    pub fn put<T: Element>(&self, dest: SymPtr<T>, src: &[T], pe: usize) -> Result<()> {
+        let bytes = std::mem::size_of_val(src);
+        check_len("put", src.len(), dest.len())?;
+        let d = self.target(pe, dest.offset(), bytes)?;
+        // SAFETY: d..d+bytes is inside PE `pe`'s mapped heap (validated); src is a valid
+        // slice of `bytes` bytes; the two cannot overlap unless the caller passes a slice
+        // of the mapping itself, which ptr::copy tolerates.
+        unsafe { copy_last_word_release(d, src.as_ptr().cast(), bytes) };
+        Ok(())
+    }
+
+    /// Non-blocking put: complete at the next `quiet`. With p2p it completes at once.
+    pub fn put_nbi<T: Element>(&self, dest: SymPtr<T>, src: &[T], pe: usize) -> Result<()> {
+        self.put(dest, src, pe)
+    }
+
+    /// Copies `src` on PE `pe` into `dst` (`dst.len() <= src.len()`). Complete on return.
+    pub fn get<T: Element>(&self, dst: &mut [T], src: SymPtr<T>, pe: usize) -> Result<()> {
+        let bytes = std::mem::size_of_val(dst);
+        check_len("get", dst.len(), src.len())?;
+        let s = self.target(pe, src.offset(), bytes)?;
+        // SAFETY: s..s+bytes is inside the mapped heap; dst is a valid exclusive slice of
+        // `bytes` bytes; T accepts any bit pattern (Element).
+        unsafe { std::ptr::copy(s, dst.as_mut_ptr().cast::<u8>(), bytes) };
+        // Acquire: loads after this get are not reordered before it (OpenSHMEM orders a
+        // blocking get before the caller's later accesses).
+        fence(Ordering::Acquire);
+        Ok(())
+    }
+
+    /// Non-blocking get: `dst` holds the data after the next `quiet`. With p2p it
+    /// completes at once (the borrow of `dst` ends with the call).
+    pub fn get_nbi<T: Element>(&self, dst: &mut [T], src: SymPtr<T>, pe: usize) -> Result<()> {
+        self.get(dst, src, pe)
+    }
+
+    /// Bytes form of `put` (OpenSHMEM `putmem`).
+    pub fn putmem(&self, dest: SymPtr<u8>, src: &[u8], pe: usize) -> Result<()> {
+        self.put(dest, src, pe)
+    }
+
+    /// Bytes form of `get` (OpenSHMEM `getmem`).
+    pub fn getmem(&self, dst: &mut [u8], src: SymPtr<u8>, pe: usize) -> Result<()> {
+        self.get(dst, src, pe)
+    }
+
+    /// Writes one element (`dest`'s first) on PE `pe`.
+    pub fn p<T: Element>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
+        self.put(dest, std::slice::from_ref(&value), pe)
+    }
+
+    /// Reads one element (`src`'s first) from PE `pe`.
+    pub fn g<T: Element>(&self, src: SymPtr<T>, pe: usize) -> Result<T> {
+        check_len("g", 1, src.len())?;
+        let s = self.target(pe, src.offset(), std::mem::size_of::<T>())?;
+        // SAFETY: s points to size_of::<T>() valid mapped bytes; read_unaligned copes with
+        // any alignment; T accepts any bit pattern.
+        let v = unsafe { load_acquire::<T>(s) };
+        Ok(v)
+    }
+
+    // ------------------------------------------------------------------ signals
+
+    /// Puts `src` into `dest` on `pe`, then updates the signal word `sig` on `pe` with
+    /// `op` (set or add) so that a PE observing the signal observes the data.
+    pub fn put_signal<T: Element>(
+        &self,
+        dest: SymPtr<T>,
+        src: &[T],
+        sig: SymPtr<u64>,
+        signal: u64,
+        op: SignalOp,
+        pe: usize,
+    ) -> Result<()> {
+        let bytes = std::mem::size_of_val(src);
+        check_len("put_signal", src.len(), dest.len())?;
+        let d = self.target(pe, dest.offset(), bytes)?;
+        let s = self.sync_word::<u64>(sig, pe, "put_signal")?;
+        // SAFETY: validated destination inside the mapping; src valid for `bytes`.
+        unsafe { std::ptr::copy(src.as_ptr().cast::<u8>(), d, bytes) };
+        // SAFETY: s is an aligned signal word in a live mapping, accessed only atomically.
+        unsafe { signal_update(s, signal, op) };
+        Ok(())
+    }
+
+    /// Non-blocking `put_signal` (complete at the next quiet; with p2p at once).
+    pub fn put_signal_nbi<T: Element>(
+        &self,
+        dest: SymPtr<T>,
+        src: &[T],
+        sig: SymPtr<u64>,
+        signal: u64,
+        op: SignalOp,
+        pe: usize,
+    ) -> Result<()> {
+        self.put_signal(dest, src, sig, signal, op, pe)
+    }
+
+    /// Updates the signal word `sig` on PE `pe` (Release: orders this PE's earlier puts).
+    pub fn signal_op(&self, sig: SymPtr<u64>, signal: u64, op: SignalOp, pe: usize) -> Result<()> {
+        let s = self.sync_word::<u64>(sig, pe, "signal_op")?;
+        // SAFETY: aligned signal word in a live mapping, accessed only atomically.
+        unsafe { signal_update(s, signal, op) };
+        Ok(())
+    }
+
+    /// Reads this PE's signal word `sig` (Acquire).
+    pub fn signal_fetch(&self, sig: SymPtr<u64>) -> Result<u64> {
+        let s = self.sync_word::<u64>(sig, self.my_pe(), "signal_fetch")?;
+        // SAFETY: aligned signal word in our own mapping, accessed only atomically.
+        Ok(unsafe { u64::load(s, Ordering::Acquire) })
+    }
+
+    /// Waits until this PE's signal word `sig` satisfies `cmp value`; returns its value.
+    pub fn signal_wait_until(&self, sig: SymPtr<u64>, cmp: Cmp, value: u64) -> Result<u64> {
+        let s = self.sync_word::<u64>(sig, self.my_pe(), "signal_wait_until")?;
+        self.wait_word(s, sig.offset(), cmp, value, "signal_wait_until")
+    }
+
+    // ------------------------------------------------------------------ wait / test
+
+    /// Waits until this PE's `ivar` (its first element) satisfies `cmp value`.
+    pub fn wait_until<T: AtomicInt>(&self, ivar: SymPtr<T>, cmp: Cmp, value: T) -> Result<()> {
+        let p = self.sync_word::<T>(ivar, self.my_pe(), "wait_until")?;
+        self.wait_word(p, ivar.offset(), cmp, value, "wait_until").map(|_| ())
+    }
+
+    /// True if this PE's `ivar` satisfies `cmp value` now.
+    pub fn test<T: AtomicInt>(&self, ivar: SymPtr<T>, cmp: Cmp, value: T) -> Result<bool> {
+        let p = self.sync_word::<T>(ivar, self.my_pe(), "test")?;
+        // SAFETY: aligned word in our own mapping, accessed only atomically.
+        Ok(cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
+    }
+
+    /// Waits until every element of `ivars` not excluded by `status` (non-zero = excluded)
+    /// satisfies `cmp value`.
+    pub fn wait_until_all<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        value: T,
+    ) -> Result<()> {
+        let words = self.ivar_words(ivars, status, "wait_until_all")?;
+        self.poll(
+            || {
+                words
+                    .iter()
+                    // SAFETY: each word was validated by ivar_words; atomic-only access.
+                    .find(|&&(_, p)| !cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
+                    .map_or(Ok(()), |&(i, p)| Err((i, p)))
+            },
+            |&(i, p)| self.wait_error("wait_until_all", ivars, i, p, cmp, value),
+        )
+    }
+
+    /// Waits until some element of `ivars` not excluded by `status` satisfies `cmp value`;
+    /// returns its index (the lowest such index).
+    pub fn wait_until_any<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        value: T,
+    ) -> Result<usize> {
+        let words = self.ivar_words(ivars, status, "wait_until_any")?;
+        if words.is_empty() {
+            return Err(Error::InvalidArgument(
+                "wait_until_any: every element is excluded by status".into(),
+            ));
+        }
+        self.poll(
+            || {
+                words
+                    .iter()
+                    // SAFETY: validated words; atomic-only access.
+                    .find(|&&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
+                    .map_or(Err((words[0].0, words[0].1)), |&(i, _)| Ok(i))
+            },
+            |&(i, p)| self.wait_error("wait_until_any", ivars, i, p, cmp, value),
+        )
+    }
+
+    /// Waits until at least one element satisfies `cmp value`; returns all that do.
+    pub fn wait_until_some<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        value: T,
+    ) -> Result<Vec<usize>> {
+        self.wait_until_any(ivars, status, cmp, value)?;
+        self.test_some(ivars, status, cmp, value)
+    }
+
+    /// True if every non-excluded element satisfies `cmp value` now.
+    pub fn test_all<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        value: T,
+    ) -> Result<bool> {
+        let words = self.ivar_words(ivars, status, "test_all")?;
+        // SAFETY: validated words; atomic-only access.
+        Ok(words.iter().all(|&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value)))
+    }
+
+    /// Index of a non-excluded element that satisfies `cmp value` now, if any.
+    pub fn test_any<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        value: T,
+    ) -> Result<Option<usize>> {
+        let words = self.ivar_words(ivars, status, "test_any")?;
+        Ok(words
+            .iter()
+            // SAFETY: validated words; atomic-only access.
+            .find(|&&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
+            .map(|&(i, _)| i))
+    }
+
+    /// Indices of all non-excluded elements that satisfy `cmp value` now.
+    pub fn test_some<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        value: T,
+    ) -> Result<Vec<usize>> {
+        let words = self.ivar_words(ivars, status, "test_some")?;
+        Ok(words
+            .iter()
+            // SAFETY: validated words; atomic-only access.
+            .filter(|&&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
+            .map(|&(i, _)| i)
+            .collect())
+    }
+
+    // ------------------------------------------------------------------ atomics
+
+    /// Atomically reads `src` on PE `pe` (Acquire).
+    pub fn atomic_fetch<T: AtomicInt>(&self, src: SymPtr<T>, pe: usize) -> Result<T> {
+        let p = self.sync_word(src, pe, "atomic_fetch")?;
+        // SAFETY: validated aligned word, atomic-only access.
+        Ok(unsafe { T::load(p, Ordering::Acquire) })
+    }
+
+    /// Atomically writes `value` to `dest` on PE `pe` (Release).
+    pub fn atomic_set<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
+        let p = self.sync_word(dest, pe, "atomic_set")?;
+        // SAFETY: validated aligned word, atomic-only access.
+        unsafe { T::store(p, value, Ordering::Release) };
+        Ok(())
+    }
+
+    /// Atomically replaces `dest` on PE `pe` with `value`; returns the old value (AcqRel).
+    pub fn atomic_swap<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
+        let p = self.sync_word(dest, pe, "atomic_swap")?;
+        // SAFETY: validated aligned word, atomic-only access.
+        Ok(unsafe { T::swap(p, value, Ordering::AcqRel) })
+    }
+
+    /// Writes `value` to `dest` on PE `pe` if it equals `cond`; returns the old value.
+    pub fn atomic_compare_swap<T: AtomicInt>(
+        &self,
+        dest: SymPtr<T>,
+        cond: T,
+        value: T,
+        pe: usize,
+    ) -> Result<T> {
+        let p = self.sync_word(dest, pe, "atomic_compare_swap")?;
+        // SAFETY: validated aligned word, atomic-only access.
+        Ok(unsafe { T::compare_swap(p, cond, value, Ordering::AcqRel) })
+    }
+
+    /// Adds `value` (wrapping) to `dest` on PE `pe`; returns the old value.
+    pub fn atomic_fetch_add<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
+        let p = self.sync_word(dest, pe, "atomic_fetch_add")?;
+        // SAFETY: validated aligned word, atomic-only access.
+        Ok(unsafe { T::fetch_add(p, value, Ordering::AcqRel) })
+    }
+
+    /// Adds `value` (wrapping) to `dest` on PE `pe`.
+    pub fn atomic_add<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
+        self.atomic_fetch_add(dest, value, pe).map(|_| ())
+    }
+
+    /// Increments `dest` on PE `pe`; returns the old value.
+    pub fn atomic_fetch_inc<T: AtomicInt>(&self, dest: SymPtr<T>, pe: usize) -> Result<T> {
+        self.atomic_fetch_add(dest, T::ONE, pe)
+    }
+
+    /// Increments `dest` on PE `pe`.
+    pub fn atomic_inc<T: AtomicInt>(&self, dest: SymPtr<T>, pe: usize) -> Result<()> {
+        self.atomic_fetch_add(dest, T::ONE, pe).map(|_| ())
+    }
+
+    /// Bitwise AND into `dest` on PE `pe`; returns the old value.
+    pub fn atomic_fetch_and<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
+        let p = self.sync_word(dest, pe, "atomic_fetch_and")?;
+        // SAFETY: validated aligned word, atomic-only access.
+        Ok(unsafe { T::fetch_and(p, value, Ordering::AcqRel) })
+    }
+
+    /// Bitwise OR into `dest` on PE `pe`; returns the old value.
+    pub fn atomic_fetch_or<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
+        let p = self.sync_word(dest, pe, "atomic_fetch_or")?;
+        // SAFETY: validated aligned word, atomic-only access.
+        Ok(unsafe { T::fetch_or(p, value, Ordering::AcqRel) })
+    }
+
+    /// Bitwise XOR into `dest` on PE `pe`; returns the old value.
+    pub fn atomic_fetch_xor<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
+        let p = self.sync_word(dest, pe, "atomic_fetch_xor")?;
+        // SAFETY: validated aligned word, atomic-only access.
+        Ok(unsafe { T::fetch_xor(p, value, Ordering::AcqRel) })
+    }
+
+    /// Bitwise AND into `dest` on PE `pe`.
+    pub fn atomic_and<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
+        self.atomic_fetch_and(dest, value, pe).map(|_| ())
+    }
+
+    /// Bitwise OR into `dest` on PE `pe`.
+    pub fn atomic_or<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
+        self.atomic_fetch_or(dest, value, pe).map(|_| ())
+    }
+
+    /// Bitwise XOR into `dest` on PE `pe`.
+    pub fn atomic_xor<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
+        self.atomic_fetch_xor(dest, value, pe).map(|_| ())
+    }
+
+    // ------------------------------------------------------------------ ordering
+
+    /// Completes every put, AMO and signal this PE issued (OpenSHMEM `shmem_quiet`). With
+    /// p2p they are complete already; the SeqCst fence orders them before everything this
+    /// PE does afterwards, loads included.
+    pub fn quiet(&self) {
+        fence(Ordering::SeqCst);
+    }
+
+    /// Orders this PE's puts, AMOs and signals to each PE: those before the fence are
+    /// visible before those after it (OpenSHMEM `shmem_fence`). A Release fence.
+    pub fn fence(&self) {
+        fence(Ordering::Release);
+    }
+
+    // ------------------------------------------------------------------ internals
+
+    /// Validates a synchronisation word (first element of `sym`) on `pe`: in bounds and
+    /// naturally aligned.
+    fn sync_word<T>(&self, sym: SymPtr<T>, pe: usize, op: &'static str) -> Result<*mut T> {
+        let size = std::mem::size_of::<T>();
+        check_len(op, 1, sym.len())?;
+        if sym.offset() % size != 0 {
+            return Err(Error::Misaligned {
+                offset: sym.offset(),
+                align: size,
+                op,
+            });
+        }
+        Ok(self.target(pe, sym.offset(), size)?.cast())
+    }
+
+    fn ivar_words<T>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        op: &'static str,
+    ) -> Result<Vec<(usize, *mut T)>> {
+        if let Some(s) = status {
+            if s.len() != ivars.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "{op}: status has {} entries for {} variables",
+                    s.len(),
+                    ivars.len()
+                )));
+            }
+        }
+        (0..ivars.len())
+            .filter(|&i| status.is_none_or(|s| s[i] == 0))
+            .map(|i| Ok((i, self.sync_word(ivars.at(i), self.my_pe(), op)?)))
+            .collect()
+    }
+
+    fn wait_error<T: AtomicInt>(
+        &self,
+        op: &'static str,
+        ivars: SymPtr<T>,
+        i: usize,
+        p: *mut T,
+        cmp: Cmp,
+        value: T,
+    ) -> Error {
+        // SAFETY: p is a validated word (from ivar_words), read atomically.
+        let last = unsafe { T::load(p, Ordering::Acquire) };
+        Error::WaitTimeout {
+            pe: self.my_pe(),
+            op,
+            offset: ivars.at(i).offset(),
+            cmp: cmp.symbol(),
+            expected: value.to_string(),
+            last: format!("{last} (element {i} of {})", ivars.len()),
+            waited_ms: self.timeout().as_millis() as u64,
+        }
+    }
+
+    /// Spins on one word until `cmp target` holds; returns the value seen.
+    fn wait_word<T: AtomicInt>(
+        &self,
+        p: *mut T,
+        offset: usize,
+        cmp: Cmp,
+        target: T,
+        op: &'static str,
+    ) -> Result<T> {
+        self.poll(
+            || {
+                // SAFETY: p was validated by sync_word; atomic-only access. Acquire pairs
+                // with the writer's Release so data written before the update is visible.
+                let v = unsafe { T::load(p, Ordering::Acquire) };
+                if cmp.holds(v, target) {
+                    Ok(v)
+                } else {
+                    Err(v)
+                }
+            },
+            |last| Error::WaitTimeout {
+                pe: self.my_pe(),
+                op,
+                offset,
+                cmp: cmp.symbol(),
+                expected: target.to_string(),
+                last: last.to_string(),
+                waited_ms: self.timeout().as_millis() as u64,
+            },
+        )
+    }
+
+    /// Waits for a runtime counter to reach `epoch`; `what` describes it for the error.
+    pub(crate) fn wait_internal(&self, p: *mut u64, epoch: u64, what: impl Fn() -> String) -> Result<()> {
+        let start = Instant::now();
+        self.poll(
+            // SAFETY: p is a runtime word of our own mapping, accessed only atomically;
+            // Acquire pairs with the signaller's Release.
+            || if unsafe { u64::load(p, Ordering::Acquire) } >= epoch { Ok(()) } else { Err(()) },
+            |_| Error::Timeout {
+                pe: self.my_pe(),
+                what: what(),
+                waited_ms: ms_since(start),
+            },
+        )
+    }
+
+    /// The bounded wait loop shared by every wait: spin, then yield, checking the clock and
+    /// peer liveness every CHECK_EVERY polls. `step` returns Ok(result) when done or
+    /// Err(state) with what it saw; `expired` turns the last state into the timeout error.
+    pub(crate) fn poll<R, S>(
+        &self,
+        mut step: impl FnMut() -> std::result::Result<R, S>,
+        expired: impl FnOnce(&S) -> Error,
+    ) -> Result<R> {
+        let mut polls: u64 = 0;
+        let mut start: Option<Instant> = None;
+        loop {
+            match step() {
+                Ok(r) => return Ok(r),
+                Err(state) => {
+                    polls += 1;
+                    if polls % CHECK_EVERY == 0 {
+                        self.live.check()?;
+                        let t0 = *start.get_or_insert_with(Instant::now);
+                        if t0.elapsed() >= self.timeout() {
+                            return Err(expired(&state));
+                        }
+                    }
+                    if polls < SPIN_POLLS {
+                        std::hint::spin_loop();
+                    } else {
+                        // More PEs than cores: give the core to whoever we wait for.
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn check_len(op: &'static str, n: usize, room: usize) -> Result<()> {
+    if n > room {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: {n} elements do not fit a symmetric range of {room}"
+        )));
+    }
+    Ok(())
+}
+
+/// Copies `n` bytes and, when the last 8 (or, for a 4-byte put, 4) destination bytes are
+/// naturally aligned, writes them last with a Release store.
+///
+/// # Safety
+/// `dst` must be valid for `n` bytes of writes, `src` for `n` bytes of reads.
+unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usize) {
+    // SAFETY (whole body): the caller guarantees both ranges; the atomic stores target
+    // naturally aligned words inside dst..dst+n.
+    unsafe {
+        if n >= 8 && (dst as usize + n) % 8 == 0 {
+            std::ptr::copy(src, dst, n - 8);
+            let last = std::ptr::read_unaligned(src.add(n - 8).cast::<u64>());
+            // Release: the bytes copied above are visible to whoever acquires this word.
+            AtomicU64::from_ptr(dst.add(n - 8).cast()).store(last, Ordering::Release);
+        } else if n == 4 && (dst as usize) % 4 == 0 {
+            let v = std::ptr::read_unaligned(src.cast::<u32>());
+            // Release: orders this PE's earlier stores before the word.
+            AtomicU32::from_ptr(dst.cast()).store(v, Ordering::Release);
+        } else {
+            std::ptr::copy(src, dst, n);
+            // Release fence: later stores (e.g. a flag) are not seen before this copy.
+            fence(Ordering::Release);
+        }
+    }
+}
+
+/// Reads a T, atomically when it is a naturally aligned 4- or 8-byte word.
+///
+/// # Safety
+/// `src` must be valid for `size_of::<T>()` bytes of reads; T must accept any bit pattern.
+unsafe fn load_acquire<T: Element>(src: *const u8) -> T {
+    let n = std::mem::size_of::<T>();
+    // SAFETY (whole body): the caller guarantees the range; atomic loads only on naturally
+    // aligned words. Acquire pairs with a Release store of the same word by the writer.
+    unsafe {
+        if n == 8 && (src as usize) % 8 == 0 {
+            let v = AtomicU64::from_ptr(src as *mut u64).load(Ordering::Acquire);
+            std::mem::transmute_copy(&v)
+        } else if n == 4 && (src as usize) % 4 == 0 {
+            let v = AtomicU32::from_ptr(src as *mut u32).load(Ordering::Acquire);
+            std::mem::transmute_copy(&v)
+        } else {
+            let v = std::ptr::read_unaligned(src.cast::<T>());
+            fence(Ordering::Acquire);
+            v
+        }
+    }
+}
+
+/// # Safety
+/// `s` must be an aligned signal word in a live mapping, accessed only atomically.
+unsafe fn signal_update(s: *mut u64, signal: u64, op: SignalOp) {
+    // SAFETY: per the contract. Release: the data put before the signal is visible to a PE
+    // that observes the new signal value with an Acquire load.
+    unsafe {
+        match op {
+            SignalOp::Set => u64::store(s, signal, Ordering::Release),
+            SignalOp::Add => {
+                u64::fetch_add(s, signal, Ordering::Release);
+            }
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! Self-test: every host operation exercised among the PEs of a job, with exact checks.
+//!
+//! The same cases run in the crate's tests (PEs as threads), under `rshmem run -n N --
+//! rshmem selftest` (PEs as processes) and under other launchers. Every case is collective:
+//! all PEs run the same sequence. Data written by PE `r` encodes `r` and the position, so
+//! a check names who wrote what where.
+
+use crate::error::{Error, Result};
+use crate::heap::RESERVED_BYTES;
+use crate::pe::Pe;
+use crate::types::{Cmp, SignalOp, SymPtr};
+use crate::AtomicInt;
+
+/// A self-test case.
+pub struct Case {
+    pub name: &'static str,
+    pub run: fn(&Pe) -> Result<()>,
+}
+
+/// All cases, in the order they run.
+pub const CASES: &[Case] = &[
+    Case { name: "alloc", run: alloc },
+    Case { name: "put-get", run: put_get },
+    Case { name: "p-g", run: p_g },
+    Case { name: "signal", run: signal },
+    Case { name: "wait", run: wait },
+    Case { name: "atomics", run: atomics },
+    Case { name: "atomics-concurrent", run: atomics_concurrent },
+    Case { name: "barrier", run: barrier },
+    Case { name: "teams", run: teams },
+    Case { name: "bad-input", run: bad_input },
+];
+
+/// Runs the named cases (all when `names` is empty); returns how many ran.
+pub fn run(pe: &Pe, names: &[String], mut report: impl FnMut(&str)) -> Result<usize> {
+    for n in names {
+        if !CASES.iter().any(|c| c.name == n) {
+            return Err(Error::InvalidArgument(format!(
+                "no self-test case {n:?}; cases: {}",
+                CASES.iter().map(|c| c.name).collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    let mut ran = 0;
+    for c in CASES.iter().filter(|c| names.is_empty() || names.iter().any(|n| n == c.name)) {
+        (c.run)(pe).map_err(|e| annotate(c.name, pe, e))?;
+        pe.barrier_all()?;
+        report(c.name);
+        ran += 1;
+    }
+    Ok(ran)
+}
+
+fn annotate(case: &str, pe: &Pe, e: Error) -> Error {
+    match e {
+        Error::Verification(m) => Error::Verification(format!("[{case}] PE {}: {m}", pe.my_pe())),
+        other => other,
+    }
+}
+
+fn check<T: PartialEq + std::fmt::Debug>(what: impl FnOnce() -> String, got: T, want: T) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::Verification(format!("{}: got {got:?}, expected {want:?}", what())))
+    }
+}
+
+fn expect_err<T: std::fmt::Debug>(what: &str, r: Result<T>, pred: impl Fn(&Error) -> bool) -> Result<()> {
+    match r {
+        Err(e) if pred(&e) => Ok(()),
+        Err(e) => Err(Error::Verification(format!("{what}: wrong error: {e}"))),
+        Ok(v) => Err(Error::Verification(format!("{what}: succeeded with {v:?}, expected an error"))),
+    }
+}
+
+/// Value PE `pe` writes at index `i` (never zero, distinct per PE and index).
+fn pat(pe: usize, i: usize) -> u64 {
+    ((pe as u64 + 1) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9) ^ 0x5A5A
+}
+
+fn neighbours(pe: &Pe) -> (usize, usize) {
+    let n = pe.n_pes();
+    ((pe.my_pe() + 1) % n, (pe.my_pe() + n - 1) % n)
+}
+
+// ---------------------------------------------------------------------------- cases
+
+fn alloc(pe: &Pe) -> Result<()> {
+    let (free0, _) = pe.heap_free();
+    let a = pe.malloc(1000)?;
+    let b = pe.calloc::<u64>(300)?;
+    let c = pe.align(4096, 10)?;
+    check(|| "align(4096) offset % 4096".into(), c.offset() % 4096, 0)?;
+    check(|| "malloc offset in heap".into(), a.offset() >= RESERVED_BYTES, true)?;
+    // calloc zeroes: every PE checks its own copy (and a neighbour's).
+    let (next, _) = neighbours(pe);
+    let mut v = vec![1u64; 300];
+    pe.get(&mut v, b, next)?;
+    check(|| format!("calloc content on PE {next}"), v.iter().all(|&x| x == 0), true)?;
+    // Reuse after free: the same block comes back.
+    pe.free(a)?;
+    let a2 = pe.malloc(1000)?;
+    check(|| "offset reused after free".into(), a2.offset(), a.offset())?;
+    // The same allocation sequence gives the same offsets on every PE.
+    let offs = [a2.offset() as u64, b.offset() as u64, c.offset() as u64];
+    let all = pe.boot().allgather(&pe.world().group(), &offs.map(u64::to_le_bytes).concat())?;
+    for (r, o) in all.iter().enumerate() {
+        check(|| format!("offsets of PE {r} equal mine"), o.as_slice(), &offs.map(u64::to_le_bytes).concat()[..])?;
+    }
+    pe.free(a2)?;
+    pe.free(b)?;
+    pe.free(c)?;
+    check(|| "free bytes after freeing everything".into(), pe.heap_free().0, free0)?;
+    // Zero-size allocation.
+    let z = pe.malloc(0)?;
+    check(|| "malloc(0) length".into(), z.len(), 0)?;
+    pe.free(z)?;
+    Ok(())
+}
+
+fn put_get(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let (next, prev) = neighbours(pe);
+    // Sizes around word and page boundaries, unaligned starts included.
+    let sizes = [1usize, 7, 8, 9, 63, 64, 4095, 4096, 65_537, 1 << 20];
+    let buf = pe.malloc(2 << 20)?;
+    for &size in &sizes {
+        for &skew in &[0usize, 3] {
+            let src: Vec<u8> = (0..size).map(|i| (pat(me, i + skew) % 251) as u8).collect();
+            let dest = buf.slice(skew..skew + size);
+            if size % 2 == 0 {
+                pe.put(dest, &src, next)?;
+            } else {
+                pe.put_nbi(dest, &src, next)?;
+                pe.quiet();
+            }
+            pe.barrier_all()?;
+            let mut got = vec![0u8; size];
+            pe.get(&mut got, dest, me)?;
+            let want: Vec<u8> = (0..size).map(|i| (pat(prev, i + skew) % 251) as u8).collect();
+            if got != want {
+                let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(Error::Verification(format!(
+                    "put of {size} B (skew {skew}) from PE {prev}: byte {i} is {} instead of {}",
+                    got[i], want[i]
+                )));
+            }
+            // get from the neighbour what its predecessor (me) put there.
+            let mut back = vec![0u8; size];
+            if size % 2 == 0 {
+                pe.getmem(&mut back, dest, next)?;
+            } else {
+                pe.get_nbi(&mut back, dest, next)?;
+                pe.quiet();
+            }
+            check(|| format!("get of {size} B from PE {next}"), back == src, true)?;
+            pe.barrier_all()?;
+        }
+    }
+    // Typed puts of every width, to every PE (including self).
+    let w = pe.calloc::<u64>(n * 4)?;
+    for t in 0..n {
+        let vals: Vec<u64> = (0..4).map(|i| pat(me, i)).collect();
+        pe.put(w.slice(me * 4..me * 4 + 4), &vals, t)?;
+    }
+    pe.barrier_all()?;
+    let mut all = vec![0u64; n * 4];
+    pe.get(&mut all, w, me)?;
+    for s in 0..n {
+        for i in 0..4 {
+            check(|| format!("u64 put from PE {s}, element {i}"), all[s * 4 + i], pat(s, i))?;
+        }
+    }
+    let f = pe.calloc::<f64>(3)?;
+    pe.put(f, &[me as f64 + 0.5, -1.25, f64::MAX], next)?;
+    pe.barrier_all()?;
+    let mut fv = [0f64; 3];
+    pe.get(&mut fv, f, me)?;
+    check(|| "f64 put".into(), fv, [prev as f64 + 0.5, -1.25, f64::MAX])?;
+    pe.barrier_all()?;
+    pe.free(f)?;
+    pe.free(w)?;
+    pe.free(buf)?;
+    Ok(())
+}
+
+fn p_g(pe: &Pe) -> Result<()> {
+    let me = pe.my_pe();
+    let (next, prev) = neighbours(pe);
+    let a8 = pe.calloc::<u8>(16)?;
+    let a16 = pe.calloc::<i16>(4)?;
+    let a32 = pe.calloc::<u32>(4)?;
+    let a64 = pe.calloc::<i64>(4)?;
+    let af = pe.calloc::<f32>(4)?;
+    pe.p(a8.at(3), me as u8 + 1, next)?;
+    pe.p(a16.at(1), -(me as i16) - 7, next)?;
+    pe.p(a32.at(2), 0xDEAD_0000 | me as u32, next)?;
+    pe.p(a64.at(3), -(pat(me, 1) as i64), next)?;
+    pe.p(af.at(0), me as f32 * 0.25, next)?;
+    pe.barrier_all()?;
+    check(|| "p/g u8".into(), pe.g(a8.at(3), me)?, prev as u8 + 1)?;
+    check(|| "p/g i16".into(), pe.g(a16.at(1), me)?, -(prev as i16) - 7)?;
+    check(|| "p/g u32".into(), pe.g(a32.at(2), me)?, 0xDEAD_0000 | prev as u32)?;
+    check(|| "p/g i64".into(), pe.g(a64.at(3), me)?, -(pat(prev, 1) as i64))?;
+    check(|| "p/g f32".into(), pe.g(af.at(0), me)?, prev as f32 * 0.25)?;
+    // g from a remote PE reads what *its* predecessor (me) wrote.
+    check(|| format!("g from PE {next}"), pe.g(a32.at(2), next)?, 0xDEAD_0000 | me as u32)?;
+    // Untouched neighbours stay zero.
+    check(|| "p wrote only its element".into(), pe.g(a8.at(2), me)?, 0)?;
+    pe.barrier_all()?;
+    for x in [a8.offset(), a16.offset(), a32.offset(), a64.offset(), af.offset()] {
+        pe.free(SymPtr::<u8>::from_raw(x, 1))?;
+    }
+    Ok(())
+}
+
+fn signal(pe: &Pe) -> Result<()> {
+    let me = pe.my_pe();
+    let (next, prev) = neighbours(pe);
+    let data = pe.calloc::<u64>(512)?;
+    let sig = pe.calloc::<u64>(2)?;
+    // Ring of put_signal with ADD, 20 rounds: round k's data must be complete when the
+    // signal reaches k.
+    for k in 1..=20u64 {
+        let src: Vec<u64> = (0..512).map(|i| pat(me, i) ^ k).collect();
+        if k % 2 == 0 {
+            pe.put_signal(data, &src, sig.at(0), 1, SignalOp::Add, next)?;
+        } else {
+            pe.put_signal_nbi(data, &src, sig.at(0), 1, SignalOp::Add, next)?;
+        }
+        let s = pe.signal_wait_until(sig.at(0), Cmp::Ge, k)?;
+        check(|| format!("signal value in round {k}"), s, k)?;
+        let mut got = vec![0u64; 512];
+        pe.get(&mut got, data, me)?;
+        for (i, &g) in got.iter().enumerate() {
+            check(|| format!("put_signal data round {k} element {i} from PE {prev}"), g, pat(prev, i) ^ k)?;
+        }
+        // Do not overwrite the neighbour's buffer before it has read it.
+        pe.barrier_all()?;
+    }
+    check(|| "signal_fetch".into(), pe.signal_fetch(sig.at(0))?, 20)?;
+    // SET and signal_op.
+    pe.signal_op(sig.at(1), 1000 + me as u64, SignalOp::Set, next)?;
+    check(|| "signal SET".into(), pe.signal_wait_until(sig.at(1), Cmp::Eq, 1000 + prev as u64)?, 1000 + prev as u64)?;
+    pe.barrier_all()?;
+    pe.signal_op(sig.at(1), 5, SignalOp::Add, next)?;
+    check(|| "signal ADD".into(), pe.signal_wait_until(sig.at(1), Cmp::Eq, 1005 + prev as u64)?, 1005 + prev as u64)?;
+    pe.barrier_all()?;
+    pe.free(sig)?;
+    pe.free(data)?;
+    Ok(())
+}
+
+fn wait(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let (next, prev) = neighbours(pe);
+    let iv = pe.calloc::<i64>(4)?;
+    let uv = pe.calloc::<u32>(4)?;
+    // Each comparison, satisfied by a value the predecessor sets.
+    let cases: [(Cmp, i64, i64); 6] = [
+        (Cmp::Eq, 42, 42),
+        (Cmp::Ne, 0, 7),
+        (Cmp::Gt, 10, 11),
+        (Cmp::Ge, 20, 20),
+        (Cmp::Lt, -5, -6),
+        (Cmp::Le, -30, -31),
+    ];
+    for (k, &(cmp, target, set)) in cases.iter().enumerate() {
+        // Start from a value that does not satisfy the comparison.
+        let start = match cmp {
+            Cmp::Eq | Cmp::Ge | Cmp::Gt => target - 100,
+            Cmp::Ne => target,
+            Cmp::Lt | Cmp::Le => target + 100,
+        };
+        pe.atomic_set(iv.at(0), start, me)?;
+        check(|| format!("test {cmp} before"), pe.test(iv.at(0), cmp, target)?, false)?;
+        pe.barrier_all()?;
+        pe.atomic_set(iv.at(0), set, next)?;
+        pe.wait_until(iv.at(0), cmp, target)?;
+        check(|| format!("test {cmp} after (case {k})"), pe.test(iv.at(0), cmp, target)?, true)?;
+        pe.barrier_all()?;
+    }
+    // wait_until_all / any / some with a status mask, on u32.
+    for i in 0..4 {
+        pe.atomic_set(uv.at(i), 0u32, me)?;
+    }
+    pe.barrier_all()?;
+    // The predecessor sets elements 1 and 3; element 0 is excluded by status, 2 never set.
+    pe.atomic_set(uv.at(1), 9u32, next)?;
+    pe.atomic_set(uv.at(3), 9u32, next)?;
+    let status = [1, 0, 0, 0];
+    let any = pe.wait_until_any(uv, Some(&status), Cmp::Eq, 9)?;
+    check(|| "wait_until_any index".into(), any == 1 || any == 3, true)?;
+    pe.wait_until_all(uv, Some(&[1, 0, 1, 0]), Cmp::Eq, 9)?;
+    check(|| "wait_until_some".into(), pe.wait_until_some(uv, Some(&status), Cmp::Eq, 9)?, vec![1, 3])?;
+    check(|| "test_all (element 2 unset)".into(), pe.test_all(uv, Some(&status), Cmp::Eq, 9)?, false)?;
+    check(|| "test_any".into(), pe.test_any(uv, None, Cmp::Eq, 9)?, Some(1))?;
+    check(|| "test_some".into(), pe.test_some(uv, None, Cmp::Ne, 9)?, vec![0, 2])?;
+    // status of the wrong length is refused.
+    expect_err("status length", pe.test_all(uv, Some(&[0]), Cmp::Eq, 9), |e| {
+        matches!(e, Error::InvalidArgument(_))
+    })?;
+    let _ = (n, prev);
+    pe.barrier_all()?;
+    pe.free(uv)?;
+    pe.free(iv)?;
+    Ok(())
+}
+
+fn atomics_one<T: AtomicInt + From<u8> + std::ops::Add<Output = T>>(pe: &Pe, base: T) -> Result<()> {
+    let me = pe.my_pe();
+    let (next, prev) = neighbours(pe);
+    let w = pe.calloc::<T>(8)?;
+    let t = |x: u8| T::from(x);
+    let name = std::any::type_name::<T>();
+    // Everyone operates on its successor's words; each check reads back on the owner.
+    pe.atomic_set(w.at(0), base, next)?;
+    check(|| format!("{name} fetch"), pe.atomic_fetch(w.at(0), next)?, base)?;
+    check(|| format!("{name} swap"), pe.atomic_swap(w.at(0), t(5), next)?, base)?;
+    check(|| format!("{name} cswap fail"), pe.atomic_compare_swap(w.at(0), t(6), t(9), next)?, t(5))?;
+    check(|| format!("{name} cswap ok"), pe.atomic_compare_swap(w.at(0), t(5), t(9), next)?, t(5))?;
+    check(|| format!("{name} fetch_add"), pe.atomic_fetch_add(w.at(0), t(3), next)?, t(9))?;
+    pe.atomic_add(w.at(0), t(2), next)?;
+    check(|| format!("{name} fetch_inc"), pe.atomic_fetch_inc(w.at(0), next)?, t(14))?;
+    pe.atomic_inc(w.at(0), next)?;
+    pe.atomic_set(w.at(1), t(0b1100), next)?;
+    check(|| format!("{name} fetch_and"), pe.atomic_fetch_and(w.at(1), t(0b1010), next)?, t(0b1100))?;
+    check(|| format!("{name} fetch_or"), pe.atomic_fetch_or(w.at(1), t(0b0001), next)?, t(0b1000))?;
+    check(|| format!("{name} fetch_xor"), pe.atomic_fetch_xor(w.at(1), t(0b1111), next)?, t(0b1001))?;
+    pe.atomic_and(w.at(1), t(0b0111), next)?; // 0110 & 0111
+    pe.atomic_or(w.at(1), t(0b1000), next)?; // 1110
+    pe.atomic_xor(w.at(1), t(0b0011), next)?; // 1101
+    pe.barrier_all()?;
+    check(|| format!("{name} final value from PE {prev}"), pe.atomic_fetch(w.at(0), me)?, t(16))?;
+    check(|| format!("{name} final bits from PE {prev}"), pe.atomic_fetch(w.at(1), me)?, t(0b1101))?;
+    pe.barrier_all()?;
+    pe.free(w)?;
+    Ok(())
+}
+
+fn atomics(pe: &Pe) -> Result<()> {
+    atomics_one::<u32>(pe, 0xFFFF_FFF0)?;
+    atomics_one::<i32>(pe, -77)?;
+    atomics_one::<u64>(pe, 1 << 60)?;
+    atomics_one::<i64>(pe, -(1 << 50))?;
+    // Wrapping add.
+    let w = pe.calloc::<u32>(1)?;
+    let me = pe.my_pe();
+    pe.atomic_set(w, u32::MAX, me)?;
+    pe.atomic_add(w, 2u32, me)?;
+    check(|| "u32 add wraps".into(), pe.atomic_fetch(w, me)?, 1)?;
+    pe.barrier_all()?;
+    pe.free(w)
+}
+
+fn atomics_concurrent(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    const K: usize = 2000;
+    let ctr = pe.calloc::<u64>(4)?;
+    let seen = pe.calloc::<u64>(n * K)?; // on PE 0: which fetch_inc tickets were handed out
+    // All PEs hammer PE 0's words at once.
+    for i in 0..K {
+        pe.atomic_add(ctr.at(0), me as u64 + 1, 0)?;
+        let ticket = pe.atomic_fetch_inc(ctr.at(1), 0)? as usize;
+        if ticket >= n * K {
+            return Err(Error::Verification(format!("fetch_inc ticket {ticket} out of range")));
+        }
+        pe.p(seen.at(ticket), 1 + i as u64, 0)?;
+        // CAS loop increment.
+        let mut cur = pe.atomic_fetch(ctr.at(2), 0)?;
+        loop {
+            let old = pe.atomic_compare_swap(ctr.at(2), cur, cur + 1, 0)?;
+            if old == cur {
+                break;
+            }
+            cur = old;
+        }
+    }
+    pe.atomic_or(ctr.at(3), 1u64 << (me % 64), 0)?;
+    pe.barrier_all()?;
+    if me == 0 {
+        let sum: u64 = (1..=n as u64).sum::<u64>() * K as u64;
+        check(|| "sum of concurrent atomic_add".into(), pe.atomic_fetch(ctr.at(0), 0)?, sum)?;
+        check(|| "fetch_inc count".into(), pe.atomic_fetch(ctr.at(1), 0)?, (n * K) as u64)?;
+        check(|| "CAS-loop count".into(), pe.atomic_fetch(ctr.at(2), 0)?, (n * K) as u64)?;
+        let mask = (0..n).fold(0u64, |m, r| m | 1 << (r % 64));
+        check(|| "atomic_or mask".into(), pe.atomic_fetch(ctr.at(3), 0)?, mask)?;
+        let mut tickets = vec![0u64; n * K];
+        pe.get(&mut tickets, seen, 0)?;
+        let missing = tickets.iter().filter(|&&t| t == 0).count();
+        check(|| "every fetch_inc ticket handed out exactly once".into(), missing, 0)?;
+    }
+    pe.barrier_all()?;
+    pe.free(seen)?;
+    pe.free(ctr)
+}
+
+fn barrier(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes() as u64;
+    let ctr = pe.calloc::<u64>(1)?;
+    // No PE leaves barrier k before every PE has entered it.
+    for k in 1..=200u64 {
+        pe.atomic_inc(ctr, 0)?;
+        if k % 2 == 0 {
+            pe.barrier_all()?;
+        } else {
+            pe.sync_all()?;
+        }
+        let v = pe.atomic_fetch(ctr, 0)?;
+        if v < n * k {
+            return Err(Error::Verification(format!(
+                "left barrier {k} when only {v} of {} increments had happened",
+                n * k
+            )));
+        }
+        pe.sync_all()?;
+    }
+    pe.free(ctr)
+}
+
+fn teams(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let world = pe.world().clone();
+    check(|| "world my_pe".into(), world.my_pe(), me)?;
+    check(|| "world n_pes".into(), world.n_pes(), n)?;
+    check(|| "node team has me".into(), pe.node().members().contains(&(me as u32)), true)?;
+    // Even and odd PEs.
+    let evens = pe.team_split_strided(&world, 0, 2, n.div_ceil(2))?;
+    let odds = if n > 1 { pe.team_split_strided(&world, 1, 2, n / 2)? } else { None };
+    let mine = if me % 2 == 0 { &evens } else { &odds };
+    let team = mine.as_ref().ok_or_else(|| Error::Verification("not in my parity team".into()))?;
+    let other = if me % 2 == 0 { &odds } else { &evens };
+    check(|| "member of one parity team only".into(), other.is_none(), true)?;
+    check(|| "team my_pe".into(), team.my_pe(), me / 2)?;
+    check(|| "team n_pes".into(), team.n_pes(), if me % 2 == 0 { n.div_ceil(2) } else { n / 2 })?;
+    check(|| "translate to world".into(), team.translate_pe(team.my_pe(), &world), Some(me))?;
+    check(|| "translate from world".into(), world.translate_pe(me, team), Some(me / 2))?;
+    check(|| "translate a non-member".into(), world.translate_pe((me + 1) % n, team), if n == 1 { Some(0) } else { None })?;
+    check(|| "translate out of range".into(), team.translate_pe(n, &world), None)?;
+    // Team barrier: count arrivals on the team's first member.
+    let ctr = pe.calloc::<u64>(1)?;
+    let lead = team.world_pe(0).unwrap_or(0);
+    for k in 1..=50u64 {
+        pe.atomic_inc(ctr, lead)?;
+        pe.team_barrier(team)?;
+        let v = pe.atomic_fetch(ctr, lead)?;
+        if v < team.n_pes() as u64 * k {
+            return Err(Error::Verification(format!("team barrier {k}: only {v} arrivals")));
+        }
+        pe.sync_team(team)?;
+    }
+    // A split of a split, then destroy and re-create: the slot is reused.
+    let sub = pe.team_split_strided(team, 0, 1, 1)?;
+    if team.my_pe() == 0 {
+        let s = sub.as_ref().ok_or_else(|| Error::Verification("sub-team missing".into()))?;
+        check(|| "sub-team size".into(), s.n_pes(), 1)?;
+    }
+    let slot_before = team.slot();
+    pe.barrier_all()?;
+    if let Some(s) = sub {
+        pe.team_destroy(s)?;
+    }
+    for t in [evens, odds].into_iter().flatten() {
+        pe.team_destroy(t)?;
+    }
+    pe.barrier_all()?;
+    let again = pe.team_split_strided(&world, 0, 1, n)?
+        .ok_or_else(|| Error::Verification("full split excludes me".into()))?;
+    check(|| "lowest slot reused after destroy".into(), (slot_before, again.slot()), (2, 2))?;
+    pe.team_barrier(&again)?;
+    pe.team_destroy(again)?;
+    // Bad arguments and mismatches fail on every PE.
+    expect_err("split with stride 0", pe.team_split_strided(&world, 0, 0, 1), |e| {
+        matches!(e, Error::InvalidArgument(_))
+    })?;
+    expect_err("split past the end", pe.team_split_strided(&world, 0, 1, n + 1), |e| {
+        matches!(e, Error::InvalidArgument(_))
+    })?;
+    if n > 1 {
+        expect_err("split with mismatched sizes", pe.team_split_strided(&world, 0, 1, 1 + me % 2), |e| {
+            matches!(e, Error::CollectiveMismatch { .. })
+        })?;
+    }
+    expect_err("destroy world", pe.team_destroy(world), |e| matches!(e, Error::InvalidArgument(_)))?;
+    pe.barrier_all()?;
+    pe.free(ctr)
+}
+
+fn bad_input(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let w = pe.calloc::<u64>(4)?;
+    expect_err("put to a PE that does not exist", pe.put(w, &[1u64], n), |e| {
+        matches!(e, Error::InvalidPe { pe, .. } if *pe == n)
+    })?;
+    expect_err("get from a PE that does not exist", pe.g(w, n + 5), |e| matches!(e, Error::InvalidPe { .. }))?;
+    let heap = pe.heap_size();
+    let beyond = SymPtr::<u64>::from_raw(heap - 8, 2);
+    expect_err("put past the heap end", pe.put(beyond, &[1, 2], me), |e| {
+        matches!(e, Error::OutOfBounds { offset, len: 16, .. } if *offset == heap - 8)
+    })?;
+    let reserved = SymPtr::<u64>::from_raw(0, 1);
+    expect_err("put into the runtime region", pe.p(reserved, 1, me), |e| matches!(e, Error::OutOfBounds { .. }))?;
+    let huge = SymPtr::<u8>::from_raw(usize::MAX - 4, 100);
+    expect_err("overflowing range", pe.get(&mut [0u8; 100], huge, me), |e| matches!(e, Error::OutOfBounds { .. }))?;
+    let mis = SymPtr::<u64>::from_raw(w.offset() + 4, 1);
+    expect_err("misaligned atomic", pe.atomic_fetch_add(mis, 1, me), |e| {
+        matches!(e, Error::Misaligned { align: 8, .. })
+    })?;
+    expect_err("put longer than its destination", pe.put(w, &[0u64; 5], me), |e| {
+        matches!(e, Error::InvalidArgument(_))
+    })?;
+    // Nothing was written by the refused calls.
+    let mut v = [9u64; 4];
+    pe.get(&mut v, w, me)?;
+    check(|| "heap untouched by refused calls".into(), v, [0; 4])?;
+    // Collective mismatches and exhaustion fail on every PE, and lose nothing.
+    let (free0, _) = pe.heap_free();
+    if n > 1 {
+        expect_err("malloc with different sizes", pe.malloc(64 * (me + 1)), |e| {
+            matches!(e, Error::CollectiveMismatch { op: "malloc", .. })
+        })?;
+    }
+    expect_err("malloc beyond the heap", pe.malloc(heap), |e| {
+        matches!(e, Error::HeapExhausted { requested, .. } if *requested == heap)
+    })?;
+    expect_err("align not a power of two", pe.align(48, 64), |e| matches!(e, Error::InvalidArgument(_)))?;
+    expect_err("free of a non-allocation", pe.free(SymPtr::<u8>::from_raw(w.offset() + 16, 1)), |e| {
+        matches!(e, Error::InvalidArgument(_))
+    })?;
+    check(|| "heap free bytes unchanged after refused collectives".into(), pe.heap_free().0, free0)?;
+    // The heap still works.
+    let x = pe.malloc(128)?;
+    pe.free(x)?;
+    pe.free(w)
+}

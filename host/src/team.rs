@@ -1,0 +1,257 @@
+//! Teams: ordered subsets of the world's PEs with their own numbering and barrier
+//! (OpenSHMEM 1.5 teams: world, node-shared, `split_strided`, `translate_pe`).
+//!
+//! Each team owns a barrier *slot* in the runtime region of every member's heap; the slot
+//! index is agreed at creation (the lowest slot free on every member), so teams that share
+//! PEs never share counters. Barriers among node-local members are dissemination barriers
+//! over those counters (p2p atomics); teams with members on other nodes fall back to the
+//! bootstrap.
+
+use crate::atomic::AtomicInt;
+use crate::bootstrap::Group;
+use crate::error::{Error, Result};
+use crate::heap::{psync_offset, PSYNC_WORDS, TEAM_SLOTS};
+use crate::pe::{fnv, le_u64, Pe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A team handle. Cheap to clone; all clones are the same team.
+#[derive(Clone, Debug)]
+pub struct Team {
+    inner: Arc<TeamInner>,
+}
+
+#[derive(Debug)]
+struct TeamInner {
+    uid: u64,
+    /// World ranks of the members, in team order.
+    members: Vec<u32>,
+    /// This PE's index in `members`, if it is a member.
+    my_index: usize,
+    slot: usize,
+    /// Barriers this PE has entered on this team (dissemination epoch).
+    epoch: AtomicU64,
+    /// Teams split from this one so far (names children deterministically).
+    splits: AtomicU64,
+    /// All members' heaps are mapped here: barriers can use p2p counters.
+    p2p: AtomicBool,
+}
+
+impl Team {
+    pub(crate) fn new(uid: u64, members: Vec<u32>, world_rank: usize, slot: usize, p2p: bool) -> Team {
+        let my_index = members
+            .iter()
+            .position(|&m| m as usize == world_rank)
+            .expect("a team is only built on its members");
+        Team {
+            inner: Arc::new(TeamInner {
+                uid,
+                members,
+                my_index,
+                slot,
+                epoch: AtomicU64::new(0),
+                splits: AtomicU64::new(0),
+                p2p: AtomicBool::new(p2p),
+            }),
+        }
+    }
+
+    pub(crate) fn set_p2p(&self, p2p: bool) {
+        // Relaxed: written once during init, before the Pe is shared.
+        self.inner.p2p.store(p2p, Ordering::Relaxed);
+    }
+
+    /// This PE's number in the team.
+    pub fn my_pe(&self) -> usize {
+        self.inner.my_index
+    }
+    /// Number of PEs in the team.
+    pub fn n_pes(&self) -> usize {
+        self.inner.members.len()
+    }
+    /// World ranks of the members, in team order.
+    pub fn members(&self) -> &[u32] {
+        &self.inner.members
+    }
+    /// World rank of team member `i`.
+    pub fn world_pe(&self, i: usize) -> Option<usize> {
+        self.inner.members.get(i).map(|&m| m as usize)
+    }
+    /// The team's unique id (0 for the world team).
+    pub fn uid(&self) -> u64 {
+        self.inner.uid
+    }
+    /// Barrier slot in the runtime region.
+    pub fn slot(&self) -> usize {
+        self.inner.slot
+    }
+
+    pub(crate) fn group(&self) -> Group {
+        Group {
+            uid: self.inner.uid,
+            members: self.inner.members.clone(),
+        }
+    }
+
+    /// Number `pe` of team `self`, as numbered in team `dest` (OpenSHMEM
+    /// `shmem_team_translate_pe`); None when it is not a member of `dest` or out of range.
+    pub fn translate_pe(&self, pe: usize, dest: &Team) -> Option<usize> {
+        let w = *self.inner.members.get(pe)?;
+        dest.inner.members.iter().position(|&m| m == w)
+    }
+}
+
+impl Pe {
+    /// Collective over `parent`: a new team of the parent's PEs `start, start+stride, ...`
+    /// (`size` of them). Every parent member must pass the same arguments. Members get
+    /// `Some(team)`, the other parent PEs `None` (OpenSHMEM's SHMEM_TEAM_INVALID).
+    pub fn team_split_strided(
+        &self,
+        parent: &Team,
+        start: usize,
+        stride: usize,
+        size: usize,
+    ) -> Result<Option<Team>> {
+        let free_mask = !*self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = [start as u64, stride as u64, size as u64, free_mask];
+        let bytes: Vec<u8> = mine.iter().flat_map(|a| a.to_le_bytes()).collect();
+        let all = self.boot().allgather(&parent.group(), &bytes)?;
+        let vals: Vec<[u64; 4]> = all
+            .iter()
+            .map(|b| {
+                let mut a = [0u64; 4];
+                for (i, c) in b.chunks_exact(8).take(4).enumerate() {
+                    a[i] = le_u64(c);
+                }
+                a
+            })
+            .collect();
+        if vals.iter().any(|v| v[..3] != mine[..3]) {
+            let detail = parent
+                .members()
+                .iter()
+                .zip(&vals)
+                .take(32)
+                .map(|(pe, v)| format!("PE {pe}: start {} stride {} size {}", v[0], v[1], v[2]))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(Error::CollectiveMismatch {
+                op: "team_split_strided",
+                detail,
+            });
+        }
+        let n = parent.n_pes();
+        let last = size
+            .checked_sub(1)
+            .and_then(|s| s.checked_mul(stride))
+            .and_then(|x| x.checked_add(start));
+        if size == 0 || stride == 0 || last.is_none_or(|l| l >= n) {
+            return Err(Error::InvalidArgument(format!(
+                "team_split_strided(start {start}, stride {stride}, size {size}) does not fit a \
+                 parent team of {n} PEs (needs size >= 1, stride >= 1, start + (size-1)*stride < {n})"
+            )));
+        }
+        let idx: Vec<usize> = (0..size).map(|i| start + i * stride).collect();
+        let mask = idx.iter().fold(u64::MAX, |m, &i| m & vals[i][3]);
+        // Every parent PE advances the parent's split counter, members or not, so that the
+        // next split's uid agrees everywhere.
+        let nth = parent.inner.splits.fetch_add(1, Ordering::Relaxed);
+        if mask == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "team_split_strided: all {TEAM_SLOTS} team slots are in use on some member; \
+                 destroy unused teams"
+            )));
+        }
+        let slot = mask.trailing_zeros() as usize;
+        let members: Vec<u32> = idx.iter().map(|&i| parent.members()[i]).collect();
+        if !members.contains(&(self.my_pe() as u32)) {
+            return Ok(None);
+        }
+        *self.slots.lock().unwrap_or_else(|e| e.into_inner()) |= 1u64 << slot;
+        let mut key = parent.uid().to_le_bytes().to_vec();
+        key.extend_from_slice(&nth.to_le_bytes());
+        let uid = fnv(&key) & !(1 << 63) | 1; // never 0 (world) nor a node-team uid
+        let p2p = members.iter().all(|&m| self.is_local(m as usize));
+        Ok(Some(Team::new(uid, members, self.my_pe(), slot, p2p)))
+    }
+
+    /// Number of world PE `pe` in `team`.
+    pub fn team_translate_pe(&self, src: &Team, pe: usize, dest: &Team) -> Option<usize> {
+        src.translate_pe(pe, dest)
+    }
+
+    /// Collective over `team`: releases its barrier slot. The world and node teams cannot
+    /// be destroyed.
+    pub fn team_destroy(&self, team: Team) -> Result<()> {
+        if team.slot() < 2 {
+            return Err(Error::InvalidArgument(
+                "the world and node teams cannot be destroyed".into(),
+            ));
+        }
+        // Everyone has left every barrier of this team once this returns...
+        self.boot().barrier(&team.group())?;
+        // ...so no member will signal our counters again: reset them for the next owner.
+        for round in 0..PSYNC_WORDS {
+            let w = self.runtime_word(self.my_pe(), psync_offset(team.slot(), round))?;
+            // SAFETY: a word of our own runtime region; Relaxed suffices because the slot
+            // is only reused after a later collective (team creation) orders it.
+            unsafe { u64::store(w, 0, Ordering::Relaxed) };
+        }
+        let mut s = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        *s &= !(1u64 << team.slot());
+        Ok(())
+    }
+
+    /// Barrier over `team` that also completes this PE's outstanding RMA (quiet + sync).
+    pub fn team_barrier(&self, team: &Team) -> Result<()> {
+        self.quiet();
+        self.sync_team(team)
+    }
+
+    /// Synchronisation over `team` without completing RMA (OpenSHMEM `shmem_team_sync`).
+    /// With p2p every put is already complete, so this differs from `team_barrier` only
+    /// in the missing quiet fence.
+    pub fn sync_team(&self, team: &Team) -> Result<()> {
+        let n = team.n_pes();
+        if n <= 1 {
+            return Ok(());
+        }
+        if !team.inner.p2p.load(Ordering::Relaxed) {
+            return self.boot().barrier(&team.group());
+        }
+        // Dissemination barrier: in round r, signal member (i + 2^r) mod n and wait for
+        // member (i - 2^r) mod n. Counters only grow; barrier number e waits for >= e.
+        let epoch = team.inner.epoch.fetch_add(1, Ordering::Relaxed) + 1;
+        let me = team.my_pe();
+        let (mut dist, mut round) = (1usize, 0usize);
+        while dist < n {
+            let to = team.inner.members[(me + dist) % n] as usize;
+            let from = team.inner.members[(me + n - dist % n) % n] as usize;
+            let w = self.runtime_word(to, psync_offset(team.slot(), round))?;
+            // SAFETY: runtime word inside a live mapping, 8-aligned, only accessed atomically.
+            // Release: everything this PE wrote before the barrier (and everything it
+            // acquired from earlier rounds) is visible to the partner that acquires this.
+            unsafe { u64::fetch_add(w, 1, Ordering::Release) };
+            let mine = self.runtime_word(self.my_pe(), psync_offset(team.slot(), round))?;
+            self.wait_internal(mine, epoch, || {
+                format!(
+                    "barrier on team {:#x} (round {round}, barrier #{epoch}): the signal from PE {from}",
+                    team.uid()
+                )
+            })?;
+            dist <<= 1;
+            round += 1;
+        }
+        Ok(())
+    }
+
+    /// `quiet` + barrier over all PEs (OpenSHMEM `shmem_barrier_all`).
+    pub fn barrier_all(&self) -> Result<()> {
+        self.team_barrier(self.world())
+    }
+
+    /// Barrier over all PEs without completing RMA (OpenSHMEM `shmem_sync_all`).
+    pub fn sync_all(&self) -> Result<()> {
+        self.sync_team(self.world())
+    }
+}

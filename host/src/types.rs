@@ -1,0 +1,155 @@
+//! Value types of the public API: symmetric addresses, element types, comparisons, signal
+//! operations.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Range;
+
+/// Types that may live in the symmetric heap and be moved by put/get: plain data in which
+/// every bit pattern is a valid value.
+///
+/// # Safety
+/// Implementors must be `Copy`, contain no padding-sensitive invariants, no pointers or
+/// references, and accept any bit pattern (a remote PE may write arbitrary bytes).
+pub unsafe trait Element: Copy + Send + Sync + 'static {}
+
+macro_rules! element {
+    ($($t:ty),*) => { $(
+        // SAFETY: primitive numeric type; every bit pattern is a valid value.
+        unsafe impl Element for $t {}
+    )* };
+}
+element!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64);
+// SAFETY: an array of Elements is itself plain data with no invalid bit patterns.
+unsafe impl<T: Element, const N: usize> Element for [T; N] {}
+
+/// A typed range in the symmetric heap: `len` elements of `T` starting at byte `offset`.
+/// The same value names the corresponding memory on every PE.
+pub struct SymPtr<T> {
+    offset: usize,
+    len: usize,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for SymPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SymPtr<T> {}
+impl<T> PartialEq for SymPtr<T> {
+    fn eq(&self, o: &Self) -> bool {
+        self.offset == o.offset && self.len == o.len
+    }
+}
+impl<T> Eq for SymPtr<T> {}
+impl<T> fmt::Debug for SymPtr<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SymPtr<{}>{{offset: {:#x}, len: {}}}",
+            std::any::type_name::<T>(),
+            self.offset,
+            self.len
+        )
+    }
+}
+
+impl<T> SymPtr<T> {
+    /// Builds a symmetric pointer from a raw heap offset (e.g. received from another PE).
+    /// Every operation checks it against the heap bounds.
+    pub fn from_raw(offset: usize, len: usize) -> Self {
+        SymPtr {
+            offset,
+            len,
+            _t: PhantomData,
+        }
+    }
+    /// Byte offset from the start of the heap.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when it names no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+    /// Element `i` as a one-element pointer. Panics if `i >= len` (a programming error,
+    /// like slice indexing).
+    pub fn at(&self, i: usize) -> SymPtr<T> {
+        assert!(i < self.len, "SymPtr index {i} out of range (len {})", self.len);
+        SymPtr::from_raw(self.offset + i * std::mem::size_of::<T>(), 1)
+    }
+    /// A sub-range of elements. Panics if the range exceeds `len`.
+    pub fn slice(&self, r: Range<usize>) -> SymPtr<T> {
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "SymPtr range {r:?} out of range (len {})",
+            self.len
+        );
+        SymPtr::from_raw(
+            self.offset + r.start * std::mem::size_of::<T>(),
+            r.end - r.start,
+        )
+    }
+    /// Reinterprets the bytes as elements of `U` (the length is rounded down).
+    pub fn cast<U>(&self) -> SymPtr<U> {
+        SymPtr::from_raw(self.offset, self.bytes() / std::mem::size_of::<U>().max(1))
+    }
+}
+
+/// Comparison operators of the wait/test family (OpenSHMEM `SHMEM_CMP_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Cmp {
+    Eq,
+    Ne,
+    Gt,
+    Ge,
+    Lt,
+    Le,
+}
+
+impl Cmp {
+    /// `value <op> target`.
+    pub fn holds<T: PartialOrd>(self, value: T, target: T) -> bool {
+        match self {
+            Cmp::Eq => value == target,
+            Cmp::Ne => value != target,
+            Cmp::Gt => value > target,
+            Cmp::Ge => value >= target,
+            Cmp::Lt => value < target,
+            Cmp::Le => value <= target,
+        }
+    }
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Cmp::Eq => "==",
+            Cmp::Ne => "!=",
+            Cmp::Gt => ">",
+            Cmp::Ge => ">=",
+            Cmp::Lt => "<",
+            Cmp::Le => "<=",
+        }
+    }
+    pub const ALL: [Cmp; 6] = [Cmp::Eq, Cmp::Ne, Cmp::Gt, Cmp::Ge, Cmp::Lt, Cmp::Le];
+}
+
+impl fmt::Display for Cmp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.symbol())
+    }
+}
+
+/// Signal update operators (OpenSHMEM `SHMEM_SIGNAL_SET` / `SHMEM_SIGNAL_ADD`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SignalOp {
+    Set,
+    Add,
+}
