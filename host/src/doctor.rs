@@ -318,3 +318,124 @@ fn render_table(r: &Report) -> String {
     }
     s.trim_end().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cuda(devices: usize) -> CudaReport {
+        CudaReport {
+            present: true,
+            detail: String::new(),
+            driver_version: Some(13000),
+            devices: (0..devices as i32)
+                .map(|ordinal| CudaDevice {
+                    ordinal,
+                    name: Some("H200".into()),
+                    total_mem_bytes: Some(1 << 30),
+                    compute_capability: Some("9.0".into()),
+                    error: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn rdma(devices: &[(&str, bool)], libmlx5: bool, peermem: bool) -> RdmaReport {
+        RdmaReport {
+            present: true,
+            detail: String::new(),
+            devices: devices
+                .iter()
+                .map(|&(name, mlx5)| RdmaDevice {
+                    name: name.into(),
+                    kernel_driver: None,
+                    mlx5,
+                })
+                .collect(),
+            mlx5: libmlx5,
+            mlx5_detail: String::new(),
+            peermem,
+            peer_mapping_override: None,
+        }
+    }
+
+    fn fabric(providers: &[(&str, bool)]) -> FabricReport {
+        FabricReport {
+            present: true,
+            detail: String::new(),
+            version: Some("1.17".into()),
+            providers: providers
+                .iter()
+                .map(|&(name, rma)| FabricProvider {
+                    name: name.into(),
+                    rma,
+                    atomic: rma,
+                })
+                .collect(),
+        }
+    }
+
+    fn lines(s: &[TransportLine]) -> Vec<(String, bool, String)> {
+        s.iter()
+            .map(|t| (t.transport.clone(), t.available, t.detail.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn summary_with_gpu_mlx5_and_libfabric() {
+        let s = summarize(
+            &cuda(8),
+            &rdma(
+                &[("mlx5_0", true), ("mlx5_1", true), ("rxe0", false)],
+                true,
+                true,
+            ),
+            &fabric(&[("tcp;ofi_rxm", true), ("udp", false)]),
+        );
+        let l = |t: &str, a: bool, d: &str| (t.to_string(), a, d.to_string());
+        assert_eq!(
+            lines(&s),
+            vec![
+                l("p2p (CPU PEs)", true, "yes"),
+                l("p2p (GPUs)", true, "8 CUDA device(s)"),
+                l("proxy over libfabric", true, "tcp;ofi_rxm"),
+                l(
+                    "ibgda",
+                    true,
+                    "GPU + mlx5 device(s) mlx5_0, mlx5_1; nvidia-peermem loaded"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn summary_names_what_is_missing() {
+        let mut no_fabric = fabric(&[]);
+        no_fabric.present = false;
+        let s = summarize(
+            &cuda(0),
+            &rdma(&[("mlx5_0", true)], true, false),
+            &no_fabric,
+        );
+        assert_eq!(s[1].detail, "no CUDA device");
+        assert_eq!(s[2].detail, "needs libfabric (install libfabric1)");
+        assert_eq!(s[3].detail, "mlx5 device(s) mlx5_0 but no CUDA GPU");
+        let s = summarize(
+            &cuda(1),
+            &rdma(&[], true, false),
+            &fabric(&[("udp", false)]),
+        );
+        assert_eq!(s[2].detail, "no libfabric provider offers RMA");
+        assert_eq!(s[3].detail, "no mlx5 device");
+        assert!(s[1..]
+            .iter()
+            .all(|t| t.available == (t.transport == "p2p (GPUs)")));
+    }
+
+    #[test]
+    fn bytes_print_in_binary_units() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(143771 << 20), "140.4 GiB");
+    }
+}
