@@ -1,0 +1,251 @@
+//! The CUDA section of the doctor: is the driver library there, which driver version,
+//! which GPUs. Everything goes through `libcuda.so.1` opened at run time.
+
+use super::dl::{self, Opened};
+use crate::error::Error;
+use serde::Serialize;
+use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::sync::OnceLock;
+
+const SONAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
+const PACKAGE: &str = "the NVIDIA driver";
+
+// Driver API types and signatures, written by hand from cuda.h (CUDA 12.x/13.0):
+//   typedef int CUdevice;                        /* CUdevice_v1 */
+//   typedef enum cudaError_enum CUresult;        /* int-sized; CUDA_SUCCESS = 0 */
+//   CUresult cuInit(unsigned int Flags);
+//   CUresult cuDriverGetVersion(int *driverVersion);
+//   CUresult cuDeviceGetCount(int *count);
+//   CUresult cuDeviceGet(CUdevice *device, int ordinal);
+//   CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+//   CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+//   CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
+//   CUresult cuGetErrorName(CUresult error, const char **pStr);
+type CuResult = c_int;
+type CuDevice = c_int;
+const CUDA_SUCCESS: CuResult = 0;
+/// CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR in cuda.h.
+const ATTR_CC_MAJOR: c_int = 75;
+/// CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR in cuda.h.
+const ATTR_CC_MINOR: c_int = 76;
+
+type CuInit = unsafe extern "C" fn(c_uint) -> CuResult;
+type CuDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> CuResult;
+type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CuResult;
+type CuDeviceGet = unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult;
+type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult;
+type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, CuDevice) -> CuResult;
+type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CuDevice) -> CuResult;
+type CuGetErrorName = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
+
+/// The driver entry points the doctor uses, valid for the life of the process.
+struct Driver {
+    soname: &'static str,
+    init: CuInit,
+    driver_get_version: CuDriverGetVersion,
+    device_get_count: CuDeviceGetCount,
+    device_get: CuDeviceGet,
+    device_get_name: CuDeviceGetName,
+    device_total_mem: CuDeviceTotalMem,
+    device_get_attribute: CuDeviceGetAttribute,
+    get_error_name: CuGetErrorName,
+    /// Keeps the function pointers above valid; never dropped (see `dl`).
+    _opened: Opened,
+}
+
+fn driver() -> Result<&'static Driver, &'static Error> {
+    static DRIVER: OnceLock<Result<Driver, Error>> = OnceLock::new();
+    DRIVER
+        .get_or_init(|| {
+            let opened = dl::open(SONAMES, PACKAGE)?;
+            // SAFETY: each type above is the signature in cuda.h for that symbol, and the
+            // pointers live in `Driver` next to the library that keeps them valid.
+            unsafe {
+                Ok(Driver {
+                    soname: opened.soname,
+                    init: dl::symbol(&opened, "cuInit", PACKAGE)?,
+                    driver_get_version: dl::symbol(&opened, "cuDriverGetVersion", PACKAGE)?,
+                    device_get_count: dl::symbol(&opened, "cuDeviceGetCount", PACKAGE)?,
+                    device_get: dl::symbol(&opened, "cuDeviceGet", PACKAGE)?,
+                    device_get_name: dl::symbol(&opened, "cuDeviceGetName", PACKAGE)?,
+                    device_total_mem: dl::symbol(&opened, "cuDeviceTotalMem_v2", PACKAGE)?,
+                    device_get_attribute: dl::symbol(&opened, "cuDeviceGetAttribute", PACKAGE)?,
+                    get_error_name: dl::symbol(&opened, "cuGetErrorName", PACKAGE)?,
+                    _opened: opened,
+                })
+            }
+        })
+        .as_ref()
+}
+
+/// CUDA driver and GPUs.
+#[derive(Debug, Clone, Serialize)]
+pub struct CudaReport {
+    /// Whether libcuda loaded (with every symbol the doctor needs).
+    pub present: bool,
+    /// One line: what was found, or why nothing was.
+    pub detail: String,
+    /// As cuDriverGetVersion returns it: 1000 * major + 10 * minor (13000 = CUDA 13.0).
+    pub driver_version: Option<i32>,
+    pub devices: Vec<CudaDevice>,
+}
+
+/// One GPU as the driver reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CudaDevice {
+    pub ordinal: i32,
+    pub name: Option<String>,
+    pub total_mem_bytes: Option<u64>,
+    /// `"9.0"` for an H100/H200.
+    pub compute_capability: Option<String>,
+    /// The first failing driver call for this device, by error name.
+    pub error: Option<String>,
+}
+
+/// `"13.0"` for 13000.
+pub(super) fn version_string(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+pub(super) fn probe() -> CudaReport {
+    let drv = match driver() {
+        Ok(d) => d,
+        Err(e) => {
+            return CudaReport {
+                present: false,
+                detail: dl::absent_statement(e),
+                driver_version: None,
+                devices: Vec::new(),
+            }
+        }
+    };
+    let mut version: c_int = 0;
+    // SAFETY: `version` is a valid int to write to; cuDriverGetVersion needs no cuInit.
+    let rc = unsafe { (drv.driver_get_version)(&mut version) };
+    let driver_version = (rc == CUDA_SUCCESS).then_some(version);
+    let version_text = driver_version
+        .map(|v| format!("driver API {}", version_string(v)))
+        .unwrap_or_else(|| format!("cuDriverGetVersion failed: {}", error_name(drv, rc)));
+
+    // SAFETY: cuInit(0) is the documented first call; flags must be 0.
+    let rc = unsafe { (drv.init)(0) };
+    if rc != CUDA_SUCCESS {
+        return CudaReport {
+            present: true,
+            detail: format!(
+                "{} loaded, {version_text}; cuInit failed: {}",
+                drv.soname,
+                error_name(drv, rc)
+            ),
+            driver_version,
+            devices: Vec::new(),
+        };
+    }
+    let mut count: c_int = 0;
+    // SAFETY: `count` is a valid int to write to; cuInit succeeded.
+    let rc = unsafe { (drv.device_get_count)(&mut count) };
+    if rc != CUDA_SUCCESS {
+        return CudaReport {
+            present: true,
+            detail: format!(
+                "{} loaded, {version_text}; cuDeviceGetCount failed: {}",
+                drv.soname,
+                error_name(drv, rc)
+            ),
+            driver_version,
+            devices: Vec::new(),
+        };
+    }
+    let devices: Vec<CudaDevice> = (0..count).map(|i| device(drv, i)).collect();
+    CudaReport {
+        present: true,
+        detail: format!("{} loaded, {version_text}, {count} device(s)", drv.soname),
+        driver_version,
+        devices,
+    }
+}
+
+fn device(drv: &Driver, ordinal: c_int) -> CudaDevice {
+    let mut out = CudaDevice {
+        ordinal,
+        name: None,
+        total_mem_bytes: None,
+        compute_capability: None,
+        error: None,
+    };
+    let fail = |out: &mut CudaDevice, call: &str, rc: CuResult| {
+        out.error
+            .get_or_insert_with(|| format!("{call} failed: {}", error_name(drv, rc)));
+    };
+    let mut dev: CuDevice = 0;
+    // SAFETY: `dev` is writable; 0 <= ordinal < cuDeviceGetCount.
+    let rc = unsafe { (drv.device_get)(&mut dev, ordinal) };
+    if rc != CUDA_SUCCESS {
+        fail(&mut out, "cuDeviceGet", rc);
+        return out;
+    }
+
+    let mut name = [0 as c_char; 256];
+    // SAFETY: `name` is writable for the length passed (one less than its size, so the
+    // last byte stays NUL even if the driver truncates without terminating).
+    let rc = unsafe { (drv.device_get_name)(name.as_mut_ptr(), name.len() as c_int - 1, dev) };
+    if rc == CUDA_SUCCESS {
+        // SAFETY: `name` is NUL-terminated (its last byte was never written).
+        let s = unsafe { CStr::from_ptr(name.as_ptr()) };
+        out.name = Some(s.to_string_lossy().into_owned());
+    } else {
+        fail(&mut out, "cuDeviceGetName", rc);
+    }
+
+    let mut bytes: usize = 0;
+    // SAFETY: `bytes` is a writable size_t; `dev` came from cuDeviceGet.
+    let rc = unsafe { (drv.device_total_mem)(&mut bytes, dev) };
+    if rc == CUDA_SUCCESS {
+        out.total_mem_bytes = Some(bytes as u64);
+    } else {
+        fail(&mut out, "cuDeviceTotalMem_v2", rc);
+    }
+
+    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+    // SAFETY: both are writable ints; attributes 75/76 are valid CUdevice_attribute values.
+    let rc_major = unsafe { (drv.device_get_attribute)(&mut major, ATTR_CC_MAJOR, dev) };
+    // SAFETY: as above.
+    let rc_minor = unsafe { (drv.device_get_attribute)(&mut minor, ATTR_CC_MINOR, dev) };
+    if rc_major == CUDA_SUCCESS && rc_minor == CUDA_SUCCESS {
+        out.compute_capability = Some(format!("{major}.{minor}"));
+    } else {
+        let rc = if rc_major != CUDA_SUCCESS {
+            rc_major
+        } else {
+            rc_minor
+        };
+        fail(&mut out, "cuDeviceGetAttribute(compute capability)", rc);
+    }
+    out
+}
+
+/// `CUDA_ERROR_NO_DEVICE (100)`, or `CUresult 100` if the driver does not know the code.
+fn error_name(drv: &Driver, rc: CuResult) -> String {
+    let mut ptr: *const c_char = std::ptr::null();
+    // SAFETY: `ptr` is a writable pointer; cuGetErrorName needs no cuInit.
+    let ok = unsafe { (drv.get_error_name)(rc, &mut ptr) } == CUDA_SUCCESS;
+    if ok && !ptr.is_null() {
+        // SAFETY: on success the driver points `ptr` at a static NUL-terminated string.
+        let name = unsafe { CStr::from_ptr(ptr) };
+        format!("{} ({rc})", name.to_string_lossy())
+    } else {
+        format!("CUresult {rc}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_versions_print_as_major_minor() {
+        assert_eq!(version_string(13000), "13.0");
+        assert_eq!(version_string(12040), "12.4");
+        assert_eq!(version_string(11080), "11.8");
+    }
+}
