@@ -172,7 +172,10 @@ fn validate(a: &BenchArgs) -> Result<()> {
         return Err(Error::InvalidArgument("--iters must be at least 1".into()));
     }
     if a.pes == 0 || a.pes > 1024 {
-        return Err(Error::InvalidArgument(format!("--pes {} is out of range 1..=1024", a.pes)));
+        return Err(Error::InvalidArgument(format!(
+            "--pes {} is out of range 1..=1024",
+            a.pes
+        )));
     }
     Ok(())
 }
@@ -182,7 +185,10 @@ pub fn sizes(kind: Kind, min: usize, max: usize) -> Vec<usize> {
     match kind {
         Kind::Barrier => vec![0],
         Kind::Atomic => vec![8],
-        Kind::P => [4usize, 8].into_iter().filter(|&s| s >= min.min(4) && s <= max.max(4)).collect(),
+        Kind::P => [4usize, 8]
+            .into_iter()
+            .filter(|&s| s >= min.min(4) && s <= max.max(4))
+            .collect(),
         _ => {
             // Word-based verification and polling need multiples of 8.
             let mut s = min.next_multiple_of(8);
@@ -299,7 +305,14 @@ fn stats(mut per_op_us: Vec<f64>) -> (f64, f64) {
 }
 
 /// put and signal: ping-pong latency, streaming bandwidth, verification.
-fn put_like(pe: &Pe, a: &BenchArgs, buf: SymPtr<u64>, aux: SymPtr<u64>, size: usize, salt: u64) -> Result<Row> {
+fn put_like(
+    pe: &Pe,
+    a: &BenchArgs,
+    buf: SymPtr<u64>,
+    aux: SymPtr<u64>,
+    size: usize,
+    salt: u64,
+) -> Result<Row> {
     let me = pe.my_pe();
     let words = size / 8;
     let dest = buf.slice(0..words);
@@ -456,7 +469,8 @@ where
     T: crate::AtomicInt + TryFrom<u64> + std::ops::BitOr<Output = T> + Default,
 {
     let me = pe.my_pe();
-    let tag = |it: usize| -> T { salt | T::try_from(it as u64 + 1 & 0x7FFF_FFFF).unwrap_or_default() };
+    let tag =
+        |it: usize| -> T { salt | T::try_from(it as u64 + 1 & 0x7FFF_FFFF).unwrap_or_default() };
     pe.atomic_set(w, T::default(), me)?;
     pe.barrier_all()?;
     let iters = lat_iters(a, size);
@@ -505,7 +519,10 @@ where
     if me == 1 {
         let got = pe.g(w, me)?;
         if got != tag(bw_n - 1) {
-            return Err(Error::Verification(format!("PE 1: p stream ended with {got}, expected {}", tag(bw_n - 1))));
+            return Err(Error::Verification(format!(
+                "PE 1: p stream ended with {got}, expected {}",
+                tag(bw_n - 1)
+            )));
         }
     }
     let (med, p99) = stats(samples);
@@ -551,7 +568,9 @@ fn atomic_row(pe: &Pe, a: &BenchArgs, aux: SymPtr<u64>) -> Result<Row> {
         expect += iters as u64;
         let got = pe.atomic_fetch(ctr, 1)?;
         if got != expect {
-            return Err(Error::Verification(format!("atomic counter on PE 1 is {got}, expected {expect}")));
+            return Err(Error::Verification(format!(
+                "atomic counter on PE 1 is {got}, expected {expect}"
+            )));
         }
     }
     let (med, p99) = stats(samples);
@@ -601,9 +620,14 @@ fn print_report(r: &Report, json: bool) {
         "rshmem bench {:?}: {} PEs, device {}, transport {}, latency = {}",
         r.bench, r.pes, r.device, r.transport, r.latency_kind
     );
-    println!("{:>10} {:>14} {:>14} {:>12}", "size (B)", "lat med (us)", "lat p99 (us)", "bw (GB/s)");
+    println!(
+        "{:>10} {:>14} {:>14} {:>12}",
+        "size (B)", "lat med (us)", "lat p99 (us)", "bw (GB/s)"
+    );
     for row in &r.rows {
-        let bw = row.bandwidth_gbps.map_or("-".to_string(), |b| format!("{b:.3}"));
+        let bw = row
+            .bandwidth_gbps
+            .map_or("-".to_string(), |b| format!("{b:.3}"));
         println!(
             "{:>10} {:>14.3} {:>14.3} {:>12}",
             row.size, row.latency_us_median, row.latency_us_p99, bw

@@ -1,7 +1,12 @@
 //! Everything rshmem reads from the environment, parsed in one place.
 //!
-//! INTERFACE SKELETON — to be implemented (see the bootstrap/config task).
-use crate::error::Result;
+//! This module owns the names and meaning of every environment variable rshmem reads:
+//! which launcher's variables give this PE its rank and the job its size ([`LaunchInfo`]),
+//! and the runtime settings ([`Settings`]). Both parse through an injectable lookup
+//! function so that tests (and hosts of several PEs in one process) never have to touch
+//! the process environment. It must not act on what it reads (no sockets, no allocation
+//! of the heap); a malformed value is an [`Error::Env`] naming the variable and value.
+use crate::error::{Error, Result};
 use std::time::Duration;
 
 /// Which launcher's variables supplied rank and size.
@@ -28,14 +33,185 @@ pub struct LaunchInfo {
     pub master_port: Option<u16>,
 }
 
+/// How one launcher names rank, size, local rank and local size.
+struct LauncherVars {
+    source: LaunchSource,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: Option<&'static str>,
+    local_size: LocalSize,
+}
+
+/// Where a launcher puts the number of PEs on this node.
+enum LocalSize {
+    None,
+    /// A plain number.
+    Var(&'static str),
+    /// Slurm's SLURM_NTASKS_PER_NODE: a plain number, or a compressed list such as
+    /// `2(x3),1` on heterogeneous allocations, which says nothing about this node.
+    NumberIfPlain(&'static str),
+}
+
+/// Launcher variable sets in order of precedence: the first whose rank variable is set wins.
+const LAUNCHERS: [LauncherVars; 5] = [
+    LauncherVars {
+        source: LaunchSource::Rshmem,
+        rank: "RSHMEM_RANK",
+        size: "RSHMEM_WORLD_SIZE",
+        local_rank: Some("RSHMEM_LOCAL_RANK"),
+        local_size: LocalSize::Var("RSHMEM_LOCAL_SIZE"),
+    },
+    LauncherVars {
+        source: LaunchSource::Torchrun,
+        rank: "RANK",
+        size: "WORLD_SIZE",
+        local_rank: Some("LOCAL_RANK"),
+        local_size: LocalSize::Var("LOCAL_WORLD_SIZE"),
+    },
+    LauncherVars {
+        source: LaunchSource::OpenMpi,
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: Some("OMPI_COMM_WORLD_LOCAL_RANK"),
+        local_size: LocalSize::Var("OMPI_COMM_WORLD_LOCAL_SIZE"),
+    },
+    LauncherVars {
+        source: LaunchSource::Slurm,
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: Some("SLURM_LOCALID"),
+        local_size: LocalSize::NumberIfPlain("SLURM_NTASKS_PER_NODE"),
+    },
+    LauncherVars {
+        source: LaunchSource::Pmi,
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: None,
+        local_size: LocalSize::None,
+    },
+];
+
+fn env_err(var: &str, value: &str, reason: impl Into<String>) -> Error {
+    Error::Env {
+        var: var.to_string(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Parses a non-negative decimal integer (surrounding whitespace allowed).
+fn parse_count(var: &str, value: &str) -> Result<usize> {
+    value
+        .trim()
+        .parse::<usize>()
+        .map_err(|_| env_err(var, value, "expected a non-negative integer"))
+}
+
+fn lookup_count(get: &impl Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize>> {
+    get(var).map(|v| parse_count(var, &v)).transpose()
+}
+
 impl LaunchInfo {
     /// Reads the process environment. `Ok(None)`: no launcher variables at all.
     pub fn from_env() -> Result<Option<LaunchInfo>> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
+
     /// Same, with an injectable lookup (for tests).
-    pub fn from_lookup(_get: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>> {
-        unimplemented!()
+    ///
+    /// The first launcher set (rshmem, torchrun, Open MPI, Slurm, PMI) whose rank variable
+    /// is set supplies rank, size, local rank and local size; the root address comes from
+    /// `RSHMEM_MASTER_ADDR`/`RSHMEM_MASTER_PORT`, else `MASTER_ADDR`/`MASTER_PORT`, whatever
+    /// the launcher. An empty address counts as unset.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>> {
+        let Some((vars, rank_value)) = LAUNCHERS.iter().find_map(|l| get(l.rank).map(|v| (l, v)))
+        else {
+            return Ok(None);
+        };
+        let rank = parse_count(vars.rank, &rank_value)?;
+        let size_value = get(vars.size).ok_or_else(|| {
+            env_err(
+                vars.size,
+                "",
+                format!(
+                    "not set, but {}={} is; both are needed (the number of PEs and this PE's rank)",
+                    vars.rank, rank_value
+                ),
+            )
+        })?;
+        let world_size = parse_count(vars.size, &size_value)?;
+        if world_size == 0 {
+            return Err(env_err(
+                vars.size,
+                &size_value,
+                "the job must have at least one PE",
+            ));
+        }
+        if rank >= world_size {
+            return Err(env_err(
+                vars.rank,
+                &rank_value,
+                format!("rank must be less than {}={world_size}", vars.size),
+            ));
+        }
+        let local_rank = match vars.local_rank {
+            Some(var) => lookup_count(&get, var)?,
+            None => None,
+        };
+        let local_size = match vars.local_size {
+            LocalSize::None => None,
+            LocalSize::Var(var) => {
+                let n = lookup_count(&get, var)?;
+                if n == Some(0) {
+                    return Err(env_err(var, "0", "a node must have at least one PE"));
+                }
+                n
+            }
+            LocalSize::NumberIfPlain(var) => get(var)
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0),
+        };
+        if let (Some(lr), Some(ls), Some(var)) = (local_rank, local_size, vars.local_rank) {
+            if lr >= ls {
+                return Err(env_err(
+                    var,
+                    &lr.to_string(),
+                    format!("local rank must be less than the local size {ls}"),
+                ));
+            }
+        }
+        let master_addr = get("RSHMEM_MASTER_ADDR")
+            .or_else(|| get("MASTER_ADDR"))
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty());
+        let master_port = match first_set(&get, &["RSHMEM_MASTER_PORT", "MASTER_PORT"]) {
+            None => None,
+            Some((var, value)) => Some(parse_port(var, &value)?),
+        };
+        Ok(Some(LaunchInfo {
+            source: vars.source,
+            rank,
+            world_size,
+            local_rank,
+            local_size,
+            master_addr,
+            master_port,
+        }))
+    }
+}
+
+fn first_set(
+    get: &impl Fn(&str) -> Option<String>,
+    vars: &[&'static str],
+) -> Option<(&'static str, String)> {
+    vars.iter().find_map(|&v| get(v).map(|value| (v, value)))
+}
+
+fn parse_port(var: &str, value: &str) -> Result<u16> {
+    match value.trim().parse::<u16>() {
+        Ok(0) => Err(env_err(var, value, "port 0 cannot be connected to")),
+        Ok(p) => Ok(p),
+        Err(_) => Err(env_err(var, value, "expected a TCP port number (1-65535)")),
     }
 }
 
@@ -54,17 +230,503 @@ pub struct Settings {
 
 pub const DEFAULT_SYMMETRIC_SIZE: usize = 256 << 20;
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+/// The smallest symmetric heap accepted (RSHMEM_SYMMETRIC_SIZE).
+pub const MIN_SYMMETRIC_SIZE: usize = 1 << 20;
+
+/// The page size the symmetric heap is rounded up to: the system's, and at least 4096.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions; it only reads a constant.
+    let ps = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if ps > 0 {
+        (ps as usize).max(4096)
+    } else {
+        4096
+    }
+}
 
 impl Settings {
     pub fn from_env() -> Result<Settings> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
-    pub fn from_lookup(_get: impl Fn(&str) -> Option<String>) -> Result<Settings> {
-        unimplemented!()
+
+    /// Parses the settings through `get`. Defaults: heap [`DEFAULT_SYMMETRIC_SIZE`], timeout
+    /// [`DEFAULT_TIMEOUT_MS`], no token, node id [`default_node_id`], root hosted by rank 0.
+    /// The heap size is rounded up to [`page_size`] silently.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Settings> {
+        const SIZE: &str = "RSHMEM_SYMMETRIC_SIZE";
+        let symmetric_size = match get(SIZE) {
+            None => DEFAULT_SYMMETRIC_SIZE,
+            Some(v) => {
+                let n = parse_size(&v).map_err(|reason| env_err(SIZE, &v, reason))?;
+                if n < MIN_SYMMETRIC_SIZE {
+                    return Err(env_err(
+                        SIZE,
+                        &v,
+                        "the symmetric heap must be at least 1 MiB",
+                    ));
+                }
+                let page = page_size();
+                n.checked_next_multiple_of(page)
+                    .ok_or_else(|| env_err(SIZE, &v, "too large to round up to the page size"))?
+            }
+        };
+        const TIMEOUT: &str = "RSHMEM_TIMEOUT_MS";
+        let timeout_ms = match get(TIMEOUT) {
+            None => DEFAULT_TIMEOUT_MS,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(0) => return Err(env_err(TIMEOUT, &v, "the timeout must be at least 1 ms")),
+                Ok(ms) => ms,
+                Err(_) => return Err(env_err(TIMEOUT, &v, "expected milliseconds as an integer")),
+            },
+        };
+        let token = get("RSHMEM_TOKEN");
+        let node_id = match get("RSHMEM_NODE_ID") {
+            Some(v) if v.trim().is_empty() => {
+                return Err(env_err("RSHMEM_NODE_ID", &v, "must not be empty"))
+            }
+            Some(v) => v.trim().to_string(),
+            None => default_node_id(),
+        };
+        let root_external = match get("RSHMEM_ROOT") {
+            None => false,
+            Some(v) => match v.trim() {
+                "self" => false,
+                "external" => true,
+                _ => {
+                    return Err(env_err(
+                        "RSHMEM_ROOT",
+                        &v,
+                        "expected \"self\" (rank 0 hosts the bootstrap root) or \"external\" \
+                         (the launcher hosts it)",
+                    ))
+                }
+            },
+        };
+        Ok(Settings {
+            symmetric_size,
+            timeout: Duration::from_millis(timeout_ms),
+            token,
+            node_id,
+            root_external,
+        })
     }
 }
 
+/// This machine's default node id: `hostname:` followed by the first 8 characters of
+/// `/proc/sys/kernel/random/boot_id` (just the host name where that file is unreadable).
+///
+/// PEs with equal node ids are assumed to share memory. Containers or network namespaces
+/// on one host that must not share memory set RSHMEM_NODE_ID instead.
+pub fn default_node_id() -> String {
+    let host = hostname().unwrap_or_else(|| "localhost".to_string());
+    match std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        Ok(id) => {
+            let id: String = id.trim().chars().take(8).collect();
+            format!("{host}:{id}")
+        }
+        Err(_) => host,
+    }
+}
+
+fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is a valid writable buffer of buf.len() bytes; gethostname writes at
+    // most that many bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    // POSIX leaves truncated names possibly unterminated; take up to the first NUL or all.
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..end]).into_owned();
+    (!name.is_empty()).then_some(name)
+}
+
 /// Parses sizes like `512M`, `2G`, `64k`, `1GiB`, `4096`.
-pub fn parse_size(_s: &str) -> std::result::Result<usize, String> {
-    unimplemented!()
+///
+/// Suffixes are case-insensitive powers of 1024: `k`/`kb`/`kib`, `m`, `g`, `t` (and `b`
+/// for bytes). Whitespace around the value and between number and suffix is allowed.
+pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err("empty size".to_string());
+    }
+    if t.starts_with('-') {
+        return Err("a size cannot be negative".to_string());
+    }
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, rest) = t.split_at(digits_end);
+    if num.is_empty() {
+        return Err(format!("{t:?} does not start with a number"));
+    }
+    if rest.starts_with(['.', ',']) {
+        return Err("fractional sizes are not supported; use a smaller unit (e.g. 1536M)".into());
+    }
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("{num} is too large for this machine"))?;
+    let shift = match rest.trim_start().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => {
+            return Err(format!(
+                "unknown size suffix {other:?} (expected k, M, G or T, optionally with B or iB)"
+            ))
+        }
+    };
+    n.checked_mul(1usize << shift)
+        .ok_or_else(|| format!("{t} is too large for this machine"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    fn launch(pairs: &[(&str, &str)]) -> Result<Option<LaunchInfo>> {
+        LaunchInfo::from_lookup(env(pairs))
+    }
+
+    fn env_var_of(e: Error) -> (String, String) {
+        match e {
+            Error::Env { var, value, .. } => (var, value),
+            other => panic!("expected Error::Env, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_launcher_is_none() {
+        assert_eq!(launch(&[("MASTER_ADDR", "x")]).unwrap(), None);
+    }
+
+    #[test]
+    fn rshmem_vars() {
+        let info = launch(&[
+            ("RSHMEM_RANK", "3"),
+            ("RSHMEM_WORLD_SIZE", "8"),
+            ("RSHMEM_LOCAL_RANK", "1"),
+            ("RSHMEM_LOCAL_SIZE", "4"),
+            ("RSHMEM_MASTER_ADDR", "10.0.0.1"),
+            ("RSHMEM_MASTER_PORT", "29500"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            info,
+            LaunchInfo {
+                source: LaunchSource::Rshmem,
+                rank: 3,
+                world_size: 8,
+                local_rank: Some(1),
+                local_size: Some(4),
+                master_addr: Some("10.0.0.1".into()),
+                master_port: Some(29500),
+            }
+        );
+    }
+
+    #[test]
+    fn torchrun_vars() {
+        let info = launch(&[
+            ("RANK", "5"),
+            ("WORLD_SIZE", "16"),
+            ("LOCAL_RANK", "5"),
+            ("LOCAL_WORLD_SIZE", "8"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "1234"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(info.source, LaunchSource::Torchrun);
+        assert_eq!((info.rank, info.world_size), (5, 16));
+        assert_eq!((info.local_rank, info.local_size), (Some(5), Some(8)));
+        assert_eq!(info.master_addr.as_deref(), Some("node0"));
+        assert_eq!(info.master_port, Some(1234));
+    }
+
+    #[test]
+    fn openmpi_vars() {
+        let info = launch(&[
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(info.source, LaunchSource::OpenMpi);
+        assert_eq!((info.rank, info.world_size), (2, 4));
+        assert_eq!((info.local_rank, info.local_size), (Some(0), Some(2)));
+        assert_eq!((info.master_addr, info.master_port), (None, None));
+    }
+
+    #[test]
+    fn slurm_vars() {
+        let info = launch(&[
+            ("SLURM_PROCID", "7"),
+            ("SLURM_NTASKS", "12"),
+            ("SLURM_LOCALID", "3"),
+            ("SLURM_NTASKS_PER_NODE", "4"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(info.source, LaunchSource::Slurm);
+        assert_eq!((info.rank, info.world_size), (7, 12));
+        assert_eq!((info.local_rank, info.local_size), (Some(3), Some(4)));
+
+        // A compressed per-node list says nothing about this node: no local size.
+        let info = launch(&[
+            ("SLURM_PROCID", "7"),
+            ("SLURM_NTASKS", "12"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NTASKS_PER_NODE", "4(x2),2(x2)"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((info.local_rank, info.local_size), (Some(1), None));
+    }
+
+    #[test]
+    fn pmi_vars() {
+        let info = launch(&[("PMI_RANK", "0"), ("PMI_SIZE", "1")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.source, LaunchSource::Pmi);
+        assert_eq!((info.rank, info.world_size), (0, 1));
+        assert_eq!((info.local_rank, info.local_size), (None, None));
+    }
+
+    #[test]
+    fn precedence() {
+        // rshmem beats torchrun; torchrun beats Open MPI beats Slurm beats PMI.
+        let info = launch(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("RSHMEM_RANK", "0"),
+            ("RSHMEM_WORLD_SIZE", "3"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (info.source, info.rank, info.world_size),
+            (LaunchSource::Rshmem, 0, 3)
+        );
+        let info = launch(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("RANK", "4"),
+            ("WORLD_SIZE", "5"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((info.source, info.rank), (LaunchSource::Torchrun, 4));
+        let info = launch(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "9"),
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((info.source, info.world_size), (LaunchSource::OpenMpi, 9));
+        let info = launch(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "5"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((info.source, info.world_size), (LaunchSource::Slurm, 2));
+        // A size variable alone does not make a set present.
+        let info = launch(&[
+            ("RSHMEM_WORLD_SIZE", "4"),
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(info.source, LaunchSource::Pmi);
+    }
+
+    #[test]
+    fn master_addr_precedence() {
+        let info = launch(&[
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "1"),
+            ("MASTER_ADDR", "a"),
+            ("MASTER_PORT", "1"),
+            ("RSHMEM_MASTER_ADDR", "b"),
+            ("RSHMEM_MASTER_PORT", "2"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(info.master_addr.as_deref(), Some("b"));
+        assert_eq!(info.master_port, Some(2));
+    }
+
+    #[test]
+    fn launch_errors() {
+        let e = launch(&[("RANK", "x"), ("WORLD_SIZE", "2")]).unwrap_err();
+        assert_eq!(env_var_of(e), ("RANK".into(), "x".into()));
+        let e = launch(&[("RANK", "0"), ("WORLD_SIZE", "two")]).unwrap_err();
+        assert_eq!(env_var_of(e), ("WORLD_SIZE".into(), "two".into()));
+        let e = launch(&[("RANK", "-1"), ("WORLD_SIZE", "2")]).unwrap_err();
+        assert_eq!(env_var_of(e), ("RANK".into(), "-1".into()));
+        let e = launch(&[("RANK", "2"), ("WORLD_SIZE", "2")]).unwrap_err();
+        assert_eq!(env_var_of(e), ("RANK".into(), "2".into()));
+        let e = launch(&[("RANK", "0"), ("WORLD_SIZE", "0")]).unwrap_err();
+        assert_eq!(env_var_of(e), ("WORLD_SIZE".into(), "0".into()));
+        let e = launch(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "a")]).unwrap_err();
+        assert_eq!(env_var_of(e), ("LOCAL_RANK".into(), "a".into()));
+        let e = launch(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ])
+        .unwrap_err();
+        assert_eq!(env_var_of(e).0, "LOCAL_RANK");
+        let e = launch(&[("RSHMEM_RANK", "0")]).unwrap_err();
+        assert_eq!(env_var_of(e), ("RSHMEM_WORLD_SIZE".into(), "".into()));
+        for bad in ["70000", "http", "0", "-5"] {
+            let e =
+                launch(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", bad)]).unwrap_err();
+            assert_eq!(env_var_of(e), ("MASTER_PORT".into(), bad.into()));
+        }
+        let e = launch(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("RSHMEM_MASTER_PORT", "x"),
+        ])
+        .unwrap_err();
+        assert_eq!(env_var_of(e), ("RSHMEM_MASTER_PORT".into(), "x".into()));
+    }
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<Settings> {
+        Settings::from_lookup(env(pairs))
+    }
+
+    #[test]
+    fn settings_defaults() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.symmetric_size, DEFAULT_SYMMETRIC_SIZE);
+        assert_eq!(s.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
+        assert_eq!(s.token, None);
+        assert_eq!(s.node_id, default_node_id());
+        assert!(!s.root_external);
+    }
+
+    #[test]
+    fn settings_values() {
+        let s = settings(&[
+            ("RSHMEM_SYMMETRIC_SIZE", "2G"),
+            ("RSHMEM_TIMEOUT_MS", "1500"),
+            ("RSHMEM_TOKEN", "s3cret"),
+            ("RSHMEM_NODE_ID", "ns-a"),
+            ("RSHMEM_ROOT", "external"),
+        ])
+        .unwrap();
+        assert_eq!(s.symmetric_size, 2 << 30);
+        assert_eq!(s.timeout, Duration::from_millis(1500));
+        assert_eq!(s.token.as_deref(), Some("s3cret"));
+        assert_eq!(s.node_id, "ns-a");
+        assert!(s.root_external);
+        assert!(!settings(&[("RSHMEM_ROOT", "self")]).unwrap().root_external);
+    }
+
+    #[test]
+    fn symmetric_size_rounds_up_to_page() {
+        let page = page_size();
+        let s = settings(&[("RSHMEM_SYMMETRIC_SIZE", "1048577")]).unwrap();
+        assert_eq!(s.symmetric_size, (1 << 20) + page);
+        let s = settings(&[("RSHMEM_SYMMETRIC_SIZE", "1M")]).unwrap();
+        assert_eq!(s.symmetric_size, 1 << 20);
+    }
+
+    #[test]
+    fn settings_errors() {
+        for (var, value) in [
+            ("RSHMEM_SYMMETRIC_SIZE", "0"),
+            ("RSHMEM_SYMMETRIC_SIZE", "lots"),
+            ("RSHMEM_SYMMETRIC_SIZE", "1023K"),
+            ("RSHMEM_SYMMETRIC_SIZE", "1.5G"),
+            ("RSHMEM_TIMEOUT_MS", "0"),
+            ("RSHMEM_TIMEOUT_MS", "5s"),
+            ("RSHMEM_NODE_ID", " "),
+            ("RSHMEM_ROOT", "rank0"),
+        ] {
+            let e = settings(&[(var, value)]).unwrap_err();
+            assert_eq!(env_var_of(e), (var.to_string(), value.to_string()));
+        }
+    }
+
+    #[test]
+    fn default_node_id_shape() {
+        let id = default_node_id();
+        assert!(!id.is_empty());
+        if std::path::Path::new("/proc/sys/kernel/random/boot_id").exists() {
+            let (_, boot) = id.rsplit_once(':').unwrap();
+            assert_eq!(boot.len(), 8);
+        }
+    }
+
+    #[test]
+    fn parse_size_accepts() {
+        let cases: &[(&str, usize)] = &[
+            ("4096", 4096),
+            ("0", 0),
+            ("64k", 64 << 10),
+            ("64K", 64 << 10),
+            ("64KiB", 64 << 10),
+            ("64KB", 64 << 10),
+            ("64kb", 64 << 10),
+            ("512M", 512 << 20),
+            ("512MiB", 512 << 20),
+            ("2G", 2 << 30),
+            ("1GiB", 1 << 30),
+            ("1T", 1 << 40),
+            ("  8m \n", 8 << 20),
+            ("3 G", 3 << 30),
+            ("100B", 100),
+        ];
+        for &(s, n) in cases {
+            assert_eq!(parse_size(s), Ok(n), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn parse_size_rejects() {
+        for s in [
+            "",
+            "   ",
+            "-1",
+            "-4K",
+            "1.5G",
+            "0.5",
+            "12X",
+            "10 PB",
+            "G",
+            "k64",
+            "99999999999999999999999",
+            "16777216T",
+            "1_000",
+            "+5",
+        ] {
+            assert!(parse_size(s).is_err(), "{s:?} should be rejected");
+        }
+    }
 }

@@ -26,9 +26,11 @@ enum Command {
 
 /// Arguments of `rshmem selftest`.
 #[derive(clap::Args)]
-#[command(long_about = "Runs the self-test cases as this process's PE: under `rshmem run -n N`, \
+#[command(
+    long_about = "Runs the self-test cases as this process's PE: under `rshmem run -n N`, \
     another launcher, or alone (a job of one PE). Every case checks exact values written by \
-    the other PEs. Exits 0 when every case passed on this PE.")]
+    the other PEs. Exits 0 when every case passed on this PE."
+)]
 struct SelftestArgs {
     /// Run only these cases (repeatable); default: all.
     #[arg(long = "case")]
@@ -74,13 +76,17 @@ fn selftest(a: SelftestArgs) -> i32 {
     let me = pe.my_pe();
     let r = rshmem::selftest::run(&pe, &names, |c| println!("selftest {c}: ok")).and_then(|n| {
         if a.crash_pe == Some(me) {
-            println!("selftest: PE {me} crashing on purpose before {}", a.crash_at);
+            println!(
+                "selftest: PE {me} crashing on purpose before {}",
+                a.crash_at
+            );
             // SAFETY: raising a signal against our own process.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
         if a.crash_pe.is_some() {
             let more = vec![a.crash_at.clone()];
-            return rshmem::selftest::run(&pe, &more, |c| println!("selftest {c}: ok")).map(|m| n + m);
+            return rshmem::selftest::run(&pe, &more, |c| println!("selftest {c}: ok"))
+                .map(|m| n + m);
         }
         Ok(n)
     });

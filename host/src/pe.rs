@@ -46,6 +46,8 @@ pub struct Pe {
     node: Team,
     /// Team slots in use on this PE (bit i = slot i).
     pub(crate) slots: Mutex<u64>,
+    /// Polls a waiting PE spins before it starts yielding (see rma.rs).
+    pub(crate) spin_polls: u64,
     /// The bootstrap root, when this PE hosts it (rank 0 under torchrun/mpirun, or a
     /// single PE started without a launcher).
     root: Option<Root>,
@@ -141,7 +143,10 @@ impl Pe {
         let job_id = boot.job_id().to_string();
 
         // Every PE must use the same heap size: offsets are symmetric.
-        let sizes = boot.allgather(&world_group, &(settings.symmetric_size as u64).to_le_bytes())?;
+        let sizes = boot.allgather(
+            &world_group,
+            &(settings.symmetric_size as u64).to_le_bytes(),
+        )?;
         let sizes: Vec<u64> = sizes.iter().map(|b| le_u64(b)).collect();
         if sizes.iter().any(|&s| s != sizes[0]) {
             return Err(Error::CollectiveMismatch {
@@ -177,7 +182,10 @@ impl Pe {
         let world_p2p = local.len() == n;
         world.set_p2p(world_p2p);
 
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let spin_polls = crate::rma::spin_polls(local.len(), cores);
         Ok(Pe {
+            spin_polls,
             rank,
             n_pes: n,
             boot: Some(boot),
@@ -229,7 +237,9 @@ impl Pe {
     }
 
     pub(crate) fn boot(&self) -> &Bootstrap {
-        self.boot.as_ref().expect("bootstrap present until finalize")
+        self.boot
+            .as_ref()
+            .expect("bootstrap present until finalize")
     }
 
     /// Address in this process of PE `pe`'s symmetric object (OpenSHMEM `shmem_ptr`):
@@ -335,7 +345,13 @@ impl Pe {
         (a.free_bytes(), a.largest_free())
     }
 
-    fn alloc_collective(&self, op: &'static str, size: usize, align: usize, zero: bool) -> Result<usize> {
+    fn alloc_collective(
+        &self,
+        op: &'static str,
+        size: usize,
+        align: usize,
+        zero: bool,
+    ) -> Result<usize> {
         self.agree(op, &[size as u64, align as u64], |a| {
             format!("size {} align {}", a[0], a[1])
         })?;
@@ -370,7 +386,12 @@ impl Pe {
 
     /// Collective check that every PE passed the same arguments to `op`; on mismatch every
     /// PE gets the same error listing each PE's arguments. Also acts as a barrier.
-    pub(crate) fn agree(&self, op: &'static str, args: &[u64], show: impl Fn(&[u64]) -> String) -> Result<()> {
+    pub(crate) fn agree(
+        &self,
+        op: &'static str,
+        args: &[u64],
+        show: impl Fn(&[u64]) -> String,
+    ) -> Result<()> {
         self.agree_in(&self.world, op, args, show)
     }
 
@@ -456,9 +477,8 @@ pub fn run_threads<R: Send>(
             hs.into_iter()
                 .enumerate()
                 .map(|(rank, h)| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::Verification(format!("PE {rank} panicked")))
-                    })
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Verification(format!("PE {rank} panicked"))))
                 })
                 .collect(),
         )

@@ -32,8 +32,12 @@ use crate::types::{Cmp, Element, SignalOp, SymPtr};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
-/// Polls before a waiting PE starts yielding its core (a few tens of microseconds).
-const SPIN_POLLS: u64 = 1 << 14;
+/// Polls before a waiting PE starts yielding its core (tens of microseconds), when the
+/// node has a core for every PE.
+const SPIN_POLLS: u64 = 1 << 10;
+/// Polls before yielding when the node's PEs outnumber its cores: whoever we wait for may
+/// need this core, so give it up almost at once.
+const SPIN_POLLS_OVERSUBSCRIBED: u64 = 16;
 /// Polls between checks of the clock and of peer liveness.
 const CHECK_EVERY: u64 = 256;
 
@@ -166,7 +170,8 @@ impl Pe {
     /// Waits until this PE's `ivar` (its first element) satisfies `cmp value`.
     pub fn wait_until<T: AtomicInt>(&self, ivar: SymPtr<T>, cmp: Cmp, value: T) -> Result<()> {
         let p = self.sync_word::<T>(ivar, self.my_pe(), "wait_until")?;
-        self.wait_word(p, ivar.offset(), cmp, value, "wait_until").map(|_| ())
+        self.wait_word(p, ivar.offset(), cmp, value, "wait_until")
+            .map(|_| ())
     }
 
     /// True if this PE's `ivar` satisfies `cmp value` now.
@@ -247,7 +252,9 @@ impl Pe {
     ) -> Result<bool> {
         let words = self.ivar_words(ivars, status, "test_all")?;
         // SAFETY: validated words; atomic-only access.
-        Ok(words.iter().all(|&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value)))
+        Ok(words
+            .iter()
+            .all(|&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value)))
     }
 
     /// Index of a non-excluded element that satisfies `cmp value` now, if any.
@@ -321,7 +328,12 @@ impl Pe {
     }
 
     /// Adds `value` (wrapping) to `dest` on PE `pe`; returns the old value.
-    pub fn atomic_fetch_add<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
+    pub fn atomic_fetch_add<T: AtomicInt>(
+        &self,
+        dest: SymPtr<T>,
+        value: T,
+        pe: usize,
+    ) -> Result<T> {
         let p = self.sync_word(dest, pe, "atomic_fetch_add")?;
         // SAFETY: validated aligned word, atomic-only access.
         Ok(unsafe { T::fetch_add(p, value, Ordering::AcqRel) })
@@ -343,7 +355,12 @@ impl Pe {
     }
 
     /// Bitwise AND into `dest` on PE `pe`; returns the old value.
-    pub fn atomic_fetch_and<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
+    pub fn atomic_fetch_and<T: AtomicInt>(
+        &self,
+        dest: SymPtr<T>,
+        value: T,
+        pe: usize,
+    ) -> Result<T> {
         let p = self.sync_word(dest, pe, "atomic_fetch_and")?;
         // SAFETY: validated aligned word, atomic-only access.
         Ok(unsafe { T::fetch_and(p, value, Ordering::AcqRel) })
@@ -357,7 +374,12 @@ impl Pe {
     }
 
     /// Bitwise XOR into `dest` on PE `pe`; returns the old value.
-    pub fn atomic_fetch_xor<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
+    pub fn atomic_fetch_xor<T: AtomicInt>(
+        &self,
+        dest: SymPtr<T>,
+        value: T,
+        pe: usize,
+    ) -> Result<T> {
         let p = self.sync_word(dest, pe, "atomic_fetch_xor")?;
         // SAFETY: validated aligned word, atomic-only access.
         Ok(unsafe { T::fetch_xor(p, value, Ordering::AcqRel) })
@@ -486,12 +508,23 @@ impl Pe {
     }
 
     /// Waits for a runtime counter to reach `epoch`; `what` describes it for the error.
-    pub(crate) fn wait_internal(&self, p: *mut u64, epoch: u64, what: impl Fn() -> String) -> Result<()> {
+    pub(crate) fn wait_internal(
+        &self,
+        p: *mut u64,
+        epoch: u64,
+        what: impl Fn() -> String,
+    ) -> Result<()> {
         let start = Instant::now();
         self.poll(
             // SAFETY: p is a runtime word of our own mapping, accessed only atomically;
             // Acquire pairs with the signaller's Release.
-            || if unsafe { u64::load(p, Ordering::Acquire) } >= epoch { Ok(()) } else { Err(()) },
+            || {
+                if unsafe { u64::load(p, Ordering::Acquire) } >= epoch {
+                    Ok(())
+                } else {
+                    Err(())
+                }
+            },
             |_| Error::Timeout {
                 pe: self.my_pe(),
                 what: what(),
@@ -522,7 +555,7 @@ impl Pe {
                             return Err(expired(&state));
                         }
                     }
-                    if polls < SPIN_POLLS {
+                    if polls < self.spin_polls {
                         std::hint::spin_loop();
                     } else {
                         // More PEs than cores: give the core to whoever we wait for.
@@ -531,6 +564,15 @@ impl Pe {
                 }
             }
         }
+    }
+}
+
+/// Spin budget of a waiting PE given the node's PE and core counts.
+pub(crate) fn spin_polls(local_pes: usize, cores: usize) -> u64 {
+    if local_pes > cores {
+        SPIN_POLLS_OVERSUBSCRIBED
+    } else {
+        SPIN_POLLS
     }
 }
 

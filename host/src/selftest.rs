@@ -19,16 +19,46 @@ pub struct Case {
 
 /// All cases, in the order they run.
 pub const CASES: &[Case] = &[
-    Case { name: "alloc", run: alloc },
-    Case { name: "put-get", run: put_get },
-    Case { name: "p-g", run: p_g },
-    Case { name: "signal", run: signal },
-    Case { name: "wait", run: wait },
-    Case { name: "atomics", run: atomics },
-    Case { name: "atomics-concurrent", run: atomics_concurrent },
-    Case { name: "barrier", run: barrier },
-    Case { name: "teams", run: teams },
-    Case { name: "bad-input", run: bad_input },
+    Case {
+        name: "alloc",
+        run: alloc,
+    },
+    Case {
+        name: "put-get",
+        run: put_get,
+    },
+    Case {
+        name: "p-g",
+        run: p_g,
+    },
+    Case {
+        name: "signal",
+        run: signal,
+    },
+    Case {
+        name: "wait",
+        run: wait,
+    },
+    Case {
+        name: "atomics",
+        run: atomics,
+    },
+    Case {
+        name: "atomics-concurrent",
+        run: atomics_concurrent,
+    },
+    Case {
+        name: "barrier",
+        run: barrier,
+    },
+    Case {
+        name: "teams",
+        run: teams,
+    },
+    Case {
+        name: "bad-input",
+        run: bad_input,
+    },
 ];
 
 /// Runs the named cases (all when `names` is empty); returns how many ran.
@@ -42,7 +72,10 @@ pub fn run(pe: &Pe, names: &[String], mut report: impl FnMut(&str)) -> Result<us
         }
     }
     let mut ran = 0;
-    for c in CASES.iter().filter(|c| names.is_empty() || names.iter().any(|n| n == c.name)) {
+    for c in CASES
+        .iter()
+        .filter(|c| names.is_empty() || names.iter().any(|n| n == c.name))
+    {
         (c.run)(pe).map_err(|e| annotate(c.name, pe, e))?;
         pe.barrier_all()?;
         report(c.name);
@@ -58,19 +91,32 @@ fn annotate(case: &str, pe: &Pe, e: Error) -> Error {
     }
 }
 
-fn check<T: PartialEq + std::fmt::Debug>(what: impl FnOnce() -> String, got: T, want: T) -> Result<()> {
+fn check<T: PartialEq + std::fmt::Debug>(
+    what: impl FnOnce() -> String,
+    got: T,
+    want: T,
+) -> Result<()> {
     if got == want {
         Ok(())
     } else {
-        Err(Error::Verification(format!("{}: got {got:?}, expected {want:?}", what())))
+        Err(Error::Verification(format!(
+            "{}: got {got:?}, expected {want:?}",
+            what()
+        )))
     }
 }
 
-fn expect_err<T: std::fmt::Debug>(what: &str, r: Result<T>, pred: impl Fn(&Error) -> bool) -> Result<()> {
+fn expect_err<T: std::fmt::Debug>(
+    what: &str,
+    r: Result<T>,
+    pred: impl Fn(&Error) -> bool,
+) -> Result<()> {
     match r {
         Err(e) if pred(&e) => Ok(()),
         Err(e) => Err(Error::Verification(format!("{what}: wrong error: {e}"))),
-        Ok(v) => Err(Error::Verification(format!("{what}: succeeded with {v:?}, expected an error"))),
+        Ok(v) => Err(Error::Verification(format!(
+            "{what}: succeeded with {v:?}, expected an error"
+        ))),
     }
 }
 
@@ -92,26 +138,48 @@ fn alloc(pe: &Pe) -> Result<()> {
     let b = pe.calloc::<u64>(300)?;
     let c = pe.align(4096, 10)?;
     check(|| "align(4096) offset % 4096".into(), c.offset() % 4096, 0)?;
-    check(|| "malloc offset in heap".into(), a.offset() >= RESERVED_BYTES, true)?;
+    check(
+        || "malloc offset in heap".into(),
+        a.offset() >= RESERVED_BYTES,
+        true,
+    )?;
     // calloc zeroes: every PE checks its own copy (and a neighbour's).
     let (next, _) = neighbours(pe);
     let mut v = vec![1u64; 300];
     pe.get(&mut v, b, next)?;
-    check(|| format!("calloc content on PE {next}"), v.iter().all(|&x| x == 0), true)?;
+    check(
+        || format!("calloc content on PE {next}"),
+        v.iter().all(|&x| x == 0),
+        true,
+    )?;
     // Reuse after free: the same block comes back.
     pe.free(a)?;
     let a2 = pe.malloc(1000)?;
-    check(|| "offset reused after free".into(), a2.offset(), a.offset())?;
+    check(
+        || "offset reused after free".into(),
+        a2.offset(),
+        a.offset(),
+    )?;
     // The same allocation sequence gives the same offsets on every PE.
     let offs = [a2.offset() as u64, b.offset() as u64, c.offset() as u64];
-    let all = pe.boot().allgather(&pe.world().group(), &offs.map(u64::to_le_bytes).concat())?;
+    let all = pe
+        .boot()
+        .allgather(&pe.world().group(), &offs.map(u64::to_le_bytes).concat())?;
     for (r, o) in all.iter().enumerate() {
-        check(|| format!("offsets of PE {r} equal mine"), o.as_slice(), &offs.map(u64::to_le_bytes).concat()[..])?;
+        check(
+            || format!("offsets of PE {r} equal mine"),
+            o.as_slice(),
+            &offs.map(u64::to_le_bytes).concat()[..],
+        )?;
     }
     pe.free(a2)?;
     pe.free(b)?;
     pe.free(c)?;
-    check(|| "free bytes after freeing everything".into(), pe.heap_free().0, free0)?;
+    check(
+        || "free bytes after freeing everything".into(),
+        pe.heap_free().0,
+        free0,
+    )?;
     // Zero-size allocation.
     let z = pe.malloc(0)?;
     check(|| "malloc(0) length".into(), z.len(), 0)?;
@@ -139,7 +207,9 @@ fn put_get(pe: &Pe) -> Result<()> {
             pe.barrier_all()?;
             let mut got = vec![0u8; size];
             pe.get(&mut got, dest, me)?;
-            let want: Vec<u8> = (0..size).map(|i| (pat(prev, i + skew) % 251) as u8).collect();
+            let want: Vec<u8> = (0..size)
+                .map(|i| (pat(prev, i + skew) % 251) as u8)
+                .collect();
             if got != want {
                 let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
                 return Err(Error::Verification(format!(
@@ -155,7 +225,11 @@ fn put_get(pe: &Pe) -> Result<()> {
                 pe.get_nbi(&mut back, dest, next)?;
                 pe.quiet();
             }
-            check(|| format!("get of {size} B from PE {next}"), back == src, true)?;
+            check(
+                || format!("get of {size} B from PE {next}"),
+                back == src,
+                true,
+            )?;
             pe.barrier_all()?;
         }
     }
@@ -170,7 +244,11 @@ fn put_get(pe: &Pe) -> Result<()> {
     pe.get(&mut all, w, me)?;
     for s in 0..n {
         for i in 0..4 {
-            check(|| format!("u64 put from PE {s}, element {i}"), all[s * 4 + i], pat(s, i))?;
+            check(
+                || format!("u64 put from PE {s}, element {i}"),
+                all[s * 4 + i],
+                pat(s, i),
+            )?;
         }
     }
     let f = pe.calloc::<f64>(3)?;
@@ -178,7 +256,11 @@ fn put_get(pe: &Pe) -> Result<()> {
     pe.barrier_all()?;
     let mut fv = [0f64; 3];
     pe.get(&mut fv, f, me)?;
-    check(|| "f64 put".into(), fv, [prev as f64 + 0.5, -1.25, f64::MAX])?;
+    check(
+        || "f64 put".into(),
+        fv,
+        [prev as f64 + 0.5, -1.25, f64::MAX],
+    )?;
     pe.barrier_all()?;
     pe.free(f)?;
     pe.free(w)?;
@@ -201,16 +283,38 @@ fn p_g(pe: &Pe) -> Result<()> {
     pe.p(af.at(0), me as f32 * 0.25, next)?;
     pe.barrier_all()?;
     check(|| "p/g u8".into(), pe.g(a8.at(3), me)?, prev as u8 + 1)?;
-    check(|| "p/g i16".into(), pe.g(a16.at(1), me)?, -(prev as i16) - 7)?;
-    check(|| "p/g u32".into(), pe.g(a32.at(2), me)?, 0xDEAD_0000 | prev as u32)?;
-    check(|| "p/g i64".into(), pe.g(a64.at(3), me)?, -(pat(prev, 1) as i64))?;
+    check(
+        || "p/g i16".into(),
+        pe.g(a16.at(1), me)?,
+        -(prev as i16) - 7,
+    )?;
+    check(
+        || "p/g u32".into(),
+        pe.g(a32.at(2), me)?,
+        0xDEAD_0000 | prev as u32,
+    )?;
+    check(
+        || "p/g i64".into(),
+        pe.g(a64.at(3), me)?,
+        -(pat(prev, 1) as i64),
+    )?;
     check(|| "p/g f32".into(), pe.g(af.at(0), me)?, prev as f32 * 0.25)?;
     // g from a remote PE reads what *its* predecessor (me) wrote.
-    check(|| format!("g from PE {next}"), pe.g(a32.at(2), next)?, 0xDEAD_0000 | me as u32)?;
+    check(
+        || format!("g from PE {next}"),
+        pe.g(a32.at(2), next)?,
+        0xDEAD_0000 | me as u32,
+    )?;
     // Untouched neighbours stay zero.
     check(|| "p wrote only its element".into(), pe.g(a8.at(2), me)?, 0)?;
     pe.barrier_all()?;
-    for x in [a8.offset(), a16.offset(), a32.offset(), a64.offset(), af.offset()] {
+    for x in [
+        a8.offset(),
+        a16.offset(),
+        a32.offset(),
+        a64.offset(),
+        af.offset(),
+    ] {
         pe.free(SymPtr::<u8>::from_raw(x, 1))?;
     }
     Ok(())
@@ -235,7 +339,11 @@ fn signal(pe: &Pe) -> Result<()> {
         let mut got = vec![0u64; 512];
         pe.get(&mut got, data, me)?;
         for (i, &g) in got.iter().enumerate() {
-            check(|| format!("put_signal data round {k} element {i} from PE {prev}"), g, pat(prev, i) ^ k)?;
+            check(
+                || format!("put_signal data round {k} element {i} from PE {prev}"),
+                g,
+                pat(prev, i) ^ k,
+            )?;
         }
         // Do not overwrite the neighbour's buffer before it has read it.
         pe.barrier_all()?;
@@ -243,10 +351,18 @@ fn signal(pe: &Pe) -> Result<()> {
     check(|| "signal_fetch".into(), pe.signal_fetch(sig.at(0))?, 20)?;
     // SET and signal_op.
     pe.signal_op(sig.at(1), 1000 + me as u64, SignalOp::Set, next)?;
-    check(|| "signal SET".into(), pe.signal_wait_until(sig.at(1), Cmp::Eq, 1000 + prev as u64)?, 1000 + prev as u64)?;
+    check(
+        || "signal SET".into(),
+        pe.signal_wait_until(sig.at(1), Cmp::Eq, 1000 + prev as u64)?,
+        1000 + prev as u64,
+    )?;
     pe.barrier_all()?;
     pe.signal_op(sig.at(1), 5, SignalOp::Add, next)?;
-    check(|| "signal ADD".into(), pe.signal_wait_until(sig.at(1), Cmp::Eq, 1005 + prev as u64)?, 1005 + prev as u64)?;
+    check(
+        || "signal ADD".into(),
+        pe.signal_wait_until(sig.at(1), Cmp::Eq, 1005 + prev as u64)?,
+        1005 + prev as u64,
+    )?;
     pe.barrier_all()?;
     pe.free(sig)?;
     pe.free(data)?;
@@ -276,11 +392,19 @@ fn wait(pe: &Pe) -> Result<()> {
             Cmp::Lt | Cmp::Le => target + 100,
         };
         pe.atomic_set(iv.at(0), start, me)?;
-        check(|| format!("test {cmp} before"), pe.test(iv.at(0), cmp, target)?, false)?;
+        check(
+            || format!("test {cmp} before"),
+            pe.test(iv.at(0), cmp, target)?,
+            false,
+        )?;
         pe.barrier_all()?;
         pe.atomic_set(iv.at(0), set, next)?;
         pe.wait_until(iv.at(0), cmp, target)?;
-        check(|| format!("test {cmp} after (case {k})"), pe.test(iv.at(0), cmp, target)?, true)?;
+        check(
+            || format!("test {cmp} after (case {k})"),
+            pe.test(iv.at(0), cmp, target)?,
+            true,
+        )?;
         pe.barrier_all()?;
     }
     // wait_until_all / any / some with a status mask, on u32.
@@ -295,14 +419,32 @@ fn wait(pe: &Pe) -> Result<()> {
     let any = pe.wait_until_any(uv, Some(&status), Cmp::Eq, 9)?;
     check(|| "wait_until_any index".into(), any == 1 || any == 3, true)?;
     pe.wait_until_all(uv, Some(&[1, 0, 1, 0]), Cmp::Eq, 9)?;
-    check(|| "wait_until_some".into(), pe.wait_until_some(uv, Some(&status), Cmp::Eq, 9)?, vec![1, 3])?;
-    check(|| "test_all (element 2 unset)".into(), pe.test_all(uv, Some(&status), Cmp::Eq, 9)?, false)?;
-    check(|| "test_any".into(), pe.test_any(uv, None, Cmp::Eq, 9)?, Some(1))?;
-    check(|| "test_some".into(), pe.test_some(uv, None, Cmp::Ne, 9)?, vec![0, 2])?;
+    check(
+        || "wait_until_some".into(),
+        pe.wait_until_some(uv, Some(&status), Cmp::Eq, 9)?,
+        vec![1, 3],
+    )?;
+    check(
+        || "test_all (element 2 unset)".into(),
+        pe.test_all(uv, Some(&status), Cmp::Eq, 9)?,
+        false,
+    )?;
+    check(
+        || "test_any".into(),
+        pe.test_any(uv, None, Cmp::Eq, 9)?,
+        Some(1),
+    )?;
+    check(
+        || "test_some".into(),
+        pe.test_some(uv, None, Cmp::Ne, 9)?,
+        vec![0, 2],
+    )?;
     // status of the wrong length is refused.
-    expect_err("status length", pe.test_all(uv, Some(&[0]), Cmp::Eq, 9), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    })?;
+    expect_err(
+        "status length",
+        pe.test_all(uv, Some(&[0]), Cmp::Eq, 9),
+        |e| matches!(e, Error::InvalidArgument(_)),
+    )?;
     let _ = (n, prev);
     pe.barrier_all()?;
     pe.free(uv)?;
@@ -310,7 +452,10 @@ fn wait(pe: &Pe) -> Result<()> {
     Ok(())
 }
 
-fn atomics_one<T: AtomicInt + From<u8> + std::ops::Add<Output = T>>(pe: &Pe, base: T) -> Result<()> {
+fn atomics_one<T: AtomicInt + From<u8> + std::ops::Add<Output = T>>(
+    pe: &Pe,
+    base: T,
+) -> Result<()> {
     let me = pe.my_pe();
     let (next, prev) = neighbours(pe);
     let w = pe.calloc::<T>(8)?;
@@ -318,24 +463,68 @@ fn atomics_one<T: AtomicInt + From<u8> + std::ops::Add<Output = T>>(pe: &Pe, bas
     let name = std::any::type_name::<T>();
     // Everyone operates on its successor's words; each check reads back on the owner.
     pe.atomic_set(w.at(0), base, next)?;
-    check(|| format!("{name} fetch"), pe.atomic_fetch(w.at(0), next)?, base)?;
-    check(|| format!("{name} swap"), pe.atomic_swap(w.at(0), t(5), next)?, base)?;
-    check(|| format!("{name} cswap fail"), pe.atomic_compare_swap(w.at(0), t(6), t(9), next)?, t(5))?;
-    check(|| format!("{name} cswap ok"), pe.atomic_compare_swap(w.at(0), t(5), t(9), next)?, t(5))?;
-    check(|| format!("{name} fetch_add"), pe.atomic_fetch_add(w.at(0), t(3), next)?, t(9))?;
+    check(
+        || format!("{name} fetch"),
+        pe.atomic_fetch(w.at(0), next)?,
+        base,
+    )?;
+    check(
+        || format!("{name} swap"),
+        pe.atomic_swap(w.at(0), t(5), next)?,
+        base,
+    )?;
+    check(
+        || format!("{name} cswap fail"),
+        pe.atomic_compare_swap(w.at(0), t(6), t(9), next)?,
+        t(5),
+    )?;
+    check(
+        || format!("{name} cswap ok"),
+        pe.atomic_compare_swap(w.at(0), t(5), t(9), next)?,
+        t(5),
+    )?;
+    check(
+        || format!("{name} fetch_add"),
+        pe.atomic_fetch_add(w.at(0), t(3), next)?,
+        t(9),
+    )?;
     pe.atomic_add(w.at(0), t(2), next)?;
-    check(|| format!("{name} fetch_inc"), pe.atomic_fetch_inc(w.at(0), next)?, t(14))?;
+    check(
+        || format!("{name} fetch_inc"),
+        pe.atomic_fetch_inc(w.at(0), next)?,
+        t(14),
+    )?;
     pe.atomic_inc(w.at(0), next)?;
     pe.atomic_set(w.at(1), t(0b1100), next)?;
-    check(|| format!("{name} fetch_and"), pe.atomic_fetch_and(w.at(1), t(0b1010), next)?, t(0b1100))?;
-    check(|| format!("{name} fetch_or"), pe.atomic_fetch_or(w.at(1), t(0b0001), next)?, t(0b1000))?;
-    check(|| format!("{name} fetch_xor"), pe.atomic_fetch_xor(w.at(1), t(0b1111), next)?, t(0b1001))?;
+    check(
+        || format!("{name} fetch_and"),
+        pe.atomic_fetch_and(w.at(1), t(0b1010), next)?,
+        t(0b1100),
+    )?;
+    check(
+        || format!("{name} fetch_or"),
+        pe.atomic_fetch_or(w.at(1), t(0b0001), next)?,
+        t(0b1000),
+    )?;
+    check(
+        || format!("{name} fetch_xor"),
+        pe.atomic_fetch_xor(w.at(1), t(0b1111), next)?,
+        t(0b1001),
+    )?;
     pe.atomic_and(w.at(1), t(0b0111), next)?; // 0110 & 0111
     pe.atomic_or(w.at(1), t(0b1000), next)?; // 1110
     pe.atomic_xor(w.at(1), t(0b0011), next)?; // 1101
     pe.barrier_all()?;
-    check(|| format!("{name} final value from PE {prev}"), pe.atomic_fetch(w.at(0), me)?, t(16))?;
-    check(|| format!("{name} final bits from PE {prev}"), pe.atomic_fetch(w.at(1), me)?, t(0b1101))?;
+    check(
+        || format!("{name} final value from PE {prev}"),
+        pe.atomic_fetch(w.at(0), me)?,
+        t(16),
+    )?;
+    check(
+        || format!("{name} final bits from PE {prev}"),
+        pe.atomic_fetch(w.at(1), me)?,
+        t(0b1101),
+    )?;
     pe.barrier_all()?;
     pe.free(w)?;
     Ok(())
@@ -362,12 +551,14 @@ fn atomics_concurrent(pe: &Pe) -> Result<()> {
     const K: usize = 2000;
     let ctr = pe.calloc::<u64>(4)?;
     let seen = pe.calloc::<u64>(n * K)?; // on PE 0: which fetch_inc tickets were handed out
-    // All PEs hammer PE 0's words at once.
+                                         // All PEs hammer PE 0's words at once.
     for i in 0..K {
         pe.atomic_add(ctr.at(0), me as u64 + 1, 0)?;
         let ticket = pe.atomic_fetch_inc(ctr.at(1), 0)? as usize;
         if ticket >= n * K {
-            return Err(Error::Verification(format!("fetch_inc ticket {ticket} out of range")));
+            return Err(Error::Verification(format!(
+                "fetch_inc ticket {ticket} out of range"
+            )));
         }
         pe.p(seen.at(ticket), 1 + i as u64, 0)?;
         // CAS loop increment.
@@ -384,15 +575,35 @@ fn atomics_concurrent(pe: &Pe) -> Result<()> {
     pe.barrier_all()?;
     if me == 0 {
         let sum: u64 = (1..=n as u64).sum::<u64>() * K as u64;
-        check(|| "sum of concurrent atomic_add".into(), pe.atomic_fetch(ctr.at(0), 0)?, sum)?;
-        check(|| "fetch_inc count".into(), pe.atomic_fetch(ctr.at(1), 0)?, (n * K) as u64)?;
-        check(|| "CAS-loop count".into(), pe.atomic_fetch(ctr.at(2), 0)?, (n * K) as u64)?;
+        check(
+            || "sum of concurrent atomic_add".into(),
+            pe.atomic_fetch(ctr.at(0), 0)?,
+            sum,
+        )?;
+        check(
+            || "fetch_inc count".into(),
+            pe.atomic_fetch(ctr.at(1), 0)?,
+            (n * K) as u64,
+        )?;
+        check(
+            || "CAS-loop count".into(),
+            pe.atomic_fetch(ctr.at(2), 0)?,
+            (n * K) as u64,
+        )?;
         let mask = (0..n).fold(0u64, |m, r| m | 1 << (r % 64));
-        check(|| "atomic_or mask".into(), pe.atomic_fetch(ctr.at(3), 0)?, mask)?;
+        check(
+            || "atomic_or mask".into(),
+            pe.atomic_fetch(ctr.at(3), 0)?,
+            mask,
+        )?;
         let mut tickets = vec![0u64; n * K];
         pe.get(&mut tickets, seen, 0)?;
         let missing = tickets.iter().filter(|&&t| t == 0).count();
-        check(|| "every fetch_inc ticket handed out exactly once".into(), missing, 0)?;
+        check(
+            || "every fetch_inc ticket handed out exactly once".into(),
+            missing,
+            0,
+        )?;
     }
     pe.barrier_all()?;
     pe.free(seen)?;
@@ -428,20 +639,57 @@ fn teams(pe: &Pe) -> Result<()> {
     let world = pe.world().clone();
     check(|| "world my_pe".into(), world.my_pe(), me)?;
     check(|| "world n_pes".into(), world.n_pes(), n)?;
-    check(|| "node team has me".into(), pe.node().members().contains(&(me as u32)), true)?;
+    check(
+        || "node team has me".into(),
+        pe.node().members().contains(&(me as u32)),
+        true,
+    )?;
     // Even and odd PEs.
     let evens = pe.team_split_strided(&world, 0, 2, n.div_ceil(2))?;
-    let odds = if n > 1 { pe.team_split_strided(&world, 1, 2, n / 2)? } else { None };
+    let odds = if n > 1 {
+        pe.team_split_strided(&world, 1, 2, n / 2)?
+    } else {
+        None
+    };
     let mine = if me % 2 == 0 { &evens } else { &odds };
-    let team = mine.as_ref().ok_or_else(|| Error::Verification("not in my parity team".into()))?;
+    let team = mine
+        .as_ref()
+        .ok_or_else(|| Error::Verification("not in my parity team".into()))?;
     let other = if me % 2 == 0 { &odds } else { &evens };
-    check(|| "member of one parity team only".into(), other.is_none(), true)?;
+    check(
+        || "member of one parity team only".into(),
+        other.is_none(),
+        true,
+    )?;
     check(|| "team my_pe".into(), team.my_pe(), me / 2)?;
-    check(|| "team n_pes".into(), team.n_pes(), if me % 2 == 0 { n.div_ceil(2) } else { n / 2 })?;
-    check(|| "translate to world".into(), team.translate_pe(team.my_pe(), &world), Some(me))?;
-    check(|| "translate from world".into(), world.translate_pe(me, team), Some(me / 2))?;
-    check(|| "translate a non-member".into(), world.translate_pe((me + 1) % n, team), if n == 1 { Some(0) } else { None })?;
-    check(|| "translate out of range".into(), team.translate_pe(n, &world), None)?;
+    check(
+        || "team n_pes".into(),
+        team.n_pes(),
+        if me % 2 == 0 { n.div_ceil(2) } else { n / 2 },
+    )?;
+    check(
+        || "translate to world".into(),
+        team.translate_pe(team.my_pe(), &world),
+        Some(me),
+    )?;
+    check(
+        || "translate from world".into(),
+        world.translate_pe(me, team),
+        Some(me / 2),
+    )?;
+    if n > 1 {
+        let other_parity = 1 - me % 2;
+        check(
+            || "translate a non-member".into(),
+            world.translate_pe(other_parity, team),
+            None,
+        )?;
+    }
+    check(
+        || "translate out of range".into(),
+        team.translate_pe(n, &world),
+        None,
+    )?;
     // Team barrier: count arrivals on the team's first member.
     let ctr = pe.calloc::<u64>(1)?;
     let lead = team.world_pe(0).unwrap_or(0);
@@ -450,14 +698,18 @@ fn teams(pe: &Pe) -> Result<()> {
         pe.team_barrier(team)?;
         let v = pe.atomic_fetch(ctr, lead)?;
         if v < team.n_pes() as u64 * k {
-            return Err(Error::Verification(format!("team barrier {k}: only {v} arrivals")));
+            return Err(Error::Verification(format!(
+                "team barrier {k}: only {v} arrivals"
+            )));
         }
         pe.sync_team(team)?;
     }
     // A split of a split, then destroy and re-create: the slot is reused.
     let sub = pe.team_split_strided(team, 0, 1, 1)?;
     if team.my_pe() == 0 {
-        let s = sub.as_ref().ok_or_else(|| Error::Verification("sub-team missing".into()))?;
+        let s = sub
+            .as_ref()
+            .ok_or_else(|| Error::Verification("sub-team missing".into()))?;
         check(|| "sub-team size".into(), s.n_pes(), 1)?;
     }
     let slot_before = team.slot();
@@ -469,24 +721,37 @@ fn teams(pe: &Pe) -> Result<()> {
         pe.team_destroy(t)?;
     }
     pe.barrier_all()?;
-    let again = pe.team_split_strided(&world, 0, 1, n)?
+    let again = pe
+        .team_split_strided(&world, 0, 1, n)?
         .ok_or_else(|| Error::Verification("full split excludes me".into()))?;
-    check(|| "lowest slot reused after destroy".into(), (slot_before, again.slot()), (2, 2))?;
+    check(
+        || "lowest slot reused after destroy".into(),
+        (slot_before, again.slot()),
+        (2, 2),
+    )?;
     pe.team_barrier(&again)?;
     pe.team_destroy(again)?;
     // Bad arguments and mismatches fail on every PE.
-    expect_err("split with stride 0", pe.team_split_strided(&world, 0, 0, 1), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    })?;
-    expect_err("split past the end", pe.team_split_strided(&world, 0, 1, n + 1), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    })?;
+    expect_err(
+        "split with stride 0",
+        pe.team_split_strided(&world, 0, 0, 1),
+        |e| matches!(e, Error::InvalidArgument(_)),
+    )?;
+    expect_err(
+        "split past the end",
+        pe.team_split_strided(&world, 0, 1, n + 1),
+        |e| matches!(e, Error::InvalidArgument(_)),
+    )?;
     if n > 1 {
-        expect_err("split with mismatched sizes", pe.team_split_strided(&world, 0, 1, 1 + me % 2), |e| {
-            matches!(e, Error::CollectiveMismatch { .. })
-        })?;
+        expect_err(
+            "split with mismatched sizes",
+            pe.team_split_strided(&world, 0, 1, 1 + me % 2),
+            |e| matches!(e, Error::CollectiveMismatch { .. }),
+        )?;
     }
-    expect_err("destroy world", pe.team_destroy(world), |e| matches!(e, Error::InvalidArgument(_)))?;
+    expect_err("destroy world", pe.team_destroy(world), |e| {
+        matches!(e, Error::InvalidArgument(_))
+    })?;
     pe.barrier_all()?;
     pe.free(ctr)
 }
@@ -495,26 +760,40 @@ fn bad_input(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
     let me = pe.my_pe();
     let w = pe.calloc::<u64>(4)?;
-    expect_err("put to a PE that does not exist", pe.put(w, &[1u64], n), |e| {
-        matches!(e, Error::InvalidPe { pe, .. } if *pe == n)
+    expect_err(
+        "put to a PE that does not exist",
+        pe.put(w, &[1u64], n),
+        |e| matches!(e, Error::InvalidPe { pe, .. } if *pe == n),
+    )?;
+    expect_err("get from a PE that does not exist", pe.g(w, n + 5), |e| {
+        matches!(e, Error::InvalidPe { .. })
     })?;
-    expect_err("get from a PE that does not exist", pe.g(w, n + 5), |e| matches!(e, Error::InvalidPe { .. }))?;
     let heap = pe.heap_size();
     let beyond = SymPtr::<u64>::from_raw(heap - 8, 2);
-    expect_err("put past the heap end", pe.put(beyond, &[1, 2], me), |e| {
-        matches!(e, Error::OutOfBounds { offset, len: 16, .. } if *offset == heap - 8)
-    })?;
+    expect_err(
+        "put past the heap end",
+        pe.put(beyond, &[1, 2], me),
+        |e| matches!(e, Error::OutOfBounds { offset, len: 16, .. } if *offset == heap - 8),
+    )?;
     let reserved = SymPtr::<u64>::from_raw(0, 1);
-    expect_err("put into the runtime region", pe.p(reserved, 1, me), |e| matches!(e, Error::OutOfBounds { .. }))?;
+    expect_err("put into the runtime region", pe.p(reserved, 1, me), |e| {
+        matches!(e, Error::OutOfBounds { .. })
+    })?;
     let huge = SymPtr::<u8>::from_raw(usize::MAX - 4, 100);
-    expect_err("overflowing range", pe.get(&mut [0u8; 100], huge, me), |e| matches!(e, Error::OutOfBounds { .. }))?;
+    expect_err(
+        "overflowing range",
+        pe.get(&mut [0u8; 100], huge, me),
+        |e| matches!(e, Error::OutOfBounds { .. }),
+    )?;
     let mis = SymPtr::<u64>::from_raw(w.offset() + 4, 1);
     expect_err("misaligned atomic", pe.atomic_fetch_add(mis, 1, me), |e| {
         matches!(e, Error::Misaligned { align: 8, .. })
     })?;
-    expect_err("put longer than its destination", pe.put(w, &[0u64; 5], me), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    })?;
+    expect_err(
+        "put longer than its destination",
+        pe.put(w, &[0u64; 5], me),
+        |e| matches!(e, Error::InvalidArgument(_)),
+    )?;
     // Nothing was written by the refused calls.
     let mut v = [9u64; 4];
     pe.get(&mut v, w, me)?;
@@ -522,18 +801,30 @@ fn bad_input(pe: &Pe) -> Result<()> {
     // Collective mismatches and exhaustion fail on every PE, and lose nothing.
     let (free0, _) = pe.heap_free();
     if n > 1 {
-        expect_err("malloc with different sizes", pe.malloc(64 * (me + 1)), |e| {
-            matches!(e, Error::CollectiveMismatch { op: "malloc", .. })
-        })?;
+        expect_err(
+            "malloc with different sizes",
+            pe.malloc(64 * (me + 1)),
+            |e| matches!(e, Error::CollectiveMismatch { op: "malloc", .. }),
+        )?;
     }
-    expect_err("malloc beyond the heap", pe.malloc(heap), |e| {
-        matches!(e, Error::HeapExhausted { requested, .. } if *requested == heap)
-    })?;
-    expect_err("align not a power of two", pe.align(48, 64), |e| matches!(e, Error::InvalidArgument(_)))?;
-    expect_err("free of a non-allocation", pe.free(SymPtr::<u8>::from_raw(w.offset() + 16, 1)), |e| {
+    expect_err(
+        "malloc beyond the heap",
+        pe.malloc(heap),
+        |e| matches!(e, Error::HeapExhausted { requested, .. } if *requested == heap),
+    )?;
+    expect_err("align not a power of two", pe.align(48, 64), |e| {
         matches!(e, Error::InvalidArgument(_))
     })?;
-    check(|| "heap free bytes unchanged after refused collectives".into(), pe.heap_free().0, free0)?;
+    expect_err(
+        "free of a non-allocation",
+        pe.free(SymPtr::<u8>::from_raw(w.offset() + 16, 1)),
+        |e| matches!(e, Error::InvalidArgument(_)),
+    )?;
+    check(
+        || "heap free bytes unchanged after refused collectives".into(),
+        pe.heap_free().0,
+        free0,
+    )?;
     // The heap still works.
     let x = pe.malloc(128)?;
     pe.free(x)?;

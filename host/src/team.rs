@@ -38,7 +38,13 @@ struct TeamInner {
 }
 
 impl Team {
-    pub(crate) fn new(uid: u64, members: Vec<u32>, world_rank: usize, slot: usize, p2p: bool) -> Team {
+    pub(crate) fn new(
+        uid: u64,
+        members: Vec<u32>,
+        world_rank: usize,
+        slot: usize,
+        p2p: bool,
+    ) -> Team {
         let my_index = members
             .iter()
             .position(|&m| m as usize == world_rank)

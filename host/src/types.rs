@@ -84,7 +84,11 @@ impl<T> SymPtr<T> {
     /// Element `i` as a one-element pointer. Panics if `i >= len` (a programming error,
     /// like slice indexing).
     pub fn at(&self, i: usize) -> SymPtr<T> {
-        assert!(i < self.len, "SymPtr index {i} out of range (len {})", self.len);
+        assert!(
+            i < self.len,
+            "SymPtr index {i} out of range (len {})",
+            self.len
+        );
         SymPtr::from_raw(self.offset + i * std::mem::size_of::<T>(), 1)
     }
     /// A sub-range of elements. Panics if the range exceeds `len`.

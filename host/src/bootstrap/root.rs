@@ -1,0 +1,595 @@
+//! The bootstrap root: the hub every PE connects to.
+//!
+//! Owns the listening socket, the handshake checks, the table of joined PEs, the pending
+//! collectives and death reports. It must never be crashed, blocked or wedged by what a
+//! connection sends: every connection has its own reader thread (handshake reads bounded by
+//! [`HANDSHAKE_TIMEOUT`]) and its own writer thread fed by a channel, so the shared state
+//! lock is only ever held for in-memory work, never across socket I/O.
+//!
+//! Threads: one accept thread (stopped by dropping the [`Root`]), and per joined PE a reader
+//! and a writer thread, which end when that PE's connection closes.
+use super::lock;
+use super::socket;
+use super::wire::{
+    self, CollectiveOp, Contribution, FailKind, Frame, Hello, ReadError, MAX_FRAME, MAX_HELLO_FRAME,
+};
+use crate::error::{Error, Result};
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// How long a new connection may take to send its hello.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a write to one PE may block before that PE is considered unreachable.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the accept thread checks whether the Root was dropped.
+const ACCEPT_POLL_MS: libc::c_int = 50;
+/// At most this many missing ranks are listed in a join status.
+const MAX_MISSING_LISTED: usize = 16;
+
+/// The bootstrap root (hub): accepts PEs, runs collectives, reports deaths.
+///
+/// Dropping the `Root` stops accepting new connections (within ~50 ms; the listening port
+/// is closed when `drop` returns). PEs already connected are not disturbed: their
+/// connection threads keep serving collectives and death reports until each PE leaves
+/// (finalize or close). A job whose PEs have all joined therefore survives its root handle
+/// being dropped early; a job still waiting for PEs will not get them.
+pub struct Root {
+    local_addr: SocketAddr,
+    hub: Arc<Hub>,
+    accept_thread: Option<JoinHandle<()>>,
+}
+
+/// State shared by the root's threads.
+struct Hub {
+    world_size: usize,
+    token: Vec<u8>,
+    job_id: String,
+    /// Set by `Root::drop`; read by the accept thread.
+    stop: AtomicBool,
+    state: Mutex<HubState>,
+}
+
+struct HubState {
+    /// Connected PEs, index = rank.
+    peers: Vec<Option<Peer>>,
+    /// Ranks that have ever joined (a rank joins once per job).
+    has_joined: Vec<bool>,
+    joined: usize,
+    node_ids: Vec<String>,
+    pending: HashMap<(u64, u64), Pending>,
+    /// The first death: once set, the job is broken and pending collectives are dropped.
+    broken: Option<(u32, String)>,
+}
+
+struct Peer {
+    /// Encoded frames for this PE's writer thread (order preserved).
+    tx: mpsc::Sender<Arc<[u8]>>,
+    finalized: bool,
+}
+
+/// A collective some members have contributed to.
+struct Pending {
+    op: CollectiveOp,
+    arg: u64,
+    members: Vec<u32>,
+    first: u32,
+    payloads: Vec<Option<Vec<u8>>>,
+    arrived: usize,
+    /// Set on mismatch: the reason, and the ranks already told.
+    failed: Option<(String, HashSet<u32>)>,
+}
+
+fn log(msg: impl std::fmt::Display) {
+    eprintln!("rshmem bootstrap: {msg}");
+}
+
+fn random_job_id() -> Result<String> {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| Error::io("reading /dev/urandom for the job id", e))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+impl Root {
+    /// Binds `addr` (e.g. `127.0.0.1:0`, `0.0.0.0:29500`, `host:port`) and starts serving a
+    /// job of `world_size` PEs that must present `token`. Returns immediately.
+    pub fn bind(addr: &str, world_size: usize, token: &str) -> Result<Root> {
+        if world_size == 0 || world_size > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "bootstrap root for {world_size} PEs: the job needs 1 to {} PEs",
+                u32::MAX
+            )));
+        }
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| Error::bootstrap(format!("binding the bootstrap root to {addr}"), e))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| Error::bootstrap("reading the bootstrap root's address", e))?;
+        // Non-blocking, so a connection that vanishes between poll and accept cannot block
+        // the accept thread past a stop request.
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::bootstrap("configuring the bootstrap listener", e))?;
+        let hub = Arc::new(Hub {
+            world_size,
+            token: token.as_bytes().to_vec(),
+            job_id: random_job_id()?,
+            stop: AtomicBool::new(false),
+            state: Mutex::new(HubState {
+                peers: (0..world_size).map(|_| None).collect(),
+                has_joined: vec![false; world_size],
+                joined: 0,
+                node_ids: vec![String::new(); world_size],
+                pending: HashMap::new(),
+                broken: None,
+            }),
+        });
+        let h = hub.clone();
+        let accept_thread = thread::Builder::new()
+            .name("rshmem-root-accept".into())
+            .spawn(move || accept_loop(&h, listener))
+            .map_err(|e| Error::bootstrap("spawning the bootstrap accept thread", e))?;
+        Ok(Root {
+            local_addr,
+            hub,
+            accept_thread: Some(accept_thread),
+        })
+    }
+
+    /// The address the root listens on (with the port chosen when binding port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// This job's id: 16 random hex characters.
+    pub fn job_id(&self) -> &str {
+        &self.hub.job_id
+    }
+
+    /// How many PEs have joined so far.
+    pub fn joined(&self) -> usize {
+        lock(&self.hub.state).joined
+    }
+
+    /// Waits (at most `timeout`) until every PE that joined has left — finalized or died —
+    /// or the job broke. A PE hosting the root calls this before its process exits, so the
+    /// other PEs' farewells are still answered.
+    pub fn wait_all_left(&self, timeout: std::time::Duration) {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < timeout {
+            {
+                let st = lock(&self.hub.state);
+                if st.broken.is_some() || (st.joined > 0 && st.peers.iter().all(|p| p.is_none())) {
+                    return;
+                }
+            }
+            thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for Root {
+    fn drop(&mut self) {
+        // Relaxed: the flag carries no data; the accept thread only needs to see it
+        // eventually, and the join below waits for it.
+        self.hub.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.accept_thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(hub: &Arc<Hub>, listener: TcpListener) {
+    // Relaxed: see `Root::drop`.
+    while !hub.stop.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: pfd is one valid pollfd on our stack and the count passed is 1; the fd
+        // stays open while `listener` lives (all of this function).
+        let rc = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
+        if rc <= 0 {
+            continue; // timeout, or EINTR
+        }
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let h = hub.clone();
+                let spawned = thread::Builder::new()
+                    .name("rshmem-root-conn".into())
+                    .spawn(move || serve_connection(&h, stream, peer));
+                if let Err(e) = spawned {
+                    log(format!(
+                        "dropped connection from {peer}: cannot spawn a thread: {e}"
+                    ));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                // E.g. out of file descriptors: back off instead of spinning.
+                log(format!("accept failed: {e}"));
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// Sends a refusal (best effort) and logs it.
+fn refuse(stream: &mut TcpStream, peer: SocketAddr, reason: &str) {
+    log(format!("refused connection from {peer}: {reason}"));
+    let _ = stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
+    let _ = wire::write_frame(
+        stream,
+        &Frame::Refused {
+            reason: reason.to_string(),
+        },
+    );
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+fn serve_connection(hub: &Arc<Hub>, mut stream: TcpStream, peer: SocketAddr) {
+    let setup = stream
+        .set_nonblocking(false)
+        .and_then(|()| socket::tune(&stream))
+        .and_then(|()| stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)))
+        .and_then(|()| stream.set_write_timeout(Some(WRITE_TIMEOUT)));
+    if let Err(e) = setup {
+        log(format!(
+            "dropped connection from {peer}: configuring the socket: {e}"
+        ));
+        return;
+    }
+    let hello = match wire::read_frame(&mut stream, MAX_HELLO_FRAME) {
+        Ok(Frame::Hello(h)) => h,
+        Ok(other) => {
+            let reason = format!("expected a hello frame, got {}", frame_name(&other));
+            return refuse(&mut stream, peer, &reason);
+        }
+        Err(ReadError::Malformed(e)) => {
+            return refuse(&mut stream, peer, &format!("malformed hello: {e}"));
+        }
+        Err(ReadError::Closed) => {
+            return log(format!(
+                "dropped connection from {peer}: closed before sending a hello"
+            ));
+        }
+        Err(ReadError::Io(e)) => {
+            let why = if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                format!("no hello within {} s", HANDSHAKE_TIMEOUT.as_secs())
+            } else {
+                format!("reading the hello: {e}")
+            };
+            return log(format!("dropped connection from {peer}: {why}"));
+        }
+    };
+    let rank = match admit(hub, &stream, &hello) {
+        Ok(rank) => rank,
+        Err(reason) => return refuse(&mut stream, peer, &reason),
+    };
+    if let Err(e) = stream.set_read_timeout(None) {
+        log(format!(
+            "PE {rank} ({peer}): clearing the read timeout: {e}"
+        ));
+    }
+    // Read frames until the PE leaves.
+    let mut finalized = false;
+    let death = loop {
+        match wire::read_frame(&mut stream, MAX_FRAME) {
+            Ok(Frame::Collective(c)) => on_collective(hub, rank, c),
+            Ok(Frame::Finalize) => {
+                finalized = true;
+                let mut st = lock(&hub.state);
+                if let Some(p) = st.peers[rank as usize].as_mut() {
+                    p.finalized = true;
+                    let _ = p.tx.send(Arc::from(Frame::FinalizeAck.encode()));
+                }
+            }
+            Ok(Frame::JoinStatusQuery) => {
+                let mut st = lock(&hub.state);
+                let missing: Vec<u32> = (0..hub.world_size as u32)
+                    .filter(|&r| !st.has_joined[r as usize])
+                    .take(MAX_MISSING_LISTED)
+                    .collect();
+                let status = Frame::JoinStatus {
+                    joined: st.joined as u32,
+                    world_size: hub.world_size as u32,
+                    missing,
+                };
+                send(&mut st, rank, Arc::from(status.encode()));
+            }
+            Ok(other) => {
+                break Some(format!(
+                    "sent an unexpected {} frame to the bootstrap root",
+                    frame_name(&other)
+                ))
+            }
+            Err(ReadError::Closed) if finalized => break None,
+            Err(ReadError::Closed) => {
+                break Some(
+                    "connection to the bootstrap root closed without finalize \
+                     (the process exited or was killed, or dropped its Bootstrap)"
+                        .to_string(),
+                )
+            }
+            Err(ReadError::Io(e)) if finalized => {
+                let _ = e;
+                break None;
+            }
+            Err(ReadError::Io(e)) => {
+                break Some(format!(
+                    "connection to the bootstrap root failed (exited, killed or unreachable): {e}"
+                ))
+            }
+            Err(ReadError::Malformed(e)) => {
+                break Some(format!("sent a malformed frame to the bootstrap root: {e}"))
+            }
+        }
+    };
+    let _ = stream.shutdown(Shutdown::Both);
+    let mut st = lock(&hub.state);
+    // Dropping the sender ends the writer thread once it has sent what is queued.
+    st.peers[rank as usize] = None;
+    if let Some(detail) = death {
+        log(format!("PE {rank} ({peer}) died: {detail}"));
+        if st.broken.is_none() {
+            st.broken = Some((rank, detail.clone()));
+            st.pending.clear();
+            let msg: Arc<[u8]> = Arc::from(Frame::PeerDied { rank, detail }.encode());
+            for p in st.peers.iter().flatten() {
+                let _ = p.tx.send(msg.clone());
+            }
+        }
+    }
+}
+
+/// Validates a hello and registers the PE; on success the PE has a writer thread and,
+/// if it completed the job, every PE has been sent the welcome. Err: the refusal reason.
+fn admit(hub: &Arc<Hub>, stream: &TcpStream, h: &Hello) -> std::result::Result<u32, String> {
+    if h.magic != wire::MAGIC {
+        return Err("not an rshmem bootstrap client (bad magic)".into());
+    }
+    if h.version != wire::PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol version {} is not supported (the root speaks version {})",
+            h.version,
+            wire::PROTOCOL_VERSION
+        ));
+    }
+    if !socket::constant_time_eq(&h.token, &hub.token) {
+        return Err(format!(
+            "wrong token from rank {} (check RSHMEM_TOKEN: every PE of a job must use the root's)",
+            h.rank
+        ));
+    }
+    if h.world_size as usize != hub.world_size {
+        return Err(format!(
+            "rank {} believes the job has {} PEs, but this root serves {}",
+            h.rank, h.world_size, hub.world_size
+        ));
+    }
+    if h.rank as usize >= hub.world_size {
+        return Err(format!(
+            "rank {} is out of range for a job of {} PEs",
+            h.rank, hub.world_size
+        ));
+    }
+    let rank = h.rank;
+    let mut st = lock(&hub.state);
+    if let Some((dead, detail)) = &st.broken {
+        return Err(format!("the job is broken: PE {dead} died: {detail}"));
+    }
+    if st.has_joined[rank as usize] {
+        return Err(format!("rank {rank} has already joined this job"));
+    }
+    let writer_stream = stream
+        .try_clone()
+        .map_err(|e| format!("root cannot duplicate the socket: {e}"))?;
+    let (tx, rx) = mpsc::channel::<Arc<[u8]>>();
+    thread::Builder::new()
+        .name("rshmem-root-writer".into())
+        .spawn(move || write_loop(writer_stream, rx))
+        .map_err(|e| format!("root cannot spawn a writer thread: {e}"))?;
+    st.peers[rank as usize] = Some(Peer {
+        tx,
+        finalized: false,
+    });
+    st.has_joined[rank as usize] = true;
+    st.node_ids[rank as usize] = h.node_id.clone();
+    st.joined += 1;
+    if st.joined == hub.world_size {
+        let welcome: Arc<[u8]> = Arc::from(
+            Frame::Welcome {
+                job_id: hub.job_id.clone(),
+                node_ids: st.node_ids.clone(),
+            }
+            .encode(),
+        );
+        for p in st.peers.iter().flatten() {
+            let _ = p.tx.send(welcome.clone());
+        }
+    }
+    Ok(rank)
+}
+
+/// Writes queued frames to one PE. On a write failure (the PE stopped reading, or the
+/// link died) the socket is shut down, so its reader sees the close and reports the PE.
+fn write_loop(mut stream: TcpStream, rx: mpsc::Receiver<Arc<[u8]>>) {
+    for msg in rx {
+        if stream
+            .write_all(&msg)
+            .and_then(|()| stream.flush())
+            .is_err()
+        {
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
+
+fn send(st: &mut HubState, rank: u32, msg: Arc<[u8]>) {
+    if let Some(p) = st.peers[rank as usize].as_ref() {
+        let _ = p.tx.send(msg);
+    }
+}
+
+fn fail(st: &mut HubState, rank: u32, c: &Contribution, kind: FailKind, reason: String) {
+    let msg = Frame::CollectiveFailed {
+        uid: c.uid,
+        seq: c.seq,
+        kind,
+        reason,
+    };
+    send(st, rank, Arc::from(msg.encode()));
+}
+
+fn describe(op: CollectiveOp, arg: u64, members: &[u32]) -> String {
+    match op {
+        CollectiveOp::Broadcast => format!("broadcast(root index {arg}) over members {members:?}"),
+        _ => format!("{} over members {members:?}", op.name()),
+    }
+}
+
+fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
+    let mut st = lock(&hub.state);
+    if st.broken.is_some() {
+        // Every connected PE was already sent PeerDied; its waiters fail on that.
+        return;
+    }
+    // The client validates too; this guards the root against a broken or hostile one.
+    let mut seen = HashSet::with_capacity(c.members.len());
+    let invalid = if c.members.is_empty() {
+        Some("the member list is empty".to_string())
+    } else if let Some(&m) = c.members.iter().find(|&&m| m as usize >= hub.world_size) {
+        Some(format!(
+            "member {m} is not a PE of this {}-PE job",
+            hub.world_size
+        ))
+    } else if let Some(&m) = c.members.iter().find(|&&m| !seen.insert(m)) {
+        Some(format!("member {m} is listed twice"))
+    } else if !c.members.contains(&rank) {
+        Some(format!("the caller, PE {rank}, is not a member"))
+    } else if c.op == CollectiveOp::Broadcast && c.arg >= c.members.len() as u64 {
+        Some(format!("root index {} is not a member position", c.arg))
+    } else {
+        None
+    };
+    if let Some(reason) = invalid {
+        return fail(&mut st, rank, &c, FailKind::Invalid, reason);
+    }
+    let key = (c.uid, c.seq);
+    let p = st.pending.entry(key).or_insert_with(|| Pending {
+        op: c.op,
+        arg: c.arg,
+        members: c.members.clone(),
+        first: rank,
+        payloads: vec![None; c.members.len()],
+        arrived: 0,
+        failed: None,
+    });
+    if let Some((reason, told)) = p.failed.as_mut() {
+        if told.insert(rank) {
+            let reason = reason.clone();
+            fail(&mut st, rank, &c, FailKind::Mismatch, reason);
+        }
+        return;
+    }
+    if p.op != c.op || p.arg != c.arg || p.members != c.members {
+        let reason = format!(
+            "call #{} on group {}: PE {} called {}, but PE {} called {}",
+            c.seq,
+            c.uid,
+            rank,
+            describe(c.op, c.arg, &c.members),
+            p.first,
+            describe(p.op, p.arg, &p.members),
+        );
+        // Tell every PE named by either side, once; later arrivals are told on arrival.
+        let told: HashSet<u32> = p.members.iter().chain(&c.members).copied().collect();
+        p.failed = Some((reason.clone(), told.clone()));
+        let msg: Arc<[u8]> = Arc::from(
+            Frame::CollectiveFailed {
+                uid: c.uid,
+                seq: c.seq,
+                kind: FailKind::Mismatch,
+                reason,
+            }
+            .encode(),
+        );
+        for r in told {
+            send(&mut st, r, msg.clone());
+        }
+        return;
+    }
+    let pos = c.members.iter().position(|&m| m == rank).unwrap_or(0);
+    if p.payloads[pos].is_some() {
+        let reason = format!(
+            "PE {rank} contributed twice to call #{} on group {}",
+            c.seq, c.uid
+        );
+        return fail(&mut st, rank, &c, FailKind::Invalid, reason);
+    }
+    p.payloads[pos] = Some(c.payload);
+    p.arrived += 1;
+    if p.arrived < p.members.len() {
+        return;
+    }
+    let Some(done) = st.pending.remove(&key) else {
+        return;
+    };
+    let mut all: Vec<Vec<u8>> = done.payloads.into_iter().flatten().collect();
+    let payloads = match done.op {
+        CollectiveOp::Allgather => all,
+        CollectiveOp::Barrier => Vec::new(),
+        CollectiveOp::Broadcast => vec![std::mem::take(&mut all[done.arg as usize])],
+    };
+    let total: usize = payloads.iter().map(|p| p.len() + 4).sum::<usize>() + 32;
+    let msg = if total > MAX_FRAME {
+        Frame::CollectiveFailed {
+            uid: c.uid,
+            seq: c.seq,
+            kind: FailKind::Invalid,
+            reason: format!(
+                "the result would be {total} bytes, more than the bootstrap's {MAX_FRAME}-byte \
+                 frame limit (move bulk data through the symmetric heap)"
+            ),
+        }
+    } else {
+        Frame::CollectiveDone {
+            uid: c.uid,
+            seq: c.seq,
+            payloads,
+        }
+    };
+    let msg: Arc<[u8]> = Arc::from(msg.encode());
+    for &m in &done.members {
+        send(&mut st, m, msg.clone());
+    }
+}
+
+fn frame_name(f: &Frame) -> &'static str {
+    match f {
+        Frame::Hello(_) => "hello",
+        Frame::Refused { .. } => "refused",
+        Frame::Welcome { .. } => "welcome",
+        Frame::Collective(_) => "collective",
+        Frame::CollectiveDone { .. } => "collective-done",
+        Frame::CollectiveFailed { .. } => "collective-failed",
+        Frame::PeerDied { .. } => "peer-died",
+        Frame::Finalize => "finalize",
+        Frame::FinalizeAck => "finalize-ack",
+        Frame::JoinStatusQuery => "join-status-query",
+        Frame::JoinStatus { .. } => "join-status",
+    }
+}

@@ -1,0 +1,302 @@
+//! Bootstrap collectives with several PEs as threads of this process, against a Root
+//! hosted in the same process. Payloads encode their origin and are checked exactly.
+use rshmem::bootstrap::{Bootstrap, Group, JoinParams, Root};
+use rshmem::Error;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "test-token";
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+fn params(addr: &str, rank: usize, n: usize) -> JoinParams {
+    JoinParams {
+        rank,
+        world_size: n,
+        root_addr: addr.to_string(),
+        token: TOKEN.to_string(),
+        node_id: format!("node{}", rank / 4),
+        timeout: TIMEOUT,
+    }
+}
+
+/// Starts a root for `n` PEs and runs `f(bootstrap)` on one thread per PE.
+fn run_job<T, F>(n: usize, f: F) -> (Root, Vec<T>)
+where
+    T: Send + 'static,
+    F: Fn(Bootstrap) -> T + Send + Sync + 'static,
+{
+    let root = Root::bind("127.0.0.1:0", n, TOKEN).expect("bind root");
+    let addr = root.local_addr().to_string();
+    let f = Arc::new(f);
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let f = f.clone();
+            let p = params(&addr, rank, n);
+            thread::spawn(move || f(Bootstrap::join(&p).expect("join")))
+        })
+        .collect();
+    let out = handles
+        .into_iter()
+        .map(|h| h.join().expect("PE thread panicked"))
+        .collect();
+    (root, out)
+}
+
+/// PE `rank`'s allgather payload for round `round`: its length and bytes depend on both.
+fn payload(rank: usize, round: usize) -> Vec<u8> {
+    let len = (rank * 7 + round) % 23;
+    (0..len)
+        .map(|i| (rank as u8).wrapping_mul(31) ^ (round as u8) ^ i as u8)
+        .collect()
+}
+
+fn world_job(n: usize) {
+    let (root, results) = run_job(n, move |b| {
+        let rank = b.rank();
+        assert_eq!(b.world_size(), n);
+        let world = Group::world(n);
+        let got = b.allgather(&world, &payload(rank, 0)).unwrap();
+        let want: Vec<Vec<u8>> = (0..n).map(|r| payload(r, 0)).collect();
+        assert_eq!(got, want);
+        let bc = b
+            .broadcast(&world, n - 1, format!("from {rank}").as_bytes())
+            .unwrap();
+        assert_eq!(bc, format!("from {}", n - 1).into_bytes());
+        b.barrier(&world).unwrap();
+        let out = (b.job_id().to_string(), b.node_ids().to_vec());
+        b.finalize().unwrap();
+        out
+    });
+    let want_nodes: Vec<String> = (0..n).map(|r| format!("node{}", r / 4)).collect();
+    assert_eq!(root.job_id().len(), 16);
+    assert!(root.job_id().chars().all(|c| c.is_ascii_hexdigit()));
+    for (job_id, nodes) in results {
+        assert_eq!(job_id, root.job_id());
+        assert_eq!(nodes, want_nodes);
+    }
+    assert_eq!(root.joined(), n);
+}
+
+#[test]
+fn world_of_1() {
+    world_job(1);
+}
+
+#[test]
+fn world_of_2() {
+    world_job(2);
+}
+
+#[test]
+fn world_of_3() {
+    world_job(3);
+}
+
+#[test]
+fn world_of_8() {
+    world_job(8);
+}
+
+#[test]
+fn world_of_13() {
+    world_job(13);
+}
+
+#[test]
+fn startup_of_8_pes() {
+    let t0 = Instant::now();
+    let (_root, times) = run_job(8, move |b| {
+        let t = t0.elapsed();
+        b.finalize().unwrap();
+        t
+    });
+    let slowest = times.iter().max().copied().unwrap_or_default();
+    // Printed, not asserted: machines differ.
+    println!("startup of 8 PEs (bind + join + welcome): {slowest:?}");
+}
+
+#[test]
+fn team_order_and_two_groups_in_flight() {
+    let n = 6;
+    let (_root, _) = run_job(n, move |b| {
+        let rank = b.rank();
+        let world = Group::world(n);
+        // Members listed in team order, not rank order: results follow that order.
+        let evens = Group {
+            uid: 1,
+            members: vec![4, 0, 2],
+        };
+        let odds = Group {
+            uid: 2,
+            members: vec![1, 3, 5],
+        };
+        let mine = if rank % 2 == 0 { &evens } else { &odds };
+        for round in 0..50 {
+            let got = b.allgather(mine, &payload(rank, round)).unwrap();
+            let want: Vec<Vec<u8>> = mine
+                .members
+                .iter()
+                .map(|&m| payload(m as usize, round))
+                .collect();
+            assert_eq!(got, want, "rank {rank} round {round}");
+            if round % 10 == 0 {
+                let got = b.allgather(&world, &[rank as u8, round as u8]).unwrap();
+                let want: Vec<Vec<u8>> = (0..n).map(|r| vec![r as u8, round as u8]).collect();
+                assert_eq!(got, want);
+            }
+        }
+        // Broadcast within a subgroup from its second member.
+        let got = b.broadcast(mine, 1, &[rank as u8; 3]).unwrap();
+        assert_eq!(got, vec![mine.members[1] as u8; 3]);
+        b.finalize().unwrap();
+    });
+}
+
+#[test]
+fn thousand_barriers() {
+    let n = 4;
+    let t0 = Instant::now();
+    let (_root, _) = run_job(n, move |b| {
+        let world = Group::world(n);
+        for _ in 0..1000 {
+            b.barrier(&world).unwrap();
+        }
+        // The counters stayed in step: a final allgather still matches exactly.
+        let got = b.allgather(&world, &[b.rank() as u8]).unwrap();
+        assert_eq!(got, (0..n as u8).map(|r| vec![r]).collect::<Vec<_>>());
+        b.finalize().unwrap();
+    });
+    println!("1000 barriers on 4 PEs: {:?}", t0.elapsed());
+}
+
+#[test]
+fn large_and_empty_payloads() {
+    let n = 3;
+    let (_root, _) = run_job(n, move |b| {
+        let rank = b.rank();
+        let world = Group::world(n);
+        let big = |r: usize| vec![r as u8 + 1; if r == 1 { 0 } else { 1 << 20 }];
+        let got = b.allgather(&world, &big(rank)).unwrap();
+        assert_eq!(got, (0..n).map(big).collect::<Vec<_>>());
+        b.finalize().unwrap();
+    });
+}
+
+#[test]
+fn mismatched_members_fail_on_every_member() {
+    let n = 2;
+    let (_root, results) = run_job(n, move |b| {
+        let members = if b.rank() == 0 {
+            vec![0, 1]
+        } else {
+            vec![1, 0]
+        };
+        let g = Group { uid: 7, members };
+        let r = b.allgather(&g, b"x");
+        b.finalize().unwrap();
+        r
+    });
+    for r in results {
+        match r {
+            Err(Error::CollectiveMismatch { op, detail }) => {
+                assert_eq!(op, "allgather");
+                assert!(
+                    detail.contains("[0, 1]") && detail.contains("[1, 0]"),
+                    "{detail}"
+                );
+            }
+            other => panic!("expected CollectiveMismatch, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn mismatched_ops_fail() {
+    let n = 2;
+    let (_root, results) = run_job(n, move |b| {
+        let world = Group::world(n);
+        let r = if b.rank() == 0 {
+            b.barrier(&world).map(|_| ())
+        } else {
+            b.broadcast(&world, 0, b"y").map(|_| ())
+        };
+        b.finalize().unwrap();
+        r
+    });
+    for r in results {
+        assert!(
+            matches!(r, Err(Error::CollectiveMismatch { .. })),
+            "expected CollectiveMismatch, got {r:?}"
+        );
+    }
+}
+
+#[test]
+fn invalid_groups_are_rejected_locally() {
+    let n = 3;
+    let (_root, _) = run_job(n, move |b| {
+        let rank = b.rank() as u32;
+        let not_me = Group {
+            uid: 9,
+            members: (0..n as u32).filter(|&m| m != rank).collect(),
+        };
+        assert!(matches!(
+            b.allgather(&not_me, b"z"),
+            Err(Error::InvalidArgument(_))
+        ));
+        let dup = Group {
+            uid: 9,
+            members: vec![rank, rank],
+        };
+        assert!(matches!(b.barrier(&dup), Err(Error::InvalidArgument(_))));
+        let outside = Group {
+            uid: 9,
+            members: vec![rank, 99],
+        };
+        assert!(matches!(
+            b.barrier(&outside),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            b.broadcast(&Group::world(n), n, b""),
+            Err(Error::InvalidArgument(_))
+        ));
+        // None of the rejected calls consumed a sequence number: group 9 still works.
+        let solo = Group {
+            uid: 9,
+            members: vec![rank],
+        };
+        assert_eq!(b.allgather(&solo, b"ok").unwrap(), vec![b"ok".to_vec()]);
+        b.finalize().unwrap();
+    });
+}
+
+#[test]
+fn pes_may_start_before_the_root() {
+    // Reserve a free port, release it, and start the PEs before the root binds it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let n = 3;
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let p = params(&addr, rank, n);
+            thread::spawn(move || {
+                let b = Bootstrap::join(&p)?;
+                let got = b.allgather(&Group::world(n), &[rank as u8])?;
+                b.finalize()?;
+                Ok::<_, Error>(got)
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(200));
+    let _root = Root::bind(&addr, n, TOKEN).expect("bind root on the reserved port");
+    for h in handles {
+        let got = h.join().unwrap().unwrap();
+        assert_eq!(got, vec![vec![0], vec![1], vec![2]]);
+    }
+}
