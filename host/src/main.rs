@@ -74,6 +74,7 @@ fn selftest(a: SelftestArgs) -> i32 {
         a.cases.clone()
     };
     let me = pe.my_pe();
+    println!("selftest: PE {me} of {}, job {}", pe.n_pes(), pe.job_id());
     let r = rshmem::selftest::run(&pe, &names, |c| println!("selftest {c}: ok")).and_then(|n| {
         if a.crash_pe == Some(me) {
             println!(
