@@ -124,9 +124,7 @@ impl LaunchInfo {
     /// `RSHMEM_MASTER_ADDR`/`RSHMEM_MASTER_PORT`, else `MASTER_ADDR`/`MASTER_PORT`, whatever
     /// the launcher. An empty address counts as unset.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>> {
-        let Some((vars, rank_value)) = LAUNCHERS
-            .iter()
-            .find_map(|l| get(l.rank).map(|v| (l, v)))
+        let Some((vars, rank_value)) = LAUNCHERS.iter().find_map(|l| get(l.rank).map(|v| (l, v)))
         else {
             return Ok(None);
         };
@@ -143,7 +141,11 @@ impl LaunchInfo {
         })?;
         let world_size = parse_count(vars.size, &size_value)?;
         if world_size == 0 {
-            return Err(env_err(vars.size, &size_value, "the job must have at least one PE"));
+            return Err(env_err(
+                vars.size,
+                &size_value,
+                "the job must have at least one PE",
+            ));
         }
         if rank >= world_size {
             return Err(env_err(
@@ -257,7 +259,11 @@ impl Settings {
             Some(v) => {
                 let n = parse_size(&v).map_err(|reason| env_err(SIZE, &v, reason))?;
                 if n < MIN_SYMMETRIC_SIZE {
-                    return Err(env_err(SIZE, &v, "the symmetric heap must be at least 1 MiB"));
+                    return Err(env_err(
+                        SIZE,
+                        &v,
+                        "the symmetric heap must be at least 1 MiB",
+                    ));
                 }
                 let page = page_size();
                 n.checked_next_multiple_of(page)
@@ -512,7 +518,10 @@ mod tests {
         ])
         .unwrap()
         .unwrap();
-        assert_eq!((info.source, info.rank, info.world_size), (LaunchSource::Rshmem, 0, 3));
+        assert_eq!(
+            (info.source, info.rank, info.world_size),
+            (LaunchSource::Rshmem, 0, 3)
+        );
         let info = launch(&[
             ("OMPI_COMM_WORLD_RANK", "1"),
             ("OMPI_COMM_WORLD_SIZE", "2"),
@@ -543,9 +552,13 @@ mod tests {
         .unwrap();
         assert_eq!((info.source, info.world_size), (LaunchSource::Slurm, 2));
         // A size variable alone does not make a set present.
-        let info = launch(&[("RSHMEM_WORLD_SIZE", "4"), ("PMI_RANK", "1"), ("PMI_SIZE", "2")])
-            .unwrap()
-            .unwrap();
+        let info = launch(&[
+            ("RSHMEM_WORLD_SIZE", "4"),
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+        ])
+        .unwrap()
+        .unwrap();
         assert_eq!(info.source, LaunchSource::Pmi);
     }
 
@@ -590,12 +603,16 @@ mod tests {
         let e = launch(&[("RSHMEM_RANK", "0")]).unwrap_err();
         assert_eq!(env_var_of(e), ("RSHMEM_WORLD_SIZE".into(), "".into()));
         for bad in ["70000", "http", "0", "-5"] {
-            let e = launch(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", bad)])
-                .unwrap_err();
+            let e =
+                launch(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", bad)]).unwrap_err();
             assert_eq!(env_var_of(e), ("MASTER_PORT".into(), bad.into()));
         }
-        let e = launch(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("RSHMEM_MASTER_PORT", "x")])
-            .unwrap_err();
+        let e = launch(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("RSHMEM_MASTER_PORT", "x"),
+        ])
+        .unwrap_err();
         assert_eq!(env_var_of(e), ("RSHMEM_MASTER_PORT".into(), "x".into()));
     }
 

@@ -142,8 +142,7 @@ fn team_order_and_two_groups_in_flight() {
             assert_eq!(got, want, "rank {rank} round {round}");
             if round % 10 == 0 {
                 let got = b.allgather(&world, &[rank as u8, round as u8]).unwrap();
-                let want: Vec<Vec<u8>> =
-                    (0..n).map(|r| vec![r as u8, round as u8]).collect();
+                let want: Vec<Vec<u8>> = (0..n).map(|r| vec![r as u8, round as u8]).collect();
                 assert_eq!(got, want);
             }
         }
@@ -188,7 +187,11 @@ fn large_and_empty_payloads() {
 fn mismatched_members_fail_on_every_member() {
     let n = 2;
     let (_root, results) = run_job(n, move |b| {
-        let members = if b.rank() == 0 { vec![0, 1] } else { vec![1, 0] };
+        let members = if b.rank() == 0 {
+            vec![0, 1]
+        } else {
+            vec![1, 0]
+        };
         let g = Group { uid: 7, members };
         let r = b.allgather(&g, b"x");
         b.finalize().unwrap();
@@ -198,7 +201,10 @@ fn mismatched_members_fail_on_every_member() {
         match r {
             Err(Error::CollectiveMismatch { op, detail }) => {
                 assert_eq!(op, "allgather");
-                assert!(detail.contains("[0, 1]") && detail.contains("[1, 0]"), "{detail}");
+                assert!(
+                    detail.contains("[0, 1]") && detail.contains("[1, 0]"),
+                    "{detail}"
+                );
             }
             other => panic!("expected CollectiveMismatch, got {other:?}"),
         }
@@ -248,7 +254,10 @@ fn invalid_groups_are_rejected_locally() {
             uid: 9,
             members: vec![rank, 99],
         };
-        assert!(matches!(b.barrier(&outside), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            b.barrier(&outside),
+            Err(Error::InvalidArgument(_))
+        ));
         assert!(matches!(
             b.broadcast(&Group::world(n), n, b""),
             Err(Error::InvalidArgument(_))

@@ -5,9 +5,7 @@
 //! that delivers replies and death reports. Every wait is bounded by the join timeout and
 //! ends early when [`Liveness`] reports a death. It must not keep process-global state:
 //! several `Bootstrap`s may live in one process.
-use super::wire::{
-    self, CollectiveOp, Contribution, FailKind, Frame, Hello, ReadError, MAX_FRAME,
-};
+use super::wire::{self, CollectiveOp, Contribution, FailKind, Frame, Hello, ReadError, MAX_FRAME};
 use super::{lock, socket, Group, Liveness};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -210,7 +208,8 @@ impl Bootstrap {
 
     /// Returns once every member of `g` has called `barrier(g)`.
     pub fn barrier(&self, g: &Group) -> Result<()> {
-        self.collective(CollectiveOp::Barrier, g, 0, &[]).map(|_| ())
+        self.collective(CollectiveOp::Barrier, g, 0, &[])
+            .map(|_| ())
     }
 
     /// The `data` of the member at position `root_index` of `g.members`, on every member
@@ -302,7 +301,10 @@ impl Bootstrap {
             return bad(format!("the calling PE {} is not a member", self.rank));
         }
         if let Some(&m) = g.members.iter().find(|&&m| m as usize >= self.world_size) {
-            return bad(format!("{m} is not a PE of this {}-PE job", self.world_size));
+            return bad(format!(
+                "{m} is not a PE of this {}-PE job",
+                self.world_size
+            ));
         }
         let mut sorted = g.members.clone();
         sorted.sort_unstable();
@@ -381,7 +383,10 @@ impl Bootstrap {
                                 format!("{} on group {}", op.name(), g.uid),
                                 io::Error::new(
                                     io::ErrorKind::InvalidData,
-                                    format!("root sent {} payloads, expected {want}", payloads.len()),
+                                    format!(
+                                        "root sent {} payloads, expected {want}",
+                                        payloads.len()
+                                    ),
                                 ),
                             ));
                         }
@@ -444,10 +449,8 @@ fn connect(p: &JoinParams, start: Instant, deadline: Instant) -> Result<TcpStrea
     loop {
         let err = match p.root_addr.to_socket_addrs() {
             Ok(addrs) => {
-                let mut last = io::Error::new(
-                    io::ErrorKind::NotFound,
-                    "the name resolved to no addresses",
-                );
+                let mut last =
+                    io::Error::new(io::ErrorKind::NotFound, "the name resolved to no addresses");
                 for a in addrs {
                     let t = remaining(deadline).min(CONNECT_ATTEMPT);
                     if t.is_zero() {
@@ -584,7 +587,9 @@ fn read_loop(sh: &ClientShared, mut stream: TcpStream, root_addr: &str) {
                 kind,
                 reason,
             }) => {
-                inbox.replies.insert((uid, seq), Reply::Failed(kind, reason));
+                inbox
+                    .replies
+                    .insert((uid, seq), Reply::Failed(kind, reason));
             }
             Ok(Frame::PeerDied { rank, detail }) => {
                 // Reported while holding the inbox lock: a waiter checks liveness under

@@ -8,12 +8,11 @@
 //!
 //! Threads: one accept thread (stopped by dropping the [`Root`]), and per joined PE a reader
 //! and a writer thread, which end when that PE's connection closes.
+use super::lock;
 use super::socket;
 use super::wire::{
-    self, CollectiveOp, Contribution, FailKind, Frame, Hello, ReadError, MAX_FRAME,
-    MAX_HELLO_FRAME,
+    self, CollectiveOp, Contribution, FailKind, Frame, Hello, ReadError, MAX_FRAME, MAX_HELLO_FRAME,
 };
-use super::lock;
 use crate::error::{Error, Result};
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
@@ -193,7 +192,9 @@ fn accept_loop(hub: &Arc<Hub>, listener: TcpListener) {
                     .name("rshmem-root-conn".into())
                     .spawn(move || serve_connection(&h, stream, peer));
                 if let Err(e) = spawned {
-                    log(format!("dropped connection from {peer}: cannot spawn a thread: {e}"));
+                    log(format!(
+                        "dropped connection from {peer}: cannot spawn a thread: {e}"
+                    ));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -226,7 +227,9 @@ fn serve_connection(hub: &Arc<Hub>, mut stream: TcpStream, peer: SocketAddr) {
         .and_then(|()| stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)))
         .and_then(|()| stream.set_write_timeout(Some(WRITE_TIMEOUT)));
     if let Err(e) = setup {
-        log(format!("dropped connection from {peer}: configuring the socket: {e}"));
+        log(format!(
+            "dropped connection from {peer}: configuring the socket: {e}"
+        ));
         return;
     }
     let hello = match wire::read_frame(&mut stream, MAX_HELLO_FRAME) {
@@ -260,7 +263,9 @@ fn serve_connection(hub: &Arc<Hub>, mut stream: TcpStream, peer: SocketAddr) {
         Err(reason) => return refuse(&mut stream, peer, &reason),
     };
     if let Err(e) = stream.set_read_timeout(None) {
-        log(format!("PE {rank} ({peer}): clearing the read timeout: {e}"));
+        log(format!(
+            "PE {rank} ({peer}): clearing the read timeout: {e}"
+        ));
     }
     // Read frames until the PE leaves.
     let mut finalized = false;
@@ -294,17 +299,14 @@ fn serve_connection(hub: &Arc<Hub>, mut stream: TcpStream, peer: SocketAddr) {
                     frame_name(&other)
                 ))
             }
-            Err(ReadError::Closed) if finalized => break None,
+            // After a clean leave, however the connection ends is not a death.
+            Err(_) if finalized => break None,
             Err(ReadError::Closed) => {
                 break Some(
                     "connection to the bootstrap root closed without finalize \
                      (the process exited or was killed, or dropped its Bootstrap)"
                         .to_string(),
                 )
-            }
-            Err(ReadError::Io(e)) if finalized => {
-                let _ = e;
-                break None;
             }
             Err(ReadError::Io(e)) => {
                 break Some(format!(
@@ -406,7 +408,11 @@ fn admit(hub: &Arc<Hub>, stream: &TcpStream, h: &Hello) -> std::result::Result<u
 /// link died) the socket is shut down, so its reader sees the close and reports the PE.
 fn write_loop(mut stream: TcpStream, rx: mpsc::Receiver<Arc<[u8]>>) {
     for msg in rx {
-        if stream.write_all(&msg).and_then(|()| stream.flush()).is_err() {
+        if stream
+            .write_all(&msg)
+            .and_then(|()| stream.flush())
+            .is_err()
+        {
             let _ = stream.shutdown(Shutdown::Both);
             return;
         }
@@ -447,7 +453,10 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
     let invalid = if c.members.is_empty() {
         Some("the member list is empty".to_string())
     } else if let Some(&m) = c.members.iter().find(|&&m| m as usize >= hub.world_size) {
-        Some(format!("member {m} is not a PE of this {}-PE job", hub.world_size))
+        Some(format!(
+            "member {m} is not a PE of this {}-PE job",
+            hub.world_size
+        ))
     } else if let Some(&m) = c.members.iter().find(|&&m| !seen.insert(m)) {
         Some(format!("member {m} is listed twice"))
     } else if !c.members.contains(&rank) {

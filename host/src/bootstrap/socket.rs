@@ -44,7 +44,12 @@ pub(crate) fn tune(s: &TcpStream) -> io::Result<()> {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     {
         setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S)?;
-        setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)?;
+        setsockopt_int(
+            s,
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPINTVL,
+            KEEPALIVE_INTERVAL_S,
+        )?;
         setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES)?;
     }
     Ok(())

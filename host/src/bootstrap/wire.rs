@@ -108,7 +108,10 @@ pub(crate) enum Frame {
     /// Root → PE: the hello was refused; the root closes the connection.
     Refused { reason: String },
     /// Root → every PE once all joined: the job id and every PE's node id (index = rank).
-    Welcome { job_id: String, node_ids: Vec<String> },
+    Welcome {
+        job_id: String,
+        node_ids: Vec<String>,
+    },
     /// PE → root.
     Collective(Contribution),
     /// Root → each member: all payloads of the collective (which ones depends on the op).
@@ -630,7 +633,10 @@ mod tests {
     #[test]
     fn empty_stream_is_closed() {
         let mut r: &[u8] = &[];
-        assert!(matches!(read_frame(&mut r, MAX_FRAME), Err(ReadError::Closed)));
+        assert!(matches!(
+            read_frame(&mut r, MAX_FRAME),
+            Err(ReadError::Closed)
+        ));
     }
 
     #[test]
@@ -682,7 +688,10 @@ mod tests {
         body.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(
             Frame::decode(&body),
-            Err(WireError::Truncated { field: "node id count", .. })
+            Err(WireError::Truncated {
+                field: "node id count",
+                ..
+            })
         ));
         // A byte string longer than the frame.
         let mut body = vec![ty::REFUSED];
@@ -690,7 +699,10 @@ mod tests {
         body.extend_from_slice(b"short");
         assert!(matches!(
             Frame::decode(&body),
-            Err(WireError::Truncated { field: "reason", .. })
+            Err(WireError::Truncated {
+                field: "reason",
+                ..
+            })
         ));
         // Invalid UTF-8.
         let mut body = vec![ty::REFUSED];
