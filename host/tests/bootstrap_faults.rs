@@ -265,27 +265,41 @@ fn join_times_out_naming_the_missing_pes() {
     let n = 3;
     let root = Root::bind("127.0.0.1:0", n, TOKEN).unwrap();
     let addr = root.local_addr().to_string();
-    let handles: Vec<_> = [0usize, 1]
-        .into_iter()
-        .map(|rank| {
-            let p = params(&addr, rank, n, 400);
-            thread::spawn(move || (Instant::now(), Bootstrap::join(&p).map(|_| ())))
-        })
-        .collect();
-    for h in handles {
-        let (t0, r) = h.join().unwrap();
-        match r {
-            Err(Error::Timeout {
-                what, waited_ms, ..
-            }) => {
-                assert!(what.contains("2 of 3 PEs joined"), "{what}");
-                assert!(what.contains("missing rank(s) 2"), "{what}");
-                assert!((400..2000).contains(&waited_ms), "{waited_ms}");
-            }
-            other => panic!("expected Timeout, got {other:?}"),
-        }
-        assert!(t0.elapsed() < Duration::from_secs(2));
+    // PE 0 waits patiently; PE 1 gives up after 400 ms; PE 2 never comes.
+    let patient = {
+        let p = params(&addr, 0, n, 3000);
+        thread::spawn(move || (Instant::now(), Bootstrap::join(&p).map(|_| ())))
+    };
+    while root.joined() < 1 {
+        thread::sleep(Duration::from_millis(5));
     }
+    let t0 = Instant::now();
+    match Bootstrap::join(&params(&addr, 1, n, 400)) {
+        Err(Error::Timeout {
+            pe,
+            what,
+            waited_ms,
+        }) => {
+            assert_eq!(pe, 1);
+            assert!(what.contains("2 of 3 PEs joined"), "{what}");
+            assert!(what.contains("missing rank(s) 2"), "{what}");
+            assert!((400..2000).contains(&waited_ms), "{waited_ms}");
+        }
+        Err(e) => panic!("expected Timeout, got {e:?}"),
+        Ok(_) => panic!("expected Timeout, got a bootstrap"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // PE 1 left without finalize: the waiting PE 0 learns it at once, not at its timeout.
+    let (t0, r) = patient.join().unwrap();
+    match r {
+        Err(Error::PeerDied { pe, .. }) => assert_eq!(pe, 1),
+        other => panic!("expected PeerDied, got {other:?}"),
+    }
+    assert!(
+        t0.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        t0.elapsed()
+    );
 }
 
 #[test]
