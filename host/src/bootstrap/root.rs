@@ -315,17 +315,14 @@ fn serve_connection(hub: &Arc<Hub>, mut stream: TcpStream, peer: SocketAddr) {
                     frame_name(&other)
                 ))
             }
-            Err(ReadError::Closed) if finalized => break None,
+            // After a clean leave, however the connection ends is not a death.
+            Err(_) if finalized => break None,
             Err(ReadError::Closed) => {
                 break Some(
                     "connection to the bootstrap root closed without finalize \
                      (the process exited or was killed, or dropped its Bootstrap)"
                         .to_string(),
                 )
-            }
-            Err(ReadError::Io(e)) if finalized => {
-                let _ = e;
-                break None;
             }
             Err(ReadError::Io(e)) => {
                 break Some(format!(
