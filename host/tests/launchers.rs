@@ -7,26 +7,47 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_rshmem");
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Starts `n` `rshmem selftest ARGS` processes with the variables `vars(rank)` (plus common
 /// ones), waits for all (bounded), returns their outputs in rank order.
-fn job(n: usize, args: &[&str], vars: impl Fn(usize, u16) -> Vec<(String, String)>, limit: Duration) -> Vec<Output> {
+fn job(
+    n: usize,
+    args: &[&str],
+    vars: impl Fn(usize, u16) -> Vec<(String, String)>,
+    limit: Duration,
+) -> Vec<Output> {
     let port = free_port();
     let children: Vec<_> = (0..n)
         .map(|r| {
             let mut c = Command::new(BIN);
             c.arg("selftest").args(args);
             for (k, _) in std::env::vars() {
-                if k.starts_with("RSHMEM_") || k.starts_with("OMPI_") || k.starts_with("SLURM_") || k.starts_with("PMI_") {
+                if k.starts_with("RSHMEM_")
+                    || k.starts_with("OMPI_")
+                    || k.starts_with("SLURM_")
+                    || k.starts_with("PMI_")
+                {
                     c.env_remove(k);
                 }
             }
-            for k in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"] {
+            for k in [
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+            ] {
                 c.env_remove(k);
             }
-            c.env("RSHMEM_SYMMETRIC_SIZE", "16M").env("RSHMEM_TIMEOUT_MS", "8000");
+            c.env("RSHMEM_SYMMETRIC_SIZE", "16M")
+                .env("RSHMEM_TIMEOUT_MS", "8000");
             for (k, v) in vars(r, port) {
                 c.env(k, v);
             }
@@ -52,11 +73,16 @@ fn job(n: usize, args: &[&str], vars: impl Fn(usize, u16) -> Vec<(String, String
 }
 
 fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 fn job_id(stdout: &str) -> Option<String> {
-    stdout.lines().find_map(|l| l.split(", job ").nth(1).map(|s| s.trim().to_string()))
+    stdout
+        .lines()
+        .find_map(|l| l.split(", job ").nth(1).map(|s| s.trim().to_string()))
 }
 
 fn assert_no_segments(job: &str) {
@@ -70,12 +96,22 @@ fn assert_no_segments(job: &str) {
 }
 
 fn assert_all_passed(outs: &[Output]) {
-    let cases = Command::new(BIN).args(["selftest", "--list"]).output().unwrap();
+    let cases = Command::new(BIN)
+        .args(["selftest", "--list"])
+        .output()
+        .unwrap();
     let ncases = String::from_utf8_lossy(&cases.stdout).lines().count();
     for (r, o) in outs.iter().enumerate() {
         let (out, err) = text(o);
-        assert!(o.status.success(), "PE {r} failed: {:?}\nstdout:\n{out}\nstderr:\n{err}", o.status);
-        assert!(out.contains(&format!("selftest: all {ncases} cases passed on PE {r}")), "PE {r}:\n{out}");
+        assert!(
+            o.status.success(),
+            "PE {r} failed: {:?}\nstdout:\n{out}\nstderr:\n{err}",
+            o.status
+        );
+        assert!(
+            out.contains(&format!("selftest: all {ncases} cases passed on PE {r}")),
+            "PE {r}:\n{out}"
+        );
     }
     let id = job_id(&text(&outs[0]).0).expect("job id printed");
     assert_no_segments(&id);
@@ -84,59 +120,80 @@ fn assert_all_passed(outs: &[Output]) {
 const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 
 fn kv(pairs: &[(&str, String)]) -> Vec<(String, String)> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
 }
 
 #[test]
 fn rshmem_variables() {
     let n = 3;
-    let outs = job(n, &[], |r, port| {
-        kv(&[
-            ("RSHMEM_RANK", r.to_string()),
-            ("RSHMEM_WORLD_SIZE", n.to_string()),
-            ("RSHMEM_MASTER_ADDR", "127.0.0.1".into()),
-            ("RSHMEM_MASTER_PORT", port.to_string()),
-            ("RSHMEM_TOKEN", TOKEN.into()),
-        ])
-    }, Duration::from_secs(60));
+    let outs = job(
+        n,
+        &[],
+        |r, port| {
+            kv(&[
+                ("RSHMEM_RANK", r.to_string()),
+                ("RSHMEM_WORLD_SIZE", n.to_string()),
+                ("RSHMEM_MASTER_ADDR", "127.0.0.1".into()),
+                ("RSHMEM_MASTER_PORT", port.to_string()),
+                ("RSHMEM_TOKEN", TOKEN.into()),
+            ])
+        },
+        Duration::from_secs(60),
+    );
     assert_all_passed(&outs);
 }
 
 #[test]
 fn torchrun_variables() {
     let n = 2;
-    let outs = job(n, &[], |r, port| {
-        kv(&[
-            ("RANK", r.to_string()),
-            ("WORLD_SIZE", n.to_string()),
-            ("LOCAL_RANK", r.to_string()),
-            ("LOCAL_WORLD_SIZE", n.to_string()),
-            ("MASTER_ADDR", "127.0.0.1".into()),
-            ("MASTER_PORT", port.to_string()),
-            ("RSHMEM_TOKEN", TOKEN.into()),
-        ])
-    }, Duration::from_secs(60));
+    let outs = job(
+        n,
+        &[],
+        |r, port| {
+            kv(&[
+                ("RANK", r.to_string()),
+                ("WORLD_SIZE", n.to_string()),
+                ("LOCAL_RANK", r.to_string()),
+                ("LOCAL_WORLD_SIZE", n.to_string()),
+                ("MASTER_ADDR", "127.0.0.1".into()),
+                ("MASTER_PORT", port.to_string()),
+                ("RSHMEM_TOKEN", TOKEN.into()),
+            ])
+        },
+        Duration::from_secs(60),
+    );
     assert_all_passed(&outs);
 }
 
 #[test]
 fn open_mpi_variables() {
     let n = 3;
-    let outs = job(n, &["--case", "put-get", "--case", "atomics-concurrent"], |r, port| {
-        kv(&[
-            ("OMPI_COMM_WORLD_RANK", r.to_string()),
-            ("OMPI_COMM_WORLD_SIZE", n.to_string()),
-            ("OMPI_COMM_WORLD_LOCAL_RANK", r.to_string()),
-            ("OMPI_COMM_WORLD_LOCAL_SIZE", n.to_string()),
-            ("RSHMEM_MASTER_ADDR", "127.0.0.1".into()),
-            ("RSHMEM_MASTER_PORT", port.to_string()),
-            ("RSHMEM_TOKEN", TOKEN.into()),
-        ])
-    }, Duration::from_secs(60));
+    let outs = job(
+        n,
+        &["--case", "put-get", "--case", "atomics-concurrent"],
+        |r, port| {
+            kv(&[
+                ("OMPI_COMM_WORLD_RANK", r.to_string()),
+                ("OMPI_COMM_WORLD_SIZE", n.to_string()),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", r.to_string()),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", n.to_string()),
+                ("RSHMEM_MASTER_ADDR", "127.0.0.1".into()),
+                ("RSHMEM_MASTER_PORT", port.to_string()),
+                ("RSHMEM_TOKEN", TOKEN.into()),
+            ])
+        },
+        Duration::from_secs(60),
+    );
     for (r, o) in outs.iter().enumerate() {
         let (out, err) = text(o);
         assert!(o.status.success(), "PE {r}: {out}\n{err}");
-        assert!(out.contains(&format!("selftest: all 2 cases passed on PE {r}")), "{out}");
+        assert!(
+            out.contains(&format!("selftest: all 2 cases passed on PE {r}")),
+            "{out}"
+        );
     }
 }
 
@@ -144,23 +201,35 @@ fn open_mpi_variables() {
 fn slurm_and_pmi_variables() {
     for slurm in [true, false] {
         let n = 2;
-        let outs = job(n, &["--case", "signal"], |r, port| {
-            let mut v = if slurm {
-                kv(&[("SLURM_PROCID", r.to_string()), ("SLURM_NTASKS", n.to_string()), ("SLURM_LOCALID", r.to_string())])
-            } else {
-                kv(&[("PMI_RANK", r.to_string()), ("PMI_SIZE", n.to_string())])
-            };
-            v.extend(kv(&[
-                ("MASTER_ADDR", "127.0.0.1".into()),
-                ("MASTER_PORT", port.to_string()),
-                ("RSHMEM_TOKEN", TOKEN.into()),
-            ]));
-            v
-        }, Duration::from_secs(60));
+        let outs = job(
+            n,
+            &["--case", "signal"],
+            |r, port| {
+                let mut v = if slurm {
+                    kv(&[
+                        ("SLURM_PROCID", r.to_string()),
+                        ("SLURM_NTASKS", n.to_string()),
+                        ("SLURM_LOCALID", r.to_string()),
+                    ])
+                } else {
+                    kv(&[("PMI_RANK", r.to_string()), ("PMI_SIZE", n.to_string())])
+                };
+                v.extend(kv(&[
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.to_string()),
+                    ("RSHMEM_TOKEN", TOKEN.into()),
+                ]));
+                v
+            },
+            Duration::from_secs(60),
+        );
         for (r, o) in outs.iter().enumerate() {
             let (out, err) = text(o);
             assert!(o.status.success(), "slurm={slurm} PE {r}: {out}\n{err}");
-            assert!(out.contains(&format!("all 1 cases passed on PE {r}")), "{out}");
+            assert!(
+                out.contains(&format!("all 1 cases passed on PE {r}")),
+                "{out}"
+            );
         }
     }
 }
@@ -207,20 +276,31 @@ fn missing_token_and_root_address_are_clear_errors() {
 #[test]
 fn mismatched_heap_sizes_fail_on_every_pe() {
     let n = 2;
-    let outs = job(n, &[], |r, port| {
-        kv(&[
-            ("RSHMEM_RANK", r.to_string()),
-            ("RSHMEM_WORLD_SIZE", n.to_string()),
-            ("RSHMEM_MASTER_ADDR", "127.0.0.1".into()),
-            ("RSHMEM_MASTER_PORT", port.to_string()),
-            ("RSHMEM_TOKEN", TOKEN.into()),
-            ("RSHMEM_SYMMETRIC_SIZE", if r == 0 { "16M".into() } else { "32M".into() }),
-        ])
-    }, Duration::from_secs(30));
+    let outs = job(
+        n,
+        &[],
+        |r, port| {
+            kv(&[
+                ("RSHMEM_RANK", r.to_string()),
+                ("RSHMEM_WORLD_SIZE", n.to_string()),
+                ("RSHMEM_MASTER_ADDR", "127.0.0.1".into()),
+                ("RSHMEM_MASTER_PORT", port.to_string()),
+                ("RSHMEM_TOKEN", TOKEN.into()),
+                (
+                    "RSHMEM_SYMMETRIC_SIZE",
+                    if r == 0 { "16M".into() } else { "32M".into() },
+                ),
+            ])
+        },
+        Duration::from_secs(30),
+    );
     for (r, o) in outs.iter().enumerate() {
         let (_, err) = text(o);
         assert_eq!(o.status.code(), Some(1), "PE {r}: {err}");
-        assert!(err.contains("PE 0: 16777216 bytes; PE 1: 33554432 bytes"), "PE {r}: {err}");
+        assert!(
+            err.contains("PE 0: 16777216 bytes; PE 1: 33554432 bytes"),
+            "PE {r}: {err}"
+        );
     }
 }
 
@@ -228,15 +308,20 @@ fn mismatched_heap_sizes_fail_on_every_pe() {
 fn a_pe_killed_mid_job_is_reported_by_the_others() {
     let n = 3;
     let t0 = Instant::now();
-    let outs = job(n, &["--crash-pe", "1", "--crash-at", "barrier"], |r, port| {
-        kv(&[
-            ("RSHMEM_RANK", r.to_string()),
-            ("RSHMEM_WORLD_SIZE", n.to_string()),
-            ("RSHMEM_MASTER_ADDR", "127.0.0.1".into()),
-            ("RSHMEM_MASTER_PORT", port.to_string()),
-            ("RSHMEM_TOKEN", TOKEN.into()),
-        ])
-    }, Duration::from_secs(40));
+    let outs = job(
+        n,
+        &["--crash-pe", "1", "--crash-at", "barrier"],
+        |r, port| {
+            kv(&[
+                ("RSHMEM_RANK", r.to_string()),
+                ("RSHMEM_WORLD_SIZE", n.to_string()),
+                ("RSHMEM_MASTER_ADDR", "127.0.0.1".into()),
+                ("RSHMEM_MASTER_PORT", port.to_string()),
+                ("RSHMEM_TOKEN", TOKEN.into()),
+            ])
+        },
+        Duration::from_secs(40),
+    );
     let elapsed = t0.elapsed();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(outs[1].status.signal(), Some(9), "PE 1 killed itself");
@@ -244,7 +329,10 @@ fn a_pe_killed_mid_job_is_reported_by_the_others() {
     for r in [0, 2] {
         let (out, err) = text(&outs[r]);
         assert_eq!(outs[r].status.code(), Some(1), "PE {r}:\n{out}\n{err}");
-        assert!(err.contains("PE 1 died"), "PE {r} names the dead PE:\n{err}");
+        assert!(
+            err.contains("PE 1 died"),
+            "PE {r} names the dead PE:\n{err}"
+        );
         ids.insert(r, job_id(&out).unwrap());
     }
     // Well inside RSHMEM_TIMEOUT_MS (8 s): the death is pushed, not timed out.
