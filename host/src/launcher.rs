@@ -228,15 +228,15 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         None
     };
 
-    let root = host_root(opts.npes, &token)?;
-    let port = root.local_addr().port();
-    let job_id = root.job_id().to_string();
-
-    let env = pe_environment(opts, port, &token, &job_id);
-    let job = process::Job::spawn(&program, opts, &env)?;
-    let report = job.supervise(signals.as_ref());
-    // The root stays up until every PE is gone.
-    drop(root);
+    // The root lives in this scope: it serves until every PE is gone.
+    let (report, job_id) = {
+        let root = host_root(opts.npes, &token)?;
+        let port = root.local_addr().port();
+        let job_id = root.job_id().to_string();
+        let env = pe_environment(opts, port, &token, &job_id);
+        let job = process::Job::spawn(&program, opts, &env)?;
+        (job.supervise(signals.as_ref()), job_id)
+    };
 
     let removed_segments = remove_leftover_segments(std::path::Path::new("/dev/shm"), &job_id);
     if removed_segments > 0 {
