@@ -1,0 +1,263 @@
+//! Relaying PE output as whole, prefixed lines.
+//!
+//! One thread (the supervisor) polls every PE's stdout and stderr pipe and writes complete
+//! lines, each prefixed with `[pe N] `, to the launcher's stdout or stderr. Because a line
+//! is only ever written whole, by one thread, under the stream's lock, lines of different
+//! PEs never mix.
+
+use super::MAX_LINE;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+/// Which of the launcher's streams a pipe is relayed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Target {
+    Stdout,
+    Stderr,
+}
+
+/// Cuts a byte stream into lines and prefixes them.
+#[derive(Debug)]
+pub(super) struct LineSplitter {
+    prefix: Vec<u8>,
+    pending: Vec<u8>,
+    max_line: usize,
+}
+
+impl LineSplitter {
+    pub(super) fn new(prefix: Vec<u8>, max_line: usize) -> LineSplitter {
+        LineSplitter {
+            prefix,
+            pending: Vec::new(),
+            max_line: max_line.max(1),
+        }
+    }
+
+    /// Appends `data`; every line it completes goes to `out`, prefixed, with its newline.
+    /// A pending line reaching `max_line` bytes is emitted as a line of its own.
+    pub(super) fn push(&mut self, mut data: &[u8], out: &mut Vec<u8>) {
+        while !data.is_empty() {
+            // `pending` holds at most `max_line` bytes; look one byte further for the
+            // newline so that a line of exactly `max_line` bytes is not cut.
+            let room = self.max_line - self.pending.len();
+            let window = &data[..data.len().min(room + 1)];
+            match window.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    self.emit(&window[..=i], false, out);
+                    data = &data[i + 1..];
+                }
+                None if window.len() > room => {
+                    self.emit(&window[..room], true, out);
+                    data = &data[room..];
+                }
+                None => {
+                    self.pending.extend_from_slice(window);
+                    data = &[];
+                }
+            }
+        }
+    }
+
+    /// End of stream: a pending partial line goes to `out` with a newline added.
+    pub(super) fn finish(&mut self, out: &mut Vec<u8>) {
+        if !self.pending.is_empty() {
+            self.emit(&[], true, out);
+        }
+    }
+
+    fn emit(&mut self, tail: &[u8], add_newline: bool, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.prefix);
+        out.extend_from_slice(&self.pending);
+        out.extend_from_slice(tail);
+        if add_newline {
+            out.push(b'\n');
+        }
+        self.pending.clear();
+    }
+}
+
+struct Source {
+    pipe: std::fs::File,
+    target: Target,
+    lines: LineSplitter,
+}
+
+/// All PE pipes still open, relayed by [`OutputPump::pump`].
+pub(super) struct OutputPump {
+    sources: Vec<Source>,
+    buf: Vec<u8>,
+}
+
+impl OutputPump {
+    pub(super) fn new() -> OutputPump {
+        OutputPump {
+            sources: Vec::new(),
+            buf: vec![0; 64 * 1024],
+        }
+    }
+
+    /// Relays `pipe` to `target` with the prefix `[pe <rank>] `.
+    pub(super) fn add(
+        &mut self,
+        rank: usize,
+        pipe: impl Into<std::os::fd::OwnedFd>,
+        target: Target,
+    ) {
+        self.sources.push(Source {
+            pipe: std::fs::File::from(pipe.into()),
+            target,
+            lines: LineSplitter::new(format!("[pe {rank}] ").into_bytes(), MAX_LINE),
+        });
+    }
+
+    /// Whether every pipe reached end of stream.
+    pub(super) fn is_done(&self) -> bool {
+        self.sources.is_empty()
+    }
+
+    /// Waits up to `timeout` for output and relays what arrived. Sleeps for `timeout` when
+    /// no pipe is open.
+    pub(super) fn pump(&mut self, timeout: Duration) {
+        let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+        let mut fds: Vec<libc::pollfd> = self
+            .sources
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.pipe.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd
+        // structs (a null pointer with length 0 when empty, which poll accepts); the fds
+        // are open, owned by `self.sources`, for the duration of the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if ready <= 0 {
+            // Timeout, or EINTR from a signal the supervisor will look at.
+            return;
+        }
+        let mut closed = Vec::new();
+        for (i, pfd) in fds.iter().enumerate() {
+            if pfd.revents == 0 {
+                continue;
+            }
+            if !self.read_one(i) {
+                closed.push(i);
+            }
+        }
+        for i in closed.into_iter().rev() {
+            self.sources.swap_remove(i);
+        }
+    }
+
+    /// Relays everything still pending (at most `timeout` of waiting), then closes all
+    /// pipes, flushing partial lines. Pipes can stay open past the PEs when a PE left a
+    /// process behind that holds them.
+    pub(super) fn drain(&mut self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        while !self.is_done() {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            self.pump((deadline - now).min(Duration::from_millis(50)));
+        }
+        for mut s in self.sources.drain(..) {
+            let mut out = Vec::new();
+            s.lines.finish(&mut out);
+            write_to(s.target, &out);
+        }
+    }
+
+    /// One read from source `i`; false at end of stream (or a read error).
+    fn read_one(&mut self, i: usize) -> bool {
+        let source = &mut self.sources[i];
+        let mut out = Vec::new();
+        let open = loop {
+            match source.pipe.read(&mut self.buf) {
+                Ok(0) => {
+                    source.lines.finish(&mut out);
+                    break false;
+                }
+                Ok(n) => {
+                    source.lines.push(&self.buf[..n], &mut out);
+                    break true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    source.lines.finish(&mut out);
+                    break false;
+                }
+            }
+        };
+        write_to(source.target, &out);
+        open
+    }
+}
+
+/// Writes `bytes` (whole lines) to the launcher's stream in one locked write. Errors (e.g.
+/// a closed stdout) are ignored: losing output must not stop supervision.
+fn write_to(target: Target, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    match target {
+        Target::Stdout => {
+            let mut out = io::stdout().lock();
+            let _ = out.write_all(bytes);
+            let _ = out.flush();
+        }
+        Target::Stderr => {
+            let _ = io::stderr().lock().write_all(bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(chunks: &[&[u8]], max: usize) -> Vec<u8> {
+        let mut s = LineSplitter::new(b"[pe 2] ".to_vec(), max);
+        let mut out = Vec::new();
+        for c in chunks {
+            s.push(c, &mut out);
+        }
+        s.finish(&mut out);
+        out
+    }
+
+    #[test]
+    fn lines_across_chunks_are_prefixed_once() {
+        assert_eq!(
+            split(&[b"ab", b"c\nde", b"f\n\n"], 100),
+            b"[pe 2] abc\n[pe 2] def\n[pe 2] \n".to_vec()
+        );
+    }
+
+    #[test]
+    fn partial_last_line_gets_a_newline() {
+        assert_eq!(split(&[b"x\ny"], 100), b"[pe 2] x\n[pe 2] y\n".to_vec());
+        assert_eq!(split(&[b""], 100), b"".to_vec());
+    }
+
+    #[test]
+    fn invalid_utf8_passes_through() {
+        assert_eq!(split(&[b"\xff\xfe\n"], 100), b"[pe 2] \xff\xfe\n".to_vec());
+    }
+
+    #[test]
+    fn long_lines_are_cut_at_max() {
+        assert_eq!(
+            split(&[b"abcdefg\nhi"], 3),
+            b"[pe 2] abc\n[pe 2] def\n[pe 2] g\n[pe 2] hi\n".to_vec()
+        );
+        // A line of exactly max bytes plus its newline is not cut.
+        assert_eq!(split(&[b"abc\n"], 3), b"[pe 2] abc\n".to_vec());
+        assert_eq!(
+            split(&[b"abc", b"\nd"], 3),
+            b"[pe 2] abc\n[pe 2] d\n".to_vec()
+        );
+    }
+}

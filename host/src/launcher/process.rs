@@ -1,0 +1,541 @@
+//! Starting, watching and stopping the PE processes.
+//!
+//! Each PE is the leader of its own process group (pgid = its pid); the launcher signals
+//! whole groups so that processes a PE started go with it. PEs are reaped with
+//! `Child::try_wait` (waitpid on their own pid), never `waitpid(-1)`, so a library caller's
+//! other children are left alone.
+
+use super::output::{OutputPump, Target};
+use super::signals::SignalGuard;
+use super::{LaunchOptions, STOP_GRACE};
+use crate::error::{Error, Result};
+use std::ffi::{CString, OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How often the supervisor looks at its PEs and the signal flags.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// How long output is still relayed after the last PE exited (pipes held open by
+/// processes a PE left behind).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How a PE process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeExit {
+    /// It exited with this code.
+    Code(i32),
+    /// It was killed by this signal.
+    Signal(i32),
+    /// Its status could not be read (someone else reaped it).
+    Unknown,
+}
+
+impl PeExit {
+    fn from_status(status: ExitStatus) -> PeExit {
+        match (status.code(), status.signal()) {
+            (Some(code), _) => PeExit::Code(code),
+            (None, Some(sig)) => PeExit::Signal(sig),
+            (None, None) => PeExit::Unknown,
+        }
+    }
+
+    /// Whether this is a successful exit (code 0).
+    pub fn is_success(self) -> bool {
+        self == PeExit::Code(0)
+    }
+
+    /// The exit status a shell would report: the code, or 128 + signal.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            PeExit::Code(c) => c,
+            PeExit::Signal(s) => 128 + s,
+            PeExit::Unknown => 1,
+        }
+    }
+
+    /// `exited with code 7`, `was killed by signal 9 (SIGKILL)`.
+    pub fn describe(self) -> String {
+        match self {
+            PeExit::Code(c) => format!("exited with code {c}"),
+            PeExit::Signal(s) => match signal_name(s) {
+                Some(name) => format!("was killed by signal {s} ({name})"),
+                None => format!("was killed by signal {s}"),
+            },
+            PeExit::Unknown => "ended with an unknown status".to_string(),
+        }
+    }
+}
+
+/// The conventional name of a Linux signal number.
+pub fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGCHLD => "SIGCHLD",
+        libc::SIGCONT => "SIGCONT",
+        libc::SIGSTOP => "SIGSTOP",
+        libc::SIGTSTP => "SIGTSTP",
+        libc::SIGTTIN => "SIGTTIN",
+        libc::SIGTTOU => "SIGTTOU",
+        libc::SIGURG => "SIGURG",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGVTALRM => "SIGVTALRM",
+        libc::SIGPROF => "SIGPROF",
+        libc::SIGWINCH => "SIGWINCH",
+        libc::SIGIO => "SIGIO",
+        libc::SIGPWR => "SIGPWR",
+        libc::SIGSYS => "SIGSYS",
+        _ => return None,
+    })
+}
+
+/// Finds `program` the way `execvp` does: as a path when it contains `/`, else in each
+/// directory of `PATH` (`/bin:/usr/bin` when unset; an empty entry is the current
+/// directory). The result must be a regular file this process may execute.
+pub(super) fn resolve_program(program: &OsStr) -> Result<PathBuf> {
+    if program.is_empty() {
+        return Err(Error::Launch(
+            "no program given; usage: rshmem run -n N [--] PROGRAM [ARGS...]".to_string(),
+        ));
+    }
+    let shown = program.to_string_lossy();
+    if program.as_bytes().contains(&b'/') {
+        let path = PathBuf::from(program);
+        return match check_executable(&path) {
+            Ok(()) => Ok(path),
+            Err(why) => Err(Error::Launch(format!(
+                "cannot run program `{shown}`: {why}"
+            ))),
+        };
+    }
+    let path_var = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/bin:/usr/bin"));
+    let mut rejected = None;
+    for dir in path_var.as_bytes().split(|&b| b == b':') {
+        let dir = if dir.is_empty() {
+            Path::new(".")
+        } else {
+            Path::new(OsStr::from_bytes(dir))
+        };
+        let candidate = dir.join(program);
+        match check_executable(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(why) if candidate.exists() && rejected.is_none() => {
+                rejected = Some(format!("{}: {why}", candidate.display()));
+            }
+            Err(_) => {}
+        }
+    }
+    Err(Error::Launch(match rejected {
+        Some(why) => format!("cannot run program `{shown}`: {why}"),
+        None => format!("program `{shown}` not found in PATH"),
+    }))
+}
+
+/// `Ok` when `path` is a regular file we may execute; else why not.
+fn check_executable(path: &Path) -> std::result::Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".to_string());
+    }
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| "the path contains a NUL byte".to_string())?;
+    // SAFETY: `c_path` is a valid NUL-terminated string that outlives the call.
+    if unsafe { libc::access(c_path.as_ptr(), libc::X_OK) } != 0 {
+        return Err(format!(
+            "not executable ({})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Raises the soft open-file limit to at least `needed` (up to the hard limit).
+pub(super) fn ensure_fd_limit(needed: u64) -> Result<()> {
+    // SAFETY: rlimit is plain old data; zeroed is a valid value, filled in by getrlimit.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: `lim` is valid writable storage for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(Error::io(
+            "reading the open-file limit (getrlimit)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if lim.rlim_cur >= needed {
+        return Ok(());
+    }
+    if lim.rlim_max < needed {
+        return Err(Error::Launch(format!(
+            "relaying output needs {needed} open files, but the hard limit (ulimit -Hn) is {}",
+            lim.rlim_max
+        )));
+    }
+    lim.rlim_cur = needed;
+    // SAFETY: `lim` is a valid rlimit with rlim_cur <= rlim_max.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(Error::io(
+            format!("raising the open-file limit to {needed} (setrlimit)"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+struct Pe {
+    child: Child,
+    /// Process group id of the PE (= its pid).
+    pgid: libc::pid_t,
+    exit: Option<PeExit>,
+}
+
+/// The started PEs of one job.
+pub(super) struct Job {
+    pes: Vec<Pe>,
+    output: OutputPump,
+}
+
+/// What supervision found.
+pub(super) struct Report {
+    pub pe_exits: Vec<PeExit>,
+    pub first_failure: Option<(usize, PeExit)>,
+    pub interrupted_by: Option<i32>,
+}
+
+impl Report {
+    pub fn exit_code(&self) -> i32 {
+        if let Some(sig) = self.interrupted_by {
+            return 128 + sig;
+        }
+        match self.first_failure {
+            Some((_, exit)) => exit.shell_code(),
+            None => 0,
+        }
+    }
+}
+
+/// Sends `sig` to the process group `pgid`; false if the group no longer exists.
+fn signal_group(pgid: libc::pid_t, sig: libc::c_int) -> bool {
+    if pgid <= 1 {
+        return false; // never signal "every process" or init's group
+    }
+    // SAFETY: kill has no memory-safety preconditions. A negative pid addresses the
+    // process group of a PE we started; its leader is ours until we reap it.
+    unsafe { libc::kill(-pgid, sig) == 0 }
+}
+
+/// Whether `proc` lists a process, other than a zombie, in one of `groups`. When `proc`
+/// cannot be read, assumes there is one.
+fn live_members_in(proc: &Path, groups: &[libc::pid_t]) -> bool {
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return true;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.as_bytes().iter().all(u8::is_ascii_digit) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read(entry.path().join("stat")) else {
+            continue; // the process just went away
+        };
+        if let Some((state, pgrp)) = parse_stat(&stat) {
+            if state != b'Z' && state != b'X' && groups.contains(&pgrp) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// State and process group from the text of `/proc/<pid>/stat`:
+/// `pid (comm) state ppid pgrp ...`; comm may contain spaces and parentheses.
+fn parse_stat(stat: &[u8]) -> Option<(u8, libc::pid_t)> {
+    let after_comm = &stat[stat.iter().rposition(|&b| b == b')')? + 1..];
+    let text = std::str::from_utf8(after_comm).ok()?;
+    let mut fields = text.split_ascii_whitespace();
+    let state = *fields.next()?.as_bytes().first()?;
+    let _ppid = fields.next()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, pgrp))
+}
+
+impl Job {
+    /// Starts `opts.npes` PEs of `program`; `env` is the environment common to all of them.
+    /// When one cannot be started, those already started are killed and reaped.
+    pub(super) fn spawn(
+        program: &Path,
+        opts: &LaunchOptions,
+        env: &[(OsString, OsString)],
+    ) -> Result<Job> {
+        let mut job = Job {
+            pes: Vec::with_capacity(opts.npes),
+            output: OutputPump::new(),
+        };
+        let launcher_pid = std::process::id() as libc::pid_t;
+        for rank in 0..opts.npes {
+            let mut cmd = Command::new(program);
+            cmd.arg0(&opts.program)
+                .args(&opts.args)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .env("RSHMEM_RANK", rank.to_string())
+                .env("RSHMEM_LOCAL_RANK", rank.to_string())
+                .stdin(Stdio::null())
+                .process_group(0);
+            if opts.prefix_output {
+                cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+            }
+            // SAFETY: the closure runs in the child between fork and exec, where only
+            // async-signal-safe calls are allowed: it calls prctl and getppid (plain
+            // system calls) and builds io::Errors from raw OS codes (no allocation).
+            unsafe {
+                cmd.pre_exec(move || {
+                    // The PE dies with the launcher (with the thread that forked it, to be
+                    // exact: `launch` blocks on that thread until every PE is reaped).
+                    if libc::prctl(
+                        libc::PR_SET_PDEATHSIG,
+                        libc::SIGKILL as libc::c_ulong,
+                        0,
+                        0,
+                        0,
+                    ) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // The launcher died before prctl took effect: do not run orphaned.
+                    if libc::getppid() != launcher_pid {
+                        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                    }
+                    Ok(())
+                });
+            }
+            let mut child = match cmd.spawn() {
+                Ok(child) => child,
+                Err(e) => {
+                    job.kill_all_now();
+                    return Err(Error::Launch(format!(
+                        "starting PE {rank} ({}) failed: {e}",
+                        program.display()
+                    )));
+                }
+            };
+            if let Some(out) = child.stdout.take() {
+                job.output.add(rank, out, Target::Stdout);
+            }
+            if let Some(err) = child.stderr.take() {
+                job.output.add(rank, err, Target::Stderr);
+            }
+            let pgid = child.id() as libc::pid_t;
+            job.pes.push(Pe {
+                child,
+                pgid,
+                exit: None,
+            });
+        }
+        Ok(job)
+    }
+
+    /// SIGKILL to every PE group and a blocking reap (used when starting fails).
+    fn kill_all_now(&mut self) {
+        for pe in &mut self.pes {
+            signal_group(pe.pgid, libc::SIGKILL);
+            let _ = pe.child.wait();
+        }
+        self.output.drain(Duration::ZERO);
+    }
+
+    /// Reaps PEs that ended; returns the ranks newly reaped.
+    fn reap(&mut self) -> Vec<usize> {
+        let mut reaped = Vec::new();
+        for (rank, pe) in self.pes.iter_mut().enumerate() {
+            if pe.exit.is_some() {
+                continue;
+            }
+            match pe.child.try_wait() {
+                Ok(Some(status)) => pe.exit = Some(PeExit::from_status(status)),
+                Ok(None) => continue,
+                Err(_) => pe.exit = Some(PeExit::Unknown),
+            }
+            reaped.push(rank);
+        }
+        reaped
+    }
+
+    fn running(&self) -> usize {
+        self.pes.iter().filter(|pe| pe.exit.is_none()).count()
+    }
+
+    fn signal_all(&self, sig: libc::c_int) {
+        for pe in &self.pes {
+            signal_group(pe.pgid, sig);
+        }
+    }
+
+    /// Whether any process of any PE's group is still alive (zombies do not count).
+    fn any_group_alive(&self) -> bool {
+        let groups: Vec<libc::pid_t> = self
+            .pes
+            .iter()
+            .map(|pe| pe.pgid)
+            .filter(|&pgid| signal_group(pgid, 0))
+            .collect();
+        // kill(-pgid, 0) also succeeds for zombies: processes a PE left behind are
+        // reparented to init, which may be slow to reap them (or never, in a container).
+        !groups.is_empty() && live_members_in(Path::new("/proc"), &groups)
+    }
+
+    /// Relays output and waits for every PE, stopping the job on the first failure or on
+    /// SIGINT/SIGTERM (when `signals` is given). Returns once every PE is reaped.
+    pub(super) fn supervise(mut self, signals: Option<&SignalGuard>) -> Report {
+        let mut first_failure: Option<(usize, PeExit)> = None;
+        let mut interrupted_by = None;
+        // Some(deadline for SIGKILL) once the job is being stopped.
+        let mut stopping: Option<Instant> = None;
+        let mut killed = false;
+        let mut signals_seen = 0;
+
+        loop {
+            self.output.pump(POLL_INTERVAL);
+            for rank in self.reap() {
+                let exit = self.pes[rank].exit.unwrap_or(PeExit::Unknown);
+                if stopping.is_none() && first_failure.is_none() && !exit.is_success() {
+                    first_failure = Some((rank, exit));
+                    eprintln!("rshmem run: PE {rank} {}", exit.describe());
+                }
+            }
+
+            if let Some((sig, count)) = signals.map(|s| s.received()) {
+                if count > signals_seen {
+                    signals_seen = count;
+                    if stopping.is_none() {
+                        let running = self.running();
+                        eprintln!(
+                            "rshmem run: interrupted, stopping {running} PE{}",
+                            if running == 1 { "" } else { "s" }
+                        );
+                        interrupted_by = sig;
+                        self.signal_all(libc::SIGTERM);
+                        stopping = Some(Instant::now() + STOP_GRACE);
+                    } else if !killed {
+                        eprintln!("rshmem run: interrupted again, sending SIGKILL");
+                        self.signal_all(libc::SIGKILL);
+                        killed = true;
+                    }
+                }
+            }
+
+            if stopping.is_none() && first_failure.is_some() {
+                let running = self.running();
+                if running > 0 {
+                    eprintln!(
+                        "rshmem run: stopping {running} remaining PE{}",
+                        if running == 1 { "" } else { "s" }
+                    );
+                }
+                self.signal_all(libc::SIGTERM);
+                stopping = Some(Instant::now() + STOP_GRACE);
+            }
+
+            let all_reaped = self.running() == 0;
+            match stopping {
+                None if all_reaped => break,
+                None => {}
+                Some(deadline) => {
+                    let past_deadline = Instant::now() >= deadline;
+                    if past_deadline && !killed {
+                        let running = self.running();
+                        if running > 0 {
+                            eprintln!(
+                                "rshmem run: {running} PE{} still alive after {} s, sending SIGKILL",
+                                if running == 1 { "" } else { "s" },
+                                STOP_GRACE.as_secs()
+                            );
+                        }
+                        self.signal_all(libc::SIGKILL);
+                        killed = true;
+                    }
+                    // Wait for the PEs' own children too, until the deadline.
+                    if all_reaped && (killed || !self.any_group_alive()) {
+                        break;
+                    }
+                }
+            }
+        }
+
+        self.output.drain(DRAIN_TIMEOUT);
+        Report {
+            pe_exits: self
+                .pes
+                .iter()
+                .map(|pe| pe.exit.unwrap_or(PeExit::Unknown))
+                .collect(),
+            first_failure,
+            interrupted_by,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_descriptions() {
+        assert_eq!(PeExit::Code(7).describe(), "exited with code 7");
+        assert_eq!(PeExit::Code(7).shell_code(), 7);
+        assert_eq!(
+            PeExit::Signal(9).describe(),
+            "was killed by signal 9 (SIGKILL)"
+        );
+        assert_eq!(PeExit::Signal(9).shell_code(), 137);
+        assert_eq!(PeExit::Signal(64).describe(), "was killed by signal 64");
+    }
+
+    #[test]
+    fn stat_parsing() {
+        assert_eq!(
+            parse_stat(b"42 (a) b (c)) S 1 4242 4242 0 -1 4194560"),
+            Some((b'S', 4242))
+        );
+        assert_eq!(parse_stat(b"42 (sleep) Z 1 17 17 0"), Some((b'Z', 17)));
+        assert_eq!(parse_stat(b"garbage"), None);
+    }
+
+    #[test]
+    fn own_group_is_live() {
+        // SAFETY: getpgrp has no preconditions.
+        let pgrp = unsafe { libc::getpgrp() };
+        assert!(live_members_in(Path::new("/proc"), &[pgrp]));
+        assert!(!live_members_in(Path::new("/proc"), &[i32::MAX]));
+    }
+
+    #[test]
+    fn resolves_like_execvp() {
+        let sh = resolve_program(OsStr::new("sh")).expect("sh is in PATH");
+        assert!(sh.is_absolute() || sh.starts_with("."));
+        assert!(resolve_program(OsStr::new("/bin/sh")).is_ok());
+        let missing = resolve_program(OsStr::new("rshmem-no-such-program")).unwrap_err();
+        assert_eq!(
+            missing.to_string(),
+            "launcher: program `rshmem-no-such-program` not found in PATH"
+        );
+        assert!(resolve_program(OsStr::new("/etc/passwd")).is_err());
+        assert!(resolve_program(OsStr::new("/")).is_err());
+        assert!(resolve_program(OsStr::new("")).is_err());
+    }
+}

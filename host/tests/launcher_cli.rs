@@ -1,0 +1,535 @@
+//! `rshmem run` end to end: the real binary, real PE processes (`sh`), exact outputs.
+//!
+//! Every test is bounded (a hung launcher is killed and the test fails) and none needs
+//! more than a few seconds.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BOUND: Duration = Duration::from_secs(10);
+
+struct Finished {
+    code: Option<i32>,
+    stdout: Vec<u8>,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Finished {
+    fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    fn stdout_lines(&self) -> Vec<String> {
+        self.stdout_text().lines().map(str::to_string).collect()
+    }
+}
+
+fn rshmem(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rshmem"));
+    cmd.args(args)
+        .env_remove("RSHMEM_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Reads a pipe to its end on a thread; the bytes arrive on the returned channel.
+fn collect(mut pipe: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = pipe.read_to_end(&mut buf);
+        let _ = tx.send(buf);
+    });
+    rx
+}
+
+/// Waits (bounded) for `child` and everything it wrote.
+fn finish(mut child: Child, started: Instant, stdout: mpsc::Receiver<Vec<u8>>) -> Finished {
+    let stderr = collect(child.stderr.take().expect("stderr piped"));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if started.elapsed() > BOUND {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("rshmem run did not finish within {BOUND:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let elapsed = started.elapsed();
+    let stdout = stdout
+        .recv_timeout(Duration::from_secs(3))
+        .expect("launcher stdout closed");
+    let stderr = stderr
+        .recv_timeout(Duration::from_secs(3))
+        .expect("launcher stderr closed");
+    Finished {
+        code: status.code(),
+        stdout,
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        elapsed,
+    }
+}
+
+fn run(args: &[&str]) -> Finished {
+    run_cmd(rshmem(args))
+}
+
+fn run_cmd(mut cmd: Command) -> Finished {
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("spawn rshmem");
+    let stdout = collect(child.stdout.take().expect("stdout piped"));
+    finish(child, started, stdout)
+}
+
+/// Whether `pid` is a live process (a zombie counts as gone).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let after = &stat[stat.rfind(')').expect("stat format") + 1..];
+            !matches!(after.split_whitespace().next(), Some("Z") | Some("X"))
+        }
+        Err(_) => false,
+    }
+}
+
+/// Values of `key=` found in `text` (one per line that has it), as pids.
+fn pids(text: &str, key: &str) -> Vec<i32> {
+    text.lines()
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix(key)))
+        .map(|p| p.parse().expect("pid"))
+        .collect()
+}
+
+#[test]
+fn sets_pe_environment_and_prefixes_lines() {
+    let out = run(&[
+        "run",
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "echo rank=$RSHMEM_RANK size=$RSHMEM_WORLD_SIZE local=$RSHMEM_LOCAL_RANK/$RSHMEM_LOCAL_SIZE root=$RSHMEM_ROOT; echo err >&2",
+    ]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let mut lines = out.stdout_lines();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "[pe 0] rank=0 size=3 local=0/3 root=external",
+            "[pe 1] rank=1 size=3 local=1/3 root=external",
+            "[pe 2] rank=2 size=3 local=2/3 root=external",
+        ]
+    );
+    let mut err: Vec<&str> = out.stderr.lines().collect();
+    err.sort();
+    assert_eq!(err, ["[pe 0] err", "[pe 1] err", "[pe 2] err"]);
+}
+
+#[test]
+fn token_port_addr_and_job_id_are_shared() {
+    let out = run(&[
+        "run",
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "echo $RSHMEM_TOKEN $RSHMEM_MASTER_ADDR $RSHMEM_MASTER_PORT $RSHMEM_JOB_ID",
+    ]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let lines = out.stdout_lines();
+    assert_eq!(lines.len(), 3);
+    let values: Vec<Vec<&str>> = lines
+        .iter()
+        .map(|l| l.split_whitespace().skip(2).collect())
+        .collect();
+    let first = &values[0];
+    assert_eq!(first.len(), 4, "line: {}", lines[0]);
+    assert_eq!(first[0].len(), 32);
+    assert!(first[0].bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(first[1], "127.0.0.1");
+    let port: u16 = first[2].parse().expect("MASTER_PORT is a number");
+    assert_ne!(port, 0);
+    assert!(!first[3].is_empty());
+    for v in &values {
+        assert_eq!(v, first);
+    }
+}
+
+#[test]
+fn launcher_token_passes_through() {
+    let mut cmd = rshmem(&["run", "-n", "2", "--", "sh", "-c", "echo $RSHMEM_TOKEN"]);
+    cmd.env("RSHMEM_TOKEN", "my-own-token");
+    let out = run_cmd(cmd);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let mut lines = out.stdout_lines();
+    lines.sort();
+    assert_eq!(lines, ["[pe 0] my-own-token", "[pe 1] my-own-token"]);
+}
+
+#[test]
+fn partial_last_line_is_flushed_with_newline() {
+    let out = run(&[
+        "run",
+        "-n",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "printf 'one\\ntwo'; printf 'x' >&2",
+    ]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    assert_eq!(out.stdout, b"[pe 0] one\n[pe 0] two\n");
+    assert_eq!(out.stderr, "[pe 0] x\n");
+}
+
+#[test]
+fn invalid_utf8_passes_through_as_bytes() {
+    let out = run(&[
+        "run",
+        "-n",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "printf 'a\\377\\376b\\n'",
+    ]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    assert_eq!(out.stdout, b"[pe 0] a\xff\xfeb\n");
+}
+
+#[test]
+fn lines_of_different_pes_never_mix() {
+    // 4 PEs each write 2000 lines of ~300 bytes as fast as they can.
+    let script =
+        "awk -v r=$RSHMEM_RANK 'BEGIN { pad = sprintf(\"%300s\", \"\"); gsub(/ /, \"x\", pad); \
+                  for (i = 0; i < 2000; i++) print \"r\" r \"-\" i \"-\" pad }'";
+    let out = run(&["run", "-n", "4", "--", "sh", "-c", script]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let pad = "x".repeat(300);
+    let mut next = [0usize; 4];
+    for line in out.stdout_lines() {
+        let rank: usize = line[4..5].parse().expect("rank digit");
+        let expected = format!("[pe {rank}] r{rank}-{}-{pad}", next[rank]);
+        assert_eq!(line, expected);
+        next[rank] += 1;
+    }
+    assert_eq!(next, [2000; 4]);
+}
+
+#[test]
+fn failing_pe_stops_the_others_and_sets_exit_code() {
+    // PE 1 fails once the others have reported their pids; PE 0 and 2 would run 30 s,
+    // PE 0 as a shell with a background child, PE 2 as sleep itself.
+    let script = "case $RSHMEM_RANK in \
+                    0) sleep 30 & echo pid=$$ bg=$!; wait ;; \
+                    1) sleep 0.5; exit 7 ;; \
+                    *) echo pid=$$; exec sleep 30 ;; \
+                  esac";
+    let out = run(&["run", "-n", "3", "--", "sh", "-c", script]);
+    assert_eq!(out.code, Some(7), "stderr: {}", out.stderr);
+    assert!(
+        out.elapsed < Duration::from_secs(5),
+        "took {:?}",
+        out.elapsed
+    );
+    assert!(
+        out.stderr.contains("rshmem run: PE 1 exited with code 7\n"),
+        "stderr: {}",
+        out.stderr
+    );
+    let stdout = out.stdout_text();
+    let mut all = pids(&stdout, "pid=");
+    all.extend(pids(&stdout, "bg="));
+    assert_eq!(all.len(), 3, "stdout: {stdout}");
+    for pid in all {
+        assert!(!alive(pid), "process {pid} of the job survived");
+    }
+}
+
+#[test]
+fn pe_killed_by_signal_gives_128_plus_signal() {
+    let script = "if [ $RSHMEM_RANK = 0 ]; then sleep 0.2; kill -9 $$; fi; exec sleep 30";
+    let out = run(&["run", "-n", "2", "--", "sh", "-c", script]);
+    assert_eq!(out.code, Some(137), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("rshmem run: PE 0 was killed by signal 9 (SIGKILL)\n"),
+        "stderr: {}",
+        out.stderr
+    );
+    assert!(
+        out.elapsed < Duration::from_secs(5),
+        "took {:?}",
+        out.elapsed
+    );
+}
+
+#[test]
+fn all_pes_succeed_gives_zero_even_when_they_end_at_different_times() {
+    let out = run(&[
+        "run",
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "sleep 0.$RSHMEM_RANK; exit 0",
+    ]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    assert_eq!(out.stderr, "");
+    assert_eq!(out.stdout, b"");
+}
+
+/// Starts a 2-PE job of sleepers, waits until both report their pid, sends `sig` to the
+/// launcher, and checks the exit code and that the PEs are gone.
+fn interrupt_with(sig: i32, expected_code: i32) {
+    let started = Instant::now();
+    let mut child = rshmem(&[
+        "run",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo pid=$$; exec sleep 30",
+    ])
+    .spawn()
+    .expect("spawn rshmem");
+    let mut stdout = child.stdout.take().expect("stdout piped");
+    // Read until both PEs have printed their pid.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 256];
+        let mut reported = false;
+        loop {
+            match stdout.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+            if !reported && pids(&String::from_utf8_lossy(&seen), "pid=").len() == 2 {
+                let _ = tx.send(None);
+                reported = true;
+            }
+        }
+        let _ = tx.send(Some(seen));
+    });
+    let first = rx.recv_timeout(Duration::from_secs(5));
+    if !matches!(first, Ok(None)) {
+        let _ = child.kill();
+        panic!("PEs did not start: {first:?}");
+    }
+    // SAFETY: kill has no memory-safety preconditions; the pid is our live child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    let (tx2, rx2) = mpsc::channel();
+    std::thread::spawn(move || {
+        if let Ok(Some(bytes)) = rx.recv() {
+            let _ = tx2.send(bytes);
+        }
+    });
+    let out = finish(child, started, rx2);
+    assert_eq!(out.code, Some(expected_code), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("rshmem run: interrupted, stopping 2 PEs\n"),
+        "stderr: {}",
+        out.stderr
+    );
+    let pes = pids(&out.stdout_text(), "pid=");
+    assert_eq!(pes.len(), 2);
+    for pid in pes {
+        assert!(!alive(pid), "PE process {pid} survived");
+    }
+    assert!(
+        out.elapsed < Duration::from_secs(8),
+        "took {:?}",
+        out.elapsed
+    );
+}
+
+#[test]
+fn sigint_stops_pes_and_exits_130() {
+    interrupt_with(libc::SIGINT, 130);
+}
+
+#[test]
+fn sigterm_stops_pes_and_exits_143() {
+    interrupt_with(libc::SIGTERM, 143);
+}
+
+#[test]
+fn leftover_shm_segments_of_the_job_are_removed() {
+    let script = "echo job=$RSHMEM_JOB_ID; : > /dev/shm/rshmem-$RSHMEM_JOB_ID-pe$RSHMEM_RANK";
+    let out = run(&["run", "-n", "2", "--", "sh", "-c", script]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let lines = out.stdout_lines();
+    let job = lines[0].strip_prefix("[pe ").expect("prefixed")[3..]
+        .strip_prefix("job=")
+        .expect("job id line")
+        .to_string();
+    assert!(!job.is_empty());
+    assert_eq!(
+        out.stderr,
+        format!("rshmem run: removed 2 leftover shared-memory segments of job {job}\n")
+    );
+    for rank in 0..2 {
+        let path = format!("/dev/shm/rshmem-{job}-pe{rank}");
+        assert!(!std::path::Path::new(&path).exists(), "{path} left behind");
+    }
+}
+
+/// Runs `rshmem run` with `args`, whose program would create a marker file if it ran,
+/// and checks: exit 2, `message` on stderr, no output, and no marker.
+fn refused(args: &[&str], message: &str) {
+    let marker = std::env::temp_dir().join(format!(
+        "rshmem-launcher-refused-{}-{}",
+        std::process::id(),
+        message.len()
+    ));
+    let _ = std::fs::remove_file(&marker);
+    let touch = format!("touch {}", marker.display());
+    let mut full: Vec<&str> = args.to_vec();
+    if !args.is_empty() && args.last() == Some(&"sh") {
+        full.extend(["-c", &touch]);
+    }
+    let out = run(&full);
+    assert_eq!(out.code, Some(2), "stderr: {}", out.stderr);
+    assert_eq!(out.stderr, message);
+    assert_eq!(out.stdout, b"");
+    assert!(!marker.exists(), "the program ran");
+}
+
+#[test]
+fn zero_pes_is_refused() {
+    refused(
+        &["run", "-n", "0", "--", "sh"],
+        "rshmem run: launcher: -n must be at least 1 (got 0 PEs)\n",
+    );
+}
+
+#[test]
+fn too_many_pes_is_refused() {
+    refused(
+        &["run", "-n", "5000", "--", "sh"],
+        "rshmem run: launcher: -n 5000 is more PEs than one launcher starts (at most 4096)\n",
+    );
+}
+
+#[test]
+fn missing_program_is_refused() {
+    refused(
+        &["run", "-n", "2"],
+        "rshmem run: no program given; usage: rshmem run -n N [--] PROGRAM [ARGS...]\n",
+    );
+    refused(
+        &["run", "-n", "2", "--"],
+        "rshmem run: no program given; usage: rshmem run -n N [--] PROGRAM [ARGS...]\n",
+    );
+}
+
+#[test]
+fn nonexistent_program_is_refused() {
+    refused(
+        &["run", "-n", "2", "--", "rshmem-no-such-program"],
+        "rshmem run: launcher: program `rshmem-no-such-program` not found in PATH\n",
+    );
+    refused(
+        &["run", "-n", "2", "--", "./no/such/path"],
+        "rshmem run: launcher: cannot run program `./no/such/path`: No such file or directory (os error 2)\n",
+    );
+}
+
+#[test]
+fn non_executable_program_is_refused() {
+    let file = std::env::temp_dir().join(format!("rshmem-launcher-noexec-{}", std::process::id()));
+    std::fs::write(&file, "#!/bin/sh\necho ran\n").expect("write script");
+    let path = file.to_string_lossy().into_owned();
+    let out = run(&["run", "-n", "1", "--", &path]);
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(out.code, Some(2), "stderr: {}", out.stderr);
+    assert_eq!(
+        out.stderr,
+        format!(
+            "rshmem run: launcher: cannot run program `{path}`: not executable (Permission denied (os error 13))\n"
+        )
+    );
+    assert_eq!(out.stdout, b"");
+}
+
+#[test]
+fn pe_ignoring_sigterm_is_killed_after_grace_period() {
+    // PE 0 ignores SIGTERM (inherited by sleep across exec); PE 1 fails at once.
+    let script = "if [ $RSHMEM_RANK = 0 ]; then trap '' TERM; echo pid=$$; exec sleep 30; fi; \
+                  sleep 0.3; exit 3";
+    let out = run(&["run", "-n", "2", "--", "sh", "-c", script]);
+    assert_eq!(out.code, Some(3), "stderr: {}", out.stderr);
+    assert_eq!(
+        out.stderr,
+        "rshmem run: PE 1 exited with code 3\n\
+         rshmem run: stopping 1 remaining PE\n\
+         rshmem run: 1 PE still alive after 2 s, sending SIGKILL\n"
+    );
+    assert!(
+        out.elapsed >= Duration::from_secs(2) && out.elapsed < Duration::from_secs(5),
+        "took {:?}",
+        out.elapsed
+    );
+    let pes = pids(&out.stdout_text(), "pid=");
+    assert_eq!(pes.len(), 1);
+    assert!(!alive(pes[0]), "PE process {} survived", pes[0]);
+}
+
+#[test]
+fn killed_launcher_takes_its_pes_along() {
+    let mut child = rshmem(&[
+        "run",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo pid=$$; exec sleep 30",
+    ])
+    .spawn()
+    .expect("spawn rshmem");
+    let mut stdout = child.stdout.take().expect("stdout piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            let found = pids(&String::from_utf8_lossy(&seen), "pid=");
+            if found.len() == 2 {
+                let _ = tx.send(found);
+                break;
+            }
+        }
+    });
+    let Ok(pes) = rx.recv_timeout(Duration::from_secs(5)) else {
+        let _ = child.kill();
+        panic!("PEs did not start");
+    };
+    child.kill().expect("SIGKILL the launcher");
+    child.wait().expect("reap the launcher");
+    // PR_SET_PDEATHSIG delivers SIGKILL to the PEs; give the kernel a moment.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while pes.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for pid in pes {
+        assert!(!alive(pid), "PE process {pid} outlived the launcher");
+    }
+}
