@@ -185,10 +185,18 @@ pub fn sizes(kind: Kind, min: usize, max: usize) -> Vec<usize> {
     match kind {
         Kind::Barrier => vec![0],
         Kind::Atomic => vec![8],
-        Kind::P => [4usize, 8]
-            .into_iter()
-            .filter(|&s| s >= min.min(4) && s <= max.max(4))
-            .collect(),
+        Kind::P => {
+            // p moves one 4- or 8-byte element; sizes outside [min, max] are skipped.
+            let v: Vec<usize> = [4usize, 8]
+                .into_iter()
+                .filter(|&s| s >= min && s <= max)
+                .collect();
+            if v.is_empty() {
+                vec![8]
+            } else {
+                v
+            }
+        }
         _ => {
             // Word-based verification and polling need multiples of 8.
             let mut s = min.next_multiple_of(8);

@@ -161,6 +161,9 @@ impl Pe {
         let local: Vec<usize> = (0..n).filter(|&r| node_ids[r] == node_ids[rank]).collect();
         let my_path = heap::segment_path(&job_id, rank);
         let mine = Segment::create(&my_path, heap_size);
+        // Whatever happens next, the name goes away when init ends: by then every node peer
+        // has mapped the segment (or init failed and nobody needs it).
+        let _unlink = mine.as_ref().ok().map(|_| UnlinkOnDrop(my_path.clone()));
         exchange_status(&boot, &world_group, "create its symmetric heap", &mine)?;
         let mine = mine?;
         let mut peers: Vec<Option<Segment>> = (0..n).map(|_| None).collect();
@@ -168,10 +171,7 @@ impl Pe {
             peers[r] = Some(Segment::open(&heap::segment_path(&job_id, r), heap_size)?);
             Ok(())
         });
-        let st = exchange_status(&boot, &world_group, "map its node peers' heaps", &opened);
-        // Everyone has mapped (or failed); the name is no longer needed either way.
-        heap::unlink(&my_path);
-        st?;
+        exchange_status(&boot, &world_group, "map its node peers' heaps", &opened)?;
         opened?;
         peers[rank] = Some(mine);
 
@@ -485,6 +485,15 @@ pub fn run_threads<R: Send>(
     })?;
     root.wait_all_left(Duration::from_secs(1));
     Ok(out)
+}
+
+/// Removes a segment's name when dropped.
+struct UnlinkOnDrop(String);
+
+impl Drop for UnlinkOnDrop {
+    fn drop(&mut self) {
+        heap::unlink(&self.0);
+    }
 }
 
 /// Shares each PE's outcome of a local step, so that a failure on one PE becomes an error

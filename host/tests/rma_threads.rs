@@ -44,3 +44,94 @@ fn selftest_4_pes() {
 fn selftest_7_pes_more_than_cores() {
     selftest(7);
 }
+
+#[test]
+fn wait_timeout_reports_pe_address_comparison_and_last_value() {
+    let mut s = settings();
+    s.timeout = std::time::Duration::from_millis(300);
+    // One PE, so nobody else's waits are bounded by the short timeout too.
+    let out = run_threads(1, s, |pe| {
+        let flag = pe.calloc::<u64>(2)?;
+        pe.atomic_set(flag.at(1), 7u64, pe.my_pe())?;
+        let t0 = std::time::Instant::now();
+        let e = pe
+            .wait_until(flag.at(1), rshmem::Cmp::Eq, 1u64)
+            .unwrap_err();
+        Ok((Some((e, t0.elapsed())), flag.at(1).offset()))
+    })
+    .unwrap();
+    let (r, offset) = out.into_iter().next().unwrap().unwrap();
+    let (e, waited) = r.unwrap();
+    match &e {
+        rshmem::Error::WaitTimeout {
+            pe,
+            op,
+            offset: o,
+            cmp,
+            expected,
+            last,
+            ..
+        } => {
+            assert_eq!(
+                (*pe, *op, *o, *cmp, expected.as_str(), last.as_str()),
+                (0, "wait_until", offset, "==", "1", "7")
+            );
+        }
+        other => panic!("wrong error: {other}"),
+    }
+    let msg = e.to_string();
+    assert!(
+        msg.contains("PE 0") && msg.contains("last value seen 7"),
+        "{msg}"
+    );
+    assert!(
+        waited >= std::time::Duration::from_millis(300),
+        "waited {waited:?}"
+    );
+}
+
+#[test]
+fn a_pe_that_leaves_without_finalize_fails_the_others_barrier() {
+    let t0 = std::time::Instant::now();
+    let out = run_threads(3, settings(), |pe| {
+        if pe.my_pe() == 1 {
+            // Leave abruptly: the Pe is dropped without finalize.
+            return Err(rshmem::Error::Verification("PE 1 leaves on purpose".into()));
+        }
+        pe.barrier_all()
+    })
+    .unwrap();
+    for r in [0, 2] {
+        match &out[r] {
+            Err(rshmem::Error::PeerDied { pe: 1, .. }) => {}
+            other => panic!("PE {r}: {other:?}"),
+        }
+    }
+    // Pushed by the bootstrap, far inside the 20 s timeout.
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn heap_exhaustion_reports_requested_and_free_bytes() {
+    let out = run_threads(2, settings(), |pe| {
+        let (free, _) = pe.heap_free();
+        let e = pe.malloc(free + 1).unwrap_err();
+        let a = pe.malloc(free)?; // exactly the rest still fits
+        pe.free(a)?;
+        Ok((e, free))
+    })
+    .unwrap();
+    for r in out {
+        let (e, free) = r.unwrap();
+        match e {
+            rshmem::Error::HeapExhausted {
+                requested, free: f, ..
+            } => assert_eq!((requested, f), (free + 1, free)),
+            other => panic!("{other}"),
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Jobs started by `rshmem run`: the self-test at several PE counts (more PEs than cores
+//! included) and the benchmarks, as separate processes.
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_rshmem");
+
+fn run(n: usize, args: &[&str]) -> (bool, String, String) {
+    let o = Command::new(BIN)
+        .args(["run", "-n", &n.to_string(), "--", BIN])
+        .args(args)
+        .env("RSHMEM_SYMMETRIC_SIZE", "64M")
+        .env("RSHMEM_TIMEOUT_MS", "20000")
+        .output()
+        .expect("rshmem run");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+#[test]
+fn selftest_under_rshmem_run() {
+    let ncases = String::from_utf8_lossy(
+        &Command::new(BIN)
+            .args(["selftest", "--list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .lines()
+    .count();
+    for n in [1, 2, 3, 5, 8] {
+        let (ok, out, err) = run(n, &["selftest"]);
+        assert!(ok, "{n} PEs:\n{out}\n{err}");
+        for r in 0..n {
+            assert!(
+                out.contains(&format!(
+                    "[pe {r}] selftest: all {ncases} cases passed on PE {r}"
+                )),
+                "{n} PEs:\n{out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bench_json_under_rshmem_run() {
+    for kind in ["put", "get", "p", "atomic", "signal", "barrier"] {
+        let (ok, out, err) = run(
+            2,
+            &[
+                "bench",
+                kind,
+                "--json",
+                "--iters",
+                "200",
+                "--warmup",
+                "20",
+                "--min-size",
+                "8",
+                "--max-size",
+                "64K",
+            ],
+        );
+        assert!(ok, "{kind}:\n{out}\n{err}");
+        // Only PE 0 reports.
+        let lines: Vec<&str> = out.lines().filter(|l| l.contains("\"bench\"")).collect();
+        assert_eq!(lines.len(), 1, "{out}");
+        let json = lines[0].trim_start_matches("[pe 0] ");
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(v["bench"], kind);
+        assert_eq!(v["pes"], 2);
+        assert_eq!(v["device"], "cpu");
+        assert_eq!(v["transport"], "p2p");
+        let rows = v["rows"].as_array().unwrap();
+        let want_sizes: Vec<u64> = match kind {
+            "barrier" => vec![0],
+            "atomic" => vec![8],
+            "p" => vec![8],
+            _ => (3..=16).map(|p| 1u64 << p).collect(),
+        };
+        let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+        assert_eq!(sizes, want_sizes, "{kind}");
+        for r in rows {
+            let med = r["latency_us_median"].as_f64().unwrap();
+            let p99 = r["latency_us_p99"].as_f64().unwrap();
+            assert!(med > 0.0 && p99 >= med, "{kind}: {r}");
+            if kind != "barrier" {
+                assert!(r["bandwidth_gbps"].as_f64().unwrap() > 0.0, "{kind}: {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "put",
+            "--pes",
+            "3",
+            "--json",
+            "--iters",
+            "100",
+            "--warmup",
+            "10",
+            "--max-size",
+            "1K",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["pes"], 3);
+    assert_eq!(v["rows"].as_array().unwrap().len(), 8); // 8 B .. 1 KiB
+
+    for (args, msg) in [
+        (vec!["bench", "put", "--pes", "1"], "needs --pes 2"),
+        (
+            vec!["bench", "put", "--min-size", "1M", "--max-size", "1K"],
+            "need 1 <= min <= max",
+        ),
+        (
+            vec!["bench", "put", "--transport", "proxy"],
+            "not available yet",
+        ),
+        (vec!["bench", "put", "--iters", "0"], "--iters"),
+    ] {
+        let o = Command::new(BIN).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(msg), "{args:?}: {err}");
+    }
+}
