@@ -38,8 +38,6 @@ pub enum Kind {
 pub enum Transport {
     /// Loads and stores into peers' heaps mapped in this process (same node).
     P2p,
-    /// mlx5 queues drained by the soft HCA (not implemented yet).
-    Proxy,
 }
 
 /// Arguments of `rshmem bench <kind>`.
@@ -57,8 +55,8 @@ pub struct BenchArgs {
     /// Largest message size (bytes; units like 32M accepted). Sizes double from min to max.
     #[arg(long, default_value = "32M", value_parser = parse_size_arg)]
     pub max_size: usize,
-    /// Measured iterations per size (bandwidth runs of large sizes use fewer: at most
-    /// 512 MiB moved per size, at least 20 iterations).
+    /// Measured iterations per size. Large sizes use fewer (at least 20): latency runs
+    /// move at most 256 MiB per size, bandwidth runs at most 512 MiB.
     #[arg(long, default_value_t = 10_000)]
     pub iters: usize,
     /// Unmeasured warm-up iterations per size.
@@ -156,12 +154,6 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
 }
 
 fn validate(a: &BenchArgs) -> Result<()> {
-    if a.transport == Transport::Proxy {
-        return Err(Error::InvalidArgument(
-            "--transport proxy is not available yet (the soft HCA is tracked in its own issue); use p2p"
-                .into(),
-        ));
-    }
     if a.min_size == 0 || a.min_size > a.max_size {
         return Err(Error::InvalidArgument(format!(
             "--min-size {} / --max-size {}: need 1 <= min <= max",

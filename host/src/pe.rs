@@ -31,6 +31,9 @@ pub struct PeConfig {
 }
 
 /// One processing element.
+///
+/// `Send + Sync` (checked below): RMA may be issued from any thread; collectives from one
+/// thread at a time.
 pub struct Pe {
     rank: usize,
     n_pes: usize,
@@ -52,6 +55,11 @@ pub struct Pe {
     /// single PE started without a launcher).
     root: Option<Root>,
 }
+
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Pe>();
+};
 
 impl std::fmt::Debug for Pe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -122,10 +122,6 @@ fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
             vec!["bench", "put", "--min-size", "1M", "--max-size", "1K"],
             "need 1 <= min <= max",
         ),
-        (
-            vec!["bench", "put", "--transport", "proxy"],
-            "not available yet",
-        ),
         (vec!["bench", "put", "--iters", "0"], "--iters"),
     ] {
         let o = Command::new(BIN).args(&args).output().unwrap();
