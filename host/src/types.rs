@@ -109,15 +109,17 @@ impl<T> SymPtr<T> {
     }
 }
 
-/// Comparison operators of the wait/test family (OpenSHMEM `SHMEM_CMP_*`).
+/// Comparison operators of the wait/test family (OpenSHMEM `SHMEM_CMP_*`). The values are
+/// the device API's `rshmem_cmp_t` (device-kernels/include/rshmem/types.cuh).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
 pub enum Cmp {
-    Eq,
-    Ne,
-    Gt,
-    Ge,
-    Lt,
-    Le,
+    Eq = 0,
+    Ne = 1,
+    Gt = 2,
+    Ge = 3,
+    Lt = 4,
+    Le = 5,
 }
 
 impl Cmp {
@@ -151,9 +153,44 @@ impl fmt::Display for Cmp {
     }
 }
 
-/// Signal update operators (OpenSHMEM `SHMEM_SIGNAL_SET` / `SHMEM_SIGNAL_ADD`).
+/// Signal update operators (OpenSHMEM `SHMEM_SIGNAL_SET` / `SHMEM_SIGNAL_ADD`). The values
+/// are the device API's `rshmem_signal_op_t`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
 pub enum SignalOp {
-    Set,
-    Add,
+    Set = 0,
+    Add = 1,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The enums cross the FFI boundary by value: check them against the CUDA header.
+    #[test]
+    fn values_match_the_device_header() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../device-kernels/include/rshmem/types.cuh"
+        );
+        let h = std::fs::read_to_string(path).expect("device header present");
+        let value = |name: &str| -> u32 {
+            let line = h
+                .lines()
+                .find(|l| l.trim_start().starts_with(name) && l.contains('='))
+                .unwrap_or_else(|| panic!("{name} not in {path}"));
+            line.split('=')
+                .nth(1)
+                .unwrap()
+                .trim()
+                .trim_end_matches(',')
+                .parse()
+                .unwrap()
+        };
+        for (c, n) in Cmp::ALL.iter().zip(["EQ", "NE", "GT", "GE", "LT", "LE"]) {
+            assert_eq!(*c as u32, value(&format!("RSHMEM_CMP_{n} ")), "{c:?}");
+        }
+        assert_eq!(SignalOp::Set as u32, value("RSHMEM_SIGNAL_SET "));
+        assert_eq!(SignalOp::Add as u32, value("RSHMEM_SIGNAL_ADD "));
+    }
 }
