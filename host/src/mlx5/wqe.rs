@@ -728,7 +728,7 @@ pub enum WqeError {
     DsTooLarge { ds: u8 },
     #[error("ds = {ds} ({need} bytes) runs past the {len} bytes provided")]
     DsPastBuffer { ds: u8, need: usize, len: usize },
-    #[error("opmod {opmod:#04x} is invalid for opcode {opcode:#04x}")]
+    #[error("opmod {opmod:#04x} is invalid for masked atomic opcode {opcode:#04x} (0x08: 4 B, 0x09: 8 B)")]
     BadOpmod { opcode: u8, opmod: u8 },
     #[error("opcode {opcode:#04x} needs a {segment} segment at ds {at}, but ds = {ds}")]
     MissingSegment {
@@ -968,13 +968,10 @@ pub fn parse_wqe_with(bytes: &[u8], max_inline: u32) -> Result<ParsedWqe<'_>, Wq
             len: bytes.len(),
         });
     }
+    // Opmod selects the operand size of masked atomics; other opcodes give it no meaning
+    // and it is reported, not checked (MLX5.md's oracle image sets 0x08 on RDMA_WRITE).
     let masked = matches!(op, opcode::ATOMIC_MASKED_CS | opcode::ATOMIC_MASKED_FA);
-    let opmod_ok = if masked {
-        opmod == OPMOD_MASKED_4B || opmod == OPMOD_MASKED_8B
-    } else {
-        opmod == 0
-    };
-    if !opmod_ok {
+    if masked && opmod != OPMOD_MASKED_4B && opmod != OPMOD_MASKED_8B {
         return Err(WqeError::BadOpmod { opcode: op, opmod });
     }
     let size = WqeSize { ds };
