@@ -16,6 +16,7 @@ pub mod doctor;
 pub mod error;
 pub mod heap;
 pub mod launcher;
+pub mod mlx5;
 pub mod pe;
 mod rma;
 pub mod selftest;

@@ -22,6 +22,8 @@ enum Command {
     Bench(rshmem::bench::BenchArgs),
     /// Check every host operation among the PEs of a job, with exact values.
     Selftest(SelftestArgs),
+    /// mlx5 queue formats: decode a WQE or CQE from hex.
+    Mlx5(rshmem::mlx5::decode::Mlx5Args),
 }
 
 /// Arguments of `rshmem selftest`.
@@ -116,6 +118,7 @@ fn main() {
         Command::Doctor(args) => rshmem::doctor::run_cli(args),
         Command::Bench(args) => rshmem::bench::run_cli(args),
         Command::Selftest(args) => selftest(args),
+        Command::Mlx5(args) => rshmem::mlx5::decode::run_cli(args),
     };
     std::process::exit(code);
 }
