@@ -20,6 +20,7 @@ pub mod mlx5;
 pub mod pe;
 mod rma;
 pub mod selftest;
+pub mod softhca;
 pub mod team;
 pub mod types;
 

@@ -1,0 +1,716 @@
+//! The soft HCA engine: executes the WQEs of the queue pairs it owns and writes their CQEs.
+//!
+//! [`EngineCore`] is the engine's state machine, driven by [`EngineCore::progress`] (tests
+//! drive it by hand); [`SoftHca`] runs one on a thread. Per QP the engine:
+//! - reads the send counter of the QP's doorbell record (Acquire; 16-bit, wrap-aware) and
+//!   processes the published WQEBBs in order, a bounded batch per QP per round so several
+//!   QPs are served round-robin;
+//! - parses each WQE straight from the ring with `mlx5::parse_wqe_with` (copying it out
+//!   only when it wraps the ring end) — a parse error becomes an error CQE carrying
+//!   [`crate::mlx5::WqeError::syndrome`];
+//! - checks local buffers against the local protection domain: unknown lkey, range outside
+//!   the region, or LOCAL_WRITE missing for a READ/atomic result → LOCAL_PROT (0x04);
+//! - hands the operation to its [`Backend`], which checks the remote side (REMOTE_ACCESS
+//!   0x13, REMOTE_INVAL_REQ 0x12 for a misaligned atomic);
+//! - writes a CQE when the WQE asks for one (CE = always) or failed, in WQE order; the
+//!   first failure puts the QP in the error state and every later WQE completes with
+//!   WR_FLUSH (0x05), like a ConnectX.
+//!
+//! Never trusted: anything in the rings. Every read of queue memory is bounded by the ring
+//! (a ds that runs past what the doorbell published is a parse error, not a read past it),
+//! and every access to data memory goes through a registered region's bounds.
+
+use super::backend::{AtomicOp, Backend, Gather, LocalBuf, Op};
+use super::mr::{Access, MrSnapshot, MrTable};
+use super::queue::{CqMode, QueueMemory};
+use crate::mlx5::cqe::{owner_bit, Cqe64, CqeInfo, CqeOpcode};
+use crate::mlx5::ring::slot_offset;
+use crate::mlx5::wqe::{
+    opcode, parse_wqe_with, CtrlSeg, DataSeg, FenceMode, Payload, WqeOp, CTRL_CQ_UPDATE,
+    DEFAULT_MAX_INLINE, DS_BYTES, MAX_WQEBBS, WQEBB,
+};
+use crate::mlx5::{Syndrome, WireStruct};
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// WQEBBs processed per QP before the engine moves on to the next QP.
+const BATCH: u64 = 64;
+
+/// What the engine needs to serve one queue pair.
+pub struct QpConfig<P> {
+    pub mem: Arc<QueueMemory>,
+    /// The local protection domain (lkeys).
+    pub pd: Arc<MrTable>,
+    /// The remote side, as the backend understands it.
+    pub peer: P,
+    pub cq_mode: CqMode,
+    /// Longest inline payload accepted (the QP's `max_inline_data`).
+    pub max_inline: u32,
+}
+
+impl<P> QpConfig<P> {
+    pub fn new(mem: Arc<QueueMemory>, pd: Arc<MrTable>, peer: P, cq_mode: CqMode) -> Self {
+        QpConfig {
+            mem,
+            pd,
+            peer,
+            cq_mode,
+            max_inline: DEFAULT_MAX_INLINE,
+        }
+    }
+}
+
+/// A queue pair attached to an engine.
+pub struct EngineQp<P> {
+    pub qpn: u32,
+    pub cfg: QpConfig<P>,
+    /// WQEs executed or flushed (diagnostics).
+    pub wqes: AtomicU64,
+    /// The QP is in the error state.
+    pub in_error: AtomicBool,
+}
+
+/// An operation in flight (asynchronous backends), retired in WQE order.
+#[derive(Debug)]
+struct Pending {
+    token: u64,
+    index: u16,
+    opcode: u8,
+    byte_cnt: u32,
+    ce: bool,
+    status: Option<Result<(), Syndrome>>,
+}
+
+struct QpRun<P> {
+    qp: Arc<EngineQp<P>>,
+    /// Next WQEBB to process (16-bit WQE index = low bits).
+    ci: u16,
+    /// CQEs written (unwrapped, 32 bits).
+    cq_pi: u32,
+    error: bool,
+    lkeys: MrSnapshot,
+    inflight: VecDeque<Pending>,
+    seq: u32,
+}
+
+/// The engine's state: its backend and the QPs it serves. Single-threaded: whoever owns
+/// it calls [`EngineCore::progress`].
+pub struct EngineCore<B: Backend> {
+    backend: B,
+    qps: Vec<QpRun<B::Peer>>,
+    bufs: Vec<LocalBuf>,
+    wrap: Box<[u8; MAX_WQEBBS * WQEBB]>,
+    done: Vec<(u64, Result<(), Syndrome>)>,
+}
+
+static NEXT_QPN: AtomicU32 = AtomicU32::new(0x10);
+
+/// A fresh QP number (unique in the process, 24 bits).
+pub fn next_qpn() -> u32 {
+    NEXT_QPN.fetch_add(1, Ordering::Relaxed) & 0xff_ffff
+}
+
+impl<B: Backend> EngineCore<B> {
+    pub fn new(backend: B) -> Self {
+        EngineCore {
+            backend,
+            qps: Vec::new(),
+            bufs: Vec::with_capacity(64),
+            wrap: Box::new([0; MAX_WQEBBS * WQEBB]),
+            done: Vec::new(),
+        }
+    }
+
+    pub fn backend(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Starts serving `qp` (its queue must be fresh: producer and engine start at 0).
+    pub fn attach(&mut self, qp: Arc<EngineQp<B::Peer>>) {
+        let lkeys = qp.cfg.pd.snapshot();
+        self.qps.push(QpRun {
+            qp,
+            ci: 0,
+            cq_pi: 0,
+            error: false,
+            lkeys,
+            inflight: VecDeque::new(),
+            seq: 0,
+        });
+    }
+
+    /// Stops serving QP `qpn`; its in-flight operations are abandoned.
+    pub fn detach(&mut self, qpn: u32) {
+        self.qps.retain(|r| r.qp.qpn != qpn);
+    }
+
+    /// QP numbers served.
+    pub fn qpns(&self) -> Vec<u32> {
+        self.qps.iter().map(|r| r.qp.qpn).collect()
+    }
+
+    /// One round over every QP; returns the WQEBBs and completions processed.
+    pub fn progress(&mut self) -> usize {
+        let mut work = 0;
+        // Asynchronous completions first.
+        self.done.clear();
+        let done = &mut self.done;
+        self.backend.poll(&mut |t, s| done.push((t, s)));
+        for &(token, status) in self.done.iter() {
+            let qpn = (token >> 32) as u32;
+            if let Some(r) = self.qps.iter_mut().find(|r| r.qp.qpn == qpn) {
+                if let Some(p) = r.inflight.iter_mut().find(|p| p.token == token) {
+                    p.status = Some(status);
+                    work += 1;
+                }
+            }
+        }
+        for i in 0..self.qps.len() {
+            work += self.serve(i);
+        }
+        work
+    }
+
+    fn serve(&mut self, i: usize) -> usize {
+        let EngineCore {
+            backend,
+            qps,
+            bufs,
+            wrap,
+            ..
+        } = self;
+        let r = &mut qps[i];
+        let mut work = retire(r);
+        let mem = r.qp.cfg.mem.clone();
+        let cnt = mem.layout().wqe_cnt;
+        // Acquire: pairs with the producer's Release store of the record, so the WQE bytes
+        // it covers are visible.
+        let pi = u32::from_be_bytes(mem.qp_dbrec_send().load(Ordering::Acquire).to_ne_bytes()) as u16;
+        // A record more than a ring ahead is a producer bug; never look past one ring.
+        let mut avail = (pi.wrapping_sub(r.ci) as u64).min(cnt as u64);
+        if avail == 0 {
+            return work;
+        }
+        r.lkeys.refresh(&r.qp.cfg.pd);
+        let mut budget = BATCH;
+        while avail > 0 && budget > 0 {
+            if !cq_has_room(r, &mem) {
+                break; // the consumer is behind: stall rather than overrun its CQ
+            }
+            let off = slot_offset(r.ci as u32, cnt);
+            // SAFETY: off + 16 <= ring length (slots are 64 B); the slot was published by
+            // the doorbell record (acquired above) and is not reused before its CQE.
+            let ctrl = unsafe {
+                CtrlSeg::read_from(std::slice::from_raw_parts(mem.sq().add(off), 16))
+                    .expect("16 bytes")
+            };
+            let fenced = matches!(
+                ctrl.fence(),
+                Some(FenceMode::Fence | FenceMode::SmallAndFence | FenceMode::StrongOrdering)
+            );
+            if fenced && !r.inflight.is_empty() {
+                break; // FENCE: start only after every earlier WQE completed
+            }
+            // WQEBBs this WQE spans per its ds, limited to what was published (and ≥ 1).
+            let want = (ctrl.ds() as usize * DS_BYTES).div_ceil(WQEBB).clamp(1, MAX_WQEBBS) as u64;
+            let n = want.min(avail);
+            let len = n as usize * WQEBB;
+            let ring_len = cnt as usize * WQEBB;
+            let bytes: &[u8] = if off + len <= ring_len {
+                // SAFETY: in bounds; these published slots are not written until their
+                // completion, which this engine writes after it is done with them.
+                unsafe { std::slice::from_raw_parts(mem.sq().add(off), len) }
+            } else {
+                let first = ring_len - off;
+                // SAFETY: both pieces lie inside the ring (first < len <= ring_len); same
+                // publication argument as above; wrap holds MAX_WQEBBS WQEBBs >= len.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(mem.sq().add(off), wrap.as_mut_ptr(), first);
+                    std::ptr::copy_nonoverlapping(mem.sq(), wrap.as_mut_ptr().add(first), len - first);
+                }
+                &wrap[..len]
+            };
+            let index = r.ci;
+            let ce = ctrl.fm_ce_se & 0x0c == CTRL_CQ_UPDATE;
+            let status: Option<(u8, u32, Result<(), Syndrome>)> = if r.error {
+                Some((ctrl.opcode(), 0, Err(Syndrome::WrFlush)))
+            } else {
+                match parse_wqe_with(bytes, r.qp.cfg.max_inline) {
+                    Err(e) => Some((ctrl.opcode(), 0, Err(e.syndrome()))),
+                    Ok(w) => {
+                        let token = ((r.qp.qpn as u64) << 32) | r.seq as u64;
+                        match execute(backend, bufs, &r.lkeys, &r.qp.cfg.peer, token, &w.op) {
+                            Exec::Done(bc, s) => Some((ctrl.opcode(), bc, s)),
+                            Exec::Started(bc) => {
+                                r.seq = r.seq.wrapping_add(1);
+                                r.inflight.push_back(Pending {
+                                    token,
+                                    index,
+                                    opcode: ctrl.opcode(),
+                                    byte_cnt: bc,
+                                    ce,
+                                    status: None,
+                                });
+                                None
+                            }
+                        }
+                    }
+                }
+            };
+            if let Some((op, bc, s)) = status {
+                if r.inflight.is_empty() {
+                    complete(r, &mem, index, op, bc, ce, s);
+                } else {
+                    r.inflight.push_back(Pending {
+                        token: u64::MAX,
+                        index,
+                        opcode: op,
+                        byte_cnt: bc,
+                        ce,
+                        status: Some(s),
+                    });
+                }
+            }
+            r.qp.wqes.fetch_add(1, Ordering::Relaxed);
+            r.ci = r.ci.wrapping_add(n as u16);
+            avail -= n;
+            budget = budget.saturating_sub(n);
+            work += n as usize;
+        }
+        work += retire(r);
+        work
+    }
+}
+
+/// Writes the CQEs of in-flight operations that finished, in WQE order.
+fn retire<P>(r: &mut QpRun<P>) -> usize {
+    let mut n = 0;
+    let mem = r.qp.cfg.mem.clone();
+    while let Some(p) = r.inflight.front() {
+        let Some(mut s) = p.status else { break };
+        if !cq_has_room(r, &mem) {
+            break;
+        }
+        let p = r.inflight.pop_front().expect("front exists");
+        if r.error && s.is_ok() {
+            s = Err(Syndrome::WrFlush);
+        }
+        complete(r, &mem, p.index, p.opcode, p.byte_cnt, p.ce, s);
+        n += 1;
+    }
+    n
+}
+
+fn cq_has_room<P>(r: &QpRun<P>, mem: &QueueMemory) -> bool {
+    if r.qp.cfg.cq_mode == CqMode::Collapsed {
+        return true;
+    }
+    // Acquire: the consumer finished reading the entries it released.
+    let ci = u32::from_be_bytes(mem.cq_dbrec_ci().load(Ordering::Acquire).to_ne_bytes());
+    (r.cq_pi.wrapping_sub(ci) & 0xff_ffff) < mem.layout().cqe_cnt
+}
+
+fn complete<P>(
+    r: &mut QpRun<P>,
+    mem: &QueueMemory,
+    index: u16,
+    wqe_opcode: u8,
+    byte_cnt: u32,
+    ce: bool,
+    s: Result<(), Syndrome>,
+) {
+    if s.is_err() && !r.error {
+        r.error = true;
+        r.qp.in_error.store(true, Ordering::Release);
+    }
+    if s.is_ok() && !ce {
+        return;
+    }
+    let cqe_cnt = mem.layout().cqe_cnt;
+    let (slot, owner) = match r.qp.cfg.cq_mode {
+        CqMode::Normal => (r.cq_pi, owner_bit(r.cq_pi, cqe_cnt)),
+        CqMode::Collapsed => (0, (r.cq_pi & 1) as u8),
+    };
+    let info = CqeInfo {
+        wqe_opcode,
+        qpn: r.qp.qpn,
+        wqe_counter: index,
+        byte_cnt,
+        owner,
+    };
+    let cqe = match s {
+        Ok(()) => Cqe64::success(CqeOpcode::Req, &info),
+        Err(syn) => Cqe64::error(syn, 0, &info),
+    };
+    mem.write_cqe(slot, &cqe);
+    r.cq_pi = r.cq_pi.wrapping_add(1);
+}
+
+enum Exec {
+    Done(u32, Result<(), Syndrome>),
+    Started(u32),
+}
+
+fn local(
+    lkeys: &MrSnapshot,
+    bufs: &mut Vec<LocalBuf>,
+    d: &DataSeg,
+    need: Access,
+) -> Result<u64, Syndrome> {
+    let len = d.byte_count.get() as u64;
+    let host = lkeys
+        .find(d.lkey.get())
+        .and_then(|r| r.resolve(d.addr.get(), len, need))
+        .ok_or(Syndrome::LocalProt)?;
+    bufs.push(LocalBuf {
+        ptr: host,
+        len: len as usize,
+    });
+    Ok(len)
+}
+
+fn execute<B: Backend>(
+    backend: &mut B,
+    bufs: &mut Vec<LocalBuf>,
+    lkeys: &MrSnapshot,
+    peer: &B::Peer,
+    token: u64,
+    op: &WqeOp<'_>,
+) -> Exec {
+    bufs.clear();
+    let run = |backend: &mut B, bc: u32, o: &Op<'_>| match backend.execute(peer, token, o) {
+        Some(s) => Exec::Done(if s.is_ok() { bc } else { 0 }, s),
+        None => Exec::Started(bc),
+    };
+    let gather = |bufs: &mut Vec<LocalBuf>, segs: &[DataSeg], need: Access| {
+        segs.iter().try_fold(0u64, |acc, d| Ok(acc + local(lkeys, bufs, d, need)?))
+    };
+    match *op {
+        WqeOp::Nop | WqeOp::Dump { .. } => Exec::Done(0, Ok(())),
+        // rshmem queues have no receive queue: a SEND can never be received. A ConnectX
+        // retries until RNR_RETRY_EXC; the engine reports that at once.
+        WqeOp::Send { .. } | WqeOp::SendImm { .. } => Exec::Done(0, Err(Syndrome::RnrRetryExc)),
+        WqeOp::RdmaWrite { remote, payload } | WqeOp::RdmaWriteImm { remote, payload, .. } => {
+            let (len, src) = match payload {
+                Payload::Inline(d) => (d.len() as u64, None),
+                Payload::Sge(segs) => match gather(bufs, segs, Access::NONE) {
+                    Ok(n) => (n, Some(())),
+                    Err(s) => return Exec::Done(0, Err(s)),
+                },
+            };
+            let src = match (src, payload) {
+                (None, Payload::Inline(d)) => Gather::Inline(d),
+                _ => Gather::Bufs(bufs),
+            };
+            let o = Op::Write {
+                raddr: remote.raddr.get(),
+                rkey: remote.rkey.get(),
+                len,
+                src,
+            };
+            run(backend, len as u32, &o)
+        }
+        WqeOp::RdmaRead { remote, local } => match gather(bufs, local, Access::LOCAL_WRITE) {
+            Err(s) => Exec::Done(0, Err(s)),
+            Ok(len) => {
+                let o = Op::Read {
+                    raddr: remote.raddr.get(),
+                    rkey: remote.rkey.get(),
+                    len,
+                    dst: bufs,
+                };
+                run(backend, len as u32, &o)
+            }
+        },
+        _ => {
+            let (remote, aop, result) = match *op {
+                WqeOp::AtomicCs {
+                    remote,
+                    compare,
+                    swap,
+                    result,
+                } => (remote, AtomicOp::Cs { compare, swap }, result),
+                WqeOp::AtomicFa {
+                    remote,
+                    add,
+                    result,
+                } => (remote, AtomicOp::Fa { add }, result),
+                WqeOp::MaskedCs32 {
+                    remote,
+                    swap,
+                    compare,
+                    swap_mask,
+                    compare_mask,
+                    result,
+                } => (
+                    remote,
+                    AtomicOp::MaskedCs {
+                        size: 4,
+                        swap: swap as u64,
+                        compare: compare as u64,
+                        swap_mask: swap_mask as u64,
+                        compare_mask: compare_mask as u64,
+                    },
+                    result,
+                ),
+                WqeOp::MaskedCs64 {
+                    remote,
+                    swap,
+                    compare,
+                    swap_mask,
+                    compare_mask,
+                    result,
+                } => (
+                    remote,
+                    AtomicOp::MaskedCs {
+                        size: 8,
+                        swap,
+                        compare,
+                        swap_mask,
+                        compare_mask,
+                    },
+                    result,
+                ),
+                WqeOp::MaskedFa32 {
+                    remote,
+                    add,
+                    field_boundary,
+                    result,
+                } => (
+                    remote,
+                    AtomicOp::MaskedFa {
+                        size: 4,
+                        add: add as u64,
+                        boundary: field_boundary as u64,
+                    },
+                    result,
+                ),
+                WqeOp::MaskedFa64 {
+                    remote,
+                    add,
+                    field_boundary,
+                    result,
+                } => (
+                    remote,
+                    AtomicOp::MaskedFa {
+                        size: 8,
+                        add,
+                        boundary: field_boundary,
+                    },
+                    result,
+                ),
+                _ => return Exec::Done(0, Err(Syndrome::LocalQpOp)),
+            };
+            let size = aop.size() as u32;
+            let d = DataSeg::new(size, result.lkey, result.addr);
+            if let Err(s) = local(lkeys, bufs, &d, Access::LOCAL_WRITE) {
+                return Exec::Done(0, Err(s));
+            }
+            let o = Op::Atomic {
+                raddr: remote.raddr.get(),
+                rkey: remote.rkey.get(),
+                op: aop,
+                result: bufs[0],
+            };
+            run(backend, size, &o)
+        }
+    }
+}
+
+/// Wakes a sleeping engine thread after a doorbell.
+#[derive(Debug, Default)]
+pub struct Waker {
+    sleeping: AtomicBool,
+    thread: OnceLock<std::thread::Thread>,
+}
+
+impl Waker {
+    /// Call after ringing a doorbell.
+    pub fn wake(&self) {
+        // SeqCst fence + load, against the engine's SeqCst store of `sleeping` + fence +
+        // doorbell re-check (Dekker): either the engine sees our doorbell record before it
+        // sleeps, or we see it asleep and unpark it.
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+}
+
+struct Shared<B: Backend> {
+    qps: Mutex<Vec<Arc<EngineQp<B::Peer>>>>,
+    generation: AtomicU64,
+    acked: AtomicU64,
+    stop: AtomicBool,
+    waker: Arc<Waker>,
+}
+
+/// An engine thread serving any number of QPs.
+pub struct SoftHca<B: Backend> {
+    shared: Arc<Shared<B>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A QP attached to a [`SoftHca`]; dropping it detaches the QP and returns once the engine
+/// no longer touches its queues or memory regions.
+pub struct QpHandle<B: Backend> {
+    qp: Arc<EngineQp<B::Peer>>,
+    shared: Arc<Shared<B>>,
+}
+
+impl<B: Backend> QpHandle<B> {
+    pub fn qpn(&self) -> u32 {
+        self.qp.qpn
+    }
+    pub fn qp(&self) -> &Arc<EngineQp<B::Peer>> {
+        &self.qp
+    }
+}
+
+impl<B: Backend> Drop for QpHandle<B> {
+    fn drop(&mut self) {
+        let qpn = self.qp.qpn;
+        let g = {
+            let mut v = self.shared.qps.lock().unwrap_or_else(|e| e.into_inner());
+            v.retain(|q| q.qpn != qpn);
+            // Release (under the lock): the engine that sees the new generation sees the
+            // new list.
+            self.shared.generation.fetch_add(1, Ordering::Release) + 1
+        };
+        wait_ack(&self.shared, g);
+    }
+}
+
+fn wait_ack<B: Backend>(shared: &Shared<B>, g: u64) {
+    let t0 = Instant::now();
+    // Acquire: once the engine acknowledged generation g, it has finished every access to
+    // the QPs removed before g.
+    while shared.acked.load(Ordering::Acquire) < g && !shared.stop.load(Ordering::Acquire) {
+        if let Some(t) = shared.waker.thread.get() {
+            t.unpark();
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            // An engine stuck for a minute is a bug; leaking is safer than freeing memory
+            // it may still touch, so the caller's memory must outlive this (see docs).
+            panic!("soft HCA engine did not acknowledge a detach within 60 s");
+        }
+        std::thread::yield_now();
+    }
+}
+
+impl<B: Backend> SoftHca<B> {
+    /// Starts an engine thread named `name` over `backend`.
+    pub fn start(backend: B, name: &str) -> std::io::Result<SoftHca<B>> {
+        let shared = Arc::new(Shared {
+            qps: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            waker: Arc::new(Waker::default()),
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || run(backend, s))?;
+        let _ = shared.waker.thread.set(thread.thread().clone());
+        Ok(SoftHca {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The waker producers call after ringing (see [`super::SendQueue::new`]).
+    pub fn waker(&self) -> Arc<Waker> {
+        self.shared.waker.clone()
+    }
+
+    /// Starts serving a QP; returns once the engine has picked it up.
+    pub fn attach(&self, cfg: QpConfig<B::Peer>) -> QpHandle<B> {
+        let qp = Arc::new(EngineQp {
+            qpn: next_qpn(),
+            cfg,
+            wqes: AtomicU64::new(0),
+            in_error: AtomicBool::new(false),
+        });
+        let g = {
+            let mut v = self.shared.qps.lock().unwrap_or_else(|e| e.into_inner());
+            v.push(qp.clone());
+            self.shared.generation.fetch_add(1, Ordering::Release) + 1
+        };
+        wait_ack(&self.shared, g);
+        QpHandle {
+            qp,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<B: Backend> Drop for SoftHca<B> {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+fn run<B: Backend>(backend: B, shared: Arc<Shared<B>>) {
+    let mut core = EngineCore::new(backend);
+    let mut seen = 0u64;
+    let mut idle = 0u32;
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let g = shared.generation.load(Ordering::Acquire);
+        if g != seen {
+            let list = shared.qps.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let have = core.qpns();
+            for q in &have {
+                if !list.iter().any(|x| x.qpn == *q) {
+                    core.detach(*q);
+                }
+            }
+            for q in list {
+                if !have.contains(&q.qpn) {
+                    core.attach(q);
+                }
+            }
+            seen = g;
+            // Release: pairs with wait_ack's Acquire — our accesses to detached QPs are done.
+            shared.acked.store(g, Ordering::Release);
+        }
+        if core.progress() > 0 {
+            idle = 0;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        if idle < 512 {
+            std::hint::spin_loop();
+        } else if idle < 1024 {
+            std::thread::yield_now();
+        } else {
+            shared.waker.sleeping.store(true, Ordering::Relaxed);
+            // SeqCst: see Waker::wake.
+            fence(Ordering::SeqCst);
+            let work = core.progress();
+            if work == 0 && shared.generation.load(Ordering::Acquire) == seen {
+                std::thread::park_timeout(Duration::from_millis(2));
+            }
+            shared.waker.sleeping.store(false, Ordering::Relaxed);
+            if work > 0 {
+                idle = 0;
+            }
+        }
+    }
+}
+
+/// `opcode` names for messages.
+pub fn opcode_name(op: u8) -> &'static str {
+    opcode::name(op).unwrap_or("unknown")
+}

@@ -1,0 +1,24 @@
+//! The soft HCA: a CPU engine that executes mlx5 send queues (ARCHITECTURE.md, decision
+//! 3), and the proxy transport that lets CPU PEs reach peers through it.
+//!
+//! - [`queue`]: [`QueueMemory`] (one QP's memory, laid out as mlx5 lays it out) and
+//!   [`SendQueue`] (the many-producer protocol: reserve, write, publish in order, doorbell).
+//! - [`mr`]: memory regions and protection domains ([`MrTable`]).
+//! - [`backend`]: how bytes move ([`Backend`], [`LocalBackend`]).
+//! - [`engine`]: [`EngineCore`] (parse, check, execute, complete) and [`SoftHca`] (a thread
+//!   running one).
+//! - [`proxy`]: what a [`crate::Pe`] uses for peers reached through the soft HCA.
+//!
+//! Design and measured numbers: `docs/soft-hca.md`. Formats: `crate::mlx5` (this module
+//! encodes nothing by hand).
+
+pub mod backend;
+pub mod engine;
+pub mod mr;
+pub(crate) mod proxy;
+pub mod queue;
+
+pub use backend::{AtomicOp, Backend, LocalBackend, LocalPeer, Op};
+pub use engine::{EngineCore, EngineQp, QpConfig, QpHandle, SoftHca, Waker};
+pub use mr::{Access, MemoryRegion, MrTable};
+pub use queue::{CqMode, CqeReport, Posted, QueueLayout, QueueMemory, SendQueue, SqError};

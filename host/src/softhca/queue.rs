@@ -1,0 +1,771 @@
+//! Queue memory laid out as an mlx5 NIC lays it out, and the many-producer send queue.
+//!
+//! [`QueueMemory`] owns one queue pair's memory: SQ ring, QP doorbell record, doorbell
+//! word, CQ ring, CQ doorbell record ([`QueueLayout`] computes every offset). The engine
+//! ([`super::engine`]) reads the SQ and writes the CQ; [`SendQueue`] is the producer side
+//! used by CPU threads (GPU threads will run the same protocol in CUDA).
+//!
+//! Concurrency contract of the memory (the same one a NIC and a GPU agree on):
+//! - SQ slots are written with plain stores by the one producer that reserved them, and
+//!   read by the engine only after the doorbell record published them (Release/Acquire).
+//!   A slot is reused only after its previous WQE's completion was observed.
+//! - The doorbell record, doorbell word and CQ doorbell record are only accessed with
+//!   atomic instructions.
+//! - A CQE is accessed as eight 64-bit atomic words: the writer stores words 0..6, then
+//!   word 7 (bytes 56..63, which hold `wqe_counter` and `op_own`) with Release; a reader
+//!   loads word 7 with Acquire and decides ownership from it before reading the rest.
+
+use crate::mlx5::cqe::{self, sw_owns, Cqe64, CqeOpcode, CQE_SIZE};
+use crate::mlx5::doorbell::{cq_consumer_index, doorbell_word, send_counter};
+use crate::mlx5::ring::slot_offset;
+use crate::mlx5::wqe::{
+    build_wqe, opcode, BuildError, CtrlSeg, FenceMode, WqeCtrl, WqeOp, MAX_WQEBBS, WQEBB,
+};
+use crate::mlx5::{Be32, WireStruct};
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Largest SQ ring (WQEBBs): in-flight WQE indices must stay within half the 16-bit space.
+pub const MAX_WQE_CNT: u32 = 1 << 14;
+/// Largest CQ ring (entries).
+pub const MAX_CQE_CNT: u32 = 1 << 16;
+
+/// Offsets and sizes of one queue pair's memory. Every control word sits on its own
+/// 64-byte line so producers and the engine do not false-share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueLayout {
+    pub wqe_cnt: u32,
+    pub cqe_cnt: u32,
+    /// SQ ring: `wqe_cnt` × 64 B.
+    pub sq_offset: usize,
+    /// QP doorbell record: 2 × BE32 (`[0]` receive, `[1]` send counter).
+    pub qp_dbrec_offset: usize,
+    /// Doorbell word (8 B), standing in for the UAR BlueFlame register at 0x800.
+    pub doorbell_offset: usize,
+    /// CQ ring: `cqe_cnt` × 64 B.
+    pub cq_offset: usize,
+    /// CQ doorbell record: 2 × BE32 (`[0]` consumer index, `[1]` arm).
+    pub cq_dbrec_offset: usize,
+    /// Total bytes, a multiple of the page size.
+    pub size: usize,
+}
+
+/// A queue of the wrong shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    #[error("wqe_cnt {0} must be a power of two in 1..={MAX_WQE_CNT}")]
+    WqeCnt(u32),
+    #[error("cqe_cnt {0} must be a power of two in 1..={MAX_CQE_CNT}")]
+    CqeCnt(u32),
+    #[error("cannot allocate {0} bytes of queue memory")]
+    Alloc(usize),
+}
+
+impl QueueLayout {
+    pub fn new(wqe_cnt: u32, cqe_cnt: u32) -> Result<QueueLayout, QueueError> {
+        if !wqe_cnt.is_power_of_two() || wqe_cnt > MAX_WQE_CNT {
+            return Err(QueueError::WqeCnt(wqe_cnt));
+        }
+        if !cqe_cnt.is_power_of_two() || cqe_cnt > MAX_CQE_CNT {
+            return Err(QueueError::CqeCnt(cqe_cnt));
+        }
+        let sq_len = wqe_cnt as usize * WQEBB;
+        let qp_dbrec_offset = sq_len;
+        let doorbell_offset = qp_dbrec_offset + 64;
+        let cq_offset = doorbell_offset + 64;
+        let cq_dbrec_offset = cq_offset + cqe_cnt as usize * CQE_SIZE;
+        let size = (cq_dbrec_offset + 64).next_multiple_of(crate::config::page_size());
+        Ok(QueueLayout {
+            wqe_cnt,
+            cqe_cnt,
+            sq_offset: 0,
+            qp_dbrec_offset,
+            doorbell_offset,
+            cq_offset,
+            cq_dbrec_offset,
+            size,
+        })
+    }
+}
+
+/// Page-aligned host memory of one queue pair (later: host-pinned and mapped into a GPU).
+#[derive(Debug)]
+pub struct QueueMemory {
+    base: *mut u8,
+    layout: QueueLayout,
+}
+
+// SAFETY: the memory is owned by this value until drop; concurrent access follows the
+// module's contract (slot ownership for the SQ ring, atomics for everything else).
+unsafe impl Send for QueueMemory {}
+// SAFETY: as above.
+unsafe impl Sync for QueueMemory {}
+
+impl QueueMemory {
+    /// Zeroed memory with every CQE's `op_own` = 0xF0 (INVALID, owner 0).
+    pub fn new(wqe_cnt: u32, cqe_cnt: u32) -> Result<QueueMemory, QueueError> {
+        let layout = QueueLayout::new(wqe_cnt, cqe_cnt)?;
+        let l = Layout::from_size_align(layout.size, crate::config::page_size())
+            .map_err(|_| QueueError::Alloc(layout.size))?;
+        // SAFETY: l has a non-zero size (at least one page).
+        let base = unsafe { std::alloc::alloc_zeroed(l) };
+        if base.is_null() {
+            return Err(QueueError::Alloc(layout.size));
+        }
+        // SAFETY: the CQ ring lies inside the fresh allocation, which nobody else sees yet.
+        let cq = unsafe {
+            std::slice::from_raw_parts_mut(base.add(layout.cq_offset), cqe_cnt as usize * 64)
+        };
+        cqe::init_cq(cq);
+        Ok(QueueMemory { base, layout })
+    }
+
+    pub fn layout(&self) -> &QueueLayout {
+        &self.layout
+    }
+    /// Base address (page-aligned).
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+    /// Start of the SQ ring.
+    pub fn sq(&self) -> *mut u8 {
+        // SAFETY: sq_offset (0) is inside the allocation.
+        unsafe { self.base.add(self.layout.sq_offset) }
+    }
+    fn word32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: off is a 64-aligned offset inside the allocation chosen by QueueLayout;
+        // the word is only ever accessed atomically (module contract) and lives as long
+        // as &self.
+        unsafe { AtomicU32::from_ptr(self.base.add(off).cast()) }
+    }
+    /// The send counter, `[1]` of the QP doorbell record (`BE32(pi & 0xffff)` as stored).
+    pub fn qp_dbrec_send(&self) -> &AtomicU32 {
+        self.word32(self.layout.qp_dbrec_offset + 4)
+    }
+    /// The doorbell word.
+    pub fn doorbell(&self) -> &AtomicU64 {
+        // SAFETY: 64-aligned word inside the allocation, accessed only atomically.
+        unsafe { AtomicU64::from_ptr(self.base.add(self.layout.doorbell_offset).cast()) }
+    }
+    /// The consumer index, `[0]` of the CQ doorbell record.
+    pub fn cq_dbrec_ci(&self) -> &AtomicU32 {
+        self.word32(self.layout.cq_dbrec_offset)
+    }
+    fn cqe_word(&self, slot: u32, w: usize) -> &AtomicU64 {
+        let off = self.layout.cq_offset
+            + (slot & (self.layout.cqe_cnt - 1)) as usize * CQE_SIZE
+            + w * 8;
+        // SAFETY: inside the CQ ring (slot masked), 8-aligned; CQE words are only
+        // accessed atomically (module contract).
+        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
+    }
+
+    /// Writes CQE `cqe` into ring slot `slot` (masked): bytes 0..55 first, then bytes
+    /// 56..63 (with `op_own`) with Release, so a reader that sees the new owner bit sees
+    /// the whole CQE.
+    pub fn write_cqe(&self, slot: u32, cqe: &Cqe64) {
+        let b = cqe.as_bytes();
+        for w in 0..7 {
+            let v = u64::from_ne_bytes(b[w * 8..w * 8 + 8].try_into().expect("8 bytes"));
+            self.cqe_word(slot, w).store(v, Ordering::Relaxed);
+        }
+        let v = u64::from_ne_bytes(b[56..64].try_into().expect("8 bytes"));
+        self.cqe_word(slot, 7).store(v, Ordering::Release);
+    }
+
+    /// `op_own` of ring slot `slot` (Acquire: pairs with write_cqe's Release).
+    pub fn cqe_op_own(&self, slot: u32) -> u8 {
+        self.cqe_word(slot, 7).load(Ordering::Acquire).to_ne_bytes()[7]
+    }
+
+    /// Reads CQE `slot`: word 7 with Acquire, then the rest. In collapsed mode the engine
+    /// may rewrite the entry meanwhile: bytes 56..63 are always one CQE's, the others may
+    /// belong to a later one.
+    pub fn read_cqe(&self, slot: u32) -> Cqe64 {
+        let mut b = [0u8; 64];
+        let last = self.cqe_word(slot, 7).load(Ordering::Acquire);
+        b[56..64].copy_from_slice(&last.to_ne_bytes());
+        for w in 0..7 {
+            let v = self.cqe_word(slot, w).load(Ordering::Relaxed);
+            b[w * 8..w * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+        }
+        Cqe64::read_from(&b).expect("64 bytes")
+    }
+}
+
+impl Drop for QueueMemory {
+    fn drop(&mut self) {
+        let l = Layout::from_size_align(self.layout.size, crate::config::page_size())
+            .expect("layout was valid at allocation");
+        // SAFETY: base was allocated with exactly this layout in new().
+        unsafe { std::alloc::dealloc(self.base, l) }
+    }
+}
+
+/// How the engine writes CQEs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CqMode {
+    /// A ring of `cqe_cnt` entries with owner bits; the consumer advances the CQ doorbell
+    /// record and the engine never overwrites an entry not yet consumed.
+    #[default]
+    Normal,
+    /// Always CQE 0 (IBGDA's collapsed CQ): the owner bit alternates per write and
+    /// `wqe_counter` tells how far the QP got. Overrun is allowed by definition.
+    Collapsed,
+}
+
+/// A completion as the producer saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqeReport {
+    /// CQE opcode (REQ, REQ_ERR, ...).
+    pub cqe_opcode: u8,
+    /// Opcode of the completed WQE.
+    pub wqe_opcode: u8,
+    /// 16-bit WQE index of the completed WQE.
+    pub wqe_counter: u16,
+    /// Unwrapped index of the completed WQE's first WQEBB.
+    pub index: u64,
+    pub syndrome: u8,
+    pub vendor_err_synd: u8,
+    pub byte_cnt: u32,
+}
+
+impl CqeReport {
+    fn from_cqe(c: &Cqe64, index: u64) -> CqeReport {
+        let e = c.as_err();
+        let err = CqeOpcode::from_u8(c.opcode()).is_some_and(|o| o.is_error());
+        CqeReport {
+            cqe_opcode: c.opcode(),
+            wqe_opcode: c.wqe_opcode(),
+            wqe_counter: c.wqe_counter.get(),
+            index,
+            syndrome: if err { e.syndrome } else { 0 },
+            vendor_err_synd: if err { e.vendor_err_synd } else { 0 },
+            byte_cnt: c.byte_cnt.get(),
+        }
+    }
+    pub fn is_error(&self) -> bool {
+        CqeOpcode::from_u8(self.cqe_opcode).is_some_and(|o| o.is_error())
+    }
+    /// `REQ_ERR syndrome LOCAL_PROT (0x04), WQE RDMA_WRITE (0x08) #12` or `REQ ...`.
+    pub fn describe(&self) -> String {
+        let op = CqeOpcode::from_u8(self.cqe_opcode).map_or("?", |o| o.name());
+        let wop = opcode::name(self.wqe_opcode).unwrap_or("?");
+        if self.is_error() {
+            let s = crate::mlx5::Syndrome::from_u8(self.syndrome).map_or("?", |s| s.name());
+            format!(
+                "{op} syndrome {s} ({:#04x}) vendor {:#04x} for WQE {wop} ({:#04x}) at index {:#06x}",
+                self.syndrome, self.vendor_err_synd, self.wqe_opcode, self.wqe_counter
+            )
+        } else {
+            format!(
+                "{op} for WQE {wop} ({:#04x}) at index {:#06x}, {} bytes",
+                self.wqe_opcode, self.wqe_counter, self.byte_cnt
+            )
+        }
+    }
+}
+
+/// Why a send-queue operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SqError {
+    /// A bounded wait expired.
+    #[error(
+        "QP {qpn:#x}: timed out after {waited_ms} ms waiting for {what} (WQE index {index:#x}; \
+         reserved {reserved:#x}, ready {ready:#x}, completed {completed:#x}; last CQE: {last})"
+    )]
+    Timeout {
+        qpn: u32,
+        what: &'static str,
+        index: u64,
+        reserved: u64,
+        ready: u64,
+        completed: u64,
+        last: String,
+        waited_ms: u64,
+    },
+    /// The QP went to the error state at or before the WQE waited for.
+    #[error("QP {qpn:#x}: {}", first.describe())]
+    Completion { qpn: u32, first: CqeReport },
+    /// A WQE could not be built (a caller error).
+    #[error("QP {qpn:#x}: cannot build the WQE: {source}")]
+    Build { qpn: u32, source: BuildError },
+    /// An earlier wait timed out with slots reserved but never published: the queue
+    /// cannot make progress any more.
+    #[error("QP {qpn:#x} is unusable after an earlier timeout")]
+    Broken { qpn: u32 },
+}
+
+/// What the CQ poller owns (one poller at a time).
+#[derive(Debug, Default)]
+struct CqConsumer {
+    /// Unwrapped consumer index (normal mode) or CQEs seen (collapsed mode).
+    ci: u32,
+    last: Option<CqeReport>,
+}
+
+/// Spins before a waiting producer yields its core.
+const SPIN: u32 = 256;
+
+/// The producer side of a send queue: any number of threads post concurrently.
+///
+/// Indices are unwrapped 64-bit WQEBB counts; the 16-bit WQE index in a control segment
+/// is their low 16 bits. Protocol (docs/soft-hca.md):
+/// 1. reserve `n` WQEBBs: `idx = reserved.fetch_add(n)`; wait (bounded) until
+///    `idx + n - completed <= wqe_cnt` and no slot of the range is held;
+/// 2. write the WQE (built with `build_wqe`) into the slots, wrapping;
+/// 3. publish in order: wait until `ready == idx`, then `ready = idx + n` (Release);
+/// 4. doorbell (batched): the producer that finds no later reservation rings, and so does
+///    every waiter before it waits; ringing stores the doorbell record (Release) and then
+///    the doorbell word, under a small lock so the record never moves backwards.
+#[derive(Debug)]
+pub struct SendQueue {
+    mem: Arc<QueueMemory>,
+    qpn: u32,
+    cq_mode: CqMode,
+    timeout: Duration,
+    mask: u64,
+    reserved: AtomicU64,
+    ready: AtomicU64,
+    /// All WQEBBs before this index have completed (retired from the CQ).
+    completed: AtomicU64,
+    /// Ringing: the doorbell record has been set to `rung`.
+    rung: AtomicU64,
+    ring_lock: AtomicBool,
+    /// WQEBBs of the WQE starting at each slot (written before publishing; read by the
+    /// CQ poller to turn a completed WQE's index into the end of its slots).
+    sizes: Box<[AtomicU8]>,
+    /// Slots whose staging a producer still reads after completion (see post_held).
+    held: Box<[AtomicBool]>,
+    fence_next: AtomicBool,
+    cq: Mutex<CqConsumer>,
+    first_error: Mutex<Option<CqeReport>>,
+    has_error: AtomicBool,
+    broken: AtomicBool,
+    wake: Option<Arc<super::engine::Waker>>,
+}
+
+/// A posted WQE: its unwrapped index and size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a posted WQE completes later; wait for it or quiet the queue"]
+pub struct Posted {
+    pub index: u64,
+    pub wqebbs: u16,
+}
+
+impl SendQueue {
+    /// A producer for the queue in `mem` with QP number `qpn`; `timeout` bounds every
+    /// wait; `wake` (optional) is called after a doorbell, to wake a sleeping engine.
+    pub fn new(
+        mem: Arc<QueueMemory>,
+        qpn: u32,
+        cq_mode: CqMode,
+        timeout: Duration,
+        wake: Option<Arc<super::engine::Waker>>,
+    ) -> SendQueue {
+        let n = mem.layout().wqe_cnt as usize;
+        SendQueue {
+            mask: n as u64 - 1,
+            sizes: (0..n).map(|_| AtomicU8::new(1)).collect(),
+            held: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            mem,
+            qpn,
+            cq_mode,
+            timeout,
+            reserved: AtomicU64::new(0),
+            ready: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            rung: AtomicU64::new(0),
+            ring_lock: AtomicBool::new(false),
+            fence_next: AtomicBool::new(false),
+            cq: Mutex::new(CqConsumer::default()),
+            first_error: Mutex::new(None),
+            has_error: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            wake,
+        }
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    pub fn memory(&self) -> &Arc<QueueMemory> {
+        &self.mem
+    }
+    pub fn wqe_cnt(&self) -> u32 {
+        self.mem.layout().wqe_cnt
+    }
+    /// WQEBBs reserved so far (unwrapped).
+    pub fn reserved(&self) -> u64 {
+        self.reserved.load(Ordering::Acquire)
+    }
+    /// All WQEBBs before this index have completed.
+    pub fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Acquire)
+    }
+    /// The first error CQE seen, if the QP is in the error state.
+    pub fn error(&self) -> Option<CqeReport> {
+        if !self.has_error.load(Ordering::Acquire) {
+            return None;
+        }
+        *self.first_error.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// The last CQE this producer consumed.
+    pub fn last_cqe(&self) -> Option<CqeReport> {
+        self.cq.lock().unwrap_or_else(|e| e.into_inner()).last
+    }
+
+    /// The next WQE posted carries fence mode FENCE: the engine starts it only after every
+    /// earlier WQE of the QP has completed.
+    pub fn fence(&self) {
+        // Relaxed: a hint consumed by whichever post comes next; ordering with respect to
+        // earlier WQEs is the engine's job once the bit is in a WQE.
+        self.fence_next.store(true, Ordering::Relaxed);
+    }
+
+    /// Builds and posts `op` (every rshmem WQE requests a CQE).
+    pub fn post(&self, op: &WqeOp<'_>) -> Result<Posted, SqError> {
+        let mut buf = [0u8; MAX_WQEBBS * WQEBB];
+        let size = build_wqe(&mut buf, &WqeCtrl::default(), op).map_err(|source| {
+            SqError::Build {
+                qpn: self.qpn,
+                source,
+            }
+        })?;
+        self.post_fn(size.wqebbs(), false, |_| *op)
+    }
+
+    /// Reserves `wqebbs` WQEBBs and posts the WQE `f(index)` builds there (for WQEs whose
+    /// operands depend on the slot, e.g. per-slot staging buffers). With `hold`, the
+    /// first slot stays reserved after completion until [`SendQueue::release`] (so its
+    /// staging can be read). If `f`'s WQE is not exactly `wqebbs` long, a NOP of that size
+    /// is posted instead and the build error returned.
+    pub fn post_fn<'a>(
+        &self,
+        wqebbs: u16,
+        hold: bool,
+        f: impl FnOnce(u64) -> WqeOp<'a>,
+    ) -> Result<Posted, SqError> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(SqError::Broken { qpn: self.qpn });
+        }
+        let n = wqebbs.clamp(1, MAX_WQEBBS as u16) as u64;
+        if n > self.wqe_cnt() as u64 {
+            return Err(SqError::Build {
+                qpn: self.qpn,
+                source: BuildError::BufferTooSmall {
+                    need: n as usize * WQEBB,
+                    have: self.wqe_cnt() as usize * WQEBB,
+                    ds: n as usize * 4,
+                },
+            });
+        }
+        // 1. Reserve. AcqRel: reservations are totally ordered by this RMW; nothing else
+        // is published by it.
+        let idx = self.reserved.fetch_add(n, Ordering::AcqRel);
+        self.wait_slots_free(idx, n)?;
+        if hold {
+            // Relaxed: only this producer sets/clears it; reservers that read it do so
+            // after observing completion of this WQE, which is published after this store
+            // (ready's Release → engine → CQE Release → poller).
+            self.held[(idx & self.mask) as usize].store(true, Ordering::Relaxed);
+        }
+        // 2. Build and write.
+        let fence = if self.fence_next.swap(false, Ordering::Relaxed) {
+            FenceMode::Fence
+        } else {
+            FenceMode::None
+        };
+        let ctrl = WqeCtrl {
+            wqe_index: idx as u16,
+            qpn: self.qpn,
+            fence,
+            cq_update: true,
+            solicited: false,
+        };
+        let mut buf = [0u8; MAX_WQEBBS * WQEBB];
+        let built = build_wqe(&mut buf[..n as usize * WQEBB], &ctrl, &f(idx));
+        let result = match built {
+            Ok(s) if s.wqebbs() as u64 == n => Ok(()),
+            other => {
+                // Fill the reservation with a NOP spanning it, so the queue stays whole.
+                let nop = CtrlSeg::new(
+                    idx as u16,
+                    opcode::NOP,
+                    0,
+                    self.qpn,
+                    ctrl.fm_ce_se(),
+                    (n * 4) as u8,
+                    0,
+                    Be32::new(0),
+                );
+                buf.fill(0);
+                nop.write_to(&mut buf).expect("16 bytes fit");
+                Err(SqError::Build {
+                    qpn: self.qpn,
+                    source: match other {
+                        Err(e) => e,
+                        Ok(s) => BuildError::BufferTooSmall {
+                            need: s.bytes(),
+                            have: n as usize * WQEBB,
+                            ds: s.ds as usize,
+                        },
+                    },
+                })
+            }
+        };
+        self.write_slots(idx, &buf[..n as usize * WQEBB]);
+        // Relaxed: published by the Release store of `ready` below.
+        self.sizes[(idx & self.mask) as usize].store(n as u8, Ordering::Relaxed);
+        // 3. Publish in order.
+        self.publish(idx, n)?;
+        // 4. Doorbell, batched: ring if nobody reserved after us (a later reserver rings
+        // when it publishes, and any waiter rings before it waits).
+        if self.reserved.load(Ordering::Acquire) == idx + n {
+            self.ring();
+        }
+        result.map(|()| Posted {
+            index: idx,
+            wqebbs: n as u16,
+        })
+    }
+
+    /// Lets the slot of a WQE posted with `hold` be reused.
+    pub fn release(&self, p: Posted) {
+        // Release: our reads of the slot's staging happen before a later producer's
+        // writes to it (it acquires this flag in wait_slots_free).
+        self.held[(p.index & self.mask) as usize].store(false, Ordering::Release);
+    }
+
+    fn write_slots(&self, idx: u64, wqe: &[u8]) {
+        let cnt = self.wqe_cnt();
+        let ring_len = cnt as usize * WQEBB;
+        let off = slot_offset(idx as u32, cnt);
+        let first = wqe.len().min(ring_len - off);
+        // SAFETY: off + first <= ring_len and wqe.len() - first <= ring_len (wqe is at
+        // most the ring: checked in post_fn); these slots were reserved by this producer
+        // and their previous WQE completed (wait_slots_free), so no one else accesses them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(wqe.as_ptr(), self.mem.sq().add(off), first);
+            std::ptr::copy_nonoverlapping(
+                wqe.as_ptr().add(first),
+                self.mem.sq(),
+                wqe.len() - first,
+            );
+        }
+    }
+
+    fn timeout_error(&self, what: &'static str, index: u64, waited: Duration) -> SqError {
+        SqError::Timeout {
+            qpn: self.qpn,
+            what,
+            index,
+            reserved: self.reserved.load(Ordering::Relaxed),
+            ready: self.ready.load(Ordering::Relaxed),
+            completed: self.completed.load(Ordering::Relaxed),
+            last: self
+                .last_cqe()
+                .map_or_else(|| "none".to_string(), |c| c.describe()),
+            waited_ms: waited.as_millis() as u64,
+        }
+    }
+
+    /// Bounded wait: `done()` polled with spinning, then yielding.
+    fn wait(
+        &self,
+        what: &'static str,
+        index: u64,
+        mut done: impl FnMut() -> bool,
+    ) -> Result<(), SqError> {
+        let mut polls = 0u32;
+        let mut start: Option<Instant> = None;
+        while !done() {
+            polls = polls.wrapping_add(1);
+            if polls < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            let t0 = *start.get_or_insert_with(Instant::now);
+            if t0.elapsed() >= self.timeout {
+                return Err(self.timeout_error(what, index, t0.elapsed()));
+            }
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    fn wait_slots_free(&self, idx: u64, n: u64) -> Result<(), SqError> {
+        let cnt = self.wqe_cnt() as u64;
+        let free = |s: &Self| {
+            // Acquire: the engine finished reading these slots before the CQE that
+            // advanced `completed` (and holders finished reading staging before release).
+            idx + n <= s.completed.load(Ordering::Acquire) + cnt
+                && (idx..idx + n)
+                    .all(|i| !s.held[(i & s.mask) as usize].load(Ordering::Acquire))
+        };
+        if free(self) {
+            return Ok(());
+        }
+        let r = self.wait("free send-queue slots", idx, || {
+            self.ring();
+            self.poll_cq();
+            free(self)
+        });
+        if r.is_err() {
+            // Our reservation can never be published: later producers would wait forever.
+            self.broken.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    fn publish(&self, idx: u64, n: u64) -> Result<(), SqError> {
+        // Acquire: not needed for data (each producer publishes its own slots), but keeps
+        // the chain of ready heads ordered for whoever reads ours.
+        if self.ready.load(Ordering::Acquire) != idx {
+            let r = self.wait("earlier producers to publish", idx, || {
+                self.ready.load(Ordering::Acquire) == idx
+            });
+            if r.is_err() {
+                self.broken.store(true, Ordering::Release);
+                return r;
+            }
+        }
+        // Release: the WQE bytes written above (and everything earlier producers published,
+        // which we acquired) are visible to whoever acquires this head.
+        self.ready.store(idx + n, Ordering::Release);
+        Ok(())
+    }
+
+    /// Rings the doorbell for everything published so far (if not rung yet).
+    pub fn ring(&self) {
+        loop {
+            let ready = self.ready.load(Ordering::Acquire);
+            if self.rung.load(Ordering::Acquire) >= ready {
+                return;
+            }
+            // Acquire: enter the ringer's critical section after the previous ringer left.
+            if self
+                .ring_lock
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                let ready = self.ready.load(Ordering::Acquire);
+                if self.rung.load(Ordering::Relaxed) < ready {
+                    // Release: the engine that acquires the record sees the WQE bytes
+                    // (which happen-before `ready`, acquired above).
+                    self.mem
+                        .qp_dbrec_send()
+                        .store(u32::from_ne_bytes(send_counter(ready as u32).to_bytes()), Ordering::Release);
+                    // Then the doorbell word (the UAR write of a real NIC). Release keeps
+                    // it after the record.
+                    self.mem
+                        .doorbell()
+                        .store(doorbell_word(ready as u16, self.qpn), Ordering::Release);
+                    self.rung.store(ready, Ordering::Release);
+                }
+                self.ring_lock.store(false, Ordering::Release);
+                if let Some(w) = &self.wake {
+                    w.wake();
+                }
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Consumes new CQEs (one poller at a time; others return at once). Returns the number
+    /// consumed.
+    pub fn poll_cq(&self) -> usize {
+        let Ok(mut cq) = self.cq.try_lock() else {
+            return 0;
+        };
+        let cqe_cnt = self.mem.layout().cqe_cnt;
+        let mut n = 0;
+        match self.cq_mode {
+            CqMode::Normal => loop {
+                let ci = cq.ci;
+                if !sw_owns(self.mem.cqe_op_own(ci), ci, cqe_cnt) {
+                    break;
+                }
+                let c = self.mem.read_cqe(ci);
+                self.retire(&mut cq, &c);
+                cq.ci = ci.wrapping_add(1);
+                // Release: the engine may overwrite the entry once it sees the new index;
+                // our reads of it come first.
+                self.mem
+                    .cq_dbrec_ci()
+                    .store(u32::from_ne_bytes(cq_consumer_index(cq.ci).to_bytes()), Ordering::Release);
+                n += 1;
+            },
+            CqMode::Collapsed => {
+                let c = self.mem.read_cqe(0);
+                if c.opcode() != CqeOpcode::Invalid as u8 {
+                    n = self.retire(&mut cq, &c) as usize;
+                }
+            }
+        }
+        n
+    }
+
+    /// Applies one CQE: advances `completed` past the WQE it names; returns whether it
+    /// was new.
+    fn retire(&self, cq: &mut CqConsumer, c: &Cqe64) -> bool {
+        let done = self.completed.load(Ordering::Relaxed);
+        // The WQE's unwrapped index: in flight WQEs lie within MAX_WQE_CNT (< 2^15) of
+        // `done`, so a signed 16-bit distance recovers it; a negative one is an old CQE
+        // seen again (collapsed mode).
+        let d = c.wqe_counter.get().wrapping_sub(done as u16) as i16;
+        if d < 0 {
+            return false;
+        }
+        let index = done + d as u64;
+        let size = self.sizes[(index & self.mask) as usize].load(Ordering::Relaxed) as u64;
+        let rep = CqeReport::from_cqe(c, index);
+        if rep.is_error() {
+            let mut fe = self.first_error.lock().unwrap_or_else(|e| e.into_inner());
+            if fe.is_none() {
+                *fe = Some(rep);
+                self.has_error.store(true, Ordering::Release);
+            }
+        }
+        cq.ci = cq.ci.wrapping_add(if self.cq_mode == CqMode::Collapsed { 1 } else { 0 });
+        cq.last = Some(rep);
+        // Release: pairs with the Acquire in wait_slots_free / wait_index: the engine's
+        // reads of the slots (and its writes of results) happen before the reuse.
+        self.completed.fetch_max(index + size, Ordering::AcqRel);
+        true
+    }
+
+    /// Waits until the WQE `p` completed; fails if the QP entered the error state at or
+    /// before it.
+    pub fn wait_posted(&self, p: Posted) -> Result<(), SqError> {
+        self.wait_index(p.index + p.wqebbs as u64, "the completion of a WQE", p.index)
+    }
+
+    fn wait_index(&self, end: u64, what: &'static str, index: u64) -> Result<(), SqError> {
+        if self.completed.load(Ordering::Acquire) < end {
+            self.ring();
+            self.wait(what, index, || {
+                self.poll_cq();
+                self.completed.load(Ordering::Acquire) >= end
+            })?;
+        }
+        match self.error() {
+            Some(first) if first.index < end => Err(SqError::Completion {
+                qpn: self.qpn,
+                first,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits until everything reserved before the call has completed (`quiet`).
+    pub fn quiet(&self) -> Result<(), SqError> {
+        let end = self.reserved.load(Ordering::Acquire);
+        self.wait_index(end, "quiet (all posted WQEs to complete)", end)
+    }
+}
