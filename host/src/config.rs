@@ -215,8 +215,31 @@ fn parse_port(var: &str, value: &str) -> Result<u16> {
     }
 }
 
+/// How a PE reaches its peers (RSHMEM_TRANSPORT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TransportMode {
+    /// p2p to node-local peers, proxy (soft HCA over the network) to the others. Until a
+    /// network backend exists, peers on other nodes are unreachable, so this equals p2p.
+    #[default]
+    Auto,
+    /// Loads and stores into node-local peers' heaps only.
+    P2p,
+    /// Everything, node-local peers and this PE itself included, through the soft HCA.
+    Proxy,
+}
+
+impl TransportMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportMode::Auto => "auto",
+            TransportMode::P2p => "p2p",
+            TransportMode::Proxy => "proxy",
+        }
+    }
+}
+
 /// Runtime settings (RSHMEM_SYMMETRIC_SIZE, RSHMEM_TIMEOUT_MS, RSHMEM_TOKEN, RSHMEM_NODE_ID,
-/// RSHMEM_ROOT).
+/// RSHMEM_ROOT, RSHMEM_TRANSPORT).
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub symmetric_size: usize,
@@ -226,6 +249,8 @@ pub struct Settings {
     /// RSHMEM_ROOT=external: the bootstrap root already runs (hosted by the launcher);
     /// rank 0 must not host it.
     pub root_external: bool,
+    /// RSHMEM_TRANSPORT: `auto` (default), `p2p` or `proxy`.
+    pub transport: TransportMode,
 }
 
 pub const DEFAULT_SYMMETRIC_SIZE: usize = 256 << 20;
@@ -302,12 +327,27 @@ impl Settings {
                 }
             },
         };
+        let transport = match get("RSHMEM_TRANSPORT") {
+            None => TransportMode::Auto,
+            Some(v) => match v.trim() {
+                "auto" => TransportMode::Auto,
+                "p2p" => TransportMode::P2p,
+                "proxy" => TransportMode::Proxy,
+                _ => return Err(env_err(
+                    "RSHMEM_TRANSPORT",
+                    &v,
+                    "expected \"auto\" (p2p to node-local peers, proxy to the others), \"p2p\" \
+                         or \"proxy\" (everything through the soft HCA)",
+                )),
+            },
+        };
         Ok(Settings {
             symmetric_size,
             timeout: Duration::from_millis(timeout_ms),
             token,
             node_id,
             root_external,
+            transport,
         })
     }
 }
@@ -628,6 +668,20 @@ mod tests {
         assert_eq!(s.token, None);
         assert_eq!(s.node_id, default_node_id());
         assert!(!s.root_external);
+        assert_eq!(s.transport, TransportMode::Auto);
+    }
+
+    #[test]
+    fn transport_setting() {
+        for (v, m) in [
+            ("auto", TransportMode::Auto),
+            ("p2p", TransportMode::P2p),
+            (" proxy ", TransportMode::Proxy),
+        ] {
+            assert_eq!(settings(&[("RSHMEM_TRANSPORT", v)]).unwrap().transport, m);
+        }
+        let e = settings(&[("RSHMEM_TRANSPORT", "ibgda")]).unwrap_err();
+        assert!(e.to_string().contains("RSHMEM_TRANSPORT"), "{e}");
     }
 
     #[test]

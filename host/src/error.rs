@@ -147,6 +147,17 @@ pub enum Error {
     #[error("launcher: {0}")]
     Launch(String),
 
+    /// A network operation failed: the soft HCA (or a NIC) completed it with an error CQE,
+    /// or the queue pair was already in the error state. `detail` names the QP, the WQE's
+    /// opcode and index and the CQE syndrome.
+    #[error("PE {from} -> PE {pe}: {op} failed: {detail}")]
+    Transport {
+        pe: usize,
+        from: usize,
+        op: &'static str,
+        detail: String,
+    },
+
     /// A self-test or benchmark found wrong data.
     #[error("data check failed: {0}")]
     Verification(String),

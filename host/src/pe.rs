@@ -11,9 +11,11 @@
 //! every PE of the team — as in OpenSHMEM.
 
 use crate::bootstrap::{Bootstrap, Group, JoinParams, Liveness, Root};
-use crate::config::{LaunchInfo, Settings};
+use crate::config::{LaunchInfo, Settings, TransportMode};
 use crate::error::{Error, Result};
 use crate::heap::{self, Allocator, Segment, MAX_ALIGN, RESERVED_BYTES};
+use crate::softhca::mr::{Access, MrTable};
+use crate::softhca::proxy::{Proxy, ProxyPeer};
 use crate::team::Team;
 use crate::types::{Element, SymPtr};
 use std::sync::{Arc, Mutex};
@@ -30,6 +32,25 @@ pub struct PeConfig {
     pub settings: Settings,
 }
 
+/// How a PE reaches one peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PeerPath {
+    /// Loads and stores into its heap, mapped here.
+    P2p,
+    /// Through the soft HCA (mlx5 queues).
+    Proxy,
+    /// No transport reaches it (another node, no network backend yet).
+    Unreachable,
+}
+
+/// Where an operation goes, once its PE and range are validated.
+pub(crate) enum Route {
+    /// The target's address in this process.
+    P2p(*mut u8),
+    /// Through the proxy, at this heap offset.
+    Proxy,
+}
+
 /// One processing element.
 ///
 /// `Send + Sync` (checked below): RMA may be issued from any thread; collectives from one
@@ -42,6 +63,15 @@ pub struct Pe {
     pub(crate) settings: Settings,
     job_id: String,
     heap_size: usize,
+    /// How each peer is reached, by world rank (an enum match, no virtual call, on the p2p
+    /// path).
+    paths: Vec<PeerPath>,
+    /// The proxy transport (soft HCA), when some peer is reached through it. Declared
+    /// before `peers`: it detaches its queue pairs from the engine before the mappings
+    /// the engine writes into go away.
+    pub(crate) proxy: Option<Proxy>,
+    /// An error a `quiet()` (which returns nothing) met; reported by the next `try_quiet`.
+    pub(crate) deferred: Mutex<Option<String>>,
     /// Mapping of every PE's heap that this process can address (same node), by world rank.
     peers: Vec<Option<Segment>>,
     alloc: Mutex<Allocator>,
@@ -183,6 +213,52 @@ impl Pe {
         opened?;
         peers[rank] = Some(mine);
 
+        // Every PE registers its heap in its protection domain and shares (base, key), so
+        // any PE may reach it through the soft HCA whatever transport it picked itself.
+        let pd = Arc::new(MrTable::new());
+        let my_base = peers[rank]
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |s| s.base());
+        // SAFETY: the heap mapping lives in `peers` until the Pe drops, after `proxy`
+        // (field order) which detaches every QP using this table.
+        let heap_key =
+            unsafe { pd.register(my_base, my_base as u64, heap_size as u64, Access::ALL) };
+        let mut mine_key = (my_base as u64).to_le_bytes().to_vec();
+        mine_key.extend_from_slice(&(heap_key as u64).to_le_bytes());
+        let keys = boot.allgather(&world_group, &mine_key)?;
+        let mode = settings.transport;
+        let paths: Vec<PeerPath> = (0..n)
+            .map(|r| match (&peers[r], mode) {
+                (Some(_), TransportMode::Proxy) => PeerPath::Proxy,
+                (Some(_), _) => PeerPath::P2p,
+                // Peers on other nodes need a network backend (libfabric, not built yet).
+                (None, _) => PeerPath::Unreachable,
+            })
+            .collect();
+        let proxy = if paths.contains(&PeerPath::Proxy) {
+            let pp = (0..n)
+                .map(|r| {
+                    if paths[r] != PeerPath::Proxy {
+                        return None;
+                    }
+                    let seg = peers[r].as_ref()?;
+                    let base = le_u64(&keys[r][..8]);
+                    let rkey = le_u64(&keys[r][8..16]) as u32;
+                    // The peer's heap as this process reaches it: the LocalBackend checks
+                    // the rkey and bounds against this and writes through the mapping.
+                    let remote = Arc::new(MrTable::new());
+                    // SAFETY: the mapping lives in `peers` until after `proxy` drops.
+                    unsafe {
+                        remote.register_key(rkey, seg.base(), base, heap_size as u64, Access::ALL)
+                    };
+                    Some(ProxyPeer { base, rkey, remote })
+                })
+                .collect();
+            Some(Proxy::new(rank, settings.timeout, pd, pp)?)
+        } else {
+            None
+        };
+
         let world = Team::new(0, world_group.members.clone(), rank, 0, true);
         let node_members: Vec<u32> = local.iter().map(|&r| r as u32).collect();
         let node_uid = 1u64 << 63 | fnv(node_ids[rank].as_bytes());
@@ -201,6 +277,9 @@ impl Pe {
             settings,
             job_id,
             heap_size,
+            paths,
+            proxy,
+            deferred: Mutex::new(None),
             peers,
             alloc: Mutex::new(Allocator::new(RESERVED_BYTES, heap_size)),
             world,
@@ -287,6 +366,70 @@ impl Pe {
         self.live.check()?;
         // SAFETY: offset + len <= heap_size = the mapping's length (checked above).
         Ok(unsafe { seg.base().add(offset) })
+    }
+
+    /// Validates `[offset, offset+len)` on PE `pe` and says how to reach it.
+    pub(crate) fn route(&self, pe: usize, offset: usize, len: usize) -> Result<Route> {
+        match self.paths.get(pe) {
+            Some(PeerPath::Proxy) => {
+                self.check_range(pe, offset, len)?;
+                self.live.check()?;
+                Ok(Route::Proxy)
+            }
+            _ => self.target(pe, offset, len).map(Route::P2p),
+        }
+    }
+
+    fn check_range(&self, pe: usize, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if offset >= RESERVED_BYTES && end <= self.heap_size => Ok(()),
+            _ => Err(Error::OutOfBounds {
+                pe,
+                offset,
+                len,
+                heap_start: RESERVED_BYTES,
+                heap_end: self.heap_size,
+            }),
+        }
+    }
+
+    /// The proxy transport (present whenever a route says Proxy).
+    pub(crate) fn proxy(&self) -> &Proxy {
+        self.proxy
+            .as_ref()
+            .expect("a proxy route implies a proxy transport")
+    }
+
+    /// The transport used to reach PE `pe`: "p2p", "proxy" or "unreachable".
+    pub fn transport_to(&self, pe: usize) -> Option<&'static str> {
+        self.paths.get(pe).map(|p| match p {
+            PeerPath::P2p => "p2p",
+            PeerPath::Proxy => "proxy",
+            PeerPath::Unreachable => "unreachable",
+        })
+    }
+
+    /// Adds 1 to runtime word `offset` of PE `pe` (barrier signals): Release on p2p, a
+    /// fenced fetch-add WQE through the proxy.
+    pub(crate) fn runtime_signal(&self, pe: usize, offset: usize) -> Result<()> {
+        match self.paths.get(pe) {
+            Some(PeerPath::Proxy) => self.proxy().post_add(pe, offset, 1, true, "barrier"),
+            _ => {
+                let w = self.runtime_word(pe, offset)?;
+                // SAFETY: runtime word inside a live mapping, 8-aligned, only accessed
+                // atomically. Release: everything this PE wrote before the signal (and
+                // everything it acquired from earlier rounds) is visible to the partner
+                // that acquires it.
+                unsafe {
+                    crate::atomic::AtomicInt::fetch_add(
+                        w,
+                        1u64,
+                        std::sync::atomic::Ordering::Release,
+                    )
+                };
+                Ok(())
+            }
+        }
     }
 
     /// Local address of a runtime-region word of PE `pe` (no user bounds check: internal).

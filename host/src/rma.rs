@@ -1,7 +1,20 @@
-//! Host-initiated one-sided operations over the p2p transport: put/get, signals,
-//! point-to-point synchronisation (wait/test) and atomics, with OpenSHMEM 1.5 semantics.
+//! Host-initiated one-sided operations over the p2p and proxy transports: put/get,
+//! signals, point-to-point synchronisation (wait/test) and atomics, with OpenSHMEM 1.5
+//! semantics.
 //!
-//! # Transport and completion
+//! Each operation validates its PE and range once ([`Pe::route`]) and then either takes
+//! the p2p path (an enum match, no virtual call) or posts WQEs through the proxy
+//! transport (`softhca::proxy`: the soft HCA). Waits and tests read this PE's own heap and
+//! are the same for both.
+//!
+//! # Proxy transport
+//! put, put_nbi, p, put_signal and signal_op return once the source may be reused and
+//! complete at `quiet` (OpenSHMEM's contract); gets and every atomic return complete, as
+//! with p2p. The engine executes a QP's WQEs in order with the same memory effects as
+//! the p2p code below (Release store of a put's last word, AcqRel atomics), and `fence`
+//! marks each QP's next WQE FENCE.
+//!
+//! # Transport and completion (p2p)
 //! The p2p transport moves data with CPU loads and stores into the peer's heap, which is
 //! mapped into this process. So every operation has *completed* when it returns — the
 //! `_nbi` forms exist for API parity with OpenSHMEM and with transports where they differ,
@@ -27,7 +40,8 @@
 
 use crate::atomic::AtomicInt;
 use crate::error::{Error, Result};
-use crate::pe::{ms_since, Pe};
+use crate::pe::{ms_since, Pe, Route};
+use crate::softhca::proxy::Amo;
 use crate::types::{Cmp, Element, SignalOp, SymPtr};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
@@ -49,11 +63,13 @@ impl Pe {
     pub fn put<T: Element>(&self, dest: SymPtr<T>, src: &[T], pe: usize) -> Result<()> {
         let bytes = std::mem::size_of_val(src);
         check_len("put", src.len(), dest.len())?;
-        let d = self.target(pe, dest.offset(), bytes)?;
-        // SAFETY: d..d+bytes is inside PE `pe`'s mapped heap (validated); src is a valid
-        // slice of `bytes` bytes; the two cannot overlap unless the caller passes a slice
-        // of the mapping itself, which ptr::copy tolerates.
-        unsafe { copy_last_word_release(d, src.as_ptr().cast(), bytes) };
+        match self.route(pe, dest.offset(), bytes)? {
+            // SAFETY: d..d+bytes is inside PE `pe`'s mapped heap (validated); src is a
+            // valid slice of `bytes` bytes; the two cannot overlap unless the caller passes
+            // a slice of the mapping itself, which ptr::copy tolerates.
+            Route::P2p(d) => unsafe { copy_last_word_release(d, src.as_ptr().cast(), bytes) },
+            Route::Proxy => self.proxy().put(pe, dest.offset(), as_bytes(src), "put")?,
+        }
         Ok(())
     }
 
@@ -66,10 +82,14 @@ impl Pe {
     pub fn get<T: Element>(&self, dst: &mut [T], src: SymPtr<T>, pe: usize) -> Result<()> {
         let bytes = std::mem::size_of_val(dst);
         check_len("get", dst.len(), src.len())?;
-        let s = self.target(pe, src.offset(), bytes)?;
-        // SAFETY: s..s+bytes is inside the mapped heap; dst is a valid exclusive slice of
-        // `bytes` bytes; T accepts any bit pattern (Element).
-        unsafe { std::ptr::copy(s, dst.as_mut_ptr().cast::<u8>(), bytes) };
+        match self.route(pe, src.offset(), bytes)? {
+            // SAFETY: s..s+bytes is inside the mapped heap; dst is a valid exclusive slice
+            // of `bytes` bytes; T accepts any bit pattern (Element).
+            Route::P2p(s) => unsafe { std::ptr::copy(s, dst.as_mut_ptr().cast::<u8>(), bytes) },
+            Route::Proxy => self
+                .proxy()
+                .get(pe, src.offset(), as_bytes_mut(dst), "get")?,
+        }
         // Acquire: loads after this get are not reordered before it (OpenSHMEM orders a
         // blocking get before the caller's later accesses).
         fence(Ordering::Acquire);
@@ -100,11 +120,18 @@ impl Pe {
     /// Reads one element (`src`'s first) from PE `pe`.
     pub fn g<T: Element>(&self, src: SymPtr<T>, pe: usize) -> Result<T> {
         check_len("g", 1, src.len())?;
-        let s = self.target(pe, src.offset(), std::mem::size_of::<T>())?;
-        // SAFETY: s points to size_of::<T>() valid mapped bytes; read_unaligned copes with
-        // any alignment; T accepts any bit pattern.
-        let v = unsafe { load_acquire::<T>(s) };
-        Ok(v)
+        match self.route(pe, src.offset(), std::mem::size_of::<T>())? {
+            // SAFETY: s points to size_of::<T>() valid mapped bytes; read_unaligned copes
+            // with any alignment; T accepts any bit pattern.
+            Route::P2p(s) => Ok(unsafe { load_acquire::<T>(s) }),
+            Route::Proxy => {
+                // SAFETY: Element types accept any bit pattern, zero included.
+                let mut v = [unsafe { std::mem::zeroed::<T>() }];
+                self.proxy()
+                    .get(pe, src.offset(), as_bytes_mut(&mut v), "g")?;
+                Ok(v[0])
+            }
+        }
     }
 
     // ------------------------------------------------------------------ signals
@@ -122,12 +149,22 @@ impl Pe {
     ) -> Result<()> {
         let bytes = std::mem::size_of_val(src);
         check_len("put_signal", src.len(), dest.len())?;
-        let d = self.target(pe, dest.offset(), bytes)?;
-        let s = self.sync_word::<u64>(sig, pe, "put_signal")?;
-        // SAFETY: validated destination inside the mapping; src valid for `bytes`.
-        unsafe { std::ptr::copy(src.as_ptr().cast::<u8>(), d, bytes) };
-        // SAFETY: s is an aligned signal word in a live mapping, accessed only atomically.
-        unsafe { signal_update(s, signal, op) };
+        let route = self.route(pe, dest.offset(), bytes)?;
+        let s = self.sync_route::<u64>(sig, pe, "put_signal")?;
+        match (route, s) {
+            (Route::P2p(d), Route::P2p(s)) => {
+                // SAFETY: validated destination inside the mapping; src valid for `bytes`.
+                unsafe { std::ptr::copy(src.as_ptr().cast::<u8>(), d, bytes) };
+                // SAFETY: s is an aligned signal word in a live mapping, accessed only
+                // atomically.
+                unsafe { signal_update(s.cast(), signal, op) };
+            }
+            _ => {
+                self.proxy()
+                    .put(pe, dest.offset(), as_bytes(src), "put_signal")?;
+                self.proxy_signal(sig, signal, op, pe, "put_signal")?;
+            }
+        }
         Ok(())
     }
 
@@ -146,9 +183,11 @@ impl Pe {
 
     /// Updates the signal word `sig` on PE `pe` (Release: orders this PE's earlier puts).
     pub fn signal_op(&self, sig: SymPtr<u64>, signal: u64, op: SignalOp, pe: usize) -> Result<()> {
-        let s = self.sync_word::<u64>(sig, pe, "signal_op")?;
-        // SAFETY: aligned signal word in a live mapping, accessed only atomically.
-        unsafe { signal_update(s, signal, op) };
+        match self.sync_route::<u64>(sig, pe, "signal_op")? {
+            // SAFETY: aligned signal word in a live mapping, accessed only atomically.
+            Route::P2p(s) => unsafe { signal_update(s.cast(), signal, op) },
+            Route::Proxy => self.proxy_signal(sig, signal, op, pe, "signal_op")?,
+        }
         Ok(())
     }
 
@@ -294,24 +333,32 @@ impl Pe {
 
     /// Atomically reads `src` on PE `pe` (Acquire).
     pub fn atomic_fetch<T: AtomicInt>(&self, src: SymPtr<T>, pe: usize) -> Result<T> {
-        let p = self.sync_word(src, pe, "atomic_fetch")?;
-        // SAFETY: validated aligned word, atomic-only access.
-        Ok(unsafe { T::load(p, Ordering::Acquire) })
+        match self.sync_route(src, pe, "atomic_fetch")? {
+            // SAFETY: validated aligned word, atomic-only access.
+            Route::P2p(p) => Ok(unsafe { T::load(p.cast(), Ordering::Acquire) }),
+            Route::Proxy => self.proxy_amo(src, pe, Amo::Fetch, "atomic_fetch"),
+        }
     }
 
     /// Atomically writes `value` to `dest` on PE `pe` (Release).
     pub fn atomic_set<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
-        let p = self.sync_word(dest, pe, "atomic_set")?;
-        // SAFETY: validated aligned word, atomic-only access.
-        unsafe { T::store(p, value, Ordering::Release) };
+        match self.sync_route(dest, pe, "atomic_set")? {
+            // SAFETY: validated aligned word, atomic-only access.
+            Route::P2p(p) => unsafe { T::store(p.cast(), value, Ordering::Release) },
+            Route::Proxy => {
+                self.proxy_amo(dest, pe, Amo::Set(to_bits(value)), "atomic_set")?;
+            }
+        }
         Ok(())
     }
 
     /// Atomically replaces `dest` on PE `pe` with `value`; returns the old value (AcqRel).
     pub fn atomic_swap<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
-        let p = self.sync_word(dest, pe, "atomic_swap")?;
-        // SAFETY: validated aligned word, atomic-only access.
-        Ok(unsafe { T::swap(p, value, Ordering::AcqRel) })
+        match self.sync_route(dest, pe, "atomic_swap")? {
+            // SAFETY: validated aligned word, atomic-only access.
+            Route::P2p(p) => Ok(unsafe { T::swap(p.cast(), value, Ordering::AcqRel) }),
+            Route::Proxy => self.proxy_amo(dest, pe, Amo::Swap(to_bits(value)), "atomic_swap"),
+        }
     }
 
     /// Writes `value` to `dest` on PE `pe` if it equals `cond`; returns the old value.
@@ -322,9 +369,18 @@ impl Pe {
         value: T,
         pe: usize,
     ) -> Result<T> {
-        let p = self.sync_word(dest, pe, "atomic_compare_swap")?;
-        // SAFETY: validated aligned word, atomic-only access.
-        Ok(unsafe { T::compare_swap(p, cond, value, Ordering::AcqRel) })
+        match self.sync_route(dest, pe, "atomic_compare_swap")? {
+            // SAFETY: validated aligned word, atomic-only access.
+            Route::P2p(p) => {
+                Ok(unsafe { T::compare_swap(p.cast(), cond, value, Ordering::AcqRel) })
+            }
+            Route::Proxy => self.proxy_amo(
+                dest,
+                pe,
+                Amo::Cas(to_bits(cond), to_bits(value)),
+                "atomic_compare_swap",
+            ),
+        }
     }
 
     /// Adds `value` (wrapping) to `dest` on PE `pe`; returns the old value.
@@ -334,9 +390,11 @@ impl Pe {
         value: T,
         pe: usize,
     ) -> Result<T> {
-        let p = self.sync_word(dest, pe, "atomic_fetch_add")?;
-        // SAFETY: validated aligned word, atomic-only access.
-        Ok(unsafe { T::fetch_add(p, value, Ordering::AcqRel) })
+        match self.sync_route(dest, pe, "atomic_fetch_add")? {
+            // SAFETY: validated aligned word, atomic-only access.
+            Route::P2p(p) => Ok(unsafe { T::fetch_add(p.cast(), value, Ordering::AcqRel) }),
+            Route::Proxy => self.proxy_amo(dest, pe, Amo::Add(to_bits(value)), "atomic_fetch_add"),
+        }
     }
 
     /// Adds `value` (wrapping) to `dest` on PE `pe`.
@@ -361,16 +419,20 @@ impl Pe {
         value: T,
         pe: usize,
     ) -> Result<T> {
-        let p = self.sync_word(dest, pe, "atomic_fetch_and")?;
-        // SAFETY: validated aligned word, atomic-only access.
-        Ok(unsafe { T::fetch_and(p, value, Ordering::AcqRel) })
+        match self.sync_route(dest, pe, "atomic_fetch_and")? {
+            // SAFETY: validated aligned word, atomic-only access.
+            Route::P2p(p) => Ok(unsafe { T::fetch_and(p.cast(), value, Ordering::AcqRel) }),
+            Route::Proxy => self.proxy_amo(dest, pe, Amo::And(to_bits(value)), "atomic_fetch_and"),
+        }
     }
 
     /// Bitwise OR into `dest` on PE `pe`; returns the old value.
     pub fn atomic_fetch_or<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
-        let p = self.sync_word(dest, pe, "atomic_fetch_or")?;
-        // SAFETY: validated aligned word, atomic-only access.
-        Ok(unsafe { T::fetch_or(p, value, Ordering::AcqRel) })
+        match self.sync_route(dest, pe, "atomic_fetch_or")? {
+            // SAFETY: validated aligned word, atomic-only access.
+            Route::P2p(p) => Ok(unsafe { T::fetch_or(p.cast(), value, Ordering::AcqRel) }),
+            Route::Proxy => self.proxy_amo(dest, pe, Amo::Or(to_bits(value)), "atomic_fetch_or"),
+        }
     }
 
     /// Bitwise XOR into `dest` on PE `pe`; returns the old value.
@@ -380,9 +442,11 @@ impl Pe {
         value: T,
         pe: usize,
     ) -> Result<T> {
-        let p = self.sync_word(dest, pe, "atomic_fetch_xor")?;
-        // SAFETY: validated aligned word, atomic-only access.
-        Ok(unsafe { T::fetch_xor(p, value, Ordering::AcqRel) })
+        match self.sync_route(dest, pe, "atomic_fetch_xor")? {
+            // SAFETY: validated aligned word, atomic-only access.
+            Route::P2p(p) => Ok(unsafe { T::fetch_xor(p.cast(), value, Ordering::AcqRel) }),
+            Route::Proxy => self.proxy_amo(dest, pe, Amo::Xor(to_bits(value)), "atomic_fetch_xor"),
+        }
     }
 
     /// Bitwise AND into `dest` on PE `pe`.
@@ -403,15 +467,53 @@ impl Pe {
     // ------------------------------------------------------------------ ordering
 
     /// Completes every put, AMO and signal this PE issued (OpenSHMEM `shmem_quiet`). With
-    /// p2p they are complete already; the SeqCst fence orders them before everything this
-    /// PE does afterwards, loads included.
+    /// p2p they are complete already; through the proxy it waits for every posted WQE's
+    /// completion. The SeqCst fence orders them before everything this PE does
+    /// afterwards, loads included. An error (an error CQE, a timeout) cannot be returned
+    /// here: it is kept and returned by the next [`Pe::try_quiet`] or barrier.
     pub fn quiet(&self) {
+        if let Err(e) = self.quiet_proxy() {
+            let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+            d.get_or_insert_with(|| e.to_string());
+        }
         fence(Ordering::SeqCst);
     }
 
+    /// [`Pe::quiet`] that reports failures: an error a transport met since the last call
+    /// (including one a plain `quiet` swallowed).
+    pub fn try_quiet(&self) -> Result<()> {
+        let r = self.quiet_proxy();
+        fence(Ordering::SeqCst);
+        if let Some(d) = self
+            .deferred
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            return Err(Error::Transport {
+                pe: self.my_pe(),
+                from: self.my_pe(),
+                op: "quiet",
+                detail: d,
+            });
+        }
+        r
+    }
+
+    fn quiet_proxy(&self) -> Result<()> {
+        match &self.proxy {
+            Some(p) => p.quiet(),
+            None => Ok(()),
+        }
+    }
+
     /// Orders this PE's puts, AMOs and signals to each PE: those before the fence are
-    /// visible before those after it (OpenSHMEM `shmem_fence`). A Release fence.
+    /// visible before those after it (OpenSHMEM `shmem_fence`). A Release fence; through
+    /// the proxy, every QP's next WQE also carries fence mode FENCE.
     pub fn fence(&self) {
+        if let Some(p) = &self.proxy {
+            p.fence();
+        }
         fence(Ordering::Release);
     }
 
@@ -430,6 +532,53 @@ impl Pe {
             });
         }
         Ok(self.target(pe, sym.offset(), size)?.cast())
+    }
+
+    /// [`Pe::sync_word`] for an operation on any PE: validated and routed.
+    fn sync_route<T>(&self, sym: SymPtr<T>, pe: usize, op: &'static str) -> Result<Route> {
+        let size = std::mem::size_of::<T>();
+        check_len(op, 1, sym.len())?;
+        if sym.offset() % size != 0 {
+            return Err(Error::Misaligned {
+                offset: sym.offset(),
+                align: size,
+                op,
+            });
+        }
+        self.route(pe, sym.offset(), size)
+    }
+
+    fn proxy_amo<T: AtomicInt>(
+        &self,
+        sym: SymPtr<T>,
+        pe: usize,
+        a: Amo,
+        op: &'static str,
+    ) -> Result<T> {
+        let size = std::mem::size_of::<T>();
+        let old = self.proxy().amo(pe, sym.offset(), size, a, op)?;
+        Ok(from_bits(old))
+    }
+
+    /// The signal half of put_signal / signal_op through the proxy: fenced after the data
+    /// (FENCE on the QP), ADD as a fetch-add, SET as an 8-byte WRITE (one Release store on
+    /// the target). Completes at quiet, like a put.
+    fn proxy_signal(
+        &self,
+        sig: SymPtr<u64>,
+        signal: u64,
+        op: SignalOp,
+        pe: usize,
+        name: &'static str,
+    ) -> Result<()> {
+        let p = self.proxy();
+        match op {
+            SignalOp::Add => p.post_add(pe, sig.offset(), signal, true, name),
+            SignalOp::Set => {
+                p.fence_to(pe);
+                p.put(pe, sig.offset(), &signal.to_ne_bytes(), name)
+            }
+        }
     }
 
     fn ivar_words<T>(
@@ -646,5 +795,41 @@ unsafe fn signal_update(s: *mut u64, signal: u64, op: SignalOp) {
                 u64::fetch_add(s, signal, Ordering::Release);
             }
         }
+    }
+}
+
+/// The bytes of a slice of plain data.
+fn as_bytes<T: Element>(s: &[T]) -> &[u8] {
+    // SAFETY: Element types are plain data; the slice covers size_of_val(s) initialised
+    // bytes for the borrow's lifetime.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
+/// The bytes of a mutable slice of plain data (any bit pattern written is a valid T).
+fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    // SAFETY: as above, and Element accepts any bit pattern, so writes through the byte
+    // view cannot create an invalid T.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
+/// An atomic integer's bits, zero-extended to 64.
+fn to_bits<T: AtomicInt>(v: T) -> u64 {
+    if std::mem::size_of::<T>() == 4 {
+        // SAFETY: T is a 4-byte integer (AtomicInt: u32/i32).
+        unsafe { std::mem::transmute_copy::<T, u32>(&v) as u64 }
+    } else {
+        // SAFETY: T is an 8-byte integer (AtomicInt: u64/i64).
+        unsafe { std::mem::transmute_copy::<T, u64>(&v) }
+    }
+}
+
+/// The inverse of [`to_bits`] (truncating to T's size).
+fn from_bits<T: AtomicInt>(b: u64) -> T {
+    if std::mem::size_of::<T>() == 4 {
+        // SAFETY: T is a 4-byte integer; every bit pattern is valid.
+        unsafe { std::mem::transmute_copy::<u32, T>(&(b as u32)) }
+    } else {
+        // SAFETY: T is an 8-byte integer; every bit pattern is valid.
+        unsafe { std::mem::transmute_copy::<u64, T>(&b) }
     }
 }

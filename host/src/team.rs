@@ -210,13 +210,13 @@ impl Pe {
 
     /// Barrier over `team` that also completes this PE's outstanding RMA (quiet + sync).
     pub fn team_barrier(&self, team: &Team) -> Result<()> {
-        self.quiet();
+        self.try_quiet()?;
         self.sync_team(team)
     }
 
     /// Synchronisation over `team` without completing RMA (OpenSHMEM `shmem_team_sync`).
     /// With p2p every put is already complete, so this differs from `team_barrier` only
-    /// in the missing quiet fence.
+    /// in the missing quiet fence; through the proxy, puts may still be in flight.
     pub fn sync_team(&self, team: &Team) -> Result<()> {
         let n = team.n_pes();
         if n <= 1 {
@@ -233,11 +233,9 @@ impl Pe {
         while dist < n {
             let to = team.inner.members[(me + dist) % n] as usize;
             let from = team.inner.members[(me + n - dist % n) % n] as usize;
-            let w = self.runtime_word(to, psync_offset(team.slot(), round))?;
-            // SAFETY: runtime word inside a live mapping, 8-aligned, only accessed atomically.
-            // Release: everything this PE wrote before the barrier (and everything it
-            // acquired from earlier rounds) is visible to the partner that acquires this.
-            unsafe { u64::fetch_add(w, 1, Ordering::Release) };
+            // Release increment (p2p) or a fenced fetch-add WQE (proxy): what this PE
+            // wrote before the barrier is visible to the partner that observes it.
+            self.runtime_signal(to, psync_offset(team.slot(), round))?;
             let mine = self.runtime_word(self.my_pe(), psync_offset(team.slot(), round))?;
             self.wait_internal(mine, epoch, || {
                 format!(

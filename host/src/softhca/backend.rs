@@ -71,7 +71,11 @@ impl AtomicOp {
 
     /// The value the target word takes given its old value (truncated to the size).
     pub const fn apply(&self, old: u64) -> u64 {
-        let m = if self.size() == 4 { 0xffff_ffff } else { u64::MAX };
+        let m = if self.size() == 4 {
+            0xffff_ffff
+        } else {
+            u64::MAX
+        };
         let new = match *self {
             AtomicOp::Cs { compare, swap } => {
                 if old == compare {
@@ -201,7 +205,12 @@ impl LocalBackend {
 impl Backend for LocalBackend {
     type Peer = LocalPeer;
 
-    fn execute(&mut self, peer: &LocalPeer, _token: u64, op: &Op<'_>) -> Option<Result<(), Syndrome>> {
+    fn execute(
+        &mut self,
+        peer: &LocalPeer,
+        _token: u64,
+        op: &Op<'_>,
+    ) -> Option<Result<(), Syndrome>> {
         Some(match *op {
             Op::Write {
                 raddr,
@@ -250,14 +259,25 @@ impl Backend for LocalBackend {
                     // buffer was resolved through an lkey with LOCAL_WRITE; the lengths sum
                     // to `len` (engine).
                     unsafe {
-                        if dst.len() == 1 && (len == 8 || len == 4) && src as usize % len as usize == 0 {
+                        if dst.len() == 1
+                            && (len == 8 || len == 4)
+                            && src as usize % len as usize == 0
+                        {
                             // One atomic load, so a word updated by atomics is never torn.
                             if len == 8 {
                                 let v = AtomicU64::from_ptr(src.cast()).load(Ordering::Acquire);
-                                std::ptr::copy_nonoverlapping(v.to_ne_bytes().as_ptr(), dst[0].ptr, 8);
+                                std::ptr::copy_nonoverlapping(
+                                    v.to_ne_bytes().as_ptr(),
+                                    dst[0].ptr,
+                                    8,
+                                );
                             } else {
                                 let v = AtomicU32::from_ptr(src.cast()).load(Ordering::Acquire);
-                                std::ptr::copy_nonoverlapping(v.to_ne_bytes().as_ptr(), dst[0].ptr, 4);
+                                std::ptr::copy_nonoverlapping(
+                                    v.to_ne_bytes().as_ptr(),
+                                    dst[0].ptr,
+                                    4,
+                                );
                             }
                         } else {
                             let mut off = 0usize;
@@ -334,8 +354,9 @@ unsafe fn atomic_rmw(t: *mut u8, op: AtomicOp) -> u64 {
             }
             _ => {
                 let w = AtomicU64::from_ptr(t.cast());
-                match w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| Some(op.apply(old)))
-                {
+                match w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                    Some(op.apply(old))
+                }) {
                     Ok(v) | Err(v) => v,
                 }
             }

@@ -187,7 +187,8 @@ impl<B: Backend> EngineCore<B> {
         let cnt = mem.layout().wqe_cnt;
         // Acquire: pairs with the producer's Release store of the record, so the WQE bytes
         // it covers are visible.
-        let pi = u32::from_be_bytes(mem.qp_dbrec_send().load(Ordering::Acquire).to_ne_bytes()) as u16;
+        let pi =
+            u32::from_be_bytes(mem.qp_dbrec_send().load(Ordering::Acquire).to_ne_bytes()) as u16;
         // A record more than a ring ahead is a producer bug; never look past one ring.
         let mut avail = (pi.wrapping_sub(r.ci) as u64).min(cnt as u64);
         if avail == 0 {
@@ -214,7 +215,9 @@ impl<B: Backend> EngineCore<B> {
                 break; // FENCE: start only after every earlier WQE completed
             }
             // WQEBBs this WQE spans per its ds, limited to what was published (and ≥ 1).
-            let want = (ctrl.ds() as usize * DS_BYTES).div_ceil(WQEBB).clamp(1, MAX_WQEBBS) as u64;
+            let want = (ctrl.ds() as usize * DS_BYTES)
+                .div_ceil(WQEBB)
+                .clamp(1, MAX_WQEBBS) as u64;
             let n = want.min(avail);
             let len = n as usize * WQEBB;
             let ring_len = cnt as usize * WQEBB;
@@ -228,7 +231,11 @@ impl<B: Backend> EngineCore<B> {
                 // publication argument as above; wrap holds MAX_WQEBBS WQEBBs >= len.
                 unsafe {
                     std::ptr::copy_nonoverlapping(mem.sq().add(off), wrap.as_mut_ptr(), first);
-                    std::ptr::copy_nonoverlapping(mem.sq(), wrap.as_mut_ptr().add(first), len - first);
+                    std::ptr::copy_nonoverlapping(
+                        mem.sq(),
+                        wrap.as_mut_ptr().add(first),
+                        len - first,
+                    );
                 }
                 &wrap[..len]
             };
@@ -385,14 +392,18 @@ fn execute<B: Backend>(
         None => Exec::Started(bc),
     };
     let gather = |bufs: &mut Vec<LocalBuf>, segs: &[DataSeg], need: Access| {
-        segs.iter().try_fold(0u64, |acc, d| Ok(acc + local(lkeys, bufs, d, need)?))
+        segs.iter()
+            .try_fold(0u64, |acc, d| Ok(acc + local(lkeys, bufs, d, need)?))
     };
     match *op {
         WqeOp::Nop | WqeOp::Dump { .. } => Exec::Done(0, Ok(())),
         // rshmem queues have no receive queue: a SEND can never be received. A ConnectX
         // retries until RNR_RETRY_EXC; the engine reports that at once.
         WqeOp::Send { .. } | WqeOp::SendImm { .. } => Exec::Done(0, Err(Syndrome::RnrRetryExc)),
-        WqeOp::RdmaWrite { remote, payload } | WqeOp::RdmaWriteImm { remote, payload, .. } => {
+        WqeOp::RdmaWrite { remote, payload }
+        | WqeOp::RdmaWriteImm {
+            remote, payload, ..
+        } => {
             let (len, src) = match payload {
                 Payload::Inline(d) => (d.len() as u64, None),
                 Payload::Sge(segs) => match gather(bufs, segs, Access::NONE) {

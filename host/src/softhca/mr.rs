@@ -127,6 +127,32 @@ impl MrTable {
         key
     }
 
+    /// Records a region registered elsewhere under `key` (a peer's heap as mapped in this
+    /// process, with the key the peer gave it).
+    ///
+    /// # Safety
+    /// As [`MrTable::register`].
+    pub unsafe fn register_key(
+        &self,
+        key: u32,
+        host: *mut u8,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) {
+        let mut g = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<_> = g.iter().copied().filter(|r| r.key != key).collect();
+        v.push(MemoryRegion {
+            key,
+            addr,
+            len,
+            access,
+            host,
+        });
+        *g = Arc::new(v);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
     /// Removes the region of `key`; false if there was none.
     pub fn deregister(&self, key: u32) -> bool {
         let mut g = self.regions.write().unwrap_or_else(|e| e.into_inner());

@@ -1,1 +1,522 @@
-//! proxy (todo)
+//! The proxy transport: how a CPU PE reaches a peer through the soft HCA.
+//!
+//! One RC-like queue pair per (local PE, remote PE), this PE included (loopback), created
+//! on first use. Every PE of a process shares one engine thread (a process-wide
+//! [`SoftHca`] over [`LocalBackend`], started with the first proxy PE and stopped with the
+//! last), so several PEs per process work and an oversubscribed node does not run one
+//! spinning engine per PE.
+//!
+//! Memory: each PE registers its whole heap (one region; its base address and key are
+//! allgathered at init) and, per QP, a staging region of [`STAGING_CHUNK`] bytes per SQ
+//! slot. A WQE's staging chunk is the one of its first slot, so it is owned exactly as
+//! long as the slot: puts copy their source there (or inline it when it fits one WQEBB),
+//! gets and fetching atomics read their result from it before releasing the slot.
+//!
+//! Completion: puts, put_signal and signal_op return when the source may be reused (after
+//! the staging copy) and complete at quiet; gets and every AMO (fetching or not, as the
+//! p2p transport) return after their CQE. Errors name the peer, the WQE opcode and the
+//! syndrome; every wait is bounded by RSHMEM_TIMEOUT_MS and reports QP, WQE index and the
+//! last CQE.
+
+use super::backend::{LocalBackend, LocalPeer};
+use super::engine::{QpConfig, QpHandle, SoftHca};
+use super::mr::{Access, MrTable};
+use super::queue::{CqMode, Posted, QueueMemory, SendQueue, SqError};
+use crate::error::{Error, Result};
+use crate::mlx5::wqe::{DataSeg, Payload, RaddrSeg, Sge8, WqeOp};
+use std::alloc::Layout;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+/// SQ ring of a proxy QP (WQEBBs).
+pub const WQE_CNT: u32 = 128;
+/// Staging bytes per SQ slot: the largest WRITE/READ a proxy WQE carries.
+pub const STAGING_CHUNK: usize = 8 << 10;
+/// Longest put sent inline: what fits one WQEBB (ctrl + raddr + 4-B header + 28 B).
+pub const MAX_INLINE_PUT: usize = 28;
+
+/// What a PE knows about a peer it reaches by proxy.
+pub(crate) struct ProxyPeer {
+    /// The peer's heap as WQEs name it: its base address in the peer's process, its key.
+    pub base: u64,
+    pub rkey: u32,
+    /// The peer's registrations reachable from this process (the LocalBackend's view).
+    pub remote: Arc<MrTable>,
+}
+
+/// Page-aligned zeroed memory for staging.
+struct Staging {
+    base: *mut u8,
+    len: usize,
+}
+// SAFETY: plain memory owned by this value; slot ownership (SendQueue) decides who touches
+// which chunk.
+unsafe impl Send for Staging {}
+// SAFETY: as above.
+unsafe impl Sync for Staging {}
+
+impl Staging {
+    fn new(len: usize) -> Result<Staging> {
+        let l = Layout::from_size_align(len, crate::config::page_size())
+            .map_err(|e| Error::InvalidArgument(format!("staging layout: {e}")))?;
+        // SAFETY: non-zero size.
+        let base = unsafe { std::alloc::alloc_zeroed(l) };
+        if base.is_null() {
+            return Err(Error::InvalidArgument(format!(
+                "cannot allocate {len} bytes of proxy staging memory"
+            )));
+        }
+        Ok(Staging { base, len })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let l = Layout::from_size_align(self.len, crate::config::page_size()).expect("valid");
+        // SAFETY: allocated with this layout in new().
+        unsafe { std::alloc::dealloc(self.base, l) }
+    }
+}
+
+/// One QP to one peer. Field order is drop order: the engine lets go of the QP first.
+struct ProxyQp {
+    /// Held for its Drop (detach); the QP number is in `sq`.
+    _engine: QpHandle<LocalBackend>,
+    sq: SendQueue,
+    staging_key: u32,
+    pd: Arc<MrTable>,
+    staging: Staging,
+}
+
+impl Drop for ProxyQp {
+    fn drop(&mut self) {
+        self.pd.deregister(self.staging_key);
+    }
+}
+
+impl ProxyQp {
+    fn chunk(&self, idx: u64) -> *mut u8 {
+        let slot = (idx & (WQE_CNT as u64 - 1)) as usize;
+        // SAFETY: slot < WQE_CNT, staging holds WQE_CNT chunks.
+        unsafe { self.staging.base.add(slot * STAGING_CHUNK) }
+    }
+}
+
+/// A PE's proxy transport.
+pub(crate) struct Proxy {
+    rank: usize,
+    timeout: Duration,
+    pd: Arc<MrTable>,
+    peers: Vec<Option<ProxyPeer>>,
+    qps: Vec<OnceLock<std::result::Result<ProxyQp, String>>>,
+    hca: Arc<SoftHca<LocalBackend>>,
+}
+
+/// The process-wide engine (started on demand, stopped when the last proxy PE goes).
+fn engine() -> Result<Arc<SoftHca<LocalBackend>>> {
+    static ENGINE: Mutex<Weak<SoftHca<LocalBackend>>> = Mutex::new(Weak::new());
+    let mut g = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(e) = g.upgrade() {
+        return Ok(e);
+    }
+    let e = Arc::new(
+        SoftHca::start(LocalBackend, "rshmem-softhca")
+            .map_err(|e| Error::io("starting the soft HCA engine thread", e))?,
+    );
+    *g = Arc::downgrade(&e);
+    Ok(e)
+}
+
+/// Which rshmem operation a WQE serves (for error messages).
+pub(crate) type OpName = &'static str;
+
+/// An AMO as the proxy issues it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Amo {
+    Fetch,
+    Set(u64),
+    Swap(u64),
+    Cas(u64, u64),
+    Add(u64),
+    And(u64),
+    Or(u64),
+    Xor(u64),
+}
+
+impl Proxy {
+    /// `pd` holds this PE's heap registration; `peers[r]` is Some for every peer reached
+    /// by proxy.
+    pub(crate) fn new(
+        rank: usize,
+        timeout: Duration,
+        pd: Arc<MrTable>,
+        peers: Vec<Option<ProxyPeer>>,
+    ) -> Result<Proxy> {
+        let n = peers.len();
+        Ok(Proxy {
+            rank,
+            timeout,
+            pd,
+            peers,
+            qps: (0..n).map(|_| OnceLock::new()).collect(),
+            hca: engine()?,
+        })
+    }
+
+    fn qp(&self, pe: usize) -> Result<(&ProxyQp, &ProxyPeer)> {
+        let peer = self.peers[pe].as_ref().ok_or_else(|| Error::Unreachable {
+            pe,
+            from: self.rank,
+            reason: "no proxy route to it".into(),
+        })?;
+        let q = self.qps[pe].get_or_init(|| self.make_qp(peer).map_err(|e| e.to_string()));
+        match q {
+            Ok(q) => Ok((q, peer)),
+            Err(e) => Err(Error::Unreachable {
+                pe,
+                from: self.rank,
+                reason: format!("cannot create a soft HCA queue pair: {e}"),
+            }),
+        }
+    }
+
+    fn make_qp(&self, peer: &ProxyPeer) -> Result<ProxyQp> {
+        let mem = Arc::new(
+            QueueMemory::new(WQE_CNT, WQE_CNT)
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?,
+        );
+        let staging = Staging::new(WQE_CNT as usize * STAGING_CHUNK)?;
+        // SAFETY: staging lives in the ProxyQp, which detaches the QP (its first field)
+        // before the staging memory is freed; the region is deregistered in Drop.
+        let staging_key = unsafe {
+            self.pd.register(
+                staging.base,
+                staging.base as u64,
+                staging.len as u64,
+                Access::LOCAL_WRITE,
+            )
+        };
+        let handle = self.hca.attach(QpConfig::new(
+            mem.clone(),
+            self.pd.clone(),
+            LocalPeer::new(peer.remote.clone()),
+            CqMode::Normal,
+        ));
+        let sq = SendQueue::new(
+            mem,
+            handle.qpn(),
+            CqMode::Normal,
+            self.timeout,
+            Some(self.hca.waker()),
+        );
+        Ok(ProxyQp {
+            _engine: handle,
+            sq,
+            staging_key,
+            pd: self.pd.clone(),
+            staging,
+        })
+    }
+
+    fn err(&self, pe: usize, op: OpName, e: SqError) -> Error {
+        match e {
+            SqError::Timeout { waited_ms, .. } => Error::Timeout {
+                pe: self.rank,
+                what: format!("{op} to PE {pe} through the soft HCA: {e}"),
+                waited_ms,
+            },
+            other => Error::Transport {
+                pe,
+                from: self.rank,
+                op,
+                detail: other.to_string(),
+            },
+        }
+    }
+
+    fn check_state(&self, q: &ProxyQp, pe: usize, op: OpName) -> Result<()> {
+        match q.sq.error() {
+            Some(first) => Err(self.err(
+                pe,
+                op,
+                SqError::Completion {
+                    qpn: q.sq.qpn(),
+                    first,
+                },
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// RDMA WRITE of `src` to `offset` of `pe`'s heap; returns once `src` may be reused.
+    pub(crate) fn put(&self, pe: usize, offset: usize, src: &[u8], op: OpName) -> Result<()> {
+        let (q, peer) = self.qp(pe)?;
+        self.check_state(q, pe, op)?;
+        let raddr = peer.base + offset as u64;
+        if src.len() <= MAX_INLINE_PUT {
+            let w = WqeOp::RdmaWrite {
+                remote: RaddrSeg::new(raddr, peer.rkey),
+                payload: Payload::Inline(src),
+            };
+            let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
+            return Ok(());
+        }
+        for (i, chunk) in src.chunks(STAGING_CHUNK).enumerate() {
+            let at = raddr + (i * STAGING_CHUNK) as u64;
+            let mut seg = [DataSeg::default()];
+            let seg_ref = &mut seg;
+            let _ =
+                q.sq.post_fn(1, false, move |idx| {
+                    let c = q.chunk(idx);
+                    // SAFETY: the chunk of a reserved slot whose previous WQE completed:
+                    // only this producer touches it until the WQE completes.
+                    unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), c, chunk.len()) };
+                    seg_ref[0] = DataSeg::new(chunk.len() as u32, q.staging_key, c as u64);
+                    let seg: &[DataSeg] = seg_ref;
+                    WqeOp::RdmaWrite {
+                        remote: RaddrSeg::new(at, peer.rkey),
+                        payload: Payload::Sge(seg),
+                    }
+                })
+                .map_err(|e| self.err(pe, op, e))?;
+        }
+        Ok(())
+    }
+
+    /// RDMA READ of `dst.len()` bytes at `offset` of `pe`'s heap; returns with the data.
+    pub(crate) fn get(&self, pe: usize, offset: usize, dst: &mut [u8], op: OpName) -> Result<()> {
+        let (q, peer) = self.qp(pe)?;
+        self.check_state(q, pe, op)?;
+        let raddr = peer.base + offset as u64;
+        let window = (WQE_CNT / 2) as usize;
+        let chunks: Vec<&mut [u8]> = dst.chunks_mut(STAGING_CHUNK).collect();
+        let mut i = 0;
+        let mut chunks = chunks.into_iter().peekable();
+        while chunks.peek().is_some() {
+            let batch: Vec<&mut [u8]> = chunks.by_ref().take(window).collect();
+            let mut posted: Vec<Posted> = Vec::with_capacity(batch.len());
+            let mut first_err = None;
+            for c in &batch {
+                let at = raddr + (i * STAGING_CHUNK) as u64;
+                i += 1;
+                let len = c.len();
+                let mut seg = [DataSeg::default()];
+                let seg_ref = &mut seg;
+                match q.sq.post_fn(1, true, move |idx| {
+                    seg_ref[0] = DataSeg::new(len as u32, q.staging_key, q.chunk(idx) as u64);
+                    let seg: &[DataSeg] = seg_ref;
+                    WqeOp::RdmaRead {
+                        remote: RaddrSeg::new(at, peer.rkey),
+                        local: seg,
+                    }
+                }) {
+                    Ok(p) => posted.push(p),
+                    Err(e) => {
+                        first_err = Some(e);
+                        break;
+                    }
+                }
+            }
+            let mut result = first_err.map_or(Ok(()), Err);
+            for (p, c) in posted.iter().zip(batch) {
+                if result.is_ok() {
+                    result = q.sq.wait_posted(*p);
+                    if result.is_ok() {
+                        // SAFETY: the READ completed into the chunk of a slot we still hold
+                        // (posted with hold), so nobody else writes it.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(q.chunk(p.index), c.as_mut_ptr(), c.len())
+                        };
+                    }
+                }
+                q.sq.release(*p);
+            }
+            result.map_err(|e| self.err(pe, op, e))?;
+        }
+        Ok(())
+    }
+
+    /// An AMO on the `size`-byte word at `offset` of `pe`'s heap; returns the old value
+    /// (0 for Set). Blocks until its CQE.
+    pub(crate) fn amo(
+        &self,
+        pe: usize,
+        offset: usize,
+        size: usize,
+        a: Amo,
+        op: OpName,
+    ) -> Result<u64> {
+        let (q, peer) = self.qp(pe)?;
+        self.check_state(q, pe, op)?;
+        let raddr = peer.base + offset as u64;
+        let ones = if size == 4 { u32::MAX as u64 } else { u64::MAX };
+        let remote = RaddrSeg::new(raddr, peer.rkey);
+        // Masked compare-and-swap: (swap, compare, swap_mask, compare_mask).
+        let masked = |swap: u64, compare: u64, swap_mask: u64, compare_mask: u64, result: Sge8| {
+            if size == 4 {
+                WqeOp::MaskedCs32 {
+                    remote,
+                    swap: swap as u32,
+                    compare: compare as u32,
+                    swap_mask: swap_mask as u32,
+                    compare_mask: compare_mask as u32,
+                    result,
+                }
+            } else {
+                WqeOp::MaskedCs64 {
+                    remote,
+                    swap,
+                    compare,
+                    swap_mask,
+                    compare_mask,
+                    result,
+                }
+            }
+        };
+        let one = |build: &dyn Fn(Sge8) -> WqeOp<'static>, wqebbs: u16| -> Result<u64> {
+            let p =
+                q.sq.post_fn(wqebbs, true, |idx| {
+                    build(Sge8 {
+                        addr: q.chunk(idx) as u64,
+                        lkey: q.staging_key,
+                    })
+                })
+                .map_err(|e| self.err(pe, op, e))?;
+            let r = q.sq.wait_posted(p);
+            let mut b = [0u8; 8];
+            if r.is_ok() {
+                // SAFETY: the result chunk of a slot we hold; the engine wrote it before
+                // the CQE we observed (Acquire in the CQ poll).
+                unsafe { std::ptr::copy_nonoverlapping(q.chunk(p.index), b.as_mut_ptr(), 8) };
+            }
+            q.sq.release(p);
+            r.map_err(|e| self.err(pe, op, e))?;
+            // The engine writes the old value big-endian, as a ConnectX does.
+            Ok(if size == 4 {
+                u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64
+            } else {
+                u64::from_be_bytes(b)
+            })
+        };
+        let mwqebbs = if size == 4 { 1 } else { 2 };
+        let cas = |cond: u64, v: u64| -> Result<u64> {
+            if size == 4 {
+                one(&|r| masked(v, cond, ones, ones, r), 1)
+            } else {
+                one(
+                    &|result| WqeOp::AtomicCs {
+                        remote,
+                        compare: cond,
+                        swap: v,
+                        result,
+                    },
+                    1,
+                )
+            }
+        };
+        match a {
+            Amo::Fetch => {
+                // READ of the word: one atomic load on the target (LocalBackend).
+                let mut b = [0u8; 8];
+                self.get(pe, offset, &mut b[..size], op)?;
+                Ok(if size == 4 {
+                    u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as u64
+                } else {
+                    u64::from_ne_bytes(b)
+                })
+            }
+            Amo::Set(v) | Amo::Swap(v) => one(&|r| masked(v, 0, ones, 0, r), mwqebbs),
+            Amo::Cas(cond, v) => cas(cond, v),
+            Amo::Add(v) => {
+                if size == 4 {
+                    one(
+                        &|result| WqeOp::MaskedFa32 {
+                            remote,
+                            add: v as u32,
+                            field_boundary: 0,
+                            result,
+                        },
+                        1,
+                    )
+                } else {
+                    one(
+                        &|result| WqeOp::AtomicFa {
+                            remote,
+                            add: v,
+                            result,
+                        },
+                        1,
+                    )
+                }
+            }
+            // AND: bits where v is 0 are swapped in as 0; OR: bits where v is 1 become 1.
+            Amo::And(v) => one(&|r| masked(0, 0, !v & ones, 0, r), mwqebbs),
+            Amo::Or(v) => one(&|r| masked(v, 0, v & ones, 0, r), mwqebbs),
+            // XOR has no masked form: a compare-and-swap loop.
+            Amo::Xor(v) => {
+                let mut cur = self.amo(pe, offset, size, Amo::Fetch, op)?;
+                loop {
+                    let old = cas(cur, (cur ^ v) & ones)?;
+                    if old == cur {
+                        return Ok(old);
+                    }
+                    cur = old;
+                }
+            }
+        }
+    }
+
+    /// Posts a fetch-add of `v` on the 8-byte word at `offset` of `pe`'s heap without
+    /// waiting (signals, barrier counters). `fenced`: after every earlier WQE of the QP.
+    pub(crate) fn post_add(
+        &self,
+        pe: usize,
+        offset: usize,
+        v: u64,
+        fenced: bool,
+        op: OpName,
+    ) -> Result<()> {
+        let (q, peer) = self.qp(pe)?;
+        self.check_state(q, pe, op)?;
+        if fenced {
+            q.sq.fence();
+        }
+        let remote = RaddrSeg::new(peer.base + offset as u64, peer.rkey);
+        let _ =
+            q.sq.post_fn(1, false, |idx| WqeOp::AtomicFa {
+                remote,
+                add: v,
+                // The old value lands in the slot's chunk; nobody reads it.
+                result: Sge8 {
+                    addr: q.chunk(idx) as u64,
+                    lkey: q.staging_key,
+                },
+            })
+            .map_err(|e| self.err(pe, op, e))?;
+        Ok(())
+    }
+
+    /// Orders the next WQE to `pe` after every earlier one (FENCE), if the QP exists.
+    pub(crate) fn fence_to(&self, pe: usize) {
+        if let Some(Ok(q)) = self.qps.get(pe).and_then(|q| q.get()) {
+            q.sq.fence();
+        }
+    }
+
+    /// `fence`: every QP's next WQE is fenced.
+    pub(crate) fn fence(&self) {
+        for q in self.qps.iter().filter_map(|q| q.get()).flatten() {
+            q.sq.fence();
+        }
+    }
+
+    /// `quiet`: waits until every WQE posted so far on every QP has completed.
+    pub(crate) fn quiet(&self) -> Result<()> {
+        for (pe, q) in self.qps.iter().enumerate() {
+            if let Some(Ok(q)) = q.get() {
+                q.sq.quiet().map_err(|e| self.err(pe, "quiet", e))?;
+            }
+        }
+        Ok(())
+    }
+}

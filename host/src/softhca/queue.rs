@@ -155,9 +155,8 @@ impl QueueMemory {
         self.word32(self.layout.cq_dbrec_offset)
     }
     fn cqe_word(&self, slot: u32, w: usize) -> &AtomicU64 {
-        let off = self.layout.cq_offset
-            + (slot & (self.layout.cqe_cnt - 1)) as usize * CQE_SIZE
-            + w * 8;
+        let off =
+            self.layout.cq_offset + (slot & (self.layout.cqe_cnt - 1)) as usize * CQE_SIZE + w * 8;
         // SAFETY: inside the CQ ring (slot masked), 8-aligned; CQE words are only
         // accessed atomically (module contract).
         unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
@@ -430,12 +429,11 @@ impl SendQueue {
     /// Builds and posts `op` (every rshmem WQE requests a CQE).
     pub fn post(&self, op: &WqeOp<'_>) -> Result<Posted, SqError> {
         let mut buf = [0u8; MAX_WQEBBS * WQEBB];
-        let size = build_wqe(&mut buf, &WqeCtrl::default(), op).map_err(|source| {
-            SqError::Build {
+        let size =
+            build_wqe(&mut buf, &WqeCtrl::default(), op).map_err(|source| SqError::Build {
                 qpn: self.qpn,
                 source,
-            }
-        })?;
+            })?;
         self.post_fn(size.wqebbs(), false, |_| *op)
     }
 
@@ -604,8 +602,7 @@ impl SendQueue {
             // Acquire: the engine finished reading these slots before the CQE that
             // advanced `completed` (and holders finished reading staging before release).
             idx + n <= s.completed.load(Ordering::Acquire) + cnt
-                && (idx..idx + n)
-                    .all(|i| !s.held[(i & s.mask) as usize].load(Ordering::Acquire))
+                && (idx..idx + n).all(|i| !s.held[(i & s.mask) as usize].load(Ordering::Acquire))
         };
         if free(self) {
             return Ok(());
@@ -657,9 +654,10 @@ impl SendQueue {
                 if self.rung.load(Ordering::Relaxed) < ready {
                     // Release: the engine that acquires the record sees the WQE bytes
                     // (which happen-before `ready`, acquired above).
-                    self.mem
-                        .qp_dbrec_send()
-                        .store(u32::from_ne_bytes(send_counter(ready as u32).to_bytes()), Ordering::Release);
+                    self.mem.qp_dbrec_send().store(
+                        u32::from_ne_bytes(send_counter(ready as u32).to_bytes()),
+                        Ordering::Release,
+                    );
                     // Then the doorbell word (the UAR write of a real NIC). Release keeps
                     // it after the record.
                     self.mem
@@ -696,9 +694,10 @@ impl SendQueue {
                 cq.ci = ci.wrapping_add(1);
                 // Release: the engine may overwrite the entry once it sees the new index;
                 // our reads of it come first.
-                self.mem
-                    .cq_dbrec_ci()
-                    .store(u32::from_ne_bytes(cq_consumer_index(cq.ci).to_bytes()), Ordering::Release);
+                self.mem.cq_dbrec_ci().store(
+                    u32::from_ne_bytes(cq_consumer_index(cq.ci).to_bytes()),
+                    Ordering::Release,
+                );
                 n += 1;
             },
             CqMode::Collapsed => {
@@ -732,7 +731,11 @@ impl SendQueue {
                 self.has_error.store(true, Ordering::Release);
             }
         }
-        cq.ci = cq.ci.wrapping_add(if self.cq_mode == CqMode::Collapsed { 1 } else { 0 });
+        cq.ci = cq.ci.wrapping_add(if self.cq_mode == CqMode::Collapsed {
+            1
+        } else {
+            0
+        });
         cq.last = Some(rep);
         // Release: pairs with the Acquire in wait_slots_free / wait_index: the engine's
         // reads of the slots (and its writes of results) happen before the reuse.
@@ -743,7 +746,11 @@ impl SendQueue {
     /// Waits until the WQE `p` completed; fails if the QP entered the error state at or
     /// before it.
     pub fn wait_posted(&self, p: Posted) -> Result<(), SqError> {
-        self.wait_index(p.index + p.wqebbs as u64, "the completion of a WQE", p.index)
+        self.wait_index(
+            p.index + p.wqebbs as u64,
+            "the completion of a WQE",
+            p.index,
+        )
     }
 
     fn wait_index(&self, end: u64, what: &'static str, index: u64) -> Result<(), SqError> {
