@@ -13,7 +13,7 @@
 //! - Every size is verified afterwards (the receiver checks every word of what arrived);
 //!   a mismatch fails the benchmark with the position and values.
 
-use crate::config::{LaunchInfo, Settings};
+use crate::config::{LaunchInfo, Settings, TransportMode};
 use crate::error::{Error, Result};
 use crate::pe::{run_threads, Pe};
 use crate::types::{Cmp, SignalOp, SymPtr};
@@ -31,6 +31,9 @@ pub enum Kind {
     Atomic,
     Signal,
     Barrier,
+    /// The soft HCA engine alone: RDMA WRITEs through queue → engine → memory on one
+    /// engine thread (no PEs).
+    Softhca,
 }
 
 /// Transports a benchmark can run over.
@@ -38,6 +41,23 @@ pub enum Kind {
 pub enum Transport {
     /// Loads and stores into peers' heaps mapped in this process (same node).
     P2p,
+    /// mlx5 WQEs executed by the soft HCA (RSHMEM_TRANSPORT=proxy).
+    Proxy,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::P2p => "p2p",
+            Transport::Proxy => "proxy",
+        }
+    }
+    fn mode(self) -> TransportMode {
+        match self {
+            Transport::P2p => TransportMode::P2p,
+            Transport::Proxy => TransportMode::Proxy,
+        }
+    }
 }
 
 /// Arguments of `rshmem bench <kind>`.
@@ -102,6 +122,15 @@ pub struct Report {
 
 /// Entry point of the CLI: returns the process exit code.
 pub fn run_cli(args: BenchArgs) -> i32 {
+    if args.kind == Kind::Softhca {
+        return match engine_bench(&args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("rshmem bench: {e}");
+                1
+            }
+        };
+    }
     match run(&args) {
         Ok(Some(rep)) => {
             print_report(&rep, args.json);
@@ -118,7 +147,24 @@ pub fn run_cli(args: BenchArgs) -> i32 {
 /// Runs the benchmark; Some(report) on the PE that reports (PE 0).
 pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     validate(args)?;
+    if args.kind == Kind::Softhca {
+        return Err(Error::InvalidArgument(
+            "bench softhca has no PEs: run it from the command line".into(),
+        ));
+    }
     if LaunchInfo::from_env()?.is_some() {
+        let settings = Settings::from_env()?;
+        if settings.transport != args.transport.mode()
+            && !(settings.transport == TransportMode::Auto && args.transport == Transport::P2p)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "--transport {} but RSHMEM_TRANSPORT={}: under a launcher, export \
+                 RSHMEM_TRANSPORT={} to every PE",
+                args.transport.name(),
+                settings.transport.name(),
+                args.transport.name()
+            )));
+        }
         let pe = Pe::init()?;
         if pe.n_pes() < 2 && args.kind != Kind::Barrier {
             return Err(Error::InvalidArgument(format!(
@@ -140,6 +186,7 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     let settings = Settings::from_env()?;
     let need = args.max_size.saturating_mul(2) + (4 << 20);
     let mut settings = settings;
+    settings.transport = args.transport.mode();
     if settings.symmetric_size < need {
         settings.symmetric_size = need.next_multiple_of(1 << 20);
     }
@@ -228,6 +275,7 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
             Kind::P => p_row(pe, a, aux, size, salt)?,
             Kind::Atomic => atomic_row(pe, a, aux)?,
             Kind::Barrier => barrier_row(pe, a)?,
+            Kind::Softhca => unreachable!("handled before PEs start"),
         };
         rows.push(row);
         if let Some(b) = &bar {
@@ -244,11 +292,14 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
         bench: a.kind,
         pes: pe.n_pes(),
         device: "cpu".into(),
-        transport: "p2p",
+        transport: match pe.transport_to((pe.my_pe() + 1) % pe.n_pes()) {
+            Some("proxy") => "proxy",
+            _ => "p2p",
+        },
         latency_kind: match a.kind {
             Kind::Put | Kind::P | Kind::Signal => "half_round_trip",
             Kind::Get | Kind::Atomic => "round_trip",
-            Kind::Barrier => "barrier",
+            Kind::Barrier | Kind::Softhca => "barrier",
         },
         rows,
     }))
@@ -606,6 +657,45 @@ fn barrier_row(pe: &Pe, a: &BenchArgs) -> Result<Row> {
         iters: a.iters,
         bw_iters: 0,
     })
+}
+
+/// `rshmem bench softhca`: the engine microbenchmark (see
+/// [`crate::softhca::engine::bench_writes`]); sizes from --min-size to --max-size, `--iters`
+/// WRITEs per size (at least 1000; capped at 4 GiB moved), plus 8-byte inline WRITEs.
+fn engine_bench(a: &BenchArgs) -> Result<()> {
+    validate(a)?;
+    let mut rows = Vec::new();
+    let ops8 = (a.iters as u64).max(1000);
+    rows.push(crate::softhca::engine::bench_writes(8, ops8, true)?);
+    let mut s = a.min_size.max(1);
+    while s <= a.max_size {
+        let ops = (a.iters as u64).clamp(1000, ((4u64 << 30) / s as u64).max(1000));
+        rows.push(crate::softhca::engine::bench_writes(s, ops, false)?);
+        s *= 2;
+    }
+    if a.json {
+        let v = serde_json::json!({"bench": "softhca", "engine_threads": 1, "rows": rows});
+        println!("{v}");
+    } else {
+        println!(
+            "rshmem bench softhca: RDMA WRITE, queue -> engine (1 thread) -> memory, 1 producer"
+        );
+        println!(
+            "{:>10} {:>8} {:>10} {:>14} {:>10}",
+            "size (B)", "payload", "ops", "Mops/s", "GB/s"
+        );
+        for r in &rows {
+            println!(
+                "{:>10} {:>8} {:>10} {:>14.3} {:>10.3}",
+                r.size,
+                r.payload,
+                r.ops,
+                r.ops_per_s / 1e6,
+                r.gbps
+            );
+        }
+    }
+    Ok(())
 }
 
 fn print_report(r: &Report, json: bool) {

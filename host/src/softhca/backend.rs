@@ -140,11 +140,15 @@ pub trait Backend: Send + 'static {
     /// Per-QP description of the remote side (the LocalBackend: the peer's registrations
     /// as mapped here; a fabric backend: the peer's address).
     type Peer: Send + Sync + 'static;
+    /// Per-QP state the engine keeps for the backend (the LocalBackend: a snapshot of the
+    /// peer's regions, so lookups take no lock).
+    type Cache: Default + Send + 'static;
 
     /// Executes or starts `op`. `Some` when complete, `None` when `poll` will report it.
     fn execute(
         &mut self,
         peer: &Self::Peer,
+        cache: &mut Self::Cache,
         token: u64,
         op: &Op<'_>,
     ) -> Option<Result<(), Syndrome>>;
@@ -159,13 +163,11 @@ pub trait Backend: Send + 'static {
 #[derive(Debug)]
 pub struct LocalPeer {
     table: Arc<MrTable>,
-    snap: std::sync::Mutex<MrSnapshot>,
 }
 
 impl LocalPeer {
     pub fn new(table: Arc<MrTable>) -> LocalPeer {
-        let snap = std::sync::Mutex::new(table.snapshot());
-        LocalPeer { table, snap }
+        LocalPeer { table }
     }
 }
 
@@ -189,12 +191,12 @@ pub struct LocalBackend;
 impl LocalBackend {
     fn resolve(
         peer: &LocalPeer,
+        s: &mut MrSnapshot,
         rkey: u32,
         raddr: u64,
         len: u64,
         need: Access,
     ) -> Result<*mut u8, Syndrome> {
-        let mut s = peer.snap.lock().unwrap_or_else(|e| e.into_inner());
         s.refresh(&peer.table);
         s.find(rkey)
             .and_then(|r| r.resolve(raddr, len, need))
@@ -204,10 +206,12 @@ impl LocalBackend {
 
 impl Backend for LocalBackend {
     type Peer = LocalPeer;
+    type Cache = MrSnapshot;
 
     fn execute(
         &mut self,
         peer: &LocalPeer,
+        cache: &mut MrSnapshot,
         _token: u64,
         op: &Op<'_>,
     ) -> Option<Result<(), Syndrome>> {
@@ -221,7 +225,7 @@ impl Backend for LocalBackend {
                 if len == 0 {
                     return Some(Ok(()));
                 }
-                Self::resolve(peer, rkey, raddr, len, Access::REMOTE_WRITE).map(|dst| {
+                Self::resolve(peer, cache, rkey, raddr, len, Access::REMOTE_WRITE).map(|dst| {
                     // SAFETY: dst..dst+len lies inside a registered region (resolve), whose
                     // memory stays valid while QPs using it are attached (MrTable::register
                     // contract); sources are the WQE's inline bytes or buffers resolved
@@ -254,7 +258,7 @@ impl Backend for LocalBackend {
                 if len == 0 {
                     return Some(Ok(()));
                 }
-                Self::resolve(peer, rkey, raddr, len, Access::REMOTE_READ).map(|src| {
+                Self::resolve(peer, cache, rkey, raddr, len, Access::REMOTE_READ).map(|src| {
                     // SAFETY: src..src+len is inside a registered remote region; each dst
                     // buffer was resolved through an lkey with LOCAL_WRITE; the lengths sum
                     // to `len` (engine).
@@ -298,7 +302,7 @@ impl Backend for LocalBackend {
                 result,
             } => {
                 let size = op.size() as u64;
-                Self::resolve(peer, rkey, raddr, size, Access::REMOTE_ATOMIC).and_then(|t| {
+                Self::resolve(peer, cache, rkey, raddr, size, Access::REMOTE_ATOMIC).and_then(|t| {
                     if t as usize % size as usize != 0 {
                         return Err(Syndrome::RemoteInvalReq);
                     }

@@ -473,7 +473,10 @@ impl SendQueue {
             self.held[(idx & self.mask) as usize].store(true, Ordering::Relaxed);
         }
         // 2. Build and write.
-        let fence = if self.fence_next.swap(false, Ordering::Relaxed) {
+        // Load first: the common case (no fence pending) costs no read-modify-write.
+        let fence = if self.fence_next.load(Ordering::Relaxed)
+            && self.fence_next.swap(false, Ordering::Relaxed)
+        {
             FenceMode::Fence
         } else {
             FenceMode::None
@@ -485,8 +488,22 @@ impl SendQueue {
             cq_update: true,
             solicited: false,
         };
-        let mut buf = [0u8; MAX_WQEBBS * WQEBB];
-        let built = build_wqe(&mut buf[..n as usize * WQEBB], &ctrl, &f(idx));
+        let len = n as usize * WQEBB;
+        let cnt = self.wqe_cnt();
+        let off = slot_offset(idx as u32, cnt);
+        let contiguous = off + len <= cnt as usize * WQEBB;
+        let mut wrapped;
+        let buf: &mut [u8] = if contiguous {
+            // SAFETY: off + len is inside the ring; these slots were reserved by this
+            // producer and their previous WQE completed (wait_slots_free), so nobody else
+            // reads or writes them until we publish: building in place is exclusive.
+            unsafe { std::slice::from_raw_parts_mut(self.mem.sq().add(off), len) }
+        } else {
+            // A WQE that wraps the ring end is built here and copied in two pieces.
+            wrapped = [0u8; MAX_WQEBBS * WQEBB];
+            &mut wrapped[..len]
+        };
+        let built = build_wqe(buf, &ctrl, &f(idx));
         let result = match built {
             Ok(s) if s.wqebbs() as u64 == n => Ok(()),
             other => {
@@ -502,7 +519,7 @@ impl SendQueue {
                     Be32::new(0),
                 );
                 buf.fill(0);
-                nop.write_to(&mut buf).expect("16 bytes fit");
+                nop.write_to(buf).expect("16 bytes fit");
                 Err(SqError::Build {
                     qpn: self.qpn,
                     source: match other {
@@ -516,7 +533,9 @@ impl SendQueue {
                 })
             }
         };
-        self.write_slots(idx, &buf[..n as usize * WQEBB]);
+        if !contiguous {
+            self.write_slots(idx, buf);
+        }
         // Relaxed: published by the Release store of `ready` below.
         self.sizes[(idx & self.mask) as usize].store(n as u8, Ordering::Relaxed);
         // 3. Publish in order.
@@ -683,6 +702,7 @@ impl SendQueue {
         };
         let cqe_cnt = self.mem.layout().cqe_cnt;
         let mut n = 0;
+        let mut done = self.completed.load(Ordering::Relaxed);
         match self.cq_mode {
             CqMode::Normal => loop {
                 let ci = cq.ci;
@@ -690,30 +710,39 @@ impl SendQueue {
                     break;
                 }
                 let c = self.mem.read_cqe(ci);
-                self.retire(&mut cq, &c);
+                self.retire(&mut cq, &c, &mut done);
                 cq.ci = ci.wrapping_add(1);
-                // Release: the engine may overwrite the entry once it sees the new index;
-                // our reads of it come first.
-                self.mem.cq_dbrec_ci().store(
-                    u32::from_ne_bytes(cq_consumer_index(cq.ci).to_bytes()),
-                    Ordering::Release,
-                );
                 n += 1;
             },
             CqMode::Collapsed => {
                 let c = self.mem.read_cqe(0);
                 if c.opcode() != CqeOpcode::Invalid as u8 {
-                    n = self.retire(&mut cq, &c) as usize;
+                    n = self.retire(&mut cq, &c, &mut done) as usize;
                 }
             }
+        }
+        if n > 0 {
+            if self.cq_mode == CqMode::Normal {
+                // Release: the engine may overwrite the entries once it sees the new
+                // index; our reads of them come first.
+                self.mem.cq_dbrec_ci().store(
+                    u32::from_ne_bytes(cq_consumer_index(cq.ci).to_bytes()),
+                    Ordering::Release,
+                );
+            }
+            // Release: pairs with the Acquire in wait_slots_free / wait_index — the
+            // engine's reads of the slots and its writes of results (acquired with the
+            // CQEs) happen before a slot reuse or a result read. Only the poller (under
+            // the lock) advances it; fetch_max keeps it monotonic regardless.
+            self.completed.fetch_max(done, Ordering::AcqRel);
         }
         n
     }
 
     /// Applies one CQE: advances `completed` past the WQE it names; returns whether it
     /// was new.
-    fn retire(&self, cq: &mut CqConsumer, c: &Cqe64) -> bool {
-        let done = self.completed.load(Ordering::Relaxed);
+    fn retire(&self, cq: &mut CqConsumer, c: &Cqe64, completed: &mut u64) -> bool {
+        let done = *completed;
         // The WQE's unwrapped index: in flight WQEs lie within MAX_WQE_CNT (< 2^15) of
         // `done`, so a signed 16-bit distance recovers it; a negative one is an old CQE
         // seen again (collapsed mode).
@@ -737,9 +766,7 @@ impl SendQueue {
             0
         });
         cq.last = Some(rep);
-        // Release: pairs with the Acquire in wait_slots_free / wait_index: the engine's
-        // reads of the slots (and its writes of results) happen before the reuse.
-        self.completed.fetch_max(index + size, Ordering::AcqRel);
+        *completed = (*completed).max(index + size);
         true
     }
 
