@@ -55,3 +55,52 @@ fn selftest_proxy_4_pes() {
 fn selftest_proxy_7_pes_more_than_cores() {
     selftest(7);
 }
+
+const BIN: &str = env!("CARGO_BIN_EXE_rshmem");
+
+fn run(n: usize, args: &[&str]) -> (bool, String, String) {
+    let o = std::process::Command::new(BIN)
+        .args(["run", "-n", &n.to_string(), "--", BIN])
+        .args(args)
+        .env("RSHMEM_SYMMETRIC_SIZE", "32M")
+        .env("RSHMEM_TIMEOUT_MS", "20000")
+        .env("RSHMEM_TRANSPORT", "proxy")
+        .output()
+        .expect("rshmem run");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+#[test]
+fn selftest_proxy_under_rshmem_run_3_processes() {
+    let (ok, out, err) = run(3, &["selftest"]);
+    assert!(ok, "{out}\n{err}");
+    for r in 0..3 {
+        assert!(
+            out.contains(&format!("[pe {r}] selftest: all {} cases passed on PE {r}", rshmem::selftest::CASES.len())),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn bench_put_over_proxy_reports_proxy() {
+    for args in [
+        // PEs as threads of the bench process.
+        vec!["bench", "put", "--transport", "proxy", "--json", "--iters", "100", "--warmup", "10", "--max-size", "64K"],
+    ] {
+        let o = std::process::Command::new(BIN).args(&args).env("RSHMEM_TIMEOUT_MS", "20000").output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["transport"], "proxy");
+        assert_eq!(v["rows"].as_array().unwrap().len(), 14); // 8 B .. 64 KiB
+    }
+    // Under a launcher, the PEs' RSHMEM_TRANSPORT must agree with --transport.
+    let (ok, out, err) = run(2, &["bench", "get", "--transport", "proxy", "--json", "--iters", "50", "--warmup", "5", "--max-size", "1K"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("\"transport\":\"proxy\""), "{out}");
+}

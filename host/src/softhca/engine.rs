@@ -72,6 +72,18 @@ pub struct EngineQp<P> {
     pub in_error: AtomicBool,
 }
 
+impl<P> EngineQp<P> {
+    /// A QP numbered `qpn` (24 bits) served with `cfg`.
+    pub fn new(qpn: u32, cfg: QpConfig<P>) -> Arc<EngineQp<P>> {
+        Arc::new(EngineQp {
+            qpn: qpn & 0xff_ffff,
+            cfg,
+            wqes: AtomicU64::new(0),
+            in_error: AtomicBool::new(false),
+        })
+    }
+}
+
 /// An operation in flight (asynchronous backends), retired in WQE order.
 #[derive(Debug)]
 struct Pending {
@@ -656,12 +668,7 @@ impl<B: Backend> SoftHca<B> {
 
     /// Starts serving a QP; returns once the engine has picked it up.
     pub fn attach(&self, cfg: QpConfig<B::Peer>) -> QpHandle<B> {
-        let qp = Arc::new(EngineQp {
-            qpn: next_qpn(),
-            cfg,
-            wqes: AtomicU64::new(0),
-            in_error: AtomicBool::new(false),
-        });
+        let qp = EngineQp::new(next_qpn(), cfg);
         let g = {
             let mut v = self.shared.qps.lock().unwrap_or_else(|e| e.into_inner());
             v.push(qp.clone());

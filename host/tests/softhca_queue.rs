@@ -1,0 +1,248 @@
+//! The many-producer send queue against a running engine thread: 16-bit WQE index wrap
+//! and CQ owner-bit flips over many passes of small rings (normal and collapsed CQs),
+//! and many concurrent producers on one SQ with exact final memory and completion counts.
+use rshmem::mlx5::cqe::{owner_bit, sw_owns, CqeOpcode};
+use rshmem::mlx5::wqe::{opcode, CtrlSeg, RaddrSeg, Sge8, WqeOp};
+use rshmem::mlx5::WireStruct;
+use rshmem::softhca::{
+    Access, CqMode, LocalBackend, LocalPeer, MrTable, QpConfig, QueueMemory, SendQueue, SoftHca,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Target {
+    words: Box<[u64]>,
+    results: Box<[u64]>,
+    pd: Arc<MrTable>,
+    remote: Arc<MrTable>,
+    lkey: u32,
+    rkey: u32,
+}
+
+fn target(words: usize, results: usize) -> Target {
+    let mut w = vec![0u64; words].into_boxed_slice();
+    let mut res = vec![0u64; results].into_boxed_slice();
+    let pd = Arc::new(MrTable::new());
+    let remote = Arc::new(MrTable::new());
+    let (wp, rp) = (w.as_mut_ptr().cast::<u8>(), res.as_mut_ptr().cast::<u8>());
+    // SAFETY: the boxes outlive the engine's use of them (the QP handle is dropped first
+    // in every test).
+    let (lkey, rkey) = unsafe {
+        (
+            pd.register(rp, rp as u64, (results * 8) as u64, Access::LOCAL_WRITE),
+            remote.register(wp, wp as u64, (words * 8) as u64, Access::ALL),
+        )
+    };
+    Target {
+        words: w,
+        results: res,
+        pd,
+        remote,
+        lkey,
+        rkey,
+    }
+}
+
+fn wrap_run(mode: CqMode) {
+    let t = target(4, 4);
+    let hca = SoftHca::start(LocalBackend, "test-engine").unwrap();
+    let mem = Arc::new(QueueMemory::new(8, 4).unwrap());
+    let qp = hca.attach(QpConfig::new(
+        mem.clone(),
+        t.pd.clone(),
+        LocalPeer::new(t.remote.clone()),
+        mode,
+    ));
+    let sq = SendQueue::new(mem.clone(), qp.qpn(), mode, Duration::from_secs(20), Some(hca.waker()));
+    let remote = RaddrSeg::new(t.words.as_ptr() as u64, t.rkey);
+    let result = Sge8 {
+        addr: t.results.as_ptr() as u64,
+        lkey: t.lkey,
+    };
+    // 1-WQEBB fetch-adds and 2-WQEBB masked compare-swaps (which also wrap the ring end).
+    const N: u64 = 72_000;
+    let mut wqebbs = 0u64;
+    let mut last = None;
+    for i in 0..N {
+        let p = if i % 3 == 0 {
+            sq.post(&WqeOp::MaskedCs64 {
+                remote: RaddrSeg::new(remote.raddr.get() + 8, t.rkey),
+                swap: i,
+                compare: 0,
+                swap_mask: u64::MAX,
+                compare_mask: 0,
+                result,
+            })
+        } else {
+            sq.post(&WqeOp::AtomicFa {
+                remote,
+                add: 1,
+                result,
+            })
+        }
+        .unwrap();
+        assert_eq!(p.index, wqebbs);
+        wqebbs += p.wqebbs as u64;
+        last = Some(p);
+    }
+    assert!(wqebbs > 0x1_0000, "the 16-bit index wrapped");
+    sq.quiet().unwrap();
+    let last = last.unwrap();
+    assert_eq!(sq.completed(), wqebbs);
+    assert_eq!(sq.error(), None);
+    let fa = N - N.div_ceil(3);
+    assert_eq!(t.words[0], fa);
+    assert_eq!(t.words[1], (N - 1) / 3 * 3);
+    // The last WQE's control segment carries the 16-bit index.
+    let off = rshmem::mlx5::ring::slot_offset(last.index as u32, 8);
+    // SAFETY: the engine finished with every slot (quiet); reading 16 bytes in the ring.
+    let ctrl = unsafe { CtrlSeg::read_from(std::slice::from_raw_parts(mem.sq().add(off), 16)) }
+        .unwrap();
+    assert_eq!(ctrl.wqe_index(), (last.index & 0xffff) as u16);
+    let c = mem.read_cqe(0);
+    match mode {
+        CqMode::Normal => {
+            // N CQEs over a ring of 4: entry s last held CQE n with n % 4 == s.
+            for s in 0..4u32 {
+                let n = (N as u32 - 1) - ((N as u32 - 1 + 4 - s) % 4);
+                assert!(sw_owns(mem.cqe_op_own(s), n, 4), "slot {s}");
+                assert_eq!(mem.cqe_op_own(s) & 1, owner_bit(n, 4));
+            }
+        }
+        CqMode::Collapsed => {
+            assert_eq!(c.opcode(), CqeOpcode::Req as u8);
+            assert_eq!(c.wqe_counter.get(), (last.index & 0xffff) as u16);
+            assert_eq!(c.owner(), ((N - 1) & 1) as u8);
+            assert_eq!(c.wqe_opcode(), opcode::ATOMIC_FA);
+        }
+    }
+    drop(qp);
+}
+
+#[test]
+fn wqe_index_wraps_and_owner_bits_flip_normal_cq() {
+    wrap_run(CqMode::Normal);
+}
+
+#[test]
+fn wqe_index_wraps_collapsed_cq() {
+    wrap_run(CqMode::Collapsed);
+}
+
+#[test]
+fn many_producers_on_one_send_queue() {
+    const THREADS: usize = 8;
+    const PER: u64 = 3000;
+    let t = target(1 + THREADS, 1);
+    let hca = SoftHca::start(LocalBackend, "test-engine").unwrap();
+    let mem = Arc::new(QueueMemory::new(64, 64).unwrap());
+    let qp = hca.attach(QpConfig::new(
+        mem.clone(),
+        t.pd.clone(),
+        LocalPeer::new(t.remote.clone()),
+        CqMode::Normal,
+    ));
+    let sq = SendQueue::new(mem, qp.qpn(), CqMode::Normal, Duration::from_secs(20), Some(hca.waker()));
+    let base = t.words.as_ptr() as u64;
+    let result = Sge8 {
+        addr: t.results.as_ptr() as u64,
+        lkey: t.lkey,
+    };
+    std::thread::scope(|s| {
+        for th in 0..THREADS {
+            let sq = &sq;
+            s.spawn(move || {
+                for i in 0..PER {
+                    // A shared counter and this thread's own word (last write wins, in
+                    // this thread's posting order).
+                    let _ = sq
+                        .post(&WqeOp::AtomicFa {
+                            remote: RaddrSeg::new(base, t.rkey),
+                            add: th as u64 + 1,
+                            result,
+                        })
+                        .unwrap();
+                    let v = ((th as u64) << 32) | i;
+                    let _ = sq
+                        .post(&WqeOp::RdmaWrite {
+                            remote: RaddrSeg::new(base + 8 * (1 + th as u64), t.rkey),
+                            payload: rshmem::mlx5::wqe::Payload::Inline(&v.to_ne_bytes()),
+                        })
+                        .unwrap();
+                    if i % 500 == 0 {
+                        sq.quiet().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    sq.quiet().unwrap();
+    let total = THREADS as u64 * PER * 2;
+    assert_eq!(sq.reserved(), total);
+    assert_eq!(sq.completed(), total);
+    assert_eq!(sq.error(), None);
+    assert_eq!(
+        qp.qp().wqes.load(std::sync::atomic::Ordering::Relaxed),
+        total
+    );
+    let sum: u64 = (1..=THREADS as u64).sum::<u64>() * PER;
+    assert_eq!(t.words[0], sum);
+    for th in 0..THREADS {
+        assert_eq!(t.words[1 + th], ((th as u64) << 32) | (PER - 1), "thread {th}");
+    }
+    drop(qp);
+}
+
+#[test]
+fn timeout_reports_qp_index_and_last_cqe() {
+    // No engine serves this queue: the wait for free slots must expire and say where.
+    let mem = Arc::new(QueueMemory::new(2, 2).unwrap());
+    let sq = SendQueue::new(mem, 0x77, CqMode::Normal, Duration::from_millis(200), None);
+    let _ = sq.post(&WqeOp::Nop).unwrap();
+    let _ = sq.post(&WqeOp::Nop).unwrap();
+    let e = sq.post(&WqeOp::Nop).unwrap_err().to_string();
+    assert!(e.contains("QP 0x77"), "{e}");
+    assert!(e.contains("WQE index 0x2"), "{e}");
+    assert!(e.contains("last CQE: none"), "{e}");
+    // The queue is unusable afterwards, and says so at once.
+    let e = sq.post(&WqeOp::Nop).unwrap_err().to_string();
+    assert!(e.contains("unusable"), "{e}");
+}
+
+#[test]
+fn error_cqe_becomes_an_error_naming_opcode_and_syndrome() {
+    let t = target(4, 1);
+    let hca = SoftHca::start(LocalBackend, "test-engine").unwrap();
+    let mem = Arc::new(QueueMemory::new(16, 16).unwrap());
+    let qp = hca.attach(QpConfig::new(
+        mem.clone(),
+        t.pd.clone(),
+        LocalPeer::new(t.remote.clone()),
+        CqMode::Normal,
+    ));
+    let sq = SendQueue::new(mem, qp.qpn(), CqMode::Normal, Duration::from_secs(20), Some(hca.waker()));
+    let good = sq
+        .post(&WqeOp::RdmaWrite {
+            remote: RaddrSeg::new(t.words.as_ptr() as u64, t.rkey),
+            payload: rshmem::mlx5::wqe::Payload::Inline(&[1; 8]),
+        })
+        .unwrap();
+    let bad = sq
+        .post(&WqeOp::RdmaWrite {
+            remote: RaddrSeg::new(t.words.as_ptr() as u64, t.rkey ^ 0x55),
+            payload: rshmem::mlx5::wqe::Payload::Inline(&[2; 8]),
+        })
+        .unwrap();
+    let later = sq.post(&WqeOp::Nop).unwrap();
+    sq.wait_posted(good).unwrap();
+    let e = sq.wait_posted(bad).unwrap_err().to_string();
+    assert!(e.contains("REMOTE_ACCESS (0x13)"), "{e}");
+    assert!(e.contains("RDMA_WRITE (0x08)"), "{e}");
+    assert!(e.contains("index 0x0001"), "{e}");
+    // Later WQEs were flushed; waiting for them reports the first error.
+    let e2 = sq.wait_posted(later).unwrap_err().to_string();
+    assert_eq!(e, e2);
+    assert_eq!(sq.last_cqe().unwrap().syndrome, 0x05);
+    assert_eq!(t.words[0], u64::from_ne_bytes([1; 8]));
+    drop(qp);
+}
