@@ -706,8 +706,10 @@ impl Pe {
                     }
                     if polls < self.spin_polls {
                         std::hint::spin_loop();
-                    } else {
-                        // More PEs than cores: give the core to whoever we wait for.
+                    } else if !self.proxy.as_ref().is_some_and(|p| p.assist()) {
+                        // More PEs than cores: give the core to whoever we wait for (unless
+                        // we could run a round of this process's soft HCA engine, which may
+                        // be what we wait for).
                         std::thread::yield_now();
                     }
                 }

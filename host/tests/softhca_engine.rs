@@ -9,8 +9,8 @@ use rshmem::mlx5::wqe::{
 use rshmem::mlx5::{Be32, WireStruct};
 use rshmem::softhca::backend::{Backend, Op};
 use rshmem::softhca::{
-    Access, CqMode, EngineCore, EngineQp, LocalBackend, LocalPeer, MrTable, QpConfig,
-    QueueLayout, QueueMemory, SendQueue,
+    Access, CqMode, EngineCore, EngineQp, LocalBackend, LocalPeer, MrTable, QpConfig, QueueLayout,
+    QueueMemory, SendQueue,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -174,7 +174,12 @@ const ERR: u8 = CqeOpcode::ReqErr as u8;
 fn queue_layout_offsets_and_init() {
     let l = QueueLayout::new(64, 128).unwrap();
     assert_eq!(
-        (l.sq_offset, l.qp_dbrec_offset, l.doorbell_offset, l.cq_offset),
+        (
+            l.sq_offset,
+            l.qp_dbrec_offset,
+            l.doorbell_offset,
+            l.cq_offset
+        ),
         (0, 4096, 4160, 4224)
     );
     assert_eq!(l.cq_dbrec_offset, 4224 + 128 * 64);
@@ -242,11 +247,23 @@ fn error_case(name: &str, want: Syndrome, bad: impl FnOnce(&mut Rig<LocalBackend
     assert_eq!(cqe(&r.mem, 0), (REQ, 0, opcode::RDMA_WRITE, 0, 0), "{name}");
     let (op, syn, _, idx, _) = cqe(&r.mem, 1);
     assert_eq!((op, syn, idx), (ERR, want as u8, bad_idx), "{name}");
-    assert_eq!(cqe(&r.mem, 2), (ERR, 0x05, opcode::RDMA_WRITE, i2, 0), "{name}");
-    assert_eq!(cqe(&r.mem, 3), (ERR, 0x05, opcode::RDMA_WRITE, i3, 0), "{name}");
+    assert_eq!(
+        cqe(&r.mem, 2),
+        (ERR, 0x05, opcode::RDMA_WRITE, i2, 0),
+        "{name}"
+    );
+    assert_eq!(
+        cqe(&r.mem, 3),
+        (ERR, 0x05, opcode::RDMA_WRITE, i3, 0),
+        "{name}"
+    );
     assert_eq!(r.mem.cqe_op_own(4), OP_OWN_INIT, "{name}: no extra CQE");
     assert_eq!(&r.rbytes()[..8], &[1; 8], "{name}");
-    assert_eq!(&r.rbytes()[64..72], &[0; 8], "{name}: flushed write happened");
+    assert_eq!(
+        &r.rbytes()[64..72],
+        &[0; 8],
+        "{name}: flushed write happened"
+    );
     assert!(r.qp.in_error.load(std::sync::atomic::Ordering::Acquire));
 }
 
@@ -292,17 +309,21 @@ fn every_error_path_has_its_syndrome_then_flushes() {
         };
         r.post(&w)
     });
-    error_case("no local write right for a READ", Syndrome::LocalProt, |r| {
-        let p = r.local.as_mut_ptr().cast::<u8>();
-        // SAFETY: as above.
-        let ro = unsafe { r.pd.register(p, p as u64, 64, Access::NONE) };
-        let seg = [DataSeg::new(8, ro, r.laddr(0))];
-        let w = WqeOp::RdmaRead {
-            remote: RaddrSeg::new(r.raddr(0), r.rkey),
-            local: &seg,
-        };
-        r.post(&w)
-    });
+    error_case(
+        "no local write right for a READ",
+        Syndrome::LocalProt,
+        |r| {
+            let p = r.local.as_mut_ptr().cast::<u8>();
+            // SAFETY: as above.
+            let ro = unsafe { r.pd.register(p, p as u64, 64, Access::NONE) };
+            let seg = [DataSeg::new(8, ro, r.laddr(0))];
+            let w = WqeOp::RdmaRead {
+                remote: RaddrSeg::new(r.raddr(0), r.rkey),
+                local: &seg,
+            };
+            r.post(&w)
+        },
+    );
     error_case("misaligned atomic", Syndrome::RemoteInvalReq, |r| {
         let w = WqeOp::AtomicFa {
             remote: RaddrSeg::new(r.raddr(4), r.rkey),
@@ -323,9 +344,18 @@ fn every_error_path_has_its_syndrome_then_flushes() {
     });
     error_case("ds = 0", Syndrome::LocalQpOp, |r| {
         let mut b = [0u8; 64];
-        CtrlSeg::new(r.pi as u16, opcode::RDMA_WRITE, 0, QPN, 0x08, 0, 0, Be32::new(0))
-            .write_to(&mut b)
-            .unwrap();
+        CtrlSeg::new(
+            r.pi as u16,
+            opcode::RDMA_WRITE,
+            0,
+            QPN,
+            0x08,
+            0,
+            0,
+            Be32::new(0),
+        )
+        .write_to(&mut b)
+        .unwrap();
         r.put_raw(&b)
     });
     error_case("inline too long", Syndrome::LocalLength, |r| {
@@ -413,7 +443,10 @@ fn send_queue_producer_against_engine_core() {
             r.core.progress();
         }
         sq.wait_posted(p).unwrap();
-        assert_eq!(u64::from_be_bytes(r.lbytes()[8..16].try_into().unwrap()), expect - round);
+        assert_eq!(
+            u64::from_be_bytes(r.lbytes()[8..16].try_into().unwrap()),
+            expect - round
+        );
     }
     assert_eq!(r.local[0], 0);
     assert_eq!(r.rbuf[0], expect);
@@ -424,13 +457,47 @@ fn send_queue_producer_against_engine_core() {
 
 #[derive(Clone, Debug)]
 enum Gen {
-    InlineWrite { r: usize, data: Vec<u8> },
-    SgeWrite { l: usize, r: usize, len: usize },
-    Read { l: usize, r: usize, len: usize },
-    Cs { r: usize, l: usize, cmp_hit: bool, swap: u64 },
-    Fa { r: usize, l: usize, add: u64 },
-    MCs { size: u8, r: usize, l: usize, swap: u64, cmp: u64, sm: u64, cm: u64 },
-    MFa { size: u8, r: usize, l: usize, add: u64, b: u64 },
+    InlineWrite {
+        r: usize,
+        data: Vec<u8>,
+    },
+    SgeWrite {
+        l: usize,
+        r: usize,
+        len: usize,
+    },
+    Read {
+        l: usize,
+        r: usize,
+        len: usize,
+    },
+    Cs {
+        r: usize,
+        l: usize,
+        cmp_hit: bool,
+        swap: u64,
+    },
+    Fa {
+        r: usize,
+        l: usize,
+        add: u64,
+    },
+    MCs {
+        size: u8,
+        r: usize,
+        l: usize,
+        swap: u64,
+        cmp: u64,
+        sm: u64,
+        cm: u64,
+    },
+    MFa {
+        size: u8,
+        r: usize,
+        l: usize,
+        add: u64,
+        b: u64,
+    },
     Nop,
 }
 
@@ -442,21 +509,58 @@ fn gen_op() -> impl Strategy<Value = Gen> {
             .prop_map(|(r, data)| Gen::InlineWrite { r, data }),
         (0..lb - 600, 0..rb - 600, 0usize..600).prop_map(|(l, r, len)| Gen::SgeWrite { l, r, len }),
         (0..lb - 600, 0..rb - 600, 0usize..600).prop_map(|(l, r, len)| Gen::Read { l, r, len }),
-        (0..RWORDS, 0..LWORDS, any::<bool>(), any::<u64>())
-            .prop_map(|(r, l, cmp_hit, swap)| Gen::Cs { r: r * 8, l: l * 8, cmp_hit, swap }),
-        (0..RWORDS, 0..LWORDS, any::<u64>()).prop_map(|(r, l, add)| Gen::Fa { r: r * 8, l: l * 8, add }),
-        (prop::bool::ANY, 0..RWORDS, 0..LWORDS, any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>())
+        (0..RWORDS, 0..LWORDS, any::<bool>(), any::<u64>()).prop_map(|(r, l, cmp_hit, swap)| {
+            Gen::Cs {
+                r: r * 8,
+                l: l * 8,
+                cmp_hit,
+                swap,
+            }
+        }),
+        (0..RWORDS, 0..LWORDS, any::<u64>()).prop_map(|(r, l, add)| Gen::Fa {
+            r: r * 8,
+            l: l * 8,
+            add
+        }),
+        (
+            prop::bool::ANY,
+            0..RWORDS,
+            0..LWORDS,
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>()
+        )
             .prop_map(|(four, r, l, swap, cmp, sm, cm)| {
                 let size = if four { 4 } else { 8 };
-                Gen::MCs { size, r: r * 8 / size as usize * size as usize, l: l * 8, swap, cmp, sm, cm }
+                Gen::MCs {
+                    size,
+                    r: r * 8 / size as usize * size as usize,
+                    l: l * 8,
+                    swap,
+                    cmp,
+                    sm,
+                    cm,
+                }
             }),
-        (prop::bool::ANY, 0..RWORDS * 2, 0..LWORDS, any::<u64>(), any::<u64>()).prop_map(
-            |(four, r, l, add, b)| {
+        (
+            prop::bool::ANY,
+            0..RWORDS * 2,
+            0..LWORDS,
+            any::<u64>(),
+            any::<u64>()
+        )
+            .prop_map(|(four, r, l, add, b)| {
                 let size: u8 = if four { 4 } else { 8 };
                 let r = if four { r * 4 } else { r / 2 * 8 };
-                Gen::MFa { size, r, l: l * 8, add, b }
-            }
-        ),
+                Gen::MFa {
+                    size,
+                    r,
+                    l: l * 8,
+                    add,
+                    b,
+                }
+            }),
         Just(Gen::Nop),
     ]
 }
@@ -478,7 +582,14 @@ fn wr(b: &mut [u8], at: usize, size: u8, v: u64) {
 }
 
 /// The reference semantics, written independently of the engine: (new value, old).
-fn model_atomic(rm: &mut [u8], lm: &mut [u8], r: usize, l: usize, size: u8, f: impl Fn(u64) -> u64) {
+fn model_atomic(
+    rm: &mut [u8],
+    lm: &mut [u8],
+    r: usize,
+    l: usize,
+    size: u8,
+    f: impl Fn(u64) -> u64,
+) {
     let m = if size == 4 { 0xffff_ffffu64 } else { u64::MAX };
     let old = rd(rm, r, size);
     wr(rm, r, size, f(old) & m);
@@ -625,7 +736,11 @@ fn field_add_formula_matches_bitwise_model() {
         x ^= x >> 7;
         x ^= x << 17;
         let (o, a, b) = (x, x.rotate_left(17), x.rotate_left(31) & x.rotate_left(5));
-        let op = AtomicOp::MaskedFa { size: 8, add: a, boundary: b };
+        let op = AtomicOp::MaskedFa {
+            size: 8,
+            add: a,
+            boundary: b,
+        };
         assert_eq!(op.apply(o), field_add(o, a, b, 64));
     }
 }
@@ -643,7 +758,13 @@ struct Reverse {
 impl Backend for Reverse {
     type Peer = ();
     type Cache = ();
-    fn execute(&mut self, _: &(), _: &mut (), token: u64, _op: &Op<'_>) -> Option<Result<(), Syndrome>> {
+    fn execute(
+        &mut self,
+        _: &(),
+        _: &mut (),
+        token: u64,
+        _op: &Op<'_>,
+    ) -> Option<Result<(), Syndrome>> {
         self.pending.push(token);
         self.executed.push(token);
         None

@@ -53,7 +53,13 @@ fn wrap_run(mode: CqMode) {
         LocalPeer::new(t.remote.clone()),
         mode,
     ));
-    let sq = SendQueue::new(mem.clone(), qp.qpn(), mode, Duration::from_secs(20), Some(hca.waker()));
+    let sq = SendQueue::new(
+        mem.clone(),
+        qp.qpn(),
+        mode,
+        Duration::from_secs(20),
+        Some(hca.waker()),
+    );
     let remote = RaddrSeg::new(t.words.as_ptr() as u64, t.rkey);
     let result = Sge8 {
         addr: t.results.as_ptr() as u64,
@@ -96,8 +102,8 @@ fn wrap_run(mode: CqMode) {
     // The last WQE's control segment carries the 16-bit index.
     let off = rshmem::mlx5::ring::slot_offset(last.index as u32, 8);
     // SAFETY: the engine finished with every slot (quiet); reading 16 bytes in the ring.
-    let ctrl = unsafe { CtrlSeg::read_from(std::slice::from_raw_parts(mem.sq().add(off), 16)) }
-        .unwrap();
+    let ctrl =
+        unsafe { CtrlSeg::read_from(std::slice::from_raw_parts(mem.sq().add(off), 16)) }.unwrap();
     assert_eq!(ctrl.wqe_index(), (last.index & 0xffff) as u16);
     let c = mem.read_cqe(0);
     match mode {
@@ -142,7 +148,13 @@ fn many_producers_on_one_send_queue() {
         LocalPeer::new(t.remote.clone()),
         CqMode::Normal,
     ));
-    let sq = SendQueue::new(mem, qp.qpn(), CqMode::Normal, Duration::from_secs(20), Some(hca.waker()));
+    let sq = SendQueue::new(
+        mem,
+        qp.qpn(),
+        CqMode::Normal,
+        Duration::from_secs(20),
+        Some(hca.waker()),
+    );
     let base = t.words.as_ptr() as u64;
     let result = Sge8 {
         addr: t.results.as_ptr() as u64,
@@ -188,7 +200,11 @@ fn many_producers_on_one_send_queue() {
     let sum: u64 = (1..=THREADS as u64).sum::<u64>() * PER;
     assert_eq!(t.words[0], sum);
     for th in 0..THREADS {
-        assert_eq!(t.words[1 + th], ((th as u64) << 32) | (PER - 1), "thread {th}");
+        assert_eq!(
+            t.words[1 + th],
+            ((th as u64) << 32) | (PER - 1),
+            "thread {th}"
+        );
     }
     drop(qp);
 }
@@ -220,7 +236,13 @@ fn error_cqe_becomes_an_error_naming_opcode_and_syndrome() {
         LocalPeer::new(t.remote.clone()),
         CqMode::Normal,
     ));
-    let sq = SendQueue::new(mem, qp.qpn(), CqMode::Normal, Duration::from_secs(20), Some(hca.waker()));
+    let sq = SendQueue::new(
+        mem,
+        qp.qpn(),
+        CqMode::Normal,
+        Duration::from_secs(20),
+        Some(hca.waker()),
+    );
     let good = sq
         .post(&WqeOp::RdmaWrite {
             remote: RaddrSeg::new(t.words.as_ptr() as u64, t.rkey),

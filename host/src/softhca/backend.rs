@@ -29,6 +29,11 @@ pub struct LocalBuf {
     pub len: usize,
 }
 
+// SAFETY: a LocalBuf is an address and a length resolved through a registered region;
+// moving it to another thread (the engine core moves between the engine thread and
+// assisting producers under a lock) does not change who may access the memory.
+unsafe impl Send for LocalBuf {}
+
 /// The source of a write.
 #[derive(Clone, Copy, Debug)]
 pub enum Gather<'a> {

@@ -557,14 +557,32 @@ fn execute<B: Backend>(
     }
 }
 
-/// Wakes a sleeping engine thread after a doorbell.
-#[derive(Debug, Default)]
+/// What a producer holds to get its engine moving: wakes a sleeping engine thread after a
+/// doorbell, and lets a waiting producer run a round of the engine itself ("caller-driven
+/// progress", as MPI and UCX do), which spares a context switch per completion when the
+/// machine has more threads than cores.
+#[derive(Default)]
 pub struct Waker {
     sleeping: AtomicBool,
     thread: OnceLock<std::thread::Thread>,
+    assist: OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waker")
+            .field("sleeping", &self.sleeping)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Waker {
+    /// Runs one engine round on the calling thread if no one else is running one; true
+    /// if it did any work.
+    pub fn assist(&self) -> bool {
+        self.assist.get().is_some_and(|f| f())
+    }
+
     /// Call after ringing a doorbell.
     pub fn wake(&self) {
         // SeqCst fence + load, against the engine's SeqCst store of `sleeping` + fence +
@@ -585,6 +603,37 @@ struct Shared<B: Backend> {
     acked: AtomicU64,
     stop: AtomicBool,
     waker: Arc<Waker>,
+    /// The engine and the generation of the QP list it serves. Whoever holds the lock
+    /// (the engine thread, or a producer assisting) runs rounds.
+    core: Mutex<(EngineCore<B>, u64)>,
+}
+
+impl<B: Backend> Shared<B> {
+    /// One round under the core lock: sync the QP list, then progress. None when another
+    /// thread holds the engine.
+    fn round(&self) -> Option<usize> {
+        let mut g = self.core.try_lock().ok()?;
+        let (core, seen) = &mut *g;
+        let gen = self.generation.load(Ordering::Acquire);
+        if gen != *seen {
+            let list = self.qps.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let have = core.qpns();
+            for q in &have {
+                if !list.iter().any(|x| x.qpn == *q) {
+                    core.detach(*q);
+                }
+            }
+            for q in list {
+                if !have.contains(&q.qpn) {
+                    core.attach(q);
+                }
+            }
+            *seen = gen;
+            // Release: pairs with wait_ack's Acquire — accesses to detached QPs are done.
+            self.acked.store(gen, Ordering::Release);
+        }
+        Some(core.progress())
+    }
 }
 
 /// An engine thread serving any number of QPs.
@@ -631,6 +680,7 @@ fn wait_ack<B: Backend>(shared: &Shared<B>, g: u64) {
         if let Some(t) = shared.waker.thread.get() {
             t.unpark();
         }
+        let _ = shared.round();
         if t0.elapsed() > Duration::from_secs(60) {
             // An engine stuck for a minute is a bug; leaking is safer than freeing memory
             // it may still touch, so the caller's memory must outlive this (see docs).
@@ -649,11 +699,18 @@ impl<B: Backend> SoftHca<B> {
             acked: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             waker: Arc::new(Waker::default()),
+            core: Mutex::new((EngineCore::new(backend), 0)),
         });
+        let weak = Arc::downgrade(&shared);
+        let _ = shared.waker.assist.set(Box::new(move || {
+            weak.upgrade()
+                .and_then(|s| s.round())
+                .is_some_and(|n| n > 0)
+        }));
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || run(backend, s))?;
+            .spawn(move || run(s))?;
         let _ = shared.waker.thread.set(thread.thread().clone());
         Ok(SoftHca {
             shared,
@@ -692,46 +749,28 @@ impl<B: Backend> Drop for SoftHca<B> {
     }
 }
 
-fn run<B: Backend>(backend: B, shared: Arc<Shared<B>>) {
-    let mut core = EngineCore::new(backend);
-    let mut seen = 0u64;
+fn run<B: Backend>(shared: Arc<Shared<B>>) {
     let mut idle = 0u32;
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return;
         }
-        let g = shared.generation.load(Ordering::Acquire);
-        if g != seen {
-            let list = shared.qps.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let have = core.qpns();
-            for q in &have {
-                if !list.iter().any(|x| x.qpn == *q) {
-                    core.detach(*q);
-                }
-            }
-            for q in list {
-                if !have.contains(&q.qpn) {
-                    core.attach(q);
-                }
-            }
-            seen = g;
-            // Release: pairs with wait_ack's Acquire — our accesses to detached QPs are done.
-            shared.acked.store(g, Ordering::Release);
-        }
-        if core.progress() > 0 {
+        // None: a producer is running a round; count it as work (it may find more).
+        if shared.round().is_none_or(|n| n > 0) {
             idle = 0;
             continue;
         }
         idle = idle.saturating_add(1);
-        if idle < 512 {
+        if idle < 128 {
             std::hint::spin_loop();
-        } else if idle < 1024 {
+        } else if idle < 160 {
             std::thread::yield_now();
         } else {
             shared.waker.sleeping.store(true, Ordering::Relaxed);
             // SeqCst: see Waker::wake.
             fence(Ordering::SeqCst);
-            let work = core.progress();
+            let work = shared.round().unwrap_or(1);
+            let seen = shared.acked.load(Ordering::Acquire);
             if work == 0 && shared.generation.load(Ordering::Acquire) == seen {
                 std::thread::park_timeout(Duration::from_millis(2));
             }

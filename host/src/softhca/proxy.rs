@@ -19,7 +19,7 @@
 //! last CQE.
 
 use super::backend::{LocalBackend, LocalPeer};
-use super::engine::{QpConfig, QpHandle, SoftHca};
+use super::engine::{QpConfig, QpHandle, SoftHca, Waker};
 use super::mr::{Access, MrTable};
 use super::queue::{CqMode, Posted, QueueMemory, SendQueue, SqError};
 use crate::error::{Error, Result};
@@ -110,6 +110,7 @@ pub(crate) struct Proxy {
     peers: Vec<Option<ProxyPeer>>,
     qps: Vec<OnceLock<std::result::Result<ProxyQp, String>>>,
     hca: Arc<SoftHca<LocalBackend>>,
+    waker: Arc<Waker>,
 }
 
 /// The process-wide engine (started on demand, stopped when the last proxy PE goes).
@@ -153,13 +154,15 @@ impl Proxy {
         peers: Vec<Option<ProxyPeer>>,
     ) -> Result<Proxy> {
         let n = peers.len();
+        let hca = engine()?;
         Ok(Proxy {
             rank,
             timeout,
             pd,
             peers,
             qps: (0..n).map(|_| OnceLock::new()).collect(),
-            hca: engine()?,
+            waker: hca.waker(),
+            hca,
         })
     }
 
@@ -494,6 +497,11 @@ impl Proxy {
             })
             .map_err(|e| self.err(pe, op, e))?;
         Ok(())
+    }
+
+    /// Runs one round of this process's engine on the calling thread, if it is free.
+    pub(crate) fn assist(&self) -> bool {
+        self.waker.assist()
     }
 
     /// Orders the next WQE to `pe` after every earlier one (FENCE), if the QP exists.

@@ -610,7 +610,11 @@ impl SendQueue {
             if t0.elapsed() >= self.timeout {
                 return Err(self.timeout_error(what, index, t0.elapsed()));
             }
-            std::thread::yield_now();
+            // Run an engine round here if the engine is free (no context switch needed);
+            // otherwise give the core away.
+            if !self.wake.as_ref().is_some_and(|w| w.assist()) {
+                std::thread::yield_now();
+            }
         }
         Ok(())
     }
