@@ -576,7 +576,10 @@ impl Pe {
     /// Leaves the job cleanly: a barrier with every PE, then the bootstrap farewell. PEs
     /// that drop their `Pe` without `finalize` are reported to the others as died.
     pub fn finalize(mut self) -> Result<()> {
-        let r = self.boot().barrier(&self.world.group());
+        // Complete this PE's outstanding puts first (they may be queued in the soft HCA),
+        // as shmem_finalize's implicit barrier_all does.
+        let q = self.try_quiet();
+        let r = self.boot().barrier(&self.world.group()).and(q);
         if let Some(b) = self.boot.take() {
             b.finalize()?;
         }
