@@ -704,7 +704,10 @@ impl Pe {
                             return Err(expired(&state));
                         }
                     }
-                    if polls < self.spin_polls {
+                    if polls % 8 == 0 && self.proxy.as_ref().is_some_and(|p| p.assist()) {
+                        // Ran a round of this process's soft HCA engine (what we wait for
+                        // may be queued there): no need to spin or yield this time.
+                    } else if polls < self.spin_polls {
                         std::hint::spin_loop();
                     } else if !self.proxy.as_ref().is_some_and(|p| p.assist()) {
                         // More PEs than cores: give the core to whoever we wait for (unless
