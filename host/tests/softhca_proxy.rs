@@ -91,38 +91,35 @@ fn selftest_proxy_under_rshmem_run_3_processes() {
 
 #[test]
 fn bench_put_over_proxy_reports_proxy() {
-    for args in [
-        // PEs as threads of the bench process.
-        vec![
-            "bench",
-            "put",
-            "--transport",
-            "proxy",
-            "--json",
-            "--iters",
-            "100",
-            "--warmup",
-            "10",
-            "--max-size",
-            "64K",
-        ],
-    ] {
-        let o = std::process::Command::new(BIN)
-            .args(&args)
-            .env("RSHMEM_TIMEOUT_MS", "20000")
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout);
-        assert!(
-            o.status.success(),
-            "{out}{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-        assert_eq!(v["transport"], "proxy");
-        assert_eq!(v["rows"].as_array().unwrap().len(), 14); // 8 B .. 64 KiB
-    }
-    // Under a launcher, the PEs' RSHMEM_TRANSPORT must agree with --transport.
+    // PEs as threads of the bench process.
+    let args = [
+        "bench",
+        "put",
+        "--transport",
+        "proxy",
+        "--json",
+        "--iters",
+        "100",
+        "--warmup",
+        "10",
+        "--max-size",
+        "64K",
+    ];
+    let o = std::process::Command::new(BIN)
+        .args(args)
+        .env("RSHMEM_TIMEOUT_MS", "20000")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["transport"], "proxy");
+    assert_eq!(v["rows"].as_array().unwrap().len(), 14); // 8 B .. 64 KiB
+                                                         // Under a launcher, the PEs' RSHMEM_TRANSPORT must agree with --transport.
     let (ok, out, err) = run(
         2,
         &[
