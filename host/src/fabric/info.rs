@@ -216,17 +216,24 @@ pub(crate) fn query(
 pub(crate) fn choose(cfg: &FabricConfig) -> Result<InfoList> {
     let provider = cfg.provider.as_deref().map(normalize_provider);
     let list = query(CAPS, Some(cfg), provider.as_deref(), cfg.domain.as_deref())?;
+    // Some layered providers (tcp;ofi_rxm in 1.17) ignore the domain-name hint, so the
+    // domain is matched here too.
+    let usable = |i: *mut fi_info| {
+        // SAFETY: `i` is an element of `list`, domain_attr allocated.
+        let dom = unsafe { cstr((*(*i).domain_attr).name) };
+        cfg.domain.as_deref().is_none_or(|d| d == dom)
+    };
     let chosen = match &provider {
         Some(p) => list.iter().find(|&i| {
             // SAFETY: `i` is an element of `list`.
             let n = unsafe { prov_name(i) };
-            n == *p
+            n == *p && usable(i)
         }),
         None => AUTO_ORDER.iter().find_map(|want| {
             list.iter().find(|&i| {
                 // SAFETY: `i` is an element of `list`.
                 let n = unsafe { prov_name(i) };
-                n == *want
+                n == *want && usable(i)
             })
         }),
     };
