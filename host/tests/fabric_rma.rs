@@ -84,8 +84,8 @@ impl Pair {
         let mb = domain.alloc(MIB).expect("register b");
         ma.write(0, &pattern(0xa5, MIB)).unwrap();
         mb.write(0, &pattern(0x3c, MIB)).unwrap();
-        let to_b = a.insert_peer(&b.name().to_vec()).expect("av insert b");
-        b.insert_peer(&a.name().to_vec()).expect("av insert a");
+        let to_b = a.insert_peer(b.name()).expect("av insert b");
+        b.insert_peer(a.name()).expect("av insert a");
         let b_events = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (ev, st) = (b_events.clone(), stop.clone());
@@ -122,7 +122,9 @@ impl Pair {
     fn wait(&mut self, ctx: u64) -> Result<(), CompletionError> {
         let start = Instant::now();
         loop {
-            for c in self.a.poll().expect("poll a") {
+            let cs = self.a.poll().expect("poll a");
+            assert!(cs.len() <= 1, "one operation in flight, got {cs:?}");
+            if let Some(c) = cs.into_iter().next() {
                 match c {
                     Completion::Local { context, status } if context == ctx => return status,
                     other => panic!("unexpected completion on a: {other:?}"),

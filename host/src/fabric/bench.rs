@@ -72,8 +72,8 @@ pub fn pingpong_on(domain: &Arc<Domain>, size: usize, iters: usize) -> Result<Pi
     };
     let (mut ea, ma) = mk()?;
     let (mut eb, mb) = mk()?;
-    let pa = eb.insert_peer(&ea.name().to_vec())?;
-    let pb = ea.insert_peer(&eb.name().to_vec())?;
+    let pa = eb.insert_peer(ea.name())?;
+    let pb = ea.insert_peer(eb.name())?;
     let a = Side {
         remote: mb.remote(),
         ep: ea,
