@@ -143,6 +143,16 @@ pub enum Error {
         detail: String,
     },
 
+    /// A libfabric call failed. `code` is what the call returned (a negative `FI_E*`
+    /// value, or 0 where the call returned a null pointer or a condition rshmem checks),
+    /// `detail` is the `fi_strerror` text plus what rshmem was doing.
+    #[error("libfabric {call} failed: {detail} (code {code})")]
+    Fabric {
+        call: &'static str,
+        code: i32,
+        detail: String,
+    },
+
     /// The launcher could not start or supervise a PE.
     #[error("launcher: {0}")]
     Launch(String),

@@ -14,6 +14,7 @@ pub mod bootstrap;
 pub mod config;
 pub mod doctor;
 pub mod error;
+pub mod fabric;
 pub mod heap;
 pub mod launcher;
 pub mod mlx5;
