@@ -8,7 +8,9 @@
 //!   fetching atomic is the time of one blocking operation ("round_trip"), and of barrier
 //!   the time of one `barrier_all` across all PEs.
 //! - Round trips are timed in batches (16 operations for sizes up to 64 KiB, else 1) so
-//!   the clock is not the measurement; median and p99 are over batches.
+//!   the clock is not the measurement; median and p99 are over batches, the mean over all
+//!   measured operations (ucx_perftest's "overall"; its "50.0%ile" is a median of single
+//!   round trips, which a median of batch means is not: the batch means carry the tail).
 //! - Bandwidth: PE 0 streams `iters` non-blocking operations of the size, then `quiet`.
 //! - Every size is verified afterwards (the receiver checks every word of what arrived);
 //!   a mismatch fails the benchmark with the position and values.
@@ -83,6 +85,9 @@ pub struct Row {
     pub size: usize,
     pub latency_us_median: f64,
     pub latency_us_p99: f64,
+    /// Mean over all measured operations (total measured time / operations): the statistic
+    /// ucx_perftest calls "overall" latency. The median above is a median of batch means.
+    pub latency_us_mean: f64,
     /// None for barrier.
     pub bandwidth_gbps: Option<f64>,
     pub iters: usize,
@@ -294,14 +299,16 @@ fn lat_iters(a: &BenchArgs, size: usize) -> usize {
     a.iters.min(((256usize << 20) / size.max(1)).max(20))
 }
 
-/// Median and p99 of per-operation microseconds.
-fn stats(mut per_op_us: Vec<f64>) -> (f64, f64) {
+/// Median, p99 and mean of per-operation microseconds (one value per equal-sized batch, so
+/// the mean of the batches is the mean over all operations).
+fn stats(mut per_op_us: Vec<f64>) -> (f64, f64, f64) {
     if per_op_us.is_empty() {
-        return (0.0, 0.0);
+        return (0.0, 0.0, 0.0);
     }
+    let mean = per_op_us.iter().sum::<f64>() / per_op_us.len() as f64;
     per_op_us.sort_by(|a, b| a.total_cmp(b));
     let q = |p: f64| per_op_us[((per_op_us.len() - 1) as f64 * p).round() as usize];
-    (q(0.5), q(0.99))
+    (q(0.5), q(0.99), mean)
 }
 
 /// put and signal: ping-pong latency, streaming bandwidth, verification.
@@ -397,11 +404,12 @@ fn put_like(
         pe.get(&mut got, dest, me)?;
         verify(pe, &format!("{size}-byte stream"), &got, bw_tag)?;
     }
-    let (med, p99) = stats(samples);
+    let (med, p99, mean) = stats(samples);
     Ok(Row {
         size,
         latency_us_median: med,
         latency_us_p99: p99,
+        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: bw_n,
@@ -446,11 +454,12 @@ fn get_row(pe: &Pe, a: &BenchArgs, buf: SymPtr<u64>, size: usize, salt: u64) -> 
         bw = (size * bw_n) as f64 / t.elapsed().as_secs_f64() / 1e9;
         verify(pe, &format!("{size}-byte get stream"), &dst, salt)?;
     }
-    let (med, p99) = stats(samples);
+    let (med, p99, mean) = stats(samples);
     Ok(Row {
         size,
         latency_us_median: med,
         latency_us_p99: p99,
+        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: bw_n,
@@ -525,11 +534,12 @@ where
             )));
         }
     }
-    let (med, p99) = stats(samples);
+    let (med, p99, mean) = stats(samples);
     Ok(Row {
         size,
         latency_us_median: med,
         latency_us_p99: p99,
+        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: bw_n,
@@ -573,11 +583,12 @@ fn atomic_row(pe: &Pe, a: &BenchArgs, aux: SymPtr<u64>) -> Result<Row> {
             )));
         }
     }
-    let (med, p99) = stats(samples);
+    let (med, p99, mean) = stats(samples);
     Ok(Row {
         size: 8,
         latency_us_median: med,
         latency_us_p99: p99,
+        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: iters,
@@ -597,11 +608,12 @@ fn barrier_row(pe: &Pe, a: &BenchArgs) -> Result<Row> {
         }
         samples.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
     }
-    let (med, p99) = stats(samples);
+    let (med, p99, mean) = stats(samples);
     Ok(Row {
         size: 0,
         latency_us_median: med,
         latency_us_p99: p99,
+        latency_us_mean: mean,
         bandwidth_gbps: None,
         iters: a.iters,
         bw_iters: 0,
@@ -621,16 +633,16 @@ fn print_report(r: &Report, json: bool) {
         r.bench, r.pes, r.device, r.transport, r.latency_kind
     );
     println!(
-        "{:>10} {:>14} {:>14} {:>12}",
-        "size (B)", "lat med (us)", "lat p99 (us)", "bw (GB/s)"
+        "{:>10} {:>14} {:>14} {:>14} {:>12}",
+        "size (B)", "lat med (us)", "lat p99 (us)", "lat mean (us)", "bw (GB/s)"
     );
     for row in &r.rows {
         let bw = row
             .bandwidth_gbps
             .map_or("-".to_string(), |b| format!("{b:.3}"));
         println!(
-            "{:>10} {:>14.3} {:>14.3} {:>12}",
-            row.size, row.latency_us_median, row.latency_us_p99, bw
+            "{:>10} {:>14.3} {:>14.3} {:>14.3} {:>12}",
+            row.size, row.latency_us_median, row.latency_us_p99, row.latency_us_mean, bw
         );
     }
 }
