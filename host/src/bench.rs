@@ -335,13 +335,9 @@ fn put_like(
     let mut samples = Vec::with_capacity(total / batch);
     if me < 2 {
         let peer = 1 - me;
-        let mut t0 = Instant::now();
-        for it in 0..total {
-            let tag = salt | (it as u64 + 1);
-            if (it - a.warmup.min(it)) % batch == 0 && it >= a.warmup {
-                t0 = Instant::now();
-            }
-            // PE 0 pings with the odd half of the exchange, PE 1 answers.
+        // One round trip: PE 0 sends first and PE 1 answers, each waiting for the other's
+        // message to land (the last word of the put, or the signal).
+        let mut exchange = |tag: u64| -> Result<()> {
             for turn in 0..2 {
                 if turn == me {
                     src[words - 1] = tag;
@@ -356,9 +352,20 @@ fn put_like(
                     pe.wait_until(dest.at(words - 1), Cmp::Eq, tag)?;
                 }
             }
-            if it >= a.warmup && (it - a.warmup + 1) % batch == 0 {
-                samples.push(t0.elapsed().as_secs_f64() * 1e6 / (2 * batch) as f64);
+            Ok(())
+        };
+        let mut it = 0u64;
+        for _ in 0..a.warmup {
+            it += 1;
+            exchange(salt | it)?;
+        }
+        for _ in 0..(total - a.warmup) / batch {
+            let t0 = Instant::now();
+            for _ in 0..batch {
+                it += 1;
+                exchange(salt | it)?;
             }
+            samples.push(t0.elapsed().as_secs_f64() * 1e6 / (2 * batch) as f64);
         }
     }
     pe.barrier_all()?;

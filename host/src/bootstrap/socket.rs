@@ -55,7 +55,12 @@ pub(crate) fn tune(s: &TcpStream) -> io::Result<()> {
             KEEPALIVE_INTERVAL_S,
         )?;
         setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES)?;
-        setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, USER_TIMEOUT_MS)?;
+        setsockopt_int(
+            s,
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            USER_TIMEOUT_MS,
+        )?;
     }
     Ok(())
 }
