@@ -4,8 +4,18 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_rshmem");
 const SMALL: [&str; 12] = [
-    "--tokens", "8", "--hidden", "256", "--experts", "8", "--topk", "4", "--iters", "20",
-    "--warmup", "2",
+    "--tokens",
+    "8",
+    "--hidden",
+    "256",
+    "--experts",
+    "8",
+    "--topk",
+    "4",
+    "--iters",
+    "20",
+    "--warmup",
+    "2",
 ];
 
 fn check_json(v: &serde_json::Value, pes: u64) {
@@ -16,7 +26,12 @@ fn check_json(v: &serde_json::Value, pes: u64) {
     assert_eq!(v["hidden"], 256);
     assert_eq!(v["topk"], 4);
     assert_eq!(v["experts"], 8);
-    for k in ["dispatch_us_median", "dispatch_us_p99", "combine_us_median", "combine_us_p99"] {
+    for k in [
+        "dispatch_us_median",
+        "dispatch_us_p99",
+        "combine_us_median",
+        "combine_us_p99",
+    ] {
         let x = v[k].as_f64().unwrap();
         assert!(x > 0.0, "{k}: {v}");
     }
@@ -27,7 +42,15 @@ fn check_json(v: &serde_json::Value, pes: u64) {
 #[test]
 fn bench_ep_threads_json_hooks_zero_copy() {
     let o = Command::new(BIN)
-        .args(["bench", "ep", "--pes", "2", "--json", "--hook", "--zero-copy"])
+        .args([
+            "bench",
+            "ep",
+            "--pes",
+            "2",
+            "--json",
+            "--hook",
+            "--zero-copy",
+        ])
         .args(SMALL)
         .output()
         .unwrap();
@@ -41,17 +64,24 @@ fn bench_ep_threads_json_hooks_zero_copy() {
 #[test]
 fn bench_ep_under_rshmem_run_as_processes() {
     let o = Command::new(BIN)
-        .args(["run", "-n", "4", "--", BIN, "bench", "ep", "--json", "--bf16"])
+        .args([
+            "run", "-n", "4", "--", BIN, "bench", "ep", "--json", "--bf16",
+        ])
         .args(SMALL)
         .env("RSHMEM_SYMMETRIC_SIZE", "32M")
         .env("RSHMEM_TIMEOUT_MS", "20000")
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let lines: Vec<&str> = out.lines().filter(|l| l.contains("\"bench\"")).collect();
     assert_eq!(lines.len(), 1, "{out}");
-    let v: serde_json::Value = serde_json::from_str(lines[0].trim_start_matches("[pe 0] ")).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(lines[0].trim_start_matches("[pe 0] ")).unwrap();
     check_json(&v, 4);
     assert_eq!(v["fp8"], false);
 }
@@ -60,7 +90,10 @@ fn bench_ep_under_rshmem_run_as_processes() {
 fn bench_ep_rejects_bad_arguments() {
     for (args, msg) in [
         (vec!["--device", "gpu"], "GPU PEs are not available yet"),
-        (vec!["--pes", "3"], "must be a positive multiple of the team size (3)"),
+        (
+            vec!["--pes", "3"],
+            "must be a positive multiple of the team size (3)",
+        ),
         (vec!["--topk", "12"], "num_topk (12) must be in 1..=11"),
         (vec!["--hidden", "200"], "must be a multiple of 128"),
         (vec!["--iters", "0"], "--iters"),
@@ -68,7 +101,11 @@ fn bench_ep_rejects_bad_arguments() {
         let o = Command::new(BIN)
             .args(["bench", "ep", "--tokens", "4", "--experts", "8"])
             .args(&args)
-            .args(if args[0] == "--hidden" { vec![] } else { vec!["--hidden", "256"] })
+            .args(if args[0] == "--hidden" {
+                vec![]
+            } else {
+                vec!["--hidden", "256"]
+            })
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);

@@ -45,7 +45,10 @@ fn e4m3_cast_matches_brute_force_over_all_bf16_inputs() {
         for bits in 0..=u16::MAX {
             let x = bf16::from_bits(bits).to_f32() * s;
             let (got, want) = (fp8::f32_to_e4m3(x), reference(x));
-            assert_eq!(got, want, "bf16 {bits:#06x} * {s} = {x:e}: got {got:#04x}, want {want:#04x}");
+            assert_eq!(
+                got, want,
+                "bf16 {bits:#06x} * {s} = {x:e}: got {got:#04x}, want {want:#04x}"
+            );
             checked += 1;
         }
     }

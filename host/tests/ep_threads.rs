@@ -66,7 +66,14 @@ fn one_pe(pe: &Pe, c: &Case) -> rshmem::Result<Vec<(u64, u64)>> {
     let (me, n) = (team.my_pe(), team.n_pes());
     let mut buf = Buffer::new(pe, &team, c.cfg)?;
     assert_eq!(buf.layout().total_bytes, Layout::size_hint(&c.cfg, n)?);
-    let mut r = check::random_routing(7, me, c.tokens, &c.cfg, c.experts.as_deref(), c.masked_slots);
+    let mut r = check::random_routing(
+        7,
+        me,
+        c.tokens,
+        &c.cfg,
+        c.experts.as_deref(),
+        c.masked_slots,
+    );
     if c.all_masked_token && c.tokens > 0 {
         r.topk_idx[..c.cfg.num_topk].fill(-1);
     }
@@ -111,7 +118,10 @@ fn one_pe(pe: &Pe, c: &Case) -> rshmem::Result<Vec<(u64, u64)>> {
         hashes.push((dh, check::hash_bf16(&combined)));
         buf.recycle(out);
     }
-    assert!(hashes.iter().all(|h| *h == hashes[0]), "PE {me}: repeats differ: {hashes:?}");
+    assert!(
+        hashes.iter().all(|h| *h == hashes[0]),
+        "PE {me}: repeats differ: {hashes:?}"
+    );
     buf.destroy()?;
     Ok(hashes)
 }
@@ -123,7 +133,13 @@ fn run(c: Case) {
         .enumerate()
         .filter_map(|(r, o)| o.as_ref().err().map(|e| format!("PE {r}: {e}")))
         .collect();
-    assert!(errors.is_empty(), "{} PEs, {:?}:\n{}", c.pes, c.cfg, errors.join("\n"));
+    assert!(
+        errors.is_empty(),
+        "{} PEs, {:?}:\n{}",
+        c.pes,
+        c.cfg,
+        errors.join("\n")
+    );
 }
 
 #[test]
@@ -216,8 +232,10 @@ fn two_calls_in_flight_with_hooks_and_a_third_refused() {
         let mut eb = ea.clone();
         check::expert_forward(&c, 2, me, &oa, &scale, &mut ea);
         check::expert_forward(&c, 2, me, &ob, &scale, &mut eb);
-        let ca = buf.low_latency_combine(&ea, &ra.topk_idx, &ra.topk_weights, &oa.handle, true, false)?;
-        let cb = buf.low_latency_combine(&eb, &rb.topk_idx, &rb.topk_weights, &ob.handle, true, false)?;
+        let ca =
+            buf.low_latency_combine(&ea, &ra.topk_idx, &ra.topk_weights, &oa.handle, true, false)?;
+        let cb =
+            buf.low_latency_combine(&eb, &rb.topk_idx, &rb.topk_weights, &ob.handle, true, false)?;
         let (ya, yb) = (ca.wait()?, cb.wait()?);
         check::validate_combine(&c, 2, me, &ra, &m, &scale, &ya)?;
         check::validate_combine(&c, 2, me, &rb, &m, &scale, &yb)?;
@@ -225,8 +243,13 @@ fn two_calls_in_flight_with_hooks_and_a_third_refused() {
     })
     .unwrap();
     for (r, o) in out.into_iter().enumerate() {
-        let msg = o.unwrap_or_else(|e| panic!("PE {r}: {e}")).expect("third call refused");
-        assert!(msg.contains("call its receive hook") && msg.contains("#0"), "{msg}");
+        let msg = o
+            .unwrap_or_else(|e| panic!("PE {r}: {e}"))
+            .expect("third call refused");
+        assert!(
+            msg.contains("call its receive hook") && msg.contains("#0"),
+            "{msg}"
+        );
     }
 }
 
@@ -282,11 +305,23 @@ fn errors(n: usize, timeout_ms: u64, f: impl Fn(&Pe) -> rshmem::Result<()> + Syn
 #[test]
 fn invalid_configs_fail_on_every_pe() {
     for (c, n, msg) in [
-        (cfg(4, 256, 8, 12, true), 2, "num_topk (12) must be in 1..=11"),
-        (cfg(4, 256, 8, 2, true), 3, "must be a positive multiple of the team size (3)"),
+        (
+            cfg(4, 256, 8, 12, true),
+            2,
+            "num_topk (12) must be in 1..=11",
+        ),
+        (
+            cfg(4, 256, 8, 2, true),
+            3,
+            "must be a positive multiple of the team size (3)",
+        ),
         (cfg(4, 200, 8, 2, true), 2, "must be a multiple of 128"),
         (cfg(4, 64, 8, 2, true), 2, "must be a multiple of 128"),
-        (cfg(0, 256, 8, 2, false), 2, "num_max_dispatch_tokens_per_rank must be in"),
+        (
+            cfg(0, 256, 8, 2, false),
+            2,
+            "num_max_dispatch_tokens_per_rank must be in",
+        ),
     ] {
         for e in errors(n, 20_000, |pe| Buffer::new(pe, pe.world(), c).map(|_| ())) {
             assert!(e.to_string().contains(msg), "{c:?}: {e}");
@@ -337,10 +372,15 @@ fn bad_dispatch(bad: usize, input: fn(&mut Vec<i64>, &mut Vec<bf16>), own: &str,
     })
     .unwrap();
     for (r, o) in out.into_iter().enumerate() {
-        let e = o.unwrap_or_else(|e| panic!("PE {r}: {e}")).expect("the call fails");
+        let e = o
+            .unwrap_or_else(|e| panic!("PE {r}: {e}"))
+            .expect("the call fails");
         let m = e.to_string();
         if r == bad {
-            assert!(matches!(e, Error::InvalidArgument(_)) && m.contains(own), "PE {r}: {m}");
+            assert!(
+                matches!(e, Error::InvalidArgument(_)) && m.contains(own),
+                "PE {r}: {m}"
+            );
         } else {
             assert!(
                 matches!(e, Error::EpPeerFailed { peer, .. } if peer == bad) && m.contains(peer),
@@ -365,12 +405,22 @@ fn more_tokens_than_n_fail_on_every_pe() {
 
 #[test]
 fn expert_id_too_large_fails_on_every_pe() {
-    bad_dispatch(0, |idx, _| idx[3] = 6, "topk_idx[1][1] = 6 is outside [-1, 6)", "topk_idx[1][1] is outside [-1, 6)");
+    bad_dispatch(
+        0,
+        |idx, _| idx[3] = 6,
+        "topk_idx[1][1] = 6 is outside [-1, 6)",
+        "topk_idx[1][1] is outside [-1, 6)",
+    );
 }
 
 #[test]
 fn expert_id_below_minus_one_fails_on_every_pe() {
-    bad_dispatch(2, |idx, _| idx[4] = -2, "topk_idx[2][0] = -2 is outside", "topk_idx[2][0] is outside");
+    bad_dispatch(
+        2,
+        |idx, _| idx[4] = -2,
+        "topk_idx[2][0] = -2 is outside",
+        "topk_idx[2][0] is outside",
+    );
 }
 
 #[test]
@@ -380,7 +430,9 @@ fn timeout_names_the_pe_and_expert_waited_for() {
         let mut buf = Buffer::new(pe, pe.world(), c)?;
         let r = if pe.my_pe() == 0 {
             let x = check::origin_x(0, 1, 128);
-            buf.low_latency_dispatch(&x, &[0i64], false).and_then(|d| d.wait()).err()
+            buf.low_latency_dispatch(&x, &[0i64], false)
+                .and_then(|d| d.wait())
+                .err()
         } else {
             std::thread::sleep(Duration::from_millis(700)); // PE 1 never dispatches
             None
@@ -391,7 +443,13 @@ fn timeout_names_the_pe_and_expert_waited_for() {
     .unwrap();
     let e = out[0].as_ref().unwrap().as_ref().expect("PE 0 times out");
     match e {
-        Error::EpTimeout { pe: 0, peer: 1, expert: Some(0), op: "low_latency_dispatch", .. } => {}
+        Error::EpTimeout {
+            pe: 0,
+            peer: 1,
+            expert: Some(0),
+            op: "low_latency_dispatch",
+            ..
+        } => {}
         other => panic!("{other}"),
     }
     assert!(e.to_string().contains("expert 0"), "{e}");
@@ -408,12 +466,24 @@ fn layout_is_exact_and_far_below_deepep_for_the_default_shape() {
     assert_eq!(l.combine_recv.bytes, 128 * 8 * 7168 * 2);
     assert_eq!(l.total_bytes, 2 * l.set_bytes);
     let deepep = Layout::deepep_size_hint(&c);
-    assert_eq!(deepep, 2 * (288 * 128 * 7168 * 2 + 288 * 128 * 14352 + 288 * 4));
-    assert!(l.total_bytes < deepep * 55 / 100, "{} vs {deepep}", l.total_bytes);
+    assert_eq!(
+        deepep,
+        2 * (288 * 128 * 7168 * 2 + 288 * 128 * 14352 + 288 * 4)
+    );
+    assert!(
+        l.total_bytes < deepep * 55 / 100,
+        "{} vs {deepep}",
+        l.total_bytes
+    );
     // Regions do not overlap and stay inside a set.
     let mut rs = [
-        l.dispatch_count, l.combine_flag, l.credit, l.dispatch_send, l.dispatch_recv,
-        l.combine_send, l.combine_recv,
+        l.dispatch_count,
+        l.combine_flag,
+        l.credit,
+        l.dispatch_send,
+        l.dispatch_recv,
+        l.combine_send,
+        l.combine_recv,
     ];
     rs.sort_by_key(|r| r.offset);
     for w in rs.windows(2) {

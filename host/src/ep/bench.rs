@@ -211,10 +211,15 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
             }
         }
         if points.len() != total_points {
-            return Err(Error::Verification("a benchmark point reported nothing".into()));
+            return Err(Error::Verification(
+                "a benchmark point reported nothing".into(),
+            ));
         }
     }
-    let last = points.last().cloned().ok_or_else(|| Error::Verification("no points".into()))?;
+    let last = points
+        .last()
+        .cloned()
+        .ok_or_else(|| Error::Verification("no points".into()))?;
     Ok(Some(EpReport { last, points }))
 }
 
@@ -239,7 +244,11 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
     let x = check::origin_x(me, tokens, cfg.hidden);
     let l = cfg.num_experts / n;
     let out_len = l * n * tokens * cfg.hidden;
-    let mut expert_out = if a.zero_copy { Vec::new() } else { vec![bf16::ZERO; out_len] };
+    let mut expert_out = if a.zero_copy {
+        Vec::new()
+    } else {
+        vec![bf16::ZERO; out_len]
+    };
     let total = a.warmup + a.iters;
     let bar = (me == 0 && !a.json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(total as u64);
@@ -268,7 +277,11 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
                 problem = Some(e.to_string());
             }
         }
-        let dh = if check_now { check::dispatch_hash(&cfg, n, &out) } else { 0 };
+        let dh = if check_now {
+            check::dispatch_hash(&cfg, n, &out)
+        } else {
+            0
+        };
         if a.zero_copy {
             let zc = buf.get_next_low_latency_combine_buffer(&out.handle)?;
             check::expert_forward(&cfg, n, me, &out, &identity, zc);
@@ -327,7 +340,10 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
     }
     // Bytes this PE sends per call.
     let sel = routing.topk_idx.iter().filter(|&&e| e >= 0).count() as f64;
-    let mine_bytes = [sel * buf.layout().msg_bytes as f64, sel * (cfg.hidden * 2) as f64];
+    let mine_bytes = [
+        sel * buf.layout().msg_bytes as f64,
+        sel * (cfg.hidden * 2) as f64,
+    ];
     // Gather times, bytes and check results at every PE (host collective, outside timing).
     let mut blob = Vec::new();
     blob.extend((problem.is_some() as u64).to_le_bytes());
@@ -341,7 +357,9 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
     }
     blob.extend(problem.clone().unwrap_or_default().into_bytes());
     let all_blobs = pe.boot().allgather(&team.group(), &blob)?;
-    let f = |b: &[u8], i: usize| f64::from_le_bytes(b[8 + i * 8..16 + i * 8].try_into().unwrap_or([0; 8]));
+    let f = |b: &[u8], i: usize| {
+        f64::from_le_bytes(b[8 + i * 8..16 + i * 8].try_into().unwrap_or([0; 8]))
+    };
     let mut errors = Vec::new();
     let mut per_iter = vec![[0f64; 6]; a.iters];
     let (mut db, mut cb) = (0.0, 0.0);
@@ -416,16 +434,31 @@ fn print(r: &EpReport, json: bool) {
         p0.hidden,
         p0.topk,
         p0.experts,
-        if p0.fp8 { "FP8 dispatch" } else { "bf16 dispatch" },
+        if p0.fp8 {
+            "FP8 dispatch"
+        } else {
+            "bf16 dispatch"
+        },
         if p0.hook { ", hooks" } else { "" },
-        if p0.zero_copy { ", zero-copy combine" } else { "" },
+        if p0.zero_copy {
+            ", zero-copy combine"
+        } else {
+            ""
+        },
         p0.iters,
         p0.warmup
     );
     println!(
         "{:>4} {:>6} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9} {:>9}",
-        "PEs", "tokens", "disp med us", "disp p99 us", "disp GB/s", "comb med us", "comb p99 us",
-        "comb GB/s", "validated"
+        "PEs",
+        "tokens",
+        "disp med us",
+        "disp p99 us",
+        "disp GB/s",
+        "comb med us",
+        "comb p99 us",
+        "comb GB/s",
+        "validated"
     );
     for p in &r.points {
         println!(
@@ -477,7 +510,13 @@ fn plot(points: &[EpPoint], path: &std::path::Path) -> std::result::Result<(), S
     plotters::style::register_font("sans-serif", FontStyle::Normal, font)
         .map_err(|_| "cannot load the font".to_string())?;
     let by_pes = points.iter().any(|p| p.pes != points[0].pes);
-    let xv = |p: &EpPoint| if by_pes { p.pes as f64 } else { p.tokens as f64 };
+    let xv = |p: &EpPoint| {
+        if by_pes {
+            p.pes as f64
+        } else {
+            p.tokens as f64
+        }
+    };
     let xmax = points.iter().map(xv).fold(1.0, f64::max);
     let xmin = points.iter().map(xv).fold(xmax, f64::min);
     let ymax = points
@@ -525,7 +564,10 @@ fn plot(points: &[EpPoint], path: &std::path::Path) -> std::result::Result<(), S
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         chart
-            .draw_series(pts.iter().map(|&(x, y)| Circle::new((x, y), 4, color.filled())))
+            .draw_series(
+                pts.iter()
+                    .map(|&(x, y)| Circle::new((x, y), 4, color.filled())),
+            )
             .map_err(|e| e.to_string())?;
     }
     chart

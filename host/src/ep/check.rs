@@ -142,11 +142,18 @@ pub fn expected_row(cfg: &Config, src: usize, t: usize) -> Vec<f32> {
 pub fn recv_row(cfg: &Config, x: &RecvX, row: usize) -> Vec<f32> {
     let h = cfg.hidden;
     match x {
-        RecvX::Bf16(v) => v[row * h..(row + 1) * h].iter().map(|v| v.to_f32()).collect(),
+        RecvX::Bf16(v) => v[row * h..(row + 1) * h]
+            .iter()
+            .map(|v| v.to_f32())
+            .collect(),
         RecvX::Fp8 { data, scales } => {
             let g = h / fp8::GROUP;
             let mut out = vec![0f32; h];
-            fp8::dequantize_row(&data[row * h..(row + 1) * h], &scales[row * g..(row + 1) * g], &mut out);
+            fp8::dequantize_row(
+                &data[row * h..(row + 1) * h],
+                &scales[row * g..(row + 1) * g],
+                &mut out,
+            );
             out
         }
     }
@@ -168,7 +175,11 @@ pub fn validate_dispatch(
 ) -> Result<()> {
     let r = all.len();
     let l = cfg.num_experts / r;
-    let (k, h, n) = (cfg.num_topk, cfg.hidden, cfg.num_max_dispatch_tokens_per_rank);
+    let (k, h, n) = (
+        cfg.num_topk,
+        cfg.hidden,
+        cfg.num_max_dispatch_tokens_per_rank,
+    );
     let rows = r * n;
     let mut cache: Vec<Option<Vec<f32>>> = vec![None; r * n];
     for le in 0..l {
@@ -196,9 +207,12 @@ pub fn validate_dispatch(
                 let mut got = out.src_info[le * rows + begin..le * rows + begin + count].to_vec();
                 got.sort_unstable();
                 if got != want {
-                    return Err(fail(me, format!(
+                    return Err(fail(
+                        me,
+                        format!(
                         "expert {e}: the block from PE {s} holds tokens {got:?}, expected {want:?}"
-                    )));
+                    ),
+                    ));
                 }
                 blocks.push((begin, count, s));
             }
@@ -227,21 +241,31 @@ pub fn validate_dispatch(
                 let want = cache[s * n + t].get_or_insert_with(|| expected_row(cfg, s, t));
                 let got = recv_row(cfg, &out.recv_x, row);
                 if let Some(c0) = (0..h).find(|&c| got[c].to_bits() != want[c].to_bits()) {
-                    return Err(fail(me, format!(
+                    return Err(fail(
+                        me,
+                        format!(
                         "expert {e}, row {j} (token {t} of PE {s}): column {c0} is {}, expected {}",
                         got[c0], want[c0]
-                    )));
+                    ),
+                    ));
                 }
                 // The origin itself (independent of the quantiser) where it is exact:
                 // one value per row (its source's), the last 128 columns = src_info.
                 if !cfg.round_scale {
                     let tail = h.min(128);
                     for (c, &v) in got.iter().enumerate() {
-                        let expect = if c >= h - tail { t as f32 } else { s as f32 - 128.0 };
+                        let expect = if c >= h - tail {
+                            t as f32
+                        } else {
+                            s as f32 - 128.0
+                        };
                         if bf16::from_f32(v) != bf16::from_f32(expect) {
-                            return Err(fail(me, format!(
+                            return Err(fail(
+                                me,
+                                format!(
                                 "expert {e}, row {j}: column {c} is {v}, its origin is {expect}"
-                            )));
+                            ),
+                            ));
                         }
                     }
                 }
@@ -308,7 +332,11 @@ pub fn validate_combine(
     let t_count = routing.num_tokens;
     let bad = |m: String| Error::Verification(format!("ep combine check on PE {me}: {m}"));
     if combined.len() != t_count * h {
-        return Err(bad(format!("{} values, expected {}", combined.len(), t_count * h)));
+        return Err(bad(format!(
+            "{} values, expected {}",
+            combined.len(),
+            t_count * h
+        )));
     }
     if let Some(i) = combined.iter().position(|v| v.is_nan()) {
         return Err(bad(format!("NaN at token {}, column {}", i / h, i % h)));
@@ -334,7 +362,9 @@ pub fn validate_combine(
             let want = bf16::from_f32(acc[c]);
             let got = combined[t * h + c];
             if got.to_bits() != want.to_bits() {
-                return Err(bad(format!("token {t}, column {c}: {got}, expected {want}")));
+                return Err(bad(format!(
+                    "token {t}, column {c}: {got}, expected {want}"
+                )));
             }
             reference.push(x[t * h + c].to_f32() * wsum);
         }
@@ -381,10 +411,17 @@ pub fn dispatch_hash(cfg: &Config, num_pes: usize, out: &DispatchOutput) -> u64 
             }
         }
     }
-    sum ^ fnv(&out.recv_count.iter().flat_map(|c| c.to_le_bytes()).collect::<Vec<_>>())
+    sum ^ fnv(&out
+        .recv_count
+        .iter()
+        .flat_map(|c| c.to_le_bytes())
+        .collect::<Vec<_>>())
 }
 
 /// Hash of a bf16 tensor's bits.
 pub fn hash_bf16(v: &[bf16]) -> u64 {
-    fnv(&v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect::<Vec<_>>())
+    fnv(&v
+        .iter()
+        .flat_map(|x| x.to_bits().to_le_bytes())
+        .collect::<Vec<_>>())
 }

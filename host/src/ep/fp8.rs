@@ -72,7 +72,11 @@ pub fn group_scale(amax: f32, round_scale: bool) -> (f32, f32) {
 /// of `scale_inv`. `H` must be a multiple of 128.
 pub fn quantize_row(x: &[half::bf16], round_scale: bool, q: &mut [u8], scales: &mut [f32]) {
     debug_assert!(x.len() % GROUP == 0 && q.len() == x.len() && scales.len() == x.len() / GROUP);
-    for (g, (xs, qs)) in x.chunks_exact(GROUP).zip(q.chunks_exact_mut(GROUP)).enumerate() {
+    for (g, (xs, qs)) in x
+        .chunks_exact(GROUP)
+        .zip(q.chunks_exact_mut(GROUP))
+        .enumerate()
+    {
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
         let (scale, inv) = group_scale(amax, round_scale);
         scales[g] = inv;
@@ -84,7 +88,11 @@ pub fn quantize_row(x: &[half::bf16], round_scale: bool, q: &mut [u8], scales: &
 
 /// Dequantises one row back to f32: `q * scale_inv` per group.
 pub fn dequantize_row(q: &[u8], scales: &[f32], out: &mut [f32]) {
-    for ((qs, os), &inv) in q.chunks_exact(GROUP).zip(out.chunks_exact_mut(GROUP)).zip(scales) {
+    for ((qs, os), &inv) in q
+        .chunks_exact(GROUP)
+        .zip(out.chunks_exact_mut(GROUP))
+        .zip(scales)
+    {
         for (o, &b) in os.iter_mut().zip(qs) {
             *o = E4M3_TABLE[b as usize] * inv;
         }

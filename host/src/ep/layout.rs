@@ -106,10 +106,7 @@ impl Layout {
                 .and_then(|x| x.checked_mul(n))
                 .and_then(|x| x.checked_mul(h * 2)),
         )?;
-        let combine_recv = region(
-            n.checked_mul(k)
-                .and_then(|x| x.checked_mul(h * 2)),
-        )?;
+        let combine_recv = region(n.checked_mul(k).and_then(|x| x.checked_mul(h * 2)))?;
         let set_bytes = at;
         let total_bytes = set_bytes.checked_mul(2).ok_or_else(overflow)?;
         Ok(Layout {
@@ -161,7 +158,9 @@ impl Layout {
     }
     /// Message slot `slot` of source PE `src` in the dispatch receive area.
     pub fn dispatch_recv_msg(&self, set: usize, src: usize, slot: usize) -> usize {
-        self.set(set) + self.dispatch_recv.offset + (src * self.slots_per_src + slot) * self.msg_bytes
+        self.set(set)
+            + self.dispatch_recv.offset
+            + (src * self.slots_per_src + slot) * self.msg_bytes
     }
     /// Row `row` of local expert `le` in the zero-copy combine send buffer.
     pub fn combine_send_row(&self, set: usize, le: usize, row: usize) -> usize {
@@ -193,7 +192,11 @@ impl Layout {
     /// `csrc/config.hpp`): two sets, each of a send area `max(N, E*N)` messages, a receive
     /// area of `E * N` messages (messages sized for bf16, 16 + 2H bytes) and E signal ints.
     pub fn deepep_size_hint(cfg: &Config) -> usize {
-        let (h, n, e) = (cfg.hidden, cfg.num_max_dispatch_tokens_per_rank, cfg.num_experts);
+        let (h, n, e) = (
+            cfg.hidden,
+            cfg.num_max_dispatch_tokens_per_rank,
+            cfg.num_experts,
+        );
         let dispatch_msg = 16 + (h * 2).max(h + h / 128 * 4);
         let combine_msg = h * 2;
         let send = (n * dispatch_msg).max(e * n * combine_msg);

@@ -161,7 +161,10 @@ impl ExpertId for i32 {
 pub enum RecvX {
     Bf16(Vec<bf16>),
     /// e4m3 bytes `[L, R*N, H]` and scales `[L, R*N, H/128]` (`x ≈ q * scale`).
-    Fp8 { data: Vec<u8>, scales: Vec<f32> },
+    Fp8 {
+        data: Vec<u8>,
+        scales: Vec<f32>,
+    },
 }
 
 /// What dispatch delivers to this PE, for its L local experts. Rows at or beyond
@@ -379,7 +382,9 @@ impl<'p> Buffer<'p> {
             let off = set * layout.set_bytes;
             // SAFETY: [off, off + dispatch_send.offset) is inside our mapping of the new
             // allocation, which no PE uses before the barrier below.
-            unsafe { std::ptr::write_bytes((local + off) as *mut u8, 0, layout.dispatch_send.offset) };
+            unsafe {
+                std::ptr::write_bytes((local + off) as *mut u8, 0, layout.dispatch_send.offset)
+            };
         }
         pe.team_barrier(team)?;
         let n = team.n_pes();
@@ -518,12 +523,18 @@ impl<'p> Buffer<'p> {
             cfg.num_experts,
         );
         let bad = |f: Fault, m: String| {
-            Some((f, Error::InvalidArgument(format!("low_latency_dispatch: {m}"))))
+            Some((
+                f,
+                Error::InvalidArgument(format!("low_latency_dispatch: {m}")),
+            ))
         };
         if idx.len() % k != 0 {
             return bad(
                 Fault::Shape,
-                format!("topk_idx has {} entries, not a multiple of num_topk = {k}", idx.len()),
+                format!(
+                    "topk_idx has {} entries, not a multiple of num_topk = {k}",
+                    idx.len()
+                ),
             );
         }
         let t = idx.len() / k;
@@ -570,7 +581,13 @@ impl<'p> Buffer<'p> {
         Ok(())
     }
 
-    fn send_dispatch<I: ExpertId>(&self, seq: u64, set: usize, x: &[bf16], idx: &[I]) -> Result<()> {
+    fn send_dispatch<I: ExpertId>(
+        &self,
+        seq: u64,
+        set: usize,
+        x: &[bf16],
+        idx: &[I],
+    ) -> Result<()> {
         let sh = &*self.sh;
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (k, h, l, r) = (cfg.num_topk, cfg.hidden, sh.l(), sh.n());
@@ -698,7 +715,10 @@ impl<'p> Buffer<'p> {
         let rows = r * cfg.num_max_dispatch_tokens_per_rank;
         let t_count = handle.num_tokens;
         let bad = |f: Fault, m: String| {
-            Some((f, Error::InvalidArgument(format!("low_latency_combine: {m}"))))
+            Some((
+                f,
+                Error::InvalidArgument(format!("low_latency_combine: {m}")),
+            ))
         };
         let fault = if handle.buffer_id != sh.id {
             bad(Fault::Handle, "the handle belongs to another buffer".into())
@@ -733,7 +753,12 @@ impl<'p> Buffer<'p> {
         }) {
             bad(
                 Fault::BadExpert(i as u64),
-                format!("topk_idx[{}][{}] is outside [-1, {})", i / k, i % k, cfg.num_experts),
+                format!(
+                    "topk_idx[{}][{}] is outside [-1, {})",
+                    i / k,
+                    i % k,
+                    cfg.num_experts
+                ),
             )
         } else {
             None
@@ -754,16 +779,20 @@ impl<'p> Buffer<'p> {
                             let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
                             for j in begin..begin + count {
                                 let row = le * rows + j;
-                                let (t, kk) = (handle.src_info[row] as usize, handle.row_k[row] as usize);
+                                let (t, kk) =
+                                    (handle.src_info[row] as usize, handle.row_k[row] as usize);
                                 let to = sh.sym(lay.combine_recv_row(set, t, kk), h * 2);
                                 if zero_copy {
                                     // SAFETY: our own combine send area; only this PE
                                     // writes it and the caller's borrow has ended.
-                                    let src = unsafe { sh.bytes(lay.combine_send_row(set, le, j), h * 2) };
+                                    let src = unsafe {
+                                        sh.bytes(lay.combine_send_row(set, le, j), h * 2)
+                                    };
                                     self.pe.put(to, src, sh.members[s])?;
                                 } else {
                                     let src = &expert_out[row * h..(row + 1) * h];
-                                    self.pe.put(to.cast::<u16>(), bf16_bits(src), sh.members[s])?;
+                                    self.pe
+                                        .put(to.cast::<u16>(), bf16_bits(src), sh.members[s])?;
                                 }
                                 sent_rows += 1;
                             }
@@ -771,7 +800,12 @@ impl<'p> Buffer<'p> {
                         sent_rows
                     }
                 };
-                sh.signal(self.pe, lay.combine_flag_word(set, sh.me), tag(seq) << 32 | low, s)?;
+                sh.signal(
+                    self.pe,
+                    lay.combine_flag_word(set, sh.me),
+                    tag(seq) << 32 | low,
+                    s,
+                )?;
             }
             Ok(())
         })();
@@ -1026,7 +1060,8 @@ impl CombineHook<'_> {
         let (h, k, l, r) = (cfg.hidden, cfg.num_topk, sh.l(), sh.n());
         let set = (self.seq % 2) as usize;
         let want = tag(self.seq);
-        let owner_ok = |e: i64| e >= 0 && (e as usize) < cfg.num_experts && !self.masked[e as usize / l];
+        let owner_ok =
+            |e: i64| e >= 0 && (e as usize) < cfg.num_experts && !self.masked[e as usize / l];
         let mut expected = vec![0u64; r];
         if self.fault.is_none() {
             for &e in &self.topk_idx {
@@ -1100,9 +1135,14 @@ impl CombineHook<'_> {
                     let w = self.topk_weights[t * k + kk];
                     // SAFETY: the owner put this row before its flag (observed with
                     // Acquire above); nobody writes it until we release the set.
+                    // Rows are 64-byte aligned (H*2-byte rows from a 64-aligned region
+                    // start, H*2 even), so viewing them as u16 is aligned.
                     let row = unsafe { sh.bytes(lay.combine_recv_row(set, t, kk), h * 2) };
-                    for (a, c) in acc.iter_mut().zip(row.chunks_exact(2)) {
-                        *a += w * bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                    // SAFETY: 2-aligned (see above), h u16 values inside the row.
+                    let row = unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<u16>(), h) };
+                    // bf16 -> f32 is exact: the bits shifted into the high half.
+                    for (a, &b) in acc.iter_mut().zip(row) {
+                        *a += w * f32::from_bits((b as u32) << 16);
                     }
                 }
                 for (o, a) in out[t * h..(t + 1) * h].iter_mut().zip(&acc) {
