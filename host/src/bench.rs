@@ -35,6 +35,36 @@ pub enum Kind {
     Barrier,
 }
 
+/// `rshmem bench KIND [options]` or `rshmem bench ep [options]`: the host-operation
+/// kinds share [`BenchArgs`]; the MoE dispatch/combine benchmark has its own arguments.
+#[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct BenchCommand {
+    #[command(subcommand)]
+    pub sub: Option<BenchSub>,
+    #[command(flatten)]
+    pub args: Option<BenchArgs>,
+}
+
+/// Benchmarks with their own arguments.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BenchSub {
+    /// MoE expert-parallel LL dispatch + combine (DeepEP semantics), validated every run.
+    Ep(crate::ep::bench::EpBenchArgs),
+}
+
+/// Entry point of `rshmem bench`: the process exit code.
+pub fn run_command(c: BenchCommand) -> i32 {
+    match (c.sub, c.args) {
+        (Some(BenchSub::Ep(a)), _) => crate::ep::bench::run_cli(a),
+        (None, Some(a)) => run_cli(a),
+        (None, None) => {
+            eprintln!("rshmem bench: name a benchmark: put, get, p, atomic, signal, barrier or ep");
+            2
+        }
+    }
+}
+
 /// Transports a benchmark can run over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Transport {

@@ -13,6 +13,7 @@ pub mod bench;
 pub mod bootstrap;
 pub mod config;
 pub mod doctor;
+pub mod ep;
 pub mod error;
 pub mod fabric;
 pub mod heap;
