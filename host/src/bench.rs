@@ -8,7 +8,9 @@
 //!   fetching atomic is the time of one blocking operation ("round_trip"), and of barrier
 //!   the time of one `barrier_all` across all PEs.
 //! - Round trips are timed in batches (16 operations for sizes up to 64 KiB, else 1) so
-//!   the clock is not the measurement; median and p99 are over batches.
+//!   the clock is not the measurement; median and p99 are over batches, the mean over all
+//!   measured operations (ucx_perftest's "overall"; its "50.0%ile" is a median of single
+//!   round trips, which a median of batch means is not: the batch means carry the tail).
 //! - Bandwidth: PE 0 streams `iters` non-blocking operations of the size, then `quiet`.
 //! - Every size is verified afterwards (the receiver checks every word of what arrived);
 //!   a mismatch fails the benchmark with the position and values.
@@ -34,6 +36,38 @@ pub enum Kind {
     /// The soft HCA engine alone: RDMA WRITEs through queue → engine → memory on one
     /// engine thread (no PEs).
     Softhca,
+}
+
+/// `rshmem bench KIND [options]` or `rshmem bench ep [options]`: the host-operation
+/// kinds share [`BenchArgs`]; the MoE dispatch/combine benchmark has its own arguments.
+#[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct BenchCommand {
+    #[command(subcommand)]
+    pub sub: Option<BenchSub>,
+    #[command(flatten)]
+    pub args: Option<BenchArgs>,
+}
+
+/// Benchmarks with their own arguments.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BenchSub {
+    /// MoE expert-parallel LL dispatch + combine (DeepEP semantics), validated every run.
+    Ep(crate::ep::bench::EpBenchArgs),
+}
+
+/// Entry point of `rshmem bench`: the process exit code.
+pub fn run_command(c: BenchCommand) -> i32 {
+    match (c.sub, c.args) {
+        (Some(BenchSub::Ep(a)), _) => crate::ep::bench::run_cli(a),
+        (None, Some(a)) => run_cli(a),
+        (None, None) => {
+            eprintln!(
+                "rshmem bench: name a benchmark: put, get, p, atomic, signal, barrier, softhca or ep"
+            );
+            2
+        }
+    }
 }
 
 /// Transports a benchmark can run over.
@@ -103,6 +137,9 @@ pub struct Row {
     pub size: usize,
     pub latency_us_median: f64,
     pub latency_us_p99: f64,
+    /// Mean over all measured operations (total measured time / operations): the statistic
+    /// ucx_perftest calls "overall" latency. The median above is a median of batch means.
+    pub latency_us_mean: f64,
     /// None for barrier.
     pub bandwidth_gbps: Option<f64>,
     pub iters: usize,
@@ -345,14 +382,16 @@ fn lat_iters(a: &BenchArgs, size: usize) -> usize {
     a.iters.min(((256usize << 20) / size.max(1)).max(20))
 }
 
-/// Median and p99 of per-operation microseconds.
-fn stats(mut per_op_us: Vec<f64>) -> (f64, f64) {
+/// Median, p99 and mean of per-operation microseconds (one value per equal-sized batch, so
+/// the mean of the batches is the mean over all operations).
+fn stats(mut per_op_us: Vec<f64>) -> (f64, f64, f64) {
     if per_op_us.is_empty() {
-        return (0.0, 0.0);
+        return (0.0, 0.0, 0.0);
     }
+    let mean = per_op_us.iter().sum::<f64>() / per_op_us.len() as f64;
     per_op_us.sort_by(|a, b| a.total_cmp(b));
     let q = |p: f64| per_op_us[((per_op_us.len() - 1) as f64 * p).round() as usize];
-    (q(0.5), q(0.99))
+    (q(0.5), q(0.99), mean)
 }
 
 /// put and signal: ping-pong latency, streaming bandwidth, verification.
@@ -379,13 +418,9 @@ fn put_like(
     let mut samples = Vec::with_capacity(total / batch);
     if me < 2 {
         let peer = 1 - me;
-        let mut t0 = Instant::now();
-        for it in 0..total {
-            let tag = salt | (it as u64 + 1);
-            if (it - a.warmup.min(it)) % batch == 0 && it >= a.warmup {
-                t0 = Instant::now();
-            }
-            // PE 0 pings with the odd half of the exchange, PE 1 answers.
+        // One round trip: PE 0 sends first and PE 1 answers, each waiting for the other's
+        // message to land (the last word of the put, or the signal).
+        let mut exchange = |tag: u64| -> Result<()> {
             for turn in 0..2 {
                 if turn == me {
                     src[words - 1] = tag;
@@ -400,9 +435,20 @@ fn put_like(
                     pe.wait_until(dest.at(words - 1), Cmp::Eq, tag)?;
                 }
             }
-            if it >= a.warmup && (it - a.warmup + 1) % batch == 0 {
-                samples.push(t0.elapsed().as_secs_f64() * 1e6 / (2 * batch) as f64);
+            Ok(())
+        };
+        let mut it = 0u64;
+        for _ in 0..a.warmup {
+            it += 1;
+            exchange(salt | it)?;
+        }
+        for _ in 0..(total - a.warmup) / batch {
+            let t0 = Instant::now();
+            for _ in 0..batch {
+                it += 1;
+                exchange(salt | it)?;
             }
+            samples.push(t0.elapsed().as_secs_f64() * 1e6 / (2 * batch) as f64);
         }
     }
     pe.barrier_all()?;
@@ -448,11 +494,12 @@ fn put_like(
         pe.get(&mut got, dest, me)?;
         verify(pe, &format!("{size}-byte stream"), &got, bw_tag)?;
     }
-    let (med, p99) = stats(samples);
+    let (med, p99, mean) = stats(samples);
     Ok(Row {
         size,
         latency_us_median: med,
         latency_us_p99: p99,
+        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: bw_n,
@@ -497,11 +544,12 @@ fn get_row(pe: &Pe, a: &BenchArgs, buf: SymPtr<u64>, size: usize, salt: u64) -> 
         bw = (size * bw_n) as f64 / t.elapsed().as_secs_f64() / 1e9;
         verify(pe, &format!("{size}-byte get stream"), &dst, salt)?;
     }
-    let (med, p99) = stats(samples);
+    let (med, p99, mean) = stats(samples);
     Ok(Row {
         size,
         latency_us_median: med,
         latency_us_p99: p99,
+        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: bw_n,
@@ -576,11 +624,12 @@ where
             )));
         }
     }
-    let (med, p99) = stats(samples);
+    let (med, p99, mean) = stats(samples);
     Ok(Row {
         size,
         latency_us_median: med,
         latency_us_p99: p99,
+        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: bw_n,
@@ -624,11 +673,12 @@ fn atomic_row(pe: &Pe, a: &BenchArgs, aux: SymPtr<u64>) -> Result<Row> {
             )));
         }
     }
-    let (med, p99) = stats(samples);
+    let (med, p99, mean) = stats(samples);
     Ok(Row {
         size: 8,
         latency_us_median: med,
         latency_us_p99: p99,
+        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: iters,
@@ -648,11 +698,12 @@ fn barrier_row(pe: &Pe, a: &BenchArgs) -> Result<Row> {
         }
         samples.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
     }
-    let (med, p99) = stats(samples);
+    let (med, p99, mean) = stats(samples);
     Ok(Row {
         size: 0,
         latency_us_median: med,
         latency_us_p99: p99,
+        latency_us_mean: mean,
         bandwidth_gbps: None,
         iters: a.iters,
         bw_iters: 0,
@@ -711,16 +762,16 @@ fn print_report(r: &Report, json: bool) {
         r.bench, r.pes, r.device, r.transport, r.latency_kind
     );
     println!(
-        "{:>10} {:>14} {:>14} {:>12}",
-        "size (B)", "lat med (us)", "lat p99 (us)", "bw (GB/s)"
+        "{:>10} {:>14} {:>14} {:>14} {:>12}",
+        "size (B)", "lat med (us)", "lat p99 (us)", "lat mean (us)", "bw (GB/s)"
     );
     for row in &r.rows {
         let bw = row
             .bandwidth_gbps
             .map_or("-".to_string(), |b| format!("{b:.3}"));
         println!(
-            "{:>10} {:>14.3} {:>14.3} {:>12}",
-            row.size, row.latency_us_median, row.latency_us_p99, bw
+            "{:>10} {:>14.3} {:>14.3} {:>14.3} {:>12}",
+            row.size, row.latency_us_median, row.latency_us_p99, row.latency_us_mean, bw
         );
     }
 }

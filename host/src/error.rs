@@ -109,6 +109,34 @@ pub enum Error {
         waited_ms: u64,
     },
 
+    /// A bounded wait of an expert-parallel call (dispatch/combine) expired: who waited,
+    /// in which call, for which PE and (for dispatch) which of its own experts.
+    #[error(
+        "PE {pe}: {op} (LL call #{call}) timed out after {waited_ms} ms waiting for PE {peer}: \
+         {what}"
+    )]
+    EpTimeout {
+        pe: usize,
+        op: &'static str,
+        call: u64,
+        peer: usize,
+        /// Global id of the expert whose data was awaited, when the wait was for one.
+        expert: Option<usize>,
+        what: String,
+        waited_ms: u64,
+    },
+
+    /// Another PE's expert-parallel call failed (e.g. its input was invalid); every PE of
+    /// the call gets this error naming that PE.
+    #[error("PE {pe}: {op} (LL call #{call}) failed on PE {peer}: {reason}")]
+    EpPeerFailed {
+        pe: usize,
+        op: &'static str,
+        call: u64,
+        peer: usize,
+        reason: String,
+    },
+
     /// A peer PE died (or the bootstrap root was lost); the job cannot continue.
     #[error("PE {pe} died: {detail}")]
     PeerDied { pe: usize, detail: String },
@@ -140,6 +168,16 @@ pub enum Error {
     LibraryMissing {
         library: String,
         package: String,
+        detail: String,
+    },
+
+    /// A libfabric call failed. `code` is what the call returned (a negative `FI_E*`
+    /// value, or 0 where the call returned a null pointer or a condition rshmem checks),
+    /// `detail` is the `fi_strerror` text plus what rshmem was doing.
+    #[error("libfabric {call} failed: {detail} (code {code})")]
+    Fabric {
+        call: &'static str,
+        code: i32,
         detail: String,
     },
 

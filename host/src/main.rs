@@ -18,8 +18,9 @@ enum Command {
     Run(rshmem::launcher::RunArgs),
     /// Report what this machine offers rshmem (CPU PEs, CUDA, rdma-core, libfabric).
     Doctor(rshmem::doctor::DoctorArgs),
-    /// Benchmark a host operation between PEs (put, get, p, atomic, signal, barrier).
-    Bench(rshmem::bench::BenchArgs),
+    /// Benchmark a host operation between PEs (put, get, p, atomic, signal, barrier) or
+    /// MoE dispatch/combine (ep).
+    Bench(rshmem::bench::BenchCommand),
     /// Check every host operation among the PEs of a job, with exact values.
     Selftest(SelftestArgs),
     /// mlx5 queue formats: decode a WQE or CQE from hex.
@@ -116,7 +117,7 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => rshmem::launcher::run_cli(args),
         Command::Doctor(args) => rshmem::doctor::run_cli(args),
-        Command::Bench(args) => rshmem::bench::run_cli(args),
+        Command::Bench(args) => rshmem::bench::run_command(args),
         Command::Selftest(args) => selftest(args),
         Command::Mlx5(args) => rshmem::mlx5::decode::run_cli(args),
     };

@@ -198,7 +198,7 @@ impl Pe {
         let node_ids = boot.node_ids().to_vec();
         let local: Vec<usize> = (0..n).filter(|&r| node_ids[r] == node_ids[rank]).collect();
         let my_path = heap::segment_path(&job_id, rank);
-        let mine = Segment::create(&my_path, heap_size);
+        let mine = Segment::create(&my_path, heap_size, heap::mapping_skew(rank));
         // Whatever happens next, the name goes away when init ends: by then every node peer
         // has mapped the segment (or init failed and nobody needs it).
         let _unlink = mine.as_ref().ok().map(|_| UnlinkOnDrop(my_path.clone()));
@@ -206,7 +206,11 @@ impl Pe {
         let mine = mine?;
         let mut peers: Vec<Option<Segment>> = (0..n).map(|_| None).collect();
         let opened: Result<()> = local.iter().filter(|&&r| r != rank).try_for_each(|&r| {
-            peers[r] = Some(Segment::open(&heap::segment_path(&job_id, r), heap_size)?);
+            peers[r] = Some(Segment::open(
+                &heap::segment_path(&job_id, r),
+                heap_size,
+                heap::mapping_skew(r),
+            )?);
             Ok(())
         });
         exchange_status(&boot, &world_group, "map its node peers' heaps", &opened)?;

@@ -749,7 +749,9 @@ unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usize) {
     // naturally aligned words inside dst..dst+n.
     unsafe {
         if n >= 8 && (dst as usize + n) % 8 == 0 {
-            std::ptr::copy(src, dst, n - 8);
+            if n > 8 {
+                std::ptr::copy(src, dst, n - 8);
+            }
             let last = std::ptr::read_unaligned(src.add(n - 8).cast::<u64>());
             // Release: the bytes copied above are visible to whoever acquires this word.
             AtomicU64::from_ptr(dst.add(n - 8).cast()).store(last, Ordering::Release);

@@ -1,7 +1,7 @@
 //! Socket options shared by both ends of a bootstrap connection.
 //!
-//! Owns how a bootstrap TCP connection is tuned (no Nagle delay, aggressive keepalive so a
-//! dead link or host is noticed within seconds) and the constant-time token comparison.
+//! Owns how a bootstrap TCP connection is tuned (no Nagle delay, aggressive keepalive and a
+//! TCP user timeout so a dead link or host is noticed within seconds) and the constant-time token comparison.
 //! It must not read or write frames.
 use std::io;
 use std::net::TcpStream;
@@ -12,6 +12,10 @@ use std::os::fd::AsRawFd;
 const KEEPALIVE_IDLE_S: libc::c_int = 1;
 const KEEPALIVE_INTERVAL_S: libc::c_int = 1;
 const KEEPALIVE_PROBES: libc::c_int = 3;
+/// Milliseconds sent data may stay unacknowledged before the kernel drops the connection.
+/// Keepalive only covers idle connections; this covers a link that dies with data in
+/// flight (TCP would otherwise retransmit for minutes).
+const USER_TIMEOUT_MS: libc::c_int = 5000;
 
 fn setsockopt_int(
     s: &TcpStream,
@@ -51,6 +55,12 @@ pub(crate) fn tune(s: &TcpStream) -> io::Result<()> {
             KEEPALIVE_INTERVAL_S,
         )?;
         setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES)?;
+        setsockopt_int(
+            s,
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            USER_TIMEOUT_MS,
+        )?;
     }
     Ok(())
 }

@@ -1,0 +1,582 @@
+//! `rshmem bench ep`: LL dispatch + combine latency with DeepEP's test checks on every run.
+//!
+//! Per iteration every PE: sync, time dispatch (send + receive), sync, simulated expert
+//! (identity, untimed), sync, time combine. Reported per iteration is the slowest PE's
+//! time; median and p99 over the measured iterations. The first and last iterations are
+//! checked exactly (check.rs); every iteration's outputs are hashed and must be
+//! bit-identical to the first's.
+use crate::config::{LaunchInfo, Settings};
+use crate::ep::{bf16, check, Buffer, Config, Layout};
+use crate::error::{Error, Result};
+use crate::pe::{run_threads, Pe};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Arguments of `rshmem bench ep`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EpBenchArgs {
+    /// PEs (threads of this process unless launched as a PE); a comma list sweeps.
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    pub pes: Vec<usize>,
+    /// Tokens per PE (T = N); a comma list sweeps.
+    #[arg(long, value_delimiter = ',', default_value = "128")]
+    pub tokens: Vec<usize>,
+    #[arg(long, default_value_t = 7168)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = 8)]
+    pub topk: usize,
+    /// Experts in the job (must divide by the PE count).
+    #[arg(long, default_value_t = 288)]
+    pub experts: usize,
+    /// FP8 dispatch (the default).
+    #[arg(long, conflicts_with = "bf16")]
+    pub fp8: bool,
+    /// bf16 dispatch.
+    #[arg(long)]
+    pub bf16: bool,
+    /// Round FP8 scales up to powers of two.
+    #[arg(long)]
+    pub round_scale: bool,
+    /// Measured iterations.
+    #[arg(long, default_value_t = 100)]
+    pub iters: usize,
+    /// Unmeasured iterations first.
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+    /// Use receive hooks and report the send/receive split.
+    #[arg(long)]
+    pub hook: bool,
+    /// Combine from the zero-copy buffer.
+    #[arg(long)]
+    pub zero_copy: bool,
+    /// cpu (GPU PEs are not available yet).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Seed of the routing.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw latency against the swept PE count or token count into this PNG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// One measured point.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpPoint {
+    pub bench: &'static str,
+    pub validated: bool,
+    pub device: &'static str,
+    pub pes: usize,
+    pub tokens: usize,
+    pub hidden: usize,
+    pub topk: usize,
+    pub experts: usize,
+    pub fp8: bool,
+    pub round_scale: bool,
+    pub hook: bool,
+    pub zero_copy: bool,
+    pub iters: usize,
+    pub warmup: usize,
+    pub dispatch_us_median: f64,
+    pub dispatch_us_p99: f64,
+    pub combine_us_median: f64,
+    pub combine_us_p99: f64,
+    /// With --hook: the send half and the receive half separately.
+    pub dispatch_send_us_median: Option<f64>,
+    pub dispatch_recv_us_median: Option<f64>,
+    pub combine_send_us_median: Option<f64>,
+    pub combine_recv_us_median: Option<f64>,
+    /// Bytes each PE sends per call, on average over PEs.
+    pub dispatch_bytes_per_pe: f64,
+    pub combine_bytes_per_pe: f64,
+    pub dispatch_gbps: f64,
+    pub combine_gbps: f64,
+    pub combine_calc_diff: f64,
+    pub buffer_bytes: usize,
+    pub deepep_buffer_bytes: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The JSON report: the last point's fields at the top level, all points in `points`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpReport {
+    #[serde(flatten)]
+    pub last: EpPoint,
+    pub points: Vec<EpPoint>,
+}
+
+/// Entry point of the CLI: the process exit code.
+pub fn run_cli(a: EpBenchArgs) -> i32 {
+    match run(&a) {
+        Ok(None) => 0,
+        Ok(Some(rep)) => {
+            print(&rep, a.json);
+            if let Some(p) = &a.plot {
+                if let Err(e) = plot(&rep.points, p) {
+                    eprintln!("rshmem bench ep: --plot: {e}");
+                    return 1;
+                }
+            }
+            if rep.points.iter().all(|p| p.validated) {
+                0
+            } else {
+                for p in &rep.points {
+                    if let Some(e) = &p.error {
+                        eprintln!("rshmem bench ep: validation failed: {e}");
+                    }
+                }
+                1
+            }
+        }
+        Err(e) => {
+            eprintln!("rshmem bench ep: {e}");
+            1
+        }
+    }
+}
+
+fn config_of(a: &EpBenchArgs, tokens: usize) -> Config {
+    Config {
+        num_max_dispatch_tokens_per_rank: tokens,
+        hidden: a.hidden,
+        num_experts: a.experts,
+        num_topk: a.topk,
+        use_fp8: !a.bf16,
+        round_scale: a.round_scale,
+    }
+}
+
+/// Runs every point; Some(report) where this process reports.
+pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
+    if a.device == "gpu" {
+        return Err(Error::InvalidArgument(
+            "--device gpu: GPU PEs are not available yet (use --device cpu)".into(),
+        ));
+    }
+    if a.device != "cpu" {
+        return Err(Error::InvalidArgument(format!(
+            "--device {}: expected cpu or gpu",
+            a.device
+        )));
+    }
+    if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--iters, --pes and --tokens must be at least 1".into(),
+        ));
+    }
+    let launched = LaunchInfo::from_env()?.is_some();
+    let mut points = Vec::new();
+    let total_points = a.pes.len() * a.tokens.len();
+    if launched {
+        if a.pes.len() > 1 {
+            return Err(Error::InvalidArgument(
+                "--pes sweeps need the bench to start its own PEs (not under a launcher)".into(),
+            ));
+        }
+        let pe = Pe::init()?;
+        for &t in &a.tokens {
+            let p = point(&pe, a, t)?;
+            points.extend(p);
+        }
+        pe.finalize()?;
+        if points.is_empty() {
+            return Ok(None);
+        }
+    } else {
+        for &n in &a.pes {
+            for &t in &a.tokens {
+                let cfg = config_of(a, t);
+                cfg.validate(n)?;
+                let mut s = Settings::from_env()?;
+                let need = Layout::size_hint(&cfg, n)? + (16 << 20);
+                if s.symmetric_size < need {
+                    s.symmetric_size = need.next_multiple_of(1 << 20);
+                }
+                let out = run_threads(n, s, |pe| point(pe, a, t))?;
+                let mut first = None;
+                for r in out {
+                    match r {
+                        Ok(Some(p)) => first = Some(p),
+                        Ok(None) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                points.extend(first);
+            }
+        }
+        if points.len() != total_points {
+            return Err(Error::Verification(
+                "a benchmark point reported nothing".into(),
+            ));
+        }
+    }
+    let last = points
+        .last()
+        .cloned()
+        .ok_or_else(|| Error::Verification("no points".into()))?;
+    Ok(Some(EpReport { last, points }))
+}
+
+fn stats(mut v: Vec<f64>) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    (q(0.5), q(0.99))
+}
+
+/// One point on one PE; Some on the PE that reports (rank 0).
+fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
+    let team = pe.world().clone();
+    let (me, n) = (team.my_pe(), team.n_pes());
+    let cfg = config_of(a, tokens);
+    let mut buf = Buffer::new(pe, &team, cfg)?;
+    let routing = check::random_routing(a.seed, me, tokens, &cfg, None, 10.min(tokens * a.topk));
+    let all = check::allgather_routing(pe, &team, &routing)?;
+    let masked = vec![false; n];
+    let x = check::origin_x(me, tokens, cfg.hidden);
+    let l = cfg.num_experts / n;
+    let out_len = l * n * tokens * cfg.hidden;
+    let mut expert_out = if a.zero_copy {
+        Vec::new()
+    } else {
+        vec![bf16::ZERO; out_len]
+    };
+    let total = a.warmup + a.iters;
+    let bar = (me == 0 && !a.json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(total as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} iterations")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b.set_message(format!("bench ep: {n} PEs, {tokens} tokens"));
+        b
+    });
+    let identity = |_e: usize| 1.0f32;
+    let mut times = vec![[0f64; 6]; a.iters];
+    let mut hashes: Option<(u64, u64)> = None;
+    let mut problem: Option<String> = None;
+    let mut diff = 0.0;
+    for it in 0..total {
+        let check_now = it == 0 || it + 1 == total;
+        pe.sync_all()?;
+        let t0 = Instant::now();
+        let d = buf.low_latency_dispatch(&x, &routing.topk_idx, a.hook)?;
+        let t_send = t0.elapsed();
+        let out = d.wait()?;
+        let t_disp = t0.elapsed();
+        if check_now && problem.is_none() {
+            if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &out) {
+                problem = Some(e.to_string());
+            }
+        }
+        let dh = if check_now {
+            check::dispatch_hash(&cfg, n, &out)
+        } else {
+            0
+        };
+        if a.zero_copy {
+            let zc = buf.get_next_low_latency_combine_buffer(&out.handle)?;
+            check::expert_forward(&cfg, n, me, &out, &identity, zc);
+        } else {
+            check::expert_forward(&cfg, n, me, &out, &identity, &mut expert_out);
+        }
+        pe.sync_all()?;
+        let t1 = Instant::now();
+        let c = buf.low_latency_combine(
+            &expert_out,
+            &routing.topk_idx,
+            &routing.topk_weights,
+            &out.handle,
+            a.hook,
+            a.zero_copy,
+        )?;
+        let c_send = t1.elapsed();
+        let combined = c.wait()?;
+        let t_comb = t1.elapsed();
+        if check_now && problem.is_none() {
+            match check::validate_combine(&cfg, n, me, &routing, &masked, &identity, &combined) {
+                Ok(dv) => diff = dv,
+                Err(e) => problem = Some(e.to_string()),
+            }
+        }
+        let ch = check::hash_bf16(&combined);
+        match hashes {
+            None => hashes = Some((dh, ch)),
+            Some((h0, c0)) => {
+                if (check_now && dh != h0) || ch != c0 {
+                    problem.get_or_insert(format!(
+                        "PE {me}: iteration {it} is not bit-identical to iteration 0 \
+                         (dispatch hash {dh:#x} vs {h0:#x}, combine hash {ch:#x} vs {c0:#x})"
+                    ));
+                }
+            }
+        }
+        buf.recycle(out);
+        if it >= a.warmup {
+            let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+            times[it - a.warmup] = [
+                us(t_disp),
+                us(t_comb),
+                us(t_send),
+                us(t_disp - t_send),
+                us(c_send),
+                us(t_comb - c_send),
+            ];
+        }
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    // Bytes this PE sends per call.
+    let sel = routing.topk_idx.iter().filter(|&&e| e >= 0).count() as f64;
+    let mine_bytes = [
+        sel * buf.layout().msg_bytes as f64,
+        sel * (cfg.hidden * 2) as f64,
+    ];
+    // Gather times, bytes and check results at every PE (host collective, outside timing).
+    let mut blob = Vec::new();
+    blob.extend((problem.is_some() as u64).to_le_bytes());
+    for v in mine_bytes {
+        blob.extend(v.to_le_bytes());
+    }
+    for row in &times {
+        for v in row {
+            blob.extend(v.to_le_bytes());
+        }
+    }
+    blob.extend(problem.clone().unwrap_or_default().into_bytes());
+    let all_blobs = pe.boot().allgather(&team.group(), &blob)?;
+    let f = |b: &[u8], i: usize| {
+        f64::from_le_bytes(b[8 + i * 8..16 + i * 8].try_into().unwrap_or([0; 8]))
+    };
+    let mut errors = Vec::new();
+    let mut per_iter = vec![[0f64; 6]; a.iters];
+    let (mut db, mut cb) = (0.0, 0.0);
+    for b in &all_blobs {
+        db += f(b, 0) / n as f64;
+        cb += f(b, 1) / n as f64;
+        for (i, slot) in per_iter.iter_mut().enumerate() {
+            for (j, s) in slot.iter_mut().enumerate() {
+                *s = s.max(f(b, 2 + i * 6 + j));
+            }
+        }
+        let text_at = 8 + (2 + a.iters * 6) * 8;
+        if b[..8] != [0u8; 8] {
+            errors.push(String::from_utf8_lossy(&b[text_at..]).into_owned());
+        }
+    }
+    let layout_bytes = buf.layout().total_bytes;
+    buf.destroy()?;
+    if me != 0 {
+        return Ok(None);
+    }
+    let col = |j: usize| stats(per_iter.iter().map(|r| r[j]).collect());
+    let (dm, dp) = col(0);
+    let (cm, cp) = col(1);
+    let hook = |j: usize| a.hook.then(|| col(j).0);
+    Ok(Some(EpPoint {
+        bench: "ep",
+        validated: errors.is_empty(),
+        device: "cpu",
+        pes: n,
+        tokens,
+        hidden: cfg.hidden,
+        topk: cfg.num_topk,
+        experts: cfg.num_experts,
+        fp8: cfg.use_fp8,
+        round_scale: cfg.round_scale,
+        hook: a.hook,
+        zero_copy: a.zero_copy,
+        iters: a.iters,
+        warmup: a.warmup,
+        dispatch_us_median: dm,
+        dispatch_us_p99: dp,
+        combine_us_median: cm,
+        combine_us_p99: cp,
+        dispatch_send_us_median: hook(2),
+        dispatch_recv_us_median: hook(3),
+        combine_send_us_median: hook(4),
+        combine_recv_us_median: hook(5),
+        dispatch_bytes_per_pe: db,
+        combine_bytes_per_pe: cb,
+        dispatch_gbps: if dm > 0.0 { db / dm / 1e3 } else { 0.0 },
+        combine_gbps: if cm > 0.0 { cb / cm / 1e3 } else { 0.0 },
+        combine_calc_diff: diff,
+        buffer_bytes: layout_bytes,
+        deepep_buffer_bytes: Layout::deepep_size_hint(&cfg),
+        error: (!errors.is_empty()).then(|| errors.join("; ")),
+    }))
+}
+
+fn print(r: &EpReport, json: bool) {
+    if json {
+        match serde_json::to_string(r) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("rshmem bench ep: cannot encode the report: {e}"),
+        }
+        return;
+    }
+    let p0 = &r.points[0];
+    println!(
+        "rshmem bench ep: device cpu, H={} K={} E={} {}{}{}, {} iterations after {} warm-up; \
+         latency = slowest PE per iteration",
+        p0.hidden,
+        p0.topk,
+        p0.experts,
+        if p0.fp8 {
+            "FP8 dispatch"
+        } else {
+            "bf16 dispatch"
+        },
+        if p0.hook { ", hooks" } else { "" },
+        if p0.zero_copy {
+            ", zero-copy combine"
+        } else {
+            ""
+        },
+        p0.iters,
+        p0.warmup
+    );
+    println!(
+        "{:>4} {:>6} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9} {:>9}",
+        "PEs",
+        "tokens",
+        "disp med us",
+        "disp p99 us",
+        "disp GB/s",
+        "comb med us",
+        "comb p99 us",
+        "comb GB/s",
+        "validated"
+    );
+    for p in &r.points {
+        println!(
+            "{:>4} {:>6} {:>11.1} {:>11.1} {:>9.2} {:>11.1} {:>11.1} {:>9.2} {:>9}",
+            p.pes,
+            p.tokens,
+            p.dispatch_us_median,
+            p.dispatch_us_p99,
+            p.dispatch_gbps,
+            p.combine_us_median,
+            p.combine_us_p99,
+            p.combine_gbps,
+            p.validated
+        );
+        if p.hook {
+            println!(
+                "     send/recv split (median us): dispatch {:.1} / {:.1}, combine {:.1} / {:.1}",
+                p.dispatch_send_us_median.unwrap_or(0.0),
+                p.dispatch_recv_us_median.unwrap_or(0.0),
+                p.combine_send_us_median.unwrap_or(0.0),
+                p.combine_recv_us_median.unwrap_or(0.0)
+            );
+        }
+    }
+    println!(
+        "buffer: {:.1} MiB per PE (DeepEP's layout for this shape: {:.1} MiB); bytes sent per PE \
+         per call: dispatch {:.0}, combine {:.0}",
+        p0.buffer_bytes as f64 / (1 << 20) as f64,
+        p0.deepep_buffer_bytes as f64 / (1 << 20) as f64,
+        p0.dispatch_bytes_per_pe,
+        p0.combine_bytes_per_pe
+    );
+}
+
+const FONTS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+/// Latency (median, and p99 dashed) of dispatch and combine against PEs or tokens.
+fn plot(points: &[EpPoint], path: &std::path::Path) -> std::result::Result<(), String> {
+    use plotters::prelude::*;
+    let font = FONTS
+        .iter()
+        .find_map(|f| std::fs::read(f).ok())
+        .ok_or("no TrueType font found (install fonts-dejavu-core)")?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| "cannot load the font".to_string())?;
+    let by_pes = points.iter().any(|p| p.pes != points[0].pes);
+    let xv = |p: &EpPoint| {
+        if by_pes {
+            p.pes as f64
+        } else {
+            p.tokens as f64
+        }
+    };
+    let xmax = points.iter().map(xv).fold(1.0, f64::max);
+    let xmin = points.iter().map(xv).fold(xmax, f64::min);
+    let ymax = points
+        .iter()
+        .map(|p| p.dispatch_us_p99.max(p.combine_us_p99))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let root = BitMapBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let p0 = &points[0];
+    let title = format!(
+        "rshmem EP (CPU PEs): H={} K={} E={} {}",
+        p0.hidden,
+        p0.topk,
+        p0.experts,
+        if p0.fp8 { "FP8" } else { "bf16" }
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 24))
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(
+            (xmin - (xmax - xmin).max(1.0) * 0.05)..(xmax + (xmax - xmin).max(1.0) * 0.05),
+            0f64..ymax,
+        )
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(if by_pes { "PEs" } else { "tokens per PE" })
+        .y_desc("latency (us)")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let series: [(&str, RGBColor, fn(&EpPoint) -> f64); 4] = [
+        ("dispatch median", BLUE, |p| p.dispatch_us_median),
+        ("dispatch p99", CYAN, |p| p.dispatch_us_p99),
+        ("combine median", RED, |p| p.combine_us_median),
+        ("combine p99", MAGENTA, |p| p.combine_us_p99),
+    ];
+    for (name, color, f) in series {
+        let pts: Vec<(f64, f64)> = points.iter().map(|p| (xv(p), f(p))).collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(
+                pts.iter()
+                    .map(|&(x, y)| Circle::new((x, y), 4, color.filled())),
+            )
+            .map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())?;
+    Ok(())
+}

@@ -1,0 +1,1159 @@
+//! Expert-parallel MoE dispatch and combine with DeepEP's low-latency (LL) semantics
+//! (design: `shared/design/EP.md`; decisions and numbers: `docs/ep.md`).
+//!
+//! This module owns the EP buffers ([`Layout`], [`Buffer`]) and the CPU implementation of
+//! LL dispatch and combine, which is the oracle the GPU kernels will be checked against.
+//! It moves data only with the runtime's one-sided operations (put, signal) into peers'
+//! symmetric buffers and reads only its own; it must not synchronise PEs with the host
+//! bootstrap inside dispatch/combine (only [`Buffer::new`] is a host collective).
+//!
+//! Protocol of one LL call (number `seq`, buffer set `seq % 2`, tag `seq + 1`):
+//! - dispatch: each PE quantises its T tokens once into its send area, puts one message
+//!   per (token, selected expert) into the owner's receive area (packed per source PE by
+//!   local expert, in token order), then sets one count word per (local expert, source
+//!   PE) to `tag << 32 | count` (Release). The receiver waits for every count word of
+//!   every unmasked source (Acquire), and copies each (expert, source) block into the
+//!   outputs as it arrives: arrival order.
+//! - combine: each expert owner puts every received row's expert output into the source
+//!   PE's row for (token, top-k slot), then sets its combine flag there to
+//!   `tag << 32 | rows`. The source waits for every flag, then sums over k in k order in
+//!   f32 and rounds once to bf16 (so repeats are bit-identical).
+//! - credits: when a PE has received call `seq`, it writes `tag` into its credit word on
+//!   every PE. Before call `seq + 2` reuses the set, a PE waits for every credit of
+//!   `seq`, so nothing is overwritten before it was read (two calls may be in flight).
+//! - faults: a PE whose input is invalid still takes part: it sends counts or flags with
+//!   a poison bit and a reason code instead of data, so every PE fails the call with
+//!   [`Error::EpPeerFailed`] naming it, and the buffer stays usable.
+
+pub mod bench;
+pub mod check;
+pub mod fp8;
+pub mod layout;
+
+pub use half::bf16;
+pub use layout::{Layout, Region};
+
+use crate::error::{Error, Result};
+use crate::pe::Pe;
+use crate::team::Team;
+use crate::types::{SignalOp, SymPtr};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Largest supported `num_topk`.
+pub const MAX_TOPK: usize = 11;
+/// Largest supported `num_max_dispatch_tokens_per_rank` (counts travel in 24 bits).
+pub const MAX_TOKENS_PER_RANK: usize = 1 << 20;
+
+/// Shape of an EP buffer; every PE of the team must pass the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// N: the most tokens any PE dispatches in one call (T ≤ N).
+    pub num_max_dispatch_tokens_per_rank: usize,
+    /// H: values per token.
+    pub hidden: usize,
+    /// E: experts in the team; each PE owns `E / num_pes` of them (expert e on PE e / L).
+    pub num_experts: usize,
+    /// K: expert slots per token (≤ 11).
+    pub num_topk: usize,
+    /// Dispatch FP8 e4m3 with one f32 scale per 128 channels instead of bf16.
+    pub use_fp8: bool,
+    /// Round FP8 scales up to powers of two.
+    pub round_scale: bool,
+}
+
+impl Config {
+    /// DeepEP's LL benchmark shape: N = 128, H = 7168, E = 288, top-8, FP8.
+    pub fn deepep_default() -> Config {
+        Config {
+            num_max_dispatch_tokens_per_rank: 128,
+            hidden: 7168,
+            num_experts: 288,
+            num_topk: 8,
+            use_fp8: true,
+            round_scale: false,
+        }
+    }
+
+    /// Checks the config for a team of `num_pes` PEs.
+    pub fn validate(&self, num_pes: usize) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(format!("ep::Config ({self}): {m}")));
+        let n = self.num_max_dispatch_tokens_per_rank;
+        if n == 0 || n > MAX_TOKENS_PER_RANK {
+            return bad(format!(
+                "num_max_dispatch_tokens_per_rank must be in 1..={MAX_TOKENS_PER_RANK}"
+            ));
+        }
+        if self.hidden == 0 {
+            return bad("hidden must be at least 1".into());
+        }
+        if self.use_fp8 && (self.hidden < fp8::GROUP || self.hidden % fp8::GROUP != 0) {
+            return bad(format!(
+                "with FP8, hidden ({}) must be a multiple of {} (one scale per {} channels)",
+                self.hidden,
+                fp8::GROUP,
+                fp8::GROUP
+            ));
+        }
+        if self.num_topk == 0 || self.num_topk > MAX_TOPK {
+            return bad(format!(
+                "num_topk ({}) must be in 1..={MAX_TOPK}",
+                self.num_topk
+            ));
+        }
+        if num_pes == 0 || self.num_experts == 0 || self.num_experts % num_pes != 0 {
+            return bad(format!(
+                "num_experts ({}) must be a positive multiple of the team size ({num_pes})",
+                self.num_experts
+            ));
+        }
+        Ok(())
+    }
+
+    fn words(&self) -> [u64; 6] {
+        [
+            self.num_max_dispatch_tokens_per_rank as u64,
+            self.hidden as u64,
+            self.num_experts as u64,
+            self.num_topk as u64,
+            self.use_fp8 as u64,
+            self.round_scale as u64,
+        ]
+    }
+
+    fn show_words(w: &[u64]) -> String {
+        match w {
+            [n, h, e, k, f, r] => format!(
+                "N={n} H={h} E={e} K={k} {} round_scale={}",
+                if *f != 0 { "fp8" } else { "bf16" },
+                *r != 0
+            ),
+            _ => format!("{w:?}"),
+        }
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&Config::show_words(&self.words()))
+    }
+}
+
+/// Element types accepted for `topk_idx` (int64 and int32, as DeepEP).
+pub trait ExpertId: Copy + Send + Sync {
+    fn to_i64(self) -> i64;
+}
+impl ExpertId for i64 {
+    fn to_i64(self) -> i64 {
+        self
+    }
+}
+impl ExpertId for i32 {
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+}
+
+/// Received tokens, `[L, R*N, H]`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecvX {
+    Bf16(Vec<bf16>),
+    /// e4m3 bytes `[L, R*N, H]` and scales `[L, R*N, H/128]` (`x ≈ q * scale`).
+    Fp8 {
+        data: Vec<u8>,
+        scales: Vec<f32>,
+    },
+}
+
+/// What dispatch delivers to this PE, for its L local experts. Rows at or beyond
+/// `recv_count[e]` of an expert are unspecified (zero, or stale when outputs are recycled).
+#[derive(Debug, Clone)]
+pub struct DispatchOutput {
+    pub recv_x: RecvX,
+    /// `[L]`: valid rows per local expert.
+    pub recv_count: Vec<i32>,
+    /// `[L, R*N]`: token index on its source PE of each received row.
+    pub src_info: Vec<i32>,
+    /// `[L, R]`: `begin << 32 | count` of the block from each source PE.
+    pub layout_range: Vec<i64>,
+    /// What combine needs.
+    pub handle: Handle,
+}
+
+/// Dispatch's record of where each received row came from, for combine.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    buffer_id: u64,
+    /// LL call number of the dispatch.
+    pub call: u64,
+    /// T of this PE's dispatch.
+    pub num_tokens: usize,
+    pub num_max_dispatch_tokens_per_rank: usize,
+    pub hidden: usize,
+    pub num_experts: usize,
+    pub src_info: Vec<i32>,
+    pub layout_range: Vec<i64>,
+    pub recv_count: Vec<i32>,
+    /// `[L, R*N]`: top-k slot of each received row on its source PE.
+    row_k: Vec<i32>,
+}
+
+/// Immutable state shared by a buffer and its hooks.
+struct Shared {
+    id: u64,
+    cfg: Config,
+    layout: Layout,
+    /// The symmetric allocation.
+    base: SymPtr<u8>,
+    /// Its address in this process (this PE's copy).
+    local: usize,
+    /// World rank of each team member.
+    members: Vec<usize>,
+    /// This PE's team rank.
+    me: usize,
+    /// `tag` of a call on each set whose receive hook has not run yet (0 = none).
+    pending: [AtomicU64; 2],
+    /// Recycled output storage.
+    pool: Mutex<Vec<RecvX>>,
+}
+
+/// An EP buffer: the symmetric allocation of [`Layout`] plus the call sequence.
+///
+/// Every PE of the team must make the same LL calls in the same order (dispatch and
+/// combine both count). Destroy it with [`Buffer::destroy`] (collective); dropping it
+/// leaves its symmetric memory allocated.
+pub struct Buffer<'p> {
+    pe: &'p Pe,
+    sh: Arc<Shared>,
+    seq: u64,
+    masked: Vec<bool>,
+    zero_copy_call: Option<u64>,
+}
+
+static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
+
+const POISON: u64 = 1 << 31;
+const COUNT_MASK: u64 = 0xff_ffff;
+
+/// Why a PE's own input made it poison a call; travels as `code << 24 | value`.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    TooManyTokens(u64),
+    BadExpert(u64),
+    Shape,
+    Handle,
+}
+
+impl Fault {
+    fn encode(self) -> u64 {
+        let (c, v) = match self {
+            Fault::TooManyTokens(t) => (1, t),
+            Fault::BadExpert(i) => (2, i),
+            Fault::Shape => (3, 0),
+            Fault::Handle => (4, 0),
+        };
+        POISON | c << 24 | v.min(COUNT_MASK)
+    }
+    fn describe(low: u64, cfg: &Config) -> String {
+        let v = low & COUNT_MASK;
+        match (low >> 24) & 0x7f {
+            1 => format!(
+                "it passed {v} tokens, more than num_max_dispatch_tokens_per_rank = {}",
+                cfg.num_max_dispatch_tokens_per_rank
+            ),
+            2 => format!(
+                "its topk_idx[{}][{}] is outside [-1, {})",
+                v / cfg.num_topk as u64,
+                v % cfg.num_topk as u64,
+                cfg.num_experts
+            ),
+            3 => "its input shapes do not match the config".into(),
+            4 => "it passed a handle of another buffer, or a wrong zero-copy buffer".into(),
+            c => format!("unknown fault code {c}"),
+        }
+    }
+}
+
+fn tag(seq: u64) -> u64 {
+    seq + 1
+}
+
+impl Shared {
+    fn n(&self) -> usize {
+        self.members.len()
+    }
+    fn l(&self) -> usize {
+        self.layout.num_local_experts
+    }
+    fn sym(&self, offset: usize, len: usize) -> SymPtr<u8> {
+        SymPtr::from_raw(self.base.offset() + offset, len)
+    }
+    fn word(&self, offset: usize) -> SymPtr<u64> {
+        SymPtr::from_raw(self.base.offset() + offset, 1)
+    }
+    /// Acquire load of one of this PE's signal words.
+    fn load(&self, offset: usize) -> u64 {
+        debug_assert!(offset % 8 == 0 && offset + 8 <= self.layout.total_bytes);
+        // SAFETY: `local` is this PE's mapping of the allocation (total_bytes long) and
+        // signal words are 8-aligned (regions are 64-aligned); other PEs update them only
+        // with atomic RMW/stores. Acquire pairs with the writer's Release signal update,
+        // so the data it put before the signal is visible after this load.
+        unsafe { AtomicU64::from_ptr((self.local + offset) as *mut u64).load(Ordering::Acquire) }
+    }
+    /// This PE's bytes `[offset, offset+len)` of the allocation.
+    ///
+    /// # Safety
+    /// No other PE may write the range while the slice lives (it is a receive area whose
+    /// signal was observed, or an area only this PE writes).
+    unsafe fn bytes(&self, offset: usize, len: usize) -> &[u8] {
+        debug_assert!(offset + len <= self.layout.total_bytes);
+        // SAFETY: in bounds of our mapping; exclusivity per the contract.
+        unsafe { std::slice::from_raw_parts((self.local + offset) as *const u8, len) }
+    }
+    fn signal(&self, pe: &Pe, offset: usize, value: u64, dest: usize) -> Result<()> {
+        pe.signal_op(self.word(offset), value, SignalOp::Set, self.members[dest])
+    }
+    /// Waits until every unmasked PE released `set` after call `seq - 2`.
+    fn wait_credits(&self, pe: &Pe, seq: u64, masked: &[bool], op: &'static str) -> Result<()> {
+        if seq < 2 {
+            return Ok(());
+        }
+        let set = (seq % 2) as usize;
+        let want = tag(seq - 2);
+        let start = Instant::now();
+        pe.poll(
+            || match (0..self.n())
+                .filter(|&p| !masked[p])
+                .find(|&p| self.load(self.layout.credit_word(set, p)) < want)
+            {
+                None => Ok(()),
+                Some(p) => Err(p),
+            },
+            |&p| Error::EpTimeout {
+                pe: pe.my_pe(),
+                op,
+                call: seq,
+                peer: self.members[p],
+                expert: None,
+                what: format!(
+                    "it to finish receiving LL call #{} on buffer set {set} (has it called \
+                     the receive hook of that call? credit word holds {})",
+                    seq - 2,
+                    self.load(self.layout.credit_word(set, p))
+                ),
+                waited_ms: start.elapsed().as_millis() as u64,
+            },
+        )
+    }
+    /// Tells every unmasked PE that this PE has read everything of call `seq`.
+    fn release(&self, pe: &Pe, seq: u64, masked: &[bool]) -> Result<()> {
+        let set = (seq % 2) as usize;
+        for p in (0..self.n()).filter(|&p| !masked[p]) {
+            self.signal(pe, self.layout.credit_word(set, self.me), tag(seq), p)?;
+        }
+        self.pending[set].store(0, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl<'p> Buffer<'p> {
+    /// Collective over `team` (the world team for now): agrees on `cfg` (a mismatch fails
+    /// on every PE, naming each PE's config), validates it, and allocates exactly
+    /// [`Layout::size_hint`] bytes of symmetric memory.
+    pub fn new(pe: &'p Pe, team: &Team, cfg: Config) -> Result<Buffer<'p>> {
+        if team.n_pes() != pe.n_pes() {
+            return Err(Error::InvalidArgument(format!(
+                "ep::Buffer::new: only the world team is supported for now (team has {} of {} PEs)",
+                team.n_pes(),
+                pe.n_pes()
+            )));
+        }
+        pe.agree_in(team, "ep::Buffer::new", &cfg.words(), Config::show_words)?;
+        let layout = Layout::new(&cfg, team.n_pes())?;
+        let base = pe.align(layout::REGION_ALIGN, layout.total_bytes)?;
+        let me = team.my_pe();
+        let local = pe.ptr(base, pe.my_pe()).ok_or_else(|| {
+            Error::InvalidArgument("ep::Buffer::new: the allocation is not mapped".into())
+        })? as usize;
+        // Signal words must start below every tag: zero both sets' signal areas.
+        for set in 0..2 {
+            let off = set * layout.set_bytes;
+            // SAFETY: [off, off + dispatch_send.offset) is inside our mapping of the new
+            // allocation, which no PE uses before the barrier below.
+            unsafe {
+                std::ptr::write_bytes((local + off) as *mut u8, 0, layout.dispatch_send.offset)
+            };
+        }
+        pe.team_barrier(team)?;
+        let n = team.n_pes();
+        Ok(Buffer {
+            pe,
+            sh: Arc::new(Shared {
+                id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
+                cfg,
+                layout,
+                base,
+                local,
+                members: team.members().iter().map(|&m| m as usize).collect(),
+                me,
+                pending: [AtomicU64::new(0), AtomicU64::new(0)],
+                pool: Mutex::new(Vec::new()),
+            }),
+            seq: 0,
+            masked: vec![false; n],
+            zero_copy_call: None,
+        })
+    }
+
+    /// Collective: frees the symmetric memory.
+    pub fn destroy(self) -> Result<()> {
+        self.pe.free(self.sh.base)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.sh.cfg
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.sh.layout
+    }
+    /// Number of LL calls made so far (the next call's number).
+    pub fn calls(&self) -> u64 {
+        self.seq
+    }
+    pub fn num_local_experts(&self) -> usize {
+        self.sh.l()
+    }
+
+    // ------------------------------------------------------------ dead-PE mask
+
+    /// Masks (or unmasks) team PE `pe`: a masked PE gets no tokens, is not waited for,
+    /// and its experts' contributions are absent from combine (as if its experts returned
+    /// nothing; weights are not renormalised). Every live PE should mask the same PEs.
+    pub fn update_mask(&mut self, pe: usize, masked: bool) -> Result<()> {
+        if pe >= self.masked.len() || pe == self.sh.me {
+            return Err(Error::InvalidArgument(format!(
+                "ep mask: PE {pe} is not another PE of the {}-PE team",
+                self.masked.len()
+            )));
+        }
+        self.masked[pe] = masked;
+        Ok(())
+    }
+    /// The mask, per team PE (true = masked).
+    pub fn query_mask(&self) -> Vec<bool> {
+        self.masked.clone()
+    }
+    /// Unmasks every PE.
+    pub fn clean_mask(&mut self) {
+        self.masked.iter_mut().for_each(|m| *m = false);
+    }
+
+    /// Hands output storage back for reuse by later dispatches (saves page faults on
+    /// large shapes; the rows beyond `recv_count` of later outputs are then stale).
+    pub fn recycle(&self, out: DispatchOutput) {
+        let mut p = self.sh.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if p.len() < 4 {
+            p.push(out.recv_x);
+        }
+    }
+
+    fn start_call(&mut self, op: &'static str) -> Result<(u64, usize)> {
+        let seq = self.seq;
+        let set = (seq % 2) as usize;
+        let pending = self.sh.pending[set].load(Ordering::Acquire);
+        if pending != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: LL call #{} on buffer set {set} has not been received yet: call its \
+                 receive hook before starting call #{seq} (at most two calls in flight)",
+                pending - 1
+            )));
+        }
+        self.sh.wait_credits(self.pe, seq, &self.masked, op)?;
+        self.sh.pending[set].store(tag(seq), Ordering::Release);
+        self.seq += 1;
+        Ok((seq, set))
+    }
+
+    // ------------------------------------------------------------ dispatch
+
+    /// LL dispatch of `x [T, H]` routed by `topk_idx [T, K]` (-1 = slot unused).
+    /// With `return_recv_hook` only the sends are issued; [`Dispatch::wait`] (or the hook's
+    /// `recv`) waits for and unpacks the data. Invalid input fails the call on every PE.
+    pub fn low_latency_dispatch<I: ExpertId>(
+        &mut self,
+        x: &[bf16],
+        topk_idx: &[I],
+        return_recv_hook: bool,
+    ) -> Result<Dispatch<'p>> {
+        let (seq, set) = self.start_call("low_latency_dispatch")?;
+        let cfg = self.sh.cfg;
+        let k = cfg.num_topk;
+        let t_count = topk_idx.len() / k;
+        let fault = self.check_dispatch_input(x, topk_idx);
+        let sent = match &fault {
+            Some((f, _)) => self.poison_dispatch(seq, set, f.encode()),
+            None => self.send_dispatch(seq, set, x, topk_idx),
+        };
+        let hook = DispatchHook {
+            pe: self.pe,
+            sh: self.sh.clone(),
+            seq,
+            masked: self.masked.clone(),
+            num_tokens: t_count,
+            fault: fault.map(|(_, e)| e),
+        };
+        if let Err(e) = sent {
+            return Err(e);
+        }
+        if return_recv_hook {
+            Ok(Dispatch::Pending(hook))
+        } else {
+            hook.recv().map(Dispatch::Received)
+        }
+    }
+
+    fn check_dispatch_input<I: ExpertId>(&self, x: &[bf16], idx: &[I]) -> Option<(Fault, Error)> {
+        let cfg = &self.sh.cfg;
+        let (k, h, n, e) = (
+            cfg.num_topk,
+            cfg.hidden,
+            cfg.num_max_dispatch_tokens_per_rank,
+            cfg.num_experts,
+        );
+        let bad = |f: Fault, m: String| {
+            Some((
+                f,
+                Error::InvalidArgument(format!("low_latency_dispatch: {m}")),
+            ))
+        };
+        if idx.len() % k != 0 {
+            return bad(
+                Fault::Shape,
+                format!(
+                    "topk_idx has {} entries, not a multiple of num_topk = {k}",
+                    idx.len()
+                ),
+            );
+        }
+        let t = idx.len() / k;
+        if t > n {
+            return bad(
+                Fault::TooManyTokens(t as u64),
+                format!(
+                    "{t} tokens exceed num_max_dispatch_tokens_per_rank = {n} (the limit set in \
+                     ep::Config; create the buffer with a larger value)"
+                ),
+            );
+        }
+        if x.len() != t * h {
+            return bad(
+                Fault::Shape,
+                format!("x has {} values, expected T*H = {t}*{h}", x.len()),
+            );
+        }
+        if let Some(i) = idx.iter().position(|v| {
+            let v = v.to_i64();
+            v < -1 || v >= e as i64
+        }) {
+            return bad(
+                Fault::BadExpert(i as u64),
+                format!(
+                    "topk_idx[{}][{}] = {} is outside [-1, {e}) (num_experts = {e})",
+                    i / k,
+                    i % k,
+                    idx[i].to_i64()
+                ),
+            );
+        }
+        None
+    }
+
+    fn poison_dispatch(&self, seq: u64, set: usize, code: u64) -> Result<()> {
+        let sh = &self.sh;
+        for d in (0..sh.n()).filter(|&d| !self.masked[d]) {
+            for le in 0..sh.l() {
+                let w = sh.layout.dispatch_count_word(set, le, sh.me);
+                sh.signal(self.pe, w, tag(seq) << 32 | code, d)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn send_dispatch<I: ExpertId>(
+        &self,
+        seq: u64,
+        set: usize,
+        x: &[bf16],
+        idx: &[I],
+    ) -> Result<()> {
+        let sh = &*self.sh;
+        let (cfg, lay) = (&sh.cfg, &sh.layout);
+        let (k, h, l, r) = (cfg.num_topk, cfg.hidden, sh.l(), sh.n());
+        let t_count = idx.len() / k;
+        // Quantise each token once into the send area (only this PE writes it).
+        for t in 0..t_count {
+            let off = lay.dispatch_send_msg(set, t);
+            // SAFETY: the message lies inside our mapping; only this PE touches its send
+            // area, and no put reads it concurrently (puts below run after this loop).
+            let msg = unsafe {
+                std::slice::from_raw_parts_mut((sh.local + off) as *mut u8, lay.msg_bytes)
+            };
+            let row = &x[t * h..(t + 1) * h];
+            msg[..4].copy_from_slice(&(t as i32).to_le_bytes());
+            let body = &mut msg[layout::HEADER_BYTES..layout::HEADER_BYTES + lay.payload_bytes()];
+            if cfg.use_fp8 {
+                let (q, s) = body.split_at_mut(h);
+                let mut scales = vec![0f32; h / fp8::GROUP];
+                fp8::quantize_row(row, cfg.round_scale, q, &mut scales);
+                for (d, v) in s.chunks_exact_mut(4).zip(&scales) {
+                    d.copy_from_slice(&v.to_le_bytes());
+                }
+            } else {
+                for (d, v) in body.chunks_exact_mut(2).zip(row) {
+                    d.copy_from_slice(&v.to_bits().to_le_bytes());
+                }
+            }
+        }
+        // Count per expert, then give each (dest, local expert) a block of slots in the
+        // dest's receive area for this source, blocks in local-expert order.
+        let mut cnt = vec![0u32; cfg.num_experts];
+        for v in idx {
+            let e = v.to_i64();
+            if e >= 0 && !self.masked[e as usize / l] {
+                cnt[e as usize] += 1;
+            }
+        }
+        let mut next_slot = vec![0u32; cfg.num_experts];
+        for d in 0..r {
+            let mut at = 0;
+            for le in 0..l {
+                next_slot[d * l + le] = at;
+                at += cnt[d * l + le];
+            }
+        }
+        let mut by_dest: Vec<Vec<(u32, u32, u32)>> = vec![Vec::new(); r];
+        for (i, v) in idx.iter().enumerate() {
+            let e = v.to_i64();
+            if e < 0 || self.masked[e as usize / l] {
+                continue;
+            }
+            let e = e as usize;
+            by_dest[e / l].push(((i / k) as u32, (i % k) as u32, next_slot[e]));
+            next_slot[e] += 1;
+        }
+        let body_len = lay.payload_bytes();
+        // Start with the next PE so that PEs do not all write to PE 0 first.
+        for step in 0..r {
+            let d = (sh.me + 1 + step) % r;
+            if self.masked[d] {
+                continue;
+            }
+            let dest = sh.members[d];
+            for &(t, kk, slot) in &by_dest[d] {
+                let to = lay.dispatch_recv_msg(set, sh.me, slot as usize);
+                let mut hdr = [0u8; layout::HEADER_BYTES];
+                hdr[..4].copy_from_slice(&(t as i32).to_le_bytes());
+                hdr[4..8].copy_from_slice(&(kk as i32).to_le_bytes());
+                self.pe.put(sh.sym(to, hdr.len()), &hdr, dest)?;
+                let from = lay.dispatch_send_msg(set, t as usize) + layout::HEADER_BYTES;
+                // SAFETY: our own send area, written above and not written during the put.
+                let body = unsafe { sh.bytes(from, body_len) };
+                self.pe
+                    .put(sh.sym(to + layout::HEADER_BYTES, body_len), body, dest)?;
+            }
+            // Release (in signal_op): the puts above are visible to whoever sees a count.
+            for le in 0..l {
+                let w = lay.dispatch_count_word(set, le, sh.me);
+                sh.signal(self.pe, w, tag(seq) << 32 | cnt[d * l + le] as u64, d)?;
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ combine
+
+    /// The zero-copy combine buffer of the next LL call, `[L, R*N, H]` bf16: write the
+    /// expert outputs here (rows as dispatch delivered them) and call
+    /// [`Buffer::low_latency_combine`] with `zero_copy = true` as the very next call.
+    pub fn get_next_low_latency_combine_buffer(&mut self, handle: &Handle) -> Result<&mut [bf16]> {
+        if handle.buffer_id != self.sh.id {
+            return Err(Error::InvalidArgument(
+                "get_next_low_latency_combine_buffer: the handle belongs to another buffer".into(),
+            ));
+        }
+        let set = (self.seq % 2) as usize;
+        let lay = &self.sh.layout;
+        self.zero_copy_call = Some(self.seq);
+        let off = lay.combine_send_row(set, 0, 0);
+        let len = lay.combine_send.bytes / 2;
+        // SAFETY: the combine send area of a set is written only by this PE (peers never
+        // put there), the offset is 64-aligned (bf16 needs 2) and in bounds; the &mut
+        // borrow of self keeps any other call from reading it meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts_mut((self.sh.local + off) as *mut bf16, len) })
+    }
+
+    /// LL combine: `combined_x [T, H] = Σ_k topk_weights[t,k] * out(topk_idx[t,k], t)` over
+    /// unmasked slots, in f32 in k order, rounded once to bf16. `expert_out [L, R*N, H]` is
+    /// laid out as dispatch delivered it (ignored with `zero_copy`, when the outputs are in
+    /// [`Buffer::get_next_low_latency_combine_buffer`]).
+    pub fn low_latency_combine<I: ExpertId>(
+        &mut self,
+        expert_out: &[bf16],
+        topk_idx: &[I],
+        topk_weights: &[f32],
+        handle: &Handle,
+        return_recv_hook: bool,
+        zero_copy: bool,
+    ) -> Result<Combine<'p>> {
+        let zc_ok = self.zero_copy_call.take() == Some(self.seq);
+        let (seq, set) = self.start_call("low_latency_combine")?;
+        let sh = self.sh.clone();
+        let (cfg, lay) = (&sh.cfg, &sh.layout);
+        let (k, h, l, r) = (cfg.num_topk, cfg.hidden, sh.l(), sh.n());
+        let rows = r * cfg.num_max_dispatch_tokens_per_rank;
+        let t_count = handle.num_tokens;
+        let bad = |f: Fault, m: String| {
+            Some((
+                f,
+                Error::InvalidArgument(format!("low_latency_combine: {m}")),
+            ))
+        };
+        let fault = if handle.buffer_id != sh.id {
+            bad(Fault::Handle, "the handle belongs to another buffer".into())
+        } else if topk_idx.len() != t_count * k || topk_weights.len() != t_count * k {
+            bad(
+                Fault::Shape,
+                format!(
+                    "topk_idx ({}) and topk_weights ({}) must have T*K = {t_count}*{k} entries \
+                     (T of the dispatch)",
+                    topk_idx.len(),
+                    topk_weights.len()
+                ),
+            )
+        } else if zero_copy && !zc_ok {
+            bad(
+                Fault::Handle,
+                "zero_copy: get_next_low_latency_combine_buffer was not called right before \
+                 this call"
+                    .into(),
+            )
+        } else if !zero_copy && expert_out.len() != l * rows * h {
+            bad(
+                Fault::Shape,
+                format!(
+                    "expert_out has {} values, expected L*R*N*H = {l}*{rows}*{h}",
+                    expert_out.len()
+                ),
+            )
+        } else if let Some(i) = topk_idx.iter().position(|v| {
+            let v = v.to_i64();
+            v < -1 || v >= cfg.num_experts as i64
+        }) {
+            bad(
+                Fault::BadExpert(i as u64),
+                format!(
+                    "topk_idx[{}][{}] is outside [-1, {})",
+                    i / k,
+                    i % k,
+                    cfg.num_experts
+                ),
+            )
+        } else {
+            None
+        };
+        let masked = self.masked.clone();
+        let sent: Result<()> = (|| {
+            for step in 0..r {
+                let s = (sh.me + 1 + step) % r;
+                if masked[s] {
+                    continue;
+                }
+                let low = match &fault {
+                    Some((f, _)) => f.encode(),
+                    None => {
+                        let mut sent_rows = 0u64;
+                        for le in 0..l {
+                            let lr = handle.layout_range[le * r + s];
+                            let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
+                            for j in begin..begin + count {
+                                let row = le * rows + j;
+                                let (t, kk) =
+                                    (handle.src_info[row] as usize, handle.row_k[row] as usize);
+                                let to = sh.sym(lay.combine_recv_row(set, t, kk), h * 2);
+                                if zero_copy {
+                                    // SAFETY: our own combine send area; only this PE
+                                    // writes it and the caller's borrow has ended.
+                                    let src = unsafe {
+                                        sh.bytes(lay.combine_send_row(set, le, j), h * 2)
+                                    };
+                                    self.pe.put(to, src, sh.members[s])?;
+                                } else {
+                                    let src = &expert_out[row * h..(row + 1) * h];
+                                    self.pe
+                                        .put(to.cast::<u16>(), bf16_bits(src), sh.members[s])?;
+                                }
+                                sent_rows += 1;
+                            }
+                        }
+                        sent_rows
+                    }
+                };
+                sh.signal(
+                    self.pe,
+                    lay.combine_flag_word(set, sh.me),
+                    tag(seq) << 32 | low,
+                    s,
+                )?;
+            }
+            Ok(())
+        })();
+        sent?;
+        let hook = CombineHook {
+            pe: self.pe,
+            sh: self.sh.clone(),
+            seq,
+            masked,
+            topk_idx: topk_idx.iter().map(|v| v.to_i64()).collect(),
+            topk_weights: topk_weights.to_vec(),
+            num_tokens: t_count,
+            fault: fault.map(|(_, e)| e),
+        };
+        if return_recv_hook {
+            Ok(Combine::Pending(hook))
+        } else {
+            hook.recv().map(Combine::Received)
+        }
+    }
+}
+
+fn bf16_bits(v: &[bf16]) -> &[u16] {
+    // SAFETY: bf16 is a repr(transparent) u16.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u16>(), v.len()) }
+}
+
+/// The result of a dispatch: received, or waiting for its receive hook.
+pub enum Dispatch<'p> {
+    Received(DispatchOutput),
+    Pending(DispatchHook<'p>),
+}
+
+impl<'p> Dispatch<'p> {
+    /// The output, running the receive hook first if there is one.
+    pub fn wait(self) -> Result<DispatchOutput> {
+        match self {
+            Dispatch::Received(o) => Ok(o),
+            Dispatch::Pending(h) => h.recv(),
+        }
+    }
+}
+
+/// The receive half of a dispatch issued with `return_recv_hook`.
+#[must_use = "the call's buffer set stays busy until the hook has received"]
+pub struct DispatchHook<'p> {
+    pe: &'p Pe,
+    sh: Arc<Shared>,
+    seq: u64,
+    masked: Vec<bool>,
+    num_tokens: usize,
+    fault: Option<Error>,
+}
+
+impl DispatchHook<'_> {
+    /// LL call number of the dispatch.
+    pub fn call(&self) -> u64 {
+        self.seq
+    }
+
+    /// Waits for every unmasked PE's tokens and unpacks them (blocks in arrival order).
+    pub fn recv(self) -> Result<DispatchOutput> {
+        let sh = &*self.sh;
+        let (cfg, lay) = (&sh.cfg, &sh.layout);
+        let (h, l, r) = (cfg.hidden, sh.l(), sh.n());
+        let rows = r * cfg.num_max_dispatch_tokens_per_rank;
+        let set = (self.seq % 2) as usize;
+        let want = tag(self.seq);
+        let pooled = sh.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut recv_x = match pooled {
+            Some(x) => x,
+            None if cfg.use_fp8 => RecvX::Fp8 {
+                data: vec![0u8; l * rows * h],
+                scales: vec![0f32; l * rows * (h / fp8::GROUP)],
+            },
+            None => RecvX::Bf16(vec![bf16::ZERO; l * rows * h]),
+        };
+        let mut src_info = vec![0i32; l * rows];
+        let mut row_k = vec![0i32; l * rows];
+        let mut layout_range = vec![0i64; l * r];
+        let mut fill = vec![0usize; l];
+        let mut next_le = vec![0usize; r];
+        let mut slot = vec![0usize; r];
+        let mut peer_fault: Option<(usize, u64)> = None;
+        let mut corrupt: Option<String> = None;
+        for s in 0..r {
+            if self.masked[s] {
+                next_le[s] = l;
+            }
+        }
+        let start = Instant::now();
+        self.pe.poll(
+            || {
+                let mut missing = None;
+                for s in 0..r {
+                    while next_le[s] < l {
+                        let le = next_le[s];
+                        let w = sh.load(lay.dispatch_count_word(set, le, s));
+                        if w >> 32 != want {
+                            missing.get_or_insert((s, le, w));
+                            break;
+                        }
+                        let low = w & 0xffff_ffff;
+                        let mut count = (low & COUNT_MASK) as usize;
+                        if low & POISON != 0 {
+                            peer_fault.get_or_insert((s, low));
+                            count = 0;
+                        }
+                        if slot[s] + count > lay.slots_per_src || fill[le] + count > rows {
+                            corrupt.get_or_insert(format!(
+                                "PE {} announced {count} tokens for local expert {le} beyond \
+                                 its receive area",
+                                sh.members[s]
+                            ));
+                            count = 0;
+                        }
+                        let begin = fill[le];
+                        for i in 0..count {
+                            let m = lay.dispatch_recv_msg(set, s, slot[s] + i);
+                            // SAFETY: the sender put this message before the count word
+                            // observed above (Acquire); nobody writes it again until we
+                            // release the set.
+                            let msg = unsafe { sh.bytes(m, lay.msg_bytes) };
+                            let row = le * rows + begin + i;
+                            src_info[row] = i32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]);
+                            row_k[row] = i32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]);
+                            let body = &msg[layout::HEADER_BYTES..];
+                            match &mut recv_x {
+                                RecvX::Fp8 { data, scales } => {
+                                    data[row * h..(row + 1) * h].copy_from_slice(&body[..h]);
+                                    let g = h / fp8::GROUP;
+                                    for (d, c) in scales[row * g..(row + 1) * g]
+                                        .iter_mut()
+                                        .zip(body[h..h + 4 * g].chunks_exact(4))
+                                    {
+                                        *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                                    }
+                                }
+                                RecvX::Bf16(v) => {
+                                    for (d, c) in v[row * h..(row + 1) * h]
+                                        .iter_mut()
+                                        .zip(body[..2 * h].chunks_exact(2))
+                                    {
+                                        *d = bf16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+                                    }
+                                }
+                            }
+                        }
+                        layout_range[le * r + s] = ((begin as i64) << 32) | count as i64;
+                        fill[le] += count;
+                        slot[s] += count;
+                        next_le[s] += 1;
+                    }
+                }
+                match missing {
+                    None => Ok(()),
+                    Some(m) => Err(m),
+                }
+            },
+            |&(s, le, w)| Error::EpTimeout {
+                pe: self.pe.my_pe(),
+                op: "low_latency_dispatch",
+                call: self.seq,
+                peer: sh.members[s],
+                expert: Some(sh.me * l + le),
+                what: format!(
+                    "its token count for expert {} (local expert {le} of PE {}); the count word \
+                     holds {w:#x}, expected tag {want}",
+                    sh.me * l + le,
+                    sh.members[sh.me]
+                ),
+                waited_ms: start.elapsed().as_millis() as u64,
+            },
+        )?;
+        sh.release(self.pe, self.seq, &self.masked)?;
+        if let Some(e) = self.fault {
+            return Err(e);
+        }
+        if let Some((s, low)) = peer_fault {
+            return Err(Error::EpPeerFailed {
+                pe: self.pe.my_pe(),
+                op: "low_latency_dispatch",
+                call: self.seq,
+                peer: sh.members[s],
+                reason: Fault::describe(low, cfg),
+            });
+        }
+        if let Some(c) = corrupt {
+            return Err(Error::Verification(format!("low_latency_dispatch: {c}")));
+        }
+        let recv_count: Vec<i32> = fill.iter().map(|&f| f as i32).collect();
+        Ok(DispatchOutput {
+            recv_x,
+            recv_count: recv_count.clone(),
+            src_info: src_info.clone(),
+            layout_range: layout_range.clone(),
+            handle: Handle {
+                buffer_id: sh.id,
+                call: self.seq,
+                num_tokens: self.num_tokens,
+                num_max_dispatch_tokens_per_rank: cfg.num_max_dispatch_tokens_per_rank,
+                hidden: h,
+                num_experts: cfg.num_experts,
+                src_info,
+                layout_range,
+                recv_count,
+                row_k,
+            },
+        })
+    }
+}
+
+/// The result of a combine: received, or waiting for its receive hook.
+pub enum Combine<'p> {
+    Received(Vec<bf16>),
+    Pending(CombineHook<'p>),
+}
+
+impl<'p> Combine<'p> {
+    /// `combined_x [T, H]`, running the receive hook first if there is one.
+    pub fn wait(self) -> Result<Vec<bf16>> {
+        match self {
+            Combine::Received(o) => Ok(o),
+            Combine::Pending(h) => h.recv(),
+        }
+    }
+}
+
+/// The receive half of a combine issued with `return_recv_hook`.
+#[must_use = "the call's buffer set stays busy until the hook has received"]
+pub struct CombineHook<'p> {
+    pe: &'p Pe,
+    sh: Arc<Shared>,
+    seq: u64,
+    masked: Vec<bool>,
+    topk_idx: Vec<i64>,
+    topk_weights: Vec<f32>,
+    num_tokens: usize,
+    fault: Option<Error>,
+}
+
+impl CombineHook<'_> {
+    /// LL call number of the combine.
+    pub fn call(&self) -> u64 {
+        self.seq
+    }
+
+    /// Waits for every unmasked expert owner's rows, then reduces.
+    pub fn recv(self) -> Result<Vec<bf16>> {
+        let sh = &*self.sh;
+        let (cfg, lay) = (&sh.cfg, &sh.layout);
+        let (h, k, l, r) = (cfg.hidden, cfg.num_topk, sh.l(), sh.n());
+        let set = (self.seq % 2) as usize;
+        let want = tag(self.seq);
+        let owner_ok =
+            |e: i64| e >= 0 && (e as usize) < cfg.num_experts && !self.masked[e as usize / l];
+        let mut expected = vec![0u64; r];
+        if self.fault.is_none() {
+            for &e in &self.topk_idx {
+                if owner_ok(e) {
+                    expected[e as usize / l] += 1;
+                }
+            }
+        }
+        let start = Instant::now();
+        let flags = self.pe.poll(
+            || {
+                let mut got = vec![0u64; r];
+                for p in (0..r).filter(|&p| !self.masked[p]) {
+                    let w = sh.load(lay.combine_flag_word(set, p));
+                    if w >> 32 != want {
+                        return Err((p, w));
+                    }
+                    got[p] = w & 0xffff_ffff;
+                }
+                Ok(got)
+            },
+            |&(p, w)| Error::EpTimeout {
+                pe: self.pe.my_pe(),
+                op: "low_latency_combine",
+                call: self.seq,
+                peer: sh.members[p],
+                expert: None,
+                what: format!(
+                    "the expert outputs of its experts {}..{}; the flag word holds {w:#x}, \
+                     expected tag {want}",
+                    p * l,
+                    (p + 1) * l
+                ),
+                waited_ms: start.elapsed().as_millis() as u64,
+            },
+        )?;
+        let mut out = vec![bf16::ZERO; self.num_tokens * h];
+        let mut problem: Option<Error> = self.fault;
+        for p in (0..r).filter(|&p| !self.masked[p]) {
+            let low = flags[p];
+            if problem.is_some() {
+                break;
+            }
+            if low & POISON != 0 {
+                problem = Some(Error::EpPeerFailed {
+                    pe: self.pe.my_pe(),
+                    op: "low_latency_combine",
+                    call: self.seq,
+                    peer: sh.members[p],
+                    reason: Fault::describe(low, cfg),
+                });
+            } else if low != expected[p] {
+                problem = Some(Error::InvalidArgument(format!(
+                    "low_latency_combine: PE {} returned {low} rows to PE {} but its topk_idx \
+                     routes {} there: pass the same topk_idx and mask as to the dispatch",
+                    sh.members[p],
+                    self.pe.my_pe(),
+                    expected[p]
+                )));
+            }
+        }
+        if problem.is_none() {
+            let mut acc = vec![0f32; h];
+            for t in 0..self.num_tokens {
+                acc.iter_mut().for_each(|a| *a = 0.0);
+                for kk in 0..k {
+                    let e = self.topk_idx[t * k + kk];
+                    if !owner_ok(e) {
+                        continue;
+                    }
+                    let w = self.topk_weights[t * k + kk];
+                    // SAFETY: the owner put this row before its flag (observed with
+                    // Acquire above); nobody writes it until we release the set.
+                    // Rows are 64-byte aligned (H*2-byte rows from a 64-aligned region
+                    // start, H*2 even), so viewing them as u16 is aligned.
+                    let row = unsafe { sh.bytes(lay.combine_recv_row(set, t, kk), h * 2) };
+                    // SAFETY: 2-aligned (see above), h u16 values inside the row.
+                    let row = unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<u16>(), h) };
+                    // bf16 -> f32 is exact: the bits shifted into the high half.
+                    for (a, &b) in acc.iter_mut().zip(row) {
+                        *a += w * f32::from_bits((b as u32) << 16);
+                    }
+                }
+                for (o, a) in out[t * h..(t + 1) * h].iter_mut().zip(&acc) {
+                    *o = bf16::from_f32(*a);
+                }
+            }
+        }
+        sh.release(self.pe, self.seq, &self.masked)?;
+        match problem {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}

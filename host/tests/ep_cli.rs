@@ -1,0 +1,132 @@
+//! `rshmem bench ep` from the command line: PEs as threads and as processes under
+//! `rshmem run`, the JSON report, and bad arguments failing with a non-zero exit.
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_rshmem");
+const SMALL: [&str; 12] = [
+    "--tokens",
+    "8",
+    "--hidden",
+    "256",
+    "--experts",
+    "8",
+    "--topk",
+    "4",
+    "--iters",
+    "20",
+    "--warmup",
+    "2",
+];
+
+fn check_json(v: &serde_json::Value, pes: u64) {
+    assert_eq!(v["bench"], "ep");
+    assert_eq!(v["validated"], true, "{v}");
+    assert_eq!(v["pes"], pes);
+    assert_eq!(v["tokens"], 8);
+    assert_eq!(v["hidden"], 256);
+    assert_eq!(v["topk"], 4);
+    assert_eq!(v["experts"], 8);
+    for k in [
+        "dispatch_us_median",
+        "dispatch_us_p99",
+        "combine_us_median",
+        "combine_us_p99",
+    ] {
+        let x = v[k].as_f64().unwrap();
+        assert!(x > 0.0, "{k}: {v}");
+    }
+    assert!(v["dispatch_us_p99"].as_f64() >= v["dispatch_us_median"].as_f64());
+    assert!(v["combine_calc_diff"].as_f64().unwrap() < 9e-4);
+}
+
+#[test]
+fn bench_ep_threads_json_hooks_zero_copy() {
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "ep",
+            "--pes",
+            "2",
+            "--json",
+            "--hook",
+            "--zero-copy",
+        ])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    check_json(&v, 2);
+    assert!(v["dispatch_send_us_median"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["points"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn bench_ep_under_rshmem_run_as_processes() {
+    let o = Command::new(BIN)
+        .args([
+            "run", "-n", "4", "--", BIN, "bench", "ep", "--json", "--bf16",
+        ])
+        .args(SMALL)
+        .env("RSHMEM_SYMMETRIC_SIZE", "32M")
+        .env("RSHMEM_TIMEOUT_MS", "20000")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains("\"bench\"")).collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(lines[0].trim_start_matches("[pe 0] ")).unwrap();
+    check_json(&v, 4);
+    assert_eq!(v["fp8"], false);
+}
+
+#[test]
+fn bench_ep_rejects_bad_arguments() {
+    for (args, msg) in [
+        (vec!["--device", "gpu"], "GPU PEs are not available yet"),
+        (
+            vec!["--pes", "3"],
+            "must be a positive multiple of the team size (3)",
+        ),
+        (vec!["--topk", "12"], "num_topk (12) must be in 1..=11"),
+        (vec!["--hidden", "200"], "must be a multiple of 128"),
+        (vec!["--iters", "0"], "--iters"),
+    ] {
+        let o = Command::new(BIN)
+            .args(["bench", "ep", "--tokens", "4", "--experts", "8"])
+            .args(&args)
+            .args(if args[0] == "--hidden" {
+                vec![]
+            } else {
+                vec!["--hidden", "256"]
+            })
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(msg), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn bench_ep_plot_writes_a_png() {
+    let dir = std::env::temp_dir().join(format!("rshmem-ep-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = dir.join("lat.png");
+    let o = Command::new(BIN)
+        .args(["bench", "ep", "--pes", "1,2", "--plot"])
+        .arg(&png)
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let b = std::fs::read(&png).unwrap();
+    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}

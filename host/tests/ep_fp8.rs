@@ -1,0 +1,79 @@
+//! The FP8 e4m3 cast against an independent brute-force quantiser: every bf16 input
+//! (65536 bit patterns) times a few scales, nearest of the 254 finite e4m3 values with
+//! ties to the even code, saturating at ±448, NaN → 0x7f.
+use rshmem::ep::{bf16, fp8};
+
+/// Value of an e4m3 code, decoded from the format's definition (f64, no shared code).
+fn decode(code: u8) -> Option<f64> {
+    let (s, e, m) = ((code >> 7) & 1, (code >> 3) & 0xf, code & 7);
+    if e == 0xf && m == 7 {
+        return None; // NaN
+    }
+    let mag = if e == 0 {
+        m as f64 / 8.0 * 2f64.powi(-6)
+    } else {
+        (1.0 + m as f64 / 8.0) * 2f64.powi(e as i32 - 7)
+    };
+    Some(if s == 1 { -mag } else { mag })
+}
+
+fn reference(x: f32) -> u8 {
+    if x.is_nan() {
+        return 0x7f;
+    }
+    let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+    let a = (x as f64).abs().min(448.0);
+    let mut best = 0u8;
+    let mut best_d = f64::INFINITY;
+    for code in 0u8..0x7f {
+        let d = (decode(code).unwrap() - a).abs();
+        if d < best_d || (d == best_d && code & 1 == 0 && best & 1 == 1) {
+            best = code;
+            best_d = d;
+        }
+    }
+    sign | best
+}
+
+#[test]
+fn e4m3_cast_matches_brute_force_over_all_bf16_inputs() {
+    // Scales: identity, typical amax/448 inverses, a power of two, one that pushes values
+    // into the subnormal range and one that saturates most of them.
+    let scales = [1.0f32, 448.0 / 3.0, 0.0625, 3.5, 1e-3, 1e4];
+    let mut checked = 0u64;
+    for &s in &scales {
+        for bits in 0..=u16::MAX {
+            let x = bf16::from_bits(bits).to_f32() * s;
+            let (got, want) = (fp8::f32_to_e4m3(x), reference(x));
+            assert_eq!(
+                got, want,
+                "bf16 {bits:#06x} * {s} = {x:e}: got {got:#04x}, want {want:#04x}"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 6 * 65536);
+}
+
+#[test]
+fn e4m3_decode_matches_definition() {
+    for code in 0..=255u8 {
+        match decode(code) {
+            None => assert!(fp8::e4m3_to_f32(code).is_nan()),
+            Some(v) => assert_eq!(fp8::e4m3_to_f32(code) as f64, v, "code {code:#04x}"),
+        }
+    }
+}
+
+#[test]
+fn group_scales_are_amax_over_448_and_round_up_to_powers_of_two() {
+    let mut row = vec![bf16::from_f32(1.0); 256];
+    row[5] = bf16::from_f32(-7.0); // group 0 amax 7
+    row[200] = bf16::from_f32(300.0); // group 1 amax 300
+    let (mut q, mut s) = (vec![0u8; 256], vec![0f32; 2]);
+    fp8::quantize_row(&row, false, &mut q, &mut s);
+    assert_eq!(s, vec![7.0 / 448.0, 300.0 / 448.0]);
+    assert_eq!(q[5], 0xfe); // -7 * 448/7 = -448
+    fp8::quantize_row(&row, true, &mut q, &mut s);
+    assert_eq!(s, vec![2f32.powi(-6), 1.0]); // 7/448 = 2^-6 exactly; 300/448 -> 1
+}

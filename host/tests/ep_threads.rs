@@ -1,0 +1,539 @@
+//! LL dispatch/combine with PEs as threads: EP.md's exact checks (origin-encoded payloads,
+//! counts against the all-gathered routing, layout ranges, src_info, combine bit-exact and
+//! calc_diff, bit-identical repeats) at 1, 2, 3, 4 and 8 PEs over the listed shapes, and
+//! every invalid input failing on every PE.
+use rshmem::ep::{bf16, check, Buffer, Config, Dispatch, Layout};
+use rshmem::{run_threads, Error, Pe, Settings};
+use std::time::Duration;
+
+fn settings(timeout_ms: u64) -> Settings {
+    let mut s = Settings::from_lookup(|_| None).expect("default settings");
+    s.symmetric_size = 48 << 20;
+    s.timeout = Duration::from_millis(timeout_ms);
+    s
+}
+
+#[derive(Clone)]
+struct Case {
+    pes: usize,
+    cfg: Config,
+    tokens: usize,
+    /// Experts tokens may choose (None = all).
+    experts: Option<Vec<usize>>,
+    masked_slots: usize,
+    /// Token 0 has every slot -1.
+    all_masked_token: bool,
+    hook: bool,
+    zero_copy: bool,
+    int32: bool,
+    repeats: usize,
+}
+
+fn cfg(n: usize, h: usize, e: usize, k: usize, fp8: bool) -> Config {
+    Config {
+        num_max_dispatch_tokens_per_rank: n,
+        hidden: h,
+        num_experts: e,
+        num_topk: k,
+        use_fp8: fp8,
+        round_scale: false,
+    }
+}
+
+fn case(pes: usize, c: Config, tokens: usize) -> Case {
+    Case {
+        pes,
+        cfg: c,
+        tokens,
+        experts: None,
+        masked_slots: 3,
+        all_masked_token: false,
+        hook: false,
+        zero_copy: false,
+        int32: false,
+        repeats: 2,
+    }
+}
+
+/// A non-trivial expert: output = input * (1 + (e % 4) / 4), so a row sent to the wrong
+/// expert or slot changes the combined result.
+fn scale(e: usize) -> f32 {
+    1.0 + (e % 4) as f32 * 0.25
+}
+
+fn one_pe(pe: &Pe, c: &Case) -> rshmem::Result<Vec<(u64, u64)>> {
+    let team = pe.world().clone();
+    let (me, n) = (team.my_pe(), team.n_pes());
+    let mut buf = Buffer::new(pe, &team, c.cfg)?;
+    assert_eq!(buf.layout().total_bytes, Layout::size_hint(&c.cfg, n)?);
+    let mut r = check::random_routing(
+        7,
+        me,
+        c.tokens,
+        &c.cfg,
+        c.experts.as_deref(),
+        c.masked_slots,
+    );
+    if c.all_masked_token && c.tokens > 0 {
+        r.topk_idx[..c.cfg.num_topk].fill(-1);
+    }
+    let all = check::allgather_routing(pe, &team, &r)?;
+    let masked = vec![false; n];
+    let x = check::origin_x(me, c.tokens, c.cfg.hidden);
+    let idx32: Vec<i32> = r.topk_idx.iter().map(|&v| v as i32).collect();
+    let l = c.cfg.num_experts / n;
+    let mut expert_out =
+        vec![bf16::ZERO; l * n * c.cfg.num_max_dispatch_tokens_per_rank * c.cfg.hidden];
+    let mut hashes = Vec::new();
+    for _ in 0..c.repeats {
+        let d = if c.int32 {
+            buf.low_latency_dispatch(&x, &idx32, c.hook)?
+        } else {
+            buf.low_latency_dispatch(&x, &r.topk_idx, c.hook)?
+        };
+        assert_eq!(matches!(d, Dispatch::Pending(_)), c.hook);
+        let out = d.wait()?;
+        check::validate_dispatch(&c.cfg, me, &all, &masked, &out)?;
+        let dh = check::dispatch_hash(&c.cfg, n, &out);
+        let combined = if c.zero_copy {
+            let zc = buf.get_next_low_latency_combine_buffer(&out.handle)?;
+            check::expert_forward(&c.cfg, n, me, &out, &scale, zc);
+            buf.low_latency_combine(&[], &r.topk_idx, &r.topk_weights, &out.handle, c.hook, true)?
+        } else {
+            check::expert_forward(&c.cfg, n, me, &out, &scale, &mut expert_out);
+            buf.low_latency_combine(
+                &expert_out,
+                &r.topk_idx,
+                &r.topk_weights,
+                &out.handle,
+                c.hook,
+                false,
+            )?
+        }
+        .wait()?;
+        check::validate_combine(&c.cfg, n, me, &r, &masked, &scale, &combined)?;
+        if c.all_masked_token && c.tokens > 0 {
+            assert!(combined[..c.cfg.hidden].iter().all(|v| v.to_bits() == 0));
+        }
+        hashes.push((dh, check::hash_bf16(&combined)));
+        buf.recycle(out);
+    }
+    assert!(
+        hashes.iter().all(|h| *h == hashes[0]),
+        "PE {me}: repeats differ: {hashes:?}"
+    );
+    buf.destroy()?;
+    Ok(hashes)
+}
+
+fn run(c: Case) {
+    let out = run_threads(c.pes, settings(20_000), |pe| one_pe(pe, &c)).expect("job starts");
+    let errors: Vec<String> = out
+        .iter()
+        .enumerate()
+        .filter_map(|(r, o)| o.as_ref().err().map(|e| format!("PE {r}: {e}")))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{} PEs, {:?}:\n{}",
+        c.pes,
+        c.cfg,
+        errors.join("\n")
+    );
+}
+
+#[test]
+fn one_pe_fp8_t_equals_n() {
+    run(case(1, cfg(4, 256, 4, 2, true), 4));
+}
+
+#[test]
+fn two_pes_bf16_hidden_2048_k1() {
+    run(case(2, cfg(6, 2048, 8, 1, false), 6));
+}
+
+#[test]
+fn two_pes_zero_tokens() {
+    let mut c = case(2, cfg(4, 256, 8, 4, true), 0);
+    c.hook = true;
+    run(c);
+}
+
+#[test]
+fn three_pes_fp8_hidden_7168_t_equals_n_all_masked_token() {
+    let mut c = case(3, cfg(3, 7168, 9, 3, true), 3);
+    c.all_masked_token = true;
+    run(c);
+}
+
+#[test]
+fn three_pes_bf16_hidden_2560_int32_ids() {
+    let mut c = case(3, cfg(4, 2560, 6, 4, false), 2);
+    c.int32 = true;
+    run(c);
+}
+
+#[test]
+fn four_pes_fp8_hidden_4096_experts_that_receive_nothing() {
+    let mut c = case(4, cfg(4, 4096, 16, 4, true), 4);
+    // Only experts 0..5 and 12 are chosen: PE 2's experts (8..12) receive nothing.
+    c.experts = Some(vec![0, 1, 2, 3, 4, 5, 12]);
+    run(c);
+}
+
+#[test]
+fn four_pes_fp8_round_scale_hidden_5120_hook_and_zero_copy() {
+    let mut c = case(4, cfg(3, 5120, 8, 8, true), 3);
+    c.cfg.round_scale = true;
+    c.hook = true;
+    c.zero_copy = true;
+    run(c);
+}
+
+#[test]
+fn eight_pes_bf16_hidden_8192_k11() {
+    let mut c = case(8, cfg(2, 8192, 16, 11, false), 2);
+    c.masked_slots = 5;
+    run(c);
+}
+
+#[test]
+fn eight_pes_fp8_zero_copy_hidden_128() {
+    let mut c = case(8, cfg(5, 128, 24, 6, true), 5);
+    c.zero_copy = true;
+    c.repeats = 3;
+    run(c);
+}
+
+#[test]
+fn two_calls_in_flight_with_hooks_and_a_third_refused() {
+    let c = cfg(4, 256, 8, 2, true);
+    let out = run_threads(2, settings(20_000), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, c)?;
+        let ra = check::random_routing(1, me, 4, &c, None, 1);
+        let rb = check::random_routing(2, me, 3, &c, None, 0);
+        let (alla, allb) = (
+            check::allgather_routing(pe, &team, &ra)?,
+            check::allgather_routing(pe, &team, &rb)?,
+        );
+        let (xa, xb) = (check::origin_x(me, 4, 256), check::origin_x(me, 3, 256));
+        let ha = buf.low_latency_dispatch(&xa, &ra.topk_idx, true)?;
+        let hb = buf.low_latency_dispatch(&xb, &rb.topk_idx, true)?;
+        let third = buf.low_latency_dispatch(&xa, &ra.topk_idx, true).err();
+        // Receive in reverse order: B, then A.
+        let ob = hb.wait()?;
+        let oa = ha.wait()?;
+        let m = vec![false; 2];
+        check::validate_dispatch(&c, me, &alla, &m, &oa)?;
+        check::validate_dispatch(&c, me, &allb, &m, &ob)?;
+        let mut ea = vec![bf16::ZERO; 4 * 2 * 4 * 256];
+        let mut eb = ea.clone();
+        check::expert_forward(&c, 2, me, &oa, &scale, &mut ea);
+        check::expert_forward(&c, 2, me, &ob, &scale, &mut eb);
+        let ca =
+            buf.low_latency_combine(&ea, &ra.topk_idx, &ra.topk_weights, &oa.handle, true, false)?;
+        let cb =
+            buf.low_latency_combine(&eb, &rb.topk_idx, &rb.topk_weights, &ob.handle, true, false)?;
+        let (ya, yb) = (ca.wait()?, cb.wait()?);
+        check::validate_combine(&c, 2, me, &ra, &m, &scale, &ya)?;
+        check::validate_combine(&c, 2, me, &rb, &m, &scale, &yb)?;
+        Ok(third.map(|e| e.to_string()))
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        let msg = o
+            .unwrap_or_else(|e| panic!("PE {r}: {e}"))
+            .expect("third call refused");
+        assert!(
+            msg.contains("call its receive hook") && msg.contains("#0"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn masked_pe_is_skipped_and_its_experts_contribute_nothing() {
+    let c = cfg(4, 256, 6, 3, false);
+    let out = run_threads(3, settings(20_000), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, c)?;
+        let r = check::random_routing(3, me, 4, &c, None, 0);
+        let all = check::allgather_routing(pe, &team, &r)?;
+        if me == 2 {
+            return Ok(()); // never calls dispatch: masked by the others
+        }
+        buf.update_mask(2, true)?;
+        assert_eq!(buf.query_mask(), vec![false, false, true]);
+        let m = buf.query_mask();
+        let x = check::origin_x(me, 4, 256);
+        for _ in 0..2 {
+            let o = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+            check::validate_dispatch(&c, me, &all, &m, &o)?;
+            let mut e = vec![bf16::ZERO; 2 * 3 * 4 * 256];
+            check::expert_forward(&c, 3, me, &o, &scale, &mut e);
+            let y = buf
+                .low_latency_combine(&e, &r.topk_idx, &r.topk_weights, &o.handle, false, false)?
+                .wait()?;
+            check::validate_combine(&c, 3, me, &r, &m, &scale, &y)?;
+        }
+        buf.clean_mask();
+        assert_eq!(buf.query_mask(), vec![false; 3]);
+        Ok(())
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+    }
+}
+
+/// Runs `f` on `n` PEs and returns each PE's error text (panics if a PE succeeded).
+fn errors(n: usize, timeout_ms: u64, f: impl Fn(&Pe) -> rshmem::Result<()> + Sync) -> Vec<Error> {
+    run_threads(n, settings(timeout_ms), |pe| match f(pe) {
+        Ok(()) => Err(Error::Verification(format!("PE {} succeeded", pe.my_pe()))),
+        Err(e) => Ok(e),
+    })
+    .unwrap()
+    .into_iter()
+    .enumerate()
+    .map(|(r, o)| o.unwrap_or_else(|e| panic!("PE {r}: expected an error, {e}")))
+    .collect()
+}
+
+#[test]
+fn invalid_configs_fail_on_every_pe() {
+    for (c, n, msg) in [
+        (
+            cfg(4, 256, 8, 12, true),
+            2,
+            "num_topk (12) must be in 1..=11",
+        ),
+        (
+            cfg(4, 256, 8, 2, true),
+            3,
+            "must be a positive multiple of the team size (3)",
+        ),
+        (cfg(4, 200, 8, 2, true), 2, "must be a multiple of 128"),
+        (cfg(4, 64, 8, 2, true), 2, "must be a multiple of 128"),
+        (
+            cfg(0, 256, 8, 2, false),
+            2,
+            "num_max_dispatch_tokens_per_rank must be in",
+        ),
+    ] {
+        for e in errors(n, 20_000, |pe| Buffer::new(pe, pe.world(), c).map(|_| ())) {
+            assert!(e.to_string().contains(msg), "{c:?}: {e}");
+        }
+        assert!(c.validate(n).is_err() && Layout::size_hint(&c, n).is_err());
+    }
+}
+
+#[test]
+fn mismatched_configs_fail_on_every_pe_naming_each_config() {
+    for e in errors(3, 20_000, |pe| {
+        let h = if pe.my_pe() == 1 { 512 } else { 256 };
+        Buffer::new(pe, pe.world(), cfg(4, h, 6, 2, true)).map(|_| ())
+    }) {
+        let m = e.to_string();
+        assert!(matches!(e, Error::CollectiveMismatch { .. }), "{m}");
+        assert!(
+            m.contains("PE 0: N=4 H=256 E=6 K=2 fp8") && m.contains("PE 1: N=4 H=512"),
+            "{m}"
+        );
+    }
+}
+
+/// PE `bad` passes `input`, the others valid input; every PE fails the call, then the
+/// buffer still works.
+fn bad_dispatch(bad: usize, input: fn(&mut Vec<i64>, &mut Vec<bf16>), own: &str, peer: &str) {
+    let c = cfg(4, 128, 6, 2, true);
+    let out = run_threads(3, settings(20_000), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, c)?;
+        let r = check::random_routing(5, me, 4, &c, None, 0);
+        let mut idx = r.topk_idx.clone();
+        let mut x = check::origin_x(me, 4, 128);
+        if me == bad {
+            input(&mut idx, &mut x);
+        }
+        let e = match buf.low_latency_dispatch(&x, &idx, false) {
+            Ok(d) => d.wait().err(),
+            Err(e) => Some(e),
+        };
+        // The buffer is still usable afterwards.
+        let all = check::allgather_routing(pe, &team, &r)?;
+        let x = check::origin_x(me, 4, 128);
+        let o = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+        check::validate_dispatch(&c, me, &all, &[false; 3], &o)?;
+        Ok(e)
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        let e = o
+            .unwrap_or_else(|e| panic!("PE {r}: {e}"))
+            .expect("the call fails");
+        let m = e.to_string();
+        if r == bad {
+            assert!(
+                matches!(e, Error::InvalidArgument(_)) && m.contains(own),
+                "PE {r}: {m}"
+            );
+        } else {
+            assert!(
+                matches!(e, Error::EpPeerFailed { peer, .. } if peer == bad) && m.contains(peer),
+                "PE {r}: {m}"
+            );
+        }
+    }
+}
+
+#[test]
+fn more_tokens_than_n_fail_on_every_pe() {
+    bad_dispatch(
+        1,
+        |idx, x| {
+            idx.extend([0, 1]);
+            x.extend(check::origin_x(1, 1, 128));
+        },
+        "5 tokens exceed num_max_dispatch_tokens_per_rank = 4",
+        "it passed 5 tokens, more than num_max_dispatch_tokens_per_rank = 4",
+    );
+}
+
+#[test]
+fn expert_id_too_large_fails_on_every_pe() {
+    bad_dispatch(
+        0,
+        |idx, _| idx[3] = 6,
+        "topk_idx[1][1] = 6 is outside [-1, 6)",
+        "topk_idx[1][1] is outside [-1, 6)",
+    );
+}
+
+#[test]
+fn expert_id_below_minus_one_fails_on_every_pe() {
+    bad_dispatch(
+        2,
+        |idx, _| idx[4] = -2,
+        "topk_idx[2][0] = -2 is outside",
+        "topk_idx[2][0] is outside",
+    );
+}
+
+#[test]
+fn timeout_names_the_pe_and_expert_waited_for() {
+    let c = cfg(2, 128, 4, 1, false);
+    let out = run_threads(2, settings(400), |pe| {
+        let mut buf = Buffer::new(pe, pe.world(), c)?;
+        let r = if pe.my_pe() == 0 {
+            let x = check::origin_x(0, 1, 128);
+            buf.low_latency_dispatch(&x, &[0i64], false)
+                .and_then(|d| d.wait())
+                .err()
+        } else {
+            std::thread::sleep(Duration::from_millis(700)); // PE 1 never dispatches
+            None
+        };
+        pe.barrier_all()?;
+        Ok(r)
+    })
+    .unwrap();
+    let e = out[0].as_ref().unwrap().as_ref().expect("PE 0 times out");
+    match e {
+        Error::EpTimeout {
+            pe: 0,
+            peer: 1,
+            expert: Some(0),
+            op: "low_latency_dispatch",
+            ..
+        } => {}
+        other => panic!("{other}"),
+    }
+    assert!(e.to_string().contains("expert 0"), "{e}");
+}
+
+#[test]
+fn layout_is_exact_and_far_below_deepep_for_the_default_shape() {
+    let c = Config::deepep_default();
+    let l = Layout::new(&c, 4).unwrap();
+    assert_eq!(l.msg_bytes, 16 + 7168 + 56 * 4);
+    assert_eq!(l.slots_per_src, 128 * 8);
+    assert_eq!(l.dispatch_recv.bytes, 4 * 128 * 8 * l.msg_bytes);
+    assert_eq!(l.combine_send.bytes, 72 * 4 * 128 * 7168 * 2);
+    assert_eq!(l.combine_recv.bytes, 128 * 8 * 7168 * 2);
+    assert_eq!(l.total_bytes, 2 * l.set_bytes);
+    let deepep = Layout::deepep_size_hint(&c);
+    assert_eq!(
+        deepep,
+        2 * (288 * 128 * 7168 * 2 + 288 * 128 * 14352 + 288 * 4)
+    );
+    assert!(
+        l.total_bytes < deepep * 55 / 100,
+        "{} vs {deepep}",
+        l.total_bytes
+    );
+    // Regions do not overlap and stay inside a set.
+    let mut rs = [
+        l.dispatch_count,
+        l.combine_flag,
+        l.credit,
+        l.dispatch_send,
+        l.dispatch_recv,
+        l.combine_send,
+        l.combine_recv,
+    ];
+    rs.sort_by_key(|r| r.offset);
+    for w in rs.windows(2) {
+        assert!(w[0].offset + w[0].bytes <= w[1].offset);
+    }
+    assert!(rs[6].offset + rs[6].bytes <= l.set_bytes);
+}
+
+#[test]
+fn the_checks_catch_tampered_outputs() {
+    let c = cfg(4, 256, 4, 2, true);
+    let out = run_threads(2, settings(20_000), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, c)?;
+        let r = check::random_routing(9, me, 4, &c, None, 0);
+        let all = check::allgather_routing(pe, &team, &r)?;
+        let x = check::origin_x(me, 4, 256);
+        let o = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+        let m = [false; 2];
+        check::validate_dispatch(&c, me, &all, &m, &o)?;
+        let mut caught = 0;
+        let mut t = o.clone();
+        if let rshmem::ep::RecvX::Fp8 { data, .. } = &mut t.recv_x {
+            data[3] ^= 1;
+        }
+        caught += check::validate_dispatch(&c, me, &all, &m, &t).is_err() as usize;
+        let mut t = o.clone();
+        t.src_info[0] = (t.src_info[0] + 1) % 4;
+        caught += check::validate_dispatch(&c, me, &all, &m, &t).is_err() as usize;
+        let mut t = o.clone();
+        t.recv_count[1] += 1;
+        caught += check::validate_dispatch(&c, me, &all, &m, &t).is_err() as usize;
+        let mut t = o.clone();
+        t.layout_range[0] += 1 << 32;
+        caught += check::validate_dispatch(&c, me, &all, &m, &t).is_err() as usize;
+        let mut e = vec![bf16::ZERO; 2 * 2 * 4 * 256];
+        check::expert_forward(&c, 2, me, &o, &scale, &mut e);
+        let mut y = buf
+            .low_latency_combine(&e, &r.topk_idx, &r.topk_weights, &o.handle, false, false)?
+            .wait()?;
+        check::validate_combine(&c, 2, me, &r, &m, &scale, &y)?;
+        y[5] = bf16::from_f32(y[5].to_f32() * 1.01);
+        caught += check::validate_combine(&c, 2, me, &r, &m, &scale, &y).is_err() as usize;
+        y[5] = bf16::NAN;
+        caught += check::validate_combine(&c, 2, me, &r, &m, &scale, &y).is_err() as usize;
+        Ok(caught)
+    })
+    .unwrap();
+    for o in out {
+        assert_eq!(o.unwrap(), 6);
+    }
+}

@@ -1,0 +1,780 @@
+//! rshmem jobs across "hosts" made of network namespaces (scripts/netns-hosts): every PE
+//! runs in its host's namespace with its own address on a private bridge and its own
+//! RSHMEM_NODE_ID, so the bootstrap really goes over TCP between namespaces and PEs on
+//! different hosts do not share memory.
+//!
+//! The PEs are this test binary itself, re-executed with `--exact pe_entry` and
+//! NETNS_PE_MODE naming what the PE does (see `pe_main`).
+//!
+//! These tests need root and `ip netns`. Without them they FAIL, naming what is missing,
+//! unless RSHMEM_SKIP_NETNS=1 is set, in which case each prints a loud SKIPPED line.
+use rshmem::bootstrap::{Bootstrap, JoinParams};
+use rshmem::{Error, Pe};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/netns-hosts");
+/// Port of the bootstrap root in host 0 (each job has its own host 0 namespace).
+const PORT: u16 = 29577;
+
+// ------------------------------------------------------------------ the PE side
+
+/// Entry point of the PE processes; a no-op when run as an ordinary test.
+#[test]
+fn pe_entry() {
+    let Ok(mode) = std::env::var("NETNS_PE_MODE") else {
+        return;
+    };
+    let code = match pe_main(&mode) {
+        Ok(()) => 0,
+        Err(e) => {
+            println!("PE-ERROR {e}");
+            1
+        }
+    };
+    let _ = std::io::stdout().flush();
+    std::process::exit(code);
+}
+
+fn env_usize(k: &str) -> usize {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{k} not set"))
+}
+
+fn pe_main(mode: &str) -> rshmem::Result<()> {
+    if mode == "intruder" {
+        return intruder();
+    }
+    if mode == "fail-fast" {
+        // No rshmem at all: checks that run-job stops the others when one PE fails.
+        println!("NETNS-READY pid {}", std::process::id());
+        if env_usize("RSHMEM_RANK") == 2 {
+            std::process::exit(3);
+        }
+        std::thread::sleep(Duration::from_secs(60));
+        return Ok(());
+    }
+    let pe = Pe::init()?;
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let pph = env_usize("RSHMEM_LOCAL_SIZE");
+    let host = env_usize("NETNS_HOSTS_HOST");
+    assert_eq!(n, env_usize("RSHMEM_WORLD_SIZE"));
+    assert_eq!(host, me / pph, "ranks are host-major");
+    // The node team is exactly this host's PEs; p2p reaches exactly them.
+    assert_eq!(pe.node().n_pes(), pph, "node team size on PE {me}");
+    let want: Vec<u32> = (host * pph..(host + 1) * pph).map(|r| r as u32).collect();
+    assert_eq!(
+        pe.node().members(),
+        &want[..],
+        "node team members on PE {me}"
+    );
+    for q in 0..n {
+        assert_eq!(pe.is_local(q), q / pph == host, "is_local({q}) on PE {me}");
+    }
+    match mode {
+        "basic" => basic(pe, pph),
+        "link-down" => {
+            for _ in 0..20 {
+                pe.barrier_all()?;
+            }
+            let x = pe.calloc::<u64>(1)?;
+            println!("NETNS-READY pid {}", std::process::id());
+            if host == 1 {
+                // Waits in a world barrier (over the bootstrap) that host 0 never joins:
+                // the connection to the root is idle when the link goes down, so TCP
+                // keepalive (about 4 s) is what notices it.
+                pe.barrier_all()?;
+                return Err(Error::InvalidArgument(
+                    "the world barrier completed without host 0".into(),
+                ));
+            }
+            // Host 0: barriers among its own PEs (shared memory), checking liveness with a
+            // local get each round, until the root reports host 1's PEs dead.
+            let end = Instant::now() + Duration::from_secs(25);
+            while Instant::now() < end {
+                pe.team_barrier(pe.node())?;
+                pe.g(x, me)?;
+            }
+            Err(Error::InvalidArgument(
+                "no failure was reported within 25 s of the link going down".into(),
+            ))
+        }
+        "kill" => {
+            for _ in 0..20 {
+                pe.barrier_all()?;
+            }
+            println!("NETNS-READY pid {}", std::process::id());
+            let end = Instant::now() + Duration::from_secs(25);
+            while Instant::now() < end {
+                pe.barrier_all()?;
+            }
+            Err(Error::InvalidArgument(
+                "no failure was reported within 25 s".into(),
+            ))
+        }
+        "token" => {
+            for _ in 0..5 {
+                pe.barrier_all()?;
+            }
+            println!("NETNS-READY pid {}", std::process::id());
+            // The test runs the intruder from host 1 now, then creates this file.
+            let go = std::env::var("NETNS_GO_FILE").expect("NETNS_GO_FILE");
+            let end = Instant::now() + Duration::from_secs(25);
+            while !std::path::Path::new(&go).exists() {
+                assert!(Instant::now() < end, "the test never said go");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            for _ in 0..10 {
+                pe.barrier_all()?;
+            }
+            println!("NETNS-OK pe {me}");
+            pe.finalize()
+        }
+        other => panic!("unknown NETNS_PE_MODE {other}"),
+    }
+}
+
+/// Barriers across hosts, p2p RMA within a host, and RMA to another host refused as
+/// unreachable (no network transport yet).
+fn basic(pe: Pe, pph: usize) -> rshmem::Result<()> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let host = me / pph;
+    for _ in 0..100 {
+        pe.barrier_all()?;
+    }
+    let x = pe.calloc::<u64>(1)?;
+    if pph > 1 {
+        // Node-local neighbour in a ring over this host's PEs.
+        let next = host * pph + (me % pph + 1) % pph;
+        let prev = host * pph + (me % pph + pph - 1) % pph;
+        pe.p(x, 1000 + me as u64, next)?;
+        pe.barrier_all()?;
+        assert_eq!(
+            pe.g(x, me)?,
+            1000 + prev as u64,
+            "value from PE {prev} on PE {me}"
+        );
+    }
+    if n > pph {
+        let remote = (me + pph) % n;
+        // TODO(network transport): once PEs on other nodes are reachable, this put must
+        // succeed and the value must arrive; today it is refused, naming the PE.
+        match pe.p(x, 7, remote) {
+            Err(Error::Unreachable {
+                pe: p,
+                from,
+                reason,
+            }) => {
+                assert_eq!((p, from), (remote, me));
+                assert!(reason.contains("another node"), "{reason}");
+                let msg = pe.p(x, 7, remote).unwrap_err().to_string();
+                assert!(
+                    msg.contains(&format!("PE {remote} is not reachable")),
+                    "{msg}"
+                );
+            }
+            other => panic!("put from PE {me} to PE {remote} on another host: {other:?}"),
+        }
+    }
+    for _ in 0..10 {
+        pe.barrier_all()?;
+    }
+    println!("NETNS-OK pe {me} n {n} node {}", pe.node().n_pes());
+    pe.finalize()
+}
+
+/// Run in host 1 during a "token" job: a wrong token and garbage bytes at the root.
+fn intruder() -> rshmem::Result<()> {
+    let root = std::env::var("NETNS_ROOT").expect("NETNS_ROOT");
+    let world = env_usize("NETNS_WORLD");
+    let r = Bootstrap::join(&JoinParams {
+        rank: 1,
+        world_size: world,
+        root_addr: root.clone(),
+        token: "not-the-job-token".into(),
+        node_id: "intruder".into(),
+        timeout: Duration::from_secs(5),
+    });
+    match r {
+        Err(Error::Refused { reason, .. }) if reason.contains("wrong token") => {
+            println!("INTRUDER refused: {reason}")
+        }
+        Err(e) => panic!("a wrong token: expected a refusal, got {e}"),
+        Ok(_) => panic!("a wrong token was admitted"),
+    }
+    let mut junk: Vec<u8> = b"GET / HTTP/1.0\r\nHost: x\r\n\r\n".to_vec();
+    let mut rnd = vec![0u8; 4096];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut rnd))
+        .expect("urandom");
+    for bytes in [std::mem::take(&mut junk), rnd, vec![0u8; 4]] {
+        let mut s = TcpStream::connect(&root).expect("connect to the root");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(&bytes);
+        // The root answers (a refusal at most) and closes: read until EOF or reset.
+        let mut buf = Vec::new();
+        match s.read_to_end(&mut buf) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("the root did not close a connection sending junk: {e}"),
+        }
+    }
+    println!("INTRUDER-OK");
+    Ok(())
+}
+
+// ------------------------------------------------------------------ the test side
+
+/// Whether network namespaces can be made here. Panics (fails the test) when they cannot,
+/// unless RSHMEM_SKIP_NETNS=1, in which case it prints a loud SKIPPED line and says no.
+fn netns_available(test: &str) -> bool {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    let r = PROBE.get_or_init(|| {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("they must run as root (they create network namespaces)".into());
+        }
+        let name = format!("rshmem-probe-{}", std::process::id());
+        let out = Command::new("ip").args(["netns", "add", &name]).output();
+        match out {
+            Err(e) => Err(format!("`ip` (iproute2) cannot be run: {e}")),
+            Ok(o) if !o.status.success() => Err(format!(
+                "`ip netns add` failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Ok(_) => {
+                let _ = Command::new("ip").args(["netns", "del", &name]).status();
+                Ok(())
+            }
+        }
+    });
+    match r {
+        Ok(()) => true,
+        Err(why) if std::env::var("RSHMEM_SKIP_NETNS").as_deref() == Ok("1") => {
+            // Straight to the stderr handle: the test harness captures eprintln!, and a skip
+            // must be seen.
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n**************** SKIPPED {test}: network-namespace tests cannot run: {why} \
+                 (RSHMEM_SKIP_NETNS=1) ****************\n"
+            );
+            false
+        }
+        Err(why) => panic!(
+            "network-namespace test {test} cannot run: {why}. Run the tests as root with \
+             iproute2 installed, or set RSHMEM_SKIP_NETNS=1 to skip them explicitly."
+        ),
+    }
+}
+
+/// A prefix no other test (in this or another process) uses.
+fn unique_prefix() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "rt{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn clean_command(program: &str) -> Command {
+    let mut c = Command::new(program);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RSHMEM_")
+            || k.starts_with("OMPI_")
+            || k.starts_with("SLURM_")
+            || k.starts_with("PMI_")
+            || k.starts_with("NETNS_")
+        {
+            c.env_remove(k);
+        }
+    }
+    for k in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ] {
+        c.env_remove(k);
+    }
+    c
+}
+
+/// A running `netns-hosts run-job` whose output is collected line by line.
+struct Job {
+    prefix: String,
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn start_job(
+    hosts: usize,
+    pph: usize,
+    mode: &str,
+    timeout_ms: u64,
+    grace_ms: u64,
+    extra_env: &[(&str, String)],
+) -> Job {
+    let prefix = unique_prefix();
+    let me = std::env::current_exe().unwrap();
+    let mut c = clean_command(SCRIPT);
+    c.args(["run-job", "--hosts", &hosts.to_string()])
+        .args(["--pes-per-host", &pph.to_string()])
+        .args(["--prefix", &prefix, "--port", &PORT.to_string()])
+        .args(["--grace-ms", &grace_ms.to_string(), "--"])
+        .arg(me)
+        .args([
+            "--exact",
+            "pe_entry",
+            "--nocapture",
+            "--quiet",
+            "--test-threads",
+            "1",
+        ])
+        .env("NETNS_PE_MODE", mode)
+        .env("NETNS_TEST_TAG", &prefix)
+        .env("RSHMEM_SYMMETRIC_SIZE", "4M")
+        .env("RSHMEM_TIMEOUT_MS", timeout_ms.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in extra_env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("start scripts/netns-hosts run-job");
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let mut readers = Vec::new();
+    let outs: Vec<Box<dyn Read + Send>> = vec![
+        Box::new(child.stdout.take().unwrap()),
+        Box::new(child.stderr.take().unwrap()),
+    ];
+    for out in outs {
+        let l = lines.clone();
+        readers.push(std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(|l| l.ok()) {
+                l.lock().unwrap().push(line);
+            }
+        }));
+    }
+    Job {
+        prefix,
+        child,
+        lines,
+        readers,
+    }
+}
+
+impl Job {
+    fn text(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    /// Waits until `n` lines contain `what` (bounded); panics with the output otherwise.
+    fn wait_for(&self, what: &str, n: usize, limit: Duration) {
+        let t0 = Instant::now();
+        loop {
+            let c = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains(what))
+                .count();
+            if c >= n {
+                return;
+            }
+            if t0.elapsed() > limit {
+                panic!(
+                    "{n} lines with {what:?} did not appear within {limit:?}:\n{}",
+                    self.text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the script to exit (bounded: SIGTERM, which makes it clean up, then
+    /// SIGKILL); returns its status and the whole output.
+    fn finish(mut self, limit: Duration) -> (ExitStatus, String) {
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if t0.elapsed() > limit {
+                self.terminate();
+                panic!("the job did not finish within {limit:?}:\n{}", self.text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+        let text = self.text();
+        assert_clean(&self.prefix);
+        (status, text)
+    }
+
+    fn terminate(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            // SAFETY: kill on the pid of our own child, which has not been reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let t0 = Instant::now();
+            while self.child.try_wait().ok().flatten().is_none() {
+                if t0.elapsed() > Duration::from_secs(10) {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// The pid a PE printed in its READY line.
+    fn pid_of(&self, rank: usize) -> i32 {
+        let tag = format!(" pe {rank}] NETNS-READY pid ");
+        let lines = self.lines.lock().unwrap();
+        let l = lines
+            .iter()
+            .find(|l| l.contains(&tag))
+            .unwrap_or_else(|| panic!("no READY line of PE {rank}"));
+        l.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for Job {
+    /// A failing test still removes its hosts: the script cleans up on SIGTERM.
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+/// Namespaces of `prefix` still present.
+fn namespaces_of(prefix: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&format!("{prefix}-")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Processes (other than zombies) carrying NETNS_TEST_TAG=`prefix`: what the job started.
+fn processes_of(prefix: &str) -> Vec<String> {
+    let needle = format!("NETNS_TEST_TAG={prefix}\0");
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(env) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if env.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            found.push(format!(
+                "{name}: {}",
+                String::from_utf8_lossy(&cmd).replace('\0', " ")
+            ));
+        }
+    }
+    found
+}
+
+fn assert_clean(prefix: &str) {
+    let ns = namespaces_of(prefix);
+    assert!(ns.is_empty(), "namespaces left behind: {ns:?}");
+    // The kernel may take a moment to reap what the script killed last.
+    let t0 = Instant::now();
+    loop {
+        let p = processes_of(prefix);
+        if p.is_empty() {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "processes left behind: {p:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn lines_of(text: &str, rank: usize) -> Vec<&str> {
+    let tag = format!(" pe {rank}] ");
+    text.lines()
+        .filter(|l| l.starts_with("[host ") && l.contains(&tag))
+        .collect()
+}
+
+fn run_basic(hosts: usize, pph: usize) {
+    let t0 = Instant::now();
+    let job = start_job(hosts, pph, "basic", 10_000, 0, &[]);
+    let (status, text) = job.finish(Duration::from_secs(40));
+    assert!(status.success(), "job failed ({status}):\n{text}");
+    for r in 0..hosts * pph {
+        let host = r / pph;
+        let ok = format!(
+            "[host {host} pe {r}] NETNS-OK pe {r} n {} node {pph}",
+            hosts * pph
+        );
+        assert!(text.lines().any(|l| l == ok), "missing {ok:?} in:\n{text}");
+    }
+    eprintln!("{hosts} hosts x {pph} PEs: {:?}", t0.elapsed());
+}
+
+#[test]
+fn two_hosts_two_pes_each() {
+    if netns_available("two_hosts_two_pes_each") {
+        run_basic(2, 2);
+    }
+}
+
+#[test]
+fn three_hosts_one_pe_each() {
+    if netns_available("three_hosts_one_pe_each") {
+        run_basic(3, 1);
+    }
+}
+
+/// Host 1's link goes down while host 0's PEs run barriers: every PE fails, host 0's
+/// naming a PE of host 1, within the keepalive time (the timeout is the outer bound).
+#[test]
+fn link_down_is_reported() {
+    if !netns_available("link_down_is_reported") {
+        return;
+    }
+    const TIMEOUT_MS: u64 = 8000;
+    let job = start_job(2, 2, "link-down", TIMEOUT_MS, 20_000, &[]);
+    job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
+    // Let host 1's connections go idle (everything acknowledged), then pull the cable.
+    std::thread::sleep(Duration::from_millis(500));
+    let st = Command::new(SCRIPT)
+        .args(["link-down", "1", "--prefix", &job.prefix])
+        .status()
+        .unwrap();
+    assert!(st.success(), "link-down failed");
+    let t_down = Instant::now();
+    let (status, text) = job.finish(Duration::from_millis(TIMEOUT_MS + 4000 + 8000));
+    let took = t_down.elapsed();
+    assert!(
+        !status.success(),
+        "the job succeeded with a link down:\n{text}"
+    );
+    for r in 0..4 {
+        let err = lines_of(&text, r)
+            .into_iter()
+            .find(|l| l.contains("PE-ERROR"))
+            .unwrap_or_else(|| panic!("PE {r} reported no error:\n{text}"));
+        if r < 2 {
+            assert!(
+                err.contains("PE 2 died") || err.contains("PE 3 died"),
+                "PE {r} should name a PE of host 1: {err}\n{text}"
+            );
+        } else {
+            assert!(
+                err.contains("PE 0 died") || err.contains("timed out"),
+                "PE {r} should report the lost root or a timeout: {err}\n{text}"
+            );
+        }
+    }
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS + 4000 + 3000),
+        "detection took {took:?}:\n{text}"
+    );
+    eprintln!("link down noticed and job ended after {took:?}:\n{text}");
+}
+
+/// A PE of host 1 killed with SIGKILL: the others, in both hosts, fail naming it.
+#[test]
+fn killed_pe_in_another_namespace_is_named() {
+    if !netns_available("killed_pe_in_another_namespace_is_named") {
+        return;
+    }
+    let job = start_job(2, 2, "kill", 10_000, 10_000, &[]);
+    job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
+    let pid = job.pid_of(3);
+    // SAFETY: kill on the pid PE 3 printed; it is alive (it waits in barriers).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let t0 = Instant::now();
+    let (status, text) = job.finish(Duration::from_secs(20));
+    // Which failure run-job sees first is a race (PE 3's, or a peer that noticed it
+    // fast); every failure is logged, so PE 3's kill must be.
+    assert!(
+        !status.success(),
+        "the job succeeded with PE 3 killed:\n{text}"
+    );
+    assert!(
+        text.contains("PE 3 (host 1) was killed by signal 9"),
+        "run-job must name PE 3:\n{text}"
+    );
+    for r in 0..3 {
+        let err = lines_of(&text, r)
+            .into_iter()
+            .find(|l| l.contains("PE-ERROR"))
+            .unwrap_or_else(|| panic!("PE {r} reported no error:\n{text}"));
+        assert!(err.contains("PE 3 died"), "PE {r}: {err}\n{text}");
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
+
+/// From host 1: a join with a wrong token is refused and junk on the root port is
+/// dropped; the job is unharmed and completes.
+#[test]
+fn wrong_token_and_junk_from_another_namespace() {
+    if !netns_available("wrong_token_and_junk_from_another_namespace") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rshmem-netns-go-{}", unique_prefix()));
+    let _ = std::fs::remove_file(&dir);
+    let go = dir.to_string_lossy().into_owned();
+    let job = start_job(2, 2, "token", 10_000, 0, &[("NETNS_GO_FILE", go.clone())]);
+    job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
+    let me = std::env::current_exe().unwrap();
+    let out = clean_command(SCRIPT)
+        .args(["exec", "1", "--prefix", &job.prefix, "--"])
+        .arg(me)
+        .args(["--exact", "pe_entry", "--nocapture", "--quiet"])
+        .env("NETNS_PE_MODE", "intruder")
+        .env("NETNS_TEST_TAG", &job.prefix)
+        .env("NETNS_ROOT", format!("10.77.0.1:{PORT}"))
+        .env("NETNS_WORLD", "4")
+        .output()
+        .unwrap();
+    std::fs::write(&go, b"go").unwrap();
+    let intruder =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let (status, text) = job.finish(Duration::from_secs(30));
+    let _ = std::fs::remove_file(&go);
+    assert!(
+        out.status.success() && intruder.contains("INTRUDER-OK"),
+        "intruder:\n{intruder}"
+    );
+    assert!(
+        status.success(),
+        "the job must complete despite the intruder:\n{text}"
+    );
+    for r in 0..4 {
+        assert!(
+            lines_of(&text, r)
+                .iter()
+                .any(|l| l.contains(&format!("NETNS-OK pe {r}"))),
+            "PE {r} did not finish:\n{text}"
+        );
+    }
+    // The root (in PE 0) logged the refusals, naming the intruder's host address.
+    let root_log: Vec<&str> = lines_of(&text, 0)
+        .into_iter()
+        .filter(|l| l.contains("refused connection from 10.77.0.2:"))
+        .collect();
+    assert!(
+        root_log.iter().any(|l| l.contains("wrong token")),
+        "no wrong-token refusal logged:\n{text}"
+    );
+    assert!(root_log.len() >= 3, "junk connections not refused:\n{text}");
+}
+
+/// run-job: one PE exits 3 → the others (sleeping) are stopped at once, the script exits 3.
+#[test]
+fn run_job_stops_the_rest_when_one_fails() {
+    if !netns_available("run_job_stops_the_rest_when_one_fails") {
+        return;
+    }
+    let t0 = Instant::now();
+    let job = start_job(2, 2, "fail-fast", 10_000, 0, &[]);
+    let (status, text) = job.finish(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(3), "{text}");
+    assert!(text.contains("PE 2 (host 1) exited with code 3"), "{text}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
+
+/// The script by hand: up, addresses, exec, link-down/up (seen from host 0), down.
+#[test]
+fn script_up_exec_link_down() {
+    if !netns_available("script_up_exec_link_down") {
+        return;
+    }
+    let prefix = unique_prefix();
+    let script = |args: &[&str]| {
+        Command::new(SCRIPT)
+            .arg(args[0])
+            .args(["--prefix", &prefix])
+            .args(&args[1..])
+            .output()
+            .unwrap()
+    };
+    struct Down<'a>(&'a str);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new(SCRIPT)
+                .args(["down", "--prefix", self.0])
+                .status();
+        }
+    }
+    let up = script(&["up", "2"]);
+    let _down = Down(&prefix);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&up.stdout).trim(), prefix);
+    let mut ns = namespaces_of(&prefix);
+    ns.sort();
+    assert_eq!(
+        ns,
+        [
+            format!("{prefix}-br"),
+            format!("{prefix}-h0"),
+            format!("{prefix}-h1")
+        ]
+    );
+    let addr = script(&["exec", "1", "--", "ip", "-br", "-4", "addr", "show", "eth0"]);
+    assert!(String::from_utf8_lossy(&addr.stdout).contains("10.77.0.2/24"));
+    // A connection attempt from host 0 to host 1's port 9: refused = reachable.
+    let probe = || {
+        let o = script(&[
+            "exec",
+            "0",
+            "--",
+            "timeout",
+            "1",
+            "bash",
+            "-c",
+            "exec 3<>/dev/tcp/10.77.0.2/9",
+        ]);
+        String::from_utf8_lossy(&o.stderr).contains("refused")
+    };
+    assert!(probe(), "host 1 not reachable from host 0");
+    assert!(script(&["link-down", "1"]).status.success());
+    assert!(!probe(), "host 1 still reachable with its link down");
+    assert!(script(&["link-up", "1"]).status.success());
+    let t0 = Instant::now();
+    while !probe() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "host 1 not back after link-up"
+        );
+    }
+    assert!(script(&["down"]).status.success());
+    assert!(namespaces_of(&prefix).is_empty());
+}
