@@ -291,6 +291,29 @@ impl Proxy {
         let (q, peer) = self.qp(pe)?;
         self.check_state(q, pe, op)?;
         let raddr = peer.base + offset as u64;
+        if dst.len() <= STAGING_CHUNK {
+            // One READ (g, atomic_fetch, small gets): no allocation.
+            let len = dst.len();
+            let mut seg = [DataSeg::default()];
+            let seg_ref = &mut seg;
+            let p =
+                q.sq.post_fn(1, true, move |idx| {
+                    seg_ref[0] = DataSeg::new(len as u32, q.staging_key, q.chunk(idx) as u64);
+                    let seg: &[DataSeg] = seg_ref;
+                    WqeOp::RdmaRead {
+                        remote: RaddrSeg::new(raddr, peer.rkey),
+                        local: seg,
+                    }
+                })
+                .map_err(|e| self.err(pe, op, e))?;
+            let r = q.sq.wait_posted(p);
+            if r.is_ok() {
+                // SAFETY: the READ completed into the chunk of a slot we still hold.
+                unsafe { std::ptr::copy_nonoverlapping(q.chunk(p.index), dst.as_mut_ptr(), len) };
+            }
+            q.sq.release(p);
+            return r.map_err(|e| self.err(pe, op, e));
+        }
         let window = (WQE_CNT / 2) as usize;
         let chunks: Vec<&mut [u8]> = dst.chunks_mut(STAGING_CHUNK).collect();
         let mut i = 0;
