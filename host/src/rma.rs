@@ -744,7 +744,7 @@ fn check_len(op: &'static str, n: usize, room: usize) -> Result<()> {
 ///
 /// # Safety
 /// `dst` must be valid for `n` bytes of writes, `src` for `n` bytes of reads.
-unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usize) {
+pub(crate) unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usize) {
     // SAFETY (whole body): the caller guarantees both ranges; the atomic stores target
     // naturally aligned words inside dst..dst+n.
     unsafe {

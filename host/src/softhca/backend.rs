@@ -19,6 +19,7 @@
 
 use super::mr::{Access, MrSnapshot, MrTable};
 use crate::mlx5::Syndrome;
+use crate::rma::copy_last_word_release;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -369,32 +370,6 @@ unsafe fn atomic_rmw(t: *mut u8, op: AtomicOp) -> u64 {
                     Ok(v) | Err(v) => v,
                 }
             }
-        }
-    }
-}
-
-/// Copies `n` bytes and, when the last 8 (or, for a 4-byte write, 4) destination bytes are
-/// naturally aligned, writes them last with a Release store (the p2p put's property).
-///
-/// # Safety
-/// `dst` must be valid for `n` bytes of writes, `src` for `n` bytes of reads.
-pub(crate) unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usize) {
-    // SAFETY (whole body): the caller guarantees both ranges; the atomic stores target
-    // naturally aligned words inside dst..dst+n.
-    unsafe {
-        if n >= 8 && (dst as usize + n) % 8 == 0 {
-            std::ptr::copy(src, dst, n - 8);
-            let last = std::ptr::read_unaligned(src.add(n - 8).cast::<u64>());
-            // Release: the bytes copied above are visible to whoever acquires this word.
-            AtomicU64::from_ptr(dst.add(n - 8).cast()).store(last, Ordering::Release);
-        } else if n == 4 && (dst as usize) % 4 == 0 {
-            let v = std::ptr::read_unaligned(src.cast::<u32>());
-            // Release: orders the writer's earlier stores before the word.
-            AtomicU32::from_ptr(dst.cast()).store(v, Ordering::Release);
-        } else {
-            std::ptr::copy(src, dst, n);
-            // Release fence: later stores (e.g. a flag) are not seen before this copy.
-            fence(Ordering::Release);
         }
     }
 }
