@@ -218,11 +218,11 @@ fn parse_port(var: &str, value: &str) -> Result<u16> {
 /// How a PE reaches its peers (RSHMEM_TRANSPORT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportMode {
-    /// p2p to node-local peers, proxy (soft HCA over the network) to the others. Until a
-    /// network backend exists, peers on other nodes are unreachable, so this equals p2p.
+    /// p2p to node-local peers, proxy (soft HCA over libfabric) to peers on other nodes.
     #[default]
     Auto,
-    /// Loads and stores into node-local peers' heaps only.
+    /// Loads and stores into node-local peers' heaps only (peers on other nodes are
+    /// unreachable).
     P2p,
     /// Everything, node-local peers and this PE itself included, through the soft HCA.
     Proxy,
@@ -251,6 +251,11 @@ pub struct Settings {
     pub root_external: bool,
     /// RSHMEM_TRANSPORT: `auto` (default), `p2p` or `proxy`.
     pub transport: TransportMode,
+    /// RSHMEM_PROXY_BACKEND: how the soft HCA reaches node-local peers under
+    /// `RSHMEM_TRANSPORT=proxy`: `local` (default, memory mapped here) or `fabric`
+    /// (libfabric, as for peers on other nodes; for testing the network path on one node).
+    /// Peers on other nodes always use libfabric.
+    pub proxy_fabric: bool,
 }
 
 pub const DEFAULT_SYMMETRIC_SIZE: usize = 256 << 20;
@@ -341,6 +346,21 @@ impl Settings {
                 )),
             },
         };
+        let proxy_fabric = match get("RSHMEM_PROXY_BACKEND") {
+            None => false,
+            Some(v) => match v.trim() {
+                "local" => false,
+                "fabric" => true,
+                _ => {
+                    return Err(env_err(
+                        "RSHMEM_PROXY_BACKEND",
+                        &v,
+                        "expected \"local\" (node-local peers through memory mapped here) or \
+                         \"fabric\" (through libfabric, as peers on other nodes)",
+                    ))
+                }
+            },
+        };
         Ok(Settings {
             symmetric_size,
             timeout: Duration::from_millis(timeout_ms),
@@ -348,6 +368,7 @@ impl Settings {
             node_id,
             root_external,
             transport,
+            proxy_fabric,
         })
     }
 }
