@@ -13,10 +13,10 @@
 use crate::bootstrap::{Bootstrap, Group, JoinParams, Liveness, Root};
 use crate::config::{LaunchInfo, Settings, TransportMode};
 use crate::error::{Error, Result};
-use crate::heap::{self, Allocator, Segment, MAX_ALIGN, RESERVED_BYTES};
-use crate::softhca::mr::{Access, MrTable};
 use crate::fabric::RemoteRegion;
+use crate::heap::{self, Allocator, Segment, MAX_ALIGN, RESERVED_BYTES};
 use crate::softhca::fabric::FabricPeer;
+use crate::softhca::mr::{Access, MrTable};
 use crate::softhca::proxy::{
     insert_fabric_peer, install_fabric, PeerKind, Proxy, ProxyBackend, ProxyPeer,
 };
@@ -81,7 +81,10 @@ pub struct Pe {
     fabric_provider: Option<String>,
     /// The process engine and this PE's fabric heap registration, when this PE reaches
     /// nobody by proxy but peers reach it through the fabric (its engine must poll).
-    _fabric_keepalive: Option<(Arc<crate::softhca::engine::SoftHca<ProxyBackend>>, Arc<crate::fabric::MemoryRegion>)>,
+    _fabric_keepalive: Option<(
+        Arc<crate::softhca::engine::SoftHca<ProxyBackend>>,
+        Arc<crate::fabric::MemoryRegion>,
+    )>,
     /// An error a `quiet()` (which returns nothing) met; reported by the next `try_quiet`.
     pub(crate) deferred: Mutex<Option<String>>,
     /// Mapping of every PE's heap that this process can address (same node), by world rank.
@@ -295,7 +298,8 @@ impl Pe {
             let all = boot.allgather(&world_group, &msg)?;
             let inserted: Result<()> = (0..n).filter(|&r| fabric_to[r]).try_for_each(|r| {
                 let m = &all[r];
-                let bad = || Error::InvalidArgument(format!("PE {r} sent a malformed fabric address"));
+                let bad =
+                    || Error::InvalidArgument(format!("PE {r} sent a malformed fabric address"));
                 let len = m.get(..8).map(le_u64).ok_or_else(bad)? as usize;
                 let name = m.get(8..8 + len).ok_or_else(bad)?;
                 let region = RemoteRegion::from_bytes(m.get(8 + len..).ok_or_else(bad)?)?;
@@ -344,7 +348,14 @@ impl Pe {
                 })
                 .collect();
             let hca = hca.clone().expect("engine started");
-            Some(Proxy::new(rank, settings.timeout, pd, pp, hca, fabric.take())?)
+            Some(Proxy::new(
+                rank,
+                settings.timeout,
+                pd,
+                pp,
+                hca,
+                fabric.take(),
+            )?)
         } else {
             None
         };
@@ -450,7 +461,8 @@ impl Pe {
         let seg = self.peers[pe].as_ref().ok_or_else(|| Error::Unreachable {
             pe,
             from: self.rank,
-            reason: "it is on another node and RSHMEM_TRANSPORT=p2p reaches node-local peers only".into(),
+            reason: "it is on another node and RSHMEM_TRANSPORT=p2p reaches node-local peers only"
+                .into(),
         })?;
         match offset.checked_add(len) {
             Some(end) if offset >= RESERVED_BYTES && end <= self.heap_size => {}
@@ -547,7 +559,8 @@ impl Pe {
         let seg = self.peers[pe].as_ref().ok_or_else(|| Error::Unreachable {
             pe,
             from: self.rank,
-            reason: "it is on another node and RSHMEM_TRANSPORT=p2p reaches node-local peers only".into(),
+            reason: "it is on another node and RSHMEM_TRANSPORT=p2p reaches node-local peers only"
+                .into(),
         })?;
         // SAFETY: offset is inside the reserved region, which is inside the mapping.
         Ok(unsafe { seg.base().add(offset).cast() })

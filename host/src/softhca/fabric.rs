@@ -146,11 +146,7 @@ fn map_atomic(op: &AtomicOp) -> Option<(AtomicType, FabricAtomic)> {
     } else {
         AtomicType::U64
     };
-    let m = if size == 4 {
-        u32::MAX as u64
-    } else {
-        u64::MAX
-    };
+    let m = if size == 4 { u32::MAX as u64 } else { u64::MAX };
     Some(match *op {
         AtomicOp::Cs { compare, swap } => (ty, FabricAtomic::Cswap { compare, swap }),
         AtomicOp::Fa { add } => (ty, FabricAtomic::Fetch(FetchOp::Add, add)),
@@ -379,7 +375,15 @@ impl FabricBackend {
                         let i = self.new_op(token, 1, bounce);
                         self.post_parts(i, 1, |me, _| {
                             me.ep
-                                .write(t, Local { region: &region, offset }, b.len(), i as u64)
+                                .write(
+                                    t,
+                                    Local {
+                                        region: &region,
+                                        offset,
+                                    },
+                                    b.len(),
+                                    i as u64,
+                                )
                                 .map_err(|e| post_syndrome(&e))
                         })
                     }
@@ -393,7 +397,15 @@ impl FabricBackend {
                             tk.offset += off;
                             off += b.len as u64;
                             me.ep
-                                .write(tk, Local { region: &region, offset }, b.len, i as u64)
+                                .write(
+                                    tk,
+                                    Local {
+                                        region: &region,
+                                        offset,
+                                    },
+                                    b.len,
+                                    i as u64,
+                                )
                                 .map_err(|e| post_syndrome(&e))
                         })
                     }
@@ -421,7 +433,15 @@ impl FabricBackend {
                     tk.offset += off;
                     off += b.len as u64;
                     me.ep
-                        .read(Local { region: &region, offset }, tk, b.len, i as u64)
+                        .read(
+                            Local {
+                                region: &region,
+                                offset,
+                            },
+                            tk,
+                            b.len,
+                            i as u64,
+                        )
                         .map_err(|e| post_syndrome(&e))
                 })
             }
@@ -455,9 +475,14 @@ impl FabricBackend {
                     p.swap_be = Some((result.ptr as usize, result.len, size as usize));
                 }
                 self.post_parts(i, 1, |me, _| {
-                    let local = Local { region: &region, offset };
+                    let local = Local {
+                        region: &region,
+                        offset,
+                    };
                     match fop {
-                        FabricAtomic::Fetch(f, v) => me.ep.fetch_atomic(f, ty, v, t, local, i as u64),
+                        FabricAtomic::Fetch(f, v) => {
+                            me.ep.fetch_atomic(f, ty, v, t, local, i as u64)
+                        }
                         FabricAtomic::Cswap { compare, swap } => {
                             me.ep.compare_swap(ty, compare, swap, t, local, i as u64)
                         }

@@ -24,11 +24,11 @@ use super::backend::{Backend, LocalBackend, LocalPeer, Op};
 use super::engine::{QpConfig, QpHandle, SoftHca, Waker};
 use super::fabric::{FabricBackend, FabricPeer, Regions};
 use super::mr::{Access, MrSnapshot, MrTable};
-use crate::fabric::{Domain, MemoryRegion};
-use crate::mlx5::Syndrome;
 use super::queue::{CqMode, Posted, QueueMemory, SendQueue, SqError};
 use crate::error::{Error, Result};
+use crate::fabric::{Domain, MemoryRegion};
 use crate::mlx5::wqe::{DataSeg, Payload, RaddrSeg, Sge8, WqeOp};
+use crate::mlx5::Syndrome;
 use std::alloc::Layout;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -130,7 +130,9 @@ pub(crate) fn insert_fabric_peer(
 ) -> Result<crate::fabric::PeerAddr> {
     hca.with_backend(|b| match b.fabric.as_mut() {
         Some(f) => f.insert_peer(name),
-        None => Err(Error::InvalidArgument("no fabric endpoint installed".into())),
+        None => Err(Error::InvalidArgument(
+            "no fabric endpoint installed".into(),
+        )),
     })
 }
 
