@@ -355,6 +355,7 @@ impl Pe {
                 pp,
                 hca,
                 fabric.take(),
+                live.clone(),
             )?)
         } else {
             None

@@ -880,10 +880,8 @@ fn killed_pe_during_rma_is_named() {
             "PE {r} should name PE 3: {err}\n{text}"
         );
     }
-    assert!(
-        took < Duration::from_millis(TIMEOUT_MS + 3000),
-        "took {took:?}:\n{text}"
-    );
+    // The bootstrap notices the death at once; RMA waits check it (not the timeout).
+    assert!(took < Duration::from_secs(5), "took {took:?}:\n{text}");
     eprintln!("PE 3 killed during RMA, job ended after {took:?}:\n{text}");
 }
 

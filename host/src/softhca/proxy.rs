@@ -25,6 +25,7 @@ use super::engine::{QpConfig, QpHandle, SoftHca, Waker};
 use super::fabric::{FabricBackend, FabricPeer, Regions};
 use super::mr::{Access, MrSnapshot, MrTable};
 use super::queue::{CqMode, Posted, QueueMemory, SendQueue, SqError};
+use crate::bootstrap::Liveness;
 use crate::error::{Error, Result};
 use crate::fabric::{Domain, MemoryRegion};
 use crate::mlx5::wqe::{DataSeg, Payload, RaddrSeg, Sge8, WqeOp};
@@ -231,6 +232,8 @@ pub(crate) struct Proxy {
     hca: Arc<SoftHca<ProxyBackend>>,
     waker: Arc<Waker>,
     fabric: Option<FabricCtx>,
+    /// The job's liveness: waits end when a peer died (bootstrap).
+    live: Arc<Liveness>,
     /// This PE's heap registered with the fabric domain (peers write into it).
     _heap_mr: Option<Arc<MemoryRegion>>,
 }
@@ -277,6 +280,7 @@ impl Proxy {
         peers: Vec<Option<ProxyPeer>>,
         hca: Arc<SoftHca<ProxyBackend>>,
         fabric: Option<(FabricCtx, Arc<MemoryRegion>)>,
+        live: Arc<Liveness>,
     ) -> Result<Proxy> {
         let n = peers.len();
         let (fabric, heap_mr) = match fabric {
@@ -284,6 +288,7 @@ impl Proxy {
             None => (None, None),
         };
         Ok(Proxy {
+            live,
             fabric,
             _heap_mr: heap_mr,
             rank,
@@ -342,13 +347,15 @@ impl Proxy {
             },
             CqMode::Normal,
         ));
-        let sq = SendQueue::new(
+        let mut sq = SendQueue::new(
             mem,
             handle.qpn(),
             CqMode::Normal,
             self.timeout,
             Some(self.hca.waker()),
         );
+        let live = self.live.clone();
+        sq.set_abort(Arc::new(move || live.check().is_err()));
         Ok(ProxyQp {
             _engine: handle,
             sq,
@@ -359,6 +366,11 @@ impl Proxy {
     }
 
     fn err(&self, pe: usize, op: OpName, e: SqError) -> Error {
+        if let SqError::Aborted { .. } = e {
+            if let Err(dead) = self.live.check() {
+                return dead;
+            }
+        }
         match e {
             SqError::Timeout { waited_ms, .. } => Error::Timeout {
                 pe: self.rank,
