@@ -38,6 +38,9 @@ use std::time::Duration;
 pub const WQE_CNT: u32 = 128;
 /// Staging bytes per SQ slot: the largest WRITE/READ a proxy WQE carries.
 pub const STAGING_CHUNK: usize = 8 << 10;
+/// Staging bytes per SQ slot of a QP to a peer reached through libfabric: every WQE is one
+/// network operation with a fixed cost, so they carry more (see docs/multinode.md).
+pub const FABRIC_STAGING_CHUNK: usize = 64 << 10;
 /// Longest put sent inline: what fits one WQEBB (ctrl + raddr + 4-B header + 28 B).
 pub const MAX_INLINE_PUT: usize = 28;
 
@@ -204,6 +207,8 @@ struct ProxyQp {
     _engine: QpHandle<ProxyBackend>,
     sq: SendQueue,
     staging_key: u32,
+    /// Staging bytes per SQ slot: the largest WRITE/READ one WQE carries.
+    chunk_len: usize,
     pd: Arc<MrTable>,
     staging: Staging,
 }
@@ -218,7 +223,7 @@ impl ProxyQp {
     fn chunk(&self, idx: u64) -> *mut u8 {
         let slot = (idx & (WQE_CNT as u64 - 1)) as usize;
         // SAFETY: slot < WQE_CNT, staging holds WQE_CNT chunks.
-        unsafe { self.staging.base.add(slot * STAGING_CHUNK) }
+        unsafe { self.staging.base.add(slot * self.chunk_len) }
     }
 }
 
@@ -323,10 +328,15 @@ impl Proxy {
             QueueMemory::new(WQE_CNT, WQE_CNT)
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?,
         );
-        let len = WQE_CNT as usize * STAGING_CHUNK;
-        let staging = match (&peer.via, &self.fabric) {
-            (PeerKind::Fabric(_), Some(ctx)) => Staging::new_fabric(len, ctx)?,
-            _ => Staging::new(len)?,
+        let (staging, chunk_len) = match (&peer.via, &self.fabric) {
+            (PeerKind::Fabric(_), Some(ctx)) => (
+                Staging::new_fabric(WQE_CNT as usize * FABRIC_STAGING_CHUNK, ctx)?,
+                FABRIC_STAGING_CHUNK,
+            ),
+            _ => (
+                Staging::new(WQE_CNT as usize * STAGING_CHUNK)?,
+                STAGING_CHUNK,
+            ),
         };
         // SAFETY: staging lives in the ProxyQp, which detaches the QP (its first field)
         // before the staging memory is freed; the region is deregistered in Drop.
@@ -360,6 +370,7 @@ impl Proxy {
             _engine: handle,
             sq,
             staging_key,
+            chunk_len,
             pd: self.pd.clone(),
             staging,
         })
@@ -413,8 +424,8 @@ impl Proxy {
             let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
             return Ok(());
         }
-        for (i, chunk) in src.chunks(STAGING_CHUNK).enumerate() {
-            let at = raddr + (i * STAGING_CHUNK) as u64;
+        for (i, chunk) in src.chunks(q.chunk_len).enumerate() {
+            let at = raddr + (i * q.chunk_len) as u64;
             let mut seg = [DataSeg::default()];
             let seg_ref = &mut seg;
             let _ =
@@ -440,7 +451,7 @@ impl Proxy {
         let (q, peer) = self.qp(pe)?;
         self.check_state(q, pe, op)?;
         let raddr = peer.base + offset as u64;
-        if dst.len() <= STAGING_CHUNK {
+        if dst.len() <= q.chunk_len {
             // One READ (g, atomic_fetch, small gets): no allocation.
             let len = dst.len();
             let mut seg = [DataSeg::default()];
@@ -464,7 +475,8 @@ impl Proxy {
             return r.map_err(|e| self.err(pe, op, e));
         }
         let window = (WQE_CNT / 2) as usize;
-        let chunks: Vec<&mut [u8]> = dst.chunks_mut(STAGING_CHUNK).collect();
+        let chunk_len = q.chunk_len;
+        let chunks: Vec<&mut [u8]> = dst.chunks_mut(chunk_len).collect();
         let mut i = 0;
         let mut chunks = chunks.into_iter().peekable();
         while chunks.peek().is_some() {
@@ -472,7 +484,7 @@ impl Proxy {
             let mut posted: Vec<Posted> = Vec::with_capacity(batch.len());
             let mut first_err = None;
             for c in &batch {
-                let at = raddr + (i * STAGING_CHUNK) as u64;
+                let at = raddr + (i * chunk_len) as u64;
                 i += 1;
                 let len = c.len();
                 let mut seg = [DataSeg::default()];
