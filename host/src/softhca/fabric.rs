@@ -90,6 +90,11 @@ enum Bounce {
 
 struct Pending {
     token: u64,
+    /// A write waiting for delivery (not delivery-complete endpoints): the peer to flush.
+    flush_to: Option<Target>,
+    /// This operation is the flush READ to peer `.0` of writes `.1` (reported when it
+    /// completes).
+    flushes: Option<(u64, Vec<u32>)>,
     /// Posts not completed yet.
     left: u32,
     status: std::result::Result<(), Syndrome>,
@@ -101,6 +106,14 @@ struct Pending {
 /// Executes soft-HCA operations over one libfabric endpoint. Asynchronous.
 pub struct FabricBackend {
     ep: Endpoint,
+    /// Writes complete at the target (FI_DELIVERY_COMPLETE). When false, a write's
+    /// completion is held until an 8-byte READ posted after it to the same peer
+    /// completes (one ordered connection per peer: the READ is answered after the write
+    /// was placed) — see docs/multinode.md.
+    dc: bool,
+    /// Per peer (by address): writes locally complete, awaiting a flush; and whether a
+    /// flush READ is in flight.
+    unflushed: std::collections::HashMap<u64, (Target, Vec<u32>, bool)>,
     regions: Regions,
     bounce: Arc<MemoryRegion>,
     bounce_free: Vec<u32>,
@@ -192,9 +205,14 @@ impl FabricBackend {
     pub fn open() -> Result<FabricBackend> {
         let fabric = Fabric::open_from_env()?;
         let domain = fabric.domain()?;
-        let ep = Endpoint::new(&domain)?;
+        // RSHMEM_FABRIC_DELIVERY=complete asks the provider for delivery-complete writes
+        // instead of flushing with READs (slower on tcp;ofi_rxm, see docs/multinode.md).
+        let want_dc = std::env::var("RSHMEM_FABRIC_DELIVERY").is_ok_and(|v| v == "complete");
+        let ep = Endpoint::with_completion(&domain, want_dc)?;
         let bounce = domain.alloc(BOUNCE * BOUNCE_SLOTS)?;
         Ok(FabricBackend {
+            dc: ep.delivery_complete(),
+            unflushed: std::collections::HashMap::new(),
             ep,
             regions: Arc::new(Mutex::new(Vec::new())),
             bounce,
@@ -252,6 +270,8 @@ impl FabricBackend {
     fn new_op(&mut self, token: u64, left: u32, bounce: Bounce) -> u32 {
         let p = Pending {
             token,
+            flush_to: None,
+            flushes: None,
             left,
             status: Ok(()),
             bounce,
@@ -267,6 +287,95 @@ impl FabricBackend {
                 (self.ops.len() - 1) as u32
             }
         }
+    }
+
+    /// Without delivery-complete writes, write `i` to `t`'s peer is reported only after a
+    /// flush READ.
+    fn mark_write(&mut self, i: u32, t: Target) {
+        if !self.dc {
+            if let Some(p) = self.ops[i as usize].as_mut() {
+                p.flush_to = Some(Target { offset: 0, ..t });
+            }
+        }
+    }
+
+    /// Operation `i` has no post left in flight: report it, or (a write that still needs
+    /// its delivery confirmed) queue it for its peer's next flush. A flush READ reports
+    /// the writes it covered.
+    fn settle(&mut self, i: u32, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        let Some(p) = self.ops[i as usize].as_mut() else {
+            return;
+        };
+        if let (Some(t), Ok(())) = (p.flush_to, p.status) {
+            p.flush_to = None;
+            self.unflushed
+                .entry(t.peer.0)
+                .or_insert_with(|| (t, Vec::new(), false))
+                .1
+                .push(i);
+            return;
+        }
+        let covered = p.flushes.take().map(|(_, l)| l);
+        let (token, status) = self.finish(i);
+        match covered {
+            Some(list) => {
+                for w in list {
+                    if let Some(q) = self.ops[w as usize].as_mut() {
+                        if let (Err(s), Ok(())) = (status, q.status) {
+                            q.status = Err(s);
+                        }
+                    }
+                    let (t, st) = self.finish(w);
+                    done(t, st);
+                }
+            }
+            None => done(token, status),
+        }
+    }
+
+    /// Posts a flush READ to every peer with unflushed writes and no flush in flight.
+    fn post_flushes(&mut self, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        let peers: Vec<u64> = self
+            .unflushed
+            .iter()
+            .filter(|(_, (_, w, busy))| !*busy && !w.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in peers {
+            let Some(slot) = self.bounce_free.pop() else {
+                return; // retried at the next poll
+            };
+            let (t, writes) = {
+                let e = self.unflushed.get_mut(&k).expect("listed");
+                e.2 = true;
+                (e.0, std::mem::take(&mut e.1))
+            };
+            let i = self.new_op(u64::MAX, 1, Bounce::Slot(slot));
+            if let Some(p) = self.ops[i as usize].as_mut() {
+                p.flushes = Some((k, writes));
+            }
+            let bounce = self.bounce.clone();
+            let local = Local {
+                region: &bounce,
+                offset: slot as usize * BOUNCE,
+            };
+            if let Err(e) = self.ep.read(local, t, 8, i as u64) {
+                if self.part_done(i, Err(post_syndrome(&e))) {
+                    self.flush_done(i, done);
+                }
+            }
+        }
+    }
+
+    /// Operation `i`'s last post finished: a flush frees its peer for the next one.
+    fn flush_done(&mut self, i: u32, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        let peer = self.ops[i as usize]
+            .as_ref()
+            .and_then(|p| p.flushes.as_ref().map(|f| f.0));
+        if let Some(e) = peer.and_then(|k| self.unflushed.get_mut(&k)) {
+            e.2 = false;
+        }
+        self.settle(i, done);
     }
 
     /// One of an operation's posts finished (or failed to post); true when it was the last.
@@ -373,6 +482,7 @@ impl FabricBackend {
                             return Some(Err(post_syndrome(&e)));
                         }
                         let i = self.new_op(token, 1, bounce);
+                        self.mark_write(i, t);
                         self.post_parts(i, 1, |me, _| {
                             me.ep
                                 .write(
@@ -389,6 +499,7 @@ impl FabricBackend {
                     }
                     Gather::Bufs(bufs) => {
                         let i = self.new_op(token, bufs.len() as u32, Bounce::None);
+                        self.mark_write(i, t);
                         let mut off = 0u64;
                         self.post_parts(i, bufs.len(), |me, k| {
                             let b = bufs[k];
@@ -513,6 +624,7 @@ impl Backend for FabricBackend {
         comps.clear();
         if self.ep.poll_into(&mut comps).is_err() {
             // The completion queue itself failed: nothing in flight will complete.
+            self.unflushed.clear();
             for i in 0..self.ops.len() as u32 {
                 if self.ops[i as usize].is_some() {
                     let (t, _) = self.finish(i);
@@ -527,12 +639,12 @@ impl Backend for FabricBackend {
                 let i = context as u32;
                 let s = status.map_err(|e| syndrome_of(e.syndrome()));
                 if (i as usize) < self.ops.len() && self.part_done(i, s) {
-                    let (t, st) = self.finish(i);
-                    done(t, st);
+                    self.flush_done(i, done);
                 }
             }
         }
         self.comps = comps;
+        self.post_flushes(done);
     }
 
     fn idle_wait(&self) -> Duration {
