@@ -256,7 +256,15 @@ pub struct Settings {
     /// (libfabric, as for peers on other nodes; for testing the network path on one node).
     /// Peers on other nodes always use libfabric.
     pub proxy_fabric: bool,
+    /// RSHMEM_FABRIC_CHUNK: staging bytes per SQ slot of a soft-HCA QP to a peer reached
+    /// through libfabric (the largest WRITE/READ one WQE carries; 128 per QP are
+    /// registered). A power of two from 8 KiB to 1 MiB; default 256 KiB.
+    pub fabric_chunk: usize,
 }
+
+/// Default RSHMEM_FABRIC_CHUNK (docs/multinode.md: each WQE is one network operation with
+/// a fixed cost, so bandwidth grows with it).
+pub const DEFAULT_FABRIC_CHUNK: usize = 256 << 10;
 
 pub const DEFAULT_SYMMETRIC_SIZE: usize = 256 << 20;
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
@@ -361,7 +369,22 @@ impl Settings {
                 }
             },
         };
+        let fabric_chunk = match get("RSHMEM_FABRIC_CHUNK") {
+            None => DEFAULT_FABRIC_CHUNK,
+            Some(v) => match parse_size(v.trim()) {
+                Ok(n) if n.is_power_of_two() && (8 << 10..=1 << 20).contains(&n) => n,
+                _ => {
+                    return Err(env_err(
+                        "RSHMEM_FABRIC_CHUNK",
+                        &v,
+                        "expected a power of two from 8K to 1M (bytes per soft-HCA WQE to a \
+                         libfabric peer)",
+                    ))
+                }
+            },
+        };
         Ok(Settings {
+            fabric_chunk,
             symmetric_size,
             timeout: Duration::from_millis(timeout_ms),
             token,

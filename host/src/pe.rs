@@ -356,6 +356,7 @@ impl Pe {
                 hca,
                 fabric.take(),
                 live.clone(),
+                settings.fabric_chunk,
             )?)
         } else {
             None

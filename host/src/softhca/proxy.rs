@@ -38,9 +38,6 @@ use std::time::Duration;
 pub const WQE_CNT: u32 = 128;
 /// Staging bytes per SQ slot: the largest WRITE/READ a proxy WQE carries.
 pub const STAGING_CHUNK: usize = 8 << 10;
-/// Staging bytes per SQ slot of a QP to a peer reached through libfabric: every WQE is one
-/// network operation with a fixed cost, so they carry more (see docs/multinode.md).
-pub const FABRIC_STAGING_CHUNK: usize = 64 << 10;
 /// Longest put sent inline: what fits one WQEBB (ctrl + raddr + 4-B header + 28 B).
 pub const MAX_INLINE_PUT: usize = 28;
 
@@ -239,6 +236,8 @@ pub(crate) struct Proxy {
     fabric: Option<FabricCtx>,
     /// The job's liveness: waits end when a peer died (bootstrap).
     live: Arc<Liveness>,
+    /// Staging bytes per SQ slot on QPs to fabric peers (RSHMEM_FABRIC_CHUNK).
+    fabric_chunk: usize,
     /// This PE's heap registered with the fabric domain (peers write into it).
     _heap_mr: Option<Arc<MemoryRegion>>,
 }
@@ -286,6 +285,7 @@ impl Proxy {
         hca: Arc<SoftHca<ProxyBackend>>,
         fabric: Option<(FabricCtx, Arc<MemoryRegion>)>,
         live: Arc<Liveness>,
+        fabric_chunk: usize,
     ) -> Result<Proxy> {
         let n = peers.len();
         let (fabric, heap_mr) = match fabric {
@@ -293,6 +293,7 @@ impl Proxy {
             None => (None, None),
         };
         Ok(Proxy {
+            fabric_chunk,
             live,
             fabric,
             _heap_mr: heap_mr,
@@ -330,8 +331,8 @@ impl Proxy {
         );
         let (staging, chunk_len) = match (&peer.via, &self.fabric) {
             (PeerKind::Fabric(_), Some(ctx)) => (
-                Staging::new_fabric(WQE_CNT as usize * FABRIC_STAGING_CHUNK, ctx)?,
-                FABRIC_STAGING_CHUNK,
+                Staging::new_fabric(WQE_CNT as usize * self.fabric_chunk, ctx)?,
+                self.fabric_chunk,
             ),
             _ => (
                 Staging::new(WQE_CNT as usize * STAGING_CHUNK)?,
