@@ -423,6 +423,11 @@ impl Proxy {
                 payload: Payload::Inline(src),
             };
             let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
+            if matches!(peer.via, PeerKind::Fabric(_)) {
+                // Hand it to the network now rather than wait for the engine thread to
+                // wake (it may sleep up to IDLE_WAIT): caller-driven progress.
+                let _ = self.assist();
+            }
             return Ok(());
         }
         for (i, chunk) in src.chunks(q.chunk_len).enumerate() {
