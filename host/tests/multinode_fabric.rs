@@ -86,3 +86,35 @@ fn bad_proxy_backend_is_refused() {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("RSHMEM_PROXY_BACKEND"), "{text}");
 }
+
+/// The self-test with delivery-complete writes (no flush READs) and the smallest staging
+/// chunk (many WQEs per put/get), 2 processes.
+#[test]
+fn selftest_over_fabric_delivery_complete_small_chunks() {
+    let out = fabric_cmd(&["run", "-n", "2", "--", RSHMEM, "selftest"])
+        .env("RSHMEM_FABRIC_DELIVERY", "complete")
+        .env("RSHMEM_FABRIC_CHUNK", "8K")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for pe in 0..2 {
+        let want = format!("all 10 cases passed on PE {pe}");
+        assert!(text.contains(&want), "missing {want:?}:\n{text}");
+    }
+}
+
+/// A bad RSHMEM_FABRIC_CHUNK is refused, naming the variable.
+#[test]
+fn bad_fabric_chunk_is_refused() {
+    let out = Command::new(RSHMEM)
+        .args(["selftest"])
+        .env("RSHMEM_FABRIC_CHUNK", "3000")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("RSHMEM_FABRIC_CHUNK"), "{text}");
+}
