@@ -277,6 +277,7 @@ impl Proxy {
     /// `pd` holds this PE's heap registration; `peers[r]` is Some for every peer reached
     /// by proxy. `hca` is the process engine ([`engine`]); `fabric` its endpoint with this
     /// PE's heap registered, when some peer is reached through it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         rank: usize,
         timeout: Duration,
