@@ -153,6 +153,9 @@ pub struct Report {
     pub pes: usize,
     pub device: String,
     pub transport: &'static str,
+    /// The libfabric provider, when this PE opened an endpoint (peers on other nodes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
     pub latency_kind: &'static str,
     pub rows: Vec<Row>,
 }
@@ -329,10 +332,11 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
         bench: a.kind,
         pes: pe.n_pes(),
         device: "cpu".into(),
-        transport: match pe.transport_to((pe.my_pe() + 1) % pe.n_pes()) {
-            Some("proxy") => "proxy",
-            _ => "p2p",
-        },
+        // "p2p", "proxy" (soft HCA, node-local backend) or "proxy-fabric" (libfabric).
+        transport: pe
+            .transport_to((pe.my_pe() + 1) % pe.n_pes())
+            .unwrap_or("p2p"),
+        provider: pe.fabric_provider().map(str::to_string),
         latency_kind: match a.kind {
             Kind::Put | Kind::P | Kind::Signal => "half_round_trip",
             Kind::Get | Kind::Atomic => "round_trip",
@@ -758,8 +762,15 @@ fn print_report(r: &Report, json: bool) {
         return;
     }
     println!(
-        "rshmem bench {:?}: {} PEs, device {}, transport {}, latency = {}",
-        r.bench, r.pes, r.device, r.transport, r.latency_kind
+        "rshmem bench {:?}: {} PEs, device {}, transport {}{}, latency = {}",
+        r.bench,
+        r.pes,
+        r.device,
+        r.transport,
+        r.provider
+            .as_ref()
+            .map_or(String::new(), |p| format!(" ({p})")),
+        r.latency_kind
     );
     println!(
         "{:>10} {:>14} {:>14} {:>14} {:>12}",

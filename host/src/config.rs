@@ -218,11 +218,11 @@ fn parse_port(var: &str, value: &str) -> Result<u16> {
 /// How a PE reaches its peers (RSHMEM_TRANSPORT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportMode {
-    /// p2p to node-local peers, proxy (soft HCA over the network) to the others. Until a
-    /// network backend exists, peers on other nodes are unreachable, so this equals p2p.
+    /// p2p to node-local peers, proxy (soft HCA over libfabric) to peers on other nodes.
     #[default]
     Auto,
-    /// Loads and stores into node-local peers' heaps only.
+    /// Loads and stores into node-local peers' heaps only (peers on other nodes are
+    /// unreachable).
     P2p,
     /// Everything, node-local peers and this PE itself included, through the soft HCA.
     Proxy,
@@ -251,7 +251,20 @@ pub struct Settings {
     pub root_external: bool,
     /// RSHMEM_TRANSPORT: `auto` (default), `p2p` or `proxy`.
     pub transport: TransportMode,
+    /// RSHMEM_PROXY_BACKEND: how the soft HCA reaches node-local peers under
+    /// `RSHMEM_TRANSPORT=proxy`: `local` (default, memory mapped here) or `fabric`
+    /// (libfabric, as for peers on other nodes; for testing the network path on one node).
+    /// Peers on other nodes always use libfabric.
+    pub proxy_fabric: bool,
+    /// RSHMEM_FABRIC_CHUNK: staging bytes per SQ slot of a soft-HCA QP to a peer reached
+    /// through libfabric (the largest WRITE/READ one WQE carries; 128 per QP are
+    /// registered). A power of two from 8 KiB to 1 MiB; default 256 KiB.
+    pub fabric_chunk: usize,
 }
+
+/// Default RSHMEM_FABRIC_CHUNK (docs/multinode.md: each WQE is one network operation with
+/// a fixed cost, so bandwidth grows with it).
+pub const DEFAULT_FABRIC_CHUNK: usize = 256 << 10;
 
 pub const DEFAULT_SYMMETRIC_SIZE: usize = 256 << 20;
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
@@ -341,13 +354,44 @@ impl Settings {
                 )),
             },
         };
+        let proxy_fabric = match get("RSHMEM_PROXY_BACKEND") {
+            None => false,
+            Some(v) => match v.trim() {
+                "local" => false,
+                "fabric" => true,
+                _ => {
+                    return Err(env_err(
+                        "RSHMEM_PROXY_BACKEND",
+                        &v,
+                        "expected \"local\" (node-local peers through memory mapped here) or \
+                         \"fabric\" (through libfabric, as peers on other nodes)",
+                    ))
+                }
+            },
+        };
+        let fabric_chunk = match get("RSHMEM_FABRIC_CHUNK") {
+            None => DEFAULT_FABRIC_CHUNK,
+            Some(v) => match parse_size(v.trim()) {
+                Ok(n) if n.is_power_of_two() && (8 << 10..=1 << 20).contains(&n) => n,
+                _ => {
+                    return Err(env_err(
+                        "RSHMEM_FABRIC_CHUNK",
+                        &v,
+                        "expected a power of two from 8K to 1M (bytes per soft-HCA WQE to a \
+                         libfabric peer)",
+                    ))
+                }
+            },
+        };
         Ok(Settings {
+            fabric_chunk,
             symmetric_size,
             timeout: Duration::from_millis(timeout_ms),
             token,
             node_id,
             root_external,
             transport,
+            proxy_fabric,
         })
     }
 }

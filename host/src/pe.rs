@@ -13,9 +13,14 @@
 use crate::bootstrap::{Bootstrap, Group, JoinParams, Liveness, Root};
 use crate::config::{LaunchInfo, Settings, TransportMode};
 use crate::error::{Error, Result};
+use crate::fabric::RemoteRegion;
 use crate::heap::{self, Allocator, Segment, MAX_ALIGN, RESERVED_BYTES};
+use crate::softhca::fabric::FabricPeer;
 use crate::softhca::mr::{Access, MrTable};
-use crate::softhca::proxy::{Proxy, ProxyPeer};
+use crate::softhca::proxy::{
+    insert_fabric_peer, install_fabric, PeerKind, Proxy, ProxyBackend, ProxyPeer,
+};
+use crate::softhca::LocalPeer;
 use crate::team::Team;
 use crate::types::{Element, SymPtr};
 use std::sync::{Arc, Mutex};
@@ -70,6 +75,16 @@ pub struct Pe {
     /// before `peers`: it detaches its queue pairs from the engine before the mappings
     /// the engine writes into go away.
     pub(crate) proxy: Option<Proxy>,
+    /// Which peers the proxy reaches through libfabric (the rest: node-local memory).
+    fabric_to: Vec<bool>,
+    /// The libfabric provider of this process's endpoint, when one was opened.
+    fabric_provider: Option<String>,
+    /// The process engine and this PE's fabric heap registration, when this PE reaches
+    /// nobody by proxy but peers reach it through the fabric (its engine must poll).
+    _fabric_keepalive: Option<(
+        Arc<crate::softhca::engine::SoftHca<ProxyBackend>>,
+        Arc<crate::fabric::MemoryRegion>,
+    )>,
     /// An error a `quiet()` (which returns nothing) met; reported by the next `try_quiet`.
     pub(crate) deferred: Mutex<Option<String>>,
     /// Mapping of every PE's heap that this process can address (same node), by world rank.
@@ -227,27 +242,97 @@ impl Pe {
         // (field order) which detaches every QP using this table.
         let heap_key =
             unsafe { pd.register(my_base, my_base as u64, heap_size as u64, Access::ALL) };
+        let mode = settings.transport;
+        let multi_node = node_ids.iter().any(|id| *id != node_ids[0]);
+        // Whether this PE wants the fabric: peers on other nodes (unless p2p only), or
+        // RSHMEM_TRANSPORT=proxy with RSHMEM_PROXY_BACKEND=fabric. If any PE wants it,
+        // every PE opens an endpoint: peers may pick transports independently, and a
+        // target must be reachable whatever it uses itself.
+        let want_fabric = (multi_node && mode != TransportMode::P2p)
+            || (mode == TransportMode::Proxy && settings.proxy_fabric);
         let mut mine_key = (my_base as u64).to_le_bytes().to_vec();
         mine_key.extend_from_slice(&(heap_key as u64).to_le_bytes());
+        mine_key.push(want_fabric as u8);
         let keys = boot.allgather(&world_group, &mine_key)?;
-        let mode = settings.transport;
+        let any_fabric = keys.iter().any(|k| k.get(16) == Some(&1));
+        // How each peer is reached, and whether through the fabric.
+        let fabric_to: Vec<bool> = (0..n)
+            .map(|r| match (&peers[r], mode) {
+                (Some(_), TransportMode::Proxy) => settings.proxy_fabric,
+                (Some(_), _) | (None, TransportMode::P2p) => false,
+                (None, _) => true,
+            })
+            .collect();
         let paths: Vec<PeerPath> = (0..n)
             .map(|r| match (&peers[r], mode) {
                 (Some(_), TransportMode::Proxy) => PeerPath::Proxy,
                 (Some(_), _) => PeerPath::P2p,
-                // Peers on other nodes need a network backend (libfabric, not built yet).
-                (None, _) => PeerPath::Unreachable,
+                (None, TransportMode::P2p) => PeerPath::Unreachable,
+                (None, _) => PeerPath::Proxy,
             })
             .collect();
+        let need_engine = paths.contains(&PeerPath::Proxy) || any_fabric;
+        let hca = if need_engine {
+            Some(crate::softhca::proxy::engine()?)
+        } else {
+            None
+        };
+        // The fabric: open (once per process), register the heap, allgather
+        // (endpoint name, heap region), add the peers reached through it.
+        let mut fabric = None;
+        let mut fabric_provider = None;
+        let mut fabric_peers: Vec<Option<FabricPeer>> = (0..n).map(|_| None).collect();
+        if any_fabric {
+            let hca = hca.as_ref().expect("engine started");
+            let opened = install_fabric(hca).and_then(|ctx| {
+                // SAFETY: the heap mapping lives in `peers` until the Pe drops, after
+                // `proxy` (field order), which holds this registration.
+                let mr = unsafe { ctx.domain.register(my_base, heap_size)? };
+                Ok((ctx, mr))
+            });
+            exchange_status(&boot, &world_group, "open its libfabric endpoint", &opened)?;
+            let (ctx, mr) = opened?;
+            let mut msg = (ctx.name.len() as u64).to_le_bytes().to_vec();
+            msg.extend_from_slice(&ctx.name);
+            msg.extend_from_slice(&mr.remote().to_bytes());
+            let all = boot.allgather(&world_group, &msg)?;
+            let inserted: Result<()> = (0..n).filter(|&r| fabric_to[r]).try_for_each(|r| {
+                let m = &all[r];
+                let bad =
+                    || Error::InvalidArgument(format!("PE {r} sent a malformed fabric address"));
+                let len = m.get(..8).map(le_u64).ok_or_else(bad)? as usize;
+                let name = m.get(8..8 + len).ok_or_else(bad)?;
+                let region = RemoteRegion::from_bytes(m.get(8 + len..).ok_or_else(bad)?)?;
+                let addr = insert_fabric_peer(hca, name)?;
+                fabric_peers[r] = Some(FabricPeer {
+                    addr,
+                    region,
+                    vbase: le_u64(&keys[r][..8]),
+                    rkey: le_u64(&keys[r][8..16]) as u32,
+                    len: heap_size as u64,
+                });
+                Ok(())
+            });
+            exchange_status(&boot, &world_group, "add its fabric peers", &inserted)?;
+            fabric_provider = Some(ctx.provider.clone());
+            fabric = Some((ctx, mr));
+        }
         let proxy = if paths.contains(&PeerPath::Proxy) {
             let pp = (0..n)
                 .map(|r| {
                     if paths[r] != PeerPath::Proxy {
                         return None;
                     }
-                    let seg = peers[r].as_ref()?;
                     let base = le_u64(&keys[r][..8]);
                     let rkey = le_u64(&keys[r][8..16]) as u32;
+                    if let Some(fp) = fabric_peers[r] {
+                        return Some(ProxyPeer {
+                            base,
+                            rkey,
+                            via: PeerKind::Fabric(fp),
+                        });
+                    }
+                    let seg = peers[r].as_ref()?;
                     // The peer's heap as this process reaches it: the LocalBackend checks
                     // the rkey and bounds against this and writes through the mapping.
                     let remote = Arc::new(MrTable::new());
@@ -255,13 +340,35 @@ impl Pe {
                     unsafe {
                         remote.register_key(rkey, seg.base(), base, heap_size as u64, Access::ALL)
                     };
-                    Some(ProxyPeer { base, rkey, remote })
+                    Some(ProxyPeer {
+                        base,
+                        rkey,
+                        via: PeerKind::Local(LocalPeer::new(remote)),
+                    })
                 })
                 .collect();
-            Some(Proxy::new(rank, settings.timeout, pd, pp)?)
+            let hca = hca.clone().expect("engine started");
+            Some(Proxy::new(
+                rank,
+                settings.timeout,
+                pd,
+                pp,
+                hca,
+                fabric.take(),
+                live.clone(),
+                settings.fabric_chunk,
+            )?)
         } else {
             None
         };
+        // A PE that reaches nobody by proxy still serves fabric peers: keep the engine
+        // (and the heap registration) alive with the Pe.
+        let fabric_keepalive = if proxy.is_none() {
+            hca.zip(fabric.take().map(|(_, mr)| mr))
+        } else {
+            None
+        };
+        let fabric_to: Vec<bool> = (0..n).map(|r| fabric_peers[r].is_some()).collect();
 
         let world = Team::new(0, world_group.members.clone(), rank, 0, true);
         let node_members: Vec<u32> = local.iter().map(|&r| r as u32).collect();
@@ -282,7 +389,10 @@ impl Pe {
             job_id,
             heap_size,
             paths,
+            fabric_to,
             proxy,
+            _fabric_keepalive: fabric_keepalive,
+            fabric_provider,
             deferred: Mutex::new(None),
             peers,
             alloc: Mutex::new(Allocator::new(RESERVED_BYTES, heap_size)),
@@ -353,7 +463,8 @@ impl Pe {
         let seg = self.peers[pe].as_ref().ok_or_else(|| Error::Unreachable {
             pe,
             from: self.rank,
-            reason: "it is on another node and no network transport is configured".into(),
+            reason: "it is on another node and RSHMEM_TRANSPORT=p2p reaches node-local peers only"
+                .into(),
         })?;
         match offset.checked_add(len) {
             Some(end) if offset >= RESERVED_BYTES && end <= self.heap_size => {}
@@ -404,10 +515,18 @@ impl Pe {
             .expect("a proxy route implies a proxy transport")
     }
 
-    /// The transport used to reach PE `pe`: "p2p", "proxy" or "unreachable".
+    /// The libfabric provider serving this PE's network peers (e.g. `tcp;ofi_rxm`), if
+    /// an endpoint was opened.
+    pub fn fabric_provider(&self) -> Option<&str> {
+        self.fabric_provider.as_deref()
+    }
+
+    /// The transport used to reach PE `pe`: "p2p", "proxy" (soft HCA, node-local
+    /// backend), "proxy-fabric" (soft HCA over libfabric) or "unreachable".
     pub fn transport_to(&self, pe: usize) -> Option<&'static str> {
         self.paths.get(pe).map(|p| match p {
             PeerPath::P2p => "p2p",
+            PeerPath::Proxy if self.fabric_to[pe] => "proxy-fabric",
             PeerPath::Proxy => "proxy",
             PeerPath::Unreachable => "unreachable",
         })
@@ -442,7 +561,8 @@ impl Pe {
         let seg = self.peers[pe].as_ref().ok_or_else(|| Error::Unreachable {
             pe,
             from: self.rank,
-            reason: "it is on another node and no network transport is configured".into(),
+            reason: "it is on another node and RSHMEM_TRANSPORT=p2p reaches node-local peers only"
+                .into(),
         })?;
         // SAFETY: offset is inside the reserved region, which is inside the mapping.
         Ok(unsafe { seg.base().add(offset).cast() })

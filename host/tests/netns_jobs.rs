@@ -136,12 +136,43 @@ fn pe_main(mode: &str) -> rshmem::Result<()> {
             println!("NETNS-OK pe {me}");
             pe.finalize()
         }
+        "selftest" => {
+            // The whole self-test (every host RMA, atomic, signal, barrier, team op).
+            let cases = rshmem::selftest::run(&pe, &[], |l| println!("{l}"))?;
+            println!("NETNS-OK selftest pe {me} cases {cases}");
+            pe.finalize()
+        }
+        "rma-fail" => {
+            // RMA to a PE on another host, in a loop, until the failure the test injects.
+            let remote = (me + pph) % n;
+            let buf = pe.calloc::<u8>(64 << 10)?;
+            let word = pe.calloc::<u64>(1)?;
+            let src = vec![me as u8; 64 << 10];
+            let mut dst = vec![0u8; 64 << 10];
+            for _ in 0..3 {
+                pe.put(buf, &src, remote)?;
+                pe.get(&mut dst, buf, remote)?;
+                pe.atomic_fetch_add(word, 1, remote)?;
+                pe.barrier_all()?;
+            }
+            println!("NETNS-READY pid {}", std::process::id());
+            let end = Instant::now() + Duration::from_secs(25);
+            while Instant::now() < end {
+                pe.put(buf, &src, remote)?;
+                pe.get(&mut dst, buf, remote)?;
+                pe.atomic_fetch_add(word, 1, remote)?;
+                pe.try_quiet()?;
+            }
+            Err(Error::InvalidArgument(
+                "no failure was reported within 25 s".into(),
+            ))
+        }
         other => panic!("unknown NETNS_PE_MODE {other}"),
     }
 }
 
-/// Barriers across hosts, p2p RMA within a host, and RMA to another host refused as
-/// unreachable (no network transport yet).
+/// Barriers across hosts, p2p RMA within a host, and RMA to another host through the
+/// soft HCA over libfabric (tcp between the namespaces).
 fn basic(pe: Pe, pph: usize) -> rshmem::Result<()> {
     let (me, n) = (pe.my_pe(), pe.n_pes());
     let host = me / pph;
@@ -161,26 +192,36 @@ fn basic(pe: Pe, pph: usize) -> rshmem::Result<()> {
             "value from PE {prev} on PE {me}"
         );
     }
+    for q in 0..n {
+        let want = if q / pph == host {
+            "p2p"
+        } else {
+            "proxy-fabric"
+        };
+        assert_eq!(
+            pe.transport_to(q),
+            Some(want),
+            "transport to PE {q} on PE {me}"
+        );
+    }
     if n > pph {
+        // A PE on another host: reached through the soft HCA over libfabric.
         let remote = (me + pph) % n;
-        // TODO(network transport): once PEs on other nodes are reachable, this put must
-        // succeed and the value must arrive; today it is refused, naming the PE.
-        match pe.p(x, 7, remote) {
-            Err(Error::Unreachable {
-                pe: p,
-                from,
-                reason,
-            }) => {
-                assert_eq!((p, from), (remote, me));
-                assert!(reason.contains("another node"), "{reason}");
-                let msg = pe.p(x, 7, remote).unwrap_err().to_string();
-                assert!(
-                    msg.contains(&format!("PE {remote} is not reachable")),
-                    "{msg}"
-                );
-            }
-            other => panic!("put from PE {me} to PE {remote} on another host: {other:?}"),
-        }
+        let from = (me + n - pph) % n;
+        let y = pe.calloc::<u64>(1)?;
+        pe.barrier_all()?;
+        pe.p(y, 7000 + me as u64, remote)?;
+        pe.barrier_all()?;
+        assert_eq!(
+            pe.g(y, me)?,
+            7000 + from as u64,
+            "value from PE {from} on PE {me}"
+        );
+        assert_eq!(
+            pe.g(y, remote)?,
+            7000 + me as u64,
+            "read back from PE {remote}"
+        );
     }
     for _ in 0..10 {
         pe.barrier_all()?;
@@ -777,4 +818,110 @@ fn script_up_exec_link_down() {
     }
     assert!(script(&["down"]).status.success());
     assert!(namespaces_of(&prefix).is_empty());
+}
+
+fn run_selftest(hosts: usize, pph: usize) {
+    let t0 = Instant::now();
+    let job = start_job(hosts, pph, "selftest", 20_000, 0, &[]);
+    let (status, text) = job.finish(Duration::from_secs(50));
+    assert!(status.success(), "job failed ({status}):\n{text}");
+    for r in 0..hosts * pph {
+        let host = r / pph;
+        let ok = format!("[host {host} pe {r}] NETNS-OK selftest pe {r} cases 10");
+        assert!(text.lines().any(|l| l == ok), "missing {ok:?} in:\n{text}");
+    }
+    eprintln!("selftest, {hosts} hosts x {pph} PEs: {:?}", t0.elapsed());
+}
+
+/// The full self-test with two PEs on each of two hosts: p2p within, libfabric across.
+#[test]
+fn selftest_two_hosts_two_pes_each() {
+    if netns_available("selftest_two_hosts_two_pes_each") {
+        run_selftest(2, 2);
+    }
+}
+
+/// The full self-test with three hosts of one PE: every peer through libfabric.
+#[test]
+fn selftest_three_hosts_one_pe_each() {
+    if netns_available("selftest_three_hosts_one_pe_each") {
+        run_selftest(3, 1);
+    }
+}
+
+/// PE 3 (host 1) killed while every PE runs RMA to a PE on the other host: the others
+/// fail naming PE 3, within the timeout; nothing is left behind.
+#[test]
+fn killed_pe_during_rma_is_named() {
+    if !netns_available("killed_pe_during_rma_is_named") {
+        return;
+    }
+    const TIMEOUT_MS: u64 = 6000;
+    let job = start_job(2, 2, "rma-fail", TIMEOUT_MS, 10_000, &[]);
+    job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = job.pid_of(3);
+    // SAFETY: kill on the pid PE 3 printed; it is alive (it runs RMA until told to stop).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let t0 = Instant::now();
+    let (status, text) = job.finish(Duration::from_secs(25));
+    let took = t0.elapsed();
+    assert!(
+        !status.success(),
+        "the job succeeded with PE 3 killed:\n{text}"
+    );
+    for r in 0..3 {
+        let err = lines_of(&text, r)
+            .into_iter()
+            .find(|l| l.contains("PE-ERROR"))
+            .unwrap_or_else(|| panic!("PE {r} reported no error:\n{text}"));
+        assert!(
+            err.contains("PE 3"),
+            "PE {r} should name PE 3: {err}\n{text}"
+        );
+    }
+    // The bootstrap notices the death at once; RMA waits check it (not the timeout).
+    assert!(took < Duration::from_secs(5), "took {took:?}:\n{text}");
+    eprintln!("PE 3 killed during RMA, job ended after {took:?}:\n{text}");
+}
+
+/// Host 1's link goes down while every PE runs RMA to a PE on the other host: every PE
+/// fails naming a PE of the other host (or its lost bootstrap root), within the timeout.
+#[test]
+fn link_down_during_rma_is_reported() {
+    if !netns_available("link_down_during_rma_is_reported") {
+        return;
+    }
+    const TIMEOUT_MS: u64 = 6000;
+    let job = start_job(2, 2, "rma-fail", TIMEOUT_MS, 20_000, &[]);
+    job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(200));
+    let st = Command::new(SCRIPT)
+        .args(["link-down", "1", "--prefix", &job.prefix])
+        .status()
+        .unwrap();
+    assert!(st.success(), "link-down failed");
+    let t_down = Instant::now();
+    let (status, text) = job.finish(Duration::from_millis(TIMEOUT_MS + 20_000));
+    let took = t_down.elapsed();
+    assert!(
+        !status.success(),
+        "the job succeeded with a link down:\n{text}"
+    );
+    for r in 0..4 {
+        let err = lines_of(&text, r)
+            .into_iter()
+            .find(|l| l.contains("PE-ERROR"))
+            .unwrap_or_else(|| panic!("PE {r} reported no error:\n{text}"));
+        let others: &[usize] = if r < 2 { &[2, 3] } else { &[0, 1] };
+        assert!(
+            others.iter().any(|o| err.contains(&format!("PE {o}"))),
+            "PE {r} should name a PE of the other host: {err}\n{text}"
+        );
+    }
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS + 4000),
+        "detection took {took:?}:\n{text}"
+    );
+    eprintln!("link down during RMA noticed, job ended after {took:?}:\n{text}");
 }

@@ -276,8 +276,15 @@ impl Drop for Guard {
 
 impl Endpoint {
     /// Opens an endpoint with its completion queue and address vector, enables it and
-    /// queries atomic support.
+    /// queries atomic support. Writes are delivery-complete where the provider allows.
     pub fn new(domain: &Arc<Domain>) -> Result<Endpoint> {
+        Self::with_completion(domain, true)
+    }
+
+    /// As [`Endpoint::new`]; `delivery_complete` false keeps the provider's default
+    /// completion semantics (on tcp;ofi_rxm: a write completes once sent, without waiting
+    /// for the target's acknowledgement — the caller must order or flush itself).
+    pub fn with_completion(domain: &Arc<Domain>, want_delivery: bool) -> Result<Endpoint> {
         let info = domain.info().clone();
         let fabric = domain.fabric().clone();
         let nslots = info.tx_size.clamp(16, MAX_SLOTS);
@@ -325,7 +332,7 @@ impl Endpoint {
         let mut ep = ptr::null_mut();
         let mut delivery_complete = true;
         let mut last_rc = 0;
-        for want_dc in [true, false] {
+        for want_dc in [want_delivery, false] {
             // SAFETY: the fabric's info is live; fi_dupinfo copies it so we may edit the
             // copy's tx_attr.
             let copy = super::info::InfoList(unsafe {

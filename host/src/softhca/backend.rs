@@ -162,11 +162,18 @@ pub trait Backend: Send + 'static {
     /// Reports operations that completed since the last call (none for a synchronous
     /// backend).
     fn poll(&mut self, _done: &mut dyn FnMut(u64, Result<(), Syndrome>)) {}
+
+    /// Longest an idle engine thread sleeps between rounds (a producer's doorbell wakes
+    /// it earlier). A backend whose provider progresses *incoming* operations only while
+    /// polled (libfabric tcp) keeps this short.
+    fn idle_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(2)
+    }
 }
 
 /// The remote side of a queue pair served by [`LocalBackend`]: the peer's memory regions,
 /// mapped in this process.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct LocalPeer {
     table: Arc<MrTable>,
 }

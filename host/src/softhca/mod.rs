@@ -7,6 +7,7 @@
 //! - [`backend`]: how bytes move ([`Backend`], [`LocalBackend`]).
 //! - [`engine`]: [`EngineCore`] (parse, check, execute, complete) and [`SoftHca`] (a thread
 //!   running one).
+//! - [`fabric`]: [`FabricBackend`], the backend over libfabric (peers on other nodes).
 //! - [`proxy`]: what a [`crate::Pe`] uses for peers reached through the soft HCA.
 //!
 //! Design and measured numbers: `docs/soft-hca.md`. Formats: `crate::mlx5` (this module
@@ -14,11 +15,13 @@
 
 pub mod backend;
 pub mod engine;
+pub mod fabric;
 pub mod mr;
 pub(crate) mod proxy;
 pub mod queue;
 
 pub use backend::{AtomicOp, Backend, LocalBackend, LocalPeer, Op};
 pub use engine::{EngineCore, EngineQp, QpConfig, QpHandle, SoftHca, Waker};
+pub use fabric::{FabricBackend, FabricPeer};
 pub use mr::{Access, MemoryRegion, MrTable};
 pub use queue::{CqMode, CqeReport, Posted, QueueLayout, QueueMemory, SendQueue, SqError};

@@ -2,9 +2,11 @@
 //!
 //! One RC-like queue pair per (local PE, remote PE), this PE included (loopback), created
 //! on first use. Every PE of a process shares one engine thread (a process-wide
-//! [`SoftHca`] over [`LocalBackend`], started with the first proxy PE and stopped with the
+//! [`SoftHca`] over [`ProxyBackend`], started with the first proxy PE and stopped with the
 //! last), so several PEs per process work and an oversubscribed node does not run one
-//! spinning engine per PE.
+//! spinning engine per PE. [`ProxyBackend`] sends each QP's WQEs to the [`LocalBackend`]
+//! (node-local peers, memory mapped here) or to the [`FabricBackend`] (peers on other
+//! nodes, through libfabric; installed at init when some peer needs it).
 //!
 //! Memory: each PE registers its whole heap (one region; its base address and key are
 //! allgathered at init) and, per QP, a staging region of [`STAGING_CHUNK`] bytes per SQ
@@ -18,12 +20,16 @@
 //! syndrome; every wait is bounded by RSHMEM_TIMEOUT_MS and reports QP, WQE index and the
 //! last CQE.
 
-use super::backend::{LocalBackend, LocalPeer};
+use super::backend::{Backend, LocalBackend, LocalPeer, Op};
 use super::engine::{QpConfig, QpHandle, SoftHca, Waker};
-use super::mr::{Access, MrTable};
+use super::fabric::{FabricBackend, FabricPeer, Regions};
+use super::mr::{Access, MrSnapshot, MrTable};
 use super::queue::{CqMode, Posted, QueueMemory, SendQueue, SqError};
+use crate::bootstrap::Liveness;
 use crate::error::{Error, Result};
+use crate::fabric::{Domain, MemoryRegion};
 use crate::mlx5::wqe::{DataSeg, Payload, RaddrSeg, Sge8, WqeOp};
+use crate::mlx5::Syndrome;
 use std::alloc::Layout;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -40,14 +46,103 @@ pub(crate) struct ProxyPeer {
     /// The peer's heap as WQEs name it: its base address in the peer's process, its key.
     pub base: u64,
     pub rkey: u32,
-    /// The peer's registrations reachable from this process (the LocalBackend's view).
-    pub remote: Arc<MrTable>,
+    /// How the engine reaches it.
+    pub via: PeerKind,
 }
 
-/// Page-aligned zeroed memory for staging.
+/// The remote side of a proxy QP: which backend serves it.
+pub enum PeerKind {
+    /// The peer's registrations reachable from this process (the LocalBackend's view).
+    Local(LocalPeer),
+    /// Through the fabric endpoint.
+    Fabric(FabricPeer),
+}
+
+/// The process engine's backend: the LocalBackend for node-local peers, the
+/// FabricBackend (once installed) for the others.
+#[derive(Debug, Default)]
+pub struct ProxyBackend {
+    local: LocalBackend,
+    pub(crate) fabric: Option<FabricBackend>,
+}
+
+impl Backend for ProxyBackend {
+    type Peer = PeerKind;
+    type Cache = MrSnapshot;
+
+    fn execute(
+        &mut self,
+        peer: &PeerKind,
+        cache: &mut MrSnapshot,
+        token: u64,
+        op: &Op<'_>,
+    ) -> Option<std::result::Result<(), Syndrome>> {
+        match peer {
+            PeerKind::Local(p) => self.local.execute(p, cache, token, op),
+            PeerKind::Fabric(p) => match self.fabric.as_mut() {
+                Some(f) => f.execute(p, &mut (), token, op),
+                None => Some(Err(Syndrome::TransportRetryExc)),
+            },
+        }
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        if let Some(f) = self.fabric.as_mut() {
+            f.poll(done);
+        }
+    }
+
+    fn idle_wait(&self) -> Duration {
+        match &self.fabric {
+            Some(f) => f.idle_wait(),
+            None => self.local.idle_wait(),
+        }
+    }
+}
+
+/// This process's fabric endpoint, as a PE uses it.
+pub(crate) struct FabricCtx {
+    pub domain: Arc<Domain>,
+    pub regions: Regions,
+    pub name: Vec<u8>,
+    pub provider: String,
+}
+
+/// Opens the fabric endpoint of this process's engine if it has none yet.
+pub(crate) fn install_fabric(hca: &SoftHca<ProxyBackend>) -> Result<FabricCtx> {
+    hca.with_backend(|b| {
+        if b.fabric.is_none() {
+            b.fabric = Some(FabricBackend::open()?);
+        }
+        let f = b.fabric.as_ref().expect("installed");
+        Ok(FabricCtx {
+            domain: f.domain().clone(),
+            regions: f.regions(),
+            name: f.name(),
+            provider: f.provider(),
+        })
+    })
+}
+
+/// Adds a peer's endpoint address to this process's fabric endpoint.
+pub(crate) fn insert_fabric_peer(
+    hca: &SoftHca<ProxyBackend>,
+    name: &[u8],
+) -> Result<crate::fabric::PeerAddr> {
+    hca.with_backend(|b| match b.fabric.as_mut() {
+        Some(f) => f.insert_peer(name),
+        None => Err(Error::InvalidArgument(
+            "no fabric endpoint installed".into(),
+        )),
+    })
+}
+
+/// Page-aligned zeroed memory for staging; allocated through the fabric domain (so the
+/// FabricBackend may use it, and in-flight operations keep it alive) when one exists.
 struct Staging {
     base: *mut u8,
     len: usize,
+    fabric: Option<(Arc<MemoryRegion>, Regions)>,
 }
 // SAFETY: plain memory owned by this value; slot ownership (SendQueue) decides who touches
 // which chunk.
@@ -66,12 +161,37 @@ impl Staging {
                 "cannot allocate {len} bytes of proxy staging memory"
             )));
         }
-        Ok(Staging { base, len })
+        Ok(Staging {
+            base,
+            len,
+            fabric: None,
+        })
+    }
+
+    fn new_fabric(len: usize, ctx: &FabricCtx) -> Result<Staging> {
+        let mr = ctx.domain.alloc(len)?;
+        ctx.regions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(mr.clone());
+        Ok(Staging {
+            base: mr.as_ptr(),
+            len,
+            fabric: Some((mr, ctx.regions.clone())),
+        })
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
+        if let Some((mr, regions)) = self.fabric.take() {
+            // The region owns the memory; operations still in flight hold it too.
+            regions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|r| !Arc::ptr_eq(r, &mr));
+            return;
+        }
         let l = Layout::from_size_align(self.len, crate::config::page_size()).expect("valid");
         // SAFETY: allocated with this layout in new().
         unsafe { std::alloc::dealloc(self.base, l) }
@@ -81,9 +201,11 @@ impl Drop for Staging {
 /// One QP to one peer. Field order is drop order: the engine lets go of the QP first.
 struct ProxyQp {
     /// Held for its Drop (detach); the QP number is in `sq`.
-    _engine: QpHandle<LocalBackend>,
+    _engine: QpHandle<ProxyBackend>,
     sq: SendQueue,
     staging_key: u32,
+    /// Staging bytes per SQ slot: the largest WRITE/READ one WQE carries.
+    chunk_len: usize,
     pd: Arc<MrTable>,
     staging: Staging,
 }
@@ -98,7 +220,7 @@ impl ProxyQp {
     fn chunk(&self, idx: u64) -> *mut u8 {
         let slot = (idx & (WQE_CNT as u64 - 1)) as usize;
         // SAFETY: slot < WQE_CNT, staging holds WQE_CNT chunks.
-        unsafe { self.staging.base.add(slot * STAGING_CHUNK) }
+        unsafe { self.staging.base.add(slot * self.chunk_len) }
     }
 }
 
@@ -109,19 +231,26 @@ pub(crate) struct Proxy {
     pd: Arc<MrTable>,
     peers: Vec<Option<ProxyPeer>>,
     qps: Vec<OnceLock<std::result::Result<ProxyQp, String>>>,
-    hca: Arc<SoftHca<LocalBackend>>,
+    hca: Arc<SoftHca<ProxyBackend>>,
     waker: Arc<Waker>,
+    fabric: Option<FabricCtx>,
+    /// The job's liveness: waits end when a peer died (bootstrap).
+    live: Arc<Liveness>,
+    /// Staging bytes per SQ slot on QPs to fabric peers (RSHMEM_FABRIC_CHUNK).
+    fabric_chunk: usize,
+    /// This PE's heap registered with the fabric domain (peers write into it).
+    _heap_mr: Option<Arc<MemoryRegion>>,
 }
 
 /// The process-wide engine (started on demand, stopped when the last proxy PE goes).
-fn engine() -> Result<Arc<SoftHca<LocalBackend>>> {
-    static ENGINE: Mutex<Weak<SoftHca<LocalBackend>>> = Mutex::new(Weak::new());
+pub(crate) fn engine() -> Result<Arc<SoftHca<ProxyBackend>>> {
+    static ENGINE: Mutex<Weak<SoftHca<ProxyBackend>>> = Mutex::new(Weak::new());
     let mut g = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(e) = g.upgrade() {
         return Ok(e);
     }
     let e = Arc::new(
-        SoftHca::start(LocalBackend, "rshmem-softhca")
+        SoftHca::start(ProxyBackend::default(), "rshmem-softhca")
             .map_err(|e| Error::io("starting the soft HCA engine thread", e))?,
     );
     *g = Arc::downgrade(&e);
@@ -146,16 +275,29 @@ pub(crate) enum Amo {
 
 impl Proxy {
     /// `pd` holds this PE's heap registration; `peers[r]` is Some for every peer reached
-    /// by proxy.
+    /// by proxy. `hca` is the process engine ([`engine`]); `fabric` its endpoint with this
+    /// PE's heap registered, when some peer is reached through it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         rank: usize,
         timeout: Duration,
         pd: Arc<MrTable>,
         peers: Vec<Option<ProxyPeer>>,
+        hca: Arc<SoftHca<ProxyBackend>>,
+        fabric: Option<(FabricCtx, Arc<MemoryRegion>)>,
+        live: Arc<Liveness>,
+        fabric_chunk: usize,
     ) -> Result<Proxy> {
         let n = peers.len();
-        let hca = engine()?;
+        let (fabric, heap_mr) = match fabric {
+            Some((f, m)) => (Some(f), Some(m)),
+            None => (None, None),
+        };
         Ok(Proxy {
+            fabric_chunk,
+            live,
+            fabric,
+            _heap_mr: heap_mr,
             rank,
             timeout,
             pd,
@@ -188,7 +330,16 @@ impl Proxy {
             QueueMemory::new(WQE_CNT, WQE_CNT)
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?,
         );
-        let staging = Staging::new(WQE_CNT as usize * STAGING_CHUNK)?;
+        let (staging, chunk_len) = match (&peer.via, &self.fabric) {
+            (PeerKind::Fabric(_), Some(ctx)) => (
+                Staging::new_fabric(WQE_CNT as usize * self.fabric_chunk, ctx)?,
+                self.fabric_chunk,
+            ),
+            _ => (
+                Staging::new(WQE_CNT as usize * STAGING_CHUNK)?,
+                STAGING_CHUNK,
+            ),
+        };
         // SAFETY: staging lives in the ProxyQp, which detaches the QP (its first field)
         // before the staging memory is freed; the region is deregistered in Drop.
         let staging_key = unsafe {
@@ -202,26 +353,37 @@ impl Proxy {
         let handle = self.hca.attach(QpConfig::new(
             mem.clone(),
             self.pd.clone(),
-            LocalPeer::new(peer.remote.clone()),
+            match &peer.via {
+                PeerKind::Local(p) => PeerKind::Local(p.clone()),
+                PeerKind::Fabric(p) => PeerKind::Fabric(*p),
+            },
             CqMode::Normal,
         ));
-        let sq = SendQueue::new(
+        let mut sq = SendQueue::new(
             mem,
             handle.qpn(),
             CqMode::Normal,
             self.timeout,
             Some(self.hca.waker()),
         );
+        let live = self.live.clone();
+        sq.set_abort(Arc::new(move || live.check().is_err()));
         Ok(ProxyQp {
             _engine: handle,
             sq,
             staging_key,
+            chunk_len,
             pd: self.pd.clone(),
             staging,
         })
     }
 
     fn err(&self, pe: usize, op: OpName, e: SqError) -> Error {
+        if let SqError::Aborted { .. } = e {
+            if let Err(dead) = self.live.check() {
+                return dead;
+            }
+        }
         match e {
             SqError::Timeout { waited_ms, .. } => Error::Timeout {
                 pe: self.rank,
@@ -262,10 +424,15 @@ impl Proxy {
                 payload: Payload::Inline(src),
             };
             let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
+            if matches!(peer.via, PeerKind::Fabric(_)) {
+                // Hand it to the network now rather than wait for the engine thread to
+                // wake (it may sleep up to IDLE_WAIT): caller-driven progress.
+                let _ = self.assist();
+            }
             return Ok(());
         }
-        for (i, chunk) in src.chunks(STAGING_CHUNK).enumerate() {
-            let at = raddr + (i * STAGING_CHUNK) as u64;
+        for (i, chunk) in src.chunks(q.chunk_len).enumerate() {
+            let at = raddr + (i * q.chunk_len) as u64;
             let mut seg = [DataSeg::default()];
             let seg_ref = &mut seg;
             let _ =
@@ -291,7 +458,7 @@ impl Proxy {
         let (q, peer) = self.qp(pe)?;
         self.check_state(q, pe, op)?;
         let raddr = peer.base + offset as u64;
-        if dst.len() <= STAGING_CHUNK {
+        if dst.len() <= q.chunk_len {
             // One READ (g, atomic_fetch, small gets): no allocation.
             let len = dst.len();
             let mut seg = [DataSeg::default()];
@@ -315,7 +482,8 @@ impl Proxy {
             return r.map_err(|e| self.err(pe, op, e));
         }
         let window = (WQE_CNT / 2) as usize;
-        let chunks: Vec<&mut [u8]> = dst.chunks_mut(STAGING_CHUNK).collect();
+        let chunk_len = q.chunk_len;
+        let chunks: Vec<&mut [u8]> = dst.chunks_mut(chunk_len).collect();
         let mut i = 0;
         let mut chunks = chunks.into_iter().peekable();
         while chunks.peek().is_some() {
@@ -323,7 +491,7 @@ impl Proxy {
             let mut posted: Vec<Posted> = Vec::with_capacity(batch.len());
             let mut first_err = None;
             for c in &batch {
-                let at = raddr + (i * STAGING_CHUNK) as u64;
+                let at = raddr + (i * chunk_len) as u64;
                 i += 1;
                 let len = c.len();
                 let mut seg = [DataSeg::default()];

@@ -297,6 +297,10 @@ pub enum SqError {
     /// cannot make progress any more.
     #[error("QP {qpn:#x} is unusable after an earlier timeout")]
     Broken { qpn: u32 },
+    /// The producer's abort check (see [`SendQueue::set_abort`]) said stop waiting: the
+    /// job is failing (a peer died).
+    #[error("QP {qpn:#x}: wait abandoned, the job is failing")]
+    Aborted { qpn: u32 },
 }
 
 /// What the CQ poller owns (one poller at a time).
@@ -346,7 +350,20 @@ pub struct SendQueue {
     has_error: AtomicBool,
     broken: AtomicBool,
     wake: Option<Arc<super::engine::Waker>>,
+    abort: Option<Abort>,
 }
+
+/// The abort check of a [`SendQueue`] (Debug-printable holder).
+struct Abort(AbortCheck);
+
+impl std::fmt::Debug for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Abort(..)")
+    }
+}
+
+/// Called while a wait yields; `true` abandons the wait with [`SqError::Aborted`].
+pub type AbortCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// A posted WQE: its unwrapped index and size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -386,6 +403,7 @@ impl SendQueue {
             has_error: AtomicBool::new(false),
             broken: AtomicBool::new(false),
             wake,
+            abort: None,
         }
     }
 
@@ -591,6 +609,12 @@ impl SendQueue {
         }
     }
 
+    /// Makes every wait that has started yielding also stop when `abort()` says so (a
+    /// PE's liveness check: a dead peer ends the wait at once instead of at the timeout).
+    pub fn set_abort(&mut self, abort: AbortCheck) {
+        self.abort = Some(Abort(abort));
+    }
+
     /// Bounded wait: `done()` polled with spinning, then yielding.
     fn wait(
         &self,
@@ -609,6 +633,9 @@ impl SendQueue {
             let t0 = *start.get_or_insert_with(Instant::now);
             if t0.elapsed() >= self.timeout {
                 return Err(self.timeout_error(what, index, t0.elapsed()));
+            }
+            if self.abort.as_ref().is_some_and(|a| (a.0)()) {
+                return Err(SqError::Aborted { qpn: self.qpn });
             }
             // Run an engine round here if the engine is free (no context switch needed);
             // otherwise give the core away.

@@ -1,0 +1,653 @@
+//! [`FabricBackend`]: the soft HCA's network backend. The engine parses and checks WQEs as
+//! for the [`super::LocalBackend`]; this backend executes them as libfabric operations on
+//! one RDM endpoint (`crate::fabric`) and reports their completions through `poll`.
+//!
+//! - WRITE / WRITE_IMM → `fi_write` (the immediate is dropped, as by the LocalBackend: rshmem
+//!   queues have no responder CQ); READ → `fi_read`; a WQE with several data segments
+//!   becomes one post per segment, retired as one completion.
+//! - Atomics → `fi_fetch_atomic` / `fi_compare_atomic`. libfabric has no masked
+//!   compare-and-swap, so the masked forms the proxy uses map to exact equivalents:
+//!   compare_mask 0 with swap_mask all ones = swap (`FI_ATOMIC_WRITE` fetch); compare_mask
+//!   0 with swap 0 = AND with `!swap_mask` (`FI_BAND`); compare_mask 0 with swap =
+//!   swap_mask = OR (`FI_BOR`); both masks all ones = `FI_CSWAP`; masked fetch-add with no
+//!   field boundary = `FI_SUM`. Any other masked form completes with REMOTE_OP (0x14).
+//!   The fetched value arrives native-endian and is rewritten big-endian at completion
+//!   (what a ConnectX writes; the producer converts).
+//! - Remote checks happen here, before posting, against the peer's heap as exchanged at
+//!   init (mlx5 key, virtual base, length): tcp;ofi_rxm answers a bad key or an
+//!   out-of-bounds write by dropping the connection (docs/fabric.md), a ConnectX with
+//!   REMOTE_ACCESS (0x13), which is what this backend reports. Misaligned atomics:
+//!   REMOTE_INVAL_REQ (0x12).
+//! - Local buffers must lie in a region registered with the fabric domain (the proxy's
+//!   staging memory is allocated through the domain; see [`FabricBackend::regions`]);
+//!   inline data is copied to a registered bounce slot freed at completion.
+//! - Failures (posting or completion) become error CQEs through
+//!   [`crate::fabric::syndrome_for`].
+//!
+//! Progress: tcp;ofi_rxm moves data (including data *arriving* for this process) only
+//! while the endpoint is polled, so the engine keeps polling when idle;
+//! [`Backend::idle_wait`] bounds its idle sleep to [`IDLE_WAIT`].
+
+use super::backend::{AtomicOp, Backend, Gather, LocalBuf, Op};
+use crate::error::{Error, Result};
+use crate::fabric::{
+    AtomicType, Completion, Domain, Endpoint, Fabric, FetchOp, Local, MemoryRegion, PeerAddr,
+    RemoteRegion, Target,
+};
+use crate::mlx5::Syndrome;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Longest sleep of an idle engine that serves a fabric endpoint: remote PEs' operations
+/// on this process's memory progress only while it polls.
+pub const IDLE_WAIT: Duration = Duration::from_micros(50);
+
+/// Bytes of one inline bounce slot (the longest inline WQE payload fits).
+const BOUNCE: usize = 1024;
+/// Bounce slots; beyond them an inline write gets a freshly registered buffer.
+const BOUNCE_SLOTS: usize = 256;
+
+/// A peer reached through the fabric: its endpoint address and its heap as WQEs name it
+/// (mlx5 key and virtual base in the peer's process) and as the provider addresses it.
+#[derive(Debug, Clone, Copy)]
+pub struct FabricPeer {
+    pub addr: PeerAddr,
+    pub region: RemoteRegion,
+    /// The peer's heap base address as WQEs carry it.
+    pub vbase: u64,
+    /// The peer's heap key as WQEs carry it.
+    pub rkey: u32,
+    /// The peer's heap length.
+    pub len: u64,
+}
+
+impl FabricPeer {
+    /// The provider target of `[raddr, raddr+len)`, or REMOTE_ACCESS.
+    fn target(&self, rkey: u32, raddr: u64, len: u64) -> std::result::Result<Target, Syndrome> {
+        let ok = rkey == self.rkey
+            && raddr >= self.vbase
+            && raddr
+                .checked_add(len)
+                .is_some_and(|e| e <= self.vbase + self.len);
+        if !ok {
+            return Err(Syndrome::RemoteAccess);
+        }
+        Ok(Target {
+            peer: self.addr,
+            region: self.region,
+            offset: raddr - self.vbase,
+        })
+    }
+}
+
+/// Local memory registered with the backend's domain, where WQE buffers must lie.
+pub type Regions = Arc<Mutex<Vec<Arc<MemoryRegion>>>>;
+
+enum Bounce {
+    None,
+    Slot(u32),
+}
+
+struct Pending {
+    token: u64,
+    /// A write waiting for delivery (not delivery-complete endpoints): the peer to flush.
+    flush_to: Option<Target>,
+    /// This operation is the flush READ to peer `.0` of writes `.1` (reported when it
+    /// completes).
+    flushes: Option<(u64, Vec<u32>)>,
+    /// Posts not completed yet.
+    left: u32,
+    status: std::result::Result<(), Syndrome>,
+    bounce: Bounce,
+    /// Atomic result to rewrite big-endian at completion: (address, bytes, size).
+    swap_be: Option<(usize, usize, usize)>,
+}
+
+/// Executes soft-HCA operations over one libfabric endpoint. Asynchronous.
+pub struct FabricBackend {
+    ep: Endpoint,
+    /// Writes complete at the target (FI_DELIVERY_COMPLETE). When false, a write's
+    /// completion is held until an 8-byte READ posted after it to the same peer
+    /// completes (one ordered connection per peer: the READ is answered after the write
+    /// was placed) — see docs/multinode.md.
+    dc: bool,
+    /// Per peer (by address): writes locally complete, awaiting a flush; and whether a
+    /// flush READ is in flight.
+    unflushed: std::collections::HashMap<u64, (Target, Vec<u32>, bool)>,
+    regions: Regions,
+    bounce: Arc<MemoryRegion>,
+    bounce_free: Vec<u32>,
+    ops: Vec<Option<Pending>>,
+    ops_free: Vec<u32>,
+    comps: Vec<Completion>,
+}
+
+impl std::fmt::Debug for FabricBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FabricBackend")
+            .field("ep", &self.ep)
+            .field("in_flight", &(self.ops.len() - self.ops_free.len()))
+            .finish()
+    }
+}
+
+fn syndrome_of(code: u8) -> Syndrome {
+    Syndrome::ALL
+        .into_iter()
+        .find(|s| *s as u8 == code)
+        .unwrap_or(Syndrome::RemoteOp)
+}
+
+fn post_syndrome(e: &Error) -> Syndrome {
+    match e {
+        Error::Fabric { code, .. } => syndrome_of(crate::fabric::syndrome_for(*code)),
+        Error::Misaligned { .. } => Syndrome::RemoteInvalReq,
+        _ => Syndrome::RemoteOp,
+    }
+}
+
+/// A libfabric fetch or compare operation equal to `op`, or None (REMOTE_OP).
+enum FabricAtomic {
+    Fetch(FetchOp, u64),
+    Cswap { compare: u64, swap: u64 },
+}
+
+fn map_atomic(op: &AtomicOp) -> Option<(AtomicType, FabricAtomic)> {
+    let size = op.size();
+    let ty = if size == 4 {
+        AtomicType::U32
+    } else {
+        AtomicType::U64
+    };
+    let m = if size == 4 { u32::MAX as u64 } else { u64::MAX };
+    Some(match *op {
+        AtomicOp::Cs { compare, swap } => (ty, FabricAtomic::Cswap { compare, swap }),
+        AtomicOp::Fa { add } => (ty, FabricAtomic::Fetch(FetchOp::Add, add)),
+        AtomicOp::MaskedFa { add, boundary, .. } if boundary & m == 0 => {
+            (ty, FabricAtomic::Fetch(FetchOp::Add, add & m))
+        }
+        AtomicOp::MaskedCs {
+            swap,
+            compare,
+            swap_mask,
+            compare_mask,
+            ..
+        } => {
+            let (sm, cm) = (swap_mask & m, compare_mask & m);
+            if cm == m && sm == m {
+                (
+                    ty,
+                    FabricAtomic::Cswap {
+                        compare: compare & m,
+                        swap: swap & m,
+                    },
+                )
+            } else if cm != 0 {
+                return None;
+            } else if sm == m {
+                (ty, FabricAtomic::Fetch(FetchOp::Swap, swap & m))
+            } else if swap & sm == 0 {
+                (ty, FabricAtomic::Fetch(FetchOp::And, !sm & m))
+            } else if swap & sm == sm {
+                (ty, FabricAtomic::Fetch(FetchOp::Or, sm))
+            } else {
+                return None;
+            }
+        }
+        AtomicOp::MaskedFa { .. } => return None,
+    })
+}
+
+impl FabricBackend {
+    /// Opens the provider chosen by `RSHMEM_FABRIC_PROVIDER` (or the first that fits),
+    /// a domain and one endpoint. Fails with `Error::LibraryMissing` (naming libfabric1)
+    /// when libfabric is not installed.
+    pub fn open() -> Result<FabricBackend> {
+        let fabric = Fabric::open_from_env()?;
+        let domain = fabric.domain()?;
+        // RSHMEM_FABRIC_DELIVERY=complete asks the provider for delivery-complete writes
+        // instead of flushing with READs (slower on tcp;ofi_rxm, see docs/multinode.md).
+        let want_dc = std::env::var("RSHMEM_FABRIC_DELIVERY").is_ok_and(|v| v == "complete");
+        let ep = Endpoint::with_completion(&domain, want_dc)?;
+        let bounce = domain.alloc(BOUNCE * BOUNCE_SLOTS)?;
+        Ok(FabricBackend {
+            dc: ep.delivery_complete(),
+            unflushed: std::collections::HashMap::new(),
+            ep,
+            regions: Arc::new(Mutex::new(Vec::new())),
+            bounce,
+            bounce_free: (0..BOUNCE_SLOTS as u32).rev().collect(),
+            ops: Vec::new(),
+            ops_free: Vec::new(),
+            comps: Vec::with_capacity(64),
+        })
+    }
+
+    /// This endpoint's address, for peers' [`FabricBackend::insert_peer`].
+    pub fn name(&self) -> Vec<u8> {
+        self.ep.name().to_vec()
+    }
+
+    /// The domain (register memory with it).
+    pub fn domain(&self) -> &Arc<Domain> {
+        self.ep.domain()
+    }
+
+    /// The provider's name.
+    pub fn provider(&self) -> String {
+        self.ep.info().provider.clone()
+    }
+
+    /// The list of registered local regions WQE buffers may use; callers add their
+    /// staging memory and remove it when done.
+    pub fn regions(&self) -> Regions {
+        self.regions.clone()
+    }
+
+    /// Adds a peer's endpoint address.
+    pub fn insert_peer(&mut self, name: &[u8]) -> Result<PeerAddr> {
+        self.ep.insert_peer(name)
+    }
+
+    /// Operations posted and not completed.
+    pub fn in_flight(&self) -> usize {
+        self.ops.len() - self.ops_free.len()
+    }
+
+    fn find(&self, b: &LocalBuf) -> std::result::Result<(Arc<MemoryRegion>, usize), Syndrome> {
+        let p = b.ptr as usize;
+        let g = self.regions.lock().unwrap_or_else(|e| e.into_inner());
+        g.iter()
+            .chain(std::iter::once(&self.bounce))
+            .find(|r| {
+                let s = r.as_ptr() as usize;
+                p >= s && p + b.len <= s + r.len()
+            })
+            .map(|r| (r.clone(), p - r.as_ptr() as usize))
+            .ok_or(Syndrome::LocalProt)
+    }
+
+    fn new_op(&mut self, token: u64, left: u32, bounce: Bounce) -> u32 {
+        let p = Pending {
+            token,
+            flush_to: None,
+            flushes: None,
+            left,
+            status: Ok(()),
+            bounce,
+            swap_be: None,
+        };
+        match self.ops_free.pop() {
+            Some(i) => {
+                self.ops[i as usize] = Some(p);
+                i
+            }
+            None => {
+                self.ops.push(Some(p));
+                (self.ops.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Without delivery-complete writes, write `i` to `t`'s peer is reported only after a
+    /// flush READ.
+    fn mark_write(&mut self, i: u32, t: Target) {
+        if !self.dc {
+            if let Some(p) = self.ops[i as usize].as_mut() {
+                p.flush_to = Some(Target { offset: 0, ..t });
+            }
+        }
+    }
+
+    /// Operation `i` has no post left in flight: report it, or (a write that still needs
+    /// its delivery confirmed) queue it for its peer's next flush. A flush READ reports
+    /// the writes it covered.
+    fn settle(&mut self, i: u32, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        let Some(p) = self.ops[i as usize].as_mut() else {
+            return;
+        };
+        if let (Some(t), Ok(())) = (p.flush_to, p.status) {
+            p.flush_to = None;
+            self.unflushed
+                .entry(t.peer.0)
+                .or_insert_with(|| (t, Vec::new(), false))
+                .1
+                .push(i);
+            return;
+        }
+        let covered = p.flushes.take().map(|(_, l)| l);
+        let (token, status) = self.finish(i);
+        match covered {
+            Some(list) => {
+                for w in list {
+                    if let Some(q) = self.ops[w as usize].as_mut() {
+                        if let (Err(s), Ok(())) = (status, q.status) {
+                            q.status = Err(s);
+                        }
+                    }
+                    let (t, st) = self.finish(w);
+                    done(t, st);
+                }
+            }
+            None => done(token, status),
+        }
+    }
+
+    /// Posts a flush READ to every peer with unflushed writes and no flush in flight.
+    fn post_flushes(&mut self, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        let peers: Vec<u64> = self
+            .unflushed
+            .iter()
+            .filter(|(_, (_, w, busy))| !*busy && !w.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in peers {
+            let Some(slot) = self.bounce_free.pop() else {
+                return; // retried at the next poll
+            };
+            let (t, writes) = {
+                let e = self.unflushed.get_mut(&k).expect("listed");
+                e.2 = true;
+                (e.0, std::mem::take(&mut e.1))
+            };
+            let i = self.new_op(u64::MAX, 1, Bounce::Slot(slot));
+            if let Some(p) = self.ops[i as usize].as_mut() {
+                p.flushes = Some((k, writes));
+            }
+            let bounce = self.bounce.clone();
+            let local = Local {
+                region: &bounce,
+                offset: slot as usize * BOUNCE,
+            };
+            if let Err(e) = self.ep.read(local, t, 8, i as u64) {
+                if self.part_done(i, Err(post_syndrome(&e))) {
+                    self.flush_done(i, done);
+                }
+            }
+        }
+    }
+
+    /// Operation `i`'s last post finished: a flush frees its peer for the next one.
+    fn flush_done(&mut self, i: u32, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        let peer = self.ops[i as usize]
+            .as_ref()
+            .and_then(|p| p.flushes.as_ref().map(|f| f.0));
+        if let Some(e) = peer.and_then(|k| self.unflushed.get_mut(&k)) {
+            e.2 = false;
+        }
+        self.settle(i, done);
+    }
+
+    /// One of an operation's posts finished (or failed to post); true when it was the last.
+    fn part_done(&mut self, i: u32, status: std::result::Result<(), Syndrome>) -> bool {
+        let Some(p) = self.ops[i as usize].as_mut() else {
+            return false;
+        };
+        if let (Err(s), Ok(())) = (status, p.status) {
+            p.status = Err(s);
+        }
+        p.left -= 1;
+        p.left == 0
+    }
+
+    /// Retires operation `i`: frees its bounce slot, fixes an atomic result's byte order.
+    fn finish(&mut self, i: u32) -> (u64, std::result::Result<(), Syndrome>) {
+        let p = self.ops[i as usize].take().expect("live operation");
+        self.ops_free.push(i);
+        if let Bounce::Slot(s) = p.bounce {
+            self.bounce_free.push(s);
+        }
+        if let (Ok(()), Some((addr, n, size))) = (p.status, p.swap_be) {
+            // SAFETY: the result buffer was resolved through an lkey with LOCAL_WRITE by
+            // the engine and stays valid until the CQE of this WQE (backend contract); the
+            // provider wrote `size` native-endian bytes there.
+            unsafe {
+                let mut b = [0u8; 8];
+                std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), size);
+                let be = if size == 8 {
+                    u64::from_ne_bytes(b).to_be_bytes()
+                } else {
+                    let mut a = [0u8; 8];
+                    let v = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+                    a[..4].copy_from_slice(&v.to_be_bytes());
+                    a
+                };
+                std::ptr::copy_nonoverlapping(be.as_ptr(), addr as *mut u8, n.min(size));
+            }
+        }
+        (p.token, p.status)
+    }
+
+    /// Posts the parts of operation `i`; a part that fails to post counts as done with
+    /// its syndrome. Returns the final status when nothing stays in flight.
+    fn post_parts(
+        &mut self,
+        i: u32,
+        parts: usize,
+        mut post: impl FnMut(&mut Self, usize) -> std::result::Result<(), Syndrome>,
+    ) -> Option<std::result::Result<(), Syndrome>> {
+        for k in 0..parts {
+            if let Err(s) = post(self, k) {
+                // This part and every later one will never complete.
+                let mut last = false;
+                for _ in k..parts {
+                    last = self.part_done(i, Err(s));
+                }
+                if last {
+                    return Some(self.finish(i).1);
+                }
+                return None;
+            }
+        }
+        None
+    }
+
+    fn start(
+        &mut self,
+        peer: &FabricPeer,
+        token: u64,
+        op: &Op<'_>,
+    ) -> Option<std::result::Result<(), Syndrome>> {
+        match *op {
+            Op::Write {
+                raddr,
+                rkey,
+                len,
+                src,
+            } => {
+                if len == 0 {
+                    return Some(Ok(()));
+                }
+                let t = match peer.target(rkey, raddr, len) {
+                    Ok(t) => t,
+                    Err(s) => return Some(Err(s)),
+                };
+                match src {
+                    Gather::Inline(b) => {
+                        let (region, offset, bounce) = match self.bounce_free.pop() {
+                            Some(s) if b.len() <= BOUNCE => {
+                                (self.bounce.clone(), s as usize * BOUNCE, Bounce::Slot(s))
+                            }
+                            other => {
+                                if let Some(s) = other {
+                                    self.bounce_free.push(s);
+                                }
+                                match self.domain().alloc(b.len().max(1)) {
+                                    Ok(r) => (r, 0, Bounce::None),
+                                    Err(e) => return Some(Err(post_syndrome(&e))),
+                                }
+                            }
+                        };
+                        if let Err(e) = region.write(offset, b) {
+                            return Some(Err(post_syndrome(&e)));
+                        }
+                        let i = self.new_op(token, 1, bounce);
+                        self.mark_write(i, t);
+                        self.post_parts(i, 1, |me, _| {
+                            me.ep
+                                .write(
+                                    t,
+                                    Local {
+                                        region: &region,
+                                        offset,
+                                    },
+                                    b.len(),
+                                    i as u64,
+                                )
+                                .map_err(|e| post_syndrome(&e))
+                        })
+                    }
+                    Gather::Bufs(bufs) => {
+                        let i = self.new_op(token, bufs.len() as u32, Bounce::None);
+                        self.mark_write(i, t);
+                        let mut off = 0u64;
+                        self.post_parts(i, bufs.len(), |me, k| {
+                            let b = bufs[k];
+                            let (region, offset) = me.find(&b)?;
+                            let mut tk = t;
+                            tk.offset += off;
+                            off += b.len as u64;
+                            me.ep
+                                .write(
+                                    tk,
+                                    Local {
+                                        region: &region,
+                                        offset,
+                                    },
+                                    b.len,
+                                    i as u64,
+                                )
+                                .map_err(|e| post_syndrome(&e))
+                        })
+                    }
+                }
+            }
+            Op::Read {
+                raddr,
+                rkey,
+                len,
+                dst,
+            } => {
+                if len == 0 {
+                    return Some(Ok(()));
+                }
+                let t = match peer.target(rkey, raddr, len) {
+                    Ok(t) => t,
+                    Err(s) => return Some(Err(s)),
+                };
+                let i = self.new_op(token, dst.len() as u32, Bounce::None);
+                let mut off = 0u64;
+                self.post_parts(i, dst.len(), |me, k| {
+                    let b = dst[k];
+                    let (region, offset) = me.find(&b)?;
+                    let mut tk = t;
+                    tk.offset += off;
+                    off += b.len as u64;
+                    me.ep
+                        .read(
+                            Local {
+                                region: &region,
+                                offset,
+                            },
+                            tk,
+                            b.len,
+                            i as u64,
+                        )
+                        .map_err(|e| post_syndrome(&e))
+                })
+            }
+            Op::Atomic {
+                raddr,
+                rkey,
+                op,
+                result,
+            } => {
+                let size = op.size() as u64;
+                let t = match peer.target(rkey, raddr, size) {
+                    Ok(t) => t,
+                    Err(s) => return Some(Err(s)),
+                };
+                if raddr % size != 0 {
+                    return Some(Err(Syndrome::RemoteInvalReq));
+                }
+                let Some((ty, fop)) = map_atomic(&op) else {
+                    return Some(Err(Syndrome::RemoteOp));
+                };
+                let full = LocalBuf {
+                    ptr: result.ptr,
+                    len: size as usize,
+                };
+                let (region, offset) = match self.find(&full) {
+                    Ok(x) => x,
+                    Err(s) => return Some(Err(s)),
+                };
+                let i = self.new_op(token, 1, Bounce::None);
+                if let Some(p) = self.ops[i as usize].as_mut() {
+                    p.swap_be = Some((result.ptr as usize, result.len, size as usize));
+                }
+                self.post_parts(i, 1, |me, _| {
+                    let local = Local {
+                        region: &region,
+                        offset,
+                    };
+                    match fop {
+                        FabricAtomic::Fetch(f, v) => {
+                            me.ep.fetch_atomic(f, ty, v, t, local, i as u64)
+                        }
+                        FabricAtomic::Cswap { compare, swap } => {
+                            me.ep.compare_swap(ty, compare, swap, t, local, i as u64)
+                        }
+                    }
+                    .map_err(|e| post_syndrome(&e))
+                })
+            }
+        }
+    }
+}
+
+impl Backend for FabricBackend {
+    type Peer = FabricPeer;
+    type Cache = ();
+
+    fn execute(
+        &mut self,
+        peer: &FabricPeer,
+        _cache: &mut (),
+        token: u64,
+        op: &Op<'_>,
+    ) -> Option<std::result::Result<(), Syndrome>> {
+        self.start(peer, token, op)
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        let mut comps = std::mem::take(&mut self.comps);
+        comps.clear();
+        if self.ep.poll_into(&mut comps).is_err() {
+            // The completion queue itself failed: nothing in flight will complete.
+            self.unflushed.clear();
+            for i in 0..self.ops.len() as u32 {
+                if self.ops[i as usize].is_some() {
+                    let (t, _) = self.finish(i);
+                    done(t, Err(Syndrome::TransportRetryExc));
+                }
+            }
+        }
+        for c in comps.drain(..) {
+            // Remote-data arrivals and errors not tied to an operation (a peer that went
+            // away while nothing was in flight to it) need no CQE.
+            if let Completion::Local { context, status } = c {
+                let i = context as u32;
+                let s = status.map_err(|e| syndrome_of(e.syndrome()));
+                if (i as usize) < self.ops.len() && self.part_done(i, s) {
+                    self.flush_done(i, done);
+                }
+            }
+        }
+        self.comps = comps;
+        self.post_flushes(done);
+    }
+
+    fn idle_wait(&self) -> Duration {
+        IDLE_WAIT
+    }
+}

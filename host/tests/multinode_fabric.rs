@@ -1,0 +1,120 @@
+//! The soft HCA's libfabric backend on one machine, without namespaces or root:
+//! `RSHMEM_TRANSPORT=proxy` + `RSHMEM_PROXY_BACKEND=fabric` sends every peer, this PE
+//! included, through libfabric (the provider chosen automatically: tcp;ofi_rxm or shm).
+//! Cross-namespace jobs are in netns_jobs.rs; the design in docs/multinode.md.
+use std::process::Command;
+
+const RSHMEM: &str = env!("CARGO_BIN_EXE_rshmem");
+
+fn fabric_cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(RSHMEM);
+    c.args(args)
+        .env("RSHMEM_TRANSPORT", "proxy")
+        .env("RSHMEM_PROXY_BACKEND", "fabric")
+        .env("RSHMEM_SYMMETRIC_SIZE", "16M")
+        .env("RSHMEM_TIMEOUT_MS", "20000");
+    c
+}
+
+/// The whole self-test, 3 processes, every operation through libfabric.
+#[test]
+fn selftest_over_fabric_three_processes() {
+    let out = fabric_cmd(&["run", "-n", "3", "--", RSHMEM, "selftest"])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for pe in 0..3 {
+        let want = format!("all 10 cases passed on PE {pe}");
+        assert!(text.contains(&want), "missing {want:?}:\n{text}");
+    }
+}
+
+/// `bench put` under a launcher reports the fabric transport and its provider, with
+/// verified data.
+#[test]
+fn bench_reports_proxy_fabric() {
+    let out = fabric_cmd(&[
+        "run",
+        "-n",
+        "2",
+        "--",
+        RSHMEM,
+        "bench",
+        "put",
+        "--transport",
+        "proxy",
+        "--min-size",
+        "8",
+        "--max-size",
+        "128K",
+        "--iters",
+        "200",
+        "--warmup",
+        "20",
+        "--json",
+    ])
+    .output()
+    .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let json = text
+        .lines()
+        .find_map(|l| l.find('{').map(|i| &l[i..]))
+        .unwrap_or_else(|| panic!("no JSON in:\n{text}"));
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(v["transport"], "proxy-fabric", "{json}");
+    assert!(
+        v["provider"].as_str().is_some_and(|p| !p.is_empty()),
+        "{json}"
+    );
+    assert_eq!(v["rows"].as_array().map(|r| r.len()), Some(15), "{json}");
+}
+
+/// A bad RSHMEM_PROXY_BACKEND is refused, naming the variable.
+#[test]
+fn bad_proxy_backend_is_refused() {
+    let out = Command::new(RSHMEM)
+        .args(["selftest"])
+        .env("RSHMEM_PROXY_BACKEND", "carrier-pigeon")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("RSHMEM_PROXY_BACKEND"), "{text}");
+}
+
+/// The self-test with delivery-complete writes (no flush READs) and the smallest staging
+/// chunk (many WQEs per put/get), 2 processes.
+#[test]
+fn selftest_over_fabric_delivery_complete_small_chunks() {
+    let out = fabric_cmd(&["run", "-n", "2", "--", RSHMEM, "selftest"])
+        .env("RSHMEM_FABRIC_DELIVERY", "complete")
+        .env("RSHMEM_FABRIC_CHUNK", "8K")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for pe in 0..2 {
+        let want = format!("all 10 cases passed on PE {pe}");
+        assert!(text.contains(&want), "missing {want:?}:\n{text}");
+    }
+}
+
+/// A bad RSHMEM_FABRIC_CHUNK is refused, naming the variable.
+#[test]
+fn bad_fabric_chunk_is_refused() {
+    let out = Command::new(RSHMEM)
+        .args(["selftest"])
+        .env("RSHMEM_FABRIC_CHUNK", "3000")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("RSHMEM_FABRIC_CHUNK"), "{text}");
+}
