@@ -49,18 +49,22 @@ macro_rules! atomic_int {
     ($t:ty, $a:ty) => {
         impl AtomicInt for $t {
             const ONE: Self = 1;
+            #[inline]
             unsafe fn load(p: *mut Self, o: Ordering) -> Self {
                 // SAFETY: caller guarantees alignment, liveness and atomic-only access.
                 unsafe { <$a>::from_ptr(p).load(o) }
             }
+            #[inline]
             unsafe fn store(p: *mut Self, v: Self, o: Ordering) {
                 // SAFETY: as above.
                 unsafe { <$a>::from_ptr(p).store(v, o) }
             }
+            #[inline]
             unsafe fn swap(p: *mut Self, v: Self, o: Ordering) -> Self {
                 // SAFETY: as above.
                 unsafe { <$a>::from_ptr(p).swap(v, o) }
             }
+            #[inline]
             unsafe fn compare_swap(p: *mut Self, cond: Self, v: Self, o: Ordering) -> Self {
                 // The failure ordering only needs to make the returned value meaningful.
                 let fail = match o {
@@ -72,18 +76,22 @@ macro_rules! atomic_int {
                     Ok(old) | Err(old) => old,
                 }
             }
+            #[inline]
             unsafe fn fetch_add(p: *mut Self, v: Self, o: Ordering) -> Self {
                 // SAFETY: as above.
                 unsafe { <$a>::from_ptr(p).fetch_add(v, o) }
             }
+            #[inline]
             unsafe fn fetch_and(p: *mut Self, v: Self, o: Ordering) -> Self {
                 // SAFETY: as above.
                 unsafe { <$a>::from_ptr(p).fetch_and(v, o) }
             }
+            #[inline]
             unsafe fn fetch_or(p: *mut Self, v: Self, o: Ordering) -> Self {
                 // SAFETY: as above.
                 unsafe { <$a>::from_ptr(p).fetch_or(v, o) }
             }
+            #[inline]
             unsafe fn fetch_xor(p: *mut Self, v: Self, o: Ordering) -> Self {
                 // SAFETY: as above.
                 unsafe { <$a>::from_ptr(p).fetch_xor(v, o) }

@@ -377,7 +377,11 @@ impl Pe {
         let world_p2p = local.len() == n;
         world.set_p2p(world_p2p);
 
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        // The node's online CPUs, not this thread's affinity mask: PEs pinned one per core
+        // (taskset, numactl, Slurm binding) are not oversubscribed.
+        // SAFETY: sysconf has no preconditions.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        let cores = if online > 0 { online as usize } else { 1 };
         let spin_polls = crate::rma::spin_polls(local.len(), cores);
         Ok(Pe {
             spin_polls,
@@ -452,6 +456,7 @@ impl Pe {
     }
 
     /// Validates `[offset, offset+len)` on PE `pe` and returns its local address.
+    #[inline]
     pub(crate) fn target(&self, pe: usize, offset: usize, len: usize) -> Result<*mut u8> {
         if pe >= self.n_pes {
             return Err(Error::InvalidPe {
@@ -484,6 +489,7 @@ impl Pe {
     }
 
     /// Validates `[offset, offset+len)` on PE `pe` and says how to reach it.
+    #[inline]
     pub(crate) fn route(&self, pe: usize, offset: usize, len: usize) -> Result<Route> {
         match self.paths.get(pe) {
             Some(PeerPath::Proxy) => {

@@ -60,6 +60,7 @@ impl Pe {
 
     /// Copies `src` into `dest` on PE `pe` (`src.len() <= dest.len()`). On return `src` may
     /// be reused; the data is visible to `pe` after `quiet`/barrier (with p2p: already).
+    #[inline]
     pub fn put<T: Element>(&self, dest: SymPtr<T>, src: &[T], pe: usize) -> Result<()> {
         let bytes = std::mem::size_of_val(src);
         check_len("put", src.len(), dest.len())?;
@@ -113,6 +114,7 @@ impl Pe {
     }
 
     /// Writes one element (`dest`'s first) on PE `pe`.
+    #[inline]
     pub fn p<T: Element>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
         self.put(dest, std::slice::from_ref(&value), pe)
     }
@@ -207,6 +209,7 @@ impl Pe {
     // ------------------------------------------------------------------ wait / test
 
     /// Waits until this PE's `ivar` (its first element) satisfies `cmp value`.
+    #[inline]
     pub fn wait_until<T: AtomicInt>(&self, ivar: SymPtr<T>, cmp: Cmp, value: T) -> Result<()> {
         let p = self.sync_word::<T>(ivar, self.my_pe(), "wait_until")?;
         self.wait_word(p, ivar.offset(), cmp, value, "wait_until")
@@ -521,6 +524,7 @@ impl Pe {
 
     /// Validates a synchronisation word (first element of `sym`) on `pe`: in bounds and
     /// naturally aligned.
+    #[inline]
     fn sync_word<T>(&self, sym: SymPtr<T>, pe: usize, op: &'static str) -> Result<*mut T> {
         let size = std::mem::size_of::<T>();
         check_len(op, 1, sym.len())?;
@@ -625,6 +629,7 @@ impl Pe {
     }
 
     /// Spins on one word until `cmp target` holds; returns the value seen.
+    #[inline]
     fn wait_word<T: AtomicInt>(
         &self,
         p: *mut T,
@@ -685,6 +690,7 @@ impl Pe {
     /// The bounded wait loop shared by every wait: spin, then yield, checking the clock and
     /// peer liveness every CHECK_EVERY polls. `step` returns Ok(result) when done or
     /// Err(state) with what it saw; `expired` turns the last state into the timeout error.
+    #[inline]
     pub(crate) fn poll<R, S>(
         &self,
         mut step: impl FnMut() -> std::result::Result<R, S>,
@@ -730,6 +736,7 @@ pub(crate) fn spin_polls(local_pes: usize, cores: usize) -> u64 {
     }
 }
 
+#[inline]
 fn check_len(op: &'static str, n: usize, room: usize) -> Result<()> {
     if n > room {
         return Err(Error::InvalidArgument(format!(
@@ -744,6 +751,7 @@ fn check_len(op: &'static str, n: usize, room: usize) -> Result<()> {
 ///
 /// # Safety
 /// `dst` must be valid for `n` bytes of writes, `src` for `n` bytes of reads.
+#[inline]
 pub(crate) unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usize) {
     // SAFETY (whole body): the caller guarantees both ranges; the atomic stores target
     // naturally aligned words inside dst..dst+n.
@@ -771,6 +779,7 @@ pub(crate) unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usi
 ///
 /// # Safety
 /// `src` must be valid for `size_of::<T>()` bytes of reads; T must accept any bit pattern.
+#[inline]
 unsafe fn load_acquire<T: Element>(src: *const u8) -> T {
     let n = std::mem::size_of::<T>();
     // SAFETY (whole body): the caller guarantees the range; atomic loads only on naturally
@@ -792,6 +801,7 @@ unsafe fn load_acquire<T: Element>(src: *const u8) -> T {
 
 /// # Safety
 /// `s` must be an aligned signal word in a live mapping, accessed only atomically.
+#[inline]
 unsafe fn signal_update(s: *mut u64, signal: u64, op: SignalOp) {
     // SAFETY: per the contract. Release: the data put before the signal is visible to a PE
     // that observes the new signal value with an Acquire load.

@@ -124,6 +124,7 @@ pub enum Cmp {
 
 impl Cmp {
     /// `value <op> target`.
+    #[inline]
     pub fn holds<T: PartialOrd>(self, value: T, target: T) -> bool {
         match self {
             Cmp::Eq => value == target,

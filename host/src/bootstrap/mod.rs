@@ -67,6 +67,7 @@ impl Liveness {
     /// `Err(Error::PeerDied { pe, detail })` once any PE of the job died or the root was lost.
     ///
     /// While all is well this is one atomic load, cheap enough for RMA wait loops.
+    #[inline]
     pub fn check(&self) -> Result<()> {
         // Acquire pairs with the Release store in `report`, so that once the flag is seen
         // the detail written before it is visible (the mutex would also order it; the
@@ -76,6 +77,13 @@ impl Liveness {
         if v == 0 {
             return Ok(());
         }
+        self.died(v)
+    }
+
+    /// The error for a recorded death (kept out of line: `check` sits on hot paths).
+    #[cold]
+    #[inline(never)]
+    fn died(&self, v: u64) -> Result<()> {
         Err(Error::PeerDied {
             pe: (v - 1) as usize,
             detail: lock(&self.detail).clone(),
