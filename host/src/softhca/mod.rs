@@ -7,6 +7,8 @@
 //! - [`backend`]: how bytes move ([`Backend`], [`LocalBackend`]).
 //! - [`engine`]: [`EngineCore`] (parse, check, execute, complete) and [`SoftHca`] (a thread
 //!   running one).
+//! - [`ibgda_table`]: the IBGDA queue table and descriptor shared with the CUDA producer
+//!   (`rshmem/ibgda/queue.cuh`, the device twin of [`SendQueue`]).
 //! - [`fabric`]: [`FabricBackend`], the backend over libfabric (peers on other nodes).
 //! - [`proxy`]: what a [`crate::Pe`] uses for peers reached through the soft HCA.
 //!
@@ -16,6 +18,7 @@
 pub mod backend;
 pub mod engine;
 pub mod fabric;
+pub mod ibgda_table;
 pub mod mr;
 pub(crate) mod proxy;
 pub mod queue;
