@@ -13,16 +13,18 @@
 
 use libloading::Library;
 use rshmem::mlx5::cqe::CqeOpcode;
+use rshmem::mlx5::doorbell::doorbell_word;
 use rshmem::mlx5::wqe::opcode;
 use rshmem::mlx5::Syndrome;
 use rshmem::softhca::ibgda_table::{layout_facts, status, IbgdaQp};
 use rshmem::softhca::{
-    Access, AtomicOp, CqMode, LocalBackend, LocalPeer, MrTable, QpConfig, QueueMemory, SoftHca,
-    Waker,
+    Access, AtomicOp, CqMode, DiscardEngine, LocalBackend, LocalPeer, MrTable, QpConfig,
+    QueueMemory, SoftHca, Waker,
 };
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -52,7 +54,7 @@ struct TestRun {
     ops: *const TestOp,
     starts: *const u64,
     threads: u32,
-    pad: u32,
+    skip_quiet: u32,
     status: *mut i32,
     failed: *mut u64,
 }
@@ -226,6 +228,8 @@ impl Env {
 }
 
 struct Outcome {
+    /// WQEs the discard engine completed (Engine::Discard).
+    discarded: Option<u64>,
     /// Wall time of the producers' run (threads started to joined).
     elapsed: Duration,
     status: Vec<i32>,
@@ -245,10 +249,59 @@ fn run(
     timeout: Duration,
     plan: &[Vec<TestOp>],
 ) -> Outcome {
+    run_with(env, mem, desc, mode, engine, timeout, plan, false)
+}
+
+/// As [`run`]; with `skip_quiet` the threads end without a final quiet.
+#[allow(clippy::too_many_arguments)]
+fn run_with(
+    env: &Env,
+    mem: &Arc<QueueMemory>,
+    desc: Option<Box<IbgdaQp>>,
+    mode: CqMode,
+    engine: bool,
+    timeout: Duration,
+    plan: &[Vec<TestOp>],
+    skip_quiet: bool,
+) -> Outcome {
+    run_engine(
+        env,
+        mem,
+        desc,
+        mode,
+        if engine { Engine::Soft } else { Engine::None },
+        timeout,
+        plan,
+        skip_quiet,
+    )
+}
+
+/// Who serves the QP.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    /// The soft HCA (executes).
+    Soft,
+    /// A [`DiscardEngine`] on its own thread (completes without executing).
+    Discard,
+    /// Nobody.
+    None,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_engine(
+    env: &Env,
+    mem: &Arc<QueueMemory>,
+    desc: Option<Box<IbgdaQp>>,
+    mode: CqMode,
+    engine: Engine,
+    timeout: Duration,
+    plan: &[Vec<TestOp>],
+    skip_quiet: bool,
+) -> Outcome {
     let _g = RUN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let p = producer();
     let hca = SoftHca::start(LocalBackend, "ibgda-test-engine").unwrap();
-    let qp = engine.then(|| {
+    let qp = (engine == Engine::Soft).then(|| {
         hca.attach(QpConfig::new(
             mem.clone(),
             env.pd.clone(),
@@ -257,6 +310,20 @@ fn run(
         ))
     });
     let qpn = qp.as_ref().map_or(0x42, |q| q.qpn());
+    let stop = Arc::new(AtomicBool::new(false));
+    let discard = (engine == Engine::Discard).then(|| {
+        let (mem, stop) = (mem.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut e = DiscardEngine::new(mem, qpn, mode);
+            // Acquire: pairs with the Release below; nothing else is published by it.
+            while !stop.load(Ordering::Acquire) {
+                if e.progress() == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            e.wqes()
+        })
+    });
     let desc = desc.unwrap_or_else(|| Box::new(IbgdaQp::for_host(mem, qpn, mode, timeout)));
     let desc = Box::into_raw(desc);
     let waker = hca.waker();
@@ -274,7 +341,7 @@ fn run(
         ops: ops.as_ptr(),
         starts: starts.as_ptr(),
         threads: plan.len() as u32,
-        pad: 0,
+        skip_quiet: skip_quiet as u32,
         status: st.as_mut_ptr(),
         failed: failed.as_mut_ptr(),
     };
@@ -294,9 +361,12 @@ fn run(
         (p.set_hooks)(None, None, std::ptr::null_mut());
     }
     drop(qp); // detach: the engine no longer touches the queues or regions
-              // SAFETY: from Box::into_raw above; every producer thread has been joined.
+    stop.store(true, Ordering::Release);
+    let discarded = discard.map(|t| t.join().expect("discard engine thread"));
+    // SAFETY: from Box::into_raw above; every producer thread has been joined.
     let desc = unsafe { Box::from_raw(desc) };
     Outcome {
+        discarded,
         elapsed,
         status: st,
         failed,
@@ -682,6 +752,15 @@ fn run_plan(
         Duration::from_secs(60),
         &plan.threads,
     );
+    eprintln!(
+        "{threads} producer(s), {mode:?} CQ of {cqe_cnt}, SQ of {wqe_cnt}: {} ops, {} WQEs, \
+         {} WQEBBs, {} CQEs consumed, {:?}",
+        plan.threads.iter().map(Vec::len).sum::<usize>(),
+        plan.wqes,
+        plan.wqebbs,
+        out.desc.cqes(),
+        out.elapsed
+    );
     for (t, (&s, &f)) in out.status.iter().zip(&out.failed).enumerate() {
         assert_eq!(
             s,
@@ -699,18 +778,11 @@ fn run_plan(
     assert_eq!(d.completed(), plan.wqebbs, "WQEBBs completed");
     if mode == CqMode::Normal {
         assert_eq!(d.cqes(), plan.wqes, "one CQE per WQE consumed");
-        assert_eq!(
-            d.cq_ci.load(std::sync::atomic::Ordering::Acquire) as u64,
-            plan.wqes
-        );
+        assert_eq!(d.cq_ci.load(Ordering::Acquire) as u64, plan.wqes);
     }
     // The doorbell record holds the final producer index.
     assert_eq!(
-        u32::from_be_bytes(
-            mem.qp_dbrec_send()
-                .load(std::sync::atomic::Ordering::Acquire)
-                .to_ne_bytes()
-        ),
+        u32::from_be_bytes(mem.qp_dbrec_send().load(Ordering::Acquire).to_ne_bytes()),
         (plan.wqebbs & 0xffff) as u32
     );
     // Remote memory, exactly.
@@ -947,4 +1019,154 @@ fn waits_time_out_and_a_timed_out_reservation_breaks_the_queue() {
     assert_eq!(out.status, vec![status::BROKEN]);
     assert_eq!(out.failed, vec![0]);
     assert!(out.elapsed < t, "{:?}", out.elapsed);
+}
+
+#[test]
+fn the_last_publisher_rings_the_doorbell() {
+    // Post-only op lists (no quiet, nothing blocking): when the threads return, nobody has
+    // waited for anything, so only batching's "the last publisher rings" can have put the
+    // final producer index into the doorbell record and the doorbell word.
+    const THREADS: usize = 4;
+    const PER: usize = 3000;
+    let env = Env::new(THREADS * REGION_WORDS + 8, 4096);
+    let plan: Vec<Vec<TestOp>> = (0..THREADS)
+        .map(|t| {
+            (0..PER)
+                .map(|i| TestOp {
+                    kind: if i % 2 == 0 { WRITE } else { PUT },
+                    len: 8,
+                    raddr: env.raddr(t * REGION_WORDS + i % REGION_WORDS),
+                    laddr: env.laddr(8 * (i % 64)),
+                    rkey: env.rkey,
+                    lkey: env.lkey,
+                    ..TestOp::default()
+                })
+                .collect()
+        })
+        .collect();
+    let mem = Arc::new(QueueMemory::new(64, 64).unwrap());
+    let out = run_with(
+        &env,
+        &mem,
+        None,
+        CqMode::Normal,
+        true,
+        Duration::from_secs(60),
+        &plan,
+        true,
+    );
+    assert_eq!(out.status, vec![status::OK; THREADS]);
+    let total = (THREADS * PER) as u64;
+    assert_eq!(out.desc.reserved(), total);
+    assert_eq!(out.desc.ready(), total);
+    let rec = mem.qp_dbrec_send().load(Ordering::Acquire);
+    assert_eq!(
+        u32::from_be_bytes(rec.to_ne_bytes()),
+        (total & 0xffff) as u32
+    );
+    let db = mem.doorbell().load(Ordering::Acquire);
+    assert_eq!(db, doorbell_word(total as u16, out.desc.qpn));
+}
+
+#[test]
+fn fence_marks_the_next_wqe_and_the_signal_of_put_signal() {
+    let env = Env::new(16, 4096);
+    let op = |kind: u32| TestOp {
+        kind,
+        len: 8,
+        raddr: env.raddr(0),
+        laddr: env.laddr(0),
+        a: 5,
+        b: SIGNAL_ADD,
+        c: env.raddr(1),
+        d: env.laddr(64),
+        rkey: env.rkey,
+        lkey: env.lkey,
+        ..TestOp::default()
+    };
+    let ops = vec![op(WRITE), op(FENCE), op(WRITE), op(PUT_SIGNAL), op(WRITE)];
+    let mem = Arc::new(QueueMemory::new(16, 16).unwrap());
+    let out = run(
+        &env,
+        &mem,
+        None,
+        CqMode::Normal,
+        true,
+        Duration::from_secs(20),
+        &[ops],
+    );
+    assert_eq!(out.status, vec![status::OK]);
+    // fm_ce_se (byte 11 of each control segment): CQ update always; FENCE (0x40) on the
+    // WQE after fence() and on put_signal's signal WQE; opcodes in posting order.
+    let fm: Vec<(u8, u8)> = (0..5)
+        .map(|i| {
+            // SAFETY: slot i of a 16-WQEBB ring; the engine is done with it (the run quieted).
+            let s = unsafe { std::slice::from_raw_parts(mem.sq().add(64 * i), 16) };
+            (s[3], s[11])
+        })
+        .collect();
+    assert_eq!(
+        fm,
+        vec![
+            (opcode::RDMA_WRITE, 0x08),
+            (opcode::RDMA_WRITE, 0x48),
+            (opcode::RDMA_WRITE, 0x08),
+            (opcode::ATOMIC_FA, 0x48),
+            (opcode::RDMA_WRITE, 0x08),
+        ]
+    );
+    assert_eq!(env.remote[1], 5, "the signal");
+}
+
+fn discard_run(mode: CqMode, wqe_cnt: u32, cqe_cnt: u32) {
+    // Writes, puts, reads and atomics with keys nobody registered: a discarding engine
+    // completes them all without touching memory.
+    const THREADS: usize = 4;
+    const PER: usize = 5000;
+    let env = Env::new(THREADS * REGION_WORDS + 8, 4096);
+    let kinds = [WRITE, PUT, READ, FA, MASKED_CS64, WRITE_INLINE];
+    let plan: Vec<Vec<TestOp>> = (0..THREADS)
+        .map(|t| {
+            (0..PER)
+                .map(|i| TestOp {
+                    kind: kinds[i % kinds.len()],
+                    len: 8 + (i % 3) as u32 * 40,
+                    raddr: env.raddr(t * REGION_WORDS + i % 32),
+                    laddr: env.laddr(8 * (i % 64)),
+                    a: 1,
+                    rkey: 0xbad,
+                    lkey: 0xbad,
+                    ..TestOp::default()
+                })
+                .collect()
+        })
+        .collect();
+    let wqebbs: u64 = plan.iter().flatten().map(wqebbs).sum();
+    let mem = Arc::new(QueueMemory::new(wqe_cnt, cqe_cnt).unwrap());
+    let out = run_engine(
+        &env,
+        &mem,
+        None,
+        mode,
+        Engine::Discard,
+        Duration::from_secs(60),
+        &plan,
+        false,
+    );
+    assert_eq!(out.status, vec![status::OK; THREADS]);
+    assert_eq!(out.discarded, Some((THREADS * PER) as u64));
+    assert_eq!(out.desc.reserved(), wqebbs);
+    assert_eq!(out.desc.completed(), wqebbs);
+    assert_eq!(out.desc.first_error(), None);
+    assert!(env.remote.iter().all(|&w| w == 0), "nothing executed");
+}
+
+#[test]
+fn discard_engine_completes_without_executing_normal_cq() {
+    discard_run(CqMode::Normal, 16, 4);
+}
+
+#[test]
+fn discard_engine_completes_without_executing_collapsed_cq() {
+    discard_run(CqMode::Collapsed, 64, 1);
 }

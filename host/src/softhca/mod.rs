@@ -9,6 +9,8 @@
 //!   running one).
 //! - [`ibgda_table`]: the IBGDA queue table and descriptor shared with the CUDA producer
 //!   (`rshmem/ibgda/queue.cuh`, the device twin of [`SendQueue`]).
+//! - [`discard`]: [`DiscardEngine`], completes WQEs without executing them (producer-rate
+//!   benchmarks).
 //! - [`fabric`]: [`FabricBackend`], the backend over libfabric (peers on other nodes).
 //! - [`proxy`]: what a [`crate::Pe`] uses for peers reached through the soft HCA.
 //!
@@ -16,6 +18,7 @@
 //! encodes nothing by hand).
 
 pub mod backend;
+pub mod discard;
 pub mod engine;
 pub mod fabric;
 pub mod ibgda_table;
@@ -24,6 +27,7 @@ pub(crate) mod proxy;
 pub mod queue;
 
 pub use backend::{AtomicOp, Backend, LocalBackend, LocalPeer, Op};
+pub use discard::DiscardEngine;
 pub use engine::{EngineCore, EngineQp, QpConfig, QpHandle, SoftHca, Waker};
 pub use fabric::{FabricBackend, FabricPeer};
 pub use mr::{Access, MemoryRegion, MrTable};
