@@ -8,13 +8,15 @@
 // Must not: depend on rshmem.cuh (the device API calls the same producer through its
 // IBGDA transport branch).
 //
-// Launch contract: any 1-D grid; blocks of up to 1024 threads. Every failure traps after
+// Launch contract: any 1-D grid; blocks of up to 256 threads (RSHMEM_IBGDA_MAX_THREADS). Every failure traps after
 // filling the error record `err` (rshmem/state.cuh; may be null: then it only traps).
 #include <stdint.h>
 
 #include "rshmem/ibgda/queue.cuh"
 
 namespace ib = rshmem::ibgda;
+
+#define RSHMEM_IBGDA_MAX_THREADS 256
 
 // Every thread posts `iters` RDMA WRITEs of `bytes` from (laddr, lkey) to raddr + thread *
 // bytes (so the remote region must hold grid threads x bytes), warp-batched (one
@@ -23,7 +25,8 @@ namespace ib = rshmem::ibgda;
 // started posting / returned from quiet — the WQEs/s the GPU posts is
 // grid threads x iters / (max end - min start). With an engine that discards (advances
 // completions without executing) this is the producer's rate alone.
-extern "C" __global__ void rshmem_ibgda_post_writes(rshmem_ibgda_qp_t *qp, uint64_t raddr,
+extern "C" __global__ void __launch_bounds__(RSHMEM_IBGDA_MAX_THREADS, 1)
+rshmem_ibgda_post_writes(rshmem_ibgda_qp_t *qp, uint64_t raddr,
                                                     uint32_t rkey, uint64_t laddr,
                                                     uint32_t lkey, uint32_t bytes,
                                                     uint32_t iters, uint32_t warp_batch,
@@ -46,7 +49,8 @@ extern "C" __global__ void rshmem_ibgda_post_writes(rshmem_ibgda_qp_t *qp, uint6
 // value landing at result + 8 * thread (registered with lkey), and stores the values it
 // got at out[thread * iters + i]. A correct run: out is a permutation of 0 .. threads x
 // iters - 1 and the word ends at its start value + threads x iters.
-extern "C" __global__ void rshmem_ibgda_fetch_add(rshmem_ibgda_qp_t *qp, uint64_t raddr,
+extern "C" __global__ void __launch_bounds__(RSHMEM_IBGDA_MAX_THREADS, 1)
+rshmem_ibgda_fetch_add(rshmem_ibgda_qp_t *qp, uint64_t raddr,
                                                   uint32_t rkey, uint64_t result,
                                                   uint32_t lkey, uint32_t iters,
                                                   rshmem_device_error_t *err,

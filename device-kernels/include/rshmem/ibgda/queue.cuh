@@ -607,7 +607,9 @@ RSHMEM_DEVICE int post_write_warp(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_
 // wait fields are reused: addr = the descriptor, expected = the WQE index concerned (the
 // failed WQE for an error CQE, else the reservation head), observed = completed, cmp =
 // status | syndrome << 8 | WQE opcode << 16 | CQE opcode << 24.
-RSHMEM_DEVICE void fail(rshmem_ibgda_qp_t *qp, int status, rshmem_device_error_t *rec, int pe) {
+// Out of line and noreturn: the cold path (printf's call ABI) costs the hot loop nothing.
+inline __device__ __noinline__ __attribute__((noreturn)) void fail(rshmem_ibgda_qp_t *qp, int status,
+                                                           rshmem_device_error_t *rec, int pe) {
   const bool cqe = status == RSHMEM_IBGDA_ERR_CQE;
   const uint64_t expected = cqe ? qp->first_error_index : ld_relaxed_gpu_u64(&qp->reserved);
   const uint64_t observed = ld_relaxed_gpu_u64(&qp->completed);
