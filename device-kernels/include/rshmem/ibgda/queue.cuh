@@ -336,8 +336,11 @@ RSHMEM_HOST_DEVICE int wait_index(rshmem_ibgda_qp_t *qp, uint64_t end) {
       if (expired(qp, w)) return RSHMEM_IBGDA_ERR_TIMEOUT;
     }
   }
-  // Acquire: pairs with the release of the flag in retire (the fields are valid).
-  if (ld_acquire_gpu_u32(&qp->first_error) && qp->first_error_index < end)
+  // Acquire: pairs with the release of the flag in retire (the fields are valid). A
+  // collapsed CQ may show a later WR_FLUSH CQE instead of the first error (the engine
+  // rewrites CQE 0), so there any error fails every wait; a normal CQ names the exact WQE.
+  if (ld_acquire_gpu_u32(&qp->first_error) &&
+      (qp->first_error_index < end || qp->cq_mode == RSHMEM_IBGDA_CQ_COLLAPSED))
     return RSHMEM_IBGDA_ERR_CQE;
   return RSHMEM_IBGDA_OK;
 }
@@ -487,7 +490,8 @@ RSHMEM_HOST_DEVICE int post_masked_cs64(rshmem_ibgda_qp_t *qp, uint64_t raddr, u
 }
 
 // put with signal: WRITE (inline when bytes <= SMALL_INLINE) then, FENCEd so it lands
-// after the data, the signal update of the 8-byte word at sig_raddr: RSHMEM_SIGNAL_ADD =
+// after the data, the signal update of the 8-byte word at sig_raddr (same rkey: the signal
+// lives in the same remote heap): RSHMEM_SIGNAL_ADD =
 // ATOMIC_FA (old value to (scratch, lkey), 8 bytes), RSHMEM_SIGNAL_SET = an 8-byte inline
 // WRITE of the value. One reservation of two WQEBBs (one doorbell).
 RSHMEM_HOST_DEVICE int put_signal(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t rkey,
