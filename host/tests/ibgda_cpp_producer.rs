@@ -16,7 +16,7 @@ use rshmem::mlx5::cqe::CqeOpcode;
 use rshmem::mlx5::doorbell::doorbell_word;
 use rshmem::mlx5::wqe::opcode;
 use rshmem::mlx5::Syndrome;
-use rshmem::softhca::ibgda_table::{layout_facts, status, IbgdaQp};
+use rshmem::softhca::ibgda_table::{layout_facts, status, IbgdaQp, IbgdaTable};
 use rshmem::softhca::{
     Access, AtomicOp, CqMode, DiscardEngine, LocalBackend, LocalPeer, MrTable, QpConfig,
     QueueMemory, SoftHca, Waker,
@@ -84,12 +84,14 @@ type SetHooks = unsafe extern "C" fn(
 );
 type Run = unsafe extern "C" fn(*const TestRun);
 type Layout = unsafe extern "C" fn(*mut u64, usize) -> usize;
+type TableQp = unsafe extern "C" fn(*const IbgdaTable, u32) -> *mut IbgdaQp;
 
 struct Producer {
     _lib: Library,
     set_hooks: SetHooks,
     run: Run,
     layout: Layout,
+    table_qp: TableQp,
 }
 
 fn compile_library() -> PathBuf {
@@ -140,11 +142,13 @@ fn producer() -> &'static Producer {
             let set_hooks = *lib.get::<SetHooks>(b"ibgda_set_hooks\0").unwrap();
             let run = *lib.get::<Run>(b"ibgda_run\0").unwrap();
             let layout = *lib.get::<Layout>(b"ibgda_layout\0").unwrap();
+            let table_qp = *lib.get::<TableQp>(b"ibgda_table_qp\0").unwrap();
             Producer {
                 _lib: lib,
                 set_hooks,
                 run,
                 layout,
+                table_qp,
             }
         }
     })
@@ -1169,4 +1173,40 @@ fn discard_engine_completes_without_executing_normal_cq() {
 #[test]
 fn discard_engine_completes_without_executing_collapsed_cq() {
     discard_run(CqMode::Collapsed, 64, 1);
+}
+
+#[test]
+fn table_lookup_checks_magic_version_and_bounds() {
+    let mem = QueueMemory::new(8, 8).unwrap();
+    let qps: Vec<IbgdaQp> = (0..3)
+        .map(|i| IbgdaQp::for_host(&mem, 0x10 + i, CqMode::Normal, Duration::from_secs(1)))
+        .collect();
+    let base = qps.as_ptr();
+    let table = IbgdaTable::new(base as u64, 3);
+    let p = producer();
+    // SAFETY: the lookup only reads the table header and computes addresses.
+    let at = |t: &IbgdaTable, i: u32| unsafe { (p.table_qp)(t, i) } as *const IbgdaQp;
+    for i in 0..3u32 {
+        assert_eq!(at(&table, i), base.wrapping_add(i as usize));
+        // SAFETY: a valid element of qps.
+        assert_eq!(unsafe { (*at(&table, i)).qpn }, 0x10 + i);
+    }
+    assert!(at(&table, 3).is_null(), "index past n_qps");
+    assert!(
+        at(&IbgdaTable { magic: 0, ..table }, 0).is_null(),
+        "bad magic"
+    );
+    assert!(
+        at(
+            &IbgdaTable {
+                version: 2,
+                ..table
+            },
+            0
+        )
+        .is_null(),
+        "bad version"
+    );
+    // SAFETY: a null table is checked before any read.
+    assert!(unsafe { (p.table_qp)(std::ptr::null(), 0) }.is_null());
 }

@@ -208,8 +208,9 @@ impl IbgdaQp {
 
     /// WQEBBs reserved so far.
     pub fn reserved(&self) -> u64 {
-        // Acquire: diagnostics read after (or while) producers run; pairs with nothing
-        // stronger than their own release stores.
+        // Acquire (here and in the getters below): diagnostics read while or after
+        // producers run; for the counters producers store with release (ready, completed,
+        // broken, first_error) what they published before is then visible too.
         self.reserved.load(Ordering::Acquire)
     }
     /// WQEBBs published in order.

@@ -189,6 +189,11 @@ void ibgda_run(const ibgda_test_run *r) {
   for (auto &t : ts) t.join();
 }
 
+// queue.cuh's table lookup.
+rshmem_ibgda_qp_t *ibgda_table_qp(const rshmem_ibgda_table_t *table, uint32_t index) {
+  return ib::table_qp(table, index);
+}
+
 // offsetof of every descriptor and table field, in the order Rust lists them.
 size_t ibgda_layout(uint64_t *out, size_t cap) {
 #define OFF(T, f) __builtin_offsetof(T, f)

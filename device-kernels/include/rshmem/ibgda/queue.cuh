@@ -121,6 +121,17 @@ RSHMEM_HOST_DEVICE mlx5::wqe_ctrl ctrl_at(const rshmem_ibgda_qp_t *qp, uint64_t 
   return c;
 }
 
+// The descriptor of queue `index` in `table` (what rshmem_device_state_t.ibgda points at;
+// the queue to PE p is index peers[p].qp), or null when the table is not one (magic,
+// version) or the index is out of range — the caller reports that as a bad PE.
+RSHMEM_HOST_DEVICE rshmem_ibgda_qp_t *table_qp(const rshmem_ibgda_table_t *table,
+                                               uint32_t index) {
+  if (table == nullptr || table->magic != RSHMEM_IBGDA_TABLE_MAGIC ||
+      table->version != RSHMEM_IBGDA_VERSION || index >= table->n_qps)
+    return nullptr;
+  return (rshmem_ibgda_qp_t *)(uintptr_t)table->qps + index;
+}
+
 // ---- doorbell ---------------------------------------------------------------------------
 
 // Rings the doorbell for everything published so far (if not rung yet). The record never
