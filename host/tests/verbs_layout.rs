@@ -155,6 +155,12 @@ fn rust_layout() -> BTreeMap<String, u64> {
 fn generated_structs_match_the_c_compiler() {
     let c = c_layout();
     let r = rust_layout();
-    assert_eq!(c.len(), r.len(), "C printed {} entries, Rust has {}", c.len(), r.len());
+    assert_eq!(
+        c.len(),
+        r.len(),
+        "C printed {} entries, Rust has {}",
+        c.len(),
+        r.len()
+    );
     assert_eq!(r, c);
 }
