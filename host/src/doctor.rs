@@ -11,6 +11,7 @@ mod cpu;
 mod cuda;
 mod dl;
 mod fabric;
+pub mod queues;
 mod rdma;
 
 pub use cpu::{CpuReport, EnvVar, ShmReport};
@@ -27,6 +28,16 @@ pub struct DoctorArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Dump the live soft-HCA queue state of running jobs (published by PE processes
+    /// started with RSHMEM_DEBUG_QUEUES=1) instead of probing the machine.
+    #[arg(long)]
+    pub queues: bool,
+    /// With --queues: only this job id.
+    #[arg(long, requires = "queues")]
+    pub job: Option<String>,
+    /// With --queues: only this process.
+    #[arg(long, requires = "queues")]
+    pub pid: Option<u32>,
 }
 
 /// Everything `rshmem doctor` found.
@@ -71,6 +82,9 @@ pub fn probe() -> Report {
 
 /// Runs `rshmem doctor`; returns the process exit code.
 pub fn run_cli(args: DoctorArgs) -> i32 {
+    if args.queues {
+        return queues::run(args.job.as_deref(), args.pid, args.json);
+    }
     let report = probe();
     let text = if args.json {
         match serde_json::to_string(&report) {

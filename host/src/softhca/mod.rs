@@ -9,6 +9,8 @@
 //!   running one).
 //! - [`fabric`]: [`FabricBackend`], the backend over libfabric (peers on other nodes).
 //! - [`proxy`]: what a [`crate::Pe`] uses for peers reached through the soft HCA.
+//! - [`status`]: the live queue state published for `rshmem doctor --queues`
+//!   (RSHMEM_DEBUG_QUEUES).
 //!
 //! Design and measured numbers: `docs/soft-hca.md`. Formats: `crate::mlx5` (this module
 //! encodes nothing by hand).
@@ -19,6 +21,7 @@ pub mod fabric;
 pub mod mr;
 pub(crate) mod proxy;
 pub mod queue;
+pub mod status;
 
 pub use backend::{AtomicOp, Backend, LocalBackend, LocalPeer, Op};
 pub use engine::{EngineCore, EngineQp, QpConfig, QpHandle, SoftHca, Waker};

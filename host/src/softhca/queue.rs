@@ -449,6 +449,21 @@ impl std::fmt::Debug for Abort {
 /// Called while a wait yields; `true` abandons the wait with [`SqError::Aborted`].
 pub type AbortCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
+/// A [`SendQueue`]'s producer counters (unwrapped WQEBB indices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SqCounters {
+    /// WQEBBs reserved by producers.
+    pub reserved: u64,
+    /// WQEBBs published in order (written and visible).
+    pub ready: u64,
+    /// The doorbell record and doorbell were last written with this index.
+    pub rung: u64,
+    /// Every WQEBB before this index has completed (its CQE consumed).
+    pub completed: u64,
+    /// A wait timed out with slots reserved but never published.
+    pub broken: bool,
+}
+
 /// A posted WQE: its unwrapped index and size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use = "a posted WQE completes later; wait for it or quiet the queue"]
@@ -507,6 +522,17 @@ impl SendQueue {
     /// All WQEBBs before this index have completed.
     pub fn completed(&self) -> u64 {
         self.completed.load(Ordering::Acquire)
+    }
+    /// The producer counters, for diagnostics (`rshmem doctor --queues`). Each is read
+    /// on its own (Acquire), so they agree with each other only while the queue is idle.
+    pub fn counters(&self) -> SqCounters {
+        SqCounters {
+            reserved: self.reserved.load(Ordering::Acquire),
+            ready: self.ready.load(Ordering::Acquire),
+            rung: self.rung.load(Ordering::Acquire),
+            completed: self.completed.load(Ordering::Acquire),
+            broken: self.broken.load(Ordering::Acquire),
+        }
     }
     /// The first error CQE seen, if the QP is in the error state.
     pub fn error(&self) -> Option<CqeReport> {
