@@ -513,6 +513,67 @@ impl CompletionQueue {
     }
 }
 
+/// One work completion of [`CompletionQueue::poll`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkCompletion {
+    pub wr_id: u64,
+    /// `ibv_wc_status` (0 = success).
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    pub qp_num: u32,
+}
+
+impl CompletionQueue {
+    /// Up to `max` completions (`ibv_poll_cq`, inline in verbs.h: the provider's
+    /// `ops.poll_cq`). For CQs of QPs posted through the standard verbs only.
+    pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
+        // SAFETY: plain data; all-zero is valid.
+        let mut wc: Vec<sys::ibv_wc> = vec![unsafe { std::mem::zeroed() }; max];
+        // SAFETY: live CQ; its context's ops table is the provider's; `wc` holds `max`
+        // entries.
+        let n = unsafe {
+            let ctx = (*self.ptr).context;
+            match (*ctx).ops.poll_cq {
+                Some(f) => f(self.ptr, max as i32, wc.as_mut_ptr()),
+                None => -libc::ENOSYS,
+            }
+        };
+        if n < 0 {
+            return Err(verbs_error("ibv_poll_cq", -n, self.ctx.name()));
+        }
+        Ok(wc[..n as usize]
+            .iter()
+            .map(|w| WorkCompletion {
+                wr_id: w.wr_id,
+                status: w.status,
+                opcode: w.opcode,
+                vendor_err: w.vendor_err,
+                byte_len: w.byte_len,
+                qp_num: w.qp_num,
+            })
+            .collect())
+    }
+}
+
+/// `ibv_wc_status_str(status)`.
+pub fn wc_status_str(status: u32) -> String {
+    match verbs_fn!(ibv_wc_status_str) {
+        // SAFETY: returns a static string for any value.
+        Ok(f) => {
+            let p = unsafe { f(status) };
+            if p.is_null() {
+                format!("status {status}")
+            } else {
+                // SAFETY: static NUL-terminated string.
+                unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+            }
+        }
+        Err(_) => format!("status {status}"),
+    }
+}
+
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
         if let Ok(f) = verbs_fn!(ibv_destroy_cq) {

@@ -32,8 +32,8 @@ pub mod sys;
 
 pub use addr::{AddrError, AddressRecord};
 pub use device::{
-    list_devices, CompletionQueue, Context, DeviceInfo, Gid, GidKind, HeapMemory, MemoryRegion,
-    PortInfo, ProtectionDomain,
+    list_devices, wc_status_str, CompletionQueue, Context, DeviceInfo, Gid, GidKind, HeapMemory,
+    MemoryRegion, PortInfo, ProtectionDomain, WorkCompletion,
 };
 pub use dv::{NicQueueError, NicQueues};
 pub use plan::{plan_path, HeapRegistration, Path, PathCaps, PathPlan};

@@ -301,6 +301,54 @@ impl QueuePair {
     }
 }
 
+impl QueuePair {
+    /// One signalled RDMA WRITE of `len` bytes at `local` (registered under `lkey`) to
+    /// `raddr`/`rkey`, through the standard verbs (`ibv_post_send`, inline in verbs.h:
+    /// the provider's `ops.post_send`). For devices that are not mlx5 (soft-RoCE) and for
+    /// checking a connection; the IBGDA data path writes mlx5 WQEs instead.
+    pub fn post_rdma_write(
+        &self,
+        wr_id: u64,
+        local: *const u8,
+        len: u32,
+        lkey: u32,
+        raddr: u64,
+        rkey: u32,
+    ) -> Result<()> {
+        let mut sge = sys::ibv_sge {
+            addr: local as u64,
+            length: len,
+            lkey,
+        };
+        // SAFETY: plain data; all-zero is valid.
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = sys::IBV_WR_RDMA_WRITE;
+        wr.send_flags = sys::IBV_SEND_SIGNALED;
+        wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+            remote_addr: raddr,
+            rkey,
+        };
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; its context pointer and ops table are the provider's, set at
+        // open; the WR and SGE live across the call (the provider copies them).
+        let rc = unsafe {
+            let ctx = (*self.ptr).context;
+            match (*ctx).ops.post_send {
+                Some(f) => f(self.ptr, &mut wr, &mut bad),
+                None => libc::ENOSYS,
+            }
+        };
+        check_rc(
+            "ibv_post_send",
+            rc,
+            &format!("QP {:#x} RDMA WRITE of {len} bytes", self.qpn()),
+        )
+    }
+}
+
 impl Drop for QueuePair {
     fn drop(&mut self) {
         if let Ok(f) = verbs_fn!(ibv_destroy_qp) {
