@@ -140,7 +140,7 @@ impl QueueMemory {
             std::slice::from_raw_parts_mut(base.add(layout.cq_offset), cqe_cnt as usize * 64)
         };
         cqe::init_cq(cq);
-        // SAFETY (all five): offsets chosen by QueueLayout inside the allocation.
+        // SAFETY: all five offsets were chosen by QueueLayout inside the allocation.
         let parts = unsafe {
             QueueParts {
                 sq: base.add(layout.sq_offset),

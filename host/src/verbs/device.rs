@@ -560,8 +560,8 @@ impl CompletionQueue {
 /// `ibv_wc_status_str(status)`.
 pub fn wc_status_str(status: u32) -> String {
     match verbs_fn!(ibv_wc_status_str) {
-        // SAFETY: returns a static string for any value.
         Ok(f) => {
+            // SAFETY: ibv_wc_status_str returns a static string for any value.
             let p = unsafe { f(status) };
             if p.is_null() {
                 format!("status {status}")
