@@ -268,6 +268,7 @@ pub(crate) fn qp_status(
         doorbell_pi,
         doorbell_qpn,
         cq_ci,
+        // Relaxed: a statistic; it orders nothing else read here.
         engine_wqes: qp.wqes.load(Ordering::Relaxed),
         error_state: qp.in_error.load(Ordering::Acquire),
         first_error: sq.error().map(|c| c.describe()),
@@ -293,5 +294,75 @@ mod tests {
         assert_eq!(parse_status_name("rshmem-j1-pe0"), None);
         assert_eq!(parse_status_name("rshmem-j1-queues-77.tmp"), None);
         assert_eq!(parse_status_name("rshmem--queues-1"), None);
+    }
+
+    /// A QP that completed one WRITE and then hit a bad rkey: counters, error state,
+    /// first error and the last CQE (the error CQE, decoded) are all reported exactly.
+    #[test]
+    fn error_state_and_last_cqe() {
+        use crate::mlx5::wqe::{Payload, RaddrSeg, WqeOp};
+        use crate::softhca::backend::LocalPeer;
+        use crate::softhca::engine::{EngineCore, QpConfig};
+        use crate::softhca::mr::{Access, MrTable};
+        use crate::softhca::proxy::ProxyBackend;
+        use crate::softhca::queue::{CqMode, QueueMemory};
+        let mem = Arc::new(QueueMemory::new(8, 8).unwrap());
+        let pd = Arc::new(MrTable::new());
+        let remote = Arc::new(MrTable::new());
+        let mut rbuf = vec![0u64; 4].into_boxed_slice();
+        let rp = rbuf.as_mut_ptr().cast::<u8>();
+        // SAFETY: rbuf outlives the engine core below (dropped at the end of the test).
+        let rkey = unsafe { remote.register(rp, rp as u64, 32, Access::ALL) };
+        let qp = EngineQp::new(
+            0x77,
+            QpConfig::new(
+                mem.clone(),
+                pd,
+                PeerKind::Local(LocalPeer::new(remote)),
+                CqMode::Normal,
+            ),
+        );
+        let mut core = EngineCore::new(ProxyBackend::default());
+        core.attach(qp.clone());
+        let sq = SendQueue::new(mem, 0x77, CqMode::Normal, Duration::from_secs(5), None);
+        let v = 5u64.to_le_bytes();
+        let good = WqeOp::RdmaWrite {
+            remote: RaddrSeg::new(rp as u64, rkey),
+            payload: Payload::Inline(&v),
+        };
+        let bad = WqeOp::RdmaWrite {
+            remote: RaddrSeg::new(rp as u64, rkey ^ 0x100),
+            payload: Payload::Inline(&v),
+        };
+        let _ = sq.post(&good).unwrap();
+        let _ = sq.post(&bad).unwrap();
+        let _ = sq.post(&good).unwrap();
+        sq.ring();
+        core.progress();
+        assert_eq!(sq.poll_cq(), 3);
+        assert_eq!(rbuf[0], 5);
+        let st = qp_status(2, 3, &sq, &qp);
+        assert_eq!((st.local_pe, st.remote_pe, st.qpn), (2, 3, 0x77));
+        assert_eq!((st.reserved, st.ready, st.rung, st.completed), (3, 3, 3, 3));
+        assert_eq!(
+            (st.outstanding_wqebbs, st.dbrec_send, st.doorbell_pi),
+            (0, 3, 3)
+        );
+        assert_eq!((st.doorbell_qpn, st.cq_ci, st.engine_wqes), (0x77, 3, 3));
+        assert!(st.error_state && !st.cqe_pending && !st.broken);
+        assert_eq!(
+            st.first_error.as_deref(),
+            Some("REQ_ERR syndrome REMOTE_ACCESS (0x13) vendor 0x00 for WQE RDMA_WRITE (0x08) at index 0x0001")
+        );
+        // The last CQE is the flush of the third WQE.
+        let c = st.last_cqe.unwrap();
+        assert_eq!(c["type"], "cqe");
+        assert_eq!(c["opcode"], 13);
+        assert_eq!(c["wqe_counter"], 2);
+        assert_eq!(c["qpn"], 0x77);
+        assert_eq!(c["syndrome"], 0x05);
+        assert_eq!(st.last_cqe_hex.unwrap().len(), 128);
+        drop(core);
+        drop(rbuf);
     }
 }
