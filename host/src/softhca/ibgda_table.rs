@@ -58,17 +58,20 @@ pub struct QueueAddrs {
 }
 
 impl QueueAddrs {
-    /// The addresses of `mem` in this process, shifted by `delta` (a GPU mapping of the
-    /// same memory at another address: `device_base - host_base`; 0 for host producers).
+    /// The addresses of `mem`'s pieces in this process, each shifted by `delta` (a GPU
+    /// mapping of the same memory at another address: `device_base - host_base`; 0 for
+    /// host producers). One delta fits memory from [`QueueMemory::new`] (one allocation,
+    /// registered with the GPU at once); a NIC's queues ([`QueueMemory::from_parts`]: SQ,
+    /// records, UAR mapped separately) need their fields set one by one.
     pub fn of(mem: &QueueMemory, delta: u64) -> QueueAddrs {
-        let base = (mem.base() as u64).wrapping_add(delta);
-        let l = mem.layout();
+        let p = mem.parts();
+        let at = |ptr: *mut u8| (ptr as u64).wrapping_add(delta);
         QueueAddrs {
-            sq: base + l.sq_offset as u64,
-            qp_dbrec: base + l.qp_dbrec_offset as u64,
-            doorbell: base + l.doorbell_offset as u64,
-            cq: base + l.cq_offset as u64,
-            cq_dbrec: base + l.cq_dbrec_offset as u64,
+            sq: at(p.sq),
+            qp_dbrec: at(p.qp_dbrec),
+            doorbell: at(p.doorbell),
+            cq: at(p.cq),
+            cq_dbrec: at(p.cq_dbrec),
         }
     }
 }

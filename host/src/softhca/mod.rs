@@ -13,6 +13,8 @@
 //!   benchmarks).
 //! - [`fabric`]: [`FabricBackend`], the backend over libfabric (peers on other nodes).
 //! - [`proxy`]: what a [`crate::Pe`] uses for peers reached through the soft HCA.
+//! - [`status`]: the live queue state published for `rshmem doctor --queues`
+//!   (RSHMEM_DEBUG_QUEUES).
 //!
 //! Design and measured numbers: `docs/soft-hca.md`. Formats: `crate::mlx5` (this module
 //! encodes nothing by hand).
@@ -25,6 +27,7 @@ pub mod ibgda_table;
 pub mod mr;
 pub(crate) mod proxy;
 pub mod queue;
+pub mod status;
 
 pub use backend::{AtomicOp, Backend, LocalBackend, LocalPeer, Op};
 pub use discard::DiscardEngine;
