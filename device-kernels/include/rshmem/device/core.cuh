@@ -182,7 +182,7 @@ RSHMEM_DEVICE uint64_t rshmemi_sync_base() {
 // the state has one and this thread is the first to fail on this PE), prints one line and
 // executes __trap(). `what` names the operation, `why` the reason. Out of line so that
 // the many call sites cost a call, not a printf each.
-__device__ __noinline__ inline void rshmemi_fail(uint32_t code, int pe, uint64_t addr,
+[[noreturn]] __device__ __noinline__ inline void rshmemi_fail(uint32_t code, int pe, uint64_t addr,
                                                  uint64_t len_or_expected, uint64_t observed,
                                                  uint32_t cmp, const char *what,
                                                  const char *why) {
@@ -283,7 +283,7 @@ RSHMEM_DEVICE rshmemi_target_t rshmemi_resolve(const void *sym, uint64_t len, in
 // The default arm of every per-transport switch. IBGDA operations (mlx5 WQEs on
 // rshmem_peer_t.qp) will be dispatched next to the P2P arm; until they exist an IBGDA
 // peer is as unreachable from the device as a NONE peer, and says so.
-__device__ __noinline__ inline void rshmemi_no_transport(uint32_t transport, int pe, uint64_t addr,
+[[noreturn]] __device__ __noinline__ inline void rshmemi_no_transport(uint32_t transport, int pe, uint64_t addr,
                                                          uint64_t len, const char *what) {
   rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_PE, pe, addr, len, 0, 0, what,
                transport == RSHMEM_TRANSPORT_IBGDA
