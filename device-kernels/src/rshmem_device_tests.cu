@@ -271,7 +271,7 @@ __device__ __forceinline__ uint64_t bits_of(T v) {
     TYPE *dst = reinterpret_cast<TYPE *>(dsts + 64 * t);                                 \
     TYPE *got = reinterpret_cast<TYPE *>(gots + 64 * t);                                 \
     rshmem_##NAME##_get(got, src, 4, left);                                              \
-    for (int i = 0; i < 4; ++i) {                                                        \
+    _Pragma("unroll 1") for (int i = 0; i < 4; ++i) {                                   \
       const uint64_t want = bits_of<TYPE>(typed_value<TYPE>(a, left, t, i));             \
       c.eq(100 * t + i, want, bits_of<TYPE>(dst[i]));                                    \
       c.eq(100 * t + 10 + i, want, bits_of<TYPE>(rshmem_##NAME##_g(src + i, left)));     \

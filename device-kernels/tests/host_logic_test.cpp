@@ -88,7 +88,8 @@ static void test_sync_layout() {
   CHECK(rshmemi_sync_arrival_offset(3967) + 8 == 32768);
   // The grid words, the epoch and the arrival array do not overlap.
   CHECK(RSHMEMI_SYNC_GRID_GEN + 4 <= RSHMEMI_SYNC_PE_EPOCH);
-  CHECK(RSHMEMI_SYNC_PE_EPOCH + 8 <= RSHMEMI_SYNC_ARRIVAL);
+  CHECK(RSHMEMI_SYNC_PE_EPOCH + 8 <= RSHMEMI_SYNC_ERROR_CLAIM);
+  CHECK(RSHMEMI_SYNC_ERROR_CLAIM + 4 <= RSHMEMI_SYNC_ARRIVAL);
   CHECK(rshmemi_effective_timeout(0) == RSHMEMI_DEFAULT_TIMEOUT_NS);
   CHECK(rshmemi_effective_timeout(5) == 5);
   // Contract values the Rust side relies on.

@@ -132,11 +132,9 @@ template <typename T>
 RSHMEM_DEVICE int rshmem_test(const T *ivar, int cmp, T value) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "rshmem waits take 32- or 64-bit integers");
   rshmemi_check_local(ivar, sizeof(T), rshmemi_device_state.my_pe, "rshmem_test");
-  if (!rshmemi_cmp_valid(cmp))
-    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, rshmemi_device_state.my_pe, reinterpret_cast<uint64_t>(ivar),
-                 sizeof(T), 0, static_cast<uint32_t>(cmp), "rshmem_test",
-                 "invalid comparison operator (not a rshmem_cmp_t)");
   const T v = static_cast<T>(rshmemi_ld_acquire_sys(reinterpret_cast<const rshmemi_word_t<T> *>(ivar)));
+  if (!rshmemi_cmp_valid(cmp))
+    rshmemi_wait_failed(ivar, cmp, static_cast<uint64_t>(value), static_cast<uint64_t>(v), "rshmem_test");
   return rshmemi_cmp_holds(v, cmp, value) ? 1 : 0;
 }
 

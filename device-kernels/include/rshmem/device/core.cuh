@@ -38,10 +38,6 @@ extern "C" {
 __constant__ rshmem_device_state_t rshmemi_device_state;
 }
 
-// Heap offset of the word the first failing thread claims (atomicCAS 0 -> 1) so that only
-// it writes the error record: 128 bytes into the device sync scratch (layout.cuh).
-#define RSHMEMI_SYNC_ERROR_CLAIM 128u
-
 // ---- PTX primitives -------------------------------------------------------------------
 
 RSHMEM_DEVICE uint64_t rshmemi_globaltimer() {
@@ -220,13 +216,32 @@ RSHMEM_DEVICE uint64_t rshmemi_sync_base() {
   __trap();
 }
 
+// Reports why an operation on [addr, addr + len) at `pe` was refused: the module is not
+// bound (UNBOUND), the PE is out of range (BAD_PE) or the range is outside this PE's heap
+// (OUT_OF_HEAP), in that order. Callers test the cheap conditions inline and call this
+// out of line only when one failed, so every call site costs one compare chain and one
+// four-argument call.
+[[noreturn]] __device__ __noinline__ inline void rshmemi_refuse(int pe, uint64_t addr, uint64_t len,
+                                                              const char *what) {
+  const rshmem_device_state_t &s = rshmemi_device_state;
+  if (s.magic != RSHMEM_STATE_MAGIC || s.version != RSHMEM_STATE_VERSION)
+    rshmemi_fail(RSHMEM_DEVICE_ERR_UNBOUND, -1, s.magic, s.version, 0, 0, what,
+                 "module not bound to a PE (magic/version mismatch; call bind_module)");
+  if (pe < 0 || pe >= s.n_pes)
+    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_PE, pe, addr, len, 0, 0, what, "PE out of range");
+  rshmemi_fail(RSHMEM_DEVICE_ERR_OUT_OF_HEAP, pe, addr, len, 0, 0, what,
+               "address range outside the symmetric heap");
+}
+
+RSHMEM_DEVICE bool rshmemi_bound() {
+  return rshmemi_device_state.magic == RSHMEM_STATE_MAGIC &&
+         rshmemi_device_state.version == RSHMEM_STATE_VERSION;
+}
+
 // Every entry point checks that its module was bound (unconditionally: an unbound module
 // also has flags == 0, so the CHECKS bit cannot gate this). One constant-cache compare.
 RSHMEM_DEVICE void rshmemi_require_bound(const char *what) {
-  const rshmem_device_state_t &s = rshmemi_device_state;
-  if (__builtin_expect(s.magic != RSHMEM_STATE_MAGIC || s.version != RSHMEM_STATE_VERSION, 0))
-    rshmemi_fail(RSHMEM_DEVICE_ERR_UNBOUND, -1, s.magic, s.version, 0, 0, what,
-                 "module not bound to a PE (magic/version mismatch; call bind_module)");
+  if (__builtin_expect(!rshmemi_bound(), 0)) rshmemi_refuse(-1, 0, 0, what);
 }
 
 RSHMEM_DEVICE bool rshmemi_checks_on() {
@@ -235,12 +250,12 @@ RSHMEM_DEVICE bool rshmemi_checks_on() {
 
 // Checks that [addr, addr + len) is inside this PE's heap (when checks are on).
 RSHMEM_DEVICE void rshmemi_check_local(const void *addr, uint64_t len, int pe, const char *what) {
-  rshmemi_require_bound(what);
   const rshmem_device_state_t &s = rshmemi_device_state;
-  if (rshmemi_checks_on() &&
-      !rshmemi_range_in_heap(s.heap_base, s.heap_size, reinterpret_cast<uint64_t>(addr), len))
-    rshmemi_fail(RSHMEM_DEVICE_ERR_OUT_OF_HEAP, pe, reinterpret_cast<uint64_t>(addr), len, 0, 0,
-                 what, "address range outside the symmetric heap");
+  const uint64_t a = reinterpret_cast<uint64_t>(addr);
+  if (__builtin_expect(!rshmemi_bound() || (rshmemi_checks_on() &&
+                                            !rshmemi_range_in_heap(s.heap_base, s.heap_size, a, len)),
+                       0))
+    rshmemi_refuse(pe, a, len, what);
 }
 
 // Where an operation on `pe` goes. transport is RSHMEM_TRANSPORT_P2P (addr is the peer's
@@ -257,16 +272,14 @@ struct rshmemi_target_t {
 // (written at bind time), so it goes through the read-only data cache.
 RSHMEM_DEVICE rshmemi_target_t rshmemi_resolve(const void *sym, uint64_t len, int pe,
                                                const char *what) {
-  rshmemi_require_bound(what);
   const rshmem_device_state_t &s = rshmemi_device_state;
   const uint64_t addr = reinterpret_cast<uint64_t>(sym);
-  if (rshmemi_checks_on()) {
-    if (pe < 0 || pe >= s.n_pes)
-      rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_PE, pe, addr, len, 0, 0, what, "PE out of range");
-    if (!rshmemi_range_in_heap(s.heap_base, s.heap_size, addr, len))
-      rshmemi_fail(RSHMEM_DEVICE_ERR_OUT_OF_HEAP, pe, addr, len, 0, 0, what,
-                   "address range outside the symmetric heap");
-  }
+  if (__builtin_expect(!rshmemi_bound() ||
+                           (rshmemi_checks_on() &&
+                            (pe < 0 || pe >= s.n_pes ||
+                             !rshmemi_range_in_heap(s.heap_base, s.heap_size, addr, len))),
+                       0))
+    rshmemi_refuse(pe, addr, len, what);
   rshmemi_target_t t;
   if (pe == s.my_pe) {
     t.addr = addr;
@@ -291,26 +304,33 @@ RSHMEM_DEVICE rshmemi_target_t rshmemi_resolve(const void *sym, uint64_t len, in
                    : "no device transport to this PE (peer table says NONE or an unknown transport)");
 }
 
+// A wait that cannot succeed: an invalid comparison operator (BAD_ARG) or the bound
+// expired (WAIT_TIMEOUT). Out of line: one call site per wait.
+[[noreturn]] __device__ __noinline__ inline void rshmemi_wait_failed(const void *addr, int cmp, uint64_t target,
+                                                                   uint64_t observed, const char *what) {
+  if (!rshmemi_cmp_valid(cmp))
+    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, rshmemi_device_state.my_pe, reinterpret_cast<uint64_t>(addr),
+                 target, observed, static_cast<uint32_t>(cmp), what,
+                 "invalid comparison operator (not a rshmem_cmp_t)");
+  rshmemi_fail(RSHMEM_DEVICE_ERR_WAIT_TIMEOUT, rshmemi_device_state.my_pe, reinterpret_cast<uint64_t>(addr),
+               target, observed, static_cast<uint32_t>(cmp), what, "wait timed out");
+}
+
 // Polls `load()` until `rshmemi_cmp_holds(value, cmp, target)`, bounded by
 // state.timeout_ns of %globaltimer; on timeout reports the address, cmp, target and the
-// last value seen, and traps. Returns the value that satisfied the comparison.
+// last value seen, and traps. Returns the value that satisfied the comparison. The first
+// load is checked before the clock is read, so a satisfied wait costs one load.
 template <typename T, typename Load>
 RSHMEM_DEVICE T rshmemi_poll(const void *addr, int cmp, T target, Load load, const char *what) {
   T v = load();
   if (rshmemi_cmp_holds(v, cmp, target)) return v;
-  if (!rshmemi_cmp_valid(cmp))
-    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, rshmemi_device_state.my_pe,
-                 reinterpret_cast<uint64_t>(addr), (uint64_t)target, (uint64_t)v, (uint32_t)cmp,
-                 what, "invalid comparison operator (not a rshmem_cmp_t)");
   const uint64_t limit = rshmemi_effective_timeout(rshmemi_device_state.timeout_ns);
   const uint64_t t0 = rshmemi_globaltimer();
   for (;;) {
+    if (!rshmemi_cmp_valid(cmp) || rshmemi_globaltimer() - t0 > limit)
+      rshmemi_wait_failed(addr, cmp, static_cast<uint64_t>(target), static_cast<uint64_t>(v), what);
     v = load();
     if (rshmemi_cmp_holds(v, cmp, target)) return v;
-    if (rshmemi_globaltimer() - t0 > limit)
-      rshmemi_fail(RSHMEM_DEVICE_ERR_WAIT_TIMEOUT, rshmemi_device_state.my_pe,
-                   reinterpret_cast<uint64_t>(addr), (uint64_t)target, (uint64_t)v,
-                   (uint32_t)cmp, what, "wait timed out");
   }
 }
 

@@ -65,6 +65,8 @@ RSHMEM_HOST_DEVICE bool rshmemi_cmp_valid(int cmp) {
 //   64    u64 pe_epoch      PE-level barriers this PE has started (barrier_all, sync_all and
 //                           their _block forms all share it; they are collective over all
 //                           PEs, so every PE counts the same sequence).
+//   128   u32 error_claim   the first thread of this PE that fails (bad PE, out of heap,
+//                           timeout) CAS-es it 0 -> 1 and alone writes the error record.
 //   1024  u64 arrival[n]    arrival[p] = the highest epoch PE p has announced to this PE.
 //                           PE p writes it (release store, system scope) when it reaches
 //                           its epoch e; this PE waits for arrival[p] >= e. Values only
@@ -76,6 +78,7 @@ RSHMEM_HOST_DEVICE bool rshmemi_cmp_valid(int cmp) {
 #define RSHMEMI_SYNC_GRID_ARRIVE 0u
 #define RSHMEMI_SYNC_GRID_GEN 4u
 #define RSHMEMI_SYNC_PE_EPOCH 64u
+#define RSHMEMI_SYNC_ERROR_CLAIM 128u
 #define RSHMEMI_SYNC_ARRIVAL 1024u
 
 // How many PEs the arrival array of a sync scratch of `sync_bytes` bytes can hold.
