@@ -19,7 +19,9 @@
 #pragma once
 
 #include <stdint.h>
-#include <stdio.h>
+#if !defined(__CUDACC_RTC__)
+#include <stdio.h>  // printf; NVRTC has it built in (and no stdio.h)
+#endif
 
 #include "rshmem/device/layout.cuh"
 #include "rshmem/qualifiers.cuh"
