@@ -130,7 +130,12 @@ static void test_copy() {
         for (uint64_t stride : strides) {
           if (dof + n + 1 > 8192) continue;
           std::memset(db, 0, 8192);
-          for (uint64_t first = 0; first < stride; ++first) rshmemi_copy(db + 1 + dof, sb + so, n, first, stride);
+          for (uint64_t first = 0; first < stride; ++first) {
+            if (stride & 1)
+              rshmemi_copy<true>(db + 1 + dof, sb + so, n, first, stride);  // the get flavour
+            else
+              rshmemi_copy(db + 1 + dof, sb + so, n, first, stride);
+          }
           bool ok = db[dof] == 0 && db[1 + dof + n] == 0;
           for (uint64_t k = 0; k < n && ok; ++k) ok = db[1 + dof + k] == sb[so + k];
           if (!ok)

@@ -53,7 +53,19 @@ RSHMEM_HOST_DEVICE rshmemi_copy_plan_t rshmemi_copy_plan(uint64_t dst, uint64_t 
   return p;
 }
 
-template <typename V>
+// Source loads. Cg = true (gets: the source is a peer's memory) loads with ld.global.cg,
+// cached in L2 only: L1 is not coherent, and a get that re-reads remote data must not be
+// served a stale L1 line (nor a latency benchmark measure L1 hits). Puts read local
+// memory and use plain loads. Host C++: plain loads either way.
+template <bool Cg, typename V>
+RSHMEM_HOST_DEVICE V rshmemi_copy_load(const V *p) {
+#if RSHMEM_DEVICE_COMPILE
+  if (Cg) return __ldcg(p);
+#endif
+  return *p;
+}
+
+template <bool Cg, typename V>
 RSHMEM_HOST_DEVICE void rshmemi_copy_body(unsigned char *dst, const unsigned char *src,
                                           uint64_t count, uint64_t first, uint64_t stride) {
   V *vdst = reinterpret_cast<V *>(dst);
@@ -62,40 +74,43 @@ RSHMEM_HOST_DEVICE void rshmemi_copy_body(unsigned char *dst, const unsigned cha
   // Four independent loads in flight per participant before the stores: a single thread
   // copying a large message (thread-scope put) otherwise waits one full latency per word.
   for (; i + 3 * stride < count; i += 4 * stride) {
-    const V a = vsrc[i];
-    const V b = vsrc[i + stride];
-    const V c = vsrc[i + 2 * stride];
-    const V d = vsrc[i + 3 * stride];
+    const V a = rshmemi_copy_load<Cg>(vsrc + i);
+    const V b = rshmemi_copy_load<Cg>(vsrc + i + stride);
+    const V c = rshmemi_copy_load<Cg>(vsrc + i + 2 * stride);
+    const V d = rshmemi_copy_load<Cg>(vsrc + i + 3 * stride);
     vdst[i] = a;
     vdst[i + stride] = b;
     vdst[i + 2 * stride] = c;
     vdst[i + 3 * stride] = d;
   }
-  for (; i < count; i += stride) vdst[i] = vsrc[i];
+  for (; i < count; i += stride) vdst[i] = rshmemi_copy_load<Cg>(vsrc + i);
 }
 
+template <bool Cg>
 RSHMEM_HOST_DEVICE void rshmemi_copy_bytes(unsigned char *dst, const unsigned char *src,
                                            uint64_t bytes, uint64_t first, uint64_t stride) {
-  for (uint64_t i = first; i < bytes; i += stride) dst[i] = src[i];
+  for (uint64_t i = first; i < bytes; i += stride) dst[i] = rshmemi_copy_load<Cg>(src + i);
 }
 
 // Participant `first` of `stride` copies its share. The ranges must not overlap. Every
 // participant must pass the same dst, src and bytes (the split is computed from them).
+// Cg: see rshmemi_copy_load (true for gets).
+template <bool Cg = false>
 RSHMEM_HOST_DEVICE void rshmemi_copy(void *dst_, const void *src_, uint64_t bytes,
                                      uint64_t first, uint64_t stride) {
   unsigned char *dst = static_cast<unsigned char *>(dst_);
   const unsigned char *src = static_cast<const unsigned char *>(src_);
   const rshmemi_copy_plan_t p = rshmemi_copy_plan(reinterpret_cast<uintptr_t>(dst),
                                                   reinterpret_cast<uintptr_t>(src), bytes);
-  rshmemi_copy_bytes(dst, src, p.head, first, stride);
+  rshmemi_copy_bytes<Cg>(dst, src, p.head, first, stride);
   unsigned char *bd = dst + p.head;
   const unsigned char *bs = src + p.head;
   switch (p.width) {
-    case 16: rshmemi_copy_body<rshmemi_v16_t>(bd, bs, p.count, first, stride); break;
-    case 8: rshmemi_copy_body<rshmemi_v8_t>(bd, bs, p.count, first, stride); break;
-    case 4: rshmemi_copy_body<uint32_t>(bd, bs, p.count, first, stride); break;
-    default: rshmemi_copy_bytes(bd, bs, p.count, first, stride); return;
+    case 16: rshmemi_copy_body<Cg, rshmemi_v16_t>(bd, bs, p.count, first, stride); break;
+    case 8: rshmemi_copy_body<Cg, rshmemi_v8_t>(bd, bs, p.count, first, stride); break;
+    case 4: rshmemi_copy_body<Cg, uint32_t>(bd, bs, p.count, first, stride); break;
+    default: rshmemi_copy_bytes<Cg>(bd, bs, p.count, first, stride); return;
   }
   const uint64_t done = p.head + p.count * p.width;
-  rshmemi_copy_bytes(dst + done, src + done, p.tail, first, stride);
+  rshmemi_copy_bytes<Cg>(dst + done, src + done, p.tail, first, stride);
 }

@@ -112,8 +112,8 @@ RSHMEM_DEVICE void rshmemi_getmem(void *dest, const void *source, size_t bytes, 
   const rshmemi_target_t t = rshmemi_resolve(source, bytes, pe, what);
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P:
-      rshmemi_copy(dest, reinterpret_cast<const void *>(t.addr), bytes, rshmemi_scope_rank<S>(),
-                   rshmemi_scope_size<S>());
+      rshmemi_copy<true>(dest, reinterpret_cast<const void *>(t.addr), bytes,
+                         rshmemi_scope_rank<S>(), rshmemi_scope_size<S>());
       break;
     // case RSHMEM_TRANSPORT_IBGDA: RDMA READ + wait for its CQE (not yet).
     default:
