@@ -73,6 +73,7 @@ typedef struct rshmem_device_error {
 #define RSHMEM_DEVICE_ERR_OUT_OF_HEAP 3u   // [addr, addr + len) not inside the symmetric heap
 #define RSHMEM_DEVICE_ERR_WAIT_TIMEOUT 4u  // a wait exceeded timeout_ns
 #define RSHMEM_DEVICE_ERR_QUEUE 5u         // IBGDA: error CQE / queue in error state
+#define RSHMEM_DEVICE_ERR_BAD_ARG 6u       // invalid rshmem_cmp_t / rshmem_signal_op_t, or too many PEs for the sync scratch
 
 // Everything a kernel needs. 128 bytes.
 typedef struct rshmem_device_state {

@@ -1,0 +1,132 @@
+// rshmem/device/barrier.cuh — device-side barriers over all PEs.
+//
+// Owns: rshmem_barrier_all / rshmem_sync_all (device-wide: every thread of every block of
+// the launch on every PE calls them; needs a co-resident grid, i.e. a collective launch)
+// and rshmem_barrier_all_block / rshmem_sync_all_block (exactly one block per PE calls
+// them, all of its threads). The words they use live in the device sync scratch; the
+// layout is in rshmem/device/layout.cuh.
+// Must not: be included by host C++ (device-only; rshmem/rshmem.cuh includes it under nvcc).
+//
+// rshmem-check: device-only (device function bodies; see rshmem/rshmem.cuh)
+//
+// Semantics (OpenSHMEM/NVSHMEM): barrier_all = quiet (every calling thread's puts, AMOs
+// and signals complete) + sync; sync_all = the synchronisation only: no thread leaves
+// before every PE arrived, and local stores made before the sync are visible to every PE
+// after it. Every PE must make the same sequence of these calls (they share one epoch
+// counter). Every wait is bounded (RSHMEM_TIMEOUT_MS): a grid that is not co-resident, or
+// a PE that never arrives, traps with the word it waited for instead of hanging.
+//
+// Algorithm.
+//  PE level (one block): thread 0 takes the next epoch e (pe_epoch + 1); thread i announces
+//  e to PEs i, i + blockDim, ... (release store of e into arrival[my_pe] in that PE's
+//  scratch, system scope) and then waits for arrival[i] >= e in its own scratch (acquire,
+//  system scope); a __syncthreads ends it. Arrival words only grow: no reset, no race
+//  between consecutive barriers.
+//  Device-wide: each block's thread 0 reads grid_gen, then adds 1 to grid_arrive (acq_rel,
+//  .gpu: only this PE's blocks touch these words and they share the GPU's L2). The block
+//  that brings it to the grid size runs the PE-level step with all its threads, stores 0
+//  to grid_arrive and then releases grid_gen + 1; the other blocks wait until grid_gen
+//  differs from what they read. The acquire/release chain (block writes -> grid_arrive ->
+//  last block -> arrival words of all PEs -> grid_gen -> every block) carries causality.
+#pragma once
+
+#include <stdint.h>
+
+#include "rshmem/device/core.cuh"
+#include "rshmem/device/rma.cuh"
+
+#if defined(__CUDACC__)
+
+// One block synchronises with one block of every other PE (see above). All threads of the
+// block call it.
+RSHMEM_DEVICE void rshmemi_pe_sync_block(const char *what) {
+  __shared__ uint64_t rshmemi_epoch;
+  rshmemi_require_bound(what);
+  const rshmem_device_state_t &s = rshmemi_device_state;
+  const uint32_t tid = rshmemi_block_thread();
+  const uint32_t nthreads = rshmemi_block_threads();
+  const uint64_t base = rshmemi_sync_base();
+  if (tid == 0) {
+    if (static_cast<uint64_t>(s.n_pes) > rshmemi_sync_max_pes(s.sync_bytes))
+      rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, s.n_pes, base, s.sync_bytes, 0, 0, what,
+                   "too many PEs for the device sync scratch");
+    // Only one block per PE runs this at a time (it is collective), so the increment is
+    // uncontended; atomic so that its value carries over to whichever block runs the
+    // next barrier (another block, or the next kernel launch).
+    rshmemi_epoch = rshmemi_atom_add(reinterpret_cast<uint64_t *>(base + RSHMEMI_SYNC_PE_EPOCH), 1ull) + 1;
+  }
+  __syncthreads();
+  const uint64_t e = rshmemi_epoch;
+  for (uint32_t p = tid; p < static_cast<uint32_t>(s.n_pes); p += nthreads) {
+    uint64_t *slot = reinterpret_cast<uint64_t *>(base + rshmemi_sync_arrival_offset(s.my_pe));
+    const rshmemi_target_t t = rshmemi_resolve(slot, 8, static_cast<int>(p), what);
+    switch (t.transport) {
+      case RSHMEM_TRANSPORT_P2P:
+        // Release: this thread's earlier stores, and everything it synchronised with
+        // (the block barrier, the grid counters), are visible to PE p once it sees e.
+        rshmemi_st_release_sys(reinterpret_cast<uint64_t *>(t.addr), e);
+        break;
+      // case RSHMEM_TRANSPORT_IBGDA: an 8-byte RDMA WRITE (or atomic) of e.
+      default:
+        rshmemi_no_transport(t.transport, static_cast<int>(p), reinterpret_cast<uint64_t>(slot), 8, what);
+    }
+  }
+  for (uint32_t p = tid; p < static_cast<uint32_t>(s.n_pes); p += nthreads) {
+    const uint64_t *mine = reinterpret_cast<const uint64_t *>(base + rshmemi_sync_arrival_offset(static_cast<int>(p)));
+    rshmemi_poll<uint64_t>(mine, RSHMEM_CMP_GE, e, [mine] { return rshmemi_ld_acquire_sys(mine); }, what);
+  }
+  __syncthreads();
+}
+
+// All threads of all blocks of the launch (co-resident grid) call it.
+RSHMEM_DEVICE void rshmemi_grid_sync(const char *what) {
+  __shared__ uint32_t rshmemi_last;
+  __shared__ uint32_t rshmemi_gen;
+  rshmemi_require_bound(what);
+  const uint64_t base = rshmemi_sync_base();
+  uint32_t *arrive = reinterpret_cast<uint32_t *>(base + RSHMEMI_SYNC_GRID_ARRIVE);
+  uint32_t *gen = reinterpret_cast<uint32_t *>(base + RSHMEMI_SYNC_GRID_GEN);
+  const uint32_t tid = rshmemi_block_thread();
+  __syncthreads();
+  if (tid == 0) {
+    // Read the generation before arriving: it cannot advance until this block arrived.
+    const uint32_t g = rshmemi_ld_acquire_gpu(gen);
+    rshmemi_gen = g;
+    rshmemi_last = rshmemi_atom_add_gpu(arrive, 1u) == rshmemi_grid_blocks() - 1 ? 1u : 0u;
+  }
+  __syncthreads();
+  if (rshmemi_last) {
+    rshmemi_pe_sync_block(what);
+    if (tid == 0) {
+      rshmemi_st_relaxed_gpu(arrive, 0u);  // ordered before the release below
+      rshmemi_st_release_gpu(gen, rshmemi_gen + 1u);
+    }
+  } else if (tid == 0) {
+    const uint32_t g = rshmemi_gen;
+    rshmemi_poll<uint32_t>(gen, RSHMEM_CMP_NE, g, [gen] { return rshmemi_ld_acquire_gpu(gen); }, what);
+  }
+  __syncthreads();
+}
+
+// quiet + device-wide sync. Every thread of every block of the (co-resident) launch calls.
+RSHMEM_DEVICE void rshmem_barrier_all() {
+  rshmem_quiet();
+  rshmemi_grid_sync("rshmem_barrier_all");
+}
+
+// Device-wide sync without quiet. Every thread of every block calls.
+RSHMEM_DEVICE void rshmem_sync_all() { rshmemi_grid_sync("rshmem_sync_all"); }
+
+// quiet + sync of one block per PE (every thread of that block calls; other blocks of the
+// launch must not call a barrier at the same time).
+RSHMEM_DEVICE void rshmem_barrier_all_block() {
+  rshmem_quiet();
+  rshmemi_pe_sync_block("rshmem_barrier_all_block");
+}
+
+RSHMEM_DEVICE void rshmem_sync_all_block() {
+  __syncthreads();
+  rshmemi_pe_sync_block("rshmem_sync_all_block");
+}
+
+#endif  // __CUDACC__

@@ -1,0 +1,339 @@
+// rshmem/device/core.cuh — the device API's foundation: the bound state, error reporting,
+// PTX load/store/atomic primitives, bounded polling and peer resolution.
+//
+// Owns: the `__constant__ rshmem_device_state_t rshmemi_device_state` global (one per
+// module: docs/gpu-design.md "Binding a module to a PE"), rshmemi_fail (error record +
+// printf + __trap), rshmemi_resolve (PE + heap checks, the per-peer transport), and the
+// memory-ordering primitives every other device header uses.
+// Must not: be included by host C++ (device-only); users include rshmem/rshmem.cuh.
+//
+// rshmem-check: device-only (inline PTX and __constant__ state; rshmem/rshmem.cuh is the
+// host-compilable entry point and only includes this under nvcc)
+//
+// Memory scope. Cross-PE operations use system scope (.sys): a peer may be another GPU
+// reached over NVLink/PCIe P2P, whose accesses are only ordered with ours at system scope.
+// PEs sharing one GPU share its L2, so .gpu would suffice for them, but the device API does
+// not know which peers share the GPU and the price of .sys on same-GPU traffic is the
+// stronger fence only; correctness across GPUs wins. Words that only this PE's own blocks
+// touch (the grid-barrier counters) use .gpu.
+#pragma once
+
+#include <stdint.h>
+#if !defined(__CUDACC_RTC__)
+#include <stdio.h>  // printf; NVRTC has it built in (and no stdio.h)
+#endif
+
+#include "rshmem/device/layout.cuh"
+#include "rshmem/qualifiers.cuh"
+#include "rshmem/state.cuh"
+#include "rshmem/types.cuh"
+
+#if defined(__CUDACC__)
+
+// The module's state, written by the host when it binds the module to a PE
+// (GpuPe::bind_module). Unmangled (extern "C") so the loader finds it by
+// RSHMEM_STATE_SYMBOL. One definition per translation unit: each .cu that includes the
+// device API is compiled to its own module (whole-program compilation, the default for
+// -ptx and NVRTC). Relocatable device code (-rdc) linking several such TUs is not
+// supported: they would define the symbol twice.
+extern "C" {
+__constant__ rshmem_device_state_t rshmemi_device_state;
+}
+
+// ---- PTX primitives -------------------------------------------------------------------
+
+RSHMEM_DEVICE uint64_t rshmemi_globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+RSHMEM_DEVICE uint32_t rshmemi_lane() {
+  uint32_t l;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+  return l;
+}
+
+RSHMEM_DEVICE uint32_t rshmemi_block_thread() {
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+
+RSHMEM_DEVICE uint32_t rshmemi_block_threads() { return blockDim.x * blockDim.y * blockDim.z; }
+
+RSHMEM_DEVICE uint32_t rshmemi_grid_blocks() { return gridDim.x * gridDim.y * gridDim.z; }
+
+// Acquire loads: later loads of this thread see everything the writer released before
+// the value was written.
+RSHMEM_DEVICE uint32_t rshmemi_ld_acquire_sys(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+RSHMEM_DEVICE uint64_t rshmemi_ld_acquire_sys(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+RSHMEM_DEVICE uint32_t rshmemi_ld_acquire_gpu(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Release stores: every earlier load/store of this thread (and what it has observed) is
+// visible to a thread that acquires this value.
+RSHMEM_DEVICE void rshmemi_st_release_sys(uint32_t *p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+RSHMEM_DEVICE void rshmemi_st_release_sys(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+RSHMEM_DEVICE void rshmemi_st_release_gpu(uint32_t *p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// Relaxed strong store: atomic (never torn), no ordering of its own; used after a fence.
+RSHMEM_DEVICE void rshmemi_st_relaxed_sys(uint64_t *p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+RSHMEM_DEVICE void rshmemi_st_relaxed_gpu(uint32_t *p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Read-modify-writes on 32/64-bit words at system scope. The fetching forms are acq_rel
+// (as the host API's AcqRel RMWs, docs/runtime.md); the non-fetching `red` forms are
+// release (they publish; nothing is read back to acquire from).
+#define RSHMEMI_ATOM(name, ptxop, ty, cty, reg)                                       \
+  RSHMEM_DEVICE cty name(cty *p, cty v) {                                             \
+    cty old;                                                                          \
+    asm volatile("atom.acq_rel.sys.global." ptxop "." ty " %0, [%1], %2;"             \
+                 : "=" reg(old)                                                       \
+                 : "l"(p), reg(v)                                                     \
+                 : "memory");                                                         \
+    return old;                                                                       \
+  }
+RSHMEMI_ATOM(rshmemi_atom_add, "add", "u32", uint32_t, "r")
+RSHMEMI_ATOM(rshmemi_atom_add, "add", "u64", uint64_t, "l")
+RSHMEMI_ATOM(rshmemi_atom_exch, "exch", "b32", uint32_t, "r")
+RSHMEMI_ATOM(rshmemi_atom_exch, "exch", "b64", uint64_t, "l")
+RSHMEMI_ATOM(rshmemi_atom_and, "and", "b32", uint32_t, "r")
+RSHMEMI_ATOM(rshmemi_atom_and, "and", "b64", uint64_t, "l")
+RSHMEMI_ATOM(rshmemi_atom_or, "or", "b32", uint32_t, "r")
+RSHMEMI_ATOM(rshmemi_atom_or, "or", "b64", uint64_t, "l")
+RSHMEMI_ATOM(rshmemi_atom_xor, "xor", "b32", uint32_t, "r")
+RSHMEMI_ATOM(rshmemi_atom_xor, "xor", "b64", uint64_t, "l")
+#undef RSHMEMI_ATOM
+
+#define RSHMEMI_RED(name, ptxop, ty, cty, reg)                                             \
+  RSHMEM_DEVICE void name(cty *p, cty v) {                                                 \
+    asm volatile("red.release.sys.global." ptxop "." ty " [%0], %1;" ::"l"(p), reg(v)      \
+                 : "memory");                                                              \
+  }
+RSHMEMI_RED(rshmemi_red_add, "add", "u32", uint32_t, "r")
+RSHMEMI_RED(rshmemi_red_add, "add", "u64", uint64_t, "l")
+RSHMEMI_RED(rshmemi_red_and, "and", "b32", uint32_t, "r")
+RSHMEMI_RED(rshmemi_red_and, "and", "b64", uint64_t, "l")
+RSHMEMI_RED(rshmemi_red_or, "or", "b32", uint32_t, "r")
+RSHMEMI_RED(rshmemi_red_or, "or", "b64", uint64_t, "l")
+RSHMEMI_RED(rshmemi_red_xor, "xor", "b32", uint32_t, "r")
+RSHMEMI_RED(rshmemi_red_xor, "xor", "b64", uint64_t, "l")
+#undef RSHMEMI_RED
+
+// Relaxed add (no ordering): the signal ADD of the warp/block forms, which fence first.
+RSHMEM_DEVICE void rshmemi_red_add_relaxed_sys(uint64_t *p, uint64_t v) {
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+RSHMEM_DEVICE uint32_t rshmemi_atom_add_gpu(uint32_t *p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(p), "r"(v)
+               : "memory");
+  return old;
+}
+
+RSHMEM_DEVICE uint32_t rshmemi_atom_cas(uint32_t *p, uint32_t cmp, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.sys.global.cas.b32 %0, [%1], %2, %3;"
+               : "=r"(old)
+               : "l"(p), "r"(cmp), "r"(v)
+               : "memory");
+  return old;
+}
+RSHMEM_DEVICE uint64_t rshmemi_atom_cas(uint64_t *p, uint64_t cmp, uint64_t v) {
+  uint64_t old;
+  asm volatile("atom.acq_rel.sys.global.cas.b64 %0, [%1], %2, %3;"
+               : "=l"(old)
+               : "l"(p), "l"(cmp), "l"(v)
+               : "memory");
+  return old;
+}
+
+// ---- state and errors -------------------------------------------------------------------
+
+RSHMEM_DEVICE const rshmem_device_state_t &rshmemi_state() { return rshmemi_device_state; }
+
+RSHMEM_DEVICE uint64_t rshmemi_sync_base() {
+  return rshmemi_device_state.heap_base + rshmemi_device_state.sync_offset;
+}
+
+// Reports a fatal device-side error and kills the kernel: writes the error record (when
+// the state has one and this thread is the first to fail on this PE), prints one line and
+// executes __trap(). `what` names the operation, `why` the reason. Out of line so that
+// the many call sites cost a call, not a printf each.
+[[noreturn]] __device__ __noinline__ inline void rshmemi_fail(uint32_t code, int pe, uint64_t addr,
+                                                 uint64_t len_or_expected, uint64_t observed,
+                                                 uint32_t cmp, const char *what,
+                                                 const char *why) {
+  const rshmem_device_state_t &s = rshmemi_device_state;
+  const bool bound = s.magic == RSHMEM_STATE_MAGIC && s.version == RSHMEM_STATE_VERSION;
+  if (bound && s.error != 0 && s.sync_bytes > RSHMEMI_SYNC_ERROR_CLAIM) {
+    uint32_t *claim = reinterpret_cast<uint32_t *>(rshmemi_sync_base() + RSHMEMI_SYNC_ERROR_CLAIM);
+    if (rshmemi_atom_cas(claim, 0u, 1u) == 0u) {
+      volatile rshmem_device_error_t *e = reinterpret_cast<volatile rshmem_device_error_t *>(s.error);
+      e->pe = pe;
+      e->addr = addr;
+      e->expected = len_or_expected;
+      e->observed = observed;
+      e->cmp = cmp;
+      e->block = blockIdx.x;
+      e->thread = threadIdx.x;
+      // The host may read the record after the context died: every field reaches host
+      // memory before the code that says the record is valid.
+      __threadfence_system();
+      e->code = code;
+      __threadfence_system();
+    }
+  }
+  if (code == RSHMEM_DEVICE_ERR_WAIT_TIMEOUT) {
+    printf("rshmem: PE %d: %s: %s: *0x%llx cmp %u expected %llu (0x%llx), last observed %llu "
+           "(0x%llx) [block %u thread %u]\n",
+           bound ? s.my_pe : -1, what, why, (unsigned long long)addr, cmp,
+           (unsigned long long)len_or_expected, (unsigned long long)len_or_expected,
+           (unsigned long long)observed, (unsigned long long)observed, blockIdx.x, threadIdx.x);
+  } else {
+    printf("rshmem: PE %d: %s: %s (target PE %d, addr 0x%llx, bytes %llu) [block %u thread %u]\n",
+           bound ? s.my_pe : -1, what, why, pe, (unsigned long long)addr,
+           (unsigned long long)len_or_expected, blockIdx.x, threadIdx.x);
+  }
+  __trap();
+}
+
+// Reports why an operation on [addr, addr + len) at `pe` was refused: the module is not
+// bound (UNBOUND), the PE is out of range (BAD_PE) or the range is outside this PE's heap
+// (OUT_OF_HEAP), in that order. Callers test the cheap conditions inline and call this
+// out of line only when one failed, so every call site costs one compare chain and one
+// four-argument call.
+[[noreturn]] __device__ __noinline__ inline void rshmemi_refuse(int pe, uint64_t addr, uint64_t len,
+                                                              const char *what) {
+  const rshmem_device_state_t &s = rshmemi_device_state;
+  if (s.magic != RSHMEM_STATE_MAGIC || s.version != RSHMEM_STATE_VERSION)
+    rshmemi_fail(RSHMEM_DEVICE_ERR_UNBOUND, -1, s.magic, s.version, 0, 0, what,
+                 "module not bound to a PE (magic/version mismatch; call bind_module)");
+  if (pe < 0 || pe >= s.n_pes)
+    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_PE, pe, addr, len, 0, 0, what, "PE out of range");
+  rshmemi_fail(RSHMEM_DEVICE_ERR_OUT_OF_HEAP, pe, addr, len, 0, 0, what,
+               "address range outside the symmetric heap");
+}
+
+RSHMEM_DEVICE bool rshmemi_bound() {
+  return rshmemi_device_state.magic == RSHMEM_STATE_MAGIC &&
+         rshmemi_device_state.version == RSHMEM_STATE_VERSION;
+}
+
+// Every entry point checks that its module was bound (unconditionally: an unbound module
+// also has flags == 0, so the CHECKS bit cannot gate this). One constant-cache compare.
+RSHMEM_DEVICE void rshmemi_require_bound(const char *what) {
+  if (__builtin_expect(!rshmemi_bound(), 0)) rshmemi_refuse(-1, 0, 0, what);
+}
+
+RSHMEM_DEVICE bool rshmemi_checks_on() {
+  return (rshmemi_device_state.flags & RSHMEM_STATE_CHECKS) != 0;
+}
+
+// Checks that [addr, addr + len) is inside this PE's heap (when checks are on).
+RSHMEM_DEVICE void rshmemi_check_local(const void *addr, uint64_t len, int pe, const char *what) {
+  const rshmem_device_state_t &s = rshmemi_device_state;
+  const uint64_t a = reinterpret_cast<uint64_t>(addr);
+  if (__builtin_expect(!rshmemi_bound() || (rshmemi_checks_on() &&
+                                            !rshmemi_range_in_heap(s.heap_base, s.heap_size, a, len)),
+                       0))
+    rshmemi_refuse(pe, a, len, what);
+}
+
+// Where an operation on `pe` goes. transport is RSHMEM_TRANSPORT_P2P (addr is the peer's
+// copy of the symmetric address, directly loadable/storable) or another value that the
+// operation must dispatch on (today: none; rshmemi_no_transport traps).
+struct rshmemi_target_t {
+  uint64_t addr;
+  uint32_t transport;
+};
+
+// Resolves the symmetric range [sym, sym + len) on `pe`: checks the module is bound, and
+// with RSHMEM_STATE_CHECKS the PE range and that the range is inside this PE's heap. The
+// own PE needs no peer-table load. The peer table is read-only for the kernel's life
+// (written at bind time), so it goes through the read-only data cache.
+RSHMEM_DEVICE rshmemi_target_t rshmemi_resolve(const void *sym, uint64_t len, int pe,
+                                               const char *what) {
+  const rshmem_device_state_t &s = rshmemi_device_state;
+  const uint64_t addr = reinterpret_cast<uint64_t>(sym);
+  if (__builtin_expect(!rshmemi_bound() ||
+                           (rshmemi_checks_on() &&
+                            (pe < 0 || pe >= s.n_pes ||
+                             !rshmemi_range_in_heap(s.heap_base, s.heap_size, addr, len))),
+                       0))
+    rshmemi_refuse(pe, addr, len, what);
+  rshmemi_target_t t;
+  if (pe == s.my_pe) {
+    t.addr = addr;
+    t.transport = RSHMEM_TRANSPORT_P2P;
+    return t;
+  }
+  const rshmem_peer_t *peer = reinterpret_cast<const rshmem_peer_t *>(s.peers) + pe;
+  t.transport = __ldg(&peer->transport);
+  t.addr = t.transport == RSHMEM_TRANSPORT_P2P ? rshmemi_translate(s.heap_base, __ldg(&peer->heap_base), addr)
+                                               : addr;
+  return t;
+}
+
+// The default arm of every per-transport switch. IBGDA operations (mlx5 WQEs on
+// rshmem_peer_t.qp) will be dispatched next to the P2P arm; until they exist an IBGDA
+// peer is as unreachable from the device as a NONE peer, and says so.
+[[noreturn]] __device__ __noinline__ inline void rshmemi_no_transport(uint32_t transport, int pe, uint64_t addr,
+                                                         uint64_t len, const char *what) {
+  rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_PE, pe, addr, len, 0, 0, what,
+               transport == RSHMEM_TRANSPORT_IBGDA
+                   ? "transport not available on device (IBGDA device operations are not implemented yet)"
+                   : "no device transport to this PE (peer table says NONE or an unknown transport)");
+}
+
+// A wait that cannot succeed: an invalid comparison operator (BAD_ARG) or the bound
+// expired (WAIT_TIMEOUT). Out of line: one call site per wait.
+[[noreturn]] __device__ __noinline__ inline void rshmemi_wait_failed(const void *addr, int cmp, uint64_t target,
+                                                                   uint64_t observed, const char *what) {
+  if (!rshmemi_cmp_valid(cmp))
+    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, rshmemi_device_state.my_pe, reinterpret_cast<uint64_t>(addr),
+                 target, observed, static_cast<uint32_t>(cmp), what,
+                 "invalid comparison operator (not a rshmem_cmp_t)");
+  rshmemi_fail(RSHMEM_DEVICE_ERR_WAIT_TIMEOUT, rshmemi_device_state.my_pe, reinterpret_cast<uint64_t>(addr),
+               target, observed, static_cast<uint32_t>(cmp), what, "wait timed out");
+}
+
+// Polls `load()` until `rshmemi_cmp_holds(value, cmp, target)`, bounded by
+// state.timeout_ns of %globaltimer; on timeout reports the address, cmp, target and the
+// last value seen, and traps. Returns the value that satisfied the comparison. The first
+// load is checked before the clock is read, so a satisfied wait costs one load.
+template <typename T, typename Load>
+RSHMEM_DEVICE T rshmemi_poll(const void *addr, int cmp, T target, Load load, const char *what) {
+  T v = load();
+  if (rshmemi_cmp_holds(v, cmp, target)) return v;
+  const uint64_t limit = rshmemi_effective_timeout(rshmemi_device_state.timeout_ns);
+  const uint64_t t0 = rshmemi_globaltimer();
+  for (;;) {
+    if (!rshmemi_cmp_valid(cmp) || rshmemi_globaltimer() - t0 > limit)
+      rshmemi_wait_failed(addr, cmp, static_cast<uint64_t>(target), static_cast<uint64_t>(v), what);
+    v = load();
+    if (rshmemi_cmp_holds(v, cmp, target)) return v;
+  }
+}
+
+#endif  // __CUDACC__
