@@ -84,8 +84,7 @@ RSHMEM_HOST_DEVICE bool ep_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
 RSHMEM_HOST_DEVICE uint64_t ep_round_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
 
 // Places a region of `bytes` at *at and advances *at to the next 64-byte boundary.
-RSHMEM_HOST_DEVICE bool ep_place(uint64_t *at, bool bytes_ok, uint64_t bytes, ep_region_t *r) {
-  if (!bytes_ok) return false;
+RSHMEM_HOST_DEVICE bool ep_place(uint64_t *at, uint64_t bytes, ep_region_t *r) {
   r->offset = *at;
   r->bytes = bytes;
   if (bytes > UINT64_MAX - *at - EP_REGION_ALIGN) return false;
@@ -115,19 +114,20 @@ RSHMEM_HOST_DEVICE int ep_layout_init(ep_layout_t *lay, uint64_t num_max_tokens,
   lay->use_fp8 = use_fp8 ? 1 : 0;
   lay->msg_bytes = ep_round_up(EP_HEADER_BYTES + payload, 16);
   lay->slots_per_src = n * (k < l ? k : l);
-  uint64_t at = 0, bytes = 0, x = 0, y = 0;
-  bool ok = true;
-  ok = ok && ep_place(&at, ep_mul_ok(l * r, 8, &bytes), bytes, &lay->dispatch_count);
-  ok = ok && ep_place(&at, ep_mul_ok(r, 8, &bytes), bytes, &lay->combine_flag);
-  ok = ok && ep_place(&at, ep_mul_ok(r, 8, &bytes), bytes, &lay->credit);
-  ok = ok && ep_place(&at, ep_mul_ok(n, lay->msg_bytes, &bytes), bytes, &lay->dispatch_send);
-  ok = ok && ep_place(&at, ep_mul_ok(r, lay->slots_per_src, &x) && ep_mul_ok(x, lay->msg_bytes, &bytes),
-                      bytes, &lay->dispatch_recv);
-  ok = ok && ep_place(&at,
-                      ep_mul_ok(l, r, &x) && ep_mul_ok(x, n, &y) && ep_mul_ok(y, h * 2, &bytes),
-                      bytes, &lay->combine_send);
-  ok = ok && ep_place(&at, ep_mul_ok(n, k, &x) && ep_mul_ok(x, h * 2, &bytes), bytes,
-                      &lay->combine_recv);
+  // Region sizes first (each checked for overflow), then their places in order.
+  uint64_t x = 0, y = 0, sz[7] = {0, 0, 0, 0, 0, 0, 0};
+  bool ok = ep_mul_ok(l * r, 8, &sz[0]) && ep_mul_ok(r, 8, &sz[1]) && ep_mul_ok(r, 8, &sz[2]) &&
+            ep_mul_ok(n, lay->msg_bytes, &sz[3]) && ep_mul_ok(r, lay->slots_per_src, &x) &&
+            ep_mul_ok(x, lay->msg_bytes, &sz[4]) && ep_mul_ok(l, r, &x) && ep_mul_ok(x, n, &y) &&
+            ep_mul_ok(y, h * 2, &sz[5]) && ep_mul_ok(n, k, &x) && ep_mul_ok(x, h * 2, &sz[6]);
+  uint64_t at = 0;
+  ok = ok && ep_place(&at, sz[0], &lay->dispatch_count);
+  ok = ok && ep_place(&at, sz[1], &lay->combine_flag);
+  ok = ok && ep_place(&at, sz[2], &lay->credit);
+  ok = ok && ep_place(&at, sz[3], &lay->dispatch_send);
+  ok = ok && ep_place(&at, sz[4], &lay->dispatch_recv);
+  ok = ok && ep_place(&at, sz[5], &lay->combine_send);
+  ok = ok && ep_place(&at, sz[6], &lay->combine_recv);
   if (!ok) return EP_LAYOUT_OVERFLOW;
   lay->set_bytes = at;
   if (!ep_mul_ok(at, 2, &lay->total_bytes)) return EP_LAYOUT_OVERFLOW;
