@@ -43,7 +43,7 @@ __device__ __forceinline__ uint64_t globaltimer() {
 
 // Writes the error record (first writer wins on a best-effort basis: the code is checked
 // before and written last) and traps. `what` names the EP object waited for.
-__device__ __forceinline__ void fail(uint32_t code, int32_t pe, uint64_t addr, uint64_t expected,
+__device__ __noinline__ void fail(uint32_t code, int32_t pe, uint64_t addr, uint64_t expected,
                                   uint64_t observed, uint32_t cmp, const char *what,
                                   int32_t expert) {
   const rshmem_device_state_t &s = state();
