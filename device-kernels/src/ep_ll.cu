@@ -491,6 +491,9 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
         src_off += read_count(c, a.set, w, s);
       }
     }
+    // Each lane acquired its own words; the warp barrier orders those acquires before
+    // every lane's reads of the messages below (shuffles alone are not synchronisation).
+    __syncwarp();
     begin = warp_sum(begin);
     own = warp_sum(own);
     total = warp_sum(total);
