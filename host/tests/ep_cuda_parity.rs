@@ -28,7 +28,15 @@ fn compile(src: &str) -> PathBuf {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("ep-cuda-{src}-{}-{n}.bin", std::process::id()));
     let r = Command::new("g++")
-        .args(["-O1", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-I"])
+        .args([
+            "-O1",
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-ffp-contract=off",
+            "-I",
+        ])
         .arg(manifest_dir().join("../device-kernels/include"))
         .arg(manifest_dir().join("tests/ep-cuda").join(src))
         .arg("-o")
@@ -179,15 +187,15 @@ fn layout_cuh_matches_rust_layout() {
         (3, 1, 7, 11, false, 7),
         (1 << 20, 7168, 2, 11, true, 2),
         (1 << 20, 1 << 40, 1 << 20, 11, false, 1), // overflows
-        (0, 7168, 8, 8, true, 8),                   // N = 0
-        ((1 << 20) + 1, 7168, 8, 8, true, 8),       // N too large
-        (128, 0, 8, 8, false, 8),                   // H = 0
-        (128, 100, 8, 8, true, 8),                  // FP8 with H % 128 != 0
-        (128, 7168, 8, 0, true, 8),                 // K = 0
-        (128, 7168, 8, 12, true, 8),                // K > 11
-        (128, 7168, 9, 8, true, 8),                 // E % R != 0
-        (128, 7168, 0, 8, true, 8),                 // E = 0
-        (128, 7168, 8, 8, true, 0),                 // R = 0
+        (0, 7168, 8, 8, true, 8),                  // N = 0
+        ((1 << 20) + 1, 7168, 8, 8, true, 8),      // N too large
+        (128, 0, 8, 8, false, 8),                  // H = 0
+        (128, 100, 8, 8, true, 8),                 // FP8 with H % 128 != 0
+        (128, 7168, 8, 0, true, 8),                // K = 0
+        (128, 7168, 8, 12, true, 8),               // K > 11
+        (128, 7168, 9, 8, true, 8),                // E % R != 0
+        (128, 7168, 0, 8, true, 8),                // E = 0
+        (128, 7168, 8, 8, true, 0),                // R = 0
     ]);
     let input: String = cfgs
         .iter()
@@ -215,7 +223,11 @@ fn layout_cuh_matches_rust_layout() {
         };
         assert_eq!(line, &want, "config {cfg:?} on {r} PEs");
     }
-    assert_eq!(ok_count, 6 * 2 * 6 + 3, "valid configs compared field by field");
+    assert_eq!(
+        ok_count,
+        6 * 2 * 6 + 3,
+        "valid configs compared field by field"
+    );
 }
 
 // ------------------------------------------------------------------------- numerics
@@ -373,7 +385,10 @@ fn fp8_cuh_bf16_rounding_and_combine_step_match_rust() {
     bf.extend((0..100_000).map(|i| splitmix(0xbf, i) as u32));
     for &b in &bf {
         requests.push(format!("b {b:x}\n"));
-        want.push(format!("{:04x}", bf16::from_f32(f32::from_bits(b)).to_bits()));
+        want.push(format!(
+            "{:04x}",
+            bf16::from_f32(f32::from_bits(b)).to_bits()
+        ));
     }
     // Combine terms: realistic (bf16 outputs, weights in [0, 1), partial sums) and raw bits.
     for i in 0..100_000u64 {
