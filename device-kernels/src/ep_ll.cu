@@ -126,6 +126,7 @@ __device__ __forceinline__ void config_fail(const char *what, uint64_t expected,
                what, -1);
 }
 
+// `fp8`: the layout's message format (the buffer's Config::use_fp8, EP_LL_FP8_BUFFER).
 __device__ __forceinline__ Ctx setup(const ep_ll_args_t &a, uint64_t hidden, bool fp8) {
   ep_p2p::check_bound();
   Ctx c;
@@ -327,6 +328,18 @@ __device__ __forceinline__ void send_message(uint8_t *dst, const uint16_t *__res
   }
 }
 
+// The dispatch kernels exist per message format; the buffer must have been made for it.
+template <bool FP8>
+__device__ __forceinline__ void check_format(const ep_ll_args_t &a) {
+  if (((a.flags & EP_LL_FP8_BUFFER) != 0) != FP8)
+    config_fail("EP dispatch kernel format (fp8/bf16) differs from the buffer's (EP_LL_FP8_BUFFER)",
+                FP8, (a.flags & EP_LL_FP8_BUFFER) != 0);
+}
+
+__device__ __forceinline__ bool buffer_fp8(const ep_ll_args_t &a) {
+  return (a.flags & EP_LL_FP8_BUFFER) != 0;
+}
+
 template <int H, bool FP8>
 __device__ void dispatch_send(const ep_ll_args_t &a) {
   __shared__ uint32_t s_total[EP_LL_MAX_LOCAL_EXPERTS];
@@ -334,6 +347,7 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
   __shared__ uint32_t s_t[kChunk], s_k[kChunk], s_slot[kChunk];
   __shared__ uint32_t s_n;
 
+  check_format<FP8>(a);
   const Ctx c = setup(a, H, FP8);
   wait_credits(c, a);
   const uint64_t fault = send_fault(c, a, true);
@@ -459,6 +473,7 @@ __device__ __forceinline__ uint32_t warp_sum(uint32_t v) {
 
 template <int H, bool FP8>
 __device__ void dispatch_recv(const ep_ll_args_t &a) {
+  check_format<FP8>(a);
   const Ctx c = setup(a, H, FP8);
   const uint32_t lane = lane_id();
   const uint64_t units = static_cast<uint64_t>(c.L) * c.R;
@@ -538,7 +553,7 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
 template <int H>
 __device__ void combine_send(const ep_ll_args_t &a) {
   __shared__ unsigned long long s_rows;
-  const Ctx c = setup(a, H, false);
+  const Ctx c = setup(a, H, buffer_fp8(a));
   wait_credits(c, a);
   const uint64_t fault = send_fault(c, a, false);
   if (fault != 0 && threadIdx.x == 0)
@@ -603,7 +618,7 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
   __shared__ uint32_t s_low[EP_LL_MAX_PES];
   __shared__ float s_w[EP_MAX_TOPK];
   __shared__ uint32_t s_use[EP_MAX_TOPK];
-  const Ctx c = setup(a, H, false);
+  const Ctx c = setup(a, H, buffer_fp8(a));
   if (c.T > c.N) config_fail("EP combine: num_tokens > N (wrong handle?)", c.N, c.T);
   for (uint32_t p = threadIdx.x; p < c.R; p += kThreads) {
     s_expected[p] = 0;

@@ -12,8 +12,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
-use rshmem::ep::{bf16, fp8, Config, Layout};
+use rshmem::ep::{bf16, check, fp8, Buffer, Config, Layout, RecvX};
 
 fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -477,4 +478,381 @@ fn fp8_cuh_quantize_row_matches_rust() {
         }
     }
     compare("quantize_row", &requests, &want);
+}
+
+// ------------------------------------------------------------------------- kernels
+
+/// The GPU kernels (device-kernels/src/ep_ll.cu, unchanged) built for the host with the
+/// CUDA emulation in host/tests/ep-cuda/emu/ (blocks one at a time, GPU threads as OS
+/// threads, warps as 32-thread barriers), once per test binary.
+fn emulator() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = manifest_dir().join("tests/ep-cuda");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("ep-ll-emulator-{}.bin", std::process::id()));
+        let r = Command::new("g++")
+            .args([
+                "-std=c++20",
+                "-O1",
+                "-pthread",
+                "-ffp-contract=off",
+                "-include",
+            ])
+            .arg(dir.join("emu/cuda_emu.h"))
+            .arg("-I")
+            .arg(dir.join("emu"))
+            .arg("-I")
+            .arg(manifest_dir().join("../device-kernels/include"))
+            .arg(dir.join("ll_emulator.cpp"))
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run g++ (install g++): {e}"));
+        assert!(
+            r.status.success(),
+            "g++ ll_emulator.cpp failed:\n{}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        out
+    })
+}
+
+fn fnv(bytes: &[u8], mut h: u64) -> u64 {
+    for &b in bytes {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// One PE's outputs of one dispatch + combine repeat.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct PeOut {
+    counts: Vec<i32>,
+    /// Per (local expert, source): begin, then (src_info, recv_topk_slot, row hash) per
+    /// row (the slot is -1 on the CPU side, whose handle keeps it private).
+    blocks: Vec<(u64, Vec<(i32, i32, u64)>)>,
+    /// FNV-1a of each combined_x row.
+    comb: Vec<u64>,
+    /// (kind, set_calls) per set (emulator only).
+    status: Vec<(u32, u64)>,
+}
+
+#[derive(Clone)]
+struct KCase {
+    cfg: Config,
+    pes: usize,
+    grid: usize,
+    tokens: Vec<usize>,
+    experts: Option<Vec<usize>>,
+    masked_pe: Option<usize>,
+    repeats: usize,
+}
+
+fn routing(c: &KCase) -> Vec<check::Routing> {
+    (0..c.pes)
+        .map(|p| check::random_routing(11, p, c.tokens[p], &c.cfg, c.experts.as_deref(), 3))
+        .collect()
+}
+
+fn expert_scale(e: usize) -> f32 {
+    1.0 + (e % 4) as f32 * 0.25
+}
+
+/// Runs the emulated kernels: per repeat, per unmasked PE.
+fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
+    let cfg = &c.cfg;
+    let mut input = format!(
+        "{} {} {} {} {} {} {} {} {} {}\n",
+        c.pes,
+        cfg.num_max_dispatch_tokens_per_rank,
+        cfg.hidden,
+        cfg.num_experts,
+        cfg.num_topk,
+        cfg.use_fp8 as u8,
+        cfg.round_scale as u8,
+        c.grid,
+        c.repeats,
+        c.masked_pe.map(|p| p as i64).unwrap_or(-1)
+    );
+    for r in routes {
+        writeln!(input, "{}", r.num_tokens).unwrap();
+        for v in &r.topk_idx {
+            write!(input, "{v} ").unwrap();
+        }
+        input.push('\n');
+        for w in &r.topk_weights {
+            write!(input, "{:x} ", w.to_bits()).unwrap();
+        }
+        input.push('\n');
+    }
+    let lines = run(emulator(), &input);
+    let l = cfg.num_experts / c.pes;
+    let mut out: Vec<Vec<PeOut>> = vec![Vec::new(); c.repeats];
+    let mut cur: Option<(usize, PeOut)> = None;
+    for line in lines {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f[0] {
+            "rep" => {
+                if let Some((rep, o)) = cur.take() {
+                    out[rep].push(o);
+                }
+                cur = Some((f[1].parse().unwrap(), PeOut::default()));
+            }
+            "count" => {
+                cur.as_mut().unwrap().1.counts = f[1..].iter().map(|v| v.parse().unwrap()).collect()
+            }
+            "block" => cur
+                .as_mut()
+                .unwrap()
+                .1
+                .blocks
+                .push((f[3].parse().unwrap(), Vec::new())),
+            "row" => cur.as_mut().unwrap().1.blocks.last_mut().unwrap().1.push((
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+                u64::from_str_radix(f[3], 16).unwrap(),
+            )),
+            "comb" => cur
+                .as_mut()
+                .unwrap()
+                .1
+                .comb
+                .push(u64::from_str_radix(f[1], 16).unwrap()),
+            "status" => cur
+                .as_mut()
+                .unwrap()
+                .1
+                .status
+                .push((f[2].parse().unwrap(), f[6].parse().unwrap())),
+            _ => panic!("emulator printed {line:?}"),
+        }
+    }
+    if let Some((rep, o)) = cur.take() {
+        out[rep].push(o);
+    }
+    for rep in &out {
+        for o in rep {
+            assert_eq!(o.blocks.len(), l * c.pes);
+        }
+    }
+    out
+}
+
+/// Runs the CPU oracle (rshmem::ep on threads) on the same inputs.
+fn run_cpu(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
+    let cfg = c.cfg;
+    let mut s = rshmem::Settings::from_lookup(|_| None).expect("default settings");
+    s.symmetric_size =
+        (Layout::size_hint(&cfg, c.pes).unwrap() + (2 << 20)).next_multiple_of(1 << 20);
+    s.timeout = std::time::Duration::from_secs(20);
+    let res = rshmem::run_threads(c.pes, s, |pe| -> rshmem::Result<Vec<PeOut>> {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, cfg)?;
+        if c.masked_pe == Some(me) {
+            return Ok(Vec::new());
+        }
+        if let Some(m) = c.masked_pe {
+            buf.update_mask(m, true)?;
+        }
+        let r = &routes[me];
+        let x = check::origin_x(me, r.num_tokens, cfg.hidden);
+        let (h, n) = (cfg.hidden, c.pes);
+        let l = cfg.num_experts / n;
+        let rows = n * cfg.num_max_dispatch_tokens_per_rank;
+        let mut reps = Vec::new();
+        for _ in 0..c.repeats {
+            let d = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+            let mut eo = vec![bf16::ZERO; l * rows * h];
+            check::expert_forward(&cfg, n, me, &d, &expert_scale, &mut eo);
+            let y = buf
+                .low_latency_combine(&eo, &r.topk_idx, &r.topk_weights, &d.handle, false, false)?
+                .wait()?;
+            let mut o = PeOut {
+                counts: d.recv_count.clone(),
+                ..PeOut::default()
+            };
+            for le in 0..l {
+                for src in 0..n {
+                    let lr = d.layout_range[le * n + src];
+                    let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
+                    let rows_out = (begin..begin + count)
+                        .map(|j| {
+                            let row = le * rows + j;
+                            let hash = match &d.recv_x {
+                                RecvX::Fp8 { data, scales } => {
+                                    let g = h / 128;
+                                    let sb: Vec<u8> = scales[row * g..(row + 1) * g]
+                                        .iter()
+                                        .flat_map(|v| v.to_le_bytes())
+                                        .collect();
+                                    fnv(&sb, fnv(&data[row * h..(row + 1) * h], FNV0))
+                                }
+                                RecvX::Bf16(v) => {
+                                    let b: Vec<u8> = v[row * h..(row + 1) * h]
+                                        .iter()
+                                        .flat_map(|x| x.to_bits().to_le_bytes())
+                                        .collect();
+                                    fnv(&b, FNV0)
+                                }
+                            };
+                            (d.src_info[row], -1, hash)
+                        })
+                        .collect();
+                    o.blocks.push((begin as u64, rows_out));
+                }
+            }
+            o.comb = y
+                .chunks(h.max(1))
+                .take(r.num_tokens)
+                .map(|row| {
+                    let b: Vec<u8> = row.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
+                    fnv(&b, FNV0)
+                })
+                .collect();
+            reps.push(o);
+        }
+        if c.masked_pe.is_none() {
+            // (Collective: with a PE that stopped calling, leave the memory to the job end.)
+            buf.destroy()?;
+        }
+        Ok(reps)
+    })
+    .expect("threads start");
+    let per_pe: Vec<Vec<PeOut>> = res
+        .into_iter()
+        .enumerate()
+        .map(|(p, r)| r.unwrap_or_else(|e| panic!("CPU oracle, PE {p}: {e}")))
+        .collect();
+    (0..c.repeats)
+        .map(|rep| {
+            per_pe
+                .iter()
+                .enumerate()
+                .filter(|(p, _)| c.masked_pe != Some(*p))
+                .map(|(_, v)| v[rep].clone())
+                .collect()
+        })
+        .collect()
+}
+
+/// The emulated kernels' outputs equal the CPU oracle's: counts, each (expert, source)
+/// block's rows in order (src_info and bytes of recv_x + scales), every combined row bit
+/// for bit; the kernels' blocks are in source order and their recv_topk_slot is the slot
+/// the routing gives; no fault recorded; each set's call counter advanced.
+fn check_kernels(c: KCase) {
+    let routes = routing(&c);
+    let emu = run_emulated(&c, &routes);
+    let cpu = run_cpu(&c, &routes);
+    let (n, l, k) = (c.pes, c.cfg.num_experts / c.pes, c.cfg.num_topk);
+    let pes: Vec<usize> = (0..n).filter(|&p| c.masked_pe != Some(p)).collect();
+    let mut rows_checked = 0;
+    for rep in 0..c.repeats {
+        assert_eq!(emu[rep].len(), pes.len());
+        for ((e, o), &me) in emu[rep].iter().zip(&cpu[rep]).zip(&pes) {
+            let at = format!("{}, repeat {rep}, PE {me}", c.cfg);
+            assert_eq!(e.counts, o.counts, "{at}: recv_count");
+            for le in 0..l {
+                let mut begin = 0;
+                for s in 0..n {
+                    let (eb, er) = &e.blocks[le * n + s];
+                    let (_, or) = &o.blocks[le * n + s];
+                    assert_eq!(
+                        er.len(),
+                        or.len(),
+                        "{at}: count of block (expert {le}, source {s})"
+                    );
+                    if !er.is_empty() {
+                        assert_eq!(*eb, begin, "{at}: blocks in source order");
+                    }
+                    begin += er.len() as u64;
+                    for (i, (g, w)) in er.iter().zip(or).enumerate() {
+                        assert_eq!((g.0, g.2), (w.0, w.2), "{at}: block ({le}, {s}) row {i}");
+                        let t = g.0 as usize;
+                        let slots = &routes[s].topk_idx[t * k..(t + 1) * k];
+                        let want_k = slots.iter().position(|&x| x == (me * l + le) as i64);
+                        assert_eq!(
+                            Some(g.1 as usize),
+                            want_k,
+                            "{at}: recv_topk_slot of ({le}, {s}) row {i}"
+                        );
+                        rows_checked += 1;
+                    }
+                }
+            }
+            assert_eq!(e.comb, o.comb, "{at}: combined_x rows");
+            let calls = (rep as u64 + 1, rep as u64 + 1);
+            assert_eq!(
+                e.status,
+                vec![(0, calls.0), (0, calls.1)],
+                "{at}: status / set_calls"
+            );
+        }
+    }
+    assert!(rows_checked > 0, "the case received nothing");
+}
+
+fn kcase(
+    pes: usize,
+    n: usize,
+    h: usize,
+    e: usize,
+    k: usize,
+    fp8: bool,
+    grid: usize,
+    tokens: &[usize],
+) -> KCase {
+    KCase {
+        cfg: Config {
+            num_max_dispatch_tokens_per_rank: n,
+            hidden: h,
+            num_experts: e,
+            num_topk: k,
+            use_fp8: fp8,
+            round_scale: false,
+        },
+        pes,
+        grid,
+        tokens: tokens.to_vec(),
+        experts: None,
+        masked_pe: None,
+        repeats: 2,
+    }
+}
+
+#[test]
+fn kernels_emulated_two_pes_bf16_h2048() {
+    check_kernels(kcase(2, 4, 2048, 8, 4, false, 2, &[4, 3]));
+}
+
+#[test]
+fn kernels_emulated_three_pes_fp8_h7168_grid_below_pes_and_zero_tokens() {
+    check_kernels(kcase(3, 3, 7168, 9, 3, true, 1, &[3, 3, 0]));
+}
+
+#[test]
+fn kernels_emulated_four_pes_fp8_round_scale_h2560_parts_and_idle_experts() {
+    let mut c = kcase(4, 4, 2560, 16, 8, true, 9, &[4, 4, 2, 1]);
+    c.cfg.round_scale = true;
+    c.experts = Some(vec![0, 1, 2, 3, 4, 5, 12]);
+    check_kernels(c);
+}
+
+#[test]
+fn kernels_emulated_one_pe_fp8_h4096() {
+    check_kernels(kcase(1, 5, 4096, 4, 2, true, 3, &[5]));
+}
+
+#[test]
+fn kernels_emulated_masked_pe_bf16_h5120() {
+    let mut c = kcase(3, 4, 5120, 6, 3, false, 6, &[4, 4, 4]);
+    c.masked_pe = Some(2);
+    check_kernels(c);
+}
+
+#[test]
+fn kernels_emulated_two_pes_fp8_h8192_k11_many_chunks() {
+    check_kernels(kcase(2, 16, 8192, 22, 11, true, 4, &[16, 13]));
 }

@@ -24,6 +24,9 @@ extern "C" {
 // ep_ll_args_t.flags bits.
 #define EP_LL_IDX_I32 0x1u      // topk_idx is int32 (else int64)
 #define EP_LL_ROUND_SCALE 0x2u  // FP8 scales rounded up to powers of two
+#define EP_LL_FP8_BUFFER 0x4u   // the buffer's Config has use_fp8 (its layout's message size):
+                                // required by the _fp8 dispatch kernels, refused by the
+                                // _bf16 ones, and what the combine kernels lay out with
 
 // Argument block, passed by value (128 bytes). Pointers are device addresses in this
 // PE's context; "heap offset" is an offset into the symmetric heap (same on every PE).
