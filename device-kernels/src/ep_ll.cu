@@ -5,8 +5,9 @@
 // (rshmem/ep/fp8.cuh), so recv_x / recv_scales / src_info / recv_count per block and the
 // combine output are bit-identical to the CPU's on the same inputs.
 //
-// STATUS: compiled only (ptxas, no spills). Nothing here has run on a GPU yet; the Rust
-// launcher and the gpu-check comparison against the CPU oracle are the next steps.
+// STATUS: compiled (ptxas, no spills) and run in host emulation against the CPU oracle
+// (host/tests/ep_cuda_parity.rs, kernels_emulated_*). Nothing here has run on a GPU yet;
+// the Rust launcher and the gpu-check comparison against the CPU oracle are next.
 // Peers are reached by loads/stores through their P2P mapping (rshmem/ep/p2p.cuh, to be
 // replaced by the device API); a peer without P2P traps. No IBGDA/proxy path yet.
 //

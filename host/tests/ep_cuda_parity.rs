@@ -4,9 +4,13 @@
 //! arithmetic (`acc += w * v`, `bf16::from_f32`) bit for bit. The C++ programs are in
 //! host/tests/ep-cuda/; this test writes their requests and compares every answer.
 //!
-//! This checks the headers' code on the host CPU. The kernels (device-kernels/src/ep_ll.cu)
-//! use these functions, but their amax reduction order and the kernels as a whole only
-//! run under scripts/gpu-check (not yet written for EP).
+//! The kernels themselves (device-kernels/src/ep_ll.cu, unchanged) are built for the host
+//! with a small CUDA emulation (host/tests/ep-cuda/emu/: each block's 512 GPU threads as
+//! fibers, warps as barriers, blocks one after another, every PE's send kernel before any
+//! receive kernel) and their outputs compared with the CPU oracle's on the same inputs
+//! (`kernels_emulated_*`). This checks the kernels' logic, not GPU memory ordering,
+//! concurrency between blocks or PEs, or speed: that needs scripts/gpu-check (not yet
+//! written for EP).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -56,7 +60,9 @@ fn compile(src: &str) -> PathBuf {
 /// Runs `bin` with `input` on stdin (through a file: no pipe deadlock) and returns its
 /// stdout lines.
 fn run(bin: &Path, input: &str) -> Vec<String> {
-    let path = bin.with_extension("in");
+    // Unique per call: concurrent tests run the same binary.
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let path = bin.with_extension(format!("{}.in", N.fetch_add(1, Ordering::Relaxed)));
     std::fs::write(&path, input).unwrap();
     let r = Command::new(bin)
         .stdin(Stdio::from(std::fs::File::open(&path).unwrap()))

@@ -13,7 +13,6 @@
 
 #include "../../../device-kernels/src/ep_ll.cu"
 
-#include <thread>
 
 namespace {
 
@@ -43,21 +42,57 @@ Kernels kernels(unsigned h, bool fp8) {
   exit(2);
 }
 
+// The running launch, for the fiber entry point.
+Kernel g_kernel;
+const ep_ll_args_t *g_args;
+ucontext_t g_main;
+constexpr size_t kStack = 256 << 10;
+
+void fiber_main() {
+  g_kernel(*g_args);
+  emu_fibers[emu_cur].done = true;
+  for (unsigned i = 0; i < emu_nfibers; ++i)
+    if (!emu_fibers[i].done) {
+      emu_yield();  // never resumed: this fiber is done
+      break;
+    }
+  setcontext(&g_main);
+}
+
 void launch(Kernel k, const ep_ll_args_t &a, unsigned grid) {
+  static std::vector<EmuFiber> fibers(EP_LL_THREADS);
+  static bool stacks = false;
+  if (!stacks) {
+    for (auto &f : fibers) f.stack = static_cast<char *>(malloc(kStack));
+    stacks = true;
+  }
   gridDim.x = grid;
   blockDim.x = EP_LL_THREADS;
+  g_kernel = k;
+  g_args = &a;
   for (unsigned b = 0; b < grid; ++b) {
     EmuBlock block(EP_LL_THREADS);
     emu_block = &block;
-    std::vector<std::thread> threads;
-    threads.reserve(EP_LL_THREADS);
-    for (unsigned t = 0; t < EP_LL_THREADS; ++t)
-      threads.emplace_back([&, t, b] {
-        threadIdx.x = t;
-        blockIdx.x = b;
-        k(a);
-      });
-    for (auto &t : threads) t.join();
+    blockIdx.x = b;
+    for (unsigned t = 0; t < EP_LL_THREADS; ++t) {
+      EmuFiber &f = fibers[t];
+      f.done = false;
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = f.stack;
+      f.ctx.uc_stack.ss_size = kStack;
+      f.ctx.uc_link = &g_main;
+      makecontext(&f.ctx, fiber_main, 0);
+    }
+    emu_fibers = fibers.data();
+    emu_nfibers = EP_LL_THREADS;
+    emu_cur = 0;
+    threadIdx.x = 0;
+    swapcontext(&g_main, &fibers[0].ctx);
+    for (auto &f : fibers)
+      if (!f.done) {
+        fprintf(stderr, "emulator: block %u ended with unfinished threads\n", b);
+        exit(4);
+      }
     emu_block = nullptr;
   }
 }

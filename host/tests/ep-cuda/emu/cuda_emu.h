@@ -1,12 +1,14 @@
 // cuda_emu.h — just enough of CUDA to run device-kernels/src/ep_ll.cu on the host CPU,
-// one block at a time, each GPU thread an OS thread (force-included by the emulator
-// build in host/tests/ep_cuda_parity.rs). Blocks run sequentially, so `__shared__`
-// becomes `static`; warps are emulated with a 32-thread barrier and an exchange array,
-// __syncthreads with a 512-thread barrier. Test code only: it checks the kernels' logic
-// (slot assignment, signalling, unpacking, reduction), not GPU memory ordering or timing.
+// one block at a time, each GPU thread a cooperative fiber (ucontext) on one OS thread
+// (force-included by the emulator build in host/tests/ep_cuda_parity.rs). Blocks run
+// sequentially, so `__shared__` becomes `static`; a fiber runs until it reaches a barrier
+// (__syncthreads, or a warp barrier inside __syncwarp / shuffles / ballots), then yields
+// round-robin. Test code only: it checks the kernels' logic (slot assignment, signalling,
+// unpacking, reduction), not GPU memory ordering or timing.
 #pragma once
 
-#include <barrier>
+#include <ucontext.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,8 +17,8 @@
 struct EmuDim {
   unsigned x, y, z;
 };
-inline thread_local EmuDim threadIdx{0, 0, 0};
-inline thread_local EmuDim blockIdx{0, 0, 0};
+inline EmuDim threadIdx{0, 0, 0};  // of the running fiber
+inline EmuDim blockIdx{0, 0, 0};
 inline EmuDim blockDim{0, 1, 1};
 inline EmuDim gridDim{0, 1, 1};
 
@@ -67,21 +69,59 @@ inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v)
   return old;
 }
 
+// Fibers of the running block.
+struct EmuFiber {
+  ucontext_t ctx;
+  char *stack;
+  bool done;
+};
+inline EmuFiber *emu_fibers = nullptr;
+inline unsigned emu_nfibers = 0;
+inline unsigned emu_cur = 0;
+
+// Switches to the next unfinished fiber (round-robin); returns when resumed.
+inline void emu_yield() {
+  const unsigned from = emu_cur;
+  unsigned next = from;
+  do {
+    next = (next + 1) % emu_nfibers;
+  } while (emu_fibers[next].done && next != from);
+  if (next == from) return;
+  emu_cur = next;
+  threadIdx.x = next;
+  swapcontext(&emu_fibers[from].ctx, &emu_fibers[next].ctx);
+  emu_cur = from;
+  threadIdx.x = from;
+}
+
+struct EmuBarrier {
+  unsigned n, count = 0, gen = 0;
+  void wait() {
+    const unsigned g = gen;
+    if (++count == n) {
+      count = 0;
+      ++gen;
+      return;
+    }
+    while (gen == g) emu_yield();
+  }
+};
+
 // One block's barriers (the emulator creates them per block launch).
 struct EmuWarp {
-  std::barrier<> bar{32};
+  EmuBarrier bar{32};
   uint64_t v[32];
 };
 struct EmuBlock {
-  std::barrier<> bar;
+  EmuBarrier bar;
   EmuWarp warps[32];
-  explicit EmuBlock(unsigned threads) : bar(threads) {}
+  explicit EmuBlock(unsigned threads) : bar{threads} {}
 };
 inline EmuBlock *emu_block = nullptr;
 
-inline void __syncthreads() { emu_block->bar.arrive_and_wait(); }
+inline void __syncthreads() { emu_block->bar.wait(); }
 inline EmuWarp &emu_warp() { return emu_block->warps[threadIdx.x / 32]; }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp().bar.arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp().bar.wait(); }
 
 // Every lane publishes `mine`; returns all 32 values (a copy) after the warp barrier.
 struct EmuAll {
@@ -90,10 +130,10 @@ struct EmuAll {
 inline EmuAll emu_exchange(uint64_t mine) {
   EmuWarp &w = emu_warp();
   w.v[threadIdx.x % 32] = mine;
-  w.bar.arrive_and_wait();
+  w.bar.wait();
   EmuAll a;
   memcpy(a.v, w.v, sizeof a.v);
-  w.bar.arrive_and_wait();
+  w.bar.wait();
   return a;
 }
 template <class T>
