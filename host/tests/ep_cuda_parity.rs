@@ -543,6 +543,8 @@ struct PeOut {
     comb: Vec<u64>,
     /// (kind, set_calls) per set (emulator only).
     status: Vec<(u32, u64)>,
+    /// (kind, peer, value, commit) per set (emulator only).
+    status_full: Vec<(u32, i64, u64, u64)>,
 }
 
 #[derive(Clone)]
@@ -554,6 +556,8 @@ struct KCase {
     experts: Option<Vec<usize>>,
     masked_pe: Option<usize>,
     repeats: usize,
+    /// Emulator runs only the dispatch (inputs that poison the call).
+    dispatch_only: bool,
 }
 
 fn routing(c: &KCase) -> Vec<check::Routing> {
@@ -570,7 +574,7 @@ fn expert_scale(e: usize) -> f32 {
 fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
     let cfg = &c.cfg;
     let mut input = format!(
-        "{} {} {} {} {} {} {} {} {} {}\n",
+        "{} {} {} {} {} {} {} {} {} {} {}\n",
         c.pes,
         cfg.num_max_dispatch_tokens_per_rank,
         cfg.hidden,
@@ -580,7 +584,8 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
         cfg.round_scale as u8,
         c.grid,
         c.repeats,
-        c.masked_pe.map(|p| p as i64).unwrap_or(-1)
+        c.masked_pe.map(|p| p as i64).unwrap_or(-1),
+        c.dispatch_only as u8
     );
     for r in routes {
         writeln!(input, "{}", r.num_tokens).unwrap();
@@ -626,12 +631,17 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
                 .1
                 .comb
                 .push(u64::from_str_radix(f[1], 16).unwrap()),
-            "status" => cur
-                .as_mut()
-                .unwrap()
-                .1
-                .status
-                .push((f[2].parse().unwrap(), f[6].parse().unwrap())),
+            "status" => {
+                let o = &mut cur.as_mut().unwrap().1;
+                o.status
+                    .push((f[2].parse().unwrap(), f[6].parse().unwrap()));
+                o.status_full.push((
+                    f[2].parse().unwrap(),
+                    f[3].parse().unwrap(),
+                    f[4].parse().unwrap(),
+                    f[5].parse().unwrap(),
+                ));
+            }
             _ => panic!("emulator printed {line:?}"),
         }
     }
@@ -640,7 +650,7 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
     }
     for rep in &out {
         for o in rep {
-            assert_eq!(o.blocks.len(), l * c.pes);
+            assert_eq!(o.blocks.len(), if c.dispatch_only { 0 } else { l * c.pes });
         }
     }
     out
@@ -825,6 +835,7 @@ fn kcase(
         experts: None,
         masked_pe: None,
         repeats: 2,
+        dispatch_only: false,
     }
 }
 
@@ -861,4 +872,49 @@ fn kernels_emulated_masked_pe_bf16_h5120() {
 #[test]
 fn kernels_emulated_two_pes_fp8_h8192_k11_many_chunks() {
     check_kernels(kcase(2, 16, 8192, 22, 11, true, 4, &[16, 13]));
+}
+
+/// A PE whose input is invalid poisons the call: it records its own fault, every other PE
+/// records that PE's fault word (the CPU's `EpPeerFailed` reason), and every PE's receive
+/// kernel still completes (the set's call counter advances: nobody hangs).
+fn check_poisoned(
+    mut c: KCase,
+    bad_pe: usize,
+    want_word: u64,
+    corrupt: impl Fn(&mut check::Routing),
+) {
+    c.dispatch_only = true;
+    c.repeats = 1;
+    let mut routes = routing(&c);
+    corrupt(&mut routes[bad_pe]);
+    let emu = run_emulated(&c, &routes);
+    assert_eq!(emu[0].len(), c.pes);
+    for (me, o) in emu[0].iter().enumerate() {
+        let (kind, peer) = if me == bad_pe {
+            (1, me as i64)
+        } else {
+            (2, bad_pe as i64)
+        };
+        // Tag of call 0 = 1; set 1 untouched; set 0's counter advanced once.
+        assert_eq!(
+            o.status_full,
+            vec![(kind, peer, want_word, 1), (0, 0, 0, 0)],
+            "PE {me}: status (kind, peer, value, commit) per set"
+        );
+        assert_eq!(o.status, vec![(kind, 1), (0, 0)], "PE {me}: set_calls");
+    }
+}
+
+#[test]
+fn kernels_emulated_bad_expert_id_poisons_every_pe() {
+    let c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 3]);
+    // topk_idx[1][2] = E on PE 1: fault code 2 with the flat index 1 * K + 2 = 5.
+    check_poisoned(c, 1, (1 << 31) | (2 << 24) | 5, |r| r.topk_idx[5] = 6);
+}
+
+#[test]
+fn kernels_emulated_too_many_tokens_poisons_every_pe() {
+    let c = kcase(2, 3, 4096, 4, 2, false, 3, &[3, 5]);
+    // PE 1 passes T = 5 > N = 3: fault code 1 with the value 5.
+    check_poisoned(c, 1, (1 << 31) | (1 << 24) | 5, |_| {});
 }

@@ -3,7 +3,8 @@
 // the CPU oracle. R PEs share this process; each kernel launch runs its blocks one after
 // another, and every PE's send kernel runs before any receive kernel, so no wait blocks.
 //
-// stdin:  R N H E K FP8 ROUND GRID REPEATS MASKED_PE(-1 = none)
+// stdin:  R N H E K FP8 ROUND GRID REPEATS MASKED_PE(-1 = none) MODE (0 = dispatch +
+//         combine, 1 = dispatch only: for inputs that poison the call)
 //         then per PE: T, T*K expert ids, T*K weights (f32 bit patterns in hex)
 // stdout: per repeat and PE: recv_count, per (local expert, source) block its begin/count
 //         and per row src_info, recv_topk_slot and an FNV-1a hash of the row's bytes
@@ -131,8 +132,9 @@ struct Pe {
 int main() {
   unsigned R, N, H, E, K, fp8, round, grid, repeats;
   int masked_pe;
-  if (scanf("%u %u %u %u %u %u %u %u %u %d", &R, &N, &H, &E, &K, &fp8, &round, &grid, &repeats,
-            &masked_pe) != 10)
+  unsigned mode;
+  if (scanf("%u %u %u %u %u %u %u %u %u %d %u", &R, &N, &H, &E, &K, &fp8, &round, &grid, &repeats,
+            &masked_pe, &mode) != 11)
     return 2;
   ep_layout_t lay;
   if (ep_layout_init(&lay, N, H, E, K, fp8 != 0, R) != EP_LAYOUT_OK) return 3;
@@ -223,6 +225,18 @@ int main() {
       if (skip(p)) continue;
       rshmemi_device_state = pes[p].state;
       launch(k.drecv, args(p, 0, reinterpret_cast<uint64_t>(pes[p].recv_x), set), grid);
+    }
+    if (mode == 1) {
+      for (unsigned p = 0; p < R; ++p) {
+        if (skip(p)) continue;
+        printf("rep %u pe %u\n", rep, p);
+        for (unsigned s = 0; s < 2; ++s)
+          printf("status %u %u %d %llu %llu %llu\n", s, pes[p].ctl->status[s].kind,
+                 pes[p].ctl->status[s].peer, (unsigned long long)pes[p].ctl->status[s].value,
+                 (unsigned long long)pes[p].ctl->status[s].commit,
+                 (unsigned long long)pes[p].ctl->set_calls[s]);
+      }
+      continue;
     }
     // The simulated expert of host/src/ep/check.rs expert_forward:
     // out = bf16(dequant(recv) * (1 + (e % 4) / 4)).
