@@ -532,13 +532,16 @@ fn fnv(bytes: &[u8], mut h: u64) -> u64 {
 }
 const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// A received row: src_info, recv_topk_slot, FNV-1a of its bytes.
+type Row = (i32, i32, u64);
+
 /// One PE's outputs of one dispatch + combine repeat.
 #[derive(Debug, Default, Clone, PartialEq)]
 struct PeOut {
     counts: Vec<i32>,
     /// Per (local expert, source): begin, then (src_info, recv_topk_slot, row hash) per
     /// row (the slot is -1 on the CPU side, whose handle keeps it private).
-    blocks: Vec<(u64, Vec<(i32, i32, u64)>)>,
+    blocks: Vec<(u64, Vec<Row>)>,
     /// FNV-1a of each combined_x row.
     comb: Vec<u64>,
     /// (kind, set_calls) per set (emulator only).
@@ -754,6 +757,7 @@ fn run_cpu(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
         .collect()
 }
 
+#[allow(clippy::needless_range_loop)] // indices name PEs and experts in the messages
 /// The emulated kernels' outputs equal the CPU oracle's: counts, each (expert, source)
 /// block's rows in order (src_info and bytes of recv_x + scales), every combined row bit
 /// for bit; the kernels' blocks are in source order and their recv_topk_slot is the slot
@@ -810,6 +814,7 @@ fn check_kernels(c: KCase) {
     assert!(rows_checked > 0, "the case received nothing");
 }
 
+#[allow(clippy::too_many_arguments)]
 fn kcase(
     pes: usize,
     n: usize,
