@@ -1,0 +1,925 @@
+//! The GPU EP kernels' headers, compiled as host C++ with g++, against the CPU oracle:
+//! `device-kernels/include/rshmem/ep/layout.cuh` must compute exactly `ep::Layout`'s
+//! offsets, and `rshmem/ep/fp8.cuh` exactly `ep::fp8`'s casts and scales and the combine
+//! arithmetic (`acc += w * v`, `bf16::from_f32`) bit for bit. The C++ programs are in
+//! host/tests/ep-cuda/; this test writes their requests and compares every answer.
+//!
+//! The kernels themselves (device-kernels/src/ep_ll.cu, unchanged) are built for the host
+//! with a small CUDA emulation (host/tests/ep-cuda/emu/: each block's 512 GPU threads as
+//! fibers, warps as barriers, blocks one after another, every PE's send kernel before any
+//! receive kernel) and their outputs compared with the CPU oracle's on the same inputs
+//! (`kernels_emulated_*`). This checks the kernels' logic, not GPU memory ordering,
+//! concurrency between blocks or PEs, or speed: that needs scripts/gpu-check (not yet
+//! written for EP).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use rshmem::ep::{bf16, check, fp8, Buffer, Config, Layout, RecvX};
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Compiles host/tests/ep-cuda/`src` with g++ (no FMA contraction, as the kernels use
+/// explicit __fmul_rn/__fadd_rn) and returns the binary.
+fn compile(src: &str) -> PathBuf {
+    // Unique per call: the tests of this binary compile concurrently.
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("ep-cuda-{src}-{}-{n}.bin", std::process::id()));
+    let r = Command::new("g++")
+        .args([
+            "-O1",
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-ffp-contract=off",
+            "-I",
+        ])
+        .arg(manifest_dir().join("../device-kernels/include"))
+        .arg(manifest_dir().join("tests/ep-cuda").join(src))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run g++ (install g++): {e}"));
+    assert!(
+        r.status.success(),
+        "g++ {src} failed:\n{}{}",
+        String::from_utf8_lossy(&r.stdout),
+        String::from_utf8_lossy(&r.stderr)
+    );
+    out
+}
+
+/// Runs `bin` with `input` on stdin (through a file: no pipe deadlock) and returns its
+/// stdout lines.
+fn run(bin: &Path, input: &str) -> Vec<String> {
+    // Unique per call: concurrent tests run the same binary.
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let path = bin.with_extension(format!("{}.in", N.fetch_add(1, Ordering::Relaxed)));
+    std::fs::write(&path, input).unwrap();
+    let r = Command::new(bin)
+        .stdin(Stdio::from(std::fs::File::open(&path).unwrap()))
+        .output()
+        .expect("run parity program");
+    assert!(
+        r.status.success(),
+        "{} exited with {}: {}",
+        bin.display(),
+        r.status,
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let _ = std::fs::remove_file(&path);
+    String::from_utf8(r.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// rshmem_pattern_u64 (SplitMix64), for reproducible random inputs.
+fn splitmix(seed: u64, i: u64) -> u64 {
+    let mut z = seed.wrapping_add((i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+// ------------------------------------------------------------------------- layout
+
+fn layout_line(l: &Layout) -> String {
+    let mut s = format!(
+        "rc=0 R={} L={} N={} H={} K={} fp8={} msg={} slots={}",
+        l.num_pes,
+        l.num_local_experts,
+        l.num_max_tokens,
+        l.hidden,
+        l.num_topk,
+        l.use_fp8 as u8,
+        l.msg_bytes,
+        l.slots_per_src
+    );
+    for (name, r) in [
+        ("dispatch_count", l.dispatch_count),
+        ("combine_flag", l.combine_flag),
+        ("credit", l.credit),
+        ("dispatch_send", l.dispatch_send),
+        ("dispatch_recv", l.dispatch_recv),
+        ("combine_send", l.combine_send),
+        ("combine_recv", l.combine_recv),
+    ] {
+        write!(s, " {name}={}+{}", r.offset, r.bytes).unwrap();
+    }
+    write!(s, " set={} total={}", l.set_bytes, l.total_bytes).unwrap();
+    let (r, lx, n, k) = (l.num_pes, l.num_local_experts, l.num_max_tokens, l.num_topk);
+    for set in 0..2 {
+        write!(
+            s,
+            " count={},{} flag={} credit={} send={} recv={},{} csend={},{} crecv={},{}",
+            l.dispatch_count_word(set, lx - 1, r - 1),
+            l.dispatch_count_word(set, 0, r / 2),
+            l.combine_flag_word(set, r - 1),
+            l.credit_word(set, r - 1),
+            l.dispatch_send_msg(set, n - 1),
+            l.dispatch_recv_msg(set, r - 1, l.slots_per_src - 1),
+            l.dispatch_recv_msg(set, r / 2, 1),
+            l.combine_send_row(set, lx - 1, r * n - 1),
+            l.combine_send_row(set, lx / 2, 3),
+            l.combine_recv_row(set, n - 1, k - 1),
+            l.combine_recv_row(set, n / 2, 0),
+        )
+        .unwrap();
+    }
+    write!(
+        s,
+        " payload={} scales={} payload_bytes={}",
+        l.payload_offset(),
+        l.scales_offset(),
+        l.payload_bytes()
+    )
+    .unwrap();
+    s
+}
+
+/// The C++ return code Rust's result corresponds to (EP_LAYOUT_* in layout.cuh).
+fn rust_rc(r: &rshmem::error::Result<Layout>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => {
+            let m = e.to_string();
+            if m.contains("overflow") {
+                5
+            } else if m.contains("num_max_dispatch_tokens_per_rank") {
+                1
+            } else if m.contains("hidden") {
+                2
+            } else if m.contains("num_topk") {
+                3
+            } else if m.contains("num_experts") {
+                4
+            } else {
+                panic!("unexpected Layout error: {m}")
+            }
+        }
+    }
+}
+
+#[test]
+fn layout_cuh_matches_rust_layout() {
+    // (N, H, E, K, fp8, R): the GPU hidden sizes, the default shape, odd PE counts,
+    // K > L, tiny shapes, and every invalid case of Config::validate.
+    let mut cfgs: Vec<(usize, usize, usize, usize, bool, usize)> = Vec::new();
+    for &h in &[2048, 2560, 4096, 5120, 7168, 8192] {
+        for &fp in &[true, false] {
+            for &(n, e, k, r) in &[
+                (128, 288, 8, 8),
+                (128, 288, 8, 4),
+                (256, 256, 8, 8),
+                (1, 3, 11, 3),
+                (77, 30, 11, 5),
+                (128, 32, 1, 1),
+            ] {
+                cfgs.push((n, h, e, k, fp, r));
+            }
+        }
+    }
+    cfgs.extend([
+        (128, 128, 8, 2, true, 2),
+        (3, 1, 7, 11, false, 7),
+        (1 << 20, 7168, 2, 11, true, 2),
+        (1 << 20, 1 << 40, 1 << 20, 11, false, 1), // overflows
+        (0, 7168, 8, 8, true, 8),                  // N = 0
+        ((1 << 20) + 1, 7168, 8, 8, true, 8),      // N too large
+        (128, 0, 8, 8, false, 8),                  // H = 0
+        (128, 100, 8, 8, true, 8),                 // FP8 with H % 128 != 0
+        (128, 7168, 8, 0, true, 8),                // K = 0
+        (128, 7168, 8, 12, true, 8),               // K > 11
+        (128, 7168, 9, 8, true, 8),                // E % R != 0
+        (128, 7168, 0, 8, true, 8),                // E = 0
+        (128, 7168, 8, 8, true, 0),                // R = 0
+    ]);
+    let input: String = cfgs
+        .iter()
+        .map(|&(n, h, e, k, fp, r)| format!("{n} {h} {e} {k} {} {r}\n", fp as u8))
+        .collect();
+    let got = run(&compile("layout_parity.cpp"), &input);
+    assert_eq!(got.len(), cfgs.len(), "one answer per config");
+    let mut ok_count = 0;
+    for (&(n, h, e, k, fp, r), line) in cfgs.iter().zip(&got) {
+        let cfg = Config {
+            num_max_dispatch_tokens_per_rank: n,
+            hidden: h,
+            num_experts: e,
+            num_topk: k,
+            use_fp8: fp,
+            round_scale: false,
+        };
+        let res = Layout::new(&cfg, r);
+        let want = match &res {
+            Ok(l) => {
+                ok_count += 1;
+                layout_line(l)
+            }
+            Err(_) => format!("rc={}", rust_rc(&res)),
+        };
+        assert_eq!(line, &want, "config {cfg:?} on {r} PEs");
+    }
+    assert_eq!(
+        ok_count,
+        6 * 2 * 6 + 3,
+        "valid configs compared field by field"
+    );
+}
+
+// ------------------------------------------------------------------------- numerics
+
+/// Checks each request's C++ answer against the Rust one; reports the first mismatches.
+fn compare(what: &str, requests: &[String], want: &[String]) {
+    compare_with(what, requests, want, |g| g.to_string())
+}
+
+/// `compare`, after mapping every C++ answer through `canon` (the Rust answers are
+/// already canonical).
+fn compare_with(what: &str, requests: &[String], want: &[String], canon: impl Fn(&str) -> String) {
+    let bin = compile("fp8_parity.cpp");
+    let got: Vec<String> = run(&bin, &requests.concat())
+        .iter()
+        .map(|g| canon(g))
+        .collect();
+    assert_eq!(got.len(), want.len(), "{what}: one answer per request");
+    let bad: Vec<String> = got
+        .iter()
+        .zip(want)
+        .zip(requests)
+        .filter(|((g, w), _)| g != w)
+        .take(5)
+        .map(|((g, w), r)| format!("request {:?}: C++ {g}, Rust {w}", r.trim_end()))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{what}: {} of {} differ, first: {bad:#?}",
+        got.iter().zip(want).filter(|(g, w)| g != w).count(),
+        want.len()
+    );
+}
+
+/// f32 inputs for the cast: every bf16 value times DeepEP-like scales, the edges (zeros,
+/// f32 subnormals, e4m3 subnormal ties, midpoints between adjacent e4m3 values and one
+/// ulp either side, the saturation boundary, infinities, NaNs) and random bit patterns.
+fn cast_inputs() -> Vec<u32> {
+    let mut v = Vec::new();
+    for &s in &[1.0f32, 448.0 / 3.0, 0.0625, 3.5, 1e-3, 1e4] {
+        for bits in 0..=u16::MAX {
+            v.push((bf16::from_bits(bits).to_f32() * s).to_bits());
+        }
+    }
+    v.extend([
+        0,
+        0x8000_0000,
+        1,
+        0x007f_ffff,
+        0x8000_0001,
+        448f32.to_bits(),
+        464f32.to_bits(),
+        (464f32).to_bits() - 1,
+        (464f32).to_bits() + 1,
+        480f32.to_bits(),
+        1e30f32.to_bits(),
+        f32::INFINITY.to_bits(),
+        f32::NEG_INFINITY.to_bits(),
+        0x7fc0_0000,
+        0xffc0_0000,
+        0x7f80_0001,
+        0xff80_0001,
+        (1.0f32 / 64.0).to_bits(),
+        (1.0f32 / 64.0).to_bits() - 1,
+    ]);
+    for k in 0..40u32 {
+        let x = k as f32 * 2f32.powi(-10); // e4m3 subnormal grid and its midpoints
+        v.push(x.to_bits());
+        v.push((-x).to_bits());
+    }
+    for code in 0u8..0x7e {
+        let (a, b) = (fp8::e4m3_to_f32(code), fp8::e4m3_to_f32(code + 1));
+        let mid = (a + b) / 2.0; // exact: both have few mantissa bits
+        for m in [mid.to_bits() - 1, mid.to_bits(), mid.to_bits() + 1] {
+            v.push(m);
+            v.push(m | 0x8000_0000);
+        }
+    }
+    for i in 0..200_000 {
+        v.push(splitmix(0xe4, i) as u32);
+    }
+    v
+}
+
+#[test]
+fn fp8_cuh_cast_matches_rust() {
+    let inputs = cast_inputs();
+    let requests: Vec<String> = inputs.iter().map(|b| format!("c {b:x}\n")).collect();
+    let want: Vec<String> = inputs
+        .iter()
+        .map(|&b| format!("{:02x}", fp8::f32_to_e4m3(f32::from_bits(b))))
+        .collect();
+    assert!(inputs.len() > 6 * 65536 + 200_000);
+    compare("e4m3 cast", &requests, &want);
+}
+
+#[test]
+fn fp8_cuh_group_scale_matches_rust() {
+    let mut req = Vec::new();
+    // Every amax quantize_row can produce (the magnitude of a bf16, incl. inf and NaN)
+    // with both rounding modes.
+    for bits in 0..=0x7fffu16 {
+        let a = bf16::from_bits(bits).to_f32().to_bits();
+        req.push((a, false));
+        req.push((a, true));
+    }
+    // Arbitrary f32 amax without round_scale (with it, the header's exact power-of-two
+    // ceiling and Rust's log2f differ just above powers of two; quantize_row never gets
+    // such an amax — see fp8.cuh).
+    for i in 0..50_000 {
+        req.push(((splitmix(0x5c, i) as u32) & 0x7fff_ffff, false));
+    }
+    let requests: Vec<String> = req
+        .iter()
+        .map(|&(b, r)| format!("s {b:x} {}\n", r as u8))
+        .collect();
+    let want: Vec<String> = req
+        .iter()
+        .map(|&(b, r)| {
+            let (s, i) = fp8::group_scale(f32::from_bits(b), r);
+            format!("{:08x} {:08x}", s.to_bits(), i.to_bits())
+        })
+        .collect();
+    compare("group scale", &requests, &want);
+}
+
+/// An f32 answer: its bits, or "nan" for any NaN.
+fn f32_answer(bits: u32) -> String {
+    if f32::from_bits(bits).is_nan() {
+        "nan".into()
+    } else {
+        format!("{bits:08x}")
+    }
+}
+
+#[test]
+fn fp8_cuh_bf16_rounding_and_combine_step_match_rust() {
+    let mut requests = Vec::new();
+    let mut want = Vec::new();
+    let mut bf = vec![
+        0u32,
+        0x8000_0000,
+        0x3f80_8000, // tie, even: stays
+        0x3f81_8000, // tie, odd: rounds up
+        0x3f80_8001,
+        0x3f80_7fff,
+        0x7f7f_ffff, // rounds to inf
+        0x7f80_0000,
+        0xff80_0000,
+        0x7fc0_0000,
+        0x7f80_0001, // signalling NaN: quiet bit set
+        0xffa0_0000,
+        1,
+    ];
+    bf.extend((0..100_000).map(|i| splitmix(0xbf, i) as u32));
+    for &b in &bf {
+        requests.push(format!("b {b:x}\n"));
+        want.push(format!(
+            "{:04x}",
+            bf16::from_f32(f32::from_bits(b)).to_bits()
+        ));
+    }
+    // Combine terms: realistic (bf16 outputs, weights in [0, 1), partial sums) and raw bits.
+    for i in 0..100_000u64 {
+        let r = splitmix(0xc0, i);
+        let (acc, w, v) = if i % 2 == 0 {
+            let v = bf16::from_bits((r >> 16) as u16 & 0x7fff | ((r as u16) & 0x8000)).to_f32();
+            let w = (r >> 40) as u32 as f32 / (1u64 << 24) as f32;
+            let acc = f32::from_bits(splitmix(0xc1, i) as u32 & 0x43ff_ffff);
+            (acc, w, v)
+        } else {
+            (
+                f32::from_bits(r as u32),
+                f32::from_bits((r >> 32) as u32),
+                f32::from_bits(splitmix(0xc2, i) as u32),
+            )
+        };
+        requests.push(format!(
+            "m {:x} {:x} {:x}\n",
+            acc.to_bits(),
+            w.to_bits(),
+            v.to_bits()
+        ));
+        let mut a = acc;
+        a += w * v; // the oracle's statement (host/src/ep/mod.rs CombineHook::recv)
+        want.push(f32_answer(a.to_bits()));
+    }
+    // NaN results are compared as "NaN": which operand's payload a NaN result carries is
+    // not fixed (x86 takes the first operand's, the compiler may commute; the GPU always
+    // returns the canonical 0x7fffffff), so bit identity holds for every non-NaN result
+    // and NaN-ness for the rest. (Valid EP inputs produce no NaN: EP.md's checks.)
+    compare_with("bf16 rounding / combine step", &requests, &want, |g| {
+        if g.len() == 8 {
+            f32_answer(u32::from_str_radix(g, 16).unwrap())
+        } else {
+            g.to_string()
+        }
+    });
+}
+
+#[test]
+fn fp8_cuh_quantize_row_matches_rust() {
+    let mut requests = Vec::new();
+    let mut want = Vec::new();
+    let mut rows: Vec<Vec<u16>> = Vec::new();
+    // Random rows of several magnitudes (exponent windows), raw random bits (NaN, inf),
+    // an all-zero row, a row with one inf, one with NaNs, subnormal-only groups.
+    for i in 0..48u64 {
+        let h = [128usize, 256, 2048, 7168][(i % 4) as usize];
+        let row = (0..h as u64)
+            .map(|j| {
+                let r = splitmix(0x900 + i, j) as u16;
+                match i % 3 {
+                    0 => r,
+                    1 => (r & 0x807f) | ((0x3c + (i as u16 % 8) * 4) << 7), // |x| in a window
+                    _ => r & 0x80ff,                                        // subnormals
+                }
+            })
+            .collect();
+        rows.push(row);
+    }
+    rows.push(vec![0; 256]);
+    let mut r = vec![0x3f80u16; 256];
+    r[5] = 0x7f80; // inf
+    r[200] = 0x7fc1; // NaN
+    rows.push(r);
+    let mut r = vec![0xbf80u16; 128];
+    r[7] = 0xffc0; // NaN only: ignored by amax
+    rows.push(r);
+    for row in &rows {
+        for round in [false, true] {
+            let mut s = format!("q {} {:x}", round as u8, row.len());
+            for v in row {
+                write!(s, " {v:x}").unwrap();
+            }
+            s.push('\n');
+            requests.push(s);
+            let x: Vec<bf16> = row.iter().map(|&b| bf16::from_bits(b)).collect();
+            let mut q = vec![0u8; x.len()];
+            let mut scales = vec![0f32; x.len() / 128];
+            fp8::quantize_row(&x, round, &mut q, &mut scales);
+            let mut w: String = q.iter().map(|b| format!("{b:02x}")).collect();
+            for sc in &scales {
+                write!(w, " {:08x}", sc.to_bits()).unwrap();
+            }
+            want.push(w);
+        }
+    }
+    compare("quantize_row", &requests, &want);
+}
+
+// ------------------------------------------------------------------------- kernels
+
+/// The GPU kernels (device-kernels/src/ep_ll.cu, unchanged) built for the host with the
+/// CUDA emulation in host/tests/ep-cuda/emu/ (blocks one at a time, GPU threads as OS
+/// threads, warps as 32-thread barriers), once per test binary.
+fn emulator() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = manifest_dir().join("tests/ep-cuda");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("ep-ll-emulator-{}.bin", std::process::id()));
+        let r = Command::new("g++")
+            .args([
+                "-std=c++20",
+                "-O1",
+                "-pthread",
+                "-ffp-contract=off",
+                "-include",
+            ])
+            .arg(dir.join("emu/cuda_emu.h"))
+            .arg("-I")
+            .arg(dir.join("emu"))
+            .arg("-I")
+            .arg(manifest_dir().join("../device-kernels/include"))
+            .arg(dir.join("ll_emulator.cpp"))
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run g++ (install g++): {e}"));
+        assert!(
+            r.status.success(),
+            "g++ ll_emulator.cpp failed:\n{}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        out
+    })
+}
+
+fn fnv(bytes: &[u8], mut h: u64) -> u64 {
+    for &b in bytes {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// A received row: src_info, recv_topk_slot, FNV-1a of its bytes.
+type Row = (i32, i32, u64);
+
+/// One PE's outputs of one dispatch + combine repeat.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct PeOut {
+    counts: Vec<i32>,
+    /// Per (local expert, source): begin, then (src_info, recv_topk_slot, row hash) per
+    /// row (the slot is -1 on the CPU side, whose handle keeps it private).
+    blocks: Vec<(u64, Vec<Row>)>,
+    /// FNV-1a of each combined_x row.
+    comb: Vec<u64>,
+    /// (kind, set_calls) per set (emulator only).
+    status: Vec<(u32, u64)>,
+    /// (kind, peer, value, commit) per set (emulator only).
+    status_full: Vec<(u32, i64, u64, u64)>,
+}
+
+#[derive(Clone)]
+struct KCase {
+    cfg: Config,
+    pes: usize,
+    grid: usize,
+    tokens: Vec<usize>,
+    experts: Option<Vec<usize>>,
+    masked_pe: Option<usize>,
+    repeats: usize,
+    /// Emulator runs only the dispatch (inputs that poison the call).
+    dispatch_only: bool,
+}
+
+fn routing(c: &KCase) -> Vec<check::Routing> {
+    (0..c.pes)
+        .map(|p| check::random_routing(11, p, c.tokens[p], &c.cfg, c.experts.as_deref(), 3))
+        .collect()
+}
+
+fn expert_scale(e: usize) -> f32 {
+    1.0 + (e % 4) as f32 * 0.25
+}
+
+/// Runs the emulated kernels: per repeat, per unmasked PE.
+fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
+    let cfg = &c.cfg;
+    let mut input = format!(
+        "{} {} {} {} {} {} {} {} {} {} {}\n",
+        c.pes,
+        cfg.num_max_dispatch_tokens_per_rank,
+        cfg.hidden,
+        cfg.num_experts,
+        cfg.num_topk,
+        cfg.use_fp8 as u8,
+        cfg.round_scale as u8,
+        c.grid,
+        c.repeats,
+        c.masked_pe.map(|p| p as i64).unwrap_or(-1),
+        c.dispatch_only as u8
+    );
+    for r in routes {
+        writeln!(input, "{}", r.num_tokens).unwrap();
+        for v in &r.topk_idx {
+            write!(input, "{v} ").unwrap();
+        }
+        input.push('\n');
+        for w in &r.topk_weights {
+            write!(input, "{:x} ", w.to_bits()).unwrap();
+        }
+        input.push('\n');
+    }
+    let lines = run(emulator(), &input);
+    let l = cfg.num_experts / c.pes;
+    let mut out: Vec<Vec<PeOut>> = vec![Vec::new(); c.repeats];
+    let mut cur: Option<(usize, PeOut)> = None;
+    for line in lines {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f[0] {
+            "rep" => {
+                if let Some((rep, o)) = cur.take() {
+                    out[rep].push(o);
+                }
+                cur = Some((f[1].parse().unwrap(), PeOut::default()));
+            }
+            "count" => {
+                cur.as_mut().unwrap().1.counts = f[1..].iter().map(|v| v.parse().unwrap()).collect()
+            }
+            "block" => cur
+                .as_mut()
+                .unwrap()
+                .1
+                .blocks
+                .push((f[3].parse().unwrap(), Vec::new())),
+            "row" => cur.as_mut().unwrap().1.blocks.last_mut().unwrap().1.push((
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+                u64::from_str_radix(f[3], 16).unwrap(),
+            )),
+            "comb" => cur
+                .as_mut()
+                .unwrap()
+                .1
+                .comb
+                .push(u64::from_str_radix(f[1], 16).unwrap()),
+            "status" => {
+                let o = &mut cur.as_mut().unwrap().1;
+                o.status
+                    .push((f[2].parse().unwrap(), f[6].parse().unwrap()));
+                o.status_full.push((
+                    f[2].parse().unwrap(),
+                    f[3].parse().unwrap(),
+                    f[4].parse().unwrap(),
+                    f[5].parse().unwrap(),
+                ));
+            }
+            _ => panic!("emulator printed {line:?}"),
+        }
+    }
+    if let Some((rep, o)) = cur.take() {
+        out[rep].push(o);
+    }
+    for rep in &out {
+        for o in rep {
+            assert_eq!(o.blocks.len(), if c.dispatch_only { 0 } else { l * c.pes });
+        }
+    }
+    out
+}
+
+/// Runs the CPU oracle (rshmem::ep on threads) on the same inputs.
+fn run_cpu(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
+    let cfg = c.cfg;
+    let mut s = rshmem::Settings::from_lookup(|_| None).expect("default settings");
+    s.symmetric_size =
+        (Layout::size_hint(&cfg, c.pes).unwrap() + (2 << 20)).next_multiple_of(1 << 20);
+    s.timeout = std::time::Duration::from_secs(20);
+    let res = rshmem::run_threads(c.pes, s, |pe| -> rshmem::Result<Vec<PeOut>> {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, cfg)?;
+        if c.masked_pe == Some(me) {
+            return Ok(Vec::new());
+        }
+        if let Some(m) = c.masked_pe {
+            buf.update_mask(m, true)?;
+        }
+        let r = &routes[me];
+        let x = check::origin_x(me, r.num_tokens, cfg.hidden);
+        let (h, n) = (cfg.hidden, c.pes);
+        let l = cfg.num_experts / n;
+        let rows = n * cfg.num_max_dispatch_tokens_per_rank;
+        let mut reps = Vec::new();
+        for _ in 0..c.repeats {
+            let d = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+            let mut eo = vec![bf16::ZERO; l * rows * h];
+            check::expert_forward(&cfg, n, me, &d, &expert_scale, &mut eo);
+            let y = buf
+                .low_latency_combine(&eo, &r.topk_idx, &r.topk_weights, &d.handle, false, false)?
+                .wait()?;
+            let mut o = PeOut {
+                counts: d.recv_count.clone(),
+                ..PeOut::default()
+            };
+            for le in 0..l {
+                for src in 0..n {
+                    let lr = d.layout_range[le * n + src];
+                    let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
+                    let rows_out = (begin..begin + count)
+                        .map(|j| {
+                            let row = le * rows + j;
+                            let hash = match &d.recv_x {
+                                RecvX::Fp8 { data, scales } => {
+                                    let g = h / 128;
+                                    let sb: Vec<u8> = scales[row * g..(row + 1) * g]
+                                        .iter()
+                                        .flat_map(|v| v.to_le_bytes())
+                                        .collect();
+                                    fnv(&sb, fnv(&data[row * h..(row + 1) * h], FNV0))
+                                }
+                                RecvX::Bf16(v) => {
+                                    let b: Vec<u8> = v[row * h..(row + 1) * h]
+                                        .iter()
+                                        .flat_map(|x| x.to_bits().to_le_bytes())
+                                        .collect();
+                                    fnv(&b, FNV0)
+                                }
+                            };
+                            (d.src_info[row], -1, hash)
+                        })
+                        .collect();
+                    o.blocks.push((begin as u64, rows_out));
+                }
+            }
+            o.comb = y
+                .chunks(h.max(1))
+                .take(r.num_tokens)
+                .map(|row| {
+                    let b: Vec<u8> = row.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
+                    fnv(&b, FNV0)
+                })
+                .collect();
+            reps.push(o);
+        }
+        if c.masked_pe.is_none() {
+            // (Collective: with a PE that stopped calling, leave the memory to the job end.)
+            buf.destroy()?;
+        }
+        Ok(reps)
+    })
+    .expect("threads start");
+    let per_pe: Vec<Vec<PeOut>> = res
+        .into_iter()
+        .enumerate()
+        .map(|(p, r)| r.unwrap_or_else(|e| panic!("CPU oracle, PE {p}: {e}")))
+        .collect();
+    (0..c.repeats)
+        .map(|rep| {
+            per_pe
+                .iter()
+                .enumerate()
+                .filter(|(p, _)| c.masked_pe != Some(*p))
+                .map(|(_, v)| v[rep].clone())
+                .collect()
+        })
+        .collect()
+}
+
+#[allow(clippy::needless_range_loop)] // indices name PEs and experts in the messages
+/// The emulated kernels' outputs equal the CPU oracle's: counts, each (expert, source)
+/// block's rows in order (src_info and bytes of recv_x + scales), every combined row bit
+/// for bit; the kernels' blocks are in source order and their recv_topk_slot is the slot
+/// the routing gives; no fault recorded; each set's call counter advanced.
+fn check_kernels(c: KCase) {
+    let routes = routing(&c);
+    let emu = run_emulated(&c, &routes);
+    let cpu = run_cpu(&c, &routes);
+    let (n, l, k) = (c.pes, c.cfg.num_experts / c.pes, c.cfg.num_topk);
+    let pes: Vec<usize> = (0..n).filter(|&p| c.masked_pe != Some(p)).collect();
+    let mut rows_checked = 0;
+    for rep in 0..c.repeats {
+        assert_eq!(emu[rep].len(), pes.len());
+        for ((e, o), &me) in emu[rep].iter().zip(&cpu[rep]).zip(&pes) {
+            let at = format!("{}, repeat {rep}, PE {me}", c.cfg);
+            assert_eq!(e.counts, o.counts, "{at}: recv_count");
+            for le in 0..l {
+                let mut begin = 0;
+                for s in 0..n {
+                    let (eb, er) = &e.blocks[le * n + s];
+                    let (_, or) = &o.blocks[le * n + s];
+                    assert_eq!(
+                        er.len(),
+                        or.len(),
+                        "{at}: count of block (expert {le}, source {s})"
+                    );
+                    if !er.is_empty() {
+                        assert_eq!(*eb, begin, "{at}: blocks in source order");
+                    }
+                    begin += er.len() as u64;
+                    for (i, (g, w)) in er.iter().zip(or).enumerate() {
+                        assert_eq!((g.0, g.2), (w.0, w.2), "{at}: block ({le}, {s}) row {i}");
+                        let t = g.0 as usize;
+                        let slots = &routes[s].topk_idx[t * k..(t + 1) * k];
+                        let want_k = slots.iter().position(|&x| x == (me * l + le) as i64);
+                        assert_eq!(
+                            Some(g.1 as usize),
+                            want_k,
+                            "{at}: recv_topk_slot of ({le}, {s}) row {i}"
+                        );
+                        rows_checked += 1;
+                    }
+                }
+            }
+            assert_eq!(e.comb, o.comb, "{at}: combined_x rows");
+            let calls = (rep as u64 + 1, rep as u64 + 1);
+            assert_eq!(
+                e.status,
+                vec![(0, calls.0), (0, calls.1)],
+                "{at}: status / set_calls"
+            );
+        }
+    }
+    assert!(rows_checked > 0, "the case received nothing");
+}
+
+#[allow(clippy::too_many_arguments)]
+fn kcase(
+    pes: usize,
+    n: usize,
+    h: usize,
+    e: usize,
+    k: usize,
+    fp8: bool,
+    grid: usize,
+    tokens: &[usize],
+) -> KCase {
+    KCase {
+        cfg: Config {
+            num_max_dispatch_tokens_per_rank: n,
+            hidden: h,
+            num_experts: e,
+            num_topk: k,
+            use_fp8: fp8,
+            round_scale: false,
+        },
+        pes,
+        grid,
+        tokens: tokens.to_vec(),
+        experts: None,
+        masked_pe: None,
+        repeats: 2,
+        dispatch_only: false,
+    }
+}
+
+#[test]
+fn kernels_emulated_two_pes_bf16_h2048() {
+    check_kernels(kcase(2, 4, 2048, 8, 4, false, 2, &[4, 3]));
+}
+
+#[test]
+fn kernels_emulated_three_pes_fp8_h7168_grid_below_pes_and_zero_tokens() {
+    check_kernels(kcase(3, 3, 7168, 9, 3, true, 1, &[3, 3, 0]));
+}
+
+#[test]
+fn kernels_emulated_four_pes_fp8_round_scale_h2560_parts_and_idle_experts() {
+    let mut c = kcase(4, 4, 2560, 16, 8, true, 9, &[4, 4, 2, 1]);
+    c.cfg.round_scale = true;
+    c.experts = Some(vec![0, 1, 2, 3, 4, 5, 12]);
+    check_kernels(c);
+}
+
+#[test]
+fn kernels_emulated_one_pe_fp8_h4096() {
+    check_kernels(kcase(1, 5, 4096, 4, 2, true, 3, &[5]));
+}
+
+#[test]
+fn kernels_emulated_masked_pe_bf16_h5120() {
+    let mut c = kcase(3, 4, 5120, 6, 3, false, 6, &[4, 4, 4]);
+    c.masked_pe = Some(2);
+    check_kernels(c);
+}
+
+#[test]
+fn kernels_emulated_two_pes_fp8_h8192_k11_many_chunks() {
+    check_kernels(kcase(2, 16, 8192, 22, 11, true, 4, &[16, 13]));
+}
+
+/// A PE whose input is invalid poisons the call: it records its own fault, every other PE
+/// records that PE's fault word (the CPU's `EpPeerFailed` reason), and every PE's receive
+/// kernel still completes (the set's call counter advances: nobody hangs).
+fn check_poisoned(
+    mut c: KCase,
+    bad_pe: usize,
+    want_word: u64,
+    corrupt: impl Fn(&mut check::Routing),
+) {
+    c.dispatch_only = true;
+    c.repeats = 1;
+    let mut routes = routing(&c);
+    corrupt(&mut routes[bad_pe]);
+    let emu = run_emulated(&c, &routes);
+    assert_eq!(emu[0].len(), c.pes);
+    for (me, o) in emu[0].iter().enumerate() {
+        let (kind, peer) = if me == bad_pe {
+            (1, me as i64)
+        } else {
+            (2, bad_pe as i64)
+        };
+        // Tag of call 0 = 1; set 1 untouched; set 0's counter advanced once.
+        assert_eq!(
+            o.status_full,
+            vec![(kind, peer, want_word, 1), (0, 0, 0, 0)],
+            "PE {me}: status (kind, peer, value, commit) per set"
+        );
+        assert_eq!(o.status, vec![(kind, 1), (0, 0)], "PE {me}: set_calls");
+    }
+}
+
+#[test]
+fn kernels_emulated_bad_expert_id_poisons_every_pe() {
+    let c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 3]);
+    // topk_idx[1][2] = E on PE 1: fault code 2 with the flat index 1 * K + 2 = 5.
+    check_poisoned(c, 1, (1 << 31) | (2 << 24) | 5, |r| r.topk_idx[5] = 6);
+}
+
+#[test]
+fn kernels_emulated_too_many_tokens_poisons_every_pe() {
+    let c = kcase(2, 3, 4096, 4, 2, false, 3, &[3, 5]);
+    // PE 1 passes T = 5 > N = 3: fault code 1 with the value 5.
+    check_poisoned(c, 1, (1 << 31) | (1 << 24) | 5, |_| {});
+}
