@@ -8,7 +8,8 @@ use std::process::Command;
 
 fn oracle() -> BTreeMap<String, String> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpu-layouts-{}.bin", std::process::id()));
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("gpu-layouts-{}.bin", std::process::id()));
     let r = Command::new("cc")
         .args(["-std=c11", "-O1", "-Wall", "-Werror", "-I"])
         .arg(dir.join("../device-kernels/include"))
@@ -17,7 +18,11 @@ fn oracle() -> BTreeMap<String, String> {
         .arg(&out)
         .output()
         .unwrap_or_else(|e| panic!("cannot run cc (install gcc): {e}"));
-    assert!(r.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        r.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     let r = Command::new(&out).output().expect("run the layout oracle");
     assert!(r.status.success());
     String::from_utf8(r.stdout)
@@ -37,7 +42,11 @@ fn state_and_harness_layouts_match_the_c_compiler() {
     rows.extend(rshmem::gpu::harness::layout_table());
     assert_eq!(rows.len(), 56, "every field listed");
     for (k, v) in &rows {
-        assert_eq!(o.get(*k).map(String::as_str), Some(v.to_string().as_str()), "{k}");
+        assert_eq!(
+            o.get(*k).map(String::as_str),
+            Some(v.to_string().as_str()),
+            "{k}"
+        );
     }
     // Nothing in the oracle that Rust does not mirror (constants aside).
     let layout_keys = o.keys().filter(|k| k.contains('.')).count();
@@ -48,7 +57,11 @@ fn state_and_harness_layouts_match_the_c_compiler() {
 fn state_constants_match_the_header() {
     let o = oracle();
     for (k, v) in rshmem::gpu::state::constant_table() {
-        assert_eq!(o.get(k).map(String::as_str), Some(v.to_string().as_str()), "{k}");
+        assert_eq!(
+            o.get(k).map(String::as_str),
+            Some(v.to_string().as_str()),
+            "{k}"
+        );
     }
     assert_eq!(o["RSHMEM_STATE_SYMBOL"], rshmem::gpu::state::STATE_SYMBOL);
 }

@@ -8,7 +8,9 @@ use std::process::Command;
 
 fn ptxas() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let venv = std::env::var_os("RSHMEM_CUDA_VENV").map(PathBuf::from).unwrap_or_else(|| root.join(".venv-cuda"));
+    let venv = std::env::var_os("RSHMEM_CUDA_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".venv-cuda"));
     let lib = venv.join("lib");
     let found = std::fs::read_dir(&lib).ok().and_then(|rd| {
         rd.flatten()
@@ -37,8 +39,18 @@ fn signal_kernel_assembles_for_sm90() {
         .arg(&out)
         .output()
         .expect("run ptxas");
-    let log = format!("{}{}", String::from_utf8_lossy(&r.stdout), String::from_utf8_lossy(&r.stderr));
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&r.stdout),
+        String::from_utf8_lossy(&r.stderr)
+    );
     assert!(r.status.success(), "ptxas failed:\n{log}");
-    assert!(log.contains("Compiling entry function 'rshmem_host_signal'"), "{log}");
-    assert!(log.contains("0 bytes spill stores, 0 bytes spill loads"), "{log}");
+    assert!(
+        log.contains("Compiling entry function 'rshmem_host_signal'"),
+        "{log}"
+    );
+    assert!(
+        log.contains("0 bytes spill stores, 0 bytes spill loads"),
+        "{log}"
+    );
 }
