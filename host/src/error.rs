@@ -205,12 +205,14 @@ pub enum Error {
     /// timeout): the device error record as the kernel wrote it. `pe` is the PE whose
     /// kernel trapped, `target_pe` the PE the failed operation addressed.
     #[error(
-        "PE {pe}: kernel {kernel} trapped: {what} (target PE {target_pe}, address {addr:#x}{wait}; \
+        "PE {pe}: kernel {kernel} trapped: {what} (device error {code}, target PE {target_pe}, address {addr:#x}{wait}; \
          block {block}, thread {thread}); the CUDA context is lost for every PE of this process"
     )]
     DeviceFault {
         pe: usize,
         kernel: String,
+        /// RSHMEM_DEVICE_ERR_* and its meaning.
+        code: u32,
         what: &'static str,
         target_pe: i32,
         addr: u64,

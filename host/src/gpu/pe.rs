@@ -150,6 +150,23 @@ struct CudaSide {
     ctx: Arc<Ctx>,
 }
 
+impl Drop for CudaSide {
+    /// Makes the context current (the fields' own drops call the driver) and gives
+    /// outstanding work on the stream a bounded chance to finish before memory is unmapped.
+    fn drop(&mut self) {
+        if self.ctx.enter().is_err() {
+            return;
+        }
+        let until = Instant::now() + Duration::from_secs(2);
+        // SAFETY: the stream belongs to this context.
+        while unsafe { sys::cuStreamQuery(self.stream.raw) } == sys::CUresult::CUDA_ERROR_NOT_READY
+            && Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
 /// One GPU processing element.
 pub struct GpuPe {
     cuda: CudaSide,
@@ -360,8 +377,13 @@ impl GpuPe {
         // A job-wide secret for the fd exchange: PE 0's random token.
         let tok = boot.allgather(&world, random_token()?.as_bytes())?;
         let mut token = [0u8; 16];
-        for (i, b) in tok[0].iter().take(32).enumerate() {
-            token[i / 2] = token[i / 2].wrapping_mul(16).wrapping_add(*b);
+        for (i, t) in token.iter_mut().enumerate() {
+            *t = tok[0]
+                .get(2 * i..2 * i + 2)
+                .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok())
+                .ok_or_else(|| {
+                    Error::InvalidArgument("PE 0 sent a malformed GPU job token".into())
+                })?;
         }
 
         // The heap.
@@ -1101,6 +1123,7 @@ impl GpuPe {
                     return Err(Error::DeviceFault {
                         pe: self.my_pe(),
                         kernel: what.to_string(),
+                        code: e.code,
                         what: e.what(),
                         target_pe: e.pe,
                         addr: e.addr,
@@ -1136,7 +1159,6 @@ impl GpuPe {
     pub fn finalize(self) -> Result<()> {
         let q = self.sync("finalize");
         let GpuPe { cuda, pe, .. } = self;
-        let _ = cuda.ctx.enter();
         drop(cuda);
         let r = pe.finalize();
         q.and(r)

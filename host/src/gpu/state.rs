@@ -268,6 +268,38 @@ mod tests {
     }
 
     #[test]
+    fn device_faults_read_as_one_sentence() {
+        let e = DeviceError {
+            code: ERR_WAIT_TIMEOUT,
+            pe: 3,
+            addr: 0x7f00_0001_0040,
+            expected: 1,
+            observed: 0,
+            cmp: 0,
+            block: 2,
+            thread: 31,
+            ..Default::default()
+        };
+        let err = crate::Error::DeviceFault {
+            pe: 1,
+            kernel: "rshmem_test_wait".into(),
+            code: e.code,
+            what: e.what(),
+            target_pe: e.pe,
+            addr: e.addr,
+            wait: e.wait_text(),
+            block: e.block,
+            thread: e.thread,
+        };
+        assert_eq!(
+            err.to_string(),
+            "PE 1: kernel rshmem_test_wait trapped: wait timed out (RSHMEM_TIMEOUT_MS) (device error 4, \
+             target PE 3, address 0x7f0000010040, waited for value EQ 1, last seen 0; block 2, thread 31); \
+             the CUDA context is lost for every PE of this process"
+        );
+    }
+
+    #[test]
     fn magic_is_rshs_little_endian() {
         assert_eq!(&STATE_MAGIC.to_le_bytes(), b"rshs");
     }
