@@ -981,6 +981,7 @@ impl GpuPe {
     /// # Safety
     /// `params` must match the kernel's parameter list (one pointer per parameter, each
     /// to a value of the parameter's type), and the kernel's memory accesses must be valid.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn launch_raw(
         &self,
         m: &Module,
