@@ -299,11 +299,11 @@ fn kernel_case(
     }
     g.memset(scratch, 0, t.scratch_bytes as usize)?;
     result.write(&[0u8; 64])?;
-    let (grid, coop) = if t.collective {
-        g.collective_grid(m, &t.name, t.block, t.grid)?
-    } else {
-        (t.grid, false)
-    };
+    // Every case's grids run concurrently on all PEs and may wait on each other (a put
+    // then a signal wait), so every grid must fit its co-resident share, not only the
+    // collective ones; only collective cases use a cooperative launch.
+    let (grid, coop) = g.collective_grid(m, &t.name, t.block, t.grid)?;
+    let coop = coop && t.collective;
     let p = t.params3();
     let args = HarnessArgs {
         scratch: scratch as u64,
@@ -810,7 +810,8 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
                 let Some(case) = case else { continue };
                 let iters = iters_for(size, o.iters, is_bw);
                 let mut samples = Vec::new();
-                for _ in 0..o.reps {
+                // One unmeasured warm-up launch, then `reps` measured ones.
+                for rep in 0..=o.reps {
                     g.memset(buf.offset(), 0, scratch as usize)?;
                     rec.write(&[0u8; 64])?;
                     g.pe().barrier_all()?;
@@ -849,6 +850,9 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
                             ))
                         })?;
                         let it = r.iters.max(1) as f64;
+                        if rep == 0 {
+                            continue; // the warm-up launch
+                        }
                         samples.push(if is_bw {
                             r.bytes as f64 / ns as f64
                         } else {
@@ -1058,7 +1062,8 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                 let n = iters_for(size, o.iters, true).min(1000) as usize;
                 let mut kern = Vec::new();
                 let mut memc = Vec::new();
-                for rep in 0..o.reps {
+                // rep 0 warms up (module, copy engines, clocks) and is not counted.
+                for rep in 0..=o.reps {
                     fill(g, &k, src, words, 77 + rep as u64)?;
                     g.memset(buf.offset() + max, 0, size)?;
                     let secs = time_stream(g, n, || {
@@ -1076,7 +1081,9 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                             "rshmem_copy of {size} bytes: word {i} wrong"
                         )));
                     }
-                    kern.push(size as f64 * n as f64 / secs / 1e9);
+                    if rep > 0 {
+                        kern.push(size as f64 * n as f64 / secs / 1e9);
+                    }
                     g.memset(buf.offset() + max, 0, size)?;
                     let secs = time_stream(g, n, || {
                         // SAFETY: both ranges inside our heap, disjoint; this PE's stream.
@@ -1091,7 +1098,9 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                             "cuMemcpyDtoD of {size} bytes: word {i} wrong"
                         )));
                     }
-                    memc.push(size as f64 * n as f64 / secs / 1e9);
+                    if rep > 0 {
+                        memc.push(size as f64 * n as f64 / secs / 1e9);
+                    }
                 }
                 row.copy_kernel_gbps = stats(&kern).expect("reps").0;
                 row.memcpy_dtod_gbps = stats(&memc).expect("reps").0;
@@ -1100,7 +1109,7 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                 if size as u64 <= p.scratch_bytes {
                     let mut samples = Vec::new();
                     let iters = iters_for(size, o.iters, true);
-                    for _ in 0..o.reps {
+                    for rep in 0..=o.reps {
                         g.memset(buf.offset(), 0, p.scratch_bytes as usize)?;
                         rec.write(&[0u8; 64])?;
                         g.pe().barrier_all()?;
@@ -1123,7 +1132,9 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                             let ns = r.elapsed_ns().ok_or_else(|| {
                                 Error::Verification(format!("{}: no timing", p.name))
                             })?;
-                            samples.push(r.bytes as f64 / ns as f64);
+                            if rep > 0 {
+                                samples.push(r.bytes as f64 / ns as f64);
+                            }
                         }
                         g.pe().barrier_all()?;
                     }
