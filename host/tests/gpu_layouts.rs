@@ -8,8 +8,11 @@ use std::process::Command;
 
 fn oracle() -> BTreeMap<String, String> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // Unique per call: the tests of this binary compile concurrently.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("gpu-layouts-{}.bin", std::process::id()));
+        .join(format!("gpu-layouts-{}-{n}.bin", std::process::id()));
     let r = Command::new("cc")
         .args(["-std=c11", "-O1", "-Wall", "-Werror", "-I"])
         .arg(dir.join("../device-kernels/include"))
