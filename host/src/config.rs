@@ -260,6 +260,10 @@ pub struct Settings {
     /// through libfabric (the largest WRITE/READ one WQE carries; 128 per QP are
     /// registered). A power of two from 8 KiB to 1 MiB; default 256 KiB.
     pub fabric_chunk: usize,
+    /// RSHMEM_DEBUG_QUEUES: publish the live state of this process's soft-HCA queues to
+    /// `/dev/shm/rshmem-<job>-queues-<pid>` every period, for `rshmem doctor --queues`.
+    /// `0` (default) off, `1` every 100 ms, or a period in ms from 10 to 60000.
+    pub debug_queues: Option<Duration>,
 }
 
 /// Default RSHMEM_FABRIC_CHUNK (docs/multinode.md: each WQE is one network operation with
@@ -383,7 +387,24 @@ impl Settings {
                 }
             },
         };
+        let debug_queues = match get("RSHMEM_DEBUG_QUEUES") {
+            None => None,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(0) => None,
+                Ok(1) => Some(Duration::from_millis(100)),
+                Ok(ms) if (10..=60_000).contains(&ms) => Some(Duration::from_millis(ms)),
+                _ => {
+                    return Err(env_err(
+                        "RSHMEM_DEBUG_QUEUES",
+                        &v,
+                        "expected 0 (off), 1 (publish queue state every 100 ms) or a period \
+                         in ms from 10 to 60000",
+                    ))
+                }
+            },
+        };
         Ok(Settings {
+            debug_queues,
             fabric_chunk,
             symmetric_size,
             timeout: Duration::from_millis(timeout_ms),
@@ -723,6 +744,34 @@ mod tests {
             (" proxy ", TransportMode::Proxy),
         ] {
             assert_eq!(settings(&[("RSHMEM_TRANSPORT", v)]).unwrap().transport, m);
+        }
+        assert_eq!(settings(&[]).unwrap().debug_queues, None);
+        assert_eq!(
+            settings(&[("RSHMEM_DEBUG_QUEUES", "0")])
+                .unwrap()
+                .debug_queues,
+            None
+        );
+        assert_eq!(
+            settings(&[("RSHMEM_DEBUG_QUEUES", "1")])
+                .unwrap()
+                .debug_queues,
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(
+            settings(&[("RSHMEM_DEBUG_QUEUES", " 250 ")])
+                .unwrap()
+                .debug_queues,
+            Some(Duration::from_millis(250))
+        );
+        for bad in ["5", "yes", "60001", "-1"] {
+            let e = settings(&[("RSHMEM_DEBUG_QUEUES", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("RSHMEM_DEBUG_QUEUES") && e.contains("0 (off)"),
+                "{e}"
+            );
         }
         let e = settings(&[("RSHMEM_TRANSPORT", "ibgda")]).unwrap_err();
         assert!(e.to_string().contains("RSHMEM_TRANSPORT"), "{e}");

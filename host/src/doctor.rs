@@ -2,20 +2,22 @@
 //!
 //! Owns the probing of the host (CPU PEs and /dev/shm), the CUDA driver, rdma-core and
 //! libfabric, and the report printed as a table or JSON. It only observes: it opens
-//! libraries and asks them questions, but never allocates device memory, opens a verbs
-//! device or creates a fabric. A missing library is a line in the report, never an error
+//! libraries and asks them questions (it opens verbs devices to read their ports and GID
+//! tables), but never allocates device memory, creates a verbs PD or queue, or creates a
+//! fabric. A missing library is a line in the report, never an error
 //! or a panic; the command fails only when it cannot print its report.
 
 mod cpu;
 mod cuda;
 mod dl;
 mod fabric;
+pub mod queues;
 mod rdma;
 
 pub use cpu::{CpuReport, EnvVar, ShmReport};
 pub use cuda::{CudaDevice, CudaReport};
 pub use fabric::{FabricProvider, FabricReport};
-pub use rdma::{RdmaDevice, RdmaReport};
+pub use rdma::{Capability, IbgdaReport, RdmaDevice, RdmaReport};
 
 use serde::Serialize;
 use std::io::Write;
@@ -26,6 +28,16 @@ pub struct DoctorArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Dump the live soft-HCA queue state of running jobs (published by PE processes
+    /// started with RSHMEM_DEBUG_QUEUES=1) instead of probing the machine.
+    #[arg(long)]
+    pub queues: bool,
+    /// With --queues: only this job id.
+    #[arg(long, requires = "queues")]
+    pub job: Option<String>,
+    /// With --queues: only this process.
+    #[arg(long, requires = "queues")]
+    pub pid: Option<u32>,
 }
 
 /// Everything `rshmem doctor` found.
@@ -34,6 +46,8 @@ pub struct Report {
     pub cpu: CpuReport,
     pub cuda: CudaReport,
     pub rdma: RdmaReport,
+    /// The real-hardware IBGDA path: each capability and the path GPU PEs would take.
+    pub ibgda: IbgdaReport,
     pub libfabric: FabricReport,
     /// Which transports have the hardware/software they need here (not whether the
     /// transport itself is implemented).
@@ -55,10 +69,12 @@ pub fn probe() -> Report {
     let rdma = rdma::probe();
     let libfabric = fabric::probe();
     let summary = summarize(&cuda, &rdma, &libfabric);
+    let ibgda = rdma::ibgda(&rdma, cuda.devices.len());
     Report {
         cpu,
         cuda,
         rdma,
+        ibgda,
         libfabric,
         summary,
     }
@@ -66,6 +82,9 @@ pub fn probe() -> Report {
 
 /// Runs `rshmem doctor`; returns the process exit code.
 pub fn run_cli(args: DoctorArgs) -> i32 {
+    if args.queues {
+        return queues::run(args.job.as_deref(), args.pid, args.json);
+    }
     let report = probe();
     let text = if args.json {
         match serde_json::to_string(&report) {
@@ -173,6 +192,33 @@ fn summarize(cuda: &CudaReport, rdma: &RdmaReport, fab: &FabricReport) -> Vec<Tr
     ]
 }
 
+/// `ACTIVE, InfiniBand, MTU 4096, LID 0x7, 2 GIDs (RoCE v2 at 3)`.
+fn port_line(p: &crate::verbs::PortInfo) -> String {
+    let state = if p.state == crate::verbs::device::PORT_ACTIVE {
+        "ACTIVE".to_string()
+    } else {
+        format!("state {}", p.state)
+    };
+    let link = match p.link_layer {
+        crate::verbs::device::LINK_LAYER_IB => "InfiniBand",
+        crate::verbs::device::LINK_LAYER_ETHERNET => "Ethernet (RoCE)",
+        _ => "link layer unknown",
+    };
+    let mtu = match p.active_mtu {
+        m @ 1..=5 => (128u32 << m).to_string(),
+        m => format!("?({m})"),
+    };
+    let mut s = format!(
+        "{state}, {link}, MTU {mtu}, LID {:#x}, {} GIDs",
+        p.lid,
+        p.gids.len()
+    );
+    if let Ok(Some(g)) = crate::verbs::qp::choose_gid(p) {
+        s.push_str(&format!(" (would use index {}, {:?})", g.index, g.kind));
+    }
+    s
+}
+
 fn yes_no(b: bool) -> &'static str {
     if b {
         "yes"
@@ -274,20 +320,24 @@ fn render_table(r: &Report) -> String {
     }
 
     lines.push((Some("rdma-core"), String::new()));
-    lines.push(kv("libibverbs", r.rdma.detail.clone()));
+    lines.push(kv("rdma-core", r.rdma.detail.clone()));
     if r.rdma.present {
-        if r.rdma.devices.is_empty() {
-            lines.push(kv("devices", "no RDMA devices".into()));
-        }
         for d in &r.rdma.devices {
-            lines.push(kv(
-                &format!("device {}", d.name),
-                format!(
-                    "driver {}{}",
-                    d.kernel_driver.as_deref().unwrap_or("unknown"),
-                    if d.mlx5 { " (mlx5)" } else { "" }
-                ),
-            ));
+            let mut v = format!(
+                "driver {}{}",
+                d.kernel_driver.as_deref().unwrap_or("unknown"),
+                if d.mlx5 { " (mlx5)" } else { "" }
+            );
+            if let Some(fw) = &d.fw_ver {
+                v.push_str(&format!(", firmware {fw}"));
+            }
+            if let Some(e) = &d.error {
+                v.push_str(&format!(" [{e}]"));
+            }
+            lines.push(kv(&format!("device {}", d.name), v));
+            for p in &d.ports {
+                lines.push(kv(&format!("  port {}", p.port), port_line(p)));
+            }
         }
     }
     lines.push(kv("mlx5 provider", r.rdma.mlx5_detail.clone()));
@@ -307,6 +357,23 @@ fn render_table(r: &Report) -> String {
             None => "unknown (no NVIDIA driver)".into(),
         },
     ));
+
+    lines.push((Some("IBGDA (real mlx5 path for GPU PEs)"), String::new()));
+    let g = &r.ibgda;
+    for (k, c) in [
+        ("mlx5 device", &g.mlx5_device),
+        ("dma-buf", &g.dmabuf),
+        ("nvidia-peermem", &g.peermem),
+        ("doorbell mapping", &g.doorbell_mapping),
+    ] {
+        let v = if c.detail.starts_with(c.state) {
+            c.detail.clone()
+        } else {
+            format!("{}: {}", c.state, c.detail)
+        };
+        lines.push(kv(k, v));
+    }
+    lines.push(kv("GPU PE path", g.gpu_pe_path.clone()));
 
     lines.push((Some("libfabric"), String::new()));
     lines.push(kv("libfabric", r.libfabric.detail.clone()));
@@ -375,6 +442,9 @@ mod tests {
     fn rdma(devices: &[(&str, bool)], libmlx5: bool, peermem: bool) -> RdmaReport {
         RdmaReport {
             present: true,
+            version: None,
+            reg_dmabuf_mr: true,
+            kernel_dmabuf: None,
             detail: String::new(),
             devices: devices
                 .iter()
@@ -382,6 +452,10 @@ mod tests {
                     name: name.into(),
                     kernel_driver: None,
                     mlx5,
+                    mlx5dv: Some(mlx5),
+                    fw_ver: None,
+                    ports: Vec::new(),
+                    error: None,
                 })
                 .collect(),
             mlx5: libmlx5,

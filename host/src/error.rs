@@ -181,6 +181,15 @@ pub enum Error {
         detail: String,
     },
 
+    /// An rdma-core call (libibverbs or mlx5dv) failed. `errno` is the errno it left (or
+    /// returned), `detail` its strerror text plus what rshmem was doing.
+    #[error("rdma-core {call} failed: {detail} (errno {errno})")]
+    Verbs {
+        call: &'static str,
+        errno: i32,
+        detail: String,
+    },
+
     /// The launcher could not start or supervise a PE.
     #[error("launcher: {0}")]
     Launch(String),

@@ -26,6 +26,7 @@ pub mod selftest;
 pub mod softhca;
 pub mod team;
 pub mod types;
+pub mod verbs;
 
 pub use atomic::AtomicInt;
 pub use config::Settings;

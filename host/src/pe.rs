@@ -363,6 +363,8 @@ impl Pe {
                 fabric.take(),
                 live.clone(),
                 settings.fabric_chunk,
+                &job_id,
+                settings.debug_queues,
             )?)
         } else {
             None

@@ -68,7 +68,7 @@ fn libcuda_loads() -> bool {
 fn json_has_every_section_and_exits_zero() {
     let (out, j) = report();
     assert_eq!(out.status.code(), Some(0));
-    for key in ["cpu", "cuda", "rdma", "libfabric", "summary"] {
+    for key in ["cpu", "cuda", "rdma", "ibgda", "libfabric", "summary"] {
         assert!(j.get(key).is_some(), "missing key {key} in {j}");
     }
     for key in ["present", "detail", "driver_version", "devices"] {
@@ -194,6 +194,50 @@ fn rdma_section_is_consistent() {
     if rdma["devices"].as_array().unwrap().is_empty() {
         let ibgda = summary_line(j, "ibgda");
         assert_eq!(ibgda["available"], Value::Bool(false));
+    }
+}
+
+/// The rdma-core line and the IBGDA capabilities, checked against facts gathered here.
+#[test]
+fn ibgda_section_matches_this_machine() {
+    let (_, j) = report();
+    let rdma = &j["rdma"];
+    let g = &j["ibgda"];
+    for key in ["mlx5_device", "dmabuf", "peermem", "doorbell_mapping"] {
+        let state = g[key]["state"]
+            .as_str()
+            .unwrap_or_else(|| panic!("ibgda.{key}: {g}"));
+        assert!(["yes", "no", "unknown"].contains(&state), "{key}: {state}");
+    }
+    let peermem = Path::new("/sys/module/nvidia_peermem").exists();
+    assert_eq!(g["peermem"]["state"], if peermem { "yes" } else { "no" });
+    let no_devices = rdma["devices"].as_array().unwrap().is_empty();
+    if rdma["present"] == true && no_devices {
+        let detail = rdma["detail"].as_str().unwrap();
+        // e.g. "found (libibverbs.so.1 44.0), 0 RDMA devices"
+        assert!(detail.starts_with("found (libibverbs.so.1"), "{detail}");
+        assert!(detail.contains("), 0 RDMA devices"), "{detail}");
+        let ver = rdma["version"].as_str().unwrap();
+        assert!(
+            detail.starts_with(&format!("found (libibverbs.so.1 {ver}), ")),
+            "{detail}"
+        );
+        assert_eq!(g["mlx5_device"]["detail"], "no mlx5 device");
+        assert_eq!(g["gpu_pe_path"], "proxy over libfabric: no mlx5 device");
+        assert_eq!(g["plan"]["path"], "proxy");
+        assert_eq!(
+            g["doorbell_mapping"]["detail"],
+            "unknown: needs a GPU and an mlx5 device"
+        );
+        let table = String::from_utf8(doctor(&[], &[]).stdout).unwrap();
+        assert!(
+            table.contains(&format!("  rdma-core              {detail}")),
+            "{table}"
+        );
+        assert!(
+            table.contains("  GPU PE path            proxy over libfabric: no mlx5 device"),
+            "{table}"
+        );
     }
 }
 
@@ -378,7 +422,9 @@ fn fake_mlx5_device_is_found_and_named_in_the_ibgda_line() {
     let j = parse(&doctor(&["--json"], &[("LD_LIBRARY_PATH", &path)]));
     let rdma = &j["rdma"];
     assert_eq!(rdma["present"], Value::Bool(true));
-    assert_eq!(rdma["detail"], "libibverbs.so.1 loaded; 1 device(s)");
+    // The fake's file name carries no rdma-core release, and it lacks ibv_open_device.
+    assert_eq!(rdma["detail"], "found (libibverbs.so.1), 1 RDMA device");
+    assert!(rdma["version"].is_null());
     let devs = rdma["devices"].as_array().unwrap();
     assert_eq!(devs.len(), 1);
     assert_eq!(devs[0]["name"], "mlx5_0");

@@ -1,77 +1,37 @@
-//! The rdma-core section of the doctor: libibverbs and its devices, the mlx5 provider
-//! (libmlx5, which also carries mlx5dv), and the two NVIDIA driver settings IBGDA cares
-//! about (nvidia-peermem loaded, PeerMappingOverride=1).
+//! The rdma-core section of the doctor: libibverbs and its devices (ports, link layer,
+//! GIDs) through `crate::verbs`, the mlx5 provider (libmlx5, which also carries mlx5dv),
+//! and the IBGDA capabilities: mlx5 device, dma-buf, nvidia-peermem, doorbell mapping, and
+//! the path GPU PEs would take ([`crate::verbs::plan_path`]).
 
-use super::dl::{self, Opened};
+use super::dl;
 use crate::error::Error;
+use crate::verbs::{self, DeviceInfo, PathCaps, PathPlan};
 use serde::Serialize;
-use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::Path;
-use std::sync::OnceLock;
-
-const VERBS_SONAMES: &[&str] = &["libibverbs.so.1"];
-const VERBS_PACKAGE: &str = "libibverbs1 (and ibverbs-providers for mlx5)";
-const MLX5_SONAMES: &[&str] = &["libmlx5.so.1"];
-const MLX5_PACKAGE: &str = "ibverbs-providers";
-
-// From infiniband/verbs.h (rdma-core); `struct ibv_device` stays opaque here:
-//   struct ibv_device **ibv_get_device_list(int *num_devices);
-//   const char *ibv_get_device_name(struct ibv_device *device);
-//   void ibv_free_device_list(struct ibv_device **list);
-type IbvGetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
-type IbvGetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
-type IbvFreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
-
-struct Verbs {
-    get_device_list: IbvGetDeviceList,
-    get_device_name: IbvGetDeviceName,
-    free_device_list: IbvFreeDeviceList,
-    /// Keeps the function pointers above valid; never dropped (see `dl`).
-    _opened: Opened,
-}
-
-fn verbs() -> Result<&'static Verbs, &'static Error> {
-    static VERBS: OnceLock<Result<Verbs, Error>> = OnceLock::new();
-    VERBS
-        .get_or_init(|| {
-            let opened = dl::open(VERBS_SONAMES, VERBS_PACKAGE)?;
-            // SAFETY: the types above are the verbs.h signatures of these symbols, and
-            // the pointers live in `Verbs` next to the library that keeps them valid.
-            unsafe {
-                Ok(Verbs {
-                    get_device_list: dl::symbol(&opened, "ibv_get_device_list", VERBS_PACKAGE)?,
-                    get_device_name: dl::symbol(&opened, "ibv_get_device_name", VERBS_PACKAGE)?,
-                    free_device_list: dl::symbol(&opened, "ibv_free_device_list", VERBS_PACKAGE)?,
-                    _opened: opened,
-                })
-            }
-        })
-        .as_ref()
-}
-
-fn mlx5() -> Result<(), &'static Error> {
-    static MLX5: OnceLock<Result<Opened, Error>> = OnceLock::new();
-    MLX5.get_or_init(|| dl::open(MLX5_SONAMES, MLX5_PACKAGE))
-        .as_ref()
-        .map(|_| ())
-}
 
 /// rdma-core and the IBGDA prerequisites.
 #[derive(Debug, Clone, Serialize)]
 pub struct RdmaReport {
     /// Whether libibverbs loaded.
     pub present: bool,
-    /// One line: what was found, or why nothing was.
+    /// rdma-core release of the loaded libibverbs (`44.0`), from its file name.
+    pub version: Option<String>,
+    /// One line: `found (libibverbs.so.1 44.0), 0 RDMA devices`, or why nothing was.
     pub detail: String,
     pub devices: Vec<RdmaDevice>,
     /// Whether libmlx5.so.1 (the mlx5 provider, with mlx5dv) loads.
     pub mlx5: bool,
     pub mlx5_detail: String,
-    /// Whether the nvidia-peermem kernel module is loaded (/sys/module/nvidia_peermem).
+    /// Whether the nvidia-peermem kernel module is loaded (/sys/module/nvidia_peermem or
+    /// /proc/modules).
     pub peermem: bool,
     /// Whether /proc/driver/nvidia/params contains PeerMappingOverride=1; null when that
     /// file is absent (no NVIDIA driver).
     pub peer_mapping_override: Option<bool>,
+    /// Whether libibverbs exports `ibv_reg_dmabuf_mr` (rdma-core ≥ 34).
+    pub reg_dmabuf_mr: bool,
+    /// CONFIG_DMA_SHARED_BUFFER of the running kernel; null when the config is unreadable.
+    pub kernel_dmabuf: Option<bool>,
 }
 
 /// One verbs device.
@@ -80,99 +40,137 @@ pub struct RdmaDevice {
     pub name: String,
     /// Kernel driver bound to the device (`mlx5_core`, `rdma_rxe`, ...), from sysfs.
     pub kernel_driver: Option<String>,
-    /// A ConnectX (mlx5) device: the kind IBGDA drives.
+    /// A ConnectX (mlx5) device: the kind IBGDA drives. `mlx5dv_is_supported` when
+    /// libmlx5 loads, else the sysfs driver (or the `mlx5_` name prefix).
     pub mlx5: bool,
+    /// `mlx5dv_is_supported`; null when libmlx5 is not loaded.
+    pub mlx5dv: Option<bool>,
+    pub fw_ver: Option<String>,
+    pub ports: Vec<verbs::PortInfo>,
+    /// Why the device could not be opened or queried, if so.
+    pub error: Option<String>,
+}
+
+/// One IBGDA capability: `yes`, `no` or `unknown`, with what decided it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Capability {
+    pub state: &'static str,
+    pub detail: String,
+}
+
+fn cap(state: Option<bool>, detail: impl Into<String>) -> Capability {
+    Capability {
+        state: match state {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "unknown",
+        },
+        detail: detail.into(),
+    }
+}
+
+/// What the real-hardware IBGDA path would find here, and the path GPU PEs take.
+#[derive(Debug, Clone, Serialize)]
+pub struct IbgdaReport {
+    pub mlx5_device: Capability,
+    pub dmabuf: Capability,
+    pub peermem: Capability,
+    pub doorbell_mapping: Capability,
+    /// The capability booleans the planner was given.
+    pub caps: PathCaps,
+    pub plan: PathPlan,
+    /// `plan.summary()`: e.g. `proxy over libfabric: no mlx5 device`.
+    pub gpu_pe_path: String,
 }
 
 pub(super) fn probe() -> RdmaReport {
-    let (present, detail, devices) = match verbs() {
-        Err(e) => (false, dl::absent_statement(e), Vec::new()),
-        Ok(v) => match device_names(v) {
-            Ok(names) => {
-                let detail = if names.is_empty() {
-                    "libibverbs.so.1 loaded; no RDMA devices".to_string()
-                } else {
-                    format!("libibverbs.so.1 loaded; {} device(s)", names.len())
-                };
-                let devices = names.into_iter().map(describe).collect();
-                (true, detail, devices)
-            }
-            // ENOSYS: the kernel has no RDMA subsystem (no NIC driver, or a container
-            // without /sys/class/infiniband) — that is "no devices", not a failure.
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => (
-                true,
-                "libibverbs.so.1 loaded; no RDMA devices (no kernel RDMA support)".to_string(),
-                Vec::new(),
-            ),
-            Err(e) => (
-                true,
-                format!("libibverbs.so.1 loaded; ibv_get_device_list failed: {e}"),
-                Vec::new(),
-            ),
-        },
-    };
-    let (mlx5, mlx5_detail) = match mlx5() {
-        Ok(()) => (
+    let (mlx5, mlx5_detail) = match verbs::loader::mlx5() {
+        Ok(_) => (
             true,
             "libmlx5.so.1 loaded (mlx5 provider, mlx5dv)".to_string(),
         ),
-        Err(e) => (false, dl::absent_statement(e)),
+        Err(e) => (false, dl::absent_statement(&e)),
     };
     let params = std::fs::read_to_string("/proc/driver/nvidia/params").ok();
-    RdmaReport {
-        present,
-        detail,
-        devices,
+    let modules = std::fs::read_to_string("/proc/modules").unwrap_or_default();
+    let peermem = Path::new("/sys/module/nvidia_peermem").exists()
+        || module_loaded(&modules, "nvidia_peermem");
+    let kernel_dmabuf = kernel_config().and_then(|c| kernel_option(&c, "CONFIG_DMA_SHARED_BUFFER"));
+    let mut report = RdmaReport {
+        present: false,
+        version: None,
+        detail: String::new(),
+        devices: Vec::new(),
         mlx5,
         mlx5_detail,
-        peermem: Path::new("/sys/module/nvidia_peermem").exists(),
+        peermem,
         peer_mapping_override: params.as_deref().map(peer_mapping_override),
+        reg_dmabuf_mr: false,
+        kernel_dmabuf,
+    };
+    let lib = match verbs::loader::verbs() {
+        Ok(l) => l,
+        Err(e) => {
+            report.detail = missing_statement(&e);
+            return report;
+        }
+    };
+    report.present = true;
+    report.reg_dmabuf_mr = lib.ibv_reg_dmabuf_mr.is_ok();
+    report.version = verbs::loader::verbs_file().and_then(|f| verbs::loader::rdma_core_version(&f));
+    let name = verbs::loader::verbs_name().unwrap_or("libibverbs.so.1");
+    let found = match &report.version {
+        Some(v) => format!("found ({name} {v})"),
+        None => format!("found ({name})"),
+    };
+    match verbs::list_devices() {
+        Ok(devs) => {
+            report.detail = format!("{found}, {}", devices_phrase(devs.len()));
+            if devs.is_empty() && !Path::new("/sys/class/infiniband").exists() {
+                report
+                    .detail
+                    .push_str(" (no /sys/class/infiniband: the kernel has no RDMA support)");
+            }
+            report.devices = devs.into_iter().map(|d| describe(d, mlx5)).collect();
+        }
+        Err(e) => report.detail = format!("{found}; listing devices failed: {e}"),
+    }
+    report
+}
+
+fn missing_statement(e: &Error) -> String {
+    match e {
+        Error::LibraryMissing { library, .. } => format!(
+            "absent: {library} not found (install libibverbs1, and ibverbs-providers for mlx5)"
+        ),
+        other => format!("absent: {other}"),
     }
 }
 
-/// Names of the verbs devices, via ibv_get_device_list.
-fn device_names(v: &Verbs) -> std::io::Result<Vec<String>> {
-    let mut n: c_int = 0;
-    // SAFETY: `n` is a writable int; the returned list is freed below.
-    let list = unsafe { (v.get_device_list)(&mut n) };
-    if list.is_null() {
-        // NULL with errno set (e.g. ENOSYS: no kernel support for verbs).
-        return Err(std::io::Error::last_os_error());
+/// `0 RDMA devices`, `1 RDMA device`, `2 RDMA devices`.
+fn devices_phrase(n: usize) -> String {
+    if n == 1 {
+        "1 RDMA device".to_string()
+    } else {
+        format!("{n} RDMA devices")
     }
-    let mut names = Vec::new();
-    for i in 0..n.max(0) as usize {
-        // SAFETY: the list holds `n` device pointers (followed by NULL).
-        let dev = unsafe { *list.add(i) };
-        if dev.is_null() {
-            break;
-        }
-        // SAFETY: `dev` is a device of the live list.
-        let name = unsafe { (v.get_device_name)(dev) };
-        if !name.is_null() {
-            // SAFETY: ibv_get_device_name returns a NUL-terminated string owned by the
-            // device, valid until the list is freed; we copy it first.
-            names.push(
-                unsafe { CStr::from_ptr(name) }
-                    .to_string_lossy()
-                    .into_owned(),
-            );
-        }
-    }
-    // SAFETY: `list` came from ibv_get_device_list and is freed once; no device pointer
-    // is used afterwards.
-    unsafe { (v.free_device_list)(list) };
-    Ok(names)
 }
 
-fn describe(name: String) -> RdmaDevice {
-    let kernel_driver = std::fs::read_link(format!("/sys/class/infiniband/{name}/device/driver"))
-        .ok()
-        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
-    let mlx5 = is_mlx5(&name, kernel_driver.as_deref());
+fn describe(d: DeviceInfo, libmlx5: bool) -> RdmaDevice {
+    let kernel_driver =
+        std::fs::read_link(format!("/sys/class/infiniband/{}/device/driver", d.name))
+            .ok()
+            .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
+    let mlx5dv = libmlx5.then_some(d.mlx5);
+    let mlx5 = mlx5dv.unwrap_or_else(|| is_mlx5(&d.name, kernel_driver.as_deref()));
     RdmaDevice {
-        name,
+        name: d.name,
         kernel_driver,
         mlx5,
+        mlx5dv,
+        fw_ver: (!d.fw_ver.is_empty()).then_some(d.fw_ver),
+        ports: d.ports,
+        error: d.error,
     }
 }
 
@@ -189,6 +187,135 @@ fn is_mlx5(name: &str, kernel_driver: Option<&str>) -> bool {
 /// driver echoes on its `RegistryDwords:` line.
 fn peer_mapping_override(params: &str) -> bool {
     params.contains("PeerMappingOverride=1")
+}
+
+/// Whether `/proc/modules` text lists `module` (first field of a line).
+fn module_loaded(proc_modules: &str, module: &str) -> bool {
+    proc_modules
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(module))
+}
+
+/// The running kernel's config: /boot/config-<release>, else /proc/config.gz through
+/// `zcat`. None when neither is readable.
+fn kernel_config() -> Option<String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    if let Ok(c) = std::fs::read_to_string(format!("/boot/config-{}", release.trim())) {
+        return Some(c);
+    }
+    if !Path::new("/proc/config.gz").exists() {
+        return None;
+    }
+    let out = std::process::Command::new("zcat")
+        .arg("/proc/config.gz")
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `CONFIG_X=y|m` → true, `# CONFIG_X is not set` → false, absent → None.
+fn kernel_option(config: &str, name: &str) -> Option<bool> {
+    for l in config.lines() {
+        if let Some(v) = l.strip_prefix(name).and_then(|r| r.strip_prefix('=')) {
+            return Some(v == "y" || v == "m");
+        }
+        if l == format!("# {name} is not set") {
+            return Some(false);
+        }
+    }
+    None
+}
+
+/// The IBGDA capabilities from the rdma-core report and the number of CUDA GPUs.
+pub(super) fn ibgda(r: &RdmaReport, gpus: usize) -> IbgdaReport {
+    let active = |d: &RdmaDevice| {
+        d.ports
+            .iter()
+            .any(|p| p.state == verbs::device::PORT_ACTIVE)
+    };
+    let mlx5_devs: Vec<&RdmaDevice> = r.devices.iter().filter(|d| d.mlx5).collect();
+    let mlx5_active: Vec<&str> = mlx5_devs
+        .iter()
+        .filter(|d| active(d))
+        .map(|d| d.name.as_str())
+        .collect();
+    let mlx5_device = if !r.present {
+        cap(Some(false), "rdma-core missing")
+    } else if mlx5_devs.is_empty() {
+        cap(Some(false), "no mlx5 device")
+    } else if mlx5_active.is_empty() {
+        let names: Vec<&str> = mlx5_devs.iter().map(|d| d.name.as_str()).collect();
+        cap(
+            Some(false),
+            format!("{} present but no port is ACTIVE", names.join(", ")),
+        )
+    } else {
+        cap(Some(true), mlx5_active.join(", "))
+    };
+    let kernel = match r.kernel_dmabuf {
+        Some(true) => "kernel CONFIG_DMA_SHARED_BUFFER=y",
+        Some(false) => "kernel without CONFIG_DMA_SHARED_BUFFER",
+        None => "kernel dma-buf support unknown (config unreadable)",
+    };
+    let dmabuf_ok = r.reg_dmabuf_mr && r.kernel_dmabuf != Some(false);
+    let dmabuf = if !r.present {
+        cap(Some(false), "rdma-core missing")
+    } else if !r.reg_dmabuf_mr {
+        cap(
+            Some(false),
+            format!("ibv_reg_dmabuf_mr not exported by libibverbs; {kernel}"),
+        )
+    } else {
+        cap(
+            if r.kernel_dmabuf == Some(false) { Some(false) } else { r.kernel_dmabuf },
+            format!("ibv_reg_dmabuf_mr present; {kernel}; the GPU driver's export is checked when registering"),
+        )
+    };
+    let peermem = cap(
+        Some(r.peermem),
+        if r.peermem {
+            "nvidia_peermem module loaded"
+        } else {
+            "nvidia_peermem module not loaded"
+        },
+    );
+    let both = gpus > 0 && !mlx5_active.is_empty();
+    let doorbell_mapping = if both {
+        cap(
+            None,
+            format!(
+                "unknown until a GPU PE maps the UAR (cuMemHostRegister IOMEMORY); PeerMappingOverride=1 {}",
+                match r.peer_mapping_override {
+                    Some(true) => "set",
+                    Some(false) => "not set (the mapping will likely be refused)",
+                    None => "unknown",
+                }
+            ),
+        )
+    } else {
+        cap(None, "unknown: needs a GPU and an mlx5 device")
+    };
+    let caps = PathCaps {
+        gpu: gpus > 0,
+        rdma_core: r.present,
+        libmlx5: r.mlx5,
+        mlx5_device: !mlx5_active.is_empty(),
+        dmabuf: dmabuf_ok,
+        peermem: r.peermem,
+        doorbell_mapping: None,
+    };
+    let plan = verbs::plan_path(&caps);
+    IbgdaReport {
+        mlx5_device,
+        dmabuf,
+        peermem,
+        doorbell_mapping,
+        caps,
+        gpu_pe_path: plan.summary(),
+        plan,
+    }
 }
 
 #[cfg(test)]
@@ -210,5 +337,99 @@ mod tests {
         let off = "ModifyDeviceFiles: 1\nRegistryDwords: \"\"\n";
         assert!(peer_mapping_override(on));
         assert!(!peer_mapping_override(off));
+    }
+
+    #[test]
+    fn modules_and_kernel_config() {
+        let m = "nvidia_uvm 1388544 0 - Live 0x0\nnvidia_peermem 16384 0 - Live 0x0\n";
+        assert!(module_loaded(m, "nvidia_peermem"));
+        assert!(!module_loaded(m, "nvidia"));
+        let c = "CONFIG_DMA_SHARED_BUFFER=y\n# CONFIG_INFINIBAND is not set\nCONFIG_FOO=m\n";
+        assert_eq!(kernel_option(c, "CONFIG_DMA_SHARED_BUFFER"), Some(true));
+        assert_eq!(kernel_option(c, "CONFIG_INFINIBAND"), Some(false));
+        assert_eq!(kernel_option(c, "CONFIG_FOO"), Some(true));
+        assert_eq!(kernel_option(c, "CONFIG_BAR"), None);
+        assert_eq!(devices_phrase(0), "0 RDMA devices");
+        assert_eq!(devices_phrase(1), "1 RDMA device");
+    }
+
+    fn report(devices: Vec<RdmaDevice>) -> RdmaReport {
+        RdmaReport {
+            present: true,
+            version: Some("44.0".into()),
+            detail: String::new(),
+            devices,
+            mlx5: true,
+            mlx5_detail: String::new(),
+            peermem: false,
+            peer_mapping_override: None,
+            reg_dmabuf_mr: true,
+            kernel_dmabuf: Some(true),
+        }
+    }
+
+    fn dev(name: &str, mlx5: bool, active: bool) -> RdmaDevice {
+        RdmaDevice {
+            name: name.into(),
+            kernel_driver: None,
+            mlx5,
+            mlx5dv: Some(mlx5),
+            fw_ver: None,
+            ports: vec![verbs::PortInfo {
+                port: 1,
+                state: if active {
+                    verbs::device::PORT_ACTIVE
+                } else {
+                    1
+                },
+                link_layer: 1,
+                active_mtu: 5,
+                lid: 1,
+                gids: vec![],
+            }],
+            error: None,
+        }
+    }
+
+    #[test]
+    fn ibgda_capabilities() {
+        // This machine's shape: libibverbs, no devices, no GPU.
+        let r = ibgda(&report(vec![]), 0);
+        assert_eq!(r.mlx5_device, cap(Some(false), "no mlx5 device"));
+        assert_eq!(
+            r.doorbell_mapping,
+            cap(None, "unknown: needs a GPU and an mlx5 device")
+        );
+        assert_eq!(r.gpu_pe_path, "proxy over libfabric: no mlx5 device");
+        assert_eq!(r.dmabuf.state, "yes");
+        // A down mlx5 port does not count.
+        let r = ibgda(&report(vec![dev("mlx5_0", true, false)]), 8);
+        assert_eq!(
+            r.mlx5_device,
+            cap(Some(false), "mlx5_0 present but no port is ACTIVE")
+        );
+        assert_eq!(r.plan.path, verbs::Path::Proxy);
+        // GPU + active mlx5 + dma-buf: ibgda, mapping still unknown.
+        let r = ibgda(
+            &report(vec![dev("rxe0", false, true), dev("mlx5_1", true, true)]),
+            8,
+        );
+        assert_eq!(r.mlx5_device, cap(Some(true), "mlx5_1"));
+        assert_eq!(r.plan.path, verbs::Path::Ibgda);
+        assert_eq!(r.plan.heap, Some(verbs::HeapRegistration::DmaBuf));
+        assert_eq!(r.doorbell_mapping.state, "unknown");
+        assert!(r
+            .doorbell_mapping
+            .detail
+            .ends_with("PeerMappingOverride=1 unknown"));
+        // No dma-buf in the kernel, no peermem: proxy.
+        let mut rep = report(vec![dev("mlx5_0", true, true)]);
+        rep.kernel_dmabuf = Some(false);
+        let r = ibgda(&rep, 1);
+        assert_eq!(r.dmabuf.state, "no");
+        assert_eq!(
+            r.gpu_pe_path,
+            "proxy over libfabric: GPU memory cannot be registered: no dma-buf and no nvidia-peermem"
+        );
     }
 }

@@ -7,20 +7,30 @@
 //! - [`backend`]: how bytes move ([`Backend`], [`LocalBackend`]).
 //! - [`engine`]: [`EngineCore`] (parse, check, execute, complete) and [`SoftHca`] (a thread
 //!   running one).
+//! - [`ibgda_table`]: the IBGDA queue table and descriptor shared with the CUDA producer
+//!   (`rshmem/ibgda/queue.cuh`, the device twin of [`SendQueue`]).
+//! - [`discard`]: [`DiscardEngine`], completes WQEs without executing them (producer-rate
+//!   benchmarks).
 //! - [`fabric`]: [`FabricBackend`], the backend over libfabric (peers on other nodes).
 //! - [`proxy`]: what a [`crate::Pe`] uses for peers reached through the soft HCA.
+//! - [`status`]: the live queue state published for `rshmem doctor --queues`
+//!   (RSHMEM_DEBUG_QUEUES).
 //!
 //! Design and measured numbers: `docs/soft-hca.md`. Formats: `crate::mlx5` (this module
 //! encodes nothing by hand).
 
 pub mod backend;
+pub mod discard;
 pub mod engine;
 pub mod fabric;
+pub mod ibgda_table;
 pub mod mr;
 pub(crate) mod proxy;
 pub mod queue;
+pub mod status;
 
 pub use backend::{AtomicOp, Backend, LocalBackend, LocalPeer, Op};
+pub use discard::DiscardEngine;
 pub use engine::{EngineCore, EngineQp, QpConfig, QpHandle, SoftHca, Waker};
 pub use fabric::{FabricBackend, FabricPeer};
 pub use mr::{Access, MemoryRegion, MrTable};

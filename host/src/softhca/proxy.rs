@@ -200,9 +200,11 @@ impl Drop for Staging {
 
 /// One QP to one peer. Field order is drop order: the engine lets go of the QP first.
 struct ProxyQp {
+    /// Unpublishes the QP from the queue-status file (RSHMEM_DEBUG_QUEUES) first.
+    _status: Option<super::status::Registration>,
     /// Held for its Drop (detach); the QP number is in `sq`.
     _engine: QpHandle<ProxyBackend>,
-    sq: SendQueue,
+    sq: Arc<SendQueue>,
     staging_key: u32,
     /// Staging bytes per SQ slot: the largest WRITE/READ one WQE carries.
     chunk_len: usize,
@@ -240,6 +242,10 @@ pub(crate) struct Proxy {
     fabric_chunk: usize,
     /// This PE's heap registered with the fabric domain (peers write into it).
     _heap_mr: Option<Arc<MemoryRegion>>,
+    /// The job id and RSHMEM_DEBUG_QUEUES period: QPs are published for
+    /// `rshmem doctor --queues` when the period is set.
+    job_id: String,
+    debug_queues: Option<Duration>,
 }
 
 /// The process-wide engine (started on demand, stopped when the last proxy PE goes).
@@ -287,6 +293,8 @@ impl Proxy {
         fabric: Option<(FabricCtx, Arc<MemoryRegion>)>,
         live: Arc<Liveness>,
         fabric_chunk: usize,
+        job_id: &str,
+        debug_queues: Option<Duration>,
     ) -> Result<Proxy> {
         let n = peers.len();
         let (fabric, heap_mr) = match fabric {
@@ -294,6 +302,8 @@ impl Proxy {
             None => (None, None),
         };
         Ok(Proxy {
+            job_id: job_id.to_string(),
+            debug_queues,
             fabric_chunk,
             live,
             fabric,
@@ -314,7 +324,7 @@ impl Proxy {
             from: self.rank,
             reason: "no proxy route to it".into(),
         })?;
-        let q = self.qps[pe].get_or_init(|| self.make_qp(peer).map_err(|e| e.to_string()));
+        let q = self.qps[pe].get_or_init(|| self.make_qp(pe, peer).map_err(|e| e.to_string()));
         match q {
             Ok(q) => Ok((q, peer)),
             Err(e) => Err(Error::Unreachable {
@@ -325,7 +335,7 @@ impl Proxy {
         }
     }
 
-    fn make_qp(&self, peer: &ProxyPeer) -> Result<ProxyQp> {
+    fn make_qp(&self, pe: usize, peer: &ProxyPeer) -> Result<ProxyQp> {
         let mem = Arc::new(
             QueueMemory::new(WQE_CNT, WQE_CNT)
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?,
@@ -368,7 +378,12 @@ impl Proxy {
         );
         let live = self.live.clone();
         sq.set_abort(Arc::new(move || live.check().is_err()));
+        let sq = Arc::new(sq);
+        let status = self.debug_queues.map(|period| {
+            super::status::register(&self.job_id, period, self.rank, pe, &sq, handle.qp())
+        });
         Ok(ProxyQp {
+            _status: status,
             _engine: handle,
             sq,
             staging_key,

@@ -91,11 +91,31 @@ impl QueueLayout {
     }
 }
 
-/// Page-aligned host memory of one queue pair (later: host-pinned and mapped into a GPU).
+/// The memory of one queue pair: page-aligned host memory laid out by [`QueueLayout`]
+/// ([`QueueMemory::new`]), or the queues of a real NIC QP ([`QueueMemory::from_parts`],
+/// pointers from `mlx5dv_init_obj`), which [`SendQueue`] drives the same way.
 #[derive(Debug)]
 pub struct QueueMemory {
     base: *mut u8,
     layout: QueueLayout,
+    parts: QueueParts,
+    /// Keeps external queue memory alive (the verbs QP and CQ); None when owned.
+    owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+/// Where each piece of a queue pair's memory lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueParts {
+    /// SQ ring (`wqe_cnt` × 64 B).
+    pub sq: *mut u8,
+    /// QP doorbell record (`[0]` receive, `[1]` send counter; 8-byte aligned).
+    pub qp_dbrec: *mut u8,
+    /// The 8-byte doorbell: the UAR BlueFlame register on a NIC, a plain word here.
+    pub doorbell: *mut u8,
+    /// CQ ring (`cqe_cnt` × 64 B).
+    pub cq: *mut u8,
+    /// CQ doorbell record (`[0]` consumer index, `[1]` arm).
+    pub cq_dbrec: *mut u8,
 }
 
 // SAFETY: the memory is owned by this value until drop; concurrent access follows the
@@ -120,7 +140,69 @@ impl QueueMemory {
             std::slice::from_raw_parts_mut(base.add(layout.cq_offset), cqe_cnt as usize * 64)
         };
         cqe::init_cq(cq);
-        Ok(QueueMemory { base, layout })
+        // SAFETY: all five offsets were chosen by QueueLayout inside the allocation.
+        let parts = unsafe {
+            QueueParts {
+                sq: base.add(layout.sq_offset),
+                qp_dbrec: base.add(layout.qp_dbrec_offset),
+                doorbell: base.add(layout.doorbell_offset),
+                cq: base.add(layout.cq_offset),
+                cq_dbrec: base.add(layout.cq_dbrec_offset),
+            }
+        };
+        Ok(QueueMemory {
+            base,
+            layout,
+            parts,
+            owner: None,
+        })
+    }
+
+    /// Queue memory that lives elsewhere: a NIC QP's SQ, doorbell record, BlueFlame
+    /// register and CQ as `mlx5dv_init_obj` reports them. `owner` is kept until drop (the
+    /// verbs objects that own the memory). Only `wqe_cnt` and `cqe_cnt` of [`layout`]
+    /// are meaningful (its offsets are 0 and `size` 0), and [`base`] is the SQ.
+    ///
+    /// [`layout`]: QueueMemory::layout
+    /// [`base`]: QueueMemory::base
+    ///
+    /// # Safety
+    /// Each pointer must be valid, suitably aligned (8 bytes for the records and the
+    /// doorbell, 64 for the rings) and large enough (`wqe_cnt` and `cqe_cnt` 64-byte
+    /// entries) for as long as `owner` lives, and be accessed by nobody but the NIC and
+    /// the [`SendQueue`] built on this memory. The CQ must have 64-byte CQEs.
+    pub unsafe fn from_parts(
+        parts: QueueParts,
+        wqe_cnt: u32,
+        cqe_cnt: u32,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<QueueMemory, QueueError> {
+        if !wqe_cnt.is_power_of_two() || wqe_cnt > MAX_WQE_CNT {
+            return Err(QueueError::WqeCnt(wqe_cnt));
+        }
+        if !cqe_cnt.is_power_of_two() || cqe_cnt > MAX_CQE_CNT {
+            return Err(QueueError::CqeCnt(cqe_cnt));
+        }
+        Ok(QueueMemory {
+            base: parts.sq,
+            layout: QueueLayout {
+                wqe_cnt,
+                cqe_cnt,
+                sq_offset: 0,
+                qp_dbrec_offset: 0,
+                doorbell_offset: 0,
+                cq_offset: 0,
+                cq_dbrec_offset: 0,
+                size: 0,
+            },
+            parts,
+            owner: Some(owner),
+        })
+    }
+
+    /// Where each piece lives.
+    pub fn parts(&self) -> QueueParts {
+        self.parts
     }
 
     pub fn layout(&self) -> &QueueLayout {
@@ -132,34 +214,33 @@ impl QueueMemory {
     }
     /// Start of the SQ ring.
     pub fn sq(&self) -> *mut u8 {
-        // SAFETY: sq_offset (0) is inside the allocation.
-        unsafe { self.base.add(self.layout.sq_offset) }
+        self.parts.sq
     }
-    fn word32(&self, off: usize) -> &AtomicU32 {
-        // SAFETY: off is a 64-aligned offset inside the allocation chosen by QueueLayout;
-        // the word is only ever accessed atomically (module contract) and lives as long
-        // as &self.
-        unsafe { AtomicU32::from_ptr(self.base.add(off).cast()) }
+    fn word32(&self, p: *mut u8) -> &AtomicU32 {
+        // SAFETY: p is a 4-aligned word of this queue memory (new(): an offset chosen by
+        // QueueLayout; from_parts(): the caller's contract); the word is only ever
+        // accessed atomically (module contract) and lives as long as &self.
+        unsafe { AtomicU32::from_ptr(p.cast()) }
     }
     /// The send counter, `[1]` of the QP doorbell record (`BE32(pi & 0xffff)` as stored).
     pub fn qp_dbrec_send(&self) -> &AtomicU32 {
-        self.word32(self.layout.qp_dbrec_offset + 4)
+        // SAFETY: the record is 8 bytes; +4 is its second word.
+        self.word32(unsafe { self.parts.qp_dbrec.add(4) })
     }
-    /// The doorbell word.
+    /// The doorbell word (the BlueFlame register on a NIC: an 8-byte MMIO store).
     pub fn doorbell(&self) -> &AtomicU64 {
-        // SAFETY: 64-aligned word inside the allocation, accessed only atomically.
-        unsafe { AtomicU64::from_ptr(self.base.add(self.layout.doorbell_offset).cast()) }
+        // SAFETY: an 8-aligned word of this queue memory, accessed only atomically.
+        unsafe { AtomicU64::from_ptr(self.parts.doorbell.cast()) }
     }
     /// The consumer index, `[0]` of the CQ doorbell record.
     pub fn cq_dbrec_ci(&self) -> &AtomicU32 {
-        self.word32(self.layout.cq_dbrec_offset)
+        self.word32(self.parts.cq_dbrec)
     }
     fn cqe_word(&self, slot: u32, w: usize) -> &AtomicU64 {
-        let off =
-            self.layout.cq_offset + (slot & (self.layout.cqe_cnt - 1)) as usize * CQE_SIZE + w * 8;
+        let off = (slot & (self.layout.cqe_cnt - 1)) as usize * CQE_SIZE + w * 8;
         // SAFETY: inside the CQ ring (slot masked), 8-aligned; CQE words are only
         // accessed atomically (module contract).
-        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
+        unsafe { AtomicU64::from_ptr(self.parts.cq.add(off).cast()) }
     }
 
     /// Writes CQE `cqe` into ring slot `slot` (masked): bytes 0..55 first, then bytes
@@ -197,6 +278,9 @@ impl QueueMemory {
 
 impl Drop for QueueMemory {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            return; // external memory: `owner` frees it when dropped after this
+        }
         let l = Layout::from_size_align(self.layout.size, crate::config::page_size())
             .expect("layout was valid at allocation");
         // SAFETY: base was allocated with exactly this layout in new().
@@ -365,6 +449,21 @@ impl std::fmt::Debug for Abort {
 /// Called while a wait yields; `true` abandons the wait with [`SqError::Aborted`].
 pub type AbortCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
+/// A [`SendQueue`]'s producer counters (unwrapped WQEBB indices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SqCounters {
+    /// WQEBBs reserved by producers.
+    pub reserved: u64,
+    /// WQEBBs published in order (written and visible).
+    pub ready: u64,
+    /// The doorbell record and doorbell were last written with this index.
+    pub rung: u64,
+    /// Every WQEBB before this index has completed (its CQE consumed).
+    pub completed: u64,
+    /// A wait timed out with slots reserved but never published.
+    pub broken: bool,
+}
+
 /// A posted WQE: its unwrapped index and size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use = "a posted WQE completes later; wait for it or quiet the queue"]
@@ -423,6 +522,17 @@ impl SendQueue {
     /// All WQEBBs before this index have completed.
     pub fn completed(&self) -> u64 {
         self.completed.load(Ordering::Acquire)
+    }
+    /// The producer counters, for diagnostics (`rshmem doctor --queues`). Each is read
+    /// on its own (Acquire), so they agree with each other only while the queue is idle.
+    pub fn counters(&self) -> SqCounters {
+        SqCounters {
+            reserved: self.reserved.load(Ordering::Acquire),
+            ready: self.ready.load(Ordering::Acquire),
+            rung: self.rung.load(Ordering::Acquire),
+            completed: self.completed.load(Ordering::Acquire),
+            broken: self.broken.load(Ordering::Acquire),
+        }
     }
     /// The first error CQE seen, if the QP is in the error state.
     pub fn error(&self) -> Option<CqeReport> {

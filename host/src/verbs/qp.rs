@@ -1,0 +1,654 @@
+//! RC queue pairs: the attributes of each state transition (pure, unit-tested), the
+//! [`QueuePair`] RAII type, and [`connect_all`], which brings one QP per peer from RESET to
+//! RTS with the peers' addresses exchanged over the bootstrap.
+
+use super::addr::{decode_all, AddressRecord};
+use super::device::{
+    CompletionQueue, Gid, GidKind, PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET, LINK_LAYER_IB,
+};
+use super::result::{check_ptr, check_rc, verbs_fn};
+use super::sys;
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// Tunables of the RC connection (the values NVSHMEM and perftest use).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RcParams {
+    /// Local ACK timeout exponent: 4.096 µs · 2^timeout (14 ≈ 67 ms).
+    pub timeout: u8,
+    /// Transport retries (7 = the maximum).
+    pub retry_cnt: u8,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer (12 = 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// Outstanding RDMA READs/atomics as initiator and as target (capped by the device's
+    /// `max_qp_rd_atom`).
+    pub rd_atomic: u8,
+    /// GRH hop limit for RoCE / routed IB.
+    pub hop_limit: u8,
+    /// Service level / traffic class.
+    pub sl: u8,
+    pub traffic_class: u8,
+}
+
+impl Default for RcParams {
+    fn default() -> Self {
+        RcParams {
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            rd_atomic: 16,
+            hop_limit: 64,
+            sl: 0,
+            traffic_class: 0,
+        }
+    }
+}
+
+/// One `ibv_modify_qp` call: attributes and the mask naming which of them are set.
+#[derive(Clone, Copy)]
+pub struct Transition {
+    pub attr: sys::ibv_qp_attr,
+    pub mask: u32,
+    /// `RESET->INIT`, for error messages.
+    pub name: &'static str,
+}
+
+fn zeroed_attr() -> sys::ibv_qp_attr {
+    // SAFETY: ibv_qp_attr is plain data (integers, a union of byte arrays); all-zero is
+    // a valid value and what rdma-core's examples start from.
+    unsafe { std::mem::zeroed() }
+}
+
+/// RESET → INIT: port, P_Key index 0, and the remote access rights of the QP.
+pub fn to_init(port: u8, access: u32) -> Transition {
+    let mut a = zeroed_attr();
+    a.qp_state = sys::IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = port;
+    a.qp_access_flags = access;
+    Transition {
+        attr: a,
+        mask: sys::IBV_QP_STATE
+            | sys::IBV_QP_PKEY_INDEX
+            | sys::IBV_QP_PORT
+            | sys::IBV_QP_ACCESS_FLAGS,
+        name: "RESET->INIT",
+    }
+}
+
+/// The path MTU of a connection: the smaller of both ports' active MTUs (`ibv_mtu`
+/// values, which order like the sizes).
+pub fn path_mtu(local: u8, remote: u8) -> u8 {
+    local.min(remote)
+}
+
+/// The source GID index for a port, or None when the peer is addressed by LID only.
+///
+/// InfiniBand: LID routing, no GRH (None). Ethernet (RoCE) needs a GRH: prefer a RoCE v2
+/// entry holding an IPv4-mapped address (`::ffff:a.b.c.d`, routable over UDP/IP), then any
+/// other RoCE v2 entry that is not link-local (`fe80::/10`), then any RoCE v2, then RoCE
+/// v1. An Ethernet port without a usable GID is an error.
+pub fn choose_gid(port: &PortInfo) -> std::result::Result<Option<Gid>, String> {
+    match port.link_layer {
+        LINK_LAYER_IB => Ok(None),
+        LINK_LAYER_ETHERNET => {
+            let v2 = |g: &&Gid| g.kind == GidKind::RoceV2;
+            let ipv4 = |g: &&Gid| g.gid[..10] == [0; 10] && g.gid[10..12] == [0xff, 0xff];
+            let link_local = |g: &&Gid| g.gid[0] == 0xfe && g.gid[1] & 0xc0 == 0x80;
+            let gs = &port.gids;
+            gs.iter()
+                .filter(v2)
+                .find(ipv4)
+                .or_else(|| gs.iter().filter(v2).find(|g| !link_local(g)))
+                .or_else(|| gs.iter().find(v2))
+                .or_else(|| gs.iter().find(|g| g.kind == GidKind::RoceV1))
+                .copied()
+                .map(Some)
+                .ok_or_else(|| format!("port {} is Ethernet (RoCE) but has no RoCE GID", port.port))
+        }
+        other => Err(format!(
+            "port {} has link layer {other} (neither InfiniBand nor Ethernet)",
+            port.port
+        )),
+    }
+}
+
+/// What the local side contributes to RTR: its port, active MTU and source GID index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalPath {
+    pub port: u8,
+    pub active_mtu: u8,
+    pub sgid_index: Option<u16>,
+}
+
+/// INIT → RTR: the remote QP number and PSN, the address vector (LID, or GRH with the
+/// remote GID when either side needs one), path MTU, responder resources.
+pub fn to_rtr(
+    local: &LocalPath,
+    remote: &AddressRecord,
+    remote_qpn: u32,
+    remote_psn: u32,
+    p: &RcParams,
+) -> std::result::Result<Transition, String> {
+    let mut a = zeroed_attr();
+    a.qp_state = sys::IBV_QPS_RTR;
+    a.path_mtu = path_mtu(local.active_mtu, remote.mtu) as u32;
+    a.dest_qp_num = remote_qpn & 0xff_ffff;
+    a.rq_psn = remote_psn & 0xff_ffff;
+    a.max_dest_rd_atomic = p.rd_atomic;
+    a.min_rnr_timer = p.min_rnr_timer;
+    a.ah_attr.dlid = remote.lid;
+    a.ah_attr.sl = p.sl;
+    a.ah_attr.src_path_bits = 0;
+    a.ah_attr.port_num = local.port;
+    match (local.sgid_index, remote.gid) {
+        (Some(sgid), Some((_, dgid))) => {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid.raw = dgid;
+            a.ah_attr.grh.sgid_index = u8::try_from(sgid).map_err(|_| {
+                format!("source GID index {sgid} does not fit the 8-bit sgid_index")
+            })?;
+            a.ah_attr.grh.hop_limit = p.hop_limit;
+            a.ah_attr.grh.traffic_class = p.traffic_class;
+            a.ah_attr.grh.flow_label = 0;
+        }
+        (None, None) => a.ah_attr.is_global = 0,
+        (Some(_), None) => {
+            return Err("the peer sent no GID but this port needs a GRH (RoCE)".into())
+        }
+        (None, Some(_)) => {
+            return Err("the peer needs a GRH (RoCE) but this port has no GID".into())
+        }
+    }
+    Ok(Transition {
+        attr: a,
+        mask: sys::IBV_QP_STATE
+            | sys::IBV_QP_AV
+            | sys::IBV_QP_PATH_MTU
+            | sys::IBV_QP_DEST_QPN
+            | sys::IBV_QP_RQ_PSN
+            | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+            | sys::IBV_QP_MIN_RNR_TIMER,
+        name: "INIT->RTR",
+    })
+}
+
+/// RTR → RTS: our first PSN, ACK timeout, retries, initiator depth.
+pub fn to_rts(psn: u32, p: &RcParams) -> Transition {
+    let mut a = zeroed_attr();
+    a.qp_state = sys::IBV_QPS_RTS;
+    a.sq_psn = psn & 0xff_ffff;
+    a.timeout = p.timeout;
+    a.retry_cnt = p.retry_cnt;
+    a.rnr_retry = p.rnr_retry;
+    a.max_rd_atomic = p.rd_atomic;
+    Transition {
+        attr: a,
+        mask: sys::IBV_QP_STATE
+            | sys::IBV_QP_TIMEOUT
+            | sys::IBV_QP_RETRY_CNT
+            | sys::IBV_QP_RNR_RETRY
+            | sys::IBV_QP_SQ_PSN
+            | sys::IBV_QP_MAX_QP_RD_ATOMIC,
+        name: "RTR->RTS",
+    }
+}
+
+/// A 24-bit initial PSN derived from (rank, peer, salt) — distinct per QP so stale
+/// packets of an earlier job do not match, reproducible for debugging.
+pub fn initial_psn(rank: u32, peer: u32, salt: u64) -> u32 {
+    let mut x = salt ^ ((rank as u64) << 32) ^ peer as u64;
+    // splitmix64 finaliser.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    (x & 0xff_ffff) as u32
+}
+
+/// Capacity of a QP's send queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_send_sge: u32,
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 128,
+            max_send_sge: 1,
+            max_inline_data: 28,
+        }
+    }
+}
+
+/// An RC queue pair; destroyed on drop (before its CQ and PD, which it holds).
+#[derive(Debug)]
+pub struct QueuePair {
+    ptr: *mut sys::ibv_qp,
+    cq: Arc<CompletionQueue>,
+    pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: see device::Context.
+unsafe impl Send for QueuePair {}
+// SAFETY: see device::Context.
+unsafe impl Sync for QueuePair {}
+
+impl QueuePair {
+    /// `ibv_create_qp` (RC, send and receive CQ = `cq`, no receive queue use; every WQE
+    /// signalled by its own CE bits, so `sq_sig_all` = 0).
+    pub fn new_rc(
+        pd: &Arc<ProtectionDomain>,
+        cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+    ) -> Result<QueuePair> {
+        let f = verbs_fn!(ibv_create_qp)?;
+        // SAFETY: plain data; all-zero is valid.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.as_ptr();
+        init.recv_cq = cq.as_ptr();
+        init.qp_type = sys::IBV_QPT_RC;
+        init.sq_sig_all = 0;
+        init.cap.max_send_wr = caps.max_send_wr;
+        init.cap.max_send_sge = caps.max_send_sge;
+        init.cap.max_inline_data = caps.max_inline_data;
+        init.cap.max_recv_wr = 1;
+        init.cap.max_recv_sge = 1;
+        // SAFETY: live PD and CQ (held below); init is a valid attribute struct.
+        let p = unsafe { f(pd.as_ptr(), &mut init) };
+        let ptr = check_ptr(
+            "ibv_create_qp",
+            p,
+            &format!("{}: RC, {} send WRs", pd.context().name(), caps.max_send_wr),
+        )?;
+        Ok(QueuePair {
+            ptr,
+            cq: cq.clone(),
+            pd: pd.clone(),
+        })
+    }
+
+    pub fn qpn(&self) -> u32 {
+        // SAFETY: live QP; qp_num is set at creation and never changes.
+        unsafe { (*self.ptr).qp_num }
+    }
+    pub fn cq(&self) -> &Arc<CompletionQueue> {
+        &self.cq
+    }
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_qp {
+        self.ptr
+    }
+
+    /// `ibv_modify_qp` with `t`.
+    pub fn modify(&self, t: &Transition) -> Result<()> {
+        let f = verbs_fn!(ibv_modify_qp)?;
+        let mut attr = t.attr;
+        // SAFETY: live QP; attr/mask built by the functions above.
+        let rc = unsafe { f(self.ptr, &mut attr, t.mask as i32) };
+        check_rc(
+            "ibv_modify_qp",
+            rc,
+            &format!("QP {:#x} {}", self.qpn(), t.name),
+        )
+    }
+}
+
+impl QueuePair {
+    /// One signalled RDMA WRITE of `len` bytes at `local` (registered under `lkey`) to
+    /// `raddr`/`rkey`, through the standard verbs (`ibv_post_send`, inline in verbs.h:
+    /// the provider's `ops.post_send`). For devices that are not mlx5 (soft-RoCE) and for
+    /// checking a connection; the IBGDA data path writes mlx5 WQEs instead.
+    pub fn post_rdma_write(
+        &self,
+        wr_id: u64,
+        local: *const u8,
+        len: u32,
+        lkey: u32,
+        raddr: u64,
+        rkey: u32,
+    ) -> Result<()> {
+        let mut sge = sys::ibv_sge {
+            addr: local as u64,
+            length: len,
+            lkey,
+        };
+        // SAFETY: plain data; all-zero is valid.
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = sys::IBV_WR_RDMA_WRITE;
+        wr.send_flags = sys::IBV_SEND_SIGNALED;
+        wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+            remote_addr: raddr,
+            rkey,
+        };
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; its context pointer and ops table are the provider's, set at
+        // open; the WR and SGE live across the call (the provider copies them).
+        let rc = unsafe {
+            let ctx = (*self.ptr).context;
+            match (*ctx).ops.post_send {
+                Some(f) => f(self.ptr, &mut wr, &mut bad),
+                None => libc::ENOSYS,
+            }
+        };
+        check_rc(
+            "ibv_post_send",
+            rc,
+            &format!("QP {:#x} RDMA WRITE of {len} bytes", self.qpn()),
+        )
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        if let Ok(f) = verbs_fn!(ibv_destroy_qp) {
+            // SAFETY: created by us, destroyed once; nothing posts to it any more (its
+            // owner is being dropped).
+            let _ = unsafe { f(self.ptr) };
+        }
+    }
+}
+
+/// The connected QPs of one PE: `qps[j]` reaches PE `j` (this PE included: loopback),
+/// with every peer's address record (its heap base, length and rkey).
+#[derive(Debug)]
+pub struct Connected {
+    pub qps: Vec<QueuePair>,
+    pub peers: Vec<AddressRecord>,
+}
+
+/// This PE's heap as peers address it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapKey {
+    pub base: u64,
+    pub len: u64,
+    pub rkey: u32,
+}
+
+/// Creates one RC QP per PE (`n_pes`, this one included), moves each to INIT, exchanges
+/// address records with `exchange` (an allgather over the bootstrap: given this PE's
+/// bytes, returns every PE's in rank order), then brings QP `j` to RTR against PE `j`'s
+/// QP for this rank and to RTS. Any failing verb is an [`Error::Verbs`] naming it.
+#[allow(clippy::too_many_arguments)]
+pub fn connect_all(
+    pd: &Arc<ProtectionDomain>,
+    port: &PortInfo,
+    rank: usize,
+    n_pes: usize,
+    heap: HeapKey,
+    caps: QpCaps,
+    params: &RcParams,
+    salt: u64,
+    exchange: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>>,
+) -> Result<Connected> {
+    let gid = choose_gid(port)
+        .map_err(|e| Error::InvalidArgument(format!("{}: {e}", pd.context().name())))?;
+    let ctx = pd.context().clone();
+    let mut qps = Vec::with_capacity(n_pes);
+    let mut entries = Vec::with_capacity(n_pes);
+    let access = super::device::HEAP_ACCESS;
+    for j in 0..n_pes {
+        let cq = CompletionQueue::new(&ctx, caps.max_send_wr)?;
+        let qp = QueuePair::new_rc(pd, &cq, caps)?;
+        qp.modify(&to_init(port.port, access))?;
+        entries.push((qp.qpn(), initial_psn(rank as u32, j as u32, salt)));
+        qps.push(qp);
+    }
+    let mine = AddressRecord {
+        lid: port.lid,
+        port: port.port,
+        mtu: port.active_mtu,
+        link_layer: port.link_layer,
+        gid: gid.map(|g| (g.index, g.gid)),
+        heap_base: heap.base,
+        heap_len: heap.len,
+        heap_rkey: heap.rkey,
+        qps: entries.clone(),
+    };
+    let all = exchange(&mine.encode())?;
+    if all.len() != n_pes {
+        return Err(Error::InvalidArgument(format!(
+            "address exchange returned {} records for {n_pes} PEs",
+            all.len()
+        )));
+    }
+    let peers =
+        decode_all(&all).map_err(|e| Error::InvalidArgument(format!("address exchange: {e}")))?;
+    let local = LocalPath {
+        port: port.port,
+        active_mtu: port.active_mtu,
+        sgid_index: gid.map(|g| g.index),
+    };
+    for (j, qp) in qps.iter().enumerate() {
+        let (rqpn, rpsn) = peers[j].qps[rank];
+        let rtr = to_rtr(&local, &peers[j], rqpn, rpsn, params)
+            .map_err(|e| Error::InvalidArgument(format!("QP to PE {j}: {e}")))?;
+        qp.modify(&rtr)?;
+        qp.modify(&to_rts(entries[j].1, params))?;
+    }
+    Ok(Connected { qps, peers })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gid(index: u16, kind: GidKind, b: [u8; 16]) -> Gid {
+        Gid {
+            index,
+            gid: b,
+            kind,
+        }
+    }
+    const LINK_LOCAL: [u8; 16] = [
+        0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0x11, 0x22, 0xff, 0xfe, 0x33, 0x44, 0x55,
+    ];
+    const IPV4: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 7];
+    const GLOBAL6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+
+    fn port(link_layer: u8, gids: Vec<Gid>) -> PortInfo {
+        PortInfo {
+            port: 1,
+            state: super::super::device::PORT_ACTIVE,
+            link_layer,
+            active_mtu: 5,
+            lid: 7,
+            gids,
+        }
+    }
+
+    #[test]
+    fn init_mask_and_fields() {
+        let t = to_init(2, super::super::device::HEAP_ACCESS);
+        assert_eq!(t.mask, 0x1 | 0x10 | 0x20 | 0x8);
+        assert_eq!(t.attr.qp_state, sys::IBV_QPS_INIT);
+        assert_eq!(t.attr.port_num, 2);
+        assert_eq!(t.attr.pkey_index, 0);
+        assert_eq!(t.attr.qp_access_flags, 0x1 | 0x2 | 0x4 | 0x8);
+    }
+
+    #[test]
+    fn gid_choice() {
+        // IB: no GRH.
+        assert_eq!(
+            choose_gid(&port(LINK_LAYER_IB, vec![gid(0, GidKind::Ib, LINK_LOCAL)])),
+            Ok(None)
+        );
+        // RoCE: the IPv4-mapped v2 entry wins over v1 and link-local v2.
+        let p = port(
+            LINK_LAYER_ETHERNET,
+            vec![
+                gid(0, GidKind::RoceV1, LINK_LOCAL),
+                gid(1, GidKind::RoceV2, LINK_LOCAL),
+                gid(2, GidKind::RoceV1, IPV4),
+                gid(3, GidKind::RoceV2, IPV4),
+            ],
+        );
+        assert_eq!(choose_gid(&p).unwrap().unwrap().index, 3);
+        // No IPv4: a global v2 beats a link-local v2.
+        let p = port(
+            LINK_LAYER_ETHERNET,
+            vec![
+                gid(1, GidKind::RoceV2, LINK_LOCAL),
+                gid(5, GidKind::RoceV2, GLOBAL6),
+            ],
+        );
+        assert_eq!(choose_gid(&p).unwrap().unwrap().index, 5);
+        // Only link-local v2, then only v1.
+        let p = port(
+            LINK_LAYER_ETHERNET,
+            vec![
+                gid(0, GidKind::RoceV1, IPV4),
+                gid(1, GidKind::RoceV2, LINK_LOCAL),
+            ],
+        );
+        assert_eq!(choose_gid(&p).unwrap().unwrap().index, 1);
+        let p = port(
+            LINK_LAYER_ETHERNET,
+            vec![gid(4, GidKind::RoceV1, LINK_LOCAL)],
+        );
+        assert_eq!(choose_gid(&p).unwrap().unwrap().index, 4);
+        assert_eq!(
+            choose_gid(&port(LINK_LAYER_ETHERNET, vec![])),
+            Err("port 1 is Ethernet (RoCE) but has no RoCE GID".to_string())
+        );
+        assert_eq!(
+            choose_gid(&port(0, vec![])),
+            Err("port 1 has link layer 0 (neither InfiniBand nor Ethernet)".to_string())
+        );
+    }
+
+    fn remote(mtu: u8, gid: Option<(u16, [u8; 16])>) -> AddressRecord {
+        AddressRecord {
+            lid: 0x33,
+            port: 1,
+            mtu,
+            link_layer: if gid.is_some() { 2 } else { 1 },
+            gid,
+            heap_base: 0,
+            heap_len: 0,
+            heap_rkey: 0,
+            qps: vec![],
+        }
+    }
+
+    #[test]
+    fn rtr_ib_uses_lid_and_min_mtu() {
+        let local = LocalPath {
+            port: 1,
+            active_mtu: 5,
+            sgid_index: None,
+        };
+        let t = to_rtr(
+            &local,
+            &remote(3, None),
+            0x01ab_cdef,
+            0xff_123456,
+            &RcParams::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            t.mask,
+            0x1 | 0x80 | 0x100 | 0x10_0000 | 0x1000 | 0x2_0000 | 0x8000
+        );
+        assert_eq!(t.attr.qp_state, sys::IBV_QPS_RTR);
+        assert_eq!(t.attr.path_mtu, 3);
+        assert_eq!(t.attr.dest_qp_num, 0xab_cdef);
+        assert_eq!(t.attr.rq_psn, 0x12_3456);
+        assert_eq!(t.attr.max_dest_rd_atomic, 16);
+        assert_eq!(t.attr.min_rnr_timer, 12);
+        assert_eq!(t.attr.ah_attr.dlid, 0x33);
+        assert_eq!(t.attr.ah_attr.is_global, 0);
+        assert_eq!(t.attr.ah_attr.port_num, 1);
+    }
+
+    #[test]
+    fn rtr_roce_sets_grh() {
+        let local = LocalPath {
+            port: 1,
+            active_mtu: 4,
+            sgid_index: Some(3),
+        };
+        let t = to_rtr(
+            &local,
+            &remote(5, Some((7, IPV4))),
+            9,
+            10,
+            &RcParams::default(),
+        )
+        .unwrap();
+        assert_eq!(t.attr.path_mtu, 4);
+        assert_eq!(t.attr.ah_attr.is_global, 1);
+        assert_eq!(t.attr.ah_attr.grh.sgid_index, 3);
+        assert_eq!(t.attr.ah_attr.grh.hop_limit, 64);
+        // SAFETY: raw covers the union.
+        assert_eq!(unsafe { t.attr.ah_attr.grh.dgid.raw }, IPV4);
+        assert_eq!(
+            to_rtr(&local, &remote(5, None), 9, 10, &RcParams::default())
+                .err()
+                .unwrap(),
+            "the peer sent no GID but this port needs a GRH (RoCE)"
+        );
+        let ib = LocalPath {
+            sgid_index: None,
+            ..local
+        };
+        assert!(to_rtr(
+            &ib,
+            &remote(5, Some((0, IPV4))),
+            9,
+            10,
+            &RcParams::default()
+        )
+        .is_err());
+        let big = LocalPath {
+            sgid_index: Some(300),
+            ..local
+        };
+        assert!(to_rtr(
+            &big,
+            &remote(5, Some((0, IPV4))),
+            9,
+            10,
+            &RcParams::default()
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn rts_mask_and_fields() {
+        let t = to_rts(0x1_abcdef, &RcParams::default());
+        assert_eq!(t.mask, 0x1 | 0x200 | 0x400 | 0x800 | 0x1_0000 | 0x2000);
+        assert_eq!(t.attr.qp_state, sys::IBV_QPS_RTS);
+        assert_eq!(t.attr.sq_psn, 0xab_cdef);
+        assert_eq!(
+            (
+                t.attr.timeout,
+                t.attr.retry_cnt,
+                t.attr.rnr_retry,
+                t.attr.max_rd_atomic
+            ),
+            (14, 7, 7, 16)
+        );
+    }
+
+    #[test]
+    fn psn_is_24_bit_and_distinct() {
+        let a = initial_psn(0, 1, 42);
+        assert!(a <= 0xff_ffff);
+        assert_eq!(a, initial_psn(0, 1, 42));
+        assert_ne!(a, initial_psn(1, 0, 42));
+        assert_ne!(a, initial_psn(0, 1, 43));
+        assert_eq!(path_mtu(5, 3), 3);
+    }
+}
