@@ -36,6 +36,9 @@ pub enum Kind {
     /// The soft HCA engine alone: RDMA WRITEs through queue → engine → memory on one
     /// engine thread (no PEs).
     Softhca,
+    /// GPU only (`--device gpu`): device-to-device copy bandwidth (the rshmem_copy kernel
+    /// and cuMemcpyDtoD) next to device put bandwidth.
+    Copy,
 }
 
 /// `rshmem bench KIND [options]` or `rshmem bench ep [options]`: the host-operation
@@ -116,9 +119,20 @@ pub struct BenchArgs {
     /// Unmeasured warm-up iterations per size.
     #[arg(long, default_value_t = 500)]
     pub warmup: usize,
-    /// Device whose memory holds the heap.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    /// Device whose memory holds the heap: cpu (host operations) or gpu (device-initiated
+    /// operations of the GPU bench kernels, PEs as threads sharing the GPU(s)).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu"])]
     pub device: String,
+    /// GPU: scope of the device operation (thread, warp or block).
+    #[arg(long, default_value = "thread", value_parser = ["thread", "warp", "block"])]
+    pub scope: String,
+    /// GPU: kernel launches per size (median and p99 are over launches).
+    #[arg(long, default_value_t = 10)]
+    pub reps: usize,
+    /// GPU: the kernel manifest to use instead of the embedded one
+    /// (device-kernels/src/rshmem_device_tests.json; also RSHMEM_GPU_MANIFEST).
+    #[arg(long)]
+    pub manifest: Option<std::path::PathBuf>,
     /// Transport between the PEs.
     #[arg(long, value_enum, default_value_t = Transport::P2p)]
     pub transport: Transport,
@@ -162,6 +176,13 @@ pub struct Report {
 
 /// Entry point of the CLI: returns the process exit code.
 pub fn run_cli(args: BenchArgs) -> i32 {
+    if args.device == "gpu" {
+        return gpu_cli(&args);
+    }
+    if args.kind == Kind::Copy {
+        eprintln!("rshmem bench copy: a GPU benchmark; pass --device gpu");
+        return 2;
+    }
     if args.kind == Kind::Softhca {
         return match engine_bench(&args) {
             Ok(()) => 0,
@@ -184,9 +205,48 @@ pub fn run_cli(args: BenchArgs) -> i32 {
     }
 }
 
+/// `rshmem bench KIND --device gpu`.
+fn gpu_cli(a: &BenchArgs) -> i32 {
+    let op = match a.kind {
+        Kind::Put => "put",
+        Kind::Get => "get",
+        Kind::P => "p",
+        Kind::Atomic => "atomic",
+        Kind::Signal => "signal",
+        Kind::Copy => "copy",
+        Kind::Barrier | Kind::Softhca => {
+            eprintln!(
+                "rshmem bench {:?} --device gpu: not a GPU benchmark (GPU: put, get, p, atomic, signal, copy)",
+                a.kind
+            );
+            return 2;
+        }
+    };
+    if a.transport != Transport::P2p {
+        eprintln!("rshmem bench {op} --device gpu: GPU PEs use the p2p transport only");
+        return 2;
+    }
+    crate::gpu::runner::bench_cli(crate::gpu::runner::BenchOpts {
+        op: op.to_string(),
+        scope: a.scope.clone(),
+        pes: a.pes,
+        min_size: a.min_size,
+        max_size: a.max_size,
+        iters: a.iters.min(100_000),
+        reps: a.reps,
+        json: a.json,
+        sources: crate::gpu::runner::Sources::from_env(a.manifest.clone()),
+    })
+}
+
 /// Runs the benchmark; Some(report) on the PE that reports (PE 0).
 pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     validate(args)?;
+    if args.kind == Kind::Copy || args.device != "cpu" {
+        return Err(Error::InvalidArgument(
+            "bench copy and --device gpu run through the GPU runner (rshmem bench ... --device gpu)".into(),
+        ));
+    }
     if args.kind == Kind::Softhca {
         return Err(Error::InvalidArgument(
             "bench softhca has no PEs: run it from the command line".into(),
@@ -315,7 +375,7 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
             Kind::P => p_row(pe, a, aux, size, salt)?,
             Kind::Atomic => atomic_row(pe, a, aux)?,
             Kind::Barrier => barrier_row(pe, a)?,
-            Kind::Softhca => unreachable!("handled before PEs start"),
+            Kind::Softhca | Kind::Copy => unreachable!("handled before PEs start"),
         };
         rows.push(row);
         if let Some(b) = &bar {
@@ -340,7 +400,7 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
         latency_kind: match a.kind {
             Kind::Put | Kind::P | Kind::Signal => "half_round_trip",
             Kind::Get | Kind::Atomic => "round_trip",
-            Kind::Barrier | Kind::Softhca => "barrier",
+            Kind::Barrier | Kind::Softhca | Kind::Copy => "barrier",
         },
         rows,
     }))

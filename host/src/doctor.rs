@@ -291,6 +291,32 @@ fn render_table(r: &Report) -> String {
             v.push_str(&format!(" [{e}]"));
         }
         lines.push(kv(&format!("GPU {}", d.ordinal), v));
+        let yn = |b: Option<bool>| match b {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "?",
+        };
+        lines.push(kv(
+            "",
+            format!(
+                "VMM {}, POSIX-fd handles {}, GPUDirect RDMA with VMM {}, dma-buf {}",
+                yn(d.vmm),
+                yn(d.posix_fd_handles),
+                yn(d.gpudirect_rdma_vmm),
+                yn(d.dma_buf)
+            ),
+        ));
+    }
+    if let Some(why) = &r.cuda.p2p_detail {
+        lines.push(kv("P2P", why.clone()));
+    }
+    for p in &r.cuda.p2p {
+        let v = match (p.access, &p.error) {
+            (Some(true), _) => "yes".to_string(),
+            (Some(false), _) => "no".to_string(),
+            (None, e) => e.clone().unwrap_or_default(),
+        };
+        lines.push(kv(&format!("P2P {} -> {}", p.from, p.to), v));
     }
 
     lines.push((Some("rdma-core"), String::new()));
@@ -402,8 +428,14 @@ mod tests {
                     total_mem_bytes: Some(1 << 30),
                     compute_capability: Some("9.0".into()),
                     error: None,
+                    vmm: Some(true),
+                    posix_fd_handles: Some(true),
+                    gpudirect_rdma_vmm: Some(true),
+                    dma_buf: Some(true),
                 })
                 .collect(),
+            p2p: Vec::new(),
+            p2p_detail: None,
         }
     }
 

@@ -205,6 +205,32 @@ pub enum Error {
         detail: String,
     },
 
+    /// A CUDA driver or NVRTC call failed: which call, its status name and text, and what
+    /// rshmem was doing.
+    #[error("CUDA {call} failed: {detail}")]
+    Cuda { call: &'static str, detail: String },
+
+    /// A kernel trapped on a device-side check (invalid PE, address outside the heap, wait
+    /// timeout): the device error record as the kernel wrote it. `pe` is the PE whose
+    /// kernel trapped, `target_pe` the PE the failed operation addressed.
+    #[error(
+        "PE {pe}: kernel {kernel} trapped: {what} (device error {code}, target PE {target_pe}, address {addr:#x}{wait}; \
+         block {block}, thread {thread}); the CUDA context is lost for every PE of this process"
+    )]
+    DeviceFault {
+        pe: usize,
+        kernel: String,
+        /// RSHMEM_DEVICE_ERR_* and its meaning.
+        code: u32,
+        what: &'static str,
+        target_pe: i32,
+        addr: u64,
+        /// Waits: ", waited for value CMP EXPECTED, last seen OBSERVED"; else empty.
+        wait: String,
+        block: u32,
+        thread: u32,
+    },
+
     /// A self-test or benchmark found wrong data.
     #[error("data check failed: {0}")]
     Verification(String),

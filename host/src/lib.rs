@@ -16,6 +16,7 @@ pub mod doctor;
 pub mod ep;
 pub mod error;
 pub mod fabric;
+pub mod gpu;
 pub mod heap;
 pub mod launcher;
 pub mod mlx5;

@@ -41,6 +41,16 @@ struct SelftestArgs {
     /// List the cases and exit.
     #[arg(long)]
     list: bool,
+    /// cpu: host operations among the PEs of this job; gpu: the GPU host layer and the
+    /// device API's test kernels, with --pes GPU PEs as threads of this process.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu"])]
+    device: String,
+    /// GPU: number of PEs (threads sharing the visible GPU(s)).
+    #[arg(long, default_value_t = 2)]
+    pes: usize,
+    /// GPU: the kernel manifest instead of the embedded one (also RSHMEM_GPU_MANIFEST).
+    #[arg(long)]
+    manifest: Option<std::path::PathBuf>,
     /// Testing aid: this PE kills itself (SIGKILL) ...
     #[arg(long, hide = true)]
     crash_pe: Option<usize>,
@@ -50,6 +60,31 @@ struct SelftestArgs {
 }
 
 fn selftest(a: SelftestArgs) -> i32 {
+    if a.device == "gpu" {
+        let sources = rshmem::gpu::runner::Sources::from_env(a.manifest.clone());
+        if a.list {
+            return match rshmem::gpu::runner::list(&sources) {
+                Ok(v) => {
+                    v.iter().for_each(|c| println!("{c}"));
+                    0
+                }
+                Err(e) => {
+                    // The host-layer cases need no manifest: list them, then say why the
+                    // kernel cases are missing.
+                    rshmem::gpu::runner::HOST_CASES
+                        .iter()
+                        .for_each(|c| println!("{c}"));
+                    eprintln!("rshmem selftest --device gpu --list: {e}");
+                    1
+                }
+            };
+        }
+        return rshmem::gpu::runner::selftest_cli(rshmem::gpu::runner::SelftestOpts {
+            pes: a.pes,
+            cases: a.cases,
+            sources,
+        });
+    }
     if a.list {
         for c in rshmem::selftest::CASES {
             println!("{}", c.name);

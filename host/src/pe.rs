@@ -123,7 +123,13 @@ impl Pe {
     /// Rank 0 hosts the bootstrap root at `RSHMEM_MASTER_ADDR:RSHMEM_MASTER_PORT` (or
     /// `MASTER_ADDR:MASTER_PORT`) unless `RSHMEM_ROOT=external` says a launcher hosts it.
     pub fn init() -> Result<Pe> {
-        let settings = Settings::from_env()?;
+        Pe::init_from_settings(Settings::from_env()?)
+    }
+
+    /// [`Pe::init`] with settings given instead of read from the environment (the launch
+    /// variables still come from it). GPU PEs use this to start their CPU side with a
+    /// small heap.
+    pub fn init_from_settings(settings: Settings) -> Result<Pe> {
         match LaunchInfo::from_env()? {
             None => {
                 let token = random_token()?;
@@ -784,7 +790,12 @@ impl Drop for UnlinkOnDrop {
 
 /// Shares each PE's outcome of a local step, so that a failure on one PE becomes an error
 /// naming it on every PE instead of a hang or a bare "peer died".
-fn exchange_status<T>(boot: &Bootstrap, g: &Group, what: &str, r: &Result<T>) -> Result<()> {
+pub(crate) fn exchange_status<T>(
+    boot: &Bootstrap,
+    g: &Group,
+    what: &str,
+    r: &Result<T>,
+) -> Result<()> {
     let mine = match r {
         Ok(_) => Vec::new(),
         Err(e) => e.to_string().into_bytes(),

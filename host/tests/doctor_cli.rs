@@ -289,7 +289,14 @@ int cuDeviceTotalMem_v2(size_t *bytes, int d) { *bytes = (size_t)143771 << 20; r
 int cuDeviceGetAttribute(int *v, int attr, int d) {
     if (attr == 75) { *v = 9; return 0; }
     if (attr == 76) { *v = 0; return 0; }
-    return 1;
+    if (attr == 102 || attr == 103) { *v = 1; return 0; }  /* VMM, POSIX-fd handles */
+    if (attr == 110) { *v = d == 0; return 0; }            /* GPUDirect RDMA with VMM */
+    return 1;                                              /* dma-buf (124): unknown */
+}
+int cuDeviceCanAccessPeer(int *ok, int d, int peer) {
+    if (d == 1 && peer == 0) return 101;
+    *ok = (d == 0 && peer == 1);
+    return 0;
 }
 int cuGetErrorName(int rc, const char **s) {
     switch (rc) {
@@ -360,6 +367,24 @@ fn fake_cuda_driver_is_reported_device_by_device() {
     );
     assert_eq!(devs[1]["compute_capability"], "9.0");
     assert_eq!(summary_line(&j, "p2p (GPUs)")["detail"], "2 CUDA device(s)");
+    assert_eq!(devs[0]["vmm"], Value::Bool(true));
+    assert_eq!(devs[0]["posix_fd_handles"], Value::Bool(true));
+    assert_eq!(devs[0]["gpudirect_rdma_vmm"], Value::Bool(true));
+    assert_eq!(devs[1]["gpudirect_rdma_vmm"], Value::Bool(false));
+    assert!(devs[0]["dma_buf"].is_null(), "unknown attribute: null");
+    let p2p = cuda["p2p"].as_array().unwrap();
+    assert_eq!(p2p.len(), 2);
+    assert_eq!(
+        (p2p[0]["from"].as_i64(), p2p[0]["to"].as_i64()),
+        (Some(0), Some(1))
+    );
+    assert_eq!(p2p[0]["access"], Value::Bool(true));
+    assert!(p2p[0]["error"].is_null());
+    assert!(p2p[1]["access"].is_null());
+    assert_eq!(
+        p2p[1]["error"],
+        "cuDeviceCanAccessPeer failed: CUDA_ERROR_INVALID_DEVICE (101)"
+    );
 
     let j = parse(&doctor(
         &["--json"],
@@ -376,6 +401,15 @@ fn fake_cuda_driver_is_reported_device_by_device() {
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(
         text.contains("GPU 0                  Fake H200 0, 140.4 GiB, compute capability 9.0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("VMM yes, POSIX-fd handles yes, GPUDirect RDMA with VMM yes, dma-buf ?"),
+        "{text}"
+    );
+    assert!(text.contains("P2P 0 -> 1"), "{text}");
+    assert!(
+        text.contains("cuDeviceCanAccessPeer failed: CUDA_ERROR_INVALID_DEVICE (101)"),
         "{text}"
     );
 }

@@ -21,6 +21,7 @@ const PACKAGE: &str = "the NVIDIA driver";
 //   CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 //   CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
 //   CUresult cuGetErrorName(CUresult error, const char **pStr);
+//   CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
 type CuResult = c_int;
 type CuDevice = c_int;
 const CUDA_SUCCESS: CuResult = 0;
@@ -28,6 +29,14 @@ const CUDA_SUCCESS: CuResult = 0;
 const ATTR_CC_MAJOR: c_int = 75;
 /// CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR in cuda.h.
 const ATTR_CC_MINOR: c_int = 76;
+/// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (= ..._VIRTUAL_ADDRESS_...).
+const ATTR_VMM: c_int = 102;
+/// CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED.
+const ATTR_POSIX_FD: c_int = 103;
+/// CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED.
+const ATTR_GDR_VMM: c_int = 110;
+/// CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (CUDA 11.7+).
+const ATTR_DMA_BUF: c_int = 124;
 
 type CuInit = unsafe extern "C" fn(c_uint) -> CuResult;
 type CuDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> CuResult;
@@ -37,6 +46,7 @@ type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuR
 type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, CuDevice) -> CuResult;
 type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CuDevice) -> CuResult;
 type CuGetErrorName = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
+type CuDeviceCanAccessPeer = unsafe extern "C" fn(*mut c_int, CuDevice, CuDevice) -> CuResult;
 
 /// The driver entry points the doctor uses, valid for the life of the process.
 struct Driver {
@@ -49,6 +59,8 @@ struct Driver {
     device_total_mem: CuDeviceTotalMem,
     device_get_attribute: CuDeviceGetAttribute,
     get_error_name: CuGetErrorName,
+    /// Optional: the report says so when a driver lacks it.
+    can_access_peer: Option<CuDeviceCanAccessPeer>,
     /// Keeps the function pointers above valid; never dropped (see `dl`).
     _opened: Opened,
 }
@@ -71,6 +83,7 @@ fn driver() -> Result<&'static Driver, &'static Error> {
                     device_total_mem: dl::symbol(&opened, "cuDeviceTotalMem_v2", PACKAGE)?,
                     device_get_attribute: dl::symbol(&opened, "cuDeviceGetAttribute", PACKAGE)?,
                     get_error_name: dl::symbol(&opened, "cuGetErrorName", PACKAGE)?,
+                    can_access_peer: dl::symbol(&opened, "cuDeviceCanAccessPeer", PACKAGE).ok(),
                     _opened: opened,
                 })
             }
@@ -88,6 +101,22 @@ pub struct CudaReport {
     /// As cuDriverGetVersion returns it: 1000 * major + 10 * minor (13000 = CUDA 13.0).
     pub driver_version: Option<i32>,
     pub devices: Vec<CudaDevice>,
+    /// cuDeviceCanAccessPeer for every ordered pair of distinct devices (GPU PEs on
+    /// different GPUs map each other's heaps only with P2P access).
+    pub p2p: Vec<P2pPair>,
+    /// Why `p2p` is empty when there are several devices (e.g. the symbol is missing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p2p_detail: Option<String>,
+}
+
+/// Whether device `from` can access device `to`'s memory.
+#[derive(Debug, Clone, Serialize)]
+pub struct P2pPair {
+    pub from: i32,
+    pub to: i32,
+    /// None when the query failed (see `error`).
+    pub access: Option<bool>,
+    pub error: Option<String>,
 }
 
 /// One GPU as the driver reports it.
@@ -100,6 +129,15 @@ pub struct CudaDevice {
     pub compute_capability: Option<String>,
     /// The first failing driver call for this device, by error name.
     pub error: Option<String>,
+    /// CUDA virtual memory management (the GPU heap needs it). None: the attribute query
+    /// failed (a driver that does not know it).
+    pub vmm: Option<bool>,
+    /// Memory exportable as POSIX file descriptors (sharing GPU heaps between PEs).
+    pub posix_fd_handles: Option<bool>,
+    /// GPUDirect RDMA on VMM allocations (NIC access to the GPU heap).
+    pub gpudirect_rdma_vmm: Option<bool>,
+    /// dma-buf export of device memory.
+    pub dma_buf: Option<bool>,
 }
 
 /// `"13.0"` for 13000.
@@ -116,6 +154,8 @@ pub(super) fn probe() -> CudaReport {
                 detail: dl::absent_statement(e),
                 driver_version: None,
                 devices: Vec::new(),
+                p2p: Vec::new(),
+                p2p_detail: None,
             }
         }
     };
@@ -139,6 +179,8 @@ pub(super) fn probe() -> CudaReport {
             ),
             driver_version,
             devices: Vec::new(),
+            p2p: Vec::new(),
+            p2p_detail: None,
         };
     }
     let mut count: c_int = 0;
@@ -154,14 +196,19 @@ pub(super) fn probe() -> CudaReport {
             ),
             driver_version,
             devices: Vec::new(),
+            p2p: Vec::new(),
+            p2p_detail: None,
         };
     }
     let devices: Vec<CudaDevice> = (0..count).map(|i| device(drv, i)).collect();
+    let (p2p, p2p_detail) = p2p_matrix(drv, count);
     CudaReport {
         present: true,
         detail: format!("{} loaded, {version_text}, {count} device(s)", drv.soname),
         driver_version,
         devices,
+        p2p,
+        p2p_detail,
     }
 }
 
@@ -172,6 +219,10 @@ fn device(drv: &Driver, ordinal: c_int) -> CudaDevice {
         total_mem_bytes: None,
         compute_capability: None,
         error: None,
+        vmm: None,
+        posix_fd_handles: None,
+        gpudirect_rdma_vmm: None,
+        dma_buf: None,
     };
     let fail = |out: &mut CudaDevice, call: &str, rc: CuResult| {
         out.error
@@ -221,7 +272,61 @@ fn device(drv: &Driver, ordinal: c_int) -> CudaDevice {
         };
         fail(&mut out, "cuDeviceGetAttribute(compute capability)", rc);
     }
+    let flag = |a: c_int| {
+        let mut v: c_int = 0;
+        // SAFETY: writable int; an attribute the driver does not know returns an error.
+        let rc = unsafe { (drv.device_get_attribute)(&mut v, a, dev) };
+        (rc == CUDA_SUCCESS).then_some(v != 0)
+    };
+    out.vmm = flag(ATTR_VMM);
+    out.posix_fd_handles = flag(ATTR_POSIX_FD);
+    out.gpudirect_rdma_vmm = flag(ATTR_GDR_VMM);
+    out.dma_buf = flag(ATTR_DMA_BUF);
     out
+}
+
+fn p2p_matrix(drv: &Driver, count: c_int) -> (Vec<P2pPair>, Option<String>) {
+    if count < 2 {
+        return (Vec::new(), None);
+    }
+    let Some(can) = drv.can_access_peer else {
+        return (
+            Vec::new(),
+            Some(format!(
+                "{} does not export cuDeviceCanAccessPeer",
+                drv.soname
+            )),
+        );
+    };
+    let mut v = Vec::new();
+    for from in 0..count {
+        for to in (0..count).filter(|&t| t != from) {
+            let (mut a, mut b): (CuDevice, CuDevice) = (0, 0);
+            // SAFETY: writable ints; ordinals < count.
+            let rc = unsafe { (drv.device_get)(&mut a, from) };
+            // SAFETY: as above.
+            let rc = if rc == CUDA_SUCCESS {
+                unsafe { (drv.device_get)(&mut b, to) }
+            } else {
+                rc
+            };
+            let mut ok: c_int = 0;
+            // SAFETY: writable int; devices from cuDeviceGet.
+            let rc = if rc == CUDA_SUCCESS {
+                unsafe { can(&mut ok, a, b) }
+            } else {
+                rc
+            };
+            v.push(P2pPair {
+                from,
+                to,
+                access: (rc == CUDA_SUCCESS).then_some(ok != 0),
+                error: (rc != CUDA_SUCCESS)
+                    .then(|| format!("cuDeviceCanAccessPeer failed: {}", error_name(drv, rc))),
+            });
+        }
+    }
+    (v, None)
 }
 
 /// `CUDA_ERROR_NO_DEVICE (100)`, or `CUresult 100` if the driver does not know the code.

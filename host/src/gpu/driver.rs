@@ -1,0 +1,269 @@
+//! Loading the CUDA driver and NVRTC through cudarc (dynamic loading), and turning their
+//! status codes into [`Error`]s.
+//!
+//! cudarc loads `libcuda.so.1` / `libnvrtc.so.*` lazily and *panics* when the library or
+//! a symbol is missing. So every CUDA path in rshmem goes through [`driver`] (or
+//! [`nvrtc`]) first: it checks that the library opens and that every symbol rshmem calls
+//! is exported, and returns an error naming the library and the package otherwise. Only
+//! after that succeeds are cudarc's `sys` functions called.
+
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use cudarc::nvrtc::sys as nvrtc_sys;
+use std::ffi::CStr;
+use std::sync::OnceLock;
+
+/// What to install when libcuda is absent.
+pub const DRIVER_PACKAGE: &str = "the NVIDIA driver (it provides libcuda.so.1)";
+/// What to install when NVRTC is absent.
+pub const NVRTC_PACKAGE: &str = "the PyPI wheel nvidia-cuda-nvrtc (==13.0.*, then put its \
+     nvidia/cu13/lib on LD_LIBRARY_PATH or point RSHMEM_NVRTC_LIB at libnvrtc.so.13) or the \
+     CUDA 13 toolkit";
+
+/// Every driver entry point rshmem calls (cudarc's `sys` names, which are the exported
+/// symbol names). Checked up front so that a driver too old to export one is an error, not
+/// a panic inside cudarc.
+pub const DRIVER_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetPCIBusId",
+    "cuDeviceCanAccessPeer",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamQuery",
+    "cuStreamSynchronize",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventElapsedTime_v2",
+    "cuEventDestroy_v2",
+    "cuModuleLoadData",
+    "cuModuleUnload",
+    "cuModuleGetGlobal_v2",
+    "cuModuleGetFunction",
+    "cuLaunchKernel",
+    "cuLaunchCooperativeKernel",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemHostAlloc",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemFreeHost",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemsetD8_v2",
+    "cuMemsetD8Async",
+    "cuMemGetAllocationGranularity",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
+];
+
+/// NVRTC entry points rshmem calls.
+pub const NVRTC_SYMBOLS: &[&str] = &[
+    "nvrtcVersion",
+    "nvrtcCreateProgram",
+    "nvrtcCompileProgram",
+    "nvrtcGetProgramLogSize",
+    "nvrtcGetProgramLog",
+    "nvrtcGetPTXSize",
+    "nvrtcGetPTX",
+    "nvrtcDestroyProgram",
+    "nvrtcGetErrorString",
+];
+
+/// The driver library is loaded, exports every symbol in [`DRIVER_SYMBOLS`] and `cuInit(0)`
+/// succeeded. Checked once per process; the error is returned to every caller.
+pub fn driver() -> Result<()> {
+    static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    READY
+        .get_or_init(|| {
+            // SAFETY: is_culib_present only tries to dlopen candidate names.
+            if !unsafe { sys::is_culib_present() } {
+                return Err(String::from("libcuda.so.1 not found"));
+            }
+            // SAFETY: present (checked above), so culib() does not panic; get() only looks
+            // a symbol up.
+            let lib = unsafe { sys::culib() };
+            for s in DRIVER_SYMBOLS {
+                // SAFETY: looking up a symbol address; it is not called here.
+                if unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err() {
+                    return Err(format!(
+                        "libcuda.so.1 lacks {s}: the driver is too old (rshmem needs CUDA 13.0, driver 580 or newer)"
+                    ));
+                }
+            }
+            // SAFETY: every symbol is present; cuInit(0) is the documented first call.
+            let rc = unsafe { sys::cuInit(0) };
+            if rc != sys::CUresult::CUDA_SUCCESS {
+                return Err(format!("cuInit failed: {}", result_name(rc)));
+            }
+            Ok(())
+        })
+        .clone()
+        .map_err(|detail| {
+            if detail.contains("not found") || detail.contains("lacks") {
+                Error::LibraryMissing {
+                    library: "libcuda.so.1".into(),
+                    package: DRIVER_PACKAGE.into(),
+                    detail: format!("{detail}: install the NVIDIA driver"),
+                }
+            } else {
+                Error::Cuda {
+                    call: "cuInit",
+                    detail,
+                }
+            }
+        })
+}
+
+/// NVRTC is loaded and exports every symbol in [`NVRTC_SYMBOLS`]. `RSHMEM_NVRTC_LIB`, if
+/// set, names the library file to load first (the PyPI wheel installs it off the linker's
+/// path); cudarc's own lookup then finds it by soname.
+pub fn nvrtc() -> Result<()> {
+    static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    READY
+        .get_or_init(|| {
+            if let Ok(path) = std::env::var("RSHMEM_NVRTC_LIB") {
+                // SAFETY: loading a shared library runs its initialisers; NVRTC's are
+                // benign. The handle is leaked so that the library stays loaded.
+                match unsafe { libloading::Library::new(&path) } {
+                    Ok(l) => std::mem::forget(l),
+                    Err(e) => {
+                        return Err(format!("RSHMEM_NVRTC_LIB={path} could not be loaded: {e}"))
+                    }
+                }
+            }
+            // SAFETY: only tries to dlopen candidate names.
+            if !unsafe { nvrtc_sys::is_culib_present() } {
+                return Err("libnvrtc.so not found".into());
+            }
+            // SAFETY: present, so culib() does not panic; get() only looks symbols up.
+            let lib = unsafe { nvrtc_sys::culib() };
+            for s in NVRTC_SYMBOLS {
+                // SAFETY: a symbol lookup.
+                if unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err() {
+                    return Err(format!("libnvrtc lacks {s}"));
+                }
+            }
+            Ok(())
+        })
+        .clone()
+        .map_err(|detail| Error::LibraryMissing {
+            library: "libnvrtc.so (NVRTC)".into(),
+            package: NVRTC_PACKAGE.into(),
+            detail,
+        })
+}
+
+/// `CUDA_ERROR_ILLEGAL_ADDRESS (700): an illegal memory access was encountered`.
+pub fn result_name(rc: sys::CUresult) -> String {
+    let code = rc as u32;
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: only called once the driver is loaded (results come from driver calls);
+    // the out-pointers are valid; on success they point at static strings.
+    let (n, t) = unsafe {
+        (
+            sys::cuGetErrorName(rc, &mut name),
+            sys::cuGetErrorString(rc, &mut text),
+        )
+    };
+    let n = if n == sys::CUresult::CUDA_SUCCESS && !name.is_null() {
+        // SAFETY: static NUL-terminated string from the driver.
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        format!("{rc:?}")
+    };
+    if t == sys::CUresult::CUDA_SUCCESS && !text.is_null() {
+        // SAFETY: as above.
+        let t = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+        format!("{n} ({code}): {t}")
+    } else {
+        format!("{n} ({code})")
+    }
+}
+
+/// Ok when `rc` is CUDA_SUCCESS, else an [`Error::Cuda`] naming `call` and what it did.
+pub fn ck(rc: sys::CUresult, call: &'static str, what: impl FnOnce() -> String) -> Result<()> {
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Cuda {
+            call,
+            detail: format!("{} while {}", result_name(rc), what()),
+        })
+    }
+}
+
+/// The text of an NVRTC status.
+pub fn nvrtc_result_name(rc: nvrtc_sys::nvrtcResult) -> String {
+    // SAFETY: nvrtcGetErrorString returns a static string for any status; NVRTC is loaded
+    // (statuses only come from NVRTC calls).
+    let p = unsafe { nvrtc_sys::nvrtcGetErrorString(rc) };
+    if p.is_null() {
+        format!("{rc:?}")
+    } else {
+        // SAFETY: static NUL-terminated string.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This machine has no NVIDIA driver: the gate must say so, naming the library and the
+    /// package, and must not panic. (On a machine with a driver this test is not
+    /// meaningful and checks the opposite: that the gate opens.)
+    #[test]
+    fn absent_driver_is_an_error_naming_the_library() {
+        // SAFETY: only dlopen attempts.
+        let present = unsafe { sys::is_culib_present() };
+        match driver() {
+            Err(e) => {
+                assert!(!present, "driver present but gate failed: {e}");
+                let s = e.to_string();
+                assert!(s.contains("libcuda.so.1 not found"), "{s}");
+                assert!(s.contains("install the NVIDIA driver"), "{s}");
+            }
+            Ok(()) => assert!(present),
+        }
+    }
+
+    #[test]
+    fn absent_nvrtc_is_an_error_naming_the_wheel() {
+        if std::env::var_os("RSHMEM_NVRTC_LIB").is_some() {
+            return; // the environment chose a library: the gate then checks that one
+        }
+        // SAFETY: only dlopen attempts.
+        let present = unsafe { nvrtc_sys::is_culib_present() };
+        match nvrtc() {
+            Err(e) => {
+                assert!(!present);
+                let s = e.to_string();
+                assert!(s.contains("libnvrtc"), "{s}");
+                assert!(s.contains("nvidia-cuda-nvrtc"), "{s}");
+                assert!(s.contains("CUDA 13 toolkit"), "{s}");
+            }
+            Ok(()) => assert!(present),
+        }
+    }
+}

@@ -1,0 +1,688 @@
+//! Passing a file descriptor (the POSIX-fd handle of a PE's GPU heap) to the other PEs of
+//! the node over Unix sockets with `SCM_RIGHTS`.
+//!
+//! Every PE listens on an abstract-namespace socket named after the job and its rank
+//! (nothing in the file system, nothing to clean up after a crash) and serves its fd once
+//! to each node peer that asks; at the same time it connects to each node peer and fetches
+//! theirs. PEs in one process exchange the same way (one code path).
+//!
+//! Handshake (all little-endian):
+//! - client → server, 40 bytes: magic `RSHFD001`, the 16-byte GPU job token, the client's
+//!   rank (u32), its heap size (u64), the rank it expects to reach (u32).
+//! - server → client, 24 bytes: magic, status (u32: 0 ok, 1 bad token, 2 rank not a node
+//!   peer / already served, 3 heap size differs, 4 wrong server), the server's rank (u32),
+//!   its heap size (u64); on success the fd rides along as `SCM_RIGHTS`.
+//!
+//! The server also requires the client to run as the same user (`SO_PEERCRED`). The token
+//! is random per job and travels over the bootstrap, so other jobs on the machine cannot
+//! take a heap handle. Every step is bounded by the timeout; errors name the peer.
+
+use crate::error::{Error, Result};
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::time::{Duration, Instant};
+
+const MAGIC: &[u8; 8] = b"RSHFD001";
+const HELLO_LEN: usize = 40;
+const REPLY_LEN: usize = 24;
+
+const ST_OK: u32 = 0;
+const ST_BAD_TOKEN: u32 = 1;
+const ST_BAD_RANK: u32 = 2;
+const ST_BAD_SIZE: u32 = 3;
+const ST_WRONG_SERVER: u32 = 4;
+
+/// One PE's side of the exchange.
+#[derive(Debug, Clone)]
+pub struct FdExchange {
+    /// The job id (names the sockets).
+    pub job: String,
+    pub rank: usize,
+    /// Random per job, the same on every PE (from the bootstrap).
+    pub token: [u8; 16],
+    /// Every PE of the job must have the same heap size.
+    pub heap_size: u64,
+    pub timeout: Duration,
+}
+
+/// The abstract socket name of PE `rank` of job `job` (at most 107 bytes).
+pub fn socket_name(job: &str, rank: usize) -> String {
+    let short: String = job
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(40)
+        .collect();
+    format!(
+        "rshmem-gpuheap-{short}-{:016x}-pe{rank}",
+        crate::pe::fnv(job.as_bytes())
+    )
+}
+
+/// A running server: serves this PE's fd to each expected client once.
+pub struct Server {
+    handle: std::thread::JoinHandle<Result<()>>,
+}
+
+impl Server {
+    /// Waits until every expected client was served (or the timeout passed).
+    pub fn join(self) -> Result<()> {
+        self.handle.join().unwrap_or_else(|_| {
+            Err(Error::Verification(
+                "the fd-passing server thread panicked".into(),
+            ))
+        })
+    }
+}
+
+impl FdExchange {
+    /// Binds this PE's socket and serves a duplicate of `fd` to each rank in `clients`
+    /// (once each) on a thread. Bind before the node peers start fetching (the exchange
+    /// in `GpuPe` puts a bootstrap barrier between binding and fetching; fetches also
+    /// retry until the timeout).
+    pub fn serve(&self, fd: RawFd, clients: BTreeSet<usize>) -> Result<Server> {
+        let name = socket_name(&self.job, self.rank);
+        let addr = SocketAddr::from_abstract_name(name.as_bytes())
+            .map_err(|e| Error::io(format!("abstract socket name {name}"), e))?;
+        let listener = UnixListener::bind_addr(&addr).map_err(|e| {
+            Error::io(
+                format!(
+                    "PE {}: binding the GPU heap handle socket @{name}",
+                    self.rank
+                ),
+                e,
+            )
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("fd-passing socket", e))?;
+        // SAFETY: dup of a descriptor the caller owns; the copy is owned by the thread.
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(Error::io(
+                "duplicating the heap handle",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: `dup` is a fresh descriptor nobody else owns.
+        let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+        let me = self.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("pe{}-fdpass", self.rank))
+            .spawn(move || me.serve_loop(listener, owned, clients))
+            .map_err(|e| Error::io("spawning the fd-passing thread", e))?;
+        Ok(Server { handle })
+    }
+
+    fn serve_loop(
+        &self,
+        listener: UnixListener,
+        fd: OwnedFd,
+        mut pending: BTreeSet<usize>,
+    ) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let mut refused: Vec<String> = Vec::new();
+        while !pending.is_empty() {
+            match listener.accept() {
+                Ok((conn, _)) => match self.serve_one(&conn, fd.as_raw_fd(), &pending, deadline) {
+                    Ok(Some(r)) => {
+                        pending.remove(&r);
+                    }
+                    Ok(None) => {}
+                    Err(e) => refused.push(e.to_string()),
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        let mut what = format!(
+                            "node peer(s) {} to fetch its GPU heap handle",
+                            pending
+                                .iter()
+                                .map(|r| format!("PE {r}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                        if !refused.is_empty() {
+                            what.push_str(&format!(" (refused meanwhile: {})", refused.join("; ")));
+                        }
+                        return Err(Error::Timeout {
+                            pe: self.rank,
+                            what,
+                            waited_ms: self.timeout.as_millis() as u64,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("PE {}: accepting on the fd-passing socket", self.rank),
+                        e,
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One connection: Some(rank) when that client got the fd.
+    fn serve_one(
+        &self,
+        conn: &UnixStream,
+        fd: RawFd,
+        pending: &BTreeSet<usize>,
+        deadline: Instant,
+    ) -> Result<Option<usize>> {
+        conn.set_nonblocking(false)
+            .map_err(|e| Error::io("fd-passing socket", e))?;
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10));
+        conn.set_read_timeout(Some(left))
+            .map_err(|e| Error::io("fd-passing socket", e))?;
+        conn.set_write_timeout(Some(left))
+            .map_err(|e| Error::io("fd-passing socket", e))?;
+        if peer_uid(conn)? != current_uid() {
+            return Ok(None); // another user: drop silently
+        }
+        let mut hello = [0u8; HELLO_LEN];
+        (&*conn)
+            .read_exact(&mut hello)
+            .map_err(|e| Error::io(format!("PE {}: reading a fd-passing hello", self.rank), e))?;
+        if &hello[..8] != MAGIC {
+            return Ok(None);
+        }
+        let rank = u32::from_le_bytes(hello[24..28].try_into().expect("4")) as usize;
+        let size = u64::from_le_bytes(hello[28..36].try_into().expect("8"));
+        let want = u32::from_le_bytes(hello[36..40].try_into().expect("4")) as usize;
+        let status = if hello[8..24] != self.token {
+            ST_BAD_TOKEN
+        } else if want != self.rank {
+            ST_WRONG_SERVER
+        } else if !pending.contains(&rank) {
+            ST_BAD_RANK
+        } else if size != self.heap_size {
+            ST_BAD_SIZE
+        } else {
+            ST_OK
+        };
+        let mut reply = [0u8; REPLY_LEN];
+        reply[..8].copy_from_slice(MAGIC);
+        reply[8..12].copy_from_slice(&status.to_le_bytes());
+        reply[12..16].copy_from_slice(&(self.rank as u32).to_le_bytes());
+        reply[16..24].copy_from_slice(&self.heap_size.to_le_bytes());
+        if status == ST_OK {
+            send_with_fd(conn, &reply, fd).map_err(|e| {
+                Error::io(
+                    format!("PE {}: sending its heap handle to PE {rank}", self.rank),
+                    e,
+                )
+            })?;
+            Ok(Some(rank))
+        } else {
+            let _ = (&*conn).write_all(&reply);
+            Err(Error::Refused {
+                rank,
+                reason: format!(
+                    "fd-passing hello to PE {}: {}",
+                    self.rank,
+                    status_text(status)
+                ),
+            })
+        }
+    }
+
+    /// Fetches PE `peer`'s fd: connects (retrying until the peer listens, within the
+    /// timeout), shakes hands, receives the fd.
+    pub fn fetch(&self, peer: usize) -> Result<OwnedFd> {
+        let deadline = Instant::now() + self.timeout;
+        let name = socket_name(&self.job, peer);
+        let addr = SocketAddr::from_abstract_name(name.as_bytes())
+            .map_err(|e| Error::io(format!("abstract socket name {name}"), e))?;
+        let conn = loop {
+            match UnixStream::connect_addr(&addr) {
+                Ok(c) => break c,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                    ) =>
+                {
+                    if Instant::now() >= deadline {
+                        return Err(Error::Timeout {
+                            pe: self.rank,
+                            what: format!(
+                                "PE {peer} to listen on @{name} (GPU heap handle exchange)"
+                            ),
+                            waited_ms: self.timeout.as_millis() as u64,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("PE {}: connecting to PE {peer}'s @{name}", self.rank),
+                        e,
+                    ))
+                }
+            }
+        };
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10));
+        let io = |what: &str, e| {
+            Error::io(
+                format!(
+                    "PE {}: {what} PE {peer} (GPU heap handle exchange)",
+                    self.rank
+                ),
+                e,
+            )
+        };
+        conn.set_read_timeout(Some(left))
+            .map_err(|e| io("socket options for", e))?;
+        conn.set_write_timeout(Some(left))
+            .map_err(|e| io("socket options for", e))?;
+        let mut hello = [0u8; HELLO_LEN];
+        hello[..8].copy_from_slice(MAGIC);
+        hello[8..24].copy_from_slice(&self.token);
+        hello[24..28].copy_from_slice(&(self.rank as u32).to_le_bytes());
+        hello[28..36].copy_from_slice(&self.heap_size.to_le_bytes());
+        hello[36..40].copy_from_slice(&(peer as u32).to_le_bytes());
+        (&conn)
+            .write_all(&hello)
+            .map_err(|e| io("sending the hello to", e))?;
+        let (reply, fd) = recv_with_fd(&conn).map_err(|e| io("receiving the heap handle of", e))?;
+        if &reply[..8] != MAGIC {
+            return Err(Error::Refused {
+                rank: peer,
+                reason: format!("PE {peer}'s fd-passing socket answered garbage"),
+            });
+        }
+        let status = u32::from_le_bytes(reply[8..12].try_into().expect("4"));
+        let their_size = u64::from_le_bytes(reply[16..24].try_into().expect("8"));
+        if status != ST_OK {
+            let mut reason = format!(
+                "PE {peer} refused to pass its GPU heap handle to PE {}: {}",
+                self.rank,
+                status_text(status)
+            );
+            if status == ST_BAD_SIZE {
+                reason.push_str(&format!(
+                    " (its heap is {their_size} bytes, this PE's {})",
+                    self.heap_size
+                ));
+            }
+            return Err(Error::Refused {
+                rank: self.rank,
+                reason,
+            });
+        }
+        fd.ok_or_else(|| Error::Refused {
+            rank: self.rank,
+            reason: format!("PE {peer} answered without a file descriptor"),
+        })
+    }
+}
+
+fn status_text(s: u32) -> &'static str {
+    match s {
+        ST_BAD_TOKEN => "wrong job token (a PE of another job?)",
+        ST_BAD_RANK => "rank is not a node peer that still needs the handle",
+        ST_BAD_SIZE => "symmetric heap sizes differ",
+        ST_WRONG_SERVER => "reached the wrong PE",
+        _ => "unknown status",
+    }
+}
+
+fn current_uid() -> u32 {
+    // SAFETY: getuid cannot fail.
+    unsafe { libc::getuid() }
+}
+
+fn peer_uid(s: &UnixStream) -> Result<u32> {
+    let mut cred: libc::ucred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: valid socket, out-pointer and length for SO_PEERCRED.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(Error::io(
+            "SO_PEERCRED on the fd-passing socket",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(cred.uid)
+}
+
+/// Space for one SCM_RIGHTS control message carrying one fd (CMSG_SPACE(sizeof(int)),
+/// 24 bytes on 64-bit Linux; 64 is ample and 8-aligned).
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 64]);
+
+fn send_with_fd(s: &UnixStream, data: &[u8], fd: RawFd) -> std::io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut buf = CmsgBuf([0; 64]);
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    // SAFETY: zeroed msghdr is valid; fields set below point at live buffers.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = buf.0.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg_control points at `space` (<= 64) bytes, enough for one cmsg with an int;
+    // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+    }
+    // SAFETY: msg is fully initialised; the socket is connected.
+    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if n as usize != data.len() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WriteZero,
+            "short sendmsg",
+        ));
+    }
+    Ok(())
+}
+
+fn recv_with_fd(s: &UnixStream) -> std::io::Result<([u8; REPLY_LEN], Option<OwnedFd>)> {
+    let mut data = [0u8; REPLY_LEN];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    let mut buf = CmsgBuf([0; 64]);
+    // SAFETY: zeroed msghdr is valid; fields set below point at live buffers.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = buf.0.as_mut_ptr().cast();
+    msg.msg_controllen = buf.0.len() as _;
+    // SAFETY: msg points at live buffers of the stated sizes; MSG_CMSG_CLOEXEC marks the
+    // received fd close-on-exec. The read timeout set on the socket bounds the call.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut fd = None;
+    // SAFETY: walking the control messages the kernel wrote into `buf` (msg_controllen
+    // was updated to their length).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+                fd = Some(OwnedFd::from_raw_fd(raw));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let mut got = n as usize;
+    // The fd comes with the first bytes; read the rest of a split reply (rare).
+    while got < REPLY_LEN {
+        let k = (&*s).read(&mut data[got..])?;
+        if k == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed mid-reply",
+            ));
+        }
+        got += k;
+    }
+    Ok((data, fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn memfd_with(len: usize, seed: u64) -> OwnedFd {
+        let name = std::ffi::CString::new("rshmem-fdpass-test").unwrap();
+        // SAFETY: valid name; flags are valid.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: fresh fd owned here.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let f = std::fs::File::from(fd.try_clone().unwrap());
+        f.set_len(len as u64).unwrap();
+        let words: Vec<u8> = (0..len / 8)
+            .flat_map(|i| super::super::pattern_u64(seed, (i) as u64).to_le_bytes())
+            .collect();
+        std::os::unix::fs::FileExt::write_all_at(&f, &words, 0).unwrap();
+        fd
+    }
+
+    /// Maps `fd` shared and returns (pointer, len).
+    fn map(fd: &OwnedFd, len: usize) -> *mut u64 {
+        // SAFETY: mapping a file of at least `len` bytes, shared.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast()
+    }
+
+    fn ex(job: &str, rank: usize, token: [u8; 16], heap: u64, ms: u64) -> FdExchange {
+        FdExchange {
+            job: job.into(),
+            rank,
+            token,
+            heap_size: heap,
+            timeout: Duration::from_millis(ms),
+        }
+    }
+
+    fn job(tag: &str) -> String {
+        format!("test-{tag}-{}-{:?}", std::process::id(), Instant::now())
+    }
+
+    /// Four PEs as threads: every PE receives every other PE's memfd and sees its content;
+    /// a write through one mapping is visible to the owner (the memory is shared, not
+    /// copied).
+    #[test]
+    fn four_threads_share_memfds() {
+        let job = job("threads");
+        let n = 4;
+        let len = 1 << 16;
+        let tok = [7u8; 16];
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|r| {
+                    let job = job.clone();
+                    s.spawn(move || {
+                        let mine = memfd_with(len, 100 + r as u64);
+                        let e = ex(&job, r, tok, len as u64, 5000);
+                        let others: BTreeSet<usize> = (0..n).filter(|&p| p != r).collect();
+                        let server = e.serve(mine.as_raw_fd(), others.clone()).unwrap();
+                        let mut got = Vec::new();
+                        for &p in &others {
+                            got.push((p, e.fetch(p).unwrap()));
+                        }
+                        server.join().unwrap();
+                        for (p, fd) in &got {
+                            let m = map(fd, len);
+                            for i in [0usize, 1, 4095, len / 8 - 1] {
+                                // SAFETY: i < len/8 words of a live mapping.
+                                let v = unsafe { m.add(i).read_volatile() };
+                                assert_eq!(
+                                    v,
+                                    super::super::pattern_u64(100 + *p as u64, (i) as u64),
+                                    "PE {r} reading PE {p} word {i}"
+                                );
+                            }
+                            // SAFETY: word 1000 + r is private to writer r in every heap.
+                            unsafe { m.add(1000 + r).write_volatile(0xABC0 + r as u64) };
+                            // SAFETY: unmapping what map() mapped.
+                            unsafe { libc::munmap(m.cast(), len) };
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            let fds: Vec<OwnedFd> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+            for (owner, fd) in fds.iter().enumerate() {
+                let m = map(fd, len);
+                for w in (0..n).filter(|&w| w != owner) {
+                    // SAFETY: in range; the writers have finished (threads joined).
+                    assert_eq!(
+                        unsafe { m.add(1000 + w).read_volatile() },
+                        0xABC0 + w as u64
+                    );
+                }
+                // SAFETY: as above.
+                unsafe { libc::munmap(m.cast(), len) };
+            }
+        });
+    }
+
+    /// Across processes: this test re-runs its own binary as a child PE (the ignored test
+    /// below) that serves a memfd; the parent fetches it and checks the content.
+    #[test]
+    fn passes_a_memfd_between_processes() {
+        let job = job("procs");
+        let exe = std::env::current_exe().unwrap();
+        let child = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "gpu::fdpass::tests::child_pe_serves_a_memfd",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("RSHMEM_FDPASS_TEST_JOB", &job)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let e = ex(&job, 0, [9u8; 16], 1 << 16, 10_000);
+        let fd = e.fetch(1).unwrap();
+        let m = map(&fd, 1 << 16);
+        for i in [0usize, 77, 8191] {
+            // SAFETY: in range of the 64 KiB mapping.
+            assert_eq!(
+                unsafe { m.add(i).read_volatile() },
+                super::super::pattern_u64(4242, (i) as u64)
+            );
+        }
+        // SAFETY: unmapping what map() mapped.
+        unsafe { libc::munmap(m.cast(), 1 << 16) };
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "child: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+            "the child PE did not run"
+        );
+    }
+
+    /// The child PE of the test above (runs only when started by it).
+    #[test]
+    #[ignore = "helper process of passes_a_memfd_between_processes"]
+    fn child_pe_serves_a_memfd() {
+        let job = std::env::var("RSHMEM_FDPASS_TEST_JOB").expect("started by the parent test");
+        let fd = memfd_with(1 << 16, 4242);
+        let e = ex(&job, 1, [9u8; 16], 1 << 16, 10_000);
+        e.serve(fd.as_raw_fd(), [0].into()).unwrap().join().unwrap();
+    }
+
+    #[test]
+    fn wrong_token_and_size_are_refused_naming_the_peer() {
+        let job = job("refuse");
+        let fd = memfd_with(4096, 1);
+        let server = ex(&job, 0, [1u8; 16], 4096, 3000)
+            .serve(fd.as_raw_fd(), [1].into())
+            .unwrap();
+        let e = ex(&job, 1, [2u8; 16], 4096, 3000)
+            .fetch(0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("PE 0 refused") && e.contains("wrong job token"),
+            "{e}"
+        );
+        let e = ex(&job, 1, [1u8; 16], 8192, 3000)
+            .fetch(0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("symmetric heap sizes differ"), "{e}");
+        assert!(e.contains("its heap is 4096 bytes, this PE's 8192"), "{e}");
+        let e = ex(&job, 3, [1u8; 16], 4096, 3000)
+            .fetch(0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a node peer"), "{e}");
+        // The legitimate client still gets it.
+        assert!(ex(&job, 1, [1u8; 16], 4096, 3000).fetch(0).is_ok());
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn absent_peers_time_out_naming_them() {
+        let job = job("absent");
+        let t = Instant::now();
+        let e = ex(&job, 0, [0u8; 16], 4096, 200)
+            .fetch(5)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("PE 0: timed out after 200 ms waiting for PE 5 to listen"),
+            "{e}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(3));
+        let fd = memfd_with(4096, 1);
+        let e = ex(&job, 2, [0u8; 16], 4096, 200)
+            .serve(fd.as_raw_fd(), [3, 6].into())
+            .unwrap()
+            .join()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("waiting for node peer(s) PE 3, PE 6 to fetch its GPU heap handle"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn socket_names_fit_and_differ() {
+        let long = "x".repeat(500);
+        let a = socket_name(&long, 1023);
+        assert!(a.len() < 107, "{a}");
+        assert_ne!(socket_name("job", 0), socket_name("job", 1));
+        assert_ne!(socket_name("job-a", 0), socket_name("job-b", 0));
+    }
+}

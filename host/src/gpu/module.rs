@@ -1,0 +1,463 @@
+//! Modules: the library's PTX (embedded at build time from ptx/, see host/build.rs), user
+//! PTX, and user CUDA source compiled at run time with NVRTC against the embedded device
+//! API headers.
+//!
+//! One loaded module instance belongs to one PE: [`super::GpuPe::load_module`] loads it in
+//! the PE's context and [`super::GpuPe::bind_module`] writes the PE's state into its
+//! `rshmemi_device_state` global. Several PEs of one process share the context, so each
+//! loads its own instance.
+
+use super::driver::{ck, driver, nvrtc, nvrtc_result_name};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use cudarc::nvrtc::sys as nv;
+use std::ffi::{CStr, CString};
+use std::sync::Arc;
+
+include!(concat!(env!("OUT_DIR"), "/embedded_device.rs"));
+
+/// Where `RSHMEM_PTX_DIR` points, modules are read from `<dir>/<name>.ptx` before the
+/// embedded copies (for running kernels newer than the binary, e.g. in gpu-check).
+pub const PTX_DIR_ENV: &str = "RSHMEM_PTX_DIR";
+
+/// The PTX text of module `name`: from `dir` (or `RSHMEM_PTX_DIR`) when that has
+/// `<name>.ptx`, else the embedded copy.
+pub fn ptx_source(name: &str, dir: Option<&std::path::Path>) -> Result<String> {
+    let env_dir = std::env::var_os(PTX_DIR_ENV).map(std::path::PathBuf::from);
+    if let Some(d) = dir.map(|d| d.to_path_buf()).or(env_dir) {
+        let p = d.join(format!("{name}.ptx"));
+        if p.exists() {
+            return std::fs::read_to_string(&p)
+                .map_err(|e| Error::io(format!("reading PTX module {}", p.display()), e));
+        }
+    }
+    EMBEDDED_PTX
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| t.to_string())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "no PTX module {name:?}: not embedded in this build (embedded: {}) and not found in \
+                 {PTX_DIR_ENV}",
+                EMBEDDED_PTX.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            ))
+        })
+}
+
+/// A hand-written kernel behind `GpuPe::signal_on_stream`: one thread updates a signal
+/// word with release semantics at system scope (`op` 0 = SET: `st.release.sys`, 1 = ADD:
+/// `red.release.sys.add`). Checked with the pinned ptxas by host/tests/gpu_ptx.rs.
+pub const SIGNAL_PTX: &str = r#"//
+// rshmem host-side signal kernel (hand-written, host/src/gpu/module.rs)
+.version 9.0
+.target sm_90
+.address_size 64
+
+.visible .entry rshmem_host_signal(
+	.param .u64 rshmem_host_signal_param_0,
+	.param .u64 rshmem_host_signal_param_1,
+	.param .u32 rshmem_host_signal_param_2
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<2>;
+	.reg .b64 	%rd<3>;
+
+	ld.param.u64 	%rd1, [rshmem_host_signal_param_0];
+	ld.param.u64 	%rd2, [rshmem_host_signal_param_1];
+	ld.param.u32 	%r1, [rshmem_host_signal_param_2];
+	setp.eq.s32 	%p1, %r1, 0;
+	@%p1 bra 	$L__set;
+	red.release.sys.global.add.u64 	[%rd1], %rd2;
+	ret;
+$L__set:
+	st.release.sys.global.u64 	[%rd1], %rd2;
+	ret;
+}
+"#;
+
+/// A retained primary context; released when the last holder drops.
+#[derive(Debug)]
+pub struct Ctx {
+    pub(crate) raw: sys::CUcontext,
+    pub(crate) dev: sys::CUdevice,
+    pub(crate) ordinal: i32,
+}
+
+// SAFETY: a CUcontext may be made current on any thread; the driver is thread-safe.
+unsafe impl Send for Ctx {}
+// SAFETY: as above.
+unsafe impl Sync for Ctx {}
+
+impl Ctx {
+    /// Retains device `ordinal`'s primary context (shared by every PE of this process on
+    /// that device) and makes it current on this thread.
+    pub fn retain(ordinal: i32) -> Result<Arc<Ctx>> {
+        driver()?;
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: valid out-pointer; ordinal validated by the caller.
+        ck(
+            unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
+            "cuDeviceGet",
+            || format!("GPU {ordinal}"),
+        )?;
+        let mut raw: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and device.
+        ck(
+            unsafe { sys::cuDevicePrimaryCtxRetain(&mut raw, dev) },
+            "cuDevicePrimaryCtxRetain",
+            || format!("GPU {ordinal}"),
+        )?;
+        let c = Arc::new(Ctx { raw, dev, ordinal });
+        c.enter()?;
+        Ok(c)
+    }
+
+    /// Makes the context current on the calling thread (cheap; every GpuPe call does it,
+    /// since PEs may be driven from any thread).
+    pub fn enter(&self) -> Result<()> {
+        // SAFETY: raw is a retained context.
+        ck(
+            unsafe { sys::cuCtxSetCurrent(self.raw) },
+            "cuCtxSetCurrent",
+            || format!("entering GPU {}'s context", self.ordinal),
+        )
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in Ctx::retain.
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}
+
+/// A loaded module instance.
+#[derive(Debug)]
+pub struct Module {
+    pub(crate) raw: sys::CUmodule,
+    pub(crate) ctx: Arc<Ctx>,
+    pub(crate) name: String,
+    /// The PE it is bound to (bind_module), if any.
+    pub(crate) bound: Option<usize>,
+}
+
+// SAFETY: module handles are valid on any thread with the context current (Module calls
+// enter() first).
+unsafe impl Send for Module {}
+// SAFETY: as above; &Module only looks up functions.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads PTX (or a cubin image) into `ctx`.
+    pub fn load(ctx: &Arc<Ctx>, name: &str, image: &str) -> Result<Module> {
+        ctx.enter()?;
+        let c = CString::new(image).map_err(|_| {
+            Error::InvalidArgument(format!("module {name}: PTX contains a NUL byte"))
+        })?;
+        let mut raw: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: NUL-terminated PTX image; valid out-pointer; context current.
+        let rc = unsafe { sys::cuModuleLoadData(&mut raw, c.as_ptr().cast()) };
+        ck(rc, "cuModuleLoadData", || {
+            format!("loading module {name} (PTX for sm_90, ISA 9.0: needs driver 580 / CUDA 13.0 or newer)")
+        })?;
+        Ok(Module {
+            raw,
+            ctx: ctx.clone(),
+            name: name.into(),
+            bound: None,
+        })
+    }
+
+    /// A kernel of the module by its `extern "C"` name.
+    pub fn function(&self, kernel: &str) -> Result<sys::CUfunction> {
+        self.ctx.enter()?;
+        let c = CString::new(kernel)
+            .map_err(|_| Error::InvalidArgument(format!("kernel name {kernel:?}")))?;
+        let mut f: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, module and NUL-terminated name.
+        let rc = unsafe { sys::cuModuleGetFunction(&mut f, self.raw, c.as_ptr()) };
+        ck(rc, "cuModuleGetFunction", || {
+            format!("looking up kernel {kernel} in module {}", self.name)
+        })?;
+        Ok(f)
+    }
+
+    /// (device address, size) of a global.
+    pub fn global(&self, symbol: &str) -> Result<Option<(u64, usize)>> {
+        self.ctx.enter()?;
+        let c = CString::new(symbol)
+            .map_err(|_| Error::InvalidArgument(format!("symbol {symbol:?}")))?;
+        let mut p: sys::CUdeviceptr = 0;
+        let mut n = 0usize;
+        // SAFETY: valid out-pointers, module and name.
+        let rc = unsafe { sys::cuModuleGetGlobal_v2(&mut p, &mut n, self.raw, c.as_ptr()) };
+        if rc == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            return Ok(None);
+        }
+        ck(rc, "cuModuleGetGlobal", || {
+            format!("looking up {symbol} in module {}", self.name)
+        })?;
+        Ok(Some((p, n)))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The PE this instance is bound to.
+    pub fn bound_pe(&self) -> Option<usize> {
+        self.bound
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if self.ctx.enter().is_ok() {
+            // SAFETY: raw was loaded in this context and is unloaded once.
+            unsafe { sys::cuModuleUnload(self.raw) };
+        }
+    }
+}
+
+/// A minimal `<stdint.h>` for NVRTC, offered only if the first compile reports that it
+/// cannot find one (NVRTC ships no C library headers).
+const STDINT_SHIM: &str = "#pragma once\n\
+typedef signed char int8_t; typedef unsigned char uint8_t;\n\
+typedef short int16_t; typedef unsigned short uint16_t;\n\
+typedef int int32_t; typedef unsigned int uint32_t;\n\
+typedef long long int64_t; typedef unsigned long long uint64_t;\n\
+typedef unsigned long long uintptr_t; typedef long long intptr_t;\n\
+#define UINT64_MAX 0xffffffffffffffffull\n#define UINT32_MAX 0xffffffffu\n";
+
+/// NVRTC options rshmem always passes for compute capability `cc`.
+pub fn nvrtc_options(cc: (i32, i32), extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
+        "--std=c++17".to_string(),
+        "-default-device".to_string(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Compiles CUDA C++ `src` (named `name` in messages) to PTX with NVRTC. The device API
+/// headers are available as `#include "rshmem/rshmem.cuh"` (every header under
+/// device-kernels/include is embedded). Returns the PTX; the compile log is in the error.
+pub fn nvrtc_compile(src: &str, name: &str, cc: (i32, i32), extra: &[&str]) -> Result<String> {
+    nvrtc()?;
+    match compile_once(src, name, cc, extra, false) {
+        Err(e) if e.to_string().contains("stdint.h") => compile_once(src, name, cc, extra, true),
+        r => r,
+    }
+}
+
+fn compile_once(
+    src: &str,
+    name: &str,
+    cc: (i32, i32),
+    extra: &[&str],
+    shim: bool,
+) -> Result<String> {
+    let cstr = |s: &str| {
+        CString::new(s)
+            .map_err(|_| Error::InvalidArgument(format!("NUL byte in NVRTC input {name}")))
+    };
+    let src_c = cstr(src)?;
+    let name_c = cstr(name)?;
+    let mut hdrs: Vec<(CString, CString)> = EMBEDDED_HEADERS
+        .iter()
+        .map(|(n, t)| Ok((cstr(t)?, cstr(n)?)))
+        .collect::<Result<_>>()?;
+    if shim {
+        hdrs.push((cstr(STDINT_SHIM)?, cstr("stdint.h")?));
+    }
+    let texts: Vec<*const std::ffi::c_char> = hdrs.iter().map(|(t, _)| t.as_ptr()).collect();
+    let names: Vec<*const std::ffi::c_char> = hdrs.iter().map(|(_, n)| n.as_ptr()).collect();
+    let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: all strings are NUL-terminated and outlive the call; counts match the arrays.
+    let rc = unsafe {
+        nv::nvrtcCreateProgram(
+            &mut prog,
+            src_c.as_ptr(),
+            name_c.as_ptr(),
+            texts.len() as i32,
+            texts.as_ptr(),
+            names.as_ptr(),
+        )
+    };
+    if rc != nv::nvrtcResult::NVRTC_SUCCESS {
+        return Err(Error::Cuda {
+            call: "nvrtcCreateProgram",
+            detail: format!("{} ({name})", nvrtc_result_name(rc)),
+        });
+    }
+    let opts: Vec<CString> = nvrtc_options(cc, extra)
+        .iter()
+        .map(|o| cstr(o))
+        .collect::<Result<_>>()?;
+    let optp: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    // SAFETY: prog was created above; options are NUL-terminated strings.
+    let rc = unsafe { nv::nvrtcCompileProgram(prog, optp.len() as i32, optp.as_ptr()) };
+    let log = program_log(prog);
+    let out = if rc != nv::nvrtcResult::NVRTC_SUCCESS {
+        Err(Error::Cuda {
+            call: "nvrtcCompileProgram",
+            detail: format!(
+                "{} compiling {name} with {:?}:\n{log}",
+                nvrtc_result_name(rc),
+                nvrtc_options(cc, extra)
+            ),
+        })
+    } else {
+        let mut n = 0usize;
+        // SAFETY: compiled program; valid out-pointer.
+        let rc = unsafe { nv::nvrtcGetPTXSize(prog, &mut n) };
+        let mut buf = vec![0u8; n.max(1)];
+        // SAFETY: buf holds n bytes as nvrtcGetPTXSize said.
+        let rc2 = if rc == nv::nvrtcResult::NVRTC_SUCCESS {
+            unsafe { nv::nvrtcGetPTX(prog, buf.as_mut_ptr().cast()) }
+        } else {
+            rc
+        };
+        if rc2 != nv::nvrtcResult::NVRTC_SUCCESS {
+            Err(Error::Cuda {
+                call: "nvrtcGetPTX",
+                detail: nvrtc_result_name(rc2),
+            })
+        } else {
+            let s = CStr::from_bytes_until_nul(&buf)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Ok(s)
+        }
+    };
+    // SAFETY: destroys the program created above, once.
+    unsafe { nv::nvrtcDestroyProgram(&mut prog) };
+    out
+}
+
+fn program_log(prog: nv::nvrtcProgram) -> String {
+    let mut n = 0usize;
+    // SAFETY: valid program and out-pointer.
+    if unsafe { nv::nvrtcGetProgramLogSize(prog, &mut n) } != nv::nvrtcResult::NVRTC_SUCCESS
+        || n == 0
+    {
+        return String::new();
+    }
+    let mut buf = vec![0u8; n];
+    // SAFETY: buf holds n bytes.
+    unsafe { nv::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast()) };
+    CStr::from_bytes_until_nul(&buf)
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files_under(dir: &std::path::Path, base: &std::path::Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files_under(&p, base, out);
+            } else {
+                out.push(p.strip_prefix(base).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+
+    #[test]
+    fn every_device_header_is_embedded_verbatim() {
+        let base =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../device-kernels/include");
+        let mut on_disk = Vec::new();
+        files_under(&base, &base, &mut on_disk);
+        on_disk.sort();
+        let mut embedded: Vec<String> = EMBEDDED_HEADERS
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        embedded.sort();
+        assert_eq!(embedded, on_disk);
+        for (n, t) in EMBEDDED_HEADERS {
+            assert_eq!(
+                *t,
+                std::fs::read_to_string(base.join(n)).unwrap(),
+                "{n} is stale"
+            );
+        }
+        assert!(on_disk.contains(&"rshmem/state.cuh".to_string()));
+    }
+
+    #[test]
+    fn every_ptx_module_is_embedded() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ptx");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                e.path()
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .filter(|_| e.path().extension().is_some_and(|x| x == "ptx"))
+            })
+            .collect();
+        on_disk.sort();
+        let mut embedded: Vec<String> = EMBEDDED_PTX.iter().map(|(n, _)| n.to_string()).collect();
+        embedded.sort();
+        assert_eq!(embedded, on_disk);
+        let k = ptx_source("rshmem_kernels", None).unwrap();
+        assert!(k.contains(".visible .entry rshmem_copy("));
+        let e = ptx_source("no_such_module", None).unwrap_err().to_string();
+        assert!(
+            e.contains("no PTX module \"no_such_module\"") && e.contains("rshmem_kernels"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ptx_dir_overrides_the_embedded_copy() {
+        let d = std::env::temp_dir().join(format!("rshmem-ptxdir-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("rshmem_kernels.ptx"), "// from disk\n").unwrap();
+        assert_eq!(
+            ptx_source("rshmem_kernels", Some(&d)).unwrap(),
+            "// from disk\n"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn nvrtc_options_name_the_arch() {
+        let o = nvrtc_options((9, 0), &["-lineinfo"]);
+        assert_eq!(
+            o,
+            [
+                "--gpu-architecture=compute_90",
+                "--std=c++17",
+                "-default-device",
+                "-lineinfo"
+            ]
+        );
+    }
+
+    #[test]
+    fn nvrtc_absent_is_an_error_not_a_panic() {
+        if std::env::var_os("RSHMEM_NVRTC_LIB").is_some() {
+            return;
+        }
+        // SAFETY: dlopen attempts only.
+        if unsafe { nv::is_culib_present() } {
+            return; // a machine with NVRTC: the GPU runner compiles for real
+        }
+        let e = nvrtc_compile("__global__ void k() {}", "k.cu", (9, 0), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("libnvrtc") && e.contains("nvidia-cuda-nvrtc"),
+            "{e}"
+        );
+    }
+}

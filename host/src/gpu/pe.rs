@@ -1,0 +1,1244 @@
+//! [`GpuPe`]: a processing element whose symmetric heap lives in GPU memory.
+//!
+//! A `GpuPe` wraps a CPU-side [`Pe`] for everything that is not GPU memory: bootstrap,
+//! rank, teams, host barriers (its CPU heap is only the 1 MiB runtime needs for team
+//! barrier counters). On top it holds:
+//! - the PE's CUDA device (picked from the node-local rank, `local_rank % device_count`;
+//!   `RSHMEM_DEVICE` overrides) and that device's *primary* context, shared by every PE of
+//!   the process on that device;
+//! - a non-blocking stream of its own (PEs in one process must not serialise on the
+//!   legacy default stream);
+//! - the GPU symmetric heap (`RSHMEM_SYMMETRIC_SIZE` rounded up to the VMM granularity),
+//!   mapped by every PE of the node ([`super::heap`], [`super::fdpass`]);
+//! - the peer table (device memory) and the device error record (host-pinned, mapped)
+//!   that [`GpuPe::bind_module`] writes into a module's `rshmemi_device_state`.
+//!
+//! Threads: every method first makes the context current on the calling thread, so a
+//! `GpuPe` may be used from any thread; collectives follow the rules of [`Pe`].
+
+use super::driver::{ck, driver};
+use super::harness::HarnessArgs;
+use super::heap::{VmmMapping, SYNC_BYTES, SYNC_OFFSET};
+use super::module::{Ctx, Module, SIGNAL_PTX};
+use super::state::{self, DeviceError, DevicePeer, DeviceState};
+use crate::config::Settings;
+use crate::error::{Error, Result};
+use crate::heap::{Allocator, MAX_ALIGN, RESERVED_BYTES};
+use crate::pe::{exchange_status, random_token, Pe, PeConfig};
+use crate::types::{SignalOp, SymPtr};
+use cudarc::driver::sys;
+use std::collections::BTreeSet;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The CPU heap size a GPU PE's inner `Pe` uses (runtime region + a little).
+pub const CPU_HEAP_BYTES: usize = 1 << 20;
+
+/// Device facts a GpuPe caches.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub ordinal: i32,
+    pub name: String,
+    pub pci_bus_id: String,
+    pub cc: (i32, i32),
+    pub sms: u32,
+    pub cooperative: bool,
+}
+
+/// Host-pinned, device-mapped memory (the error record).
+struct Pinned {
+    host: *mut u8,
+    dev: u64,
+    ctx: Arc<Ctx>,
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if self.ctx.enter().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc in this context, freed once.
+            unsafe { sys::cuMemFreeHost(self.host.cast()) };
+        }
+    }
+}
+
+/// Device memory from cuMemAlloc (peer table, result records).
+pub struct DevBuf {
+    pub(crate) ptr: u64,
+    pub(crate) bytes: usize,
+    ctx: Arc<Ctx>,
+}
+
+impl DevBuf {
+    pub(crate) fn new(ctx: &Arc<Ctx>, bytes: usize, what: &str) -> Result<DevBuf> {
+        ctx.enter()?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; context current.
+        ck(
+            unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1)) },
+            "cuMemAlloc",
+            || format!("{bytes} bytes for {what}"),
+        )?;
+        Ok(DevBuf {
+            ptr: p,
+            bytes,
+            ctx: ctx.clone(),
+        })
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Synchronous host → device copy into the buffer.
+    pub fn write(&self, data: &[u8]) -> Result<()> {
+        assert!(data.len() <= self.bytes);
+        self.ctx.enter()?;
+        // SAFETY: data.len() <= bytes of a live allocation.
+        ck(
+            unsafe { sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len()) },
+            "cuMemcpyHtoD",
+            || "writing a device buffer".into(),
+        )
+    }
+
+    /// Synchronous device → host copy.
+    pub fn read(&self, out: &mut [u8]) -> Result<()> {
+        assert!(out.len() <= self.bytes);
+        self.ctx.enter()?;
+        // SAFETY: out.len() <= bytes of a live allocation.
+        ck(
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr, out.len()) },
+            "cuMemcpyDtoH",
+            || "reading a device buffer".into(),
+        )
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.ctx.enter().is_ok() {
+            // SAFETY: allocated by cuMemAlloc, freed once.
+            unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+struct Stream {
+    raw: sys::CUstream,
+    ctx: Arc<Ctx>,
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.ctx.enter().is_ok() {
+            // SAFETY: created in this context, destroyed once.
+            unsafe { sys::cuStreamDestroy_v2(self.raw) };
+        }
+    }
+}
+
+/// Everything CUDA a GpuPe owns, in drop order (fields drop top to bottom; the context
+/// goes last, after everything allocated in it).
+struct CudaSide {
+    signal: Module,
+    err: Pinned,
+    peers_table: DevBuf,
+    /// Mapping of every node peer's heap (this PE's own at its rank), by world rank.
+    heaps: Vec<Option<VmmMapping>>,
+    stream: Stream,
+    ctx: Arc<Ctx>,
+}
+
+impl Drop for CudaSide {
+    /// Makes the context current (the fields' own drops call the driver) and gives
+    /// outstanding work on the stream a bounded chance to finish before memory is unmapped.
+    fn drop(&mut self) {
+        if self.ctx.enter().is_err() {
+            return;
+        }
+        let until = Instant::now() + Duration::from_secs(2);
+        // SAFETY: the stream belongs to this context.
+        while unsafe { sys::cuStreamQuery(self.stream.raw) } == sys::CUresult::CUDA_ERROR_NOT_READY
+            && Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// One GPU processing element.
+pub struct GpuPe {
+    cuda: CudaSide,
+    info: DeviceInfo,
+    heap_size: usize,
+    /// PEs of the node (this one included) whose heap is on the same GPU.
+    sharing: usize,
+    peer_table: Vec<DevicePeer>,
+    flags: u32,
+    timeout: Duration,
+    alloc: Mutex<Allocator>,
+    pe: Pe,
+}
+
+// SAFETY: the raw CUDA handles inside are usable from any thread once the context is made
+// current (every method does); host-pinned memory is only read with volatile loads.
+unsafe impl Send for GpuPe {}
+// SAFETY: as above; mutation goes through the Mutex or the driver.
+unsafe impl Sync for GpuPe {}
+
+impl std::fmt::Debug for GpuPe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuPe")
+            .field("rank", &self.pe.my_pe())
+            .field("n_pes", &self.pe.n_pes())
+            .field("device", &self.info)
+            .field("heap_size", &self.heap_size)
+            .finish_non_exhaustive()
+    }
+}
+
+fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute, what: &str) -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: valid out-pointer and device.
+    ck(
+        unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
+        "cuDeviceGetAttribute",
+        || what.to_string(),
+    )?;
+    Ok(v)
+}
+
+fn bus_id(dev: sys::CUdevice) -> Result<String> {
+    let mut b = [0 as std::ffi::c_char; 64];
+    // SAFETY: buffer of 63 usable bytes + NUL.
+    ck(
+        unsafe { sys::cuDeviceGetPCIBusId(b.as_mut_ptr(), 63, dev) },
+        "cuDeviceGetPCIBusId",
+        || "PCI bus id".into(),
+    )?;
+    // SAFETY: NUL-terminated (last byte never written).
+    Ok(unsafe { std::ffi::CStr::from_ptr(b.as_ptr()) }
+        .to_string_lossy()
+        .into_owned())
+}
+
+/// Number of CUDA devices visible to this process.
+pub fn device_count() -> Result<usize> {
+    driver()?;
+    let mut n = 0;
+    // SAFETY: valid out-pointer; driver initialised.
+    ck(
+        unsafe { sys::cuDeviceGetCount(&mut n) },
+        "cuDeviceGetCount",
+        || "counting GPUs".into(),
+    )?;
+    Ok(n.max(0) as usize)
+}
+
+/// Facts about device `ordinal`.
+pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
+    driver()?;
+    use sys::CUdevice_attribute as A;
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: valid out-pointer.
+    ck(
+        unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
+        "cuDeviceGet",
+        || format!("GPU {ordinal}"),
+    )?;
+    let mut name = [0 as std::ffi::c_char; 256];
+    // SAFETY: 255 usable bytes + NUL.
+    ck(
+        unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 255, dev) },
+        "cuDeviceGetName",
+        || format!("GPU {ordinal}"),
+    )?;
+    // SAFETY: NUL-terminated.
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    Ok(DeviceInfo {
+        ordinal,
+        name,
+        pci_bus_id: bus_id(dev)?,
+        cc: (
+            attr(
+                dev,
+                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                "compute capability",
+            )?,
+            attr(
+                dev,
+                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                "compute capability",
+            )?,
+        ),
+        sms: attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "SM count")?.max(0) as u32,
+        cooperative: attr(
+            dev,
+            A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
+            "cooperative launch",
+        )? != 0,
+    })
+}
+
+impl GpuPe {
+    /// Starts this process's GPU PE from the environment, like [`Pe::init`].
+    pub fn init() -> Result<GpuPe> {
+        driver()?;
+        let settings = Settings::from_env()?;
+        let mut cpu = settings.clone();
+        cpu.symmetric_size = CPU_HEAP_BYTES;
+        let pe = Pe::init_from_settings(cpu)?;
+        GpuPe::from_pe(pe, settings)
+    }
+
+    /// Starts a GPU PE with explicit parameters (`cfg.settings.symmetric_size` is the GPU
+    /// heap size).
+    pub fn init_with(cfg: PeConfig, root: Option<crate::bootstrap::Root>) -> Result<GpuPe> {
+        driver()?;
+        let settings = cfg.settings.clone();
+        let mut cpu_cfg = cfg;
+        cpu_cfg.settings.symmetric_size = CPU_HEAP_BYTES;
+        let pe = Pe::init_with(cpu_cfg, root)?;
+        GpuPe::from_pe(pe, settings)
+    }
+
+    fn from_pe(pe: Pe, settings: Settings) -> Result<GpuPe> {
+        let world = pe.world().group();
+        let boot = pe.boot();
+        let rank = pe.my_pe();
+        let n = pe.n_pes();
+        let node: Vec<usize> = pe.node().members().iter().map(|&r| r as usize).collect();
+        let local_rank = node.iter().position(|&r| r == rank).unwrap_or(0);
+
+        // Device, context, stream, facts.
+        let picked = device_count().and_then(|count| {
+            super::launch::pick_device(
+                std::env::var("RSHMEM_DEVICE").ok().as_deref(),
+                local_rank,
+                count,
+            )
+        });
+        exchange_status(boot, &world, "pick its GPU", &picked)?;
+        let ordinal = picked?;
+        let setup = (|| -> Result<(Arc<Ctx>, Stream, DeviceInfo, bool)> {
+            let ctx = Ctx::retain(ordinal)?;
+            let info = device_info(ordinal)?;
+            use sys::CUdevice_attribute as A;
+            if attr(
+                ctx.dev,
+                A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                "VMM",
+            )? == 0
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "GPU {ordinal} ({}) does not support CUDA virtual memory management, which the GPU heap needs",
+                    info.name
+                )));
+            }
+            if attr(
+                ctx.dev,
+                A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                "POSIX fd handles",
+            )? == 0
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "GPU {ordinal} ({}) cannot export memory as POSIX file descriptors, which sharing the GPU heap needs",
+                    info.name
+                )));
+            }
+            let rdma = attr(
+                ctx.dev,
+                A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                "GPUDirect RDMA with VMM",
+            )? != 0;
+            let mut s: sys::CUstream = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; context current (retain made it so).
+            ck(
+                unsafe {
+                    sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+                },
+                "cuStreamCreate",
+                || "the PE's stream".into(),
+            )?;
+            Ok((ctx.clone(), Stream { raw: s, ctx }, info, rdma))
+        })();
+        exchange_status(boot, &world, "set up its GPU", &setup)?;
+        let (ctx, stream, info, rdma) = setup?;
+
+        // Which PEs share which GPU: bus ids of everyone (node ids come from the bootstrap).
+        let ids = boot.allgather(&world, info.pci_bus_id.as_bytes())?;
+        let node_ids = boot.node_ids().to_vec();
+        let same_gpu = |r: usize| node_ids[r] == node_ids[rank] && ids[r] == ids[rank];
+        let sharing = (0..n).filter(|&r| same_gpu(r)).count();
+
+        // A job-wide secret for the fd exchange: PE 0's random token.
+        let tok = boot.allgather(&world, random_token()?.as_bytes())?;
+        let mut token = [0u8; 16];
+        for (i, t) in token.iter_mut().enumerate() {
+            *t = tok[0]
+                .get(2 * i..2 * i + 2)
+                .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok())
+                .ok_or_else(|| {
+                    Error::InvalidArgument("PE 0 sent a malformed GPU job token".into())
+                })?;
+        }
+
+        // The heap.
+        let heap = super::heap::granularity(ordinal)
+            .and_then(|g| super::launch::round_to_granularity(settings.symmetric_size, g))
+            .and_then(|size| VmmMapping::create(ordinal, size, rdma));
+        exchange_status(boot, &world, "create its GPU heap", &heap)?;
+        let mine = heap?;
+        let heap_size = mine.size();
+        // Every PE must have the same heap size (granularities could differ across GPUs).
+        let sizes = boot.allgather(&world, &(heap_size as u64).to_le_bytes())?;
+        if sizes.iter().any(|s| *s != sizes[0]) {
+            return Err(Error::CollectiveMismatch {
+                op: "GPU heap size (RSHMEM_SYMMETRIC_SIZE rounded to each GPU's granularity)",
+                detail: sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(r, s)| format!("PE {r}: {} bytes", crate::pe::le_u64(s)))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        }
+
+        // Exchange handles with the node's PEs: serve ours, barrier, fetch theirs.
+        let others: BTreeSet<usize> = node.iter().copied().filter(|&r| r != rank).collect();
+        let ex = super::fdpass::FdExchange {
+            job: pe.job_id().to_string(),
+            rank,
+            token,
+            heap_size: heap_size as u64,
+            timeout: settings.timeout,
+        };
+        let served = mine.export().and_then(|fd| {
+            use std::os::fd::AsRawFd;
+            ex.serve(fd.as_raw_fd(), others.clone())
+        });
+        exchange_status(boot, &world, "export its GPU heap", &served)?;
+        let server = served?;
+        boot.barrier(&world)?;
+        let mut heaps: Vec<Option<VmmMapping>> = (0..n).map(|_| None).collect();
+        let my_dev_count = device_count()?;
+        let imported: Result<()> = others.iter().try_for_each(|&r| {
+            let fd = ex.fetch(r)?;
+            // The peer's GPU as this process numbers it, and whether we can reach it.
+            let peer_bus = String::from_utf8_lossy(&ids[r]).into_owned();
+            let mut peer_ord = None;
+            for o in 0..my_dev_count as i32 {
+                let mut d: sys::CUdevice = 0;
+                // SAFETY: valid out-pointer and ordinal < count.
+                ck(
+                    unsafe { sys::cuDeviceGet(&mut d, o) },
+                    "cuDeviceGet",
+                    || format!("GPU {o}"),
+                )?;
+                if bus_id(d)? == peer_bus {
+                    peer_ord = Some(d);
+                }
+            }
+            let reachable = match peer_ord {
+                Some(d) if d == ctx.dev => true,
+                Some(d) => {
+                    let mut can = 0;
+                    // SAFETY: valid out-pointer and devices.
+                    ck(
+                        unsafe { sys::cuDeviceCanAccessPeer(&mut can, ctx.dev, d) },
+                        "cuDeviceCanAccessPeer",
+                        || format!("GPU {ordinal} -> PE {r}'s GPU"),
+                    )?;
+                    can != 0
+                }
+                None => false,
+            };
+            if reachable {
+                heaps[r] = Some(VmmMapping::import(fd, heap_size, ordinal, r)?);
+            }
+            Ok(())
+        });
+        let joined = server.join();
+        let imported = imported.and(joined);
+        exchange_status(boot, &world, "map its node peers' GPU heaps", &imported)?;
+        imported?;
+        heaps[rank] = Some(mine);
+
+        // Peer table, error record, the signal kernel.
+        let peer_table: Vec<DevicePeer> = heaps
+            .iter()
+            .map(|h| match h {
+                Some(m) => DevicePeer {
+                    heap_base: m.va(),
+                    transport: state::TRANSPORT_P2P,
+                    ..Default::default()
+                },
+                None => DevicePeer::default(),
+            })
+            .collect();
+        let rest = (|| -> Result<(DevBuf, Pinned, Module)> {
+            let table = DevBuf::new(
+                &ctx,
+                n * std::mem::size_of::<DevicePeer>(),
+                "the peer table",
+            )?;
+            let bytes: Vec<u8> = peer_table
+                .iter()
+                .flat_map(|p| {
+                    let mut b = p.heap_base.to_le_bytes().to_vec();
+                    b.extend(p.transport.to_le_bytes());
+                    b.extend(p.qp.to_le_bytes());
+                    b.extend(p.raddr.to_le_bytes());
+                    b.extend(p.rkey.to_le_bytes());
+                    b.extend(p.reserved.to_le_bytes());
+                    b
+                })
+                .collect();
+            table.write(&bytes)?;
+            let mut host: *mut c_void = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; 64 bytes, mapped into the device address space.
+            ck(
+                unsafe {
+                    sys::cuMemHostAlloc(
+                        &mut host,
+                        std::mem::size_of::<DeviceError>(),
+                        sys::CU_MEMHOSTALLOC_DEVICEMAP,
+                    )
+                },
+                "cuMemHostAlloc",
+                || "the device error record".into(),
+            )?;
+            let mut dev: sys::CUdeviceptr = 0;
+            // SAFETY: host was returned by cuMemHostAlloc with DEVICEMAP; flags must be 0.
+            let rc = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
+            let pinned = Pinned {
+                host: host.cast(),
+                dev,
+                ctx: ctx.clone(),
+            };
+            ck(rc, "cuMemHostGetDevicePointer", || {
+                "mapping the device error record".into()
+            })?;
+            // SAFETY: 64 writable bytes just allocated.
+            unsafe { std::ptr::write_bytes(pinned.host, 0, std::mem::size_of::<DeviceError>()) };
+            let signal = Module::load(&ctx, "rshmem_host_signal", SIGNAL_PTX)?;
+            Ok((table, pinned, signal))
+        })();
+        exchange_status(boot, &world, "set up its device state", &rest)?;
+        let (peers_table, err, signal) = rest?;
+        let flags = if std::env::var("RSHMEM_DEVICE_CHECKS").is_ok_and(|v| v.trim() == "0") {
+            0
+        } else {
+            state::STATE_CHECKS
+        };
+        boot.barrier(&world)?;
+        Ok(GpuPe {
+            cuda: CudaSide {
+                signal,
+                err,
+                peers_table,
+                heaps,
+                stream,
+                ctx,
+            },
+            info,
+            heap_size,
+            sharing,
+            peer_table,
+            flags,
+            timeout: settings.timeout,
+            alloc: Mutex::new(Allocator::new(RESERVED_BYTES, heap_size)),
+            pe,
+        })
+    }
+
+    // ------------------------------------------------------------------ accessors
+
+    /// The CPU-side PE (bootstrap, teams, host barriers).
+    pub fn pe(&self) -> &Pe {
+        &self.pe
+    }
+    pub fn my_pe(&self) -> usize {
+        self.pe.my_pe()
+    }
+    pub fn n_pes(&self) -> usize {
+        self.pe.n_pes()
+    }
+    pub fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+    /// Bytes of every PE's GPU heap (granularity-rounded).
+    pub fn heap_size(&self) -> usize {
+        self.heap_size
+    }
+    /// PEs of the node whose heaps are on this PE's GPU (this one included).
+    pub fn pes_sharing_gpu(&self) -> usize {
+        self.sharing
+    }
+    /// The peer table as written to the device.
+    pub fn peer_table(&self) -> &[DevicePeer] {
+        &self.peer_table
+    }
+    /// Device address of this PE's heap.
+    pub fn heap_base(&self) -> u64 {
+        self.cuda.heaps[self.my_pe()].as_ref().map_or(0, |m| m.va())
+    }
+    /// The raw stream (for user launches; ordered with the `*_on_stream` calls).
+    pub fn stream(&self) -> sys::CUstream {
+        self.cuda.stream.raw
+    }
+    pub(crate) fn ctx(&self) -> &Arc<Ctx> {
+        &self.cuda.ctx
+    }
+    /// Makes this PE's context current on the calling thread.
+    pub fn enter(&self) -> Result<()> {
+        self.cuda.ctx.enter()
+    }
+
+    /// Device address of PE `pe`'s symmetric `[offset, offset + len)` as mapped in this
+    /// context (host-side `rshmem_ptr`): None when unreachable or out of range.
+    pub fn ptr(&self, offset: usize, len: usize, pe: usize) -> Option<u64> {
+        self.target(pe, offset, len).ok()
+    }
+
+    fn target(&self, pe: usize, offset: usize, len: usize) -> Result<u64> {
+        if pe >= self.n_pes() {
+            return Err(Error::InvalidPe {
+                pe,
+                n_pes: self.n_pes(),
+                scope: "world team",
+            });
+        }
+        let m = self.cuda.heaps[pe]
+            .as_ref()
+            .ok_or_else(|| Error::Unreachable {
+                pe,
+                from: self.my_pe(),
+                reason:
+                    "its GPU heap is not mapped here (another node, or no P2P between the GPUs)"
+                        .into(),
+            })?;
+        match offset.checked_add(len) {
+            Some(end) if offset >= RESERVED_BYTES && end <= self.heap_size => {
+                Ok(m.va() + offset as u64)
+            }
+            _ => Err(Error::OutOfBounds {
+                pe,
+                offset,
+                len,
+                heap_start: RESERVED_BYTES,
+                heap_end: self.heap_size,
+            }),
+        }
+    }
+
+    // ------------------------------------------------------------------ allocation
+
+    /// Collective: `size` bytes of GPU heap at the same offset on every PE (16-byte
+    /// aligned; `align` up to 4096). Agreement as in [`Pe::malloc`].
+    pub fn malloc(&self, size: usize) -> Result<SymPtr<u8>> {
+        self.align(16, size)
+    }
+
+    /// Collective: like [`GpuPe::malloc`] with an alignment.
+    pub fn align(&self, align: usize, size: usize) -> Result<SymPtr<u8>> {
+        self.pe
+            .agree("gpu malloc", &[size as u64, align as u64], |a| {
+                format!("size {} align {}", a[0], a[1])
+            })?;
+        if !align.is_power_of_two() || align > MAX_ALIGN {
+            return Err(Error::InvalidArgument(format!(
+                "gpu malloc: alignment {align} is not a power of two up to {MAX_ALIGN}"
+            )));
+        }
+        if size == 0 {
+            return Ok(SymPtr::from_raw(0, 0));
+        }
+        let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        let off = a.alloc(size, align).ok_or_else(|| Error::HeapExhausted {
+            pe: self.my_pe(),
+            requested: size,
+            align,
+            free: a.free_bytes(),
+            largest_free: a.largest_free(),
+            heap_size: self.heap_size,
+        })?;
+        Ok(SymPtr::from_raw(off, size))
+    }
+
+    /// Collective: `size` zeroed bytes; returns after every PE zeroed its copy.
+    pub fn calloc(&self, size: usize) -> Result<SymPtr<u8>> {
+        let p = self.malloc(size)?;
+        if size > 0 {
+            self.memset(p.offset(), 0, size)?;
+            self.pe.sync_all()?;
+        }
+        Ok(p)
+    }
+
+    /// Collective: releases an allocation on every PE.
+    pub fn free<T>(&self, ptr: SymPtr<T>) -> Result<()> {
+        self.pe.agree("gpu free", &[ptr.offset() as u64], |a| {
+            format!("offset {:#x}", a[0])
+        })?;
+        if ptr.offset() == 0 {
+            return Ok(());
+        }
+        let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        a.free(ptr.offset()).map_err(|()| {
+            Error::InvalidArgument(format!(
+                "gpu free: offset {:#x} is not the start of a live GPU allocation",
+                ptr.offset()
+            ))
+        })
+    }
+
+    /// Synchronously sets `[offset, offset+len)` of this PE's heap to `byte` (stream
+    /// ordered, then waits).
+    pub fn memset(&self, offset: usize, byte: u8, len: usize) -> Result<()> {
+        let p = self.target(self.my_pe(), offset, len)?;
+        self.enter()?;
+        // SAFETY: range validated inside our mapping; stream of this context.
+        ck(
+            unsafe { sys::cuMemsetD8Async(p, byte, len, self.stream()) },
+            "cuMemsetD8Async",
+            || format!("PE {}: memset of {len} bytes at {offset:#x}", self.my_pe()),
+        )?;
+        self.sync("memset")
+    }
+
+    /// Copies host bytes into this PE's heap at `offset` (synchronous).
+    pub fn write_local(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let p = self.target(self.my_pe(), offset, data.len())?;
+        self.sync("write_local (ordering after earlier stream work)")?;
+        // SAFETY: validated range; host slice readable.
+        ck(
+            unsafe { sys::cuMemcpyHtoD_v2(p, data.as_ptr().cast(), data.len()) },
+            "cuMemcpyHtoD",
+            || {
+                format!(
+                    "PE {}: writing {} bytes at {offset:#x}",
+                    self.my_pe(),
+                    data.len()
+                )
+            },
+        )
+    }
+
+    /// Copies this PE's heap bytes at `offset` to the host (synchronous).
+    pub fn read_local(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let p = self.target(self.my_pe(), offset, out.len())?;
+        self.sync("read_local (ordering after earlier stream work)")?;
+        // SAFETY: validated range; host slice writable.
+        ck(
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), p, out.len()) },
+            "cuMemcpyDtoH",
+            || {
+                format!(
+                    "PE {}: reading {} bytes at {offset:#x}",
+                    self.my_pe(),
+                    out.len()
+                )
+            },
+        )
+    }
+
+    // ------------------------------------------------------------------ stream API
+
+    /// Enqueues a put of `bytes` from local device address `src` to symmetric `dest_offset`
+    /// on PE `pe` (a device-to-device copy between mapped heaps, i.e. p2p). Complete, and
+    /// visible to PE `pe`, when the stream reaches the next operation.
+    pub fn put_on_stream(
+        &self,
+        dest_offset: usize,
+        src: u64,
+        bytes: usize,
+        pe: usize,
+    ) -> Result<()> {
+        let dst = self.target(pe, dest_offset, bytes)?;
+        self.enter()?;
+        // SAFETY: dst validated inside the peer's mapping; src is the caller's device
+        // memory of at least `bytes` (documented contract); stream of this context.
+        ck(
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream()) },
+            "cuMemcpyDtoDAsync",
+            || {
+                format!(
+                    "PE {}: put of {bytes} bytes to PE {pe} at {dest_offset:#x}",
+                    self.my_pe()
+                )
+            },
+        )
+    }
+
+    /// Enqueues a get of `bytes` from symmetric `src_offset` on PE `pe` into local device
+    /// address `dst`.
+    pub fn get_on_stream(
+        &self,
+        dst: u64,
+        src_offset: usize,
+        bytes: usize,
+        pe: usize,
+    ) -> Result<()> {
+        let src = self.target(pe, src_offset, bytes)?;
+        self.enter()?;
+        // SAFETY: src validated; dst is the caller's device memory (contract).
+        ck(
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream()) },
+            "cuMemcpyDtoDAsync",
+            || {
+                format!(
+                    "PE {}: get of {bytes} bytes from PE {pe} at {src_offset:#x}",
+                    self.my_pe()
+                )
+            },
+        )
+    }
+
+    /// Enqueues a signal update of the 8-byte word at `sig_offset` on PE `pe` (SET or ADD)
+    /// with release semantics at system scope: stream order puts every earlier operation
+    /// of this stream before it, and the release makes them visible to a device-side
+    /// `signal_wait_until` that observes the new value.
+    pub fn signal_on_stream(
+        &self,
+        sig_offset: usize,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+    ) -> Result<()> {
+        if sig_offset % 8 != 0 {
+            return Err(Error::Misaligned {
+                offset: sig_offset,
+                align: 8,
+                op: "signal_on_stream",
+            });
+        }
+        let addr = self.target(pe, sig_offset, 8)?;
+        let f = self.cuda.signal.function("rshmem_host_signal")?;
+        let mut a0 = addr;
+        let mut a1 = value;
+        let mut a2: u32 = match op {
+            SignalOp::Set => 0,
+            SignalOp::Add => 1,
+        };
+        let mut params: [*mut c_void; 3] = [
+            (&mut a0 as *mut u64).cast(),
+            (&mut a1 as *mut u64).cast(),
+            (&mut a2 as *mut u32).cast(),
+        ];
+        // SAFETY: the kernel takes (u64, u64, u32), matching params; the pointers live
+        // through the call (the driver copies parameters at launch).
+        let rc = unsafe {
+            sys::cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                self.stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        ck(rc, "cuLaunchKernel", || {
+            format!(
+                "PE {}: signal_on_stream to PE {pe} at {sig_offset:#x}",
+                self.my_pe()
+            )
+        })
+    }
+
+    /// Stream-ordered quiet. Every `*_on_stream` operation of this PE is complete when the
+    /// stream executes the next operation (copies and the signal kernel finish before
+    /// later stream work starts), so there is nothing to enqueue: the stream order *is*
+    /// the quiet. To wait on the host, use [`GpuPe::quiet`].
+    pub fn quiet_on_stream(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Host-side quiet: waits (bounded by RSHMEM_TIMEOUT_MS) until this PE's stream is
+    /// idle.
+    pub fn quiet(&self) -> Result<()> {
+        self.sync("quiet")
+    }
+
+    /// Barrier on the stream, implemented on the host: waits for this PE's stream (so its
+    /// puts are complete), then a host barrier over all PEs. The calling thread blocks;
+    /// later stream work is issued after every PE reached the barrier. A device-side
+    /// alternative is `rshmem_barrier_all` in a collective kernel.
+    pub fn barrier_on_stream(&self) -> Result<()> {
+        self.sync("barrier_on_stream")?;
+        self.pe.barrier_all()
+    }
+
+    // ------------------------------------------------------------------ modules
+
+    /// Loads PTX (or a cubin) as a module instance of this PE (not yet bound).
+    pub fn load_module(&self, name: &str, image: &str) -> Result<Module> {
+        Module::load(self.ctx(), name, image)
+    }
+
+    /// Loads library module `name` (embedded PTX, or RSHMEM_PTX_DIR) and binds it.
+    pub fn load_library_module(
+        &self,
+        name: &str,
+        ptx_dir: Option<&std::path::Path>,
+    ) -> Result<Module> {
+        let src = super::module::ptx_source(name, ptx_dir)?;
+        let mut m = self.load_module(name, &src)?;
+        if m.global(state::STATE_SYMBOL)?.is_some() {
+            self.bind_module(&mut m)?;
+        }
+        Ok(m)
+    }
+
+    /// The state this PE binds into modules.
+    pub fn device_state(&self) -> DeviceState {
+        DeviceState {
+            magic: state::STATE_MAGIC,
+            version: state::STATE_VERSION,
+            my_pe: self.my_pe() as i32,
+            n_pes: self.n_pes() as i32,
+            heap_base: self.heap_base(),
+            heap_size: self.heap_size as u64,
+            peers: self.cuda.peers_table.ptr,
+            timeout_ns: self.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            sync_offset: SYNC_OFFSET as u64,
+            sync_bytes: SYNC_BYTES as u64,
+            error: self.cuda.err.dev,
+            ibgda: 0,
+            flags: self.flags,
+            lkey: 0,
+            reserved: [0; 5],
+        }
+    }
+
+    /// Writes this PE's state into the module's `rshmemi_device_state` global: from now
+    /// on the module's kernels act as this PE. Errors when the module does not include
+    /// the device API or was built against another state layout.
+    pub fn bind_module(&self, m: &mut Module) -> Result<()> {
+        if !Arc::ptr_eq(&m.ctx, self.ctx()) {
+            return Err(Error::InvalidArgument(format!(
+                "module {} was loaded in another GPU's context than PE {}'s",
+                m.name,
+                self.my_pe()
+            )));
+        }
+        let (ptr, size) = m.global(state::STATE_SYMBOL)?.ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "module {} has no {} global: it does not include rshmem/rshmem.cuh (or uses no device API)",
+                m.name,
+                state::STATE_SYMBOL
+            ))
+        })?;
+        if size != std::mem::size_of::<DeviceState>() {
+            return Err(Error::InvalidArgument(format!(
+                "module {}: {} is {size} bytes, this runtime's rshmem_device_state_t is {} (built against another rshmem/state.cuh)",
+                m.name,
+                state::STATE_SYMBOL,
+                std::mem::size_of::<DeviceState>()
+            )));
+        }
+        let s = self.device_state();
+        self.enter()?;
+        // SAFETY: the global is exactly size_of::<DeviceState>() bytes (checked); DeviceState
+        // is repr(C) plain data; synchronous copy.
+        ck(
+            unsafe { sys::cuMemcpyHtoD_v2(ptr, (&s as *const DeviceState).cast(), size) },
+            "cuMemcpyHtoD",
+            || format!("binding module {} to PE {}", m.name, self.my_pe()),
+        )?;
+        m.bound = Some(self.my_pe());
+        Ok(())
+    }
+
+    /// Compiles user CUDA source with NVRTC for this PE's GPU (the device API headers are
+    /// available as `rshmem/rshmem.cuh`), loads it and binds it when it uses the device API.
+    pub fn compile_user_source(
+        &self,
+        src: &str,
+        name: &str,
+        extra_opts: &[&str],
+    ) -> Result<Module> {
+        let ptx = super::module::nvrtc_compile(src, name, self.info.cc, extra_opts)?;
+        let mut m = self.load_module(name, &ptx)?;
+        if m.global(state::STATE_SYMBOL)?.is_some() {
+            self.bind_module(&mut m)?;
+        }
+        Ok(m)
+    }
+
+    // ------------------------------------------------------------------ launches
+
+    /// Launches `kernel` of `m` on this PE's stream with raw parameters.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list (one pointer per parameter, each
+    /// to a value of the parameter's type), and the kernel's memory accesses must be valid.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_raw(
+        &self,
+        m: &Module,
+        kernel: &str,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        params: &mut [*mut c_void],
+        cooperative: bool,
+    ) -> Result<()> {
+        let f = m.function(kernel)?;
+        // SAFETY: the caller guarantees params; f is from a module of this context.
+        let rc = unsafe {
+            if cooperative {
+                sys::cuLaunchCooperativeKernel(
+                    f,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    smem,
+                    self.stream(),
+                    params.as_mut_ptr(),
+                )
+            } else {
+                sys::cuLaunchKernel(
+                    f,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    smem,
+                    self.stream(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+        };
+        ck(
+            rc,
+            if cooperative {
+                "cuLaunchCooperativeKernel"
+            } else {
+                "cuLaunchKernel"
+            },
+            || {
+                format!(
+                    "PE {}: launching {kernel} ({} grid {grid} block {block})",
+                    self.my_pe(),
+                    m.name
+                )
+            },
+        )
+    }
+
+    /// Launches a harness kernel (`rshmem_harness_args_t` by value).
+    pub fn launch_harness(
+        &self,
+        m: &Module,
+        kernel: &str,
+        grid: u32,
+        block: u32,
+        args: &HarnessArgs,
+        cooperative: bool,
+    ) -> Result<()> {
+        if m.bound != Some(self.my_pe()) {
+            return Err(Error::InvalidArgument(format!(
+                "module {} is not bound to PE {}",
+                m.name,
+                self.my_pe()
+            )));
+        }
+        let mut a = *args;
+        let mut params = [(&mut a as *mut HarnessArgs).cast::<c_void>()];
+        // SAFETY: harness kernels take one rshmem_harness_args_t by value (harness.cuh),
+        // which HarnessArgs mirrors; the pointers in it are set by the runner.
+        unsafe { self.launch_raw(m, kernel, grid, block, 0, &mut params, cooperative) }
+    }
+
+    /// Grid and launch mode for a collective kernel (co-resident with the other PEs' grids
+    /// on this GPU; see [`super::launch`]).
+    pub fn collective_grid(
+        &self,
+        m: &Module,
+        kernel: &str,
+        block: u32,
+        requested: u32,
+    ) -> Result<(u32, bool)> {
+        let f = m.function(kernel)?;
+        let mut per_sm = 0;
+        // SAFETY: valid out-pointer and function; no dynamic shared memory.
+        ck(
+            unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, block as i32, 0)
+            },
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+            || format!("sizing {kernel}"),
+        )?;
+        let grid = super::launch::co_resident_grid(
+            kernel,
+            block,
+            per_sm.max(0) as u32,
+            self.info.sms,
+            self.sharing as u32,
+            requested,
+        )?;
+        Ok((
+            grid,
+            super::launch::use_cooperative(self.sharing as u32, self.info.cooperative),
+        ))
+    }
+
+    /// The device error record as the device left it.
+    pub fn device_error(&self) -> DeviceError {
+        // SAFETY: 64 bytes of host-pinned memory owned by this PE; the device writes it
+        // with a __threadfence_system before `code`; volatile so the compiler rereads it.
+        unsafe { std::ptr::read_volatile(self.cuda.err.host.cast::<DeviceError>()) }
+    }
+
+    /// Waits until this PE's stream is idle, bounded by RSHMEM_TIMEOUT_MS plus 10 s (the
+    /// device's own waits are bounded by the timeout and trap). A failure is turned into
+    /// [`Error::DeviceFault`] when the device wrote its error record.
+    pub fn sync(&self, what: &str) -> Result<()> {
+        self.enter()?;
+        let deadline = Instant::now() + self.timeout + Duration::from_secs(10);
+        let mut polls = 0u64;
+        loop {
+            // SAFETY: the stream belongs to the current context.
+            let rc = unsafe { sys::cuStreamQuery(self.stream()) };
+            if rc == sys::CUresult::CUDA_SUCCESS {
+                return Ok(());
+            }
+            if rc != sys::CUresult::CUDA_ERROR_NOT_READY {
+                let e = self.device_error();
+                if e.code != state::ERR_NONE {
+                    return Err(Error::DeviceFault {
+                        pe: self.my_pe(),
+                        kernel: what.to_string(),
+                        code: e.code,
+                        what: e.what(),
+                        target_pe: e.pe,
+                        addr: e.addr,
+                        wait: e.wait_text(),
+                        block: e.block,
+                        thread: e.thread,
+                    });
+                }
+                return ck(rc, "cuStreamQuery", || {
+                    format!("PE {}: waiting for {what}", self.my_pe())
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    pe: self.my_pe(),
+                    what: format!("its GPU stream to finish {what} (the kernel did not complete)"),
+                    waited_ms: crate::pe::ms_since(
+                        deadline - self.timeout - Duration::from_secs(10),
+                    ),
+                });
+            }
+            polls += 1;
+            if polls < 2000 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    /// Leaves the job: waits for the stream, releases the GPU resources, then finalizes
+    /// the CPU-side PE (a barrier with every PE).
+    pub fn finalize(self) -> Result<()> {
+        let q = self.sync("finalize");
+        let GpuPe { cuda, pe, .. } = self;
+        drop(cuda);
+        let r = pe.finalize();
+        q.and(r)
+    }
+}
+
+/// Runs `n` GPU PEs as threads of this process (one stream each, sharing each device's
+/// primary context), with a bootstrap root hosted here, like [`crate::run_threads`].
+/// `settings.symmetric_size` is the GPU heap size.
+pub fn run_gpu_threads<R: Send>(
+    n: usize,
+    settings: Settings,
+    f: impl Fn(&GpuPe) -> Result<R> + Sync,
+) -> Result<Vec<Result<R>>> {
+    driver()?;
+    if n == 0 {
+        return Err(Error::InvalidArgument("run_gpu_threads: 0 PEs".into()));
+    }
+    let token = random_token()?;
+    let root = crate::bootstrap::Root::bind("127.0.0.1:0", n, &token)?;
+    let addr = root.local_addr().to_string();
+    let out = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let cfg = PeConfig {
+                    rank,
+                    world_size: n,
+                    root_addr: addr.clone(),
+                    token: token.clone(),
+                    settings: settings.clone(),
+                };
+                let f = &f;
+                std::thread::Builder::new()
+                    .name(format!("gpu-pe{rank}"))
+                    .spawn_scoped(s, move || -> Result<R> {
+                        let pe = GpuPe::init_with(cfg, None)?;
+                        let r = f(&pe)?;
+                        pe.finalize()?;
+                        Ok(r)
+                    })
+                    .map_err(|e| Error::io("spawning a GPU PE thread", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok::<_, Error>(
+            hs.into_iter()
+                .enumerate()
+                .map(|(rank, h)| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Verification(format!("GPU PE {rank} panicked")))
+                    })
+                })
+                .collect(),
+        )
+    })?;
+    root.wait_all_left(Duration::from_secs(1));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without libcuda, starting GPU PEs is an error that names the library, before any
+    /// bootstrap or thread is started.
+    #[test]
+    fn gpu_pes_without_a_driver_fail_cleanly() {
+        // SAFETY: dlopen attempts only.
+        if unsafe { sys::is_culib_present() } {
+            return; // GPU machines exercise the real path in gpu-check
+        }
+        let e = run_gpu_threads(2, Settings::from_lookup(|_| None).unwrap(), |_| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("libcuda.so.1 not found: install the NVIDIA driver"),
+            "{e}"
+        );
+        let e = GpuPe::init().unwrap_err().to_string();
+        assert!(e.contains("libcuda.so.1"), "{e}");
+        assert!(device_count().is_err());
+    }
+}

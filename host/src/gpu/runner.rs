@@ -1,0 +1,1302 @@
+//! `rshmem selftest --device gpu` and `rshmem bench ... --device gpu`: the GPU self-test
+//! and benchmark runners. All PEs run as threads of this process on the visible GPU(s)
+//! ([`run_gpu_threads`]): on one GPU that is required, since kernels of different
+//! processes are time-sliced and PEs that wait on each other inside kernels would
+//! deadlock.
+//!
+//! Self-test: first the host-layer cases (heap mapping, stream put/get/signal, module
+//! binding, NVRTC), then every test kernel of the manifest ([`super::manifest`]). A
+//! manifest case passes when the failures summed over PEs are 0 and the checks summed are
+//! exactly `checks_per_pe × PEs`.
+
+use super::driver::ck;
+use super::harness::{BenchRecord, HarnessArgs, TestResult};
+use super::manifest::{BenchCase, Manifest, TestCase};
+use super::module::Module;
+use super::pe::{run_gpu_threads, DevBuf, GpuPe};
+use super::state;
+use crate::config::Settings;
+use crate::error::{Error, Result};
+use crate::types::SignalOp;
+use cudarc::driver::sys;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// Where the runners find the manifest and PTX when not embedded.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// `--manifest` or `RSHMEM_GPU_MANIFEST`.
+    pub manifest: Option<PathBuf>,
+    /// `RSHMEM_PTX_DIR` (read by module::ptx_source).
+    pub ptx_dir: Option<PathBuf>,
+}
+
+impl Sources {
+    pub fn from_env(manifest: Option<PathBuf>) -> Sources {
+        Sources {
+            manifest: manifest
+                .or_else(|| std::env::var_os("RSHMEM_GPU_MANIFEST").map(PathBuf::from)),
+            ptx_dir: std::env::var_os(super::module::PTX_DIR_ENV).map(PathBuf::from),
+        }
+    }
+}
+
+/// Bytes of scratch every host-layer case uses (three 1 MiB areas).
+const HOST_AREA: usize = 1 << 20;
+
+/// The outcome of one case on one PE.
+#[derive(Debug, Clone)]
+enum PeOutcome {
+    Result(TestResult),
+    Skipped(String),
+}
+
+/// Built-in host-layer cases, run before the manifest's.
+pub const HOST_CASES: &[&str] = &[
+    "host_heap_mapping",
+    "host_put_get_on_stream",
+    "host_signal_on_stream",
+    "host_bind_module",
+    "host_nvrtc",
+];
+
+/// Arguments of `rshmem selftest --device gpu`.
+#[derive(Debug, Clone)]
+pub struct SelftestOpts {
+    pub pes: usize,
+    pub cases: Vec<String>,
+    pub sources: Sources,
+}
+
+/// Entry point: the process exit code.
+pub fn selftest_cli(o: SelftestOpts) -> i32 {
+    match selftest(&o) {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(e) => {
+            eprintln!("rshmem selftest --device gpu: {e}");
+            1
+        }
+    }
+}
+
+/// Lists host cases and manifest cases.
+pub fn list(sources: &Sources) -> Result<Vec<String>> {
+    let mut v: Vec<String> = HOST_CASES.iter().map(|s| s.to_string()).collect();
+    let m = Manifest::load(sources.manifest.as_deref())?;
+    v.extend(m.tests.iter().map(|t| t.name.clone()));
+    Ok(v)
+}
+
+/// Runs the selected cases; Ok(true) when every case that ran passed and none failed.
+pub fn selftest(o: &SelftestOpts) -> Result<bool> {
+    if o.pes == 0 || o.pes > 64 {
+        return Err(Error::InvalidArgument(format!(
+            "--pes {} is out of range 1..=64 for GPU PEs in one process",
+            o.pes
+        )));
+    }
+    let host: Vec<&str> = if o.cases.is_empty() {
+        HOST_CASES.to_vec()
+    } else {
+        HOST_CASES
+            .iter()
+            .copied()
+            .filter(|c| o.cases.iter().any(|n| n == c))
+            .collect()
+    };
+    let rest: Vec<String> = o
+        .cases
+        .iter()
+        .filter(|n| !HOST_CASES.contains(&n.as_str()))
+        .cloned()
+        .collect();
+    // Without a manifest (a build that embeds none, and no --manifest) the host-layer
+    // cases still run; the run then fails, saying why the kernel cases did not.
+    let mut missing_manifest = None;
+    let manifest = if !rest.is_empty() {
+        Some(Manifest::load(o.sources.manifest.as_deref())?)
+    } else if o.cases.is_empty() {
+        match Manifest::load(o.sources.manifest.as_deref()) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                missing_manifest = Some(e);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let tests: Vec<TestCase> = match &manifest {
+        Some(m) => m.select(&rest)?.into_iter().cloned().collect(),
+        None => Vec::new(),
+    };
+    let max_scratch = tests
+        .iter()
+        .map(|t| t.scratch_bytes as usize)
+        .max()
+        .unwrap_or(0)
+        .max(3 * HOST_AREA);
+    let mut settings = Settings::from_env()?;
+    let need = crate::heap::RESERVED_BYTES + max_scratch.next_multiple_of(1 << 20) + (1 << 20);
+    settings.symmetric_size = settings.symmetric_size.max(need);
+    let n = o.pes;
+    println!(
+        "gpu selftest: {n} PEs as threads, {} host-layer case(s), {} kernel case(s)",
+        host.len(),
+        tests.len()
+    );
+
+    // (case index, pe) -> outcome; the case each PE is in (for errors).
+    let outcomes: Mutex<BTreeMap<(usize, usize), PeOutcome>> = Mutex::new(BTreeMap::new());
+    let names: Vec<String> = host
+        .iter()
+        .map(|s| s.to_string())
+        .chain(tests.iter().map(|t| t.name.clone()))
+        .collect();
+    let verdicts: Mutex<Vec<Option<bool>>> = Mutex::new(vec![None; names.len()]);
+    let current: Mutex<Vec<Option<usize>>> = Mutex::new(vec![None; n]);
+    let mods: Vec<String> = tests
+        .iter()
+        .map(|t| t.module.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let sources = o.sources.clone();
+
+    let res = run_gpu_threads(n, settings, |g| {
+        let me = g.my_pe();
+        if me == 0 {
+            let d = g.device();
+            println!(
+                "gpu selftest: GPU {} {} (sm_{}{}, {} SMs), heap {} MiB per PE, {} PE(s) on this GPU",
+                d.ordinal, d.name, d.cc.0, d.cc.1, d.sms, g.heap_size() >> 20, g.pes_sharing_gpu()
+            );
+        }
+        let mut loaded: BTreeMap<String, Module> = BTreeMap::new();
+        for m in &mods {
+            loaded.insert(
+                m.clone(),
+                g.load_library_module(m, sources.ptx_dir.as_deref())?,
+            );
+        }
+        let kernels = g.load_library_module("rshmem_kernels", sources.ptx_dir.as_deref())?;
+        let scratch = g.malloc(max_scratch)?;
+        let result = DevBuf::new(g.ctx(), 64, "the test result record")?;
+        for (i, name) in names.iter().enumerate() {
+            current.lock().unwrap()[me] = Some(i);
+            let out = if i < host.len() {
+                host_case(g, name, &kernels, scratch.offset())?
+            } else {
+                let t = &tests[i - host.len()];
+                kernel_case(g, t, &loaded[&t.module], scratch.offset(), &result)?
+            };
+            outcomes.lock().unwrap().insert((i, me), out);
+            g.pe().barrier_all()?;
+            if me == 0 {
+                let v = report_case(
+                    name,
+                    i,
+                    n,
+                    tests
+                        .get(i.wrapping_sub(host.len()))
+                        .filter(|_| i >= host.len()),
+                    &outcomes.lock().unwrap(),
+                );
+                verdicts.lock().unwrap()[i] = v;
+            }
+            g.pe().barrier_all()?;
+        }
+        current.lock().unwrap()[me] = None;
+        Ok(())
+    })?;
+    let mut ok = true;
+    for (pe, r) in res.iter().enumerate() {
+        if let Err(e) = r {
+            ok = false;
+            let at = current.lock().unwrap()[pe]
+                .map(|i| names[i].as_str())
+                .unwrap_or("setup");
+            println!("gpu selftest: PE {pe} failed in {at}: {e}");
+        }
+    }
+    let v = verdicts.into_inner().unwrap();
+    let passed = v.iter().filter(|x| **x == Some(true)).count();
+    let failed = v.iter().filter(|x| **x == Some(false)).count();
+    let skipped = v.iter().filter(|x| x.is_none()).count();
+    println!("gpu selftest: {passed} passed, {failed} failed, {skipped} skipped or not run, of {} case(s) on {n} PEs", v.len());
+    if let Some(e) = &missing_manifest {
+        println!("gpu selftest: FAIL: the device API's kernel cases did not run: {e}");
+        ok = false;
+    }
+    Ok(ok && failed == 0)
+}
+
+/// Prints one case's line (PE 0); Some(pass) or None when skipped.
+fn report_case(
+    name: &str,
+    i: usize,
+    n: usize,
+    t: Option<&TestCase>,
+    o: &BTreeMap<(usize, usize), PeOutcome>,
+) -> Option<bool> {
+    let per: Vec<&PeOutcome> = (0..n).filter_map(|p| o.get(&(i, p))).collect();
+    if let Some(PeOutcome::Skipped(why)) = per.first() {
+        println!("gpu selftest {name}: skipped ({why})");
+        return None;
+    }
+    let rs: Vec<(usize, TestResult)> = (0..n)
+        .filter_map(|p| match o.get(&(i, p)) {
+            Some(PeOutcome::Result(r)) => Some((p, *r)),
+            _ => None,
+        })
+        .collect();
+    let checks: u64 = rs.iter().map(|(_, r)| r.checks).sum();
+    let failures: u64 = rs.iter().map(|(_, r)| r.failures).sum();
+    let expected = match t {
+        Some(t) => t.checks_per_pe * n as u64,
+        None => rs.iter().map(|(_, r)| r.reserved[0]).sum(), // host cases state their own count
+    };
+    let pass = failures == 0 && checks == expected && rs.len() == n;
+    if pass {
+        println!("gpu selftest {name}: ok (checks {checks}/{expected})");
+    } else {
+        let first = rs
+            .iter()
+            .find(|(_, r)| r.failures > 0)
+            .map(|(p, r)| {
+                format!(
+                    "; first mismatch on PE {p}: index {} expected {:#x} observed {:#x}",
+                    r.first_index, r.expected, r.observed
+                )
+            })
+            .unwrap_or_default();
+        println!(
+            "gpu selftest {name}: FAIL (checks {checks}/{expected}, failures {failures}{first})"
+        );
+    }
+    Some(pass)
+}
+
+/// Runs one manifest case on this PE.
+fn kernel_case(
+    g: &GpuPe,
+    t: &TestCase,
+    m: &Module,
+    scratch: usize,
+    result: &DevBuf,
+) -> Result<PeOutcome> {
+    let n = g.n_pes();
+    if n < t.min_pes {
+        g.pe().barrier_all()?;
+        return Ok(PeOutcome::Skipped(format!(
+            "needs {} PEs, running {n}",
+            t.min_pes
+        )));
+    }
+    g.memset(scratch, 0, t.scratch_bytes as usize)?;
+    result.write(&[0u8; 64])?;
+    // Every case's grids run concurrently on all PEs and may wait on each other (a put
+    // then a signal wait), so every grid must fit its co-resident share, not only the
+    // collective ones; only collective cases use a cooperative launch.
+    let (grid, coop) = g.collective_grid(m, &t.name, t.block, t.grid)?;
+    let coop = coop && t.collective;
+    let p = t.params3();
+    let args = HarnessArgs {
+        scratch: scratch as u64,
+        scratch_bytes: t.scratch_bytes,
+        result: result.ptr(),
+        param0: p[0],
+        param1: p[1],
+        param2: p[2],
+        seed: 0x5eed_0000 + crate::pe::fnv(t.name.as_bytes()) % 0x1_0000,
+        reserved: 0,
+    };
+    // Scratch zeroed everywhere before anyone starts.
+    g.pe().barrier_all()?;
+    g.launch_harness(m, &t.name, grid, t.block, &args, coop)?;
+    g.sync(&t.name)?;
+    let mut b = [0u8; 64];
+    result.read(&mut b)?;
+    Ok(PeOutcome::Result(TestResult::from_bytes(&b)))
+}
+
+/// A host-case result: `checks` of `expected` (stored in reserved[0]), failures.
+struct Tally(TestResult);
+
+impl Tally {
+    fn new() -> Tally {
+        Tally(TestResult::default())
+    }
+    fn check(&mut self, index: u64, expected: u64, observed: u64) {
+        self.0.checks += 1;
+        self.0.reserved[0] += 1;
+        if expected != observed {
+            if self.0.failures == 0 {
+                self.0.first_index = index;
+                self.0.expected = expected;
+                self.0.observed = observed;
+            }
+            self.0.failures += 1;
+        }
+    }
+    /// Counts a check that is expected but was not made (the case stopped early).
+    fn expect(&mut self, n: u64) {
+        self.0.reserved[0] += n;
+    }
+}
+
+/// Fills `count` words at device address `dst` with pattern(seed, i).
+fn fill(g: &GpuPe, k: &Module, dst: u64, count: u64, seed: u64) -> Result<()> {
+    let (mut a, mut b, mut c) = (dst, count, seed);
+    let mut p = [
+        (&mut a as *mut u64).cast::<c_void>(),
+        (&mut b as *mut u64).cast(),
+        (&mut c as *mut u64).cast(),
+    ];
+    // SAFETY: rshmem_fill_u64(u64* dst, u64 count, u64 seed); dst is count words of device memory.
+    unsafe { g.launch_raw(k, "rshmem_fill_u64", 64, 256, 0, &mut p, false) }
+}
+
+/// The first index in `count` words at `src` that differs from pattern(seed, i), or None.
+fn verify(g: &GpuPe, k: &Module, src: u64, count: u64, seed: u64) -> Result<Option<u64>> {
+    let out = DevBuf::new(g.ctx(), 8, "verify result")?;
+    out.write(&u64::MAX.to_le_bytes())?;
+    let (mut a, mut b, mut c, mut d) = (src, count, seed, out.ptr());
+    let mut p = [
+        (&mut a as *mut u64).cast::<c_void>(),
+        (&mut b as *mut u64).cast(),
+        (&mut c as *mut u64).cast(),
+        (&mut d as *mut u64).cast(),
+    ];
+    // SAFETY: rshmem_verify_u64(const u64* src, u64 count, u64 seed, u64* first_mismatch).
+    unsafe { g.launch_raw(k, "rshmem_verify_u64", 64, 256, 0, &mut p, false)? };
+    g.sync("rshmem_verify_u64")?;
+    let mut r = [0u8; 8];
+    out.read(&mut r)?;
+    let v = u64::from_le_bytes(r);
+    Ok((v != u64::MAX).then_some(v))
+}
+
+fn check_verify(t: &mut Tally, r: Option<u64>, words: u64) {
+    // One check per word verified; a mismatch is recorded at its index.
+    match r {
+        None => {
+            t.0.checks += words;
+            t.0.reserved[0] += words;
+        }
+        Some(i) => {
+            t.0.checks += words;
+            t.0.reserved[0] += words;
+            if t.0.failures == 0 {
+                t.0.first_index = i;
+            }
+            t.0.failures += 1;
+        }
+    }
+}
+
+/// A PTX module with only the state global: binding it and reading it back checks
+/// bind_module without the device API.
+const STATE_ONLY_PTX: &str = ".version 9.0\n.target sm_90\n.address_size 64\n\n.visible .const .align 8 .b8 rshmemi_device_state[128];\n";
+
+/// A user kernel for the NVRTC case: reads the bound state.
+const NVRTC_SRC: &str = r#"#include "rshmem/state.cuh"
+extern "C" __constant__ rshmem_device_state_t rshmemi_device_state;
+extern "C" __global__ void rshmem_user_probe(unsigned long long* out) {
+  out[0] = rshmemi_device_state.magic;
+  out[1] = (unsigned long long)rshmemi_device_state.my_pe;
+  out[2] = (unsigned long long)rshmemi_device_state.n_pes;
+  out[3] = rshmemi_device_state.heap_base;
+}
+"#;
+
+fn host_case(g: &GpuPe, name: &str, k: &Module, scratch: usize) -> Result<PeOutcome> {
+    let me = g.my_pe();
+    let n = g.n_pes();
+    let next = (me + 1) % n;
+    let prev = (me + n - 1) % n;
+    let words = (HOST_AREA / 8) as u64;
+    let (a, b, c) = (scratch, scratch + HOST_AREA, scratch + 2 * HOST_AREA);
+    let local = |off: usize| {
+        g.ptr(off, HOST_AREA, me)
+            .ok_or_else(|| Error::Verification(format!("PE {me}: own heap not addressable")))
+    };
+    let mut t = Tally::new();
+    match name {
+        "host_heap_mapping" => {
+            // Every PE fills its area A; each PE verifies its next peer's A through the
+            // mapping (and its own).
+            fill(g, k, local(a)?, words, 1000 + me as u64)?;
+            g.sync("fill")?;
+            g.pe().barrier_all()?;
+            for p in [me, next] {
+                match g.ptr(a, HOST_AREA, p) {
+                    Some(addr) => {
+                        check_verify(&mut t, verify(g, k, addr, words, 1000 + p as u64)?, words)
+                    }
+                    None => {
+                        t.expect(words);
+                        t.check(p as u64, 1, 0); // unreachable peer: a failure naming it
+                    }
+                }
+            }
+            g.pe().barrier_all()?;
+        }
+        "host_put_get_on_stream" => {
+            fill(g, k, local(a)?, words, 2000 + me as u64)?;
+            g.sync("fill")?;
+            g.pe().barrier_all()?;
+            // put A -> next's B; then get prev's A into C.
+            g.put_on_stream(b, local(a)?, HOST_AREA, next)?;
+            g.quiet_on_stream()?;
+            g.barrier_on_stream()?;
+            check_verify(
+                &mut t,
+                verify(g, k, local(b)?, words, 2000 + prev as u64)?,
+                words,
+            );
+            g.get_on_stream(local(c)?, a, HOST_AREA, prev)?;
+            g.quiet()?;
+            check_verify(
+                &mut t,
+                verify(g, k, local(c)?, words, 2000 + prev as u64)?,
+                words,
+            );
+            // Bad input is refused on the host.
+            let e = g
+                .put_on_stream(0, local(a)?, 8, next)
+                .unwrap_err()
+                .to_string();
+            t.check(0, 1, e.contains("outside the symmetric heap") as u64);
+            let e = g.put_on_stream(b, local(a)?, 8, n).unwrap_err().to_string();
+            t.check(1, 1, e.contains("does not exist") as u64);
+            g.pe().barrier_all()?;
+        }
+        "host_signal_on_stream" => {
+            let sig = c; // area C: zeroed below, then signalled
+            g.memset(sig, 0, 64)?;
+            g.pe().barrier_all()?;
+            g.signal_on_stream(sig, 100 + me as u64, SignalOp::Set, next)?;
+            g.signal_on_stream(sig, 5, SignalOp::Add, next)?;
+            g.signal_on_stream(sig, 5, SignalOp::Add, next)?;
+            g.barrier_on_stream()?;
+            let mut w = [0u8; 8];
+            g.read_local(sig, &mut w)?;
+            t.check(0, 110 + prev as u64, u64::from_le_bytes(w));
+            let e = g
+                .signal_on_stream(sig + 4, 1, SignalOp::Set, next)
+                .unwrap_err()
+                .to_string();
+            t.check(1, 1, e.contains("not 8-byte aligned") as u64);
+            g.pe().barrier_all()?;
+        }
+        "host_bind_module" => {
+            let mut m = g.load_module("state_only", STATE_ONLY_PTX)?;
+            g.bind_module(&mut m)?;
+            let (ptr, size) = m
+                .global(state::STATE_SYMBOL)?
+                .ok_or_else(|| Error::Verification("state global vanished".into()))?;
+            t.check(0, 128, size as u64);
+            let mut back = [0u8; 128];
+            g.enter()?;
+            // SAFETY: the global is 128 bytes (checked above through size).
+            ck(
+                unsafe { sys::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), ptr, 128) },
+                "cuMemcpyDtoH",
+                || "reading the bound state".into(),
+            )?;
+            let s = g.device_state();
+            // SAFETY: DeviceState is 128 bytes of plain data.
+            let want: [u8; 128] = unsafe { std::mem::transmute(s) };
+            for (i, (x, y)) in want.chunks(8).zip(back.chunks(8)).enumerate() {
+                t.check(
+                    i as u64,
+                    u64::from_le_bytes(x.try_into().unwrap()),
+                    u64::from_le_bytes(y.try_into().unwrap()),
+                );
+            }
+            t.check(100, state::STATE_MAGIC as u64, s.magic as u64);
+            t.check(101, me as u64, s.my_pe as u64);
+            t.check(
+                102,
+                (n - 1) as u64,
+                (g.peer_table()
+                    .iter()
+                    .filter(|p| p.transport == state::TRANSPORT_P2P)
+                    .count()
+                    - 1) as u64,
+            );
+            // A module without the global is refused with a clear message.
+            let mut plain = g.load_module(
+                "rshmem_kernels",
+                &super::module::ptx_source("rshmem_kernels", None)?,
+            )?;
+            let e = g.bind_module(&mut plain).unwrap_err().to_string();
+            t.check(
+                103,
+                1,
+                e.contains("has no rshmemi_device_state global") as u64,
+            );
+        }
+        "host_nvrtc" => {
+            if let Err(e) = super::driver::nvrtc() {
+                return Ok(PeOutcome::Skipped(format!("NVRTC not available: {e}")));
+            }
+            let m = g.compile_user_source(NVRTC_SRC, "rshmem_user_probe.cu", &[])?;
+            t.check(0, me as u64, m.bound_pe().map_or(u64::MAX, |p| p as u64));
+            let out = DevBuf::new(g.ctx(), 32, "nvrtc probe output")?;
+            out.write(&[0u8; 32])?;
+            let mut o = out.ptr();
+            let mut p = [(&mut o as *mut u64).cast::<c_void>()];
+            // SAFETY: rshmem_user_probe(unsigned long long* out) writes 4 words.
+            unsafe { g.launch_raw(&m, "rshmem_user_probe", 1, 1, 0, &mut p, false)? };
+            g.sync("rshmem_user_probe")?;
+            let mut r = [0u8; 32];
+            out.read(&mut r)?;
+            let w = |i: usize| u64::from_le_bytes(r[i * 8..i * 8 + 8].try_into().unwrap());
+            t.check(1, state::STATE_MAGIC as u64, w(0));
+            t.check(2, me as u64, w(1));
+            t.check(3, n as u64, w(2));
+            t.check(4, g.heap_base(), w(3));
+        }
+        other => return Err(Error::InvalidArgument(format!("unknown host case {other}"))),
+    }
+    Ok(PeOutcome::Result(t.0))
+}
+
+// ---------------------------------------------------------------------- benchmarks
+
+/// One row of a GPU benchmark.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuRow {
+    pub size: usize,
+    pub latency_us_median: Option<f64>,
+    pub latency_us_p99: Option<f64>,
+    pub latency_us_mean: Option<f64>,
+    pub bandwidth_gbps: Option<f64>,
+    /// Iterations per launch (latency / bandwidth kernels).
+    pub iters: u64,
+    pub bw_iters: u64,
+    /// Launches measured per size.
+    pub launches: usize,
+}
+
+/// A GPU benchmark report (`--json`), the same shape as the CPU benches' plus the scope
+/// and the kernels.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuReport {
+    pub bench: String,
+    pub scope: String,
+    pub pes: usize,
+    pub device: &'static str,
+    pub transport: &'static str,
+    pub gpu: String,
+    pub latency_kind: &'static str,
+    pub latency_kernel: Option<String>,
+    pub bandwidth_kernel: Option<String>,
+    pub rows: Vec<GpuRow>,
+}
+
+/// Options of a GPU bench run.
+#[derive(Debug, Clone)]
+pub struct BenchOpts {
+    pub op: String,
+    pub scope: String,
+    pub pes: usize,
+    pub min_size: usize,
+    pub max_size: usize,
+    pub iters: usize,
+    pub reps: usize,
+    pub json: bool,
+    pub sources: Sources,
+}
+
+/// Sizes for a GPU bench: the CPU bench's sizes for the op, capped by the kernel's scratch.
+pub fn bench_sizes(op: &str, min: usize, max: usize, scratch: u64) -> Vec<usize> {
+    let kind = match op {
+        "p" => crate::bench::Kind::P,
+        "atomic" => crate::bench::Kind::Atomic,
+        _ => crate::bench::Kind::Put,
+    };
+    let cap = (scratch as usize).max(8);
+    let v: Vec<usize> = crate::bench::sizes(kind, min, max.min(cap))
+        .into_iter()
+        .filter(|&s| s <= cap)
+        .collect();
+    if op == "signal" {
+        return vec![8];
+    }
+    v
+}
+
+/// Iterations per launch for a size: `iters`, fewer for large sizes (at most 256 MiB per
+/// launch for latency, 1 GiB for bandwidth), never under 10.
+pub fn iters_for(size: usize, iters: usize, bandwidth: bool) -> u64 {
+    let budget: usize = if bandwidth { 1 << 30 } else { 256 << 20 };
+    (iters.min(budget / size.max(1)).max(10)) as u64
+}
+
+/// Median, p99 (nearest rank) and mean of samples.
+pub fn stats(v: &[f64]) -> Option<(f64, f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let med = if s.len() % 2 == 1 {
+        s[s.len() / 2]
+    } else {
+        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
+    };
+    let rank = ((0.99 * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    let mean = s.iter().sum::<f64>() / s.len() as f64;
+    Some((med, s[rank - 1], mean))
+}
+
+/// Entry point of `rshmem bench OP --device gpu`.
+pub fn bench_cli(o: BenchOpts) -> i32 {
+    let r = if o.op == "copy" {
+        copy_bench(&o).map(|r| print_copy(&r, o.json))
+    } else {
+        bench(&o).map(|r| print_bench(&r, o.json))
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rshmem bench {} --device gpu: {e}", o.op);
+            1
+        }
+    }
+}
+
+fn print_bench(r: &GpuReport, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(r).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+        );
+        return;
+    }
+    println!(
+        "rshmem bench {} (scope {}): {} PEs, device gpu ({}), transport p2p, latency = {}; kernels {} / {}",
+        r.bench,
+        r.scope,
+        r.pes,
+        r.gpu,
+        r.latency_kind,
+        r.latency_kernel.as_deref().unwrap_or("-"),
+        r.bandwidth_kernel.as_deref().unwrap_or("-")
+    );
+    println!(
+        "{:>10} {:>14} {:>14} {:>14} {:>12}",
+        "size (B)", "lat med (us)", "lat p99 (us)", "lat mean (us)", "bw (GB/s)"
+    );
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+    for row in &r.rows {
+        println!(
+            "{:>10} {:>14} {:>14} {:>14} {:>12}",
+            row.size,
+            f(row.latency_us_median),
+            f(row.latency_us_p99),
+            f(row.latency_us_mean),
+            f(row.bandwidth_gbps)
+        );
+    }
+}
+
+fn validate_bench(o: &BenchOpts) -> Result<()> {
+    if o.pes < 2 || o.pes > 64 {
+        return Err(Error::InvalidArgument(format!(
+            "--pes {}: GPU benchmarks need 2..=64 PEs",
+            o.pes
+        )));
+    }
+    if !["thread", "warp", "block"].contains(&o.scope.as_str()) {
+        return Err(Error::InvalidArgument(format!(
+            "--scope {:?}: one of thread, warp, block",
+            o.scope
+        )));
+    }
+    if o.reps == 0 || o.iters == 0 {
+        return Err(Error::InvalidArgument(
+            "--reps and --iters must be at least 1".into(),
+        ));
+    }
+    if o.min_size > o.max_size {
+        return Err(Error::InvalidArgument(format!(
+            "--min-size {} > --max-size {}",
+            o.min_size, o.max_size
+        )));
+    }
+    Ok(())
+}
+
+/// The latency and bandwidth kernels for (op, scope), at least one.
+fn bench_kernels<'a>(
+    m: &'a Manifest,
+    op: &str,
+    scope: &str,
+) -> Result<(Option<&'a BenchCase>, Option<&'a BenchCase>)> {
+    let lat = m.bench(op, scope, "latency");
+    let bw = m.bench(op, scope, "bandwidth");
+    if lat.is_none() && bw.is_none() {
+        let have: Vec<String> = m
+            .benches
+            .iter()
+            .map(|b| format!("{} {} {}", b.op, b.scope, b.kind))
+            .collect();
+        return Err(Error::InvalidArgument(format!(
+            "no GPU bench kernel for {op} at scope {scope}; the manifest has: {}",
+            if have.is_empty() {
+                "none".to_string()
+            } else {
+                have.join(", ")
+            }
+        )));
+    }
+    Ok((lat, bw))
+}
+
+/// Runs one GPU benchmark; PE 0's records give the numbers.
+pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
+    validate_bench(o)?;
+    let m = Manifest::load(o.sources.manifest.as_deref())?;
+    let (lat, bw) = bench_kernels(&m, &o.op, &o.scope)?;
+    let scratch = lat
+        .iter()
+        .chain(bw.iter())
+        .map(|b| b.scratch_bytes)
+        .max()
+        .unwrap_or(8);
+    let sizes = bench_sizes(&o.op, o.min_size, o.max_size, scratch);
+    let mut settings = Settings::from_env()?;
+    settings.symmetric_size = settings.symmetric_size.max(
+        crate::heap::RESERVED_BYTES + (scratch as usize).next_multiple_of(1 << 20) + (1 << 20),
+    );
+    let mods: std::collections::BTreeSet<String> = lat
+        .iter()
+        .chain(bw.iter())
+        .map(|b| b.module.clone())
+        .collect();
+    let sources = o.sources.clone();
+    let rows = run_gpu_threads(o.pes, settings, |g| {
+        let me = g.my_pe();
+        let mut loaded = BTreeMap::new();
+        for name in &mods {
+            loaded.insert(
+                name.clone(),
+                g.load_library_module(name, sources.ptx_dir.as_deref())?,
+            );
+        }
+        let buf = g.malloc(scratch as usize)?;
+        let rec = DevBuf::new(g.ctx(), 64, "the bench record")?;
+        let mut rows = Vec::new();
+        for &size in &sizes {
+            let mut row = GpuRow {
+                size,
+                latency_us_median: None,
+                latency_us_p99: None,
+                latency_us_mean: None,
+                bandwidth_gbps: None,
+                iters: 0,
+                bw_iters: 0,
+                launches: o.reps,
+            };
+            for (case, is_bw) in [(lat, false), (bw, true)] {
+                let Some(case) = case else { continue };
+                let iters = iters_for(size, o.iters, is_bw);
+                let mut samples = Vec::new();
+                // One unmeasured warm-up launch, then `reps` measured ones.
+                for rep in 0..=o.reps {
+                    g.memset(buf.offset(), 0, scratch as usize)?;
+                    rec.write(&[0u8; 64])?;
+                    g.pe().barrier_all()?;
+                    // Latency: PE 0 and PE 1 ping-pong; bandwidth: PE 0 streams to PE 1.
+                    let runs = if is_bw { me == 0 } else { me <= 1 };
+                    if runs {
+                        let args = HarnessArgs {
+                            scratch: buf.offset() as u64,
+                            scratch_bytes: scratch,
+                            result: rec.ptr(),
+                            param0: size as u64,
+                            param1: iters,
+                            param2: if me == 0 { 1 } else { 0 },
+                            seed: 0xbe9c_0000 + size as u64,
+                            reserved: 0,
+                        };
+                        g.launch_harness(
+                            &loaded[&case.module],
+                            &case.name,
+                            case.grid,
+                            case.block,
+                            &args,
+                            false,
+                        )?;
+                        g.sync(&case.name)?;
+                    }
+                    g.pe().barrier_all()?;
+                    if me == 0 {
+                        let mut b = [0u8; 64];
+                        rec.read(&mut b)?;
+                        let r = BenchRecord::from_bytes(&b);
+                        let ns = r.elapsed_ns().ok_or_else(|| {
+                            Error::Verification(format!(
+                                "{}: the kernel left no timing (start {} end {})",
+                                case.name, r.start_ns, r.end_ns
+                            ))
+                        })?;
+                        let it = r.iters.max(1) as f64;
+                        if rep == 0 {
+                            continue; // the warm-up launch
+                        }
+                        samples.push(if is_bw {
+                            r.bytes as f64 / ns as f64
+                        } else {
+                            ns as f64 / it / 2.0 / 1000.0
+                        });
+                    }
+                }
+                if me == 0 {
+                    let (med, p99, mean) = stats(&samples).expect("reps >= 1");
+                    if is_bw {
+                        row.bandwidth_gbps = Some(med);
+                        row.bw_iters = iters;
+                    } else {
+                        row.latency_us_median = Some(med);
+                        row.latency_us_p99 = Some(p99);
+                        row.latency_us_mean = Some(mean);
+                        row.iters = iters;
+                    }
+                }
+            }
+            rows.push(row);
+        }
+        Ok((me == 0).then(|| (rows, g.device().name.clone())))
+    })?;
+    let mut it = rows.into_iter();
+    let first = it
+        .next()
+        .ok_or_else(|| Error::Verification("no PE ran".into()))??;
+    for (pe, r) in it.enumerate() {
+        r.map_err(|e| Error::Verification(format!("PE {}: {e}", pe + 1)))?;
+    }
+    let (rows, gpu) = first.expect("PE 0 reports");
+    Ok(GpuReport {
+        bench: o.op.clone(),
+        scope: o.scope.clone(),
+        pes: o.pes,
+        device: "gpu",
+        transport: "p2p",
+        gpu,
+        latency_kind: "half_round_trip",
+        latency_kernel: lat.map(|b| b.name.clone()),
+        bandwidth_kernel: bw.map(|b| b.name.clone()),
+        rows,
+    })
+}
+
+// ---------------------------------------------------------------------- copy bench
+
+/// One row of `rshmem bench copy --device gpu`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CopyRow {
+    pub size: usize,
+    /// The library's rshmem_copy kernel, device memory to device memory on one GPU.
+    pub copy_kernel_gbps: f64,
+    /// cuMemcpyDtoDAsync on the same buffers.
+    pub memcpy_dtod_gbps: f64,
+    /// The manifest's put bandwidth kernel (block scope) PE 0 -> PE 1, same size.
+    pub put_bw_gbps: Option<f64>,
+    /// put_bw_gbps / max(copy_kernel_gbps, memcpy_dtod_gbps): the issue's target is >= 0.8.
+    pub put_fraction_of_copy: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CopyReport {
+    pub bench: &'static str,
+    pub device: &'static str,
+    pub gpu: String,
+    pub copy_grid: u32,
+    pub copy_block: u32,
+    pub put_kernel: Option<String>,
+    pub put_unavailable: Option<String>,
+    pub rows: Vec<CopyRow>,
+}
+
+fn print_copy(r: &CopyReport, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(r).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+        );
+        return;
+    }
+    println!(
+        "rshmem bench copy --device gpu ({}): rshmem_copy grid {} block {}; put kernel {}",
+        r.gpu,
+        r.copy_grid,
+        r.copy_block,
+        r.put_kernel
+            .as_deref()
+            .or(r.put_unavailable.as_deref())
+            .unwrap_or("-")
+    );
+    println!(
+        "{:>10} {:>14} {:>14} {:>12} {:>10}",
+        "size (B)", "copy (GB/s)", "memcpy (GB/s)", "put (GB/s)", "put/copy"
+    );
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+    for row in &r.rows {
+        println!(
+            "{:>10} {:>14.3} {:>14.3} {:>12} {:>10}",
+            row.size,
+            row.copy_kernel_gbps,
+            row.memcpy_dtod_gbps,
+            f(row.put_bw_gbps),
+            f(row.put_fraction_of_copy)
+        );
+    }
+}
+
+/// Times `n` enqueued operations on the PE's stream with CUDA events; seconds.
+fn time_stream(g: &GpuPe, n: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
+    g.enter()?;
+    let mut ev = [std::ptr::null_mut(); 2];
+    for e in ev.iter_mut() {
+        // SAFETY: valid out-pointer; default flags (timing enabled).
+        ck(unsafe { sys::cuEventCreate(e, 0) }, "cuEventCreate", || {
+            "timing".into()
+        })?;
+    }
+    let r = (|| {
+        // SAFETY: event and stream of this context.
+        ck(
+            unsafe { sys::cuEventRecord(ev[0], g.stream()) },
+            "cuEventRecord",
+            || "timing".into(),
+        )?;
+        for _ in 0..n {
+            op()?;
+        }
+        // SAFETY: as above.
+        ck(
+            unsafe { sys::cuEventRecord(ev[1], g.stream()) },
+            "cuEventRecord",
+            || "timing".into(),
+        )?;
+        g.sync("timed copies")?;
+        let mut ms = 0f32;
+        // SAFETY: both events recorded and complete (the stream is idle).
+        ck(
+            unsafe { sys::cuEventElapsedTime_v2(&mut ms, ev[0], ev[1]) },
+            "cuEventElapsedTime_v2",
+            || "timing".into(),
+        )?;
+        Ok(ms as f64 / 1000.0)
+    })();
+    for e in ev {
+        // SAFETY: created above, destroyed once.
+        unsafe { sys::cuEventDestroy_v2(e) };
+    }
+    r
+}
+
+/// Device-to-device copy bandwidth (rshmem_copy and cuMemcpyDtoD) and, when the manifest
+/// has a put bandwidth kernel, put bandwidth in the same run.
+pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
+    let o = BenchOpts {
+        pes: o.pes.max(2),
+        ..o.clone()
+    };
+    validate_bench(&o)?;
+    let m = Manifest::load(o.sources.manifest.as_deref());
+    let (put, put_unavailable) = match &m {
+        Ok(m) => match m
+            .bench("put", "block", "bandwidth")
+            .or_else(|| m.bench("put", &o.scope, "bandwidth"))
+        {
+            Some(b) => (Some(b.clone()), None),
+            None => (
+                None,
+                Some("the manifest has no put bandwidth kernel".to_string()),
+            ),
+        },
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let max = o.max_size.max(8).next_multiple_of(16);
+    let sizes: Vec<usize> = crate::bench::sizes(crate::bench::Kind::Put, o.min_size.max(4096), max);
+    let scratch = (2 * max).max(put.as_ref().map_or(0, |p| p.scratch_bytes as usize));
+    let mut settings = Settings::from_env()?;
+    settings.symmetric_size = settings
+        .symmetric_size
+        .max(crate::heap::RESERVED_BYTES + scratch.next_multiple_of(1 << 20) + (1 << 20));
+    let sources = o.sources.clone();
+    let out = run_gpu_threads(o.pes, settings, |g| {
+        let me = g.my_pe();
+        let k = g.load_library_module("rshmem_kernels", sources.ptx_dir.as_deref())?;
+        let pm = match &put {
+            Some(p) => Some(g.load_library_module(&p.module, sources.ptx_dir.as_deref())?),
+            None => None,
+        };
+        let buf = g.malloc(scratch)?;
+        let rec = DevBuf::new(g.ctx(), 64, "the bench record")?;
+        let grid = g.device().sms * 4;
+        let block = 512u32;
+        let mut rows = Vec::new();
+        for &size in &sizes {
+            let mut row = CopyRow {
+                size,
+                copy_kernel_gbps: 0.0,
+                memcpy_dtod_gbps: 0.0,
+                put_bw_gbps: None,
+                put_fraction_of_copy: None,
+            };
+            if me == 0 {
+                let src = g.ptr(buf.offset(), size, me).expect("own heap");
+                let dst = g.ptr(buf.offset() + max, size, me).expect("own heap");
+                let words = (size / 8) as u64;
+                let n = iters_for(size, o.iters, true).min(1000) as usize;
+                let mut kern = Vec::new();
+                let mut memc = Vec::new();
+                // rep 0 warms up (module, copy engines, clocks) and is not counted.
+                for rep in 0..=o.reps {
+                    fill(g, &k, src, words, 77 + rep as u64)?;
+                    g.memset(buf.offset() + max, 0, size)?;
+                    let secs = time_stream(g, n, || {
+                        let (mut a, mut b, mut c) = (dst, src, size as u64);
+                        let mut p = [
+                            (&mut a as *mut u64).cast::<c_void>(),
+                            (&mut b as *mut u64).cast(),
+                            (&mut c as *mut u64).cast(),
+                        ];
+                        // SAFETY: rshmem_copy(void* dst, const void* src, u64 bytes); both ranges in our heap, disjoint.
+                        unsafe { g.launch_raw(&k, "rshmem_copy", grid, block, 0, &mut p, false) }
+                    })?;
+                    if let Some(i) = verify(g, &k, dst, words, 77 + rep as u64)? {
+                        return Err(Error::Verification(format!(
+                            "rshmem_copy of {size} bytes: word {i} wrong"
+                        )));
+                    }
+                    if rep > 0 {
+                        kern.push(size as f64 * n as f64 / secs / 1e9);
+                    }
+                    g.memset(buf.offset() + max, 0, size)?;
+                    let secs = time_stream(g, n, || {
+                        // SAFETY: both ranges inside our heap, disjoint; this PE's stream.
+                        ck(
+                            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, size, g.stream()) },
+                            "cuMemcpyDtoDAsync",
+                            || "copy bench".into(),
+                        )
+                    })?;
+                    if let Some(i) = verify(g, &k, dst, words, 77 + rep as u64)? {
+                        return Err(Error::Verification(format!(
+                            "cuMemcpyDtoD of {size} bytes: word {i} wrong"
+                        )));
+                    }
+                    if rep > 0 {
+                        memc.push(size as f64 * n as f64 / secs / 1e9);
+                    }
+                }
+                row.copy_kernel_gbps = stats(&kern).expect("reps").0;
+                row.memcpy_dtod_gbps = stats(&memc).expect("reps").0;
+            }
+            if let (Some(p), Some(pm)) = (&put, &pm) {
+                if size as u64 <= p.scratch_bytes {
+                    let mut samples = Vec::new();
+                    let iters = iters_for(size, o.iters, true);
+                    for rep in 0..=o.reps {
+                        g.memset(buf.offset(), 0, p.scratch_bytes as usize)?;
+                        rec.write(&[0u8; 64])?;
+                        g.pe().barrier_all()?;
+                        if me == 0 {
+                            let args = HarnessArgs {
+                                scratch: buf.offset() as u64,
+                                scratch_bytes: p.scratch_bytes,
+                                result: rec.ptr(),
+                                param0: size as u64,
+                                param1: iters,
+                                param2: 1,
+                                seed: 0xc0 + size as u64,
+                                reserved: 0,
+                            };
+                            g.launch_harness(pm, &p.name, p.grid, p.block, &args, false)?;
+                            g.sync(&p.name)?;
+                            let mut b = [0u8; 64];
+                            rec.read(&mut b)?;
+                            let r = BenchRecord::from_bytes(&b);
+                            let ns = r.elapsed_ns().ok_or_else(|| {
+                                Error::Verification(format!("{}: no timing", p.name))
+                            })?;
+                            if rep > 0 {
+                                samples.push(r.bytes as f64 / ns as f64);
+                            }
+                        }
+                        g.pe().barrier_all()?;
+                    }
+                    if me == 0 {
+                        let bw = stats(&samples).expect("reps").0;
+                        row.put_bw_gbps = Some(bw);
+                        row.put_fraction_of_copy =
+                            Some(bw / row.copy_kernel_gbps.max(row.memcpy_dtod_gbps));
+                    }
+                }
+            }
+            g.pe().barrier_all()?;
+            rows.push(row);
+        }
+        Ok((me == 0).then(|| (rows, g.device().name.clone(), grid, block)))
+    })?;
+    let mut it = out.into_iter();
+    let first = it
+        .next()
+        .ok_or_else(|| Error::Verification("no PE ran".into()))??;
+    for (pe, r) in it.enumerate() {
+        r.map_err(|e| Error::Verification(format!("PE {}: {e}", pe + 1)))?;
+    }
+    let (rows, gpu, grid, block) = first.expect("PE 0 reports");
+    Ok(CopyReport {
+        bench: "copy",
+        device: "gpu",
+        gpu,
+        copy_grid: grid,
+        copy_block: block,
+        put_kernel: put.map(|p| p.name),
+        put_unavailable,
+        rows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_are_exact() {
+        assert_eq!(stats(&[]), None);
+        assert_eq!(stats(&[3.0]), Some((3.0, 3.0, 3.0)));
+        assert_eq!(stats(&[4.0, 1.0, 3.0, 2.0]), Some((2.5, 4.0, 2.5)));
+        let v: Vec<f64> = (1..=200).map(|x| x as f64).collect();
+        let (m, p, _) = stats(&v).unwrap();
+        assert_eq!((m, p), (100.5, 198.0));
+    }
+
+    #[test]
+    fn bench_sizes_follow_the_op_and_scratch() {
+        assert_eq!(bench_sizes("p", 8, 1 << 20, 1 << 20), vec![8]);
+        assert_eq!(bench_sizes("p", 4, 1 << 20, 1 << 20), vec![4, 8]);
+        assert_eq!(bench_sizes("atomic", 8, 1 << 20, 1 << 20), vec![8]);
+        assert_eq!(bench_sizes("signal", 8, 1 << 20, 1 << 20), vec![8]);
+        assert_eq!(bench_sizes("put", 8, 64, 1 << 20), vec![8, 16, 32, 64]);
+        assert_eq!(
+            bench_sizes("put", 8, 1 << 30, 32),
+            vec![8, 16, 32],
+            "capped by scratch"
+        );
+    }
+
+    #[test]
+    fn iteration_budget() {
+        assert_eq!(iters_for(8, 1000, false), 1000);
+        assert_eq!(iters_for(32 << 20, 1000, false), 10);
+        assert_eq!(iters_for(1 << 20, 1000, true), 1000);
+        assert_eq!(iters_for(16 << 20, 1000, true), 64);
+    }
+
+    fn opts() -> BenchOpts {
+        BenchOpts {
+            op: "put".into(),
+            scope: "thread".into(),
+            pes: 2,
+            min_size: 8,
+            max_size: 64,
+            iters: 10,
+            reps: 1,
+            json: true,
+            sources: Sources::default(),
+        }
+    }
+
+    #[test]
+    fn bad_bench_options_are_refused() {
+        let e = validate_bench(&BenchOpts { pes: 1, ..opts() })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--pes 1: GPU benchmarks need 2..=64 PEs"), "{e}");
+        let e = validate_bench(&BenchOpts {
+            scope: "grid".into(),
+            ..opts()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--scope \"grid\""), "{e}");
+        let e = validate_bench(&BenchOpts { reps: 0, ..opts() })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--reps"), "{e}");
+        let e = validate_bench(&BenchOpts {
+            min_size: 128,
+            ..opts()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--min-size 128 > --max-size 64"), "{e}");
+        assert!(validate_bench(&opts()).is_ok());
+    }
+
+    #[test]
+    fn missing_bench_kernels_are_named() {
+        let m = Manifest::parse(
+            r#"{"tests": [], "benches": [
+            {"name": "rshmem_bench_put_lat_thread", "module": "b", "op": "put", "scope": "thread",
+             "kind": "latency", "grid": 1, "block": 1, "scratch_bytes": 64}]}"#,
+        )
+        .unwrap();
+        let (l, b) = bench_kernels(&m, "put", "thread").unwrap();
+        assert_eq!(l.unwrap().name, "rshmem_bench_put_lat_thread");
+        assert!(b.is_none());
+        let e = bench_kernels(&m, "get", "warp").unwrap_err().to_string();
+        assert!(
+            e.contains("no GPU bench kernel for get at scope warp")
+                && e.contains("put thread latency"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn selftest_refuses_bad_pe_counts_and_unknown_cases() {
+        let o = SelftestOpts {
+            pes: 0,
+            cases: vec![],
+            sources: Sources::default(),
+        };
+        assert!(selftest(&o).unwrap_err().to_string().contains("--pes 0"));
+        let o = SelftestOpts {
+            pes: 2,
+            cases: vec!["host_nope".into()],
+            sources: Sources::default(),
+        };
+        let e = selftest(&o).unwrap_err().to_string();
+        // Not a host case, so it is looked up in the manifest (absent in this build).
+        assert!(e.contains("manifest"), "{e}");
+    }
+
+    #[test]
+    fn host_cases_without_a_driver_fail_cleanly() {
+        // SAFETY: dlopen attempts only.
+        if unsafe { sys::is_culib_present() } {
+            return;
+        }
+        let o = SelftestOpts {
+            pes: 2,
+            cases: vec!["host_heap_mapping".into()],
+            sources: Sources::default(),
+        };
+        let e = selftest(&o).unwrap_err().to_string();
+        assert!(e.contains("libcuda.so.1 not found"), "{e}");
+    }
+}

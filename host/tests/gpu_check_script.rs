@@ -1,0 +1,148 @@
+//! scripts/gpu-check's own logic on a machine without a GPU: it refuses to run without a
+//! bundle or without libcuda (clear message, exit 2), and with a stand-in libcuda that
+//! only the doctor can use it runs every step, records each failure without stopping, and
+//! ends with the summary table (exit 1). The bundle is this build's debug binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rshmem");
+
+/// A scratch "repository": scripts/gpu-check and, optionally, .gpu/ with the binary.
+fn repo(tag: &str, bundle: bool) -> PathBuf {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("gpu-check-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("scripts")).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check");
+    std::fs::copy(&src, root.join("scripts/gpu-check")).unwrap();
+    if bundle {
+        std::fs::create_dir_all(root.join(".gpu/ptx")).unwrap();
+        std::fs::copy(BIN, root.join(".gpu/rshmem")).unwrap();
+    }
+    root
+}
+
+fn run(root: &Path, envs: &[(&str, &str)]) -> Output {
+    let mut c = Command::new("bash");
+    c.arg(root.join("scripts/gpu-check")).arg(root.join("out"));
+    c.env_remove("LD_LIBRARY_PATH");
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    c.output().expect("run gpu-check")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn libcuda_present() -> bool {
+    let c = std::ffi::CString::new("libcuda.so.1").unwrap();
+    // SAFETY: dlopen/dlclose of a system library name.
+    unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+        if !h.is_null() {
+            libc::dlclose(h);
+        }
+        !h.is_null()
+    }
+}
+
+#[test]
+fn refuses_without_a_bundle() {
+    let root = repo("nobundle", false);
+    let o = run(&root, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(".gpu/rshmem is missing: run scripts/build-gpu-bundle"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn refuses_without_libcuda() {
+    if libcuda_present() {
+        return; // a GPU machine: the real run is the check
+    }
+    let root = repo("nolib", true);
+    let o = run(&root, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("libcuda.so.1 not found"), "{}", text(&o));
+    assert!(std::fs::read_to_string(root.join("out/summary.txt"))
+        .unwrap()
+        .contains("no GPU check ran"));
+}
+
+const FAKE_CUDA_C: &str = r#"
+#include <stdio.h>
+#include <string.h>
+int cuInit(unsigned int f) { return 0; }
+int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+int cuDeviceGetCount(int *n) { *n = 1; return 0; }
+int cuDeviceGet(int *d, int o) { *d = o; return o == 0 ? 0 : 101; }
+int cuDeviceGetName(char *n, int len, int d) { snprintf(n, len, "Fake GPU"); return 0; }
+int cuDeviceTotalMem_v2(size_t *b, int d) { *b = 1 << 30; return 0; }
+int cuDeviceGetAttribute(int *v, int a, int d) { *v = 1; return 0; }
+int cuGetErrorName(int rc, const char **s) { *s = "CUDA_ERROR_FAKE"; return 0; }
+"#;
+
+#[test]
+fn runs_every_step_and_ends_with_the_table() {
+    if libcuda_present() {
+        return;
+    }
+    let root = repo("fake", true);
+    let lib = root.join("fakelib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("fake.c"), FAKE_CUDA_C).unwrap();
+    let b = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(lib.join("libcuda.so.1"))
+        .arg(lib.join("fake.c"))
+        .output()
+        .expect("cc");
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let o = run(
+        &root,
+        &[
+            ("LD_LIBRARY_PATH", lib.to_str().unwrap()),
+            ("RSHMEM_NVRTC_LIB", "/nonexistent/libnvrtc.so.13"),
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    let summary = std::fs::read_to_string(root.join("out/summary.txt")).unwrap();
+    assert!(t.ends_with(&summary), "the table is printed last:\n{t}");
+    assert!(
+        summary.contains("GPU: Fake GPU  driver: 13000"),
+        "{summary}"
+    );
+    let rows: Vec<&str> = summary
+        .lines()
+        .filter(|l| {
+            l.starts_with("doctor") || l.starts_with("selftest-") || l.starts_with("bench-")
+        })
+        .collect();
+    // doctor, 3 selftests, 5 ops x 3 scopes, copy.
+    assert_eq!(rows.len(), 1 + 3 + 15 + 1, "{summary}");
+    assert!(
+        rows[0].starts_with("doctor") && rows[0].contains(" ok "),
+        "{summary}"
+    );
+    for r in &rows[1..] {
+        assert!(
+            r.contains("FAIL (rc 1)"),
+            "a step that fails is recorded and the run goes on: {r}"
+        );
+    }
+    assert!(summary.contains("19 step(s) not ok"), "{summary}");
+    let log = std::fs::read_to_string(root.join("out/selftest-2.log")).unwrap();
+    assert!(log.contains("libcuda.so.1 lacks cuGetErrorString"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}

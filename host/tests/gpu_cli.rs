@@ -1,0 +1,191 @@
+//! `rshmem selftest --device gpu` / `rshmem bench ... --device gpu` on a machine without a
+//! GPU: argument errors, the CUDA-absent error, and a driver too old for the GPU layer (a
+//! fake libcuda.so.1 that exports only what the doctor needs) — all clear errors, never a
+//! panic. The GPU paths themselves run in scripts/gpu-check.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rshmem");
+
+fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(args);
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    c.output().expect("run rshmem")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn no_panic(o: &Output) {
+    let t = text(o);
+    assert!(!t.contains("panicked"), "{t}");
+}
+
+fn libcuda_present() -> bool {
+    // The same names cudarc tries first.
+    ["libcuda.so", "libcuda.so.1"].iter().any(|n| {
+        let c = std::ffi::CString::new(*n).unwrap();
+        // SAFETY: dlopen/dlclose of a system library name.
+        unsafe {
+            let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+            if !h.is_null() {
+                libc::dlclose(h);
+            }
+            !h.is_null()
+        }
+    })
+}
+
+#[test]
+fn without_libcuda_the_gpu_commands_say_so() {
+    if libcuda_present() {
+        return; // GPU machines: scripts/gpu-check runs these commands for real
+    }
+    for args in [
+        &["selftest", "--device", "gpu", "--case", "host_heap_mapping"][..],
+        &[
+            "bench",
+            "copy",
+            "--device",
+            "gpu",
+            "--max-size",
+            "64K",
+            "--reps",
+            "1",
+        ][..],
+    ] {
+        let o = run(args, &[]);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("libcuda.so.1 not found: install the NVIDIA driver"),
+            "{args:?}: {}",
+            text(&o)
+        );
+        no_panic(&o);
+    }
+}
+
+#[test]
+fn gpu_argument_errors_are_clear() {
+    let o = run(&["bench", "put", "--device", "gpu", "--scope", "grid"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("invalid value 'grid' for '--scope"),
+        "{}",
+        text(&o)
+    );
+    let o = run(&["bench", "barrier", "--device", "gpu"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("not a GPU benchmark"), "{}", text(&o));
+    let o = run(&["bench", "copy"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("a GPU benchmark; pass --device gpu"),
+        "{}",
+        text(&o)
+    );
+    let o = run(
+        &["bench", "put", "--device", "gpu", "--transport", "proxy"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("p2p transport only"), "{}", text(&o));
+    let o = run(&["selftest", "--device", "tpu"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(&["selftest", "--device", "gpu", "--pes", "0"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("--pes 0 is out of range"), "{}", text(&o));
+    let o = run(
+        &[
+            "selftest",
+            "--device",
+            "gpu",
+            "--manifest",
+            "/nonexistent.json",
+            "--case",
+            "put",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("/nonexistent.json"), "{}", text(&o));
+    no_panic(&o);
+}
+
+#[test]
+fn gpu_list_names_the_host_cases_and_the_manifest_cases() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let m = dir.join("gpu-cli-manifest.json");
+    std::fs::write(
+        &m,
+        r#"{"tests": [{"name": "rshmem_test_put_thread", "module": "rshmem_device_tests", "grid": 4,
+            "block": 128, "collective": false, "scratch_bytes": 4096, "checks_per_pe": 8}], "benches": []}"#,
+    )
+    .unwrap();
+    let o = run(
+        &[
+            "selftest",
+            "--device",
+            "gpu",
+            "--list",
+            "--manifest",
+            m.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "host_heap_mapping",
+            "host_put_get_on_stream",
+            "host_signal_on_stream",
+            "host_bind_module",
+            "host_nvrtc",
+            "rshmem_test_put_thread"
+        ]
+    );
+}
+
+/// A libcuda.so.1 exporting only cuInit and friends: the GPU layer must name the first
+/// missing entry point instead of panicking inside cudarc.
+#[test]
+fn a_driver_missing_entry_points_is_named() {
+    if libcuda_present() {
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gpu-cli-old-cuda");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("old.c");
+    std::fs::write(&src, "int cuInit(unsigned f) { return 0; }\nint cuDriverGetVersion(int *v) { *v = 11000; return 0; }\n").unwrap();
+    let lib: PathBuf = dir.join("libcuda.so.1");
+    let b = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc");
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let o = run(
+        &["selftest", "--device", "gpu", "--case", "host_heap_mapping"],
+        &[("LD_LIBRARY_PATH", dir.to_str().unwrap())],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("libcuda.so.1 lacks cuGetErrorName: the driver is too old"),
+        "{}",
+        text(&o)
+    );
+    no_panic(&o);
+}
