@@ -28,12 +28,11 @@ use crate::error::{Error, Result};
 use serde::Deserialize;
 use std::collections::BTreeSet;
 
-/// The embedded manifest, once the device-side branch has landed.
-///
-/// TODO(lead, after merging gpu-device): replace `None` by
-/// `Some(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../device-kernels/src/rshmem_device_tests.json")))`.
-pub const EMBEDDED: Option<&str> = None;
-// pub const EMBEDDED: Option<&str> = Some(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../device-kernels/src/rshmem_device_tests.json")));
+/// The embedded manifest of the library's device test and bench kernels.
+pub const EMBEDDED: Option<&str> = Some(include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../device-kernels/src/rshmem_device_tests.json"
+)));
 
 /// Path of the manifest in a checkout (runners accept `--manifest` / `RSHMEM_GPU_MANIFEST`
 /// to load it from disk instead of the embedded copy).
@@ -387,5 +386,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("/nonexistent/m.json"), "{e}");
+    }
+
+    #[test]
+    fn embedded_manifest_names_kernels_of_the_embedded_ptx() {
+        let m = Manifest::load(None).expect("embedded manifest parses");
+        assert!(
+            m.tests.len() >= 20 && m.benches.len() >= 20,
+            "{} tests, {} benches",
+            m.tests.len(),
+            m.benches.len()
+        );
+        let names = m
+            .tests
+            .iter()
+            .map(|t| (&t.module, &t.name))
+            .chain(m.benches.iter().map(|b| (&b.module, &b.name)));
+        for (module, name) in names {
+            let ptx =
+                crate::gpu::module::ptx_source(module, Some(std::path::Path::new("/nonexistent")))
+                    .expect("module embedded");
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "manifest kernel {name} is not an entry of module {module}"
+            );
+        }
     }
 }

@@ -28,6 +28,8 @@ pub const ERR_BAD_PE: u32 = 2;
 pub const ERR_OUT_OF_HEAP: u32 = 3;
 pub const ERR_WAIT_TIMEOUT: u32 = 4;
 pub const ERR_QUEUE: u32 = 5;
+/// Invalid comparison / signal operator, or more PEs than the device sync scratch holds.
+pub const ERR_BAD_ARG: u32 = 6;
 
 /// `rshmem_peer_t`: how this PE reaches one peer. 32 bytes.
 #[repr(C)]
@@ -100,6 +102,7 @@ impl DeviceError {
             ERR_OUT_OF_HEAP => "address range outside the symmetric heap",
             ERR_WAIT_TIMEOUT => "wait timed out (RSHMEM_TIMEOUT_MS)",
             ERR_QUEUE => "IBGDA queue error",
+            ERR_BAD_ARG => "invalid argument (comparison, signal op or PE count)",
             _ => "unknown device error code",
         }
     }
@@ -239,6 +242,7 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("RSHMEM_DEVICE_ERR_OUT_OF_HEAP", ERR_OUT_OF_HEAP as u64),
         ("RSHMEM_DEVICE_ERR_WAIT_TIMEOUT", ERR_WAIT_TIMEOUT as u64),
         ("RSHMEM_DEVICE_ERR_QUEUE", ERR_QUEUE as u64),
+        ("RSHMEM_DEVICE_ERR_BAD_ARG", ERR_BAD_ARG as u64),
     ]
 }
 
