@@ -169,6 +169,14 @@ pub trait Backend: Send + 'static {
     fn idle_wait(&self) -> std::time::Duration {
         std::time::Duration::from_millis(2)
     }
+
+    /// Whether threads waiting on this backend's queues drive the engine themselves while
+    /// the engine thread parks (the progress handover of [`super::Waker`]): true for
+    /// backends whose every round polls a provider (short [`Backend::idle_wait`]), false
+    /// for the LocalBackend, whose engine thread executes WQEs in parallel with the PEs.
+    fn callers_drive(&self) -> bool {
+        self.idle_wait() < std::time::Duration::from_millis(1)
+    }
 }
 
 /// The remote side of a queue pair served by [`LocalBackend`]: the peer's memory regions,

@@ -423,11 +423,16 @@ impl Proxy {
                 remote: RaddrSeg::new(raddr, peer.rkey),
                 payload: Payload::Inline(src),
             };
-            let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
             if matches!(peer.via, PeerKind::Fabric(_)) {
-                // Hand it to the network now rather than wait for the engine thread to
-                // wake (it may sleep up to IDLE_WAIT): caller-driven progress.
+                // Hand it to the network now rather than wake the engine thread (a context
+                // switch; it may sleep up to IDLE_WAIT): caller-driven progress. As a
+                // driver, the doorbell does not unpark the engine; if our round misses it
+                // (another thread held the engine), dropping the guard hands over.
+                let _drive = self.waker.drive();
+                let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
                 let _ = self.assist();
+            } else {
+                let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
             }
             return Ok(());
         }
@@ -693,6 +698,12 @@ impl Proxy {
     /// Runs one round of this process's engine on the calling thread, if it is free.
     pub(crate) fn assist(&self) -> bool {
         self.waker.assist()
+    }
+
+    /// Registers the calling thread as driving this process's engine (it calls
+    /// [`Proxy::assist`] repeatedly until the guard drops): see [`Waker`].
+    pub(crate) fn drive(&self) -> super::engine::Drive<'_> {
+        self.waker.drive()
     }
 
     /// Orders the next WQE to `pe` after every earlier one (FENCE), if the QP exists.
