@@ -40,6 +40,9 @@ pub const WQE_CNT: u32 = 128;
 pub const STAGING_CHUNK: usize = 8 << 10;
 /// Longest put sent inline: what fits one WQEBB (ctrl + raddr + 4-B header + 28 B).
 pub const MAX_INLINE_PUT: usize = 28;
+/// How long a broken connection's error waits for the bootstrap to report a death that
+/// explains it (`Proxy::err`).
+const DEATH_GRACE: Duration = Duration::from_millis(500);
 
 /// What a PE knows about a peer it reaches by proxy.
 pub(crate) struct ProxyPeer {
@@ -382,6 +385,26 @@ impl Proxy {
         if let SqError::Aborted { .. } = e {
             if let Err(dead) = self.live.check() {
                 return dead;
+            }
+        }
+        if let SqError::Completion { first, .. } = &e {
+            // A connection to `pe` that broke (or the WQEs flushed after it) is often the
+            // echo of a death elsewhere in the job: `pe` exited because the bootstrap told
+            // it that some PE died, and our bootstrap connection is about to say so too.
+            // Name the death if the bootstrap reports one within DEATH_GRACE.
+            if [Syndrome::TransportRetryExc as u8, Syndrome::WrFlush as u8]
+                .contains(&first.syndrome)
+            {
+                let t0 = std::time::Instant::now();
+                loop {
+                    if let Err(dead) = self.live.check() {
+                        return dead;
+                    }
+                    if t0.elapsed() >= DEATH_GRACE {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
         }
         match e {
