@@ -244,7 +244,11 @@ fn drained_reports_the_batch_limit() {
         r.post(&WqeOp::Nop);
     }
     r.ring();
-    assert_eq!(r.core.progress(), 64, "one batch of 64 WQEBBs per QP per round");
+    assert_eq!(
+        r.core.progress(),
+        64,
+        "one batch of 64 WQEBBs per QP per round"
+    );
     assert!(!r.core.drained());
     assert_eq!(r.core.progress(), 36);
     assert!(r.core.drained());

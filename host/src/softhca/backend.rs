@@ -177,6 +177,12 @@ pub trait Backend: Send + 'static {
     fn callers_drive(&self) -> bool {
         self.idle_wait() < std::time::Duration::from_millis(1)
     }
+
+    /// Told before every round whether some thread waits for a completion of this
+    /// engine's QPs, or the engine holds back WQEs (a FENCE, a batch limit): a backend
+    /// that defers work until a completion is needed (the FabricBackend's lazy write
+    /// confirmation) must do it while this is true.
+    fn set_urgent(&mut self, _urgent: bool) {}
 }
 
 /// The remote side of a queue pair served by [`LocalBackend`]: the peer's memory regions,

@@ -619,6 +619,18 @@ pub struct Waker {
     driven_parks: AtomicU64,
     /// Unparks done by a leaving driver (diagnostics, tests).
     handovers: AtomicU64,
+    /// Threads waiting for a completion ([`Waker::wait_completion`]).
+    cq_waiters: AtomicUsize,
+}
+
+/// A thread waiting for a completion of this engine's QPs ([`Waker::wait_completion`]).
+pub struct CqWait<'a>(&'a Waker);
+
+impl Drop for CqWait<'_> {
+    fn drop(&mut self) {
+        // Relaxed: a hint for the backend (`Backend::set_urgent`); see wait_completion.
+        self.0.cq_waiters.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Counters of the progress handover ([`Waker::stats`]).
@@ -691,6 +703,15 @@ impl Waker {
         // SeqCst RMW: ordered with producers' `drivers` loads (step 1).
         self.drivers.fetch_add(1, Ordering::SeqCst);
         Drive(self)
+    }
+
+    /// Registers the calling thread as waiting for a completion until the guard drops:
+    /// rounds meanwhile tell the backend it is urgent ([`Backend::set_urgent`]).
+    pub fn wait_completion(&self) -> CqWait<'_> {
+        // Relaxed: liveness only — the waiter keeps waiting (bounded) while rounds run,
+        // and the engine sees the count at a later round at the latest.
+        self.cq_waiters.fetch_add(1, Ordering::Relaxed);
+        CqWait(self)
     }
 
     /// The handover counters.
@@ -771,6 +792,9 @@ impl<B: Backend> Shared<B> {
         // SeqCst, before the doorbell records are read: the records of the rings counted
         // here are visible to this round (handover protocol step 2, see `Waker`).
         let rings = w.rings.load(Ordering::SeqCst);
+        // Relaxed: a hint (see Waker::wait_completion); `drained` is the last round's.
+        let urgent = w.cq_waiters.load(Ordering::Relaxed) > 0 || !core.drained();
+        core.backend().set_urgent(urgent);
         let work = core.progress();
         if core.drained() && w.served.load(Ordering::Relaxed) < rings {
             // SeqCst: read by a leaving driver after its decrement (step 3).

@@ -21,7 +21,9 @@ pub(crate) mod proxy;
 pub mod queue;
 
 pub use backend::{AtomicOp, Backend, LocalBackend, LocalPeer, Op};
-pub use engine::{Drive, EngineCore, EngineQp, QpConfig, QpHandle, SoftHca, Waker, WakerStats};
+pub use engine::{
+    CqWait, Drive, EngineCore, EngineQp, QpConfig, QpHandle, SoftHca, Waker, WakerStats,
+};
 pub use fabric::{FabricBackend, FabricPeer};
 pub use mr::{Access, MemoryRegion, MrTable};
 pub use queue::{CqMode, CqeReport, Posted, QueueLayout, QueueMemory, SendQueue, SqError};

@@ -101,6 +101,12 @@ impl Backend for ProxyBackend {
             None => self.local.idle_wait(),
         }
     }
+
+    fn set_urgent(&mut self, urgent: bool) {
+        if let Some(f) = self.fabric.as_mut() {
+            f.set_urgent(urgent);
+        }
+    }
 }
 
 /// This process's fabric endpoint, as a PE uses it.

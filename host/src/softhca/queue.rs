@@ -626,6 +626,8 @@ impl SendQueue {
         let mut start: Option<Instant> = None;
         // Held from the first assisting poll on (progress handover, see `Waker`).
         let mut _drive = None;
+        // A completion is needed: a backend that defers confirmations must not now.
+        let _cq_wait = self.wake.as_ref().map(|w| w.wait_completion());
         while !done() {
             polls = polls.wrapping_add(1);
             if polls < SPIN {
