@@ -38,6 +38,10 @@ impl Backend for Lazy {
     fn callers_drive(&self) -> bool {
         true
     }
+
+    fn handover(&self) -> bool {
+        true
+    }
 }
 
 /// Longest a WRITE may take to land without the waiter's help (vs the 30 s idle sleep).

@@ -178,6 +178,13 @@ pub trait Backend: Send + 'static {
         self.idle_wait() < std::time::Duration::from_millis(1)
     }
 
+    /// Whether the engine thread parks while a thread drives ([`super::Waker`]'s progress
+    /// handover; needs [`Backend::callers_drive`]). Off by default: opt-in with
+    /// `RSHMEM_ENGINE_HANDOVER=1` for the FabricBackend (docs/multinode.md).
+    fn handover(&self) -> bool {
+        false
+    }
+
     /// Told before every round whether some thread waits for a completion of this
     /// engine's QPs, or the engine holds back WQEs (a FENCE, a batch limit): a backend
     /// that defers work until a completion is needed (the FabricBackend's lazy write

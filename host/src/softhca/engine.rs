@@ -621,6 +621,9 @@ pub struct Waker {
     handovers: AtomicU64,
     /// Threads waiting for a completion ([`Waker::wait_completion`]).
     cq_waiters: AtomicUsize,
+    /// The handover is on ([`Backend::handover`]): doorbells rung while a driver exists
+    /// leave the engine parked.
+    handover: AtomicBool,
 }
 
 /// A thread waiting for a completion of this engine's QPs ([`Waker::wait_completion`]).
@@ -733,7 +736,8 @@ impl Waker {
         // SeqCst RMW: a round that loads this value acquires the doorbell record stored
         // before it; and it is ordered with the drivers' RMWs (see `Waker`).
         self.rings.fetch_add(1, Ordering::SeqCst);
-        if self.drivers.load(Ordering::SeqCst) > 0 {
+        // Relaxed `handover`: a configuration flag set once the backend is installed.
+        if self.handover.load(Ordering::Relaxed) && self.drivers.load(Ordering::SeqCst) > 0 {
             // A driver will run a round after this (or hand over when it leaves).
             return;
         }
@@ -817,6 +821,10 @@ impl<B: Backend> Shared<B> {
         if self.callers_drive.load(Ordering::Relaxed) != cd {
             self.callers_drive.store(cd, Ordering::Relaxed);
         }
+        let h = cd && b.handover();
+        if self.waker.handover.load(Ordering::Relaxed) != h {
+            self.waker.handover.store(h, Ordering::Relaxed);
+        }
     }
 
     /// Runs `f` on the backend under the engine lock (waits for a running round).
@@ -885,6 +893,7 @@ fn wait_ack<B: Backend>(shared: &Shared<B>, g: u64) {
 impl<B: Backend> SoftHca<B> {
     /// Starts an engine thread named `name` over `backend`.
     pub fn start(backend: B, name: &str) -> std::io::Result<SoftHca<B>> {
+        let handover = backend.callers_drive() && backend.handover();
         let shared = Arc::new(Shared {
             qps: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
@@ -895,6 +904,8 @@ impl<B: Backend> SoftHca<B> {
             callers_drive: AtomicBool::new(backend.callers_drive()),
             core: Mutex::new((EngineCore::new(backend), 0)),
         });
+        // Relaxed: set before the engine thread starts (spawn orders it).
+        shared.waker.handover.store(handover, Ordering::Relaxed);
         let weak = Arc::downgrade(&shared);
         let _ = shared.waker.assist.set(Box::new(move || {
             weak.upgrade()
@@ -960,7 +971,7 @@ fn run<B: Backend>(shared: Arc<Shared<B>>) {
         // progress); the engine thread then parks instead of competing with it for the
         // cores (handover protocol, see `Waker`). SeqCst: step 4.
         let callers_drive = shared.callers_drive.load(Ordering::Relaxed);
-        if callers_drive && w.drivers.load(Ordering::SeqCst) > 0 {
+        if w.handover.load(Ordering::Relaxed) && w.drivers.load(Ordering::SeqCst) > 0 {
             let rounds = w.rounds.load(Ordering::Relaxed);
             w.sleeping.store(true, Ordering::Relaxed);
             // SeqCst: see `Drive::drop` (Dekker on `sleeping` / `drivers`).

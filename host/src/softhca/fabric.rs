@@ -122,6 +122,8 @@ pub struct FabricBackend {
     lazy: bool,
     /// Some thread waits for a completion, or the engine holds WQEs back.
     urgent: bool,
+    /// `RSHMEM_ENGINE_HANDOVER=1`: the engine thread parks while a PE drives.
+    handover: bool,
     /// Writes locally complete and not yet covered by a flush READ posted.
     unflushed_n: usize,
     regions: Regions,
@@ -226,6 +228,7 @@ impl FabricBackend {
             unflushed: std::collections::HashMap::new(),
             lazy,
             urgent: false,
+            handover: std::env::var("RSHMEM_ENGINE_HANDOVER").is_ok_and(|v| v == "1"),
             unflushed_n: 0,
             ep,
             regions: Arc::new(Mutex::new(Vec::new())),
@@ -679,5 +682,9 @@ impl Backend for FabricBackend {
 
     fn set_urgent(&mut self, urgent: bool) {
         self.urgent = urgent;
+    }
+
+    fn handover(&self) -> bool {
+        self.handover
     }
 }

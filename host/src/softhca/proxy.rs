@@ -107,6 +107,10 @@ impl Backend for ProxyBackend {
             f.set_urgent(urgent);
         }
     }
+
+    fn handover(&self) -> bool {
+        self.fabric.as_ref().is_some_and(|f| f.handover())
+    }
 }
 
 /// This process's fabric endpoint, as a PE uses it.
