@@ -698,10 +698,16 @@ impl Pe {
     ) -> Result<R> {
         let mut polls: u64 = 0;
         let mut start: Option<Instant> = None;
+        // Held while this wait runs engine rounds (from the first miss on): the engine
+        // thread of a network backend parks meanwhile (progress handover, softhca::Waker).
+        let mut _drive = None;
         loop {
             match step() {
                 Ok(r) => return Ok(r),
                 Err(state) => {
+                    if polls == 0 {
+                        _drive = self.proxy.as_ref().map(|p| p.drive());
+                    }
                     polls += 1;
                     if polls % CHECK_EVERY == 0 {
                         self.live.check()?;

@@ -105,6 +105,54 @@ fn selftest_over_fabric_delivery_complete_small_chunks() {
     }
 }
 
+/// The self-test (quiet, fence, signals, barriers: exact checks) and the put benchmark
+/// (ping-pong payload and a streamed-then-quiet 1 MiB, both verified) with lazy write
+/// confirmation: flush READs only when a completion is needed.
+#[test]
+fn selftest_and_bench_over_fabric_lazy_confirmation() {
+    let out = fabric_cmd(&["run", "-n", "3", "--", RSHMEM, "selftest"])
+        .env("RSHMEM_FABRIC_CONFIRM", "lazy")
+        .env("RSHMEM_FABRIC_CHUNK", "8K")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for pe in 0..3 {
+        let want = format!("all 10 cases passed on PE {pe}");
+        assert!(text.contains(&want), "missing {want:?}:\n{text}");
+    }
+    let out = fabric_cmd(&[
+        "run",
+        "-n",
+        "2",
+        "--",
+        RSHMEM,
+        "bench",
+        "put",
+        "--transport",
+        "proxy",
+        "--json",
+        "--min-size",
+        "8",
+        "--max-size",
+        "1M",
+        "--iters",
+        "200",
+    ])
+    .env("RSHMEM_FABRIC_CONFIRM", "lazy")
+    .output()
+    .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("proxy-fabric"),
+        "not over the fabric:\n{text}"
+    );
+    assert!(text.contains("\"size\":1048576"), "no 1 MiB row:\n{text}");
+}
+
 /// A bad RSHMEM_FABRIC_CHUNK is refused, naming the variable.
 #[test]
 fn bad_fabric_chunk_is_refused() {

@@ -212,12 +212,15 @@ fn normal_and_collapsed_cq() {
                     assert_eq!(cqe(&r.mem, i), (REQ, 0, opcode::NOP, i as u16, 0));
                 }
                 assert_eq!(r.qp.wqes.load(std::sync::atomic::Ordering::Relaxed), 4);
+                // The stalled WQE is backlog: no round may claim its doorbell served.
+                assert!(!r.core.drained(), "a CQ-full stall leaves work");
                 // Consume two: the engine writes the fifth into slot 0 with owner 1.
                 r.mem.cq_dbrec_ci().store(
                     u32::from_ne_bytes(rshmem::mlx5::doorbell::cq_consumer_index(2).to_bytes()),
                     std::sync::atomic::Ordering::Release,
                 );
                 r.run();
+                assert!(r.core.drained());
                 assert_eq!(cqe(&r.mem, 0), (REQ, 0, opcode::NOP, 4, 1));
                 assert_eq!(cqe(&r.mem, 1), (REQ, 0, opcode::NOP, 1, 0));
             }
@@ -230,6 +233,27 @@ fn normal_and_collapsed_cq() {
             }
         }
     }
+}
+
+/// `drained` (the progress handover's "every published WQE processed"): false after a
+/// round that hit the per-QP batch limit, true once the rest is done.
+#[test]
+fn drained_reports_the_batch_limit() {
+    let mut r = rig(128, 128, CqMode::Normal);
+    for _ in 0..100 {
+        r.post(&WqeOp::Nop);
+    }
+    r.ring();
+    assert_eq!(
+        r.core.progress(),
+        64,
+        "one batch of 64 WQEBBs per QP per round"
+    );
+    assert!(!r.core.drained());
+    assert_eq!(r.core.progress(), 36);
+    assert!(r.core.drained());
+    assert_eq!(r.core.progress(), 0);
+    assert!(r.core.drained());
 }
 
 /// One malformed or failing WQE at index 1 between good ones: the error CQE carries the

@@ -169,6 +169,27 @@ pub trait Backend: Send + 'static {
     fn idle_wait(&self) -> std::time::Duration {
         std::time::Duration::from_millis(2)
     }
+
+    /// Whether threads waiting on this backend's queues drive the engine themselves while
+    /// the engine thread parks (the progress handover of [`super::Waker`]): true for
+    /// backends whose every round polls a provider (short [`Backend::idle_wait`]), false
+    /// for the LocalBackend, whose engine thread executes WQEs in parallel with the PEs.
+    fn callers_drive(&self) -> bool {
+        self.idle_wait() < std::time::Duration::from_millis(1)
+    }
+
+    /// Whether the engine thread parks while a thread drives ([`super::Waker`]'s progress
+    /// handover; needs [`Backend::callers_drive`]). Off by default: opt-in with
+    /// `RSHMEM_ENGINE_HANDOVER=1` for the FabricBackend (docs/multinode.md).
+    fn handover(&self) -> bool {
+        false
+    }
+
+    /// Told before every round whether some thread waits for a completion of this
+    /// engine's QPs, or the engine holds back WQEs (a FENCE, a batch limit): a backend
+    /// that defers work until a completion is needed (the FabricBackend's lazy write
+    /// confirmation) must do it while this is true.
+    fn set_urgent(&mut self, _urgent: bool) {}
 }
 
 /// The remote side of a queue pair served by [`LocalBackend`]: the peer's memory regions,

@@ -31,7 +31,7 @@ use crate::mlx5::wqe::{
 };
 use crate::mlx5::{Syndrome, WireStruct};
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -116,6 +116,9 @@ pub struct EngineCore<B: Backend> {
     bufs: Vec<LocalBuf>,
     wrap: Box<[u8; MAX_WQEBBS * WQEBB]>,
     done: Vec<(u64, Result<(), Syndrome>)>,
+    /// The last round left published WQEBBs unprocessed (batch budget, a full CQ, or a
+    /// FENCE waiting for earlier WQEs).
+    backlog: bool,
 }
 
 static NEXT_QPN: AtomicU32 = AtomicU32::new(0x10);
@@ -133,6 +136,7 @@ impl<B: Backend> EngineCore<B> {
             bufs: Vec::with_capacity(64),
             wrap: Box::new([0; MAX_WQEBBS * WQEBB]),
             done: Vec::new(),
+            backlog: false,
         }
     }
 
@@ -165,9 +169,16 @@ impl<B: Backend> EngineCore<B> {
         self.qps.iter().map(|r| r.qp.qpn).collect()
     }
 
+    /// Whether the last [`EngineCore::progress`] processed every WQEBB that the doorbell
+    /// records it read had published (nothing left for a later round but completions).
+    pub fn drained(&self) -> bool {
+        !self.backlog
+    }
+
     /// One round over every QP; returns the WQEBBs and completions processed.
     pub fn progress(&mut self) -> usize {
         let mut work = 0;
+        self.backlog = false;
         // Asynchronous completions first.
         self.done.clear();
         let done = &mut self.done;
@@ -193,6 +204,7 @@ impl<B: Backend> EngineCore<B> {
             qps,
             bufs,
             wrap,
+            backlog,
             ..
         } = self;
         let r = &mut qps[i];
@@ -308,6 +320,9 @@ impl<B: Backend> EngineCore<B> {
             avail -= n;
             budget = budget.saturating_sub(n);
             work += n as usize;
+        }
+        if avail > 0 {
+            *backlog = true;
         }
         // Relaxed: a statistic; one RMW per batch, not per WQE.
         r.qp.wqes.fetch_add(processed, Ordering::Relaxed);
@@ -561,18 +576,120 @@ fn execute<B: Backend>(
 /// doorbell, and lets a waiting producer run a round of the engine itself ("caller-driven
 /// progress", as MPI and UCX do), which spares a context switch per completion when the
 /// machine has more threads than cores.
+///
+/// **Progress handover.** A thread that waits and runs engine rounds while it waits holds
+/// a [`Drive`] guard ([`Waker::drive`]); it then counts as a *driver*. With a backend whose
+/// callers drive ([`Backend::callers_drive`]: the network backends) the engine thread parks
+/// while any driver exists, so the process has one busy thread per waiting PE instead of
+/// one more for the engine. The protocol never loses a doorbell (docs/soft-hca.md,
+/// "Progress handover"):
+/// 1. a producer rings (doorbell record, Release), then `wake`: `rings += 1` (SeqCst RMW),
+///    then loads `drivers` (SeqCst); only if it is 0 does it unpark a sleeping engine;
+/// 2. a round loads `rings` (SeqCst) *before* reading the doorbell records, and, when it
+///    left nothing published unprocessed ([`EngineCore::drained`]), raises `served` to
+///    that value: every doorbell counted in `served` has been processed;
+/// 3. a driver keeps running rounds while it holds the guard; the last driver to leave
+///    (`drivers` 1 → 0, SeqCst RMW) loads `served` and `rings` and, if `served < rings`,
+///    unparks a sleeping engine;
+/// 4. the engine parks for drivers only after storing `sleeping`, a SeqCst fence and
+///    seeing `drivers > 0`; a leaving driver fences before loading `sleeping` (Dekker: the
+///    engine sees the driver gone, or the driver sees it asleep).
+///
+/// In the SeqCst order, a producer's `rings` RMW comes before the last driver's
+/// decrement (then that driver sees the ring in `rings` and hands over unless a later
+/// drained round covered it) or after it (then the producer sees `drivers == 0` and wakes
+/// the engine itself). A round that reads a `rings` value includes the doorbell records
+/// rung before it (the RMWs form a release sequence the round's load acquires).
+/// Parks are bounded by [`Backend::idle_wait`]; a parked engine that finds no round ran
+/// during a whole park (a driver descheduled) runs one itself.
 #[derive(Default)]
 pub struct Waker {
     sleeping: AtomicBool,
     thread: OnceLock<std::thread::Thread>,
     assist: OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
+    /// Threads holding a [`Drive`] guard.
+    drivers: AtomicUsize,
+    /// Doorbells rung (count of `wake` calls).
+    rings: AtomicU64,
+    /// `rings` as loaded by the latest round that drained every published WQE.
+    served: AtomicU64,
+    /// Rounds run (by anyone): a parked engine checks that drivers make progress.
+    rounds: AtomicU64,
+    /// Engine parks because a driver existed (diagnostics, tests).
+    driven_parks: AtomicU64,
+    /// Unparks done by a leaving driver (diagnostics, tests).
+    handovers: AtomicU64,
+    /// Threads waiting for a completion ([`Waker::wait_completion`]).
+    cq_waiters: AtomicUsize,
+    /// The handover is on ([`Backend::handover`]): doorbells rung while a driver exists
+    /// leave the engine parked.
+    handover: AtomicBool,
+}
+
+/// A thread waiting for a completion of this engine's QPs ([`Waker::wait_completion`]).
+pub struct CqWait<'a>(&'a Waker);
+
+impl Drop for CqWait<'_> {
+    fn drop(&mut self) {
+        // Relaxed: a hint for the backend (`Backend::set_urgent`); see wait_completion.
+        self.0.cq_waiters.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counters of the progress handover ([`Waker::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WakerStats {
+    /// Threads holding a [`Drive`] guard now.
+    pub drivers: usize,
+    /// Doorbells rung so far.
+    pub rings: u64,
+    /// Doorbells known processed.
+    pub served: u64,
+    /// Engine rounds run (by the engine thread or by assisting producers).
+    pub rounds: u64,
+    /// Times the engine thread parked because some thread was driving.
+    pub driven_parks: u64,
+    /// Times a leaving driver woke the engine because doorbells were pending.
+    pub handovers: u64,
+    /// The engine thread is parked (or about to).
+    pub sleeping: bool,
 }
 
 impl std::fmt::Debug for Waker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Waker")
-            .field("sleeping", &self.sleeping)
+            .field("stats", &self.stats())
             .finish_non_exhaustive()
+    }
+}
+
+/// A thread that waits and runs engine rounds ([`Waker::assist`]) while it waits; see
+/// [`Waker`]. Holders must keep assisting until they drop it.
+pub struct Drive<'a>(&'a Waker);
+
+impl Drop for Drive<'_> {
+    fn drop(&mut self) {
+        let w = self.0;
+        // SeqCst RMW: totally ordered with producers' `rings` RMWs and the engine's fence
+        // (protocol step 3 in `Waker`'s documentation).
+        if w.drivers.fetch_sub(1, Ordering::SeqCst) != 1 {
+            return; // another driver keeps running rounds
+        }
+        // SeqCst loads: after the decrement in the total order, so a ring that came before
+        // it is counted in `rings`.
+        if w.served.load(Ordering::SeqCst) >= w.rings.load(Ordering::SeqCst) {
+            return; // every doorbell rung so far has been processed
+        }
+        // SeqCst fence, then `sleeping`: pairs with the engine's store + fence + `drivers`
+        // load before a driven park (Dekker).
+        fence(Ordering::SeqCst);
+        if w.sleeping.load(Ordering::Relaxed) {
+            // Relaxed: a statistic.
+            w.handovers.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = w.thread.get() {
+                t.unpark();
+            }
+        }
     }
 }
 
@@ -583,8 +700,47 @@ impl Waker {
         self.assist.get().is_some_and(|f| f())
     }
 
+    /// Registers the calling thread as a driver until the guard drops: it promises to run
+    /// [`Waker::assist`] repeatedly meanwhile (a wait loop). See [`Waker`].
+    pub fn drive(&self) -> Drive<'_> {
+        // SeqCst RMW: ordered with producers' `drivers` loads (step 1).
+        self.drivers.fetch_add(1, Ordering::SeqCst);
+        Drive(self)
+    }
+
+    /// Registers the calling thread as waiting for a completion until the guard drops:
+    /// rounds meanwhile tell the backend it is urgent ([`Backend::set_urgent`]).
+    pub fn wait_completion(&self) -> CqWait<'_> {
+        // Relaxed: liveness only — the waiter keeps waiting (bounded) while rounds run,
+        // and the engine sees the count at a later round at the latest.
+        self.cq_waiters.fetch_add(1, Ordering::Relaxed);
+        CqWait(self)
+    }
+
+    /// The handover counters.
+    pub fn stats(&self) -> WakerStats {
+        // Relaxed: a snapshot for diagnostics and tests.
+        WakerStats {
+            drivers: self.drivers.load(Ordering::Relaxed),
+            rings: self.rings.load(Ordering::Relaxed),
+            served: self.served.load(Ordering::Relaxed),
+            rounds: self.rounds.load(Ordering::Relaxed),
+            driven_parks: self.driven_parks.load(Ordering::Relaxed),
+            handovers: self.handovers.load(Ordering::Relaxed),
+            sleeping: self.sleeping.load(Ordering::Relaxed),
+        }
+    }
+
     /// Call after ringing a doorbell.
     pub fn wake(&self) {
+        // SeqCst RMW: a round that loads this value acquires the doorbell record stored
+        // before it; and it is ordered with the drivers' RMWs (see `Waker`).
+        self.rings.fetch_add(1, Ordering::SeqCst);
+        // Relaxed `handover`: a configuration flag set once the backend is installed.
+        if self.handover.load(Ordering::Relaxed) && self.drivers.load(Ordering::SeqCst) > 0 {
+            // A driver will run a round after this (or hand over when it leaves).
+            return;
+        }
         // SeqCst fence + load, against the engine's SeqCst store of `sleeping` + fence +
         // doorbell re-check (Dekker): either the engine sees our doorbell record before it
         // sleeps, or we see it asleep and unpark it.
@@ -608,6 +764,8 @@ struct Shared<B: Backend> {
     core: Mutex<(EngineCore<B>, u64)>,
     /// The backend's idle sleep bound, in µs (`Backend::idle_wait`).
     idle_us: AtomicU64,
+    /// `Backend::callers_drive`: the engine thread parks while a PE drives.
+    callers_drive: AtomicBool,
 }
 
 impl<B: Backend> Shared<B> {
@@ -634,20 +792,46 @@ impl<B: Backend> Shared<B> {
             // Release: pairs with wait_ack's Acquire — accesses to detached QPs are done.
             self.acked.store(gen, Ordering::Release);
         }
+        let w = &self.waker;
+        // SeqCst, before the doorbell records are read: the records of the rings counted
+        // here are visible to this round (handover protocol step 2, see `Waker`).
+        let rings = w.rings.load(Ordering::SeqCst);
+        // Relaxed: a hint (see Waker::wait_completion); `drained` is the last round's.
+        let urgent = w.cq_waiters.load(Ordering::Relaxed) > 0 || !core.drained();
+        core.backend().set_urgent(urgent);
         let work = core.progress();
-        let us = core.backend().idle_wait().as_micros() as u64;
+        if core.drained() && w.served.load(Ordering::Relaxed) < rings {
+            // SeqCst: read by a leaving driver after its decrement (step 3).
+            w.served.fetch_max(rings, Ordering::SeqCst);
+        }
+        // Relaxed: a progress counter only the engine thread compares (under no ordering).
+        w.rounds.fetch_add(1, Ordering::Relaxed);
+        self.note_backend(core.backend());
+        Some(work)
+    }
+
+    /// Caches the backend's idle bound and whether its callers drive (Relaxed: hints the
+    /// engine thread reads at its next iteration).
+    fn note_backend(&self, b: &B) {
+        let us = b.idle_wait().as_micros() as u64;
         if self.idle_us.load(Ordering::Relaxed) != us {
             self.idle_us.store(us, Ordering::Relaxed);
         }
-        Some(work)
+        let cd = b.callers_drive();
+        if self.callers_drive.load(Ordering::Relaxed) != cd {
+            self.callers_drive.store(cd, Ordering::Relaxed);
+        }
+        let h = cd && b.handover();
+        if self.waker.handover.load(Ordering::Relaxed) != h {
+            self.waker.handover.store(h, Ordering::Relaxed);
+        }
     }
 
     /// Runs `f` on the backend under the engine lock (waits for a running round).
     fn with_backend<R>(&self, f: impl FnOnce(&mut B) -> R) -> R {
         let mut g = self.core.lock().unwrap_or_else(|e| e.into_inner());
         let r = f(g.0.backend());
-        let us = g.0.backend().idle_wait().as_micros() as u64;
-        self.idle_us.store(us, Ordering::Relaxed);
+        self.note_backend(g.0.backend());
         r
     }
 }
@@ -709,6 +893,7 @@ fn wait_ack<B: Backend>(shared: &Shared<B>, g: u64) {
 impl<B: Backend> SoftHca<B> {
     /// Starts an engine thread named `name` over `backend`.
     pub fn start(backend: B, name: &str) -> std::io::Result<SoftHca<B>> {
+        let handover = backend.callers_drive() && backend.handover();
         let shared = Arc::new(Shared {
             qps: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
@@ -716,8 +901,11 @@ impl<B: Backend> SoftHca<B> {
             stop: AtomicBool::new(false),
             waker: Arc::new(Waker::default()),
             idle_us: AtomicU64::new(backend.idle_wait().as_micros() as u64),
+            callers_drive: AtomicBool::new(backend.callers_drive()),
             core: Mutex::new((EngineCore::new(backend), 0)),
         });
+        // Relaxed: set before the engine thread starts (spawn orders it).
+        shared.waker.handover.store(handover, Ordering::Relaxed);
         let weak = Arc::downgrade(&shared);
         let _ = shared.waker.assist.set(Box::new(move || {
             weak.upgrade()
@@ -773,18 +961,41 @@ impl<B: Backend> Drop for SoftHca<B> {
 }
 
 fn run<B: Backend>(shared: Arc<Shared<B>>) {
+    let w = &shared.waker;
     let mut idle = 0u32;
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return;
         }
-        // None: a producer is running a round; count it as work (it may find more).
+        // With a network backend, a PE that waits drives the engine itself (caller-driven
+        // progress); the engine thread then parks instead of competing with it for the
+        // cores (handover protocol, see `Waker`). SeqCst: step 4.
+        let callers_drive = shared.callers_drive.load(Ordering::Relaxed);
+        if w.handover.load(Ordering::Relaxed) && w.drivers.load(Ordering::SeqCst) > 0 {
+            let rounds = w.rounds.load(Ordering::Relaxed);
+            w.sleeping.store(true, Ordering::Relaxed);
+            // SeqCst: see `Drive::drop` (Dekker on `sleeping` / `drivers`).
+            fence(Ordering::SeqCst);
+            if w.drivers.load(Ordering::SeqCst) > 0
+                && shared.generation.load(Ordering::Acquire) == shared.acked.load(Ordering::Acquire)
+            {
+                // Relaxed: a statistic.
+                w.driven_parks.fetch_add(1, Ordering::Relaxed);
+                let us = shared.idle_us.load(Ordering::Relaxed).max(1);
+                std::thread::park_timeout(Duration::from_micros(us));
+            }
+            w.sleeping.store(false, Ordering::Relaxed);
+            // Relaxed: a progress check, not a synchronisation. If nobody ran a round for
+            // a whole park (the driver is descheduled), run one here.
+            if w.rounds.load(Ordering::Relaxed) != rounds {
+                continue;
+            }
+        }
         // None: a caller is running a round. With the local backend that counts as work
-        // (it may find more). With a network backend (short idle waits) it counts as idle:
-        // a PE that waits drives the endpoint itself, and the engine thread backing off
-        // instead of competing for the two cores cut the 8 B put's p99 from ~300 µs to
-        // ~55 µs between namespaces (docs/multinode.md).
-        let callers_drive = shared.idle_us.load(Ordering::Relaxed) < 1000;
+        // (it may find more). With a network backend it counts as idle: the caller drives
+        // the endpoint itself, and the engine thread backing off instead of competing for
+        // the two cores cut the 8 B put's p99 from ~300 µs to ~55 µs between namespaces
+        // (docs/multinode.md).
         let r = shared.round();
         if r.is_some_and(|n| n > 0) || (r.is_none() && !callers_drive) {
             idle = 0;
@@ -796,16 +1007,25 @@ fn run<B: Backend>(shared: Arc<Shared<B>>) {
         } else if idle < 160 {
             std::thread::yield_now();
         } else {
-            shared.waker.sleeping.store(true, Ordering::Relaxed);
+            w.sleeping.store(true, Ordering::Relaxed);
             // SeqCst: see Waker::wake.
             fence(Ordering::SeqCst);
-            let work = shared.round().unwrap_or(if callers_drive { 0 } else { 1 });
+            // None: another thread holds the engine; its round may have read the doorbell
+            // records before a ring that found us awake, so do not park on its behalf
+            // (try again after a yield).
+            let r = shared.round();
+            if r.is_none() {
+                w.sleeping.store(false, Ordering::Relaxed);
+                std::thread::yield_now();
+                continue;
+            }
+            let work = r.unwrap_or(0);
             let seen = shared.acked.load(Ordering::Acquire);
             if work == 0 && shared.generation.load(Ordering::Acquire) == seen {
                 let us = shared.idle_us.load(Ordering::Relaxed).max(1);
                 std::thread::park_timeout(Duration::from_micros(us));
             }
-            shared.waker.sleeping.store(false, Ordering::Relaxed);
+            w.sleeping.store(false, Ordering::Relaxed);
             if work > 0 {
                 idle = 0;
             }

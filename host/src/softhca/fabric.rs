@@ -42,6 +42,9 @@ use std::time::Duration;
 /// on this process's memory progress only while it polls.
 pub const IDLE_WAIT: Duration = Duration::from_micros(50);
 
+/// Lazy confirmation: writes left unconfirmed before a flush READ is posted anyway.
+const LAZY_LIMIT: usize = 64;
+
 /// Bytes of one inline bounce slot (the longest inline WQE payload fits).
 const BOUNCE: usize = 1024;
 /// Bounce slots; beyond them an inline write gets a freshly registered buffer.
@@ -114,6 +117,15 @@ pub struct FabricBackend {
     /// Per peer (by address): writes locally complete, awaiting a flush; and whether a
     /// flush READ is in flight.
     unflushed: std::collections::HashMap<u64, (Target, Vec<u32>, bool)>,
+    /// `RSHMEM_FABRIC_CONFIRM=lazy`: post flush READs only when a completion is needed
+    /// ([`Backend::set_urgent`]) or [`LAZY_LIMIT`] writes wait, instead of every round.
+    lazy: bool,
+    /// Some thread waits for a completion, or the engine holds WQEs back.
+    urgent: bool,
+    /// `RSHMEM_ENGINE_HANDOVER=1`: the engine thread parks while a PE drives.
+    handover: bool,
+    /// Writes locally complete and not yet covered by a flush READ posted.
+    unflushed_n: usize,
     regions: Regions,
     bounce: Arc<MemoryRegion>,
     bounce_free: Vec<u32>,
@@ -210,9 +222,14 @@ impl FabricBackend {
         let want_dc = std::env::var("RSHMEM_FABRIC_DELIVERY").is_ok_and(|v| v == "complete");
         let ep = Endpoint::with_completion(&domain, want_dc)?;
         let bounce = domain.alloc(BOUNCE * BOUNCE_SLOTS)?;
+        let lazy = std::env::var("RSHMEM_FABRIC_CONFIRM").is_ok_and(|v| v == "lazy");
         Ok(FabricBackend {
             dc: ep.delivery_complete(),
             unflushed: std::collections::HashMap::new(),
+            lazy,
+            urgent: false,
+            handover: std::env::var("RSHMEM_ENGINE_HANDOVER").is_ok_and(|v| v == "1"),
+            unflushed_n: 0,
             ep,
             regions: Arc::new(Mutex::new(Vec::new())),
             bounce,
@@ -308,6 +325,14 @@ impl FabricBackend {
         };
         if let (Some(t), Ok(())) = (p.flush_to, p.status) {
             p.flush_to = None;
+            if self.lazy {
+                // Locally complete: the provider is done with the source, so the bounce
+                // slot may go now (it may be long until the flush).
+                if let Bounce::Slot(s) = std::mem::replace(&mut p.bounce, Bounce::None) {
+                    self.bounce_free.push(s);
+                }
+            }
+            self.unflushed_n += 1;
             self.unflushed
                 .entry(t.peer.0)
                 .or_insert_with(|| (t, Vec::new(), false))
@@ -350,6 +375,7 @@ impl FabricBackend {
                 e.2 = true;
                 (e.0, std::mem::take(&mut e.1))
             };
+            self.unflushed_n = self.unflushed_n.saturating_sub(writes.len());
             let i = self.new_op(u64::MAX, 1, Bounce::Slot(slot));
             if let Some(p) = self.ops[i as usize].as_mut() {
                 p.flushes = Some((k, writes));
@@ -625,6 +651,7 @@ impl Backend for FabricBackend {
         if self.ep.poll_into(&mut comps).is_err() {
             // The completion queue itself failed: nothing in flight will complete.
             self.unflushed.clear();
+            self.unflushed_n = 0;
             for i in 0..self.ops.len() as u32 {
                 if self.ops[i as usize].is_some() {
                     let (t, _) = self.finish(i);
@@ -644,10 +671,20 @@ impl Backend for FabricBackend {
             }
         }
         self.comps = comps;
-        self.post_flushes(done);
+        if !self.lazy || self.urgent || self.unflushed_n >= LAZY_LIMIT {
+            self.post_flushes(done);
+        }
     }
 
     fn idle_wait(&self) -> Duration {
         IDLE_WAIT
+    }
+
+    fn set_urgent(&mut self, urgent: bool) {
+        self.urgent = urgent;
+    }
+
+    fn handover(&self) -> bool {
+        self.handover
     }
 }

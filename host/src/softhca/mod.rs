@@ -31,7 +31,9 @@ pub mod status;
 
 pub use backend::{AtomicOp, Backend, LocalBackend, LocalPeer, Op};
 pub use discard::DiscardEngine;
-pub use engine::{EngineCore, EngineQp, QpConfig, QpHandle, SoftHca, Waker};
+pub use engine::{
+    CqWait, Drive, EngineCore, EngineQp, QpConfig, QpHandle, SoftHca, Waker, WakerStats,
+};
 pub use fabric::{FabricBackend, FabricPeer};
 pub use mr::{Access, MemoryRegion, MrTable};
 pub use queue::{CqMode, CqeReport, Posted, QueueLayout, QueueMemory, SendQueue, SqError};

@@ -40,6 +40,9 @@ pub const WQE_CNT: u32 = 128;
 pub const STAGING_CHUNK: usize = 8 << 10;
 /// Longest put sent inline: what fits one WQEBB (ctrl + raddr + 4-B header + 28 B).
 pub const MAX_INLINE_PUT: usize = 28;
+/// How long a broken connection's error waits for the bootstrap to report a death that
+/// explains it (`Proxy::err`).
+const DEATH_GRACE: Duration = Duration::from_millis(500);
 
 /// What a PE knows about a peer it reaches by proxy.
 pub(crate) struct ProxyPeer {
@@ -97,6 +100,16 @@ impl Backend for ProxyBackend {
             Some(f) => f.idle_wait(),
             None => self.local.idle_wait(),
         }
+    }
+
+    fn set_urgent(&mut self, urgent: bool) {
+        if let Some(f) = self.fabric.as_mut() {
+            f.set_urgent(urgent);
+        }
+    }
+
+    fn handover(&self) -> bool {
+        self.fabric.as_ref().is_some_and(|f| f.handover())
     }
 }
 
@@ -399,6 +412,26 @@ impl Proxy {
                 return dead;
             }
         }
+        if let SqError::Completion { first, .. } = &e {
+            // A connection to `pe` that broke (or the WQEs flushed after it) is often the
+            // echo of a death elsewhere in the job: `pe` exited because the bootstrap told
+            // it that some PE died, and our bootstrap connection is about to say so too.
+            // Name the death if the bootstrap reports one within DEATH_GRACE.
+            if [Syndrome::TransportRetryExc as u8, Syndrome::WrFlush as u8]
+                .contains(&first.syndrome)
+            {
+                let t0 = std::time::Instant::now();
+                loop {
+                    if let Err(dead) = self.live.check() {
+                        return dead;
+                    }
+                    if t0.elapsed() >= DEATH_GRACE {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
         match e {
             SqError::Timeout { waited_ms, .. } => Error::Timeout {
                 pe: self.rank,
@@ -438,11 +471,16 @@ impl Proxy {
                 remote: RaddrSeg::new(raddr, peer.rkey),
                 payload: Payload::Inline(src),
             };
-            let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
             if matches!(peer.via, PeerKind::Fabric(_)) {
-                // Hand it to the network now rather than wait for the engine thread to
-                // wake (it may sleep up to IDLE_WAIT): caller-driven progress.
+                // Hand it to the network now rather than wake the engine thread (a context
+                // switch; it may sleep up to IDLE_WAIT): caller-driven progress. As a
+                // driver, the doorbell does not unpark the engine; if our round misses it
+                // (another thread held the engine), dropping the guard hands over.
+                let _drive = self.waker.drive();
+                let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
                 let _ = self.assist();
+            } else {
+                let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
             }
             return Ok(());
         }
@@ -708,6 +746,12 @@ impl Proxy {
     /// Runs one round of this process's engine on the calling thread, if it is free.
     pub(crate) fn assist(&self) -> bool {
         self.waker.assist()
+    }
+
+    /// Registers the calling thread as driving this process's engine (it calls
+    /// [`Proxy::assist`] repeatedly until the guard drops): see [`Waker`].
+    pub(crate) fn drive(&self) -> super::engine::Drive<'_> {
+        self.waker.drive()
     }
 
     /// Orders the next WQE to `pe` after every earlier one (FENCE), if the QP exists.

@@ -734,11 +734,18 @@ impl SendQueue {
     ) -> Result<(), SqError> {
         let mut polls = 0u32;
         let mut start: Option<Instant> = None;
+        // Held from the first assisting poll on (progress handover, see `Waker`).
+        let mut _drive = None;
+        // A completion is needed: a backend that defers confirmations must not now.
+        let _cq_wait = self.wake.as_ref().map(|w| w.wait_completion());
         while !done() {
             polls = polls.wrapping_add(1);
             if polls < SPIN {
                 std::hint::spin_loop();
                 continue;
+            }
+            if _drive.is_none() {
+                _drive = self.wake.as_ref().map(|w| w.drive());
             }
             let t0 = *start.get_or_insert_with(Instant::now);
             if t0.elapsed() >= self.timeout {
