@@ -29,6 +29,7 @@ pub mod bench;
 pub mod check;
 pub mod fp8;
 pub mod layout;
+mod reduce;
 
 pub use half::bf16;
 pub use layout::{Layout, Region};
@@ -141,6 +142,34 @@ impl fmt::Display for Config {
     }
 }
 
+/// How combine moves expert outputs between PEs on the same node (dispatch always uses
+/// messages; peers reached through the proxy always use messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// Node-local (p2p) peers read their rows straight from the expert owner's
+    /// `combine_send` (one pass: read and weighted sum, no copy in between); other peers
+    /// get the rows put into their `combine_recv`. The default.
+    Auto,
+    /// Every peer gets its rows put into its `combine_recv` (the message path).
+    Message,
+}
+
+impl Path {
+    /// `RSHMEM_EP_PATH`: `auto` (default) or `message`.
+    pub fn from_env() -> Result<Path> {
+        match std::env::var("RSHMEM_EP_PATH") {
+            Err(_) => Ok(Path::Auto),
+            Ok(v) => match v.trim() {
+                "" | "auto" => Ok(Path::Auto),
+                "message" => Ok(Path::Message),
+                other => Err(Error::InvalidArgument(format!(
+                    "RSHMEM_EP_PATH={other}: expected auto or message"
+                ))),
+            },
+        }
+    }
+}
+
 /// Element types accepted for `topk_idx` (int64 and int32, as DeepEP).
 pub trait ExpertId: Copy + Send + Sync {
     fn to_i64(self) -> i64;
@@ -217,6 +246,14 @@ struct Shared {
     pending: [AtomicU64; 2],
     /// Recycled output storage.
     pool: Mutex<Vec<RecvX>>,
+    /// The pull area (a separate allocation, see [`Layout::pull_range_word`]).
+    pull_base: SymPtr<u8>,
+    pull_local: usize,
+    /// Per team PE: the address here of its main allocation when combine reads its rows
+    /// directly (p2p and [`Path::Auto`]), else None.
+    peer_main: Vec<Option<usize>>,
+    /// Per team PE: the address here of its pull area (same condition).
+    peer_pull: Vec<Option<usize>>,
 }
 
 /// An EP buffer: the symmetric allocation of [`Layout`] plus the call sequence.
@@ -236,6 +273,9 @@ static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
 const POISON: u64 = 1 << 31;
 const COUNT_MASK: u64 = 0xff_ffff;
+/// In a combine flag without POISON: the rows are in the owner's `combine_send`, to be
+/// read there (the direct path), not put into the receiver's `combine_recv`.
+const DIRECT: u64 = 1 << 30;
 
 /// Why a PE's own input made it poison a call; travels as `code << 24 | value`.
 #[derive(Debug, Clone, Copy)]
@@ -312,6 +352,16 @@ impl Shared {
         // SAFETY: in bounds of our mapping; exclusivity per the contract.
         unsafe { std::slice::from_raw_parts((self.local + offset) as *const u8, len) }
     }
+    /// Acquire load of a word of this PE's pull area.
+    fn load_pull(&self, offset: usize) -> u64 {
+        debug_assert!(offset % 8 == 0 && offset + 8 <= self.layout.pull_area_bytes());
+        // SAFETY: `pull_local` maps the pull area (pull_area_bytes long), words are
+        // 8-aligned; owners write them only atomically. Acquire (the flag load already
+        // ordered them; this keeps the word's own read ordered too).
+        unsafe {
+            AtomicU64::from_ptr((self.pull_local + offset) as *mut u64).load(Ordering::Acquire)
+        }
+    }
     fn signal(&self, pe: &Pe, offset: usize, value: u64, dest: usize) -> Result<()> {
         pe.signal_op(self.word(offset), value, SignalOp::Set, self.members[dest])
     }
@@ -362,7 +412,13 @@ impl<'p> Buffer<'p> {
     /// Collective over `team` (the world team for now): agrees on `cfg` (a mismatch fails
     /// on every PE, naming each PE's config), validates it, and allocates exactly
     /// [`Layout::size_hint`] bytes of symmetric memory.
+    /// The combine path comes from `RSHMEM_EP_PATH` ([`Path::from_env`]).
     pub fn new(pe: &'p Pe, team: &Team, cfg: Config) -> Result<Buffer<'p>> {
+        Buffer::with_path(pe, team, cfg, Path::from_env()?)
+    }
+
+    /// [`Buffer::new`] with an explicit combine [`Path`] (every PE must pass the same).
+    pub fn with_path(pe: &'p Pe, team: &Team, cfg: Config, path: Path) -> Result<Buffer<'p>> {
         if team.n_pes() != pe.n_pes() {
             return Err(Error::InvalidArgument(format!(
                 "ep::Buffer::new: only the world team is supported for now (team has {} of {} PEs)",
@@ -371,8 +427,37 @@ impl<'p> Buffer<'p> {
             )));
         }
         pe.agree_in(team, "ep::Buffer::new", &cfg.words(), Config::show_words)?;
+        pe.agree_in(
+            team,
+            "ep::Buffer::new (combine path)",
+            &[path as u64],
+            |w| match w {
+                [0] => "path auto".into(),
+                [1] => "path message".into(),
+                _ => format!("{w:?}"),
+            },
+        )?;
         let layout = Layout::new(&cfg, team.n_pes())?;
         let base = pe.align(layout::REGION_ALIGN, layout.total_bytes)?;
+        let pull_base = pe.align(layout::REGION_ALIGN, layout.pull_area_bytes())?;
+        let pull_local = pe.ptr(pull_base, pe.my_pe()).ok_or_else(|| {
+            Error::InvalidArgument("ep::Buffer::new: the pull area is not mapped".into())
+        })? as usize;
+        // SAFETY: our own mapping of the new pull area, which no PE uses before the
+        // barrier below.
+        unsafe { std::ptr::write_bytes(pull_local as *mut u8, 0, layout.pull_area_bytes()) };
+        let members: Vec<usize> = team.members().iter().map(|&m| m as usize).collect();
+        let direct_addr = |sym: SymPtr<u8>, bytes: usize| -> Vec<Option<usize>> {
+            members
+                .iter()
+                .map(|&m| match path {
+                    Path::Auto => pe.p2p_addr(m, sym.offset(), bytes).map(|p| p as usize),
+                    Path::Message => None,
+                })
+                .collect()
+        };
+        let peer_main = direct_addr(base, layout.total_bytes);
+        let peer_pull = direct_addr(pull_base, layout.pull_area_bytes());
         let me = team.my_pe();
         let local = pe.ptr(base, pe.my_pe()).ok_or_else(|| {
             Error::InvalidArgument("ep::Buffer::new: the allocation is not mapped".into())
@@ -396,10 +481,14 @@ impl<'p> Buffer<'p> {
                 layout,
                 base,
                 local,
-                members: team.members().iter().map(|&m| m as usize).collect(),
+                members,
                 me,
                 pending: [AtomicU64::new(0), AtomicU64::new(0)],
                 pool: Mutex::new(Vec::new()),
+                pull_base,
+                pull_local,
+                peer_main,
+                peer_pull,
             }),
             seq: 0,
             masked: vec![false; n],
@@ -409,7 +498,14 @@ impl<'p> Buffer<'p> {
 
     /// Collective: frees the symmetric memory.
     pub fn destroy(self) -> Result<()> {
+        self.pe.free(self.sh.pull_base)?;
         self.pe.free(self.sh.base)
+    }
+
+    /// Whether combine reads the rows of team PE `pe`'s experts straight from its memory
+    /// (the direct path) rather than having them put here.
+    pub fn combine_is_direct(&self, pe: usize) -> bool {
+        self.sh.peer_main.get(pe).is_some_and(|a| a.is_some())
     }
 
     pub fn config(&self) -> &Config {
@@ -684,6 +780,23 @@ impl<'p> Buffer<'p> {
             ));
         }
         let set = (self.seq % 2) as usize;
+        if self.sh.peer_main.iter().any(|a| a.is_some()) {
+            // With the direct path, peers read this set's combine_send while they receive
+            // call seq - 2: wait until they all have, before the caller writes it.
+            let pending = self.sh.pending[set].load(Ordering::Acquire);
+            if pending != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "get_next_low_latency_combine_buffer: LL call #{} on buffer set {set} has                      not been received yet: call its receive hook first",
+                    pending - 1
+                )));
+            }
+            self.sh.wait_credits(
+                self.pe,
+                self.seq,
+                &self.masked,
+                "get_next_low_latency_combine_buffer",
+            )?;
+        }
         let lay = &self.sh.layout;
         self.zero_copy_call = Some(self.seq);
         let off = lay.combine_send_row(set, 0, 0);
@@ -772,6 +885,42 @@ impl<'p> Buffer<'p> {
                 }
                 let low = match &fault {
                     Some((f, _)) => f.encode(),
+                    None if sh.peer_main[s].is_some() => {
+                        let Some(pull) = sh.peer_pull[s] else {
+                            unreachable!("peer_main and peer_pull are set together")
+                        };
+                        let mut rows_for_s = 0u64;
+                        for le in 0..l {
+                            let lr = handle.layout_range[le * r + s];
+                            let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
+                            if !zero_copy && count > 0 {
+                                let src = &expert_out[(le * rows + begin) * h..][..count * h];
+                                let to = sh.local + lay.combine_send_row(set, le, begin);
+                                // SAFETY: rows [begin, begin+count) of local expert le in our
+                                // own combine_send of this set (in bounds: begin + count <=
+                                // R*N from dispatch); peers read them only after the flag
+                                // below, and no peer still reads call seq - 2's rows
+                                // (start_call waited for their credits).
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        src.as_ptr().cast::<u8>(),
+                                        to as *mut u8,
+                                        count * h * 2,
+                                    )
+                                };
+                            }
+                            let word = pull + lay.pull_range_word(set, sh.me, le);
+                            // SAFETY: an 8-aligned word of PE s's pull area, mapped here
+                            // (p2p); only this PE writes it, and PE s reads it after the
+                            // flag. Relaxed: the flag's Release store below orders it.
+                            unsafe {
+                                AtomicU64::from_ptr(word as *mut u64)
+                                    .store((begin as u64) << 32 | count as u64, Ordering::Relaxed)
+                            };
+                            rows_for_s += count as u64;
+                        }
+                        rows_for_s | DIRECT
+                    }
                     None => {
                         let mut sent_rows = 0u64;
                         for le in 0..l {
@@ -1100,6 +1249,8 @@ impl CombineHook<'_> {
         )?;
         let mut out = vec![bf16::ZERO; self.num_tokens * h];
         let mut problem: Option<Error> = self.fault;
+        // Direct owners: where this PE's block of each of their experts starts.
+        let mut begin = vec![usize::MAX; cfg.num_experts];
         for p in (0..r).filter(|&p| !self.masked[p]) {
             let low = flags[p];
             if problem.is_some() {
@@ -1113,18 +1264,60 @@ impl CombineHook<'_> {
                     peer: sh.members[p],
                     reason: Fault::describe(low, cfg),
                 });
-            } else if low != expected[p] {
+            } else if low & COUNT_MASK != expected[p] {
                 problem = Some(Error::InvalidArgument(format!(
-                    "low_latency_combine: PE {} returned {low} rows to PE {} but its topk_idx \
+                    "low_latency_combine: PE {} returned {} rows to PE {} but its topk_idx \
                      routes {} there: pass the same topk_idx and mask as to the dispatch",
                     sh.members[p],
+                    low & COUNT_MASK,
                     self.pe.my_pe(),
                     expected[p]
+                )));
+            } else if low & DIRECT != 0 {
+                if sh.peer_main[p].is_none() {
+                    problem = Some(Error::Verification(format!(
+                        "low_latency_combine: PE {} left its rows for PE {} to read, but its \
+                         memory is not mapped here (both must use the same RSHMEM_EP_PATH \
+                         and transport)",
+                        sh.members[p],
+                        self.pe.my_pe()
+                    )));
+                    continue;
+                }
+                let mut want = vec![0usize; l];
+                for &e in &self.topk_idx {
+                    if e >= 0 && e as usize / l == p {
+                        want[e as usize % l] += 1;
+                    }
+                }
+                for (le, &n_want) in want.iter().enumerate() {
+                    let w = sh.load_pull(lay.pull_range_word(set, p, le));
+                    let (b, c) = ((w >> 32) as usize, (w & 0xffff_ffff) as usize);
+                    if c != n_want || b + c > r * cfg.num_max_dispatch_tokens_per_rank {
+                        problem.get_or_insert(Error::InvalidArgument(format!(
+                            "low_latency_combine: PE {} holds {c} rows from PE {} for expert \
+                             {} (from row {b}) but this PE's topk_idx routes {n_want} there: \
+                             pass the same topk_idx and mask as to the dispatch",
+                            sh.members[p],
+                            self.pe.my_pe(),
+                            p * l + le
+                        )));
+                    }
+                    begin[p * l + le] = b;
+                }
+            } else if sh.peer_main[p].is_some() {
+                problem = Some(Error::Verification(format!(
+                    "low_latency_combine: PE {} put its rows for PE {} although this PE \
+                     reads them directly (both must use the same RSHMEM_EP_PATH and transport)",
+                    sh.members[p],
+                    self.pe.my_pe()
                 )));
             }
         }
         if problem.is_none() {
+            let direct = |p: usize| flags[p] & DIRECT != 0;
             let mut acc = vec![0f32; h];
+            let mut next = vec![0usize; cfg.num_experts];
             for t in 0..self.num_tokens {
                 acc.iter_mut().for_each(|a| *a = 0.0);
                 for kk in 0..k {
@@ -1132,22 +1325,28 @@ impl CombineHook<'_> {
                     if !owner_ok(e) {
                         continue;
                     }
+                    let e = e as usize;
+                    let (p, le) = (e / l, e % l);
                     let w = self.topk_weights[t * k + kk];
-                    // SAFETY: the owner put this row before its flag (observed with
-                    // Acquire above); nobody writes it until we release the set.
-                    // Rows are 64-byte aligned (H*2-byte rows from a 64-aligned region
-                    // start, H*2 even), so viewing them as u16 is aligned.
-                    let row = unsafe { sh.bytes(lay.combine_recv_row(set, t, kk), h * 2) };
-                    // SAFETY: 2-aligned (see above), h u16 values inside the row.
-                    let row = unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<u16>(), h) };
-                    // bf16 -> f32 is exact: the bits shifted into the high half.
-                    for (a, &b) in acc.iter_mut().zip(row) {
-                        *a += w * f32::from_bits((b as u32) << 16);
-                    }
+                    let addr = if direct(p) {
+                        // Rows of one (expert, source) block are in this PE's token order,
+                        // as dispatch sent them.
+                        let j = begin[e] + next[e];
+                        next[e] += 1;
+                        sh.peer_main[p].unwrap_or(0) + lay.combine_send_row(set, le, j)
+                    } else {
+                        sh.local + lay.combine_recv_row(set, t, kk)
+                    };
+                    // SAFETY: a row of H bf16 in a mapped allocation: the owner's
+                    // combine_send row of this token (direct; in bounds, checked against
+                    // the published range above) or our combine_recv row. The owner wrote
+                    // or put it before its flag (observed with Acquire above) and does not
+                    // write it again until we release the set. Rows are 64-byte aligned
+                    // (H*2-byte rows from a 64-aligned region start), so u16 is aligned.
+                    let row = unsafe { std::slice::from_raw_parts(addr as *const u16, h) };
+                    reduce::accumulate(&mut acc, row, w);
                 }
-                for (o, a) in out[t * h..(t + 1) * h].iter_mut().zip(&acc) {
-                    *o = bf16::from_f32(*a);
-                }
+                reduce::round_to_bf16(&mut out[t * h..(t + 1) * h], &acc);
             }
         }
         sh.release(self.pe, self.seq, &self.masked)?;
