@@ -4,8 +4,10 @@
 //! This module owns the EP buffers ([`Layout`], [`Buffer`]) and the CPU implementation of
 //! LL dispatch and combine, which is the oracle the GPU kernels will be checked against.
 //! It moves data only with the runtime's one-sided operations (put, signal) into peers'
-//! symmetric buffers and reads only its own; it must not synchronise PEs with the host
-//! bootstrap inside dispatch/combine (only [`Buffer::new`] is a host collective).
+//! symmetric buffers, and — on the direct path, for node-local (p2p) peers — by reading
+//! peers' symmetric buffers through their mapping here ([`Path`]); it must not
+//! synchronise PEs with the host bootstrap inside dispatch/combine (only [`Buffer::new`]
+//! is a host collective).
 //!
 //! Protocol of one LL call (number `seq`, buffer set `seq % 2`, tag `seq + 1`):
 //! - dispatch: each PE quantises its T tokens once into its send area, puts one message
@@ -13,11 +15,17 @@
 //!   local expert, in token order), then sets one count word per (local expert, source
 //!   PE) to `tag << 32 | count` (Release). The receiver waits for every count word of
 //!   every unmasked source (Acquire), and copies each (expert, source) block into the
-//!   outputs as it arrives: arrival order.
+//!   outputs as it arrives: arrival order. Direct path: only the 16-byte headers are
+//!   written into the receiver's area and the count word carries `DIRECT`; the
+//!   receiver copies each payload from the sender's send area into its output.
 //! - combine: each expert owner puts every received row's expert output into the source
 //!   PE's row for (token, top-k slot), then sets its combine flag there to
 //!   `tag << 32 | rows`. The source waits for every flag, then sums over k in k order in
-//!   f32 and rounds once to bf16 (so repeats are bit-identical).
+//!   f32 and rounds once to bf16 (so repeats are bit-identical). Direct path: the owner
+//!   leaves the rows in its `combine_send` (copying them there unless zero copy), writes
+//!   `begin << 32 | count` of each of its blocks for that source into the source's pull
+//!   area, and sets the flag with `DIRECT`; the source reads the rows from the owner's
+//!   memory in the same pass as the sum.
 //! - credits: when a PE has received call `seq`, it writes `tag` into its credit word on
 //!   every PE. Before call `seq + 2` reuses the set, a PE waits for every credit of
 //!   `seq`, so nothing is overwritten before it was read (two calls may be in flight).
@@ -142,15 +150,18 @@ impl fmt::Display for Config {
     }
 }
 
-/// How combine moves expert outputs between PEs on the same node (dispatch always uses
-/// messages; peers reached through the proxy always use messages).
+/// How dispatch and combine move data between PEs on the same node (peers reached
+/// through the proxy always get messages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
-    /// Node-local (p2p) peers read their rows straight from the expert owner's
-    /// `combine_send` (one pass: read and weighted sum, no copy in between); other peers
-    /// get the rows put into their `combine_recv`. The default.
+    /// The direct path for node-local (p2p) peers, where the receiver reads: dispatch
+    /// writes only message headers to the receiver, which copies each payload straight
+    /// from the sender's `dispatch_send` into its output (one copy instead of two);
+    /// combine reads each token's rows straight from the expert owners' `combine_send`
+    /// and sums them in the same pass. Other peers get messages. The default.
     Auto,
-    /// Every peer gets its rows put into its `combine_recv` (the message path).
+    /// Every peer gets messages (payloads put into its `dispatch_recv`, rows into its
+    /// `combine_recv`): the path used for proxy peers, forced for all.
     Message,
 }
 
@@ -273,8 +284,10 @@ static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
 const POISON: u64 = 1 << 31;
 const COUNT_MASK: u64 = 0xff_ffff;
-/// In a combine flag without POISON: the rows are in the owner's `combine_send`, to be
-/// read there (the direct path), not put into the receiver's `combine_recv`.
+/// In a dispatch count word or a combine flag without POISON: the direct path. Dispatch:
+/// only the message headers were written; the receiver copies each payload from the
+/// sender's `dispatch_send`. Combine: the rows are in the owner's `combine_send`, to be
+/// read there, not put into the receiver's `combine_recv`.
 const DIRECT: u64 = 1 << 30;
 
 /// Why a PE's own input made it poison a call; travels as `code << 24 | value`.
@@ -747,6 +760,24 @@ impl<'p> Buffer<'p> {
                 continue;
             }
             let dest = sh.members[d];
+            if let Some(peer) = sh.peer_main[d] {
+                // Direct: only the headers go to the receiver; it copies each payload
+                // straight from our send area into its output (one copy in all).
+                for &(t, kk, slot) in &by_dest[d] {
+                    let to = peer + lay.dispatch_recv_msg(set, sh.me, slot as usize);
+                    let hdr = (t as u64) | (kk as u64) << 32;
+                    // SAFETY: the first 8 bytes of a message slot of ours in PE d's receive
+                    // area, mapped here (p2p), 16-aligned; PE d reads it only after the
+                    // count word below (Release), and no PE writes it meanwhile.
+                    unsafe { (to as *mut u64).write(hdr.to_le()) };
+                }
+                for le in 0..l {
+                    let w = lay.dispatch_count_word(set, le, sh.me);
+                    let v = tag(seq) << 32 | DIRECT | cnt[d * l + le] as u64;
+                    sh.signal(self.pe, w, v, d)?;
+                }
+                continue;
+            }
             for &(t, kk, slot) in &by_dest[d] {
                 let to = lay.dispatch_recv_msg(set, sh.me, slot as usize);
                 let mut hdr = [0u8; layout::HEADER_BYTES];
@@ -1021,6 +1052,7 @@ impl DispatchHook<'_> {
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (h, l, r) = (cfg.hidden, sh.l(), sh.n());
         let rows = r * cfg.num_max_dispatch_tokens_per_rank;
+        let n_max = cfg.num_max_dispatch_tokens_per_rank;
         let set = (self.seq % 2) as usize;
         let want = tag(self.seq);
         let pooled = sh.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -1059,8 +1091,27 @@ impl DispatchHook<'_> {
                         }
                         let low = w & 0xffff_ffff;
                         let mut count = (low & COUNT_MASK) as usize;
+                        let mut from_peer = None;
                         if low & POISON != 0 {
                             peer_fault.get_or_insert((s, low));
+                            count = 0;
+                        } else if low & DIRECT != 0 {
+                            from_peer = sh.peer_main[s];
+                            if from_peer.is_none() {
+                                corrupt.get_or_insert(format!(
+                                    "PE {} left its tokens for PE {} to read, but its memory \
+                                     is not mapped here (both must use the same \
+                                     RSHMEM_EP_PATH and transport)",
+                                    sh.members[s], sh.members[sh.me]
+                                ));
+                                count = 0;
+                            }
+                        } else if sh.peer_main[s].is_some() {
+                            corrupt.get_or_insert(format!(
+                                "PE {} put its tokens although PE {} reads them directly (both \
+                                 must use the same RSHMEM_EP_PATH and transport)",
+                                sh.members[s], sh.members[sh.me]
+                            ));
                             count = 0;
                         }
                         if slot[s] + count > lay.slots_per_src || fill[le] + count > rows {
@@ -1079,9 +1130,35 @@ impl DispatchHook<'_> {
                             // release the set.
                             let msg = unsafe { sh.bytes(m, lay.msg_bytes) };
                             let row = le * rows + begin + i;
-                            src_info[row] = i32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]);
+                            let tok = i32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]);
+                            src_info[row] = tok;
                             row_k[row] = i32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]);
-                            let body = &msg[layout::HEADER_BYTES..];
+                            let body = match from_peer {
+                                None => &msg[layout::HEADER_BYTES..],
+                                Some(_) if tok < 0 || tok as usize >= n_max => {
+                                    corrupt.get_or_insert(format!(
+                                        "PE {} sent token index {tok} (N = {n_max})",
+                                        sh.members[s]
+                                    ));
+                                    continue;
+                                }
+                                Some(peer) => {
+                                    let at = peer
+                                        + lay.dispatch_send_msg(set, tok as usize)
+                                        + layout::HEADER_BYTES;
+                                    // SAFETY: the payload of token `tok` (< N, checked) in
+                                    // PE s's send area of this set, mapped here (p2p). PE s
+                                    // wrote it before its count word (observed with
+                                    // Acquire) and does not write it again before every
+                                    // PE's credit for this call (sent after this loop).
+                                    unsafe {
+                                        std::slice::from_raw_parts(
+                                            at as *const u8,
+                                            lay.payload_bytes(),
+                                        )
+                                    }
+                                }
+                            };
                             match &mut recv_x {
                                 RecvX::Fp8 { data, scales } => {
                                     data[row * h..(row + 1) * h].copy_from_slice(&body[..h]);
