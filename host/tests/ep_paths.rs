@@ -3,12 +3,18 @@
 //! on both, and bit-identical outputs between them, at 1, 2, 3, 4 and 8 PEs over the
 //! listed shapes (T = 0, T = N, K = 1, a token with every slot masked, experts receiving
 //! nothing), with hooks and zero copy.
+use rshmem::config::TransportMode;
 use rshmem::ep::{bf16, check, Buffer, Config, Path};
 use rshmem::{run_threads, Pe, Settings};
 use std::time::Duration;
 
 fn settings() -> Settings {
+    settings_with(TransportMode::Auto)
+}
+
+fn settings_with(transport: TransportMode) -> Settings {
     let mut s = Settings::from_lookup(|_| None).expect("default settings");
+    s.transport = transport;
     s.symmetric_size = 48 << 20;
     s.timeout = Duration::from_millis(20_000);
     s
@@ -51,17 +57,12 @@ fn scale(e: usize) -> f32 {
 }
 
 /// Three calls of dispatch + combine on `path`; the combined outputs' bits.
-fn one_pe(pe: &Pe, c: &Case, path: Path) -> rshmem::Result<Vec<Vec<u16>>> {
+fn one_pe(pe: &Pe, c: &Case, path: Path, direct: bool) -> rshmem::Result<Vec<Vec<u16>>> {
     let team = pe.world().clone();
     let (me, n) = (team.my_pe(), team.n_pes());
     let mut buf = Buffer::with_path(pe, &team, c.cfg, path)?;
     for p in 0..n {
-        // Threads of one process: every peer is node-local, so Auto reads directly.
-        assert_eq!(
-            buf.combine_is_direct(p),
-            path == Path::Auto,
-            "PE {me} -> {p}"
-        );
+        assert_eq!(buf.combine_is_direct(p), direct, "PE {me} -> {p}");
     }
     let mut r = check::random_routing(
         11,
@@ -114,7 +115,11 @@ fn one_pe(pe: &Pe, c: &Case, path: Path) -> rshmem::Result<Vec<Vec<u16>>> {
 fn run(c: Case) {
     let mut per_path = Vec::new();
     for path in [Path::Auto, Path::Message] {
-        let out = run_threads(c.pes, settings(), |pe| one_pe(pe, &c, path)).expect("job starts");
+        // Threads of one process: every peer is node-local, so Auto reads directly.
+        let out = run_threads(c.pes, settings(), |pe| {
+            one_pe(pe, &c, path, path == Path::Auto)
+        })
+        .expect("job starts");
         let mut pes = Vec::new();
         for (r, o) in out.into_iter().enumerate() {
             let o = o.unwrap_or_else(|e| panic!("{path:?}, PE {r} of {}: {e}", c.pes));
@@ -131,6 +136,33 @@ fn run(c: Case) {
         "direct and message paths differ ({} PEs, {:?})",
         c.pes,
         c.cfg
+    );
+}
+
+/// Peers served by the proxy transport get messages even with `Path::Auto`, with the
+/// same results.
+#[test]
+fn proxy_peers_use_the_message_path() {
+    let mut c = case(3, 4, 256, 6, 3, true, 4);
+    c.zero_copy = true;
+    let get = |transport, path| {
+        run_threads(3, settings_with(transport), |pe| {
+            one_pe(
+                pe,
+                &c,
+                path,
+                transport == TransportMode::Auto && path == Path::Auto,
+            )
+        })
+        .expect("job starts")
+        .into_iter()
+        .map(|o| o.unwrap_or_else(|e| panic!("{transport:?}: {e}")))
+        .collect::<Vec<_>>()
+    };
+    let proxy = get(TransportMode::Proxy, Path::Auto);
+    assert!(
+        proxy == get(TransportMode::Auto, Path::Auto),
+        "proxy and direct differ"
     );
 }
 
@@ -227,8 +259,8 @@ fn zero_copy_with_calls_in_flight() {
     }
 }
 
-/// A combine whose topk_idx differs from the dispatch's fails on the direct path with a
-/// clear error instead of reading the wrong rows.
+/// A zero-copy combine (the direct path) whose topk_idx differs from the dispatch's fails
+/// with a clear error instead of reading the wrong rows.
 #[test]
 fn combine_with_other_routing_than_dispatch_fails() {
     let c = case(2, 4, 256, 4, 2, true, 4).cfg;
@@ -239,8 +271,8 @@ fn combine_with_other_routing_than_dispatch_fails() {
         let r = check::random_routing(5, me, 4, &c, None, 0);
         let x = check::origin_x(me, 4, 256);
         let o = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
-        let mut e = vec![bf16::ZERO; 2 * 2 * 4 * 256];
-        check::expert_forward(&c, 2, me, &o, &scale, &mut e);
+        let zc = buf.get_next_low_latency_combine_buffer(&o.handle)?;
+        check::expert_forward(&c, 2, me, &o, &scale, zc);
         // Swap two slots' experts on PE 0: same count per owner PE, other experts.
         let mut idx = r.topk_idx.clone();
         if me == 0 {
@@ -256,7 +288,7 @@ fn combine_with_other_routing_than_dispatch_fails() {
             // Move slot i to slot j's expert: the counts per expert change, not per owner.
             idx[i] = idx[j];
         }
-        let res = buf.low_latency_combine(&e, &idx, &r.topk_weights, &o.handle, false, false);
+        let res = buf.low_latency_combine(&[], &idx, &r.topk_weights, &o.handle, false, true);
         Ok(res.and_then(|c| c.wait()).err().map(|e| e.to_string()))
     })
     .unwrap();

@@ -21,8 +21,8 @@
 //! - combine: each expert owner puts every received row's expert output into the source
 //!   PE's row for (token, top-k slot), then sets its combine flag there to
 //!   `tag << 32 | rows`. The source waits for every flag, then sums over k in k order in
-//!   f32 and rounds once to bf16 (so repeats are bit-identical). Direct path: the owner
-//!   leaves the rows in its `combine_send` (copying them there unless zero copy), writes
+//!   f32 and rounds once to bf16 (so repeats are bit-identical). Direct path (zero-copy
+//!   combines only): the owner leaves the rows in its `combine_send`, writes
 //!   `begin << 32 | count` of each of its blocks for that source into the source's pull
 //!   area, and sets the flag with `DIRECT`; the source reads the rows from the owner's
 //!   memory in the same pass as the sum.
@@ -156,9 +156,11 @@ impl fmt::Display for Config {
 pub enum Path {
     /// The direct path for node-local (p2p) peers, where the receiver reads: dispatch
     /// writes only message headers to the receiver, which copies each payload straight
-    /// from the sender's `dispatch_send` into its output (one copy instead of two);
-    /// combine reads each token's rows straight from the expert owners' `combine_send`
-    /// and sums them in the same pass. Other peers get messages. The default.
+    /// from the sender's `dispatch_send` into its output (one copy instead of two); a
+    /// zero-copy combine reads each token's rows straight from the expert owners'
+    /// `combine_send` (the zero-copy buffer) and sums them in the same pass (no copy).
+    /// A combine without zero copy puts the rows (one copy either way). Other peers get
+    /// messages. The default.
     Auto,
     /// Every peer gets messages (payloads put into its `dispatch_recv`, rows into its
     /// `combine_recv`): the path used for proxy peers, forced for all.
@@ -515,8 +517,8 @@ impl<'p> Buffer<'p> {
         self.pe.free(self.sh.base)
     }
 
-    /// Whether combine reads the rows of team PE `pe`'s experts straight from its memory
-    /// (the direct path) rather than having them put here.
+    /// Whether data from team PE `pe` takes the direct path (this PE reads it from `pe`'s
+    /// memory: dispatch payloads, and zero-copy combine rows) rather than being put here.
     pub fn combine_is_direct(&self, pe: usize) -> bool {
         self.sh.peer_main.get(pe).is_some_and(|a| a.is_some())
     }
@@ -916,7 +918,11 @@ impl<'p> Buffer<'p> {
                 }
                 let low = match &fault {
                     Some((f, _)) => f.encode(),
-                    None if sh.peer_main[s].is_some() => {
+                    // Direct (read by the source) only with zero copy: without it the rows
+                    // must be copied once anyway, and putting them into the source's
+                    // combine_recv, where its sum reads them sequentially, measured faster
+                    // than copying them into our combine_send for the source to read.
+                    None if zero_copy && sh.peer_main[s].is_some() => {
                         let Some(pull) = sh.peer_pull[s] else {
                             unreachable!("peer_main and peer_pull are set together")
                         };
@@ -1382,13 +1388,6 @@ impl CombineHook<'_> {
                     }
                     begin[p * l + le] = b;
                 }
-            } else if sh.peer_main[p].is_some() {
-                problem = Some(Error::Verification(format!(
-                    "low_latency_combine: PE {} put its rows for PE {} although this PE \
-                     reads them directly (both must use the same RSHMEM_EP_PATH and transport)",
-                    sh.members[p],
-                    self.pe.my_pe()
-                )));
             }
         }
         if problem.is_none() {
