@@ -463,6 +463,16 @@ impl Pe {
             .map(|p| p.cast())
     }
 
+    /// Address in this process of `[offset, offset+len)` of PE `pe`'s heap when operations
+    /// to `pe` take the p2p path (its heap is mapped here and no proxy serves it); `None`
+    /// otherwise (proxy or unreachable peers, invalid ranges).
+    pub(crate) fn p2p_addr(&self, pe: usize, offset: usize, len: usize) -> Option<*mut u8> {
+        match self.route(pe, offset, len) {
+            Ok(Route::P2p(p)) => Some(p),
+            _ => None,
+        }
+    }
+
     /// Validates `[offset, offset+len)` on PE `pe` and returns its local address.
     #[inline]
     pub(crate) fn target(&self, pe: usize, offset: usize, len: usize) -> Result<*mut u8> {

@@ -188,6 +188,39 @@ impl Layout {
         }
     }
 
+    // ------------------------------------------------------------ pull area
+    //
+    // A second, separate symmetric allocation (the "pull area") used by combine's direct
+    // (p2p) path; the regions above and their offsets are unchanged by it. Per buffer set:
+    // `pull_range` u64 `[R][L]`: `begin << 32 | count` of the block that expert-owning PE
+    // `owner` holds for this PE in its local expert `le` (written by the owner before its
+    // combine flag), so this PE can read its rows straight from the owner's
+    // `combine_send`.
+
+    /// Bytes of one set of the pull area.
+    pub fn pull_set_bytes(&self) -> usize {
+        (self.num_pes * self.num_local_experts * 8).next_multiple_of(REGION_ALIGN)
+    }
+    /// Bytes of the pull area (two sets): allocated separately, after the main
+    /// allocation of [`Layout::total_bytes`].
+    pub fn pull_area_bytes(&self) -> usize {
+        2 * self.pull_set_bytes()
+    }
+    /// Offset in the pull area of the word where PE `owner` publishes its block for this
+    /// PE in its local expert `le`.
+    pub fn pull_range_word(&self, set: usize, owner: usize, le: usize) -> usize {
+        debug_assert!(set < 2);
+        set * self.pull_set_bytes() + (owner * self.num_local_experts + le) * 8
+    }
+    /// Symmetric bytes an [`crate::ep::Buffer`] allocates in all: the main allocation
+    /// ([`Layout::size_hint`] = [`Layout::total_bytes`]) plus the pull area. A heap of
+    /// this size (plus the allocator's 64-byte alignment of the second block) holds one
+    /// buffer.
+    pub fn alloc_hint(cfg: &Config, num_pes: usize) -> Result<usize> {
+        let l = Layout::new(cfg, num_pes)?;
+        Ok(l.total_bytes.next_multiple_of(REGION_ALIGN) + l.pull_area_bytes())
+    }
+
     /// DeepEP V1's LL buffer size for the same shape (`LowLatencyLayout` in
     /// `csrc/config.hpp`): two sets, each of a send area `max(N, E*N)` messages, a receive
     /// area of `E * N` messages (messages sized for bf16, 16 + 2H bytes) and E signal ints.

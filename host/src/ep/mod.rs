@@ -4,8 +4,10 @@
 //! This module owns the EP buffers ([`Layout`], [`Buffer`]) and the CPU implementation of
 //! LL dispatch and combine, which is the oracle the GPU kernels will be checked against.
 //! It moves data only with the runtime's one-sided operations (put, signal) into peers'
-//! symmetric buffers and reads only its own; it must not synchronise PEs with the host
-//! bootstrap inside dispatch/combine (only [`Buffer::new`] is a host collective).
+//! symmetric buffers, and — on the direct path, for node-local (p2p) peers — by reading
+//! peers' symmetric buffers through their mapping here ([`Path`]); it must not
+//! synchronise PEs with the host bootstrap inside dispatch/combine (only [`Buffer::new`]
+//! is a host collective).
 //!
 //! Protocol of one LL call (number `seq`, buffer set `seq % 2`, tag `seq + 1`):
 //! - dispatch: each PE quantises its T tokens once into its send area, puts one message
@@ -13,11 +15,17 @@
 //!   local expert, in token order), then sets one count word per (local expert, source
 //!   PE) to `tag << 32 | count` (Release). The receiver waits for every count word of
 //!   every unmasked source (Acquire), and copies each (expert, source) block into the
-//!   outputs as it arrives: arrival order.
+//!   outputs as it arrives: arrival order. Direct path: only the 16-byte headers are
+//!   written into the receiver's area and the count word carries `DIRECT`; the
+//!   receiver copies each payload from the sender's send area into its output.
 //! - combine: each expert owner puts every received row's expert output into the source
 //!   PE's row for (token, top-k slot), then sets its combine flag there to
 //!   `tag << 32 | rows`. The source waits for every flag, then sums over k in k order in
-//!   f32 and rounds once to bf16 (so repeats are bit-identical).
+//!   f32 and rounds once to bf16 (so repeats are bit-identical). Direct path (zero-copy
+//!   combines only): the owner leaves the rows in its `combine_send`, writes
+//!   `begin << 32 | count` of each of its blocks for that source into the source's pull
+//!   area, and sets the flag with `DIRECT`; the source reads the rows from the owner's
+//!   memory in the same pass as the sum.
 //! - credits: when a PE has received call `seq`, it writes `tag` into its credit word on
 //!   every PE. Before call `seq + 2` reuses the set, a PE waits for every credit of
 //!   `seq`, so nothing is overwritten before it was read (two calls may be in flight).
@@ -29,6 +37,7 @@ pub mod bench;
 pub mod check;
 pub mod fp8;
 pub mod layout;
+mod reduce;
 
 pub use half::bf16;
 pub use layout::{Layout, Region};
@@ -141,6 +150,39 @@ impl fmt::Display for Config {
     }
 }
 
+/// How dispatch and combine move data between PEs on the same node (peers reached
+/// through the proxy always get messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// The direct path for node-local (p2p) peers, where the receiver reads: dispatch
+    /// writes only message headers to the receiver, which copies each payload straight
+    /// from the sender's `dispatch_send` into its output (one copy instead of two); a
+    /// zero-copy combine reads each token's rows straight from the expert owners'
+    /// `combine_send` (the zero-copy buffer) and sums them in the same pass (no copy).
+    /// A combine without zero copy puts the rows (one copy either way). Other peers get
+    /// messages. The default.
+    Auto,
+    /// Every peer gets messages (payloads put into its `dispatch_recv`, rows into its
+    /// `combine_recv`): the path used for proxy peers, forced for all.
+    Message,
+}
+
+impl Path {
+    /// `RSHMEM_EP_PATH`: `auto` (default) or `message`.
+    pub fn from_env() -> Result<Path> {
+        match std::env::var("RSHMEM_EP_PATH") {
+            Err(_) => Ok(Path::Auto),
+            Ok(v) => match v.trim() {
+                "" | "auto" => Ok(Path::Auto),
+                "message" => Ok(Path::Message),
+                other => Err(Error::InvalidArgument(format!(
+                    "RSHMEM_EP_PATH={other}: expected auto or message"
+                ))),
+            },
+        }
+    }
+}
+
 /// Element types accepted for `topk_idx` (int64 and int32, as DeepEP).
 pub trait ExpertId: Copy + Send + Sync {
     fn to_i64(self) -> i64;
@@ -217,6 +259,14 @@ struct Shared {
     pending: [AtomicU64; 2],
     /// Recycled output storage.
     pool: Mutex<Vec<RecvX>>,
+    /// The pull area (a separate allocation, see [`Layout::pull_range_word`]).
+    pull_base: SymPtr<u8>,
+    pull_local: usize,
+    /// Per team PE: the address here of its main allocation when combine reads its rows
+    /// directly (p2p and [`Path::Auto`]), else None.
+    peer_main: Vec<Option<usize>>,
+    /// Per team PE: the address here of its pull area (same condition).
+    peer_pull: Vec<Option<usize>>,
 }
 
 /// An EP buffer: the symmetric allocation of [`Layout`] plus the call sequence.
@@ -236,6 +286,11 @@ static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
 const POISON: u64 = 1 << 31;
 const COUNT_MASK: u64 = 0xff_ffff;
+/// In a dispatch count word or a combine flag without POISON: the direct path. Dispatch:
+/// only the message headers were written; the receiver copies each payload from the
+/// sender's `dispatch_send`. Combine: the rows are in the owner's `combine_send`, to be
+/// read there, not put into the receiver's `combine_recv`.
+const DIRECT: u64 = 1 << 30;
 
 /// Why a PE's own input made it poison a call; travels as `code << 24 | value`.
 #[derive(Debug, Clone, Copy)]
@@ -312,6 +367,16 @@ impl Shared {
         // SAFETY: in bounds of our mapping; exclusivity per the contract.
         unsafe { std::slice::from_raw_parts((self.local + offset) as *const u8, len) }
     }
+    /// Acquire load of a word of this PE's pull area.
+    fn load_pull(&self, offset: usize) -> u64 {
+        debug_assert!(offset % 8 == 0 && offset + 8 <= self.layout.pull_area_bytes());
+        // SAFETY: `pull_local` maps the pull area (pull_area_bytes long), words are
+        // 8-aligned; owners write them only atomically. Acquire (the flag load already
+        // ordered them; this keeps the word's own read ordered too).
+        unsafe {
+            AtomicU64::from_ptr((self.pull_local + offset) as *mut u64).load(Ordering::Acquire)
+        }
+    }
     fn signal(&self, pe: &Pe, offset: usize, value: u64, dest: usize) -> Result<()> {
         pe.signal_op(self.word(offset), value, SignalOp::Set, self.members[dest])
     }
@@ -362,7 +427,13 @@ impl<'p> Buffer<'p> {
     /// Collective over `team` (the world team for now): agrees on `cfg` (a mismatch fails
     /// on every PE, naming each PE's config), validates it, and allocates exactly
     /// [`Layout::size_hint`] bytes of symmetric memory.
+    /// The combine path comes from `RSHMEM_EP_PATH` ([`Path::from_env`]).
     pub fn new(pe: &'p Pe, team: &Team, cfg: Config) -> Result<Buffer<'p>> {
+        Buffer::with_path(pe, team, cfg, Path::from_env()?)
+    }
+
+    /// [`Buffer::new`] with an explicit combine [`Path`] (every PE must pass the same).
+    pub fn with_path(pe: &'p Pe, team: &Team, cfg: Config, path: Path) -> Result<Buffer<'p>> {
         if team.n_pes() != pe.n_pes() {
             return Err(Error::InvalidArgument(format!(
                 "ep::Buffer::new: only the world team is supported for now (team has {} of {} PEs)",
@@ -371,8 +442,37 @@ impl<'p> Buffer<'p> {
             )));
         }
         pe.agree_in(team, "ep::Buffer::new", &cfg.words(), Config::show_words)?;
+        pe.agree_in(
+            team,
+            "ep::Buffer::new (combine path)",
+            &[path as u64],
+            |w| match w {
+                [0] => "path auto".into(),
+                [1] => "path message".into(),
+                _ => format!("{w:?}"),
+            },
+        )?;
         let layout = Layout::new(&cfg, team.n_pes())?;
         let base = pe.align(layout::REGION_ALIGN, layout.total_bytes)?;
+        let pull_base = pe.align(layout::REGION_ALIGN, layout.pull_area_bytes())?;
+        let pull_local = pe.ptr(pull_base, pe.my_pe()).ok_or_else(|| {
+            Error::InvalidArgument("ep::Buffer::new: the pull area is not mapped".into())
+        })? as usize;
+        // SAFETY: our own mapping of the new pull area, which no PE uses before the
+        // barrier below.
+        unsafe { std::ptr::write_bytes(pull_local as *mut u8, 0, layout.pull_area_bytes()) };
+        let members: Vec<usize> = team.members().iter().map(|&m| m as usize).collect();
+        let direct_addr = |sym: SymPtr<u8>, bytes: usize| -> Vec<Option<usize>> {
+            members
+                .iter()
+                .map(|&m| match path {
+                    Path::Auto => pe.p2p_addr(m, sym.offset(), bytes).map(|p| p as usize),
+                    Path::Message => None,
+                })
+                .collect()
+        };
+        let peer_main = direct_addr(base, layout.total_bytes);
+        let peer_pull = direct_addr(pull_base, layout.pull_area_bytes());
         let me = team.my_pe();
         let local = pe.ptr(base, pe.my_pe()).ok_or_else(|| {
             Error::InvalidArgument("ep::Buffer::new: the allocation is not mapped".into())
@@ -396,10 +496,14 @@ impl<'p> Buffer<'p> {
                 layout,
                 base,
                 local,
-                members: team.members().iter().map(|&m| m as usize).collect(),
+                members,
                 me,
                 pending: [AtomicU64::new(0), AtomicU64::new(0)],
                 pool: Mutex::new(Vec::new()),
+                pull_base,
+                pull_local,
+                peer_main,
+                peer_pull,
             }),
             seq: 0,
             masked: vec![false; n],
@@ -409,7 +513,14 @@ impl<'p> Buffer<'p> {
 
     /// Collective: frees the symmetric memory.
     pub fn destroy(self) -> Result<()> {
+        self.pe.free(self.sh.pull_base)?;
         self.pe.free(self.sh.base)
+    }
+
+    /// Whether data from team PE `pe` takes the direct path (this PE reads it from `pe`'s
+    /// memory: dispatch payloads, and zero-copy combine rows) rather than being put here.
+    pub fn combine_is_direct(&self, pe: usize) -> bool {
+        self.sh.peer_main.get(pe).is_some_and(|a| a.is_some())
     }
 
     pub fn config(&self) -> &Config {
@@ -651,6 +762,24 @@ impl<'p> Buffer<'p> {
                 continue;
             }
             let dest = sh.members[d];
+            if let Some(peer) = sh.peer_main[d] {
+                // Direct: only the headers go to the receiver; it copies each payload
+                // straight from our send area into its output (one copy in all).
+                for &(t, kk, slot) in &by_dest[d] {
+                    let to = peer + lay.dispatch_recv_msg(set, sh.me, slot as usize);
+                    let hdr = (t as u64) | (kk as u64) << 32;
+                    // SAFETY: the first 8 bytes of a message slot of ours in PE d's receive
+                    // area, mapped here (p2p), 16-aligned; PE d reads it only after the
+                    // count word below (Release), and no PE writes it meanwhile.
+                    unsafe { (to as *mut u64).write(hdr.to_le()) };
+                }
+                for le in 0..l {
+                    let w = lay.dispatch_count_word(set, le, sh.me);
+                    let v = tag(seq) << 32 | DIRECT | cnt[d * l + le] as u64;
+                    sh.signal(self.pe, w, v, d)?;
+                }
+                continue;
+            }
             for &(t, kk, slot) in &by_dest[d] {
                 let to = lay.dispatch_recv_msg(set, sh.me, slot as usize);
                 let mut hdr = [0u8; layout::HEADER_BYTES];
@@ -684,6 +813,23 @@ impl<'p> Buffer<'p> {
             ));
         }
         let set = (self.seq % 2) as usize;
+        if self.sh.peer_main.iter().any(|a| a.is_some()) {
+            // With the direct path, peers read this set's combine_send while they receive
+            // call seq - 2: wait until they all have, before the caller writes it.
+            let pending = self.sh.pending[set].load(Ordering::Acquire);
+            if pending != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "get_next_low_latency_combine_buffer: LL call #{} on buffer set {set} has                      not been received yet: call its receive hook first",
+                    pending - 1
+                )));
+            }
+            self.sh.wait_credits(
+                self.pe,
+                self.seq,
+                &self.masked,
+                "get_next_low_latency_combine_buffer",
+            )?;
+        }
         let lay = &self.sh.layout;
         self.zero_copy_call = Some(self.seq);
         let off = lay.combine_send_row(set, 0, 0);
@@ -772,6 +918,46 @@ impl<'p> Buffer<'p> {
                 }
                 let low = match &fault {
                     Some((f, _)) => f.encode(),
+                    // Direct (read by the source) only with zero copy: without it the rows
+                    // must be copied once anyway, and putting them into the source's
+                    // combine_recv, where its sum reads them sequentially, measured faster
+                    // than copying them into our combine_send for the source to read.
+                    None if zero_copy && sh.peer_main[s].is_some() => {
+                        let Some(pull) = sh.peer_pull[s] else {
+                            unreachable!("peer_main and peer_pull are set together")
+                        };
+                        let mut rows_for_s = 0u64;
+                        for le in 0..l {
+                            let lr = handle.layout_range[le * r + s];
+                            let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
+                            if !zero_copy && count > 0 {
+                                let src = &expert_out[(le * rows + begin) * h..][..count * h];
+                                let to = sh.local + lay.combine_send_row(set, le, begin);
+                                // SAFETY: rows [begin, begin+count) of local expert le in our
+                                // own combine_send of this set (in bounds: begin + count <=
+                                // R*N from dispatch); peers read them only after the flag
+                                // below, and no peer still reads call seq - 2's rows
+                                // (start_call waited for their credits).
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        src.as_ptr().cast::<u8>(),
+                                        to as *mut u8,
+                                        count * h * 2,
+                                    )
+                                };
+                            }
+                            let word = pull + lay.pull_range_word(set, sh.me, le);
+                            // SAFETY: an 8-aligned word of PE s's pull area, mapped here
+                            // (p2p); only this PE writes it, and PE s reads it after the
+                            // flag. Relaxed: the flag's Release store below orders it.
+                            unsafe {
+                                AtomicU64::from_ptr(word as *mut u64)
+                                    .store((begin as u64) << 32 | count as u64, Ordering::Relaxed)
+                            };
+                            rows_for_s += count as u64;
+                        }
+                        rows_for_s | DIRECT
+                    }
                     None => {
                         let mut sent_rows = 0u64;
                         for le in 0..l {
@@ -872,6 +1058,7 @@ impl DispatchHook<'_> {
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (h, l, r) = (cfg.hidden, sh.l(), sh.n());
         let rows = r * cfg.num_max_dispatch_tokens_per_rank;
+        let n_max = cfg.num_max_dispatch_tokens_per_rank;
         let set = (self.seq % 2) as usize;
         let want = tag(self.seq);
         let pooled = sh.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -910,8 +1097,27 @@ impl DispatchHook<'_> {
                         }
                         let low = w & 0xffff_ffff;
                         let mut count = (low & COUNT_MASK) as usize;
+                        let mut from_peer = None;
                         if low & POISON != 0 {
                             peer_fault.get_or_insert((s, low));
+                            count = 0;
+                        } else if low & DIRECT != 0 {
+                            from_peer = sh.peer_main[s];
+                            if from_peer.is_none() {
+                                corrupt.get_or_insert(format!(
+                                    "PE {} left its tokens for PE {} to read, but its memory \
+                                     is not mapped here (both must use the same \
+                                     RSHMEM_EP_PATH and transport)",
+                                    sh.members[s], sh.members[sh.me]
+                                ));
+                                count = 0;
+                            }
+                        } else if sh.peer_main[s].is_some() {
+                            corrupt.get_or_insert(format!(
+                                "PE {} put its tokens although PE {} reads them directly (both \
+                                 must use the same RSHMEM_EP_PATH and transport)",
+                                sh.members[s], sh.members[sh.me]
+                            ));
                             count = 0;
                         }
                         if slot[s] + count > lay.slots_per_src || fill[le] + count > rows {
@@ -930,9 +1136,35 @@ impl DispatchHook<'_> {
                             // release the set.
                             let msg = unsafe { sh.bytes(m, lay.msg_bytes) };
                             let row = le * rows + begin + i;
-                            src_info[row] = i32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]);
+                            let tok = i32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]);
+                            src_info[row] = tok;
                             row_k[row] = i32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]);
-                            let body = &msg[layout::HEADER_BYTES..];
+                            let body = match from_peer {
+                                None => &msg[layout::HEADER_BYTES..],
+                                Some(_) if tok < 0 || tok as usize >= n_max => {
+                                    corrupt.get_or_insert(format!(
+                                        "PE {} sent token index {tok} (N = {n_max})",
+                                        sh.members[s]
+                                    ));
+                                    continue;
+                                }
+                                Some(peer) => {
+                                    let at = peer
+                                        + lay.dispatch_send_msg(set, tok as usize)
+                                        + layout::HEADER_BYTES;
+                                    // SAFETY: the payload of token `tok` (< N, checked) in
+                                    // PE s's send area of this set, mapped here (p2p). PE s
+                                    // wrote it before its count word (observed with
+                                    // Acquire) and does not write it again before every
+                                    // PE's credit for this call (sent after this loop).
+                                    unsafe {
+                                        std::slice::from_raw_parts(
+                                            at as *const u8,
+                                            lay.payload_bytes(),
+                                        )
+                                    }
+                                }
+                            };
                             match &mut recv_x {
                                 RecvX::Fp8 { data, scales } => {
                                     data[row * h..(row + 1) * h].copy_from_slice(&body[..h]);
@@ -1100,6 +1332,8 @@ impl CombineHook<'_> {
         )?;
         let mut out = vec![bf16::ZERO; self.num_tokens * h];
         let mut problem: Option<Error> = self.fault;
+        // Direct owners: where this PE's block of each of their experts starts.
+        let mut begin = vec![usize::MAX; cfg.num_experts];
         for p in (0..r).filter(|&p| !self.masked[p]) {
             let low = flags[p];
             if problem.is_some() {
@@ -1113,18 +1347,53 @@ impl CombineHook<'_> {
                     peer: sh.members[p],
                     reason: Fault::describe(low, cfg),
                 });
-            } else if low != expected[p] {
+            } else if low & COUNT_MASK != expected[p] {
                 problem = Some(Error::InvalidArgument(format!(
-                    "low_latency_combine: PE {} returned {low} rows to PE {} but its topk_idx \
+                    "low_latency_combine: PE {} returned {} rows to PE {} but its topk_idx \
                      routes {} there: pass the same topk_idx and mask as to the dispatch",
                     sh.members[p],
+                    low & COUNT_MASK,
                     self.pe.my_pe(),
                     expected[p]
                 )));
+            } else if low & DIRECT != 0 {
+                if sh.peer_main[p].is_none() {
+                    problem = Some(Error::Verification(format!(
+                        "low_latency_combine: PE {} left its rows for PE {} to read, but its \
+                         memory is not mapped here (both must use the same RSHMEM_EP_PATH \
+                         and transport)",
+                        sh.members[p],
+                        self.pe.my_pe()
+                    )));
+                    continue;
+                }
+                let mut want = vec![0usize; l];
+                for &e in &self.topk_idx {
+                    if e >= 0 && e as usize / l == p {
+                        want[e as usize % l] += 1;
+                    }
+                }
+                for (le, &n_want) in want.iter().enumerate() {
+                    let w = sh.load_pull(lay.pull_range_word(set, p, le));
+                    let (b, c) = ((w >> 32) as usize, (w & 0xffff_ffff) as usize);
+                    if c != n_want || b + c > r * cfg.num_max_dispatch_tokens_per_rank {
+                        problem.get_or_insert(Error::InvalidArgument(format!(
+                            "low_latency_combine: PE {} holds {c} rows from PE {} for expert \
+                             {} (from row {b}) but this PE's topk_idx routes {n_want} there: \
+                             pass the same topk_idx and mask as to the dispatch",
+                            sh.members[p],
+                            self.pe.my_pe(),
+                            p * l + le
+                        )));
+                    }
+                    begin[p * l + le] = b;
+                }
             }
         }
         if problem.is_none() {
+            let direct = |p: usize| flags[p] & DIRECT != 0;
             let mut acc = vec![0f32; h];
+            let mut next = vec![0usize; cfg.num_experts];
             for t in 0..self.num_tokens {
                 acc.iter_mut().for_each(|a| *a = 0.0);
                 for kk in 0..k {
@@ -1132,22 +1401,28 @@ impl CombineHook<'_> {
                     if !owner_ok(e) {
                         continue;
                     }
+                    let e = e as usize;
+                    let (p, le) = (e / l, e % l);
                     let w = self.topk_weights[t * k + kk];
-                    // SAFETY: the owner put this row before its flag (observed with
-                    // Acquire above); nobody writes it until we release the set.
-                    // Rows are 64-byte aligned (H*2-byte rows from a 64-aligned region
-                    // start, H*2 even), so viewing them as u16 is aligned.
-                    let row = unsafe { sh.bytes(lay.combine_recv_row(set, t, kk), h * 2) };
-                    // SAFETY: 2-aligned (see above), h u16 values inside the row.
-                    let row = unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<u16>(), h) };
-                    // bf16 -> f32 is exact: the bits shifted into the high half.
-                    for (a, &b) in acc.iter_mut().zip(row) {
-                        *a += w * f32::from_bits((b as u32) << 16);
-                    }
+                    let addr = if direct(p) {
+                        // Rows of one (expert, source) block are in this PE's token order,
+                        // as dispatch sent them.
+                        let j = begin[e] + next[e];
+                        next[e] += 1;
+                        sh.peer_main[p].unwrap_or(0) + lay.combine_send_row(set, le, j)
+                    } else {
+                        sh.local + lay.combine_recv_row(set, t, kk)
+                    };
+                    // SAFETY: a row of H bf16 in a mapped allocation: the owner's
+                    // combine_send row of this token (direct; in bounds, checked against
+                    // the published range above) or our combine_recv row. The owner wrote
+                    // or put it before its flag (observed with Acquire above) and does not
+                    // write it again until we release the set. Rows are 64-byte aligned
+                    // (H*2-byte rows from a 64-aligned region start), so u16 is aligned.
+                    let row = unsafe { std::slice::from_raw_parts(addr as *const u16, h) };
+                    reduce::accumulate(&mut acc, row, w);
                 }
-                for (o, a) in out[t * h..(t + 1) * h].iter_mut().zip(&acc) {
-                    *o = bf16::from_f32(*a);
-                }
+                reduce::round_to_bf16(&mut out[t * h..(t + 1) * h], &acc);
             }
         }
         sh.release(self.pe, self.seq, &self.masked)?;
