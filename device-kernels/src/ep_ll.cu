@@ -98,7 +98,13 @@
 #include "rshmem/ep/ll.cuh"
 #include "rshmem/ep/p2p.cuh"
 
-namespace {
+// Internal helpers live in a named namespace, not an anonymous one: nvcc names the
+// function-local __shared__ variables of anonymous-namespace functions with a hash of
+// the source path, which would make ptx/ differ between checkouts.
+namespace ep_ll_detail {}
+using namespace ep_ll_detail;
+
+namespace ep_ll_detail {
 
 constexpr int kThreads = EP_LL_THREADS;
 constexpr int kWarps = kThreads / 32;

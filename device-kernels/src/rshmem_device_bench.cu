@@ -54,7 +54,13 @@
 #include "rshmem/pattern.cuh"
 #include "rshmem/rshmem.cuh"
 
-namespace {
+// Internal helpers live in a named namespace, not an anonymous one: nvcc names the
+// function-local __shared__ variables of anonymous-namespace functions with a hash of
+// the source path, which would make ptx/ differ between checkouts.
+namespace rshmem_device_bench_detail {}
+using namespace rshmem_device_bench_detail;
+
+namespace rshmem_device_bench_detail {
 
 constexpr uint64_t kWarmup = 16;
 // Flag words (offsets into the scratch range).

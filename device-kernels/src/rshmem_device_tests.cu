@@ -19,7 +19,13 @@
 #include "rshmem/pattern.cuh"
 #include "rshmem/rshmem.cuh"
 
-namespace {
+// Internal helpers live in a named namespace, not an anonymous one: nvcc names the
+// function-local __shared__ variables of anonymous-namespace functions with a hash of
+// the source path, which would make ptx/ differ between checkouts.
+namespace rshmem_device_tests_detail {}
+using namespace rshmem_device_tests_detail;
+
+namespace rshmem_device_tests_detail {
 
 // Per-thread check counting; flush() adds the count to the result once per thread.
 struct Checker {
@@ -124,11 +130,11 @@ __global__ void __launch_bounds__(128, 1) rshmem_test_put_nbi_thread(rshmem_harn
 //   case); the right waits for 48 and gets the slot from its left neighbour.
 // Checks per case: every copied byte plus one guard byte before and one after the
 // destination range (must still be 0). checks/PE = 4 * (sum of kLens) + 2 * 48 = 21620.
-namespace {
+namespace rshmem_device_tests_detail {
 
 constexpr int kCases = 48;
 constexpr uint64_t kSlot = 8192;
-__device__ __constant__ const uint32_t kLens[12] = {0, 1, 3, 8, 15, 16, 17, 31, 64, 129, 1000, 4097};
+__device__ __constant__ uint32_t kLens[12] = {0, 1, 3, 8, 15, 16, 17, 31, 64, 129, 1000, 4097};
 
 template <int S>
 __device__ __forceinline__ uint32_t unit_index() {
@@ -238,7 +244,7 @@ __global__ void __launch_bounds__(256, 1) rshmem_test_getmem_block(rshmem_harnes
 // rshmem_<T>_get of the left's source slot are compared bit-exactly. Element i of type t
 // is T(pattern(seed + pe, 8t + i)) (floats from a 16-bit integer, so exact).
 // checks/PE = 23 * 12 = 276.
-namespace {
+namespace rshmem_device_tests_detail {
 
 template <typename T>
 __device__ __forceinline__ T typed_value(const rshmem_harness_args_t &a, int pe, int t, int i) {
@@ -308,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_types(rshmem_har
 // waits for its SET word (signal_wait_until EQ the left's value, checked), checks chunk
 // B, waits for the counter to reach U, checks chunk A, and checks signal_fetch == U.
 // checks/PE = U * (2W + 2).
-namespace {
+namespace rshmem_device_tests_detail {
 
 template <int S>
 __device__ __forceinline__ void put_signal_body(const rshmem_harness_args_t &a) {
@@ -386,7 +392,7 @@ __global__ void __launch_bounds__(256, 1) rshmem_test_put_signal_block(rshmem_ha
 // initial value does not satisfy it and v does (EQ v, NE 0, GT v-1, GE v, LT v+1, LE v),
 // and checks: the returned value == v, test(cmp, target) == 1, test(EQ, v + 1) == 0.
 // checks/PE = 24 * 3 = 72.
-namespace {
+namespace rshmem_device_tests_detail {
 
 template <typename T>
 __device__ __forceinline__ void wait_case(const rshmem_harness_args_t &a, Checker &c, int k, int cmp) {
@@ -465,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_wait_typed(rshme
 // fetch_inc/inc, fetch_and/and, fetch_or/or, fetch_xor/xor on a word of its right
 // neighbour, per type int32/uint32/int64/uint64, checking every returned value and the
 // word after each pair (17 checks per type). checks/PE = 256 + 2 * 2 + 4 * 17 = 328.
-namespace {
+namespace rshmem_device_tests_detail {
 
 template <typename T>
 __device__ __forceinline__ void amo_sequence(const rshmem_harness_args_t &a, Checker &c, T *w, int t) {
