@@ -135,13 +135,24 @@ fn runs_every_step_and_ends_with_the_table() {
         rows[0].starts_with("doctor") && rows[0].contains(" ok "),
         "{summary}"
     );
+    // Every step runs and fails against the stand-in driver, except benches whose op/scope
+    // has no kernel in the manifest (p and atomic exist at thread scope only): "n/a".
+    let mut failed = 0;
     for r in &rows[1..] {
-        assert!(
-            r.contains("FAIL (rc 1)"),
-            "a step that fails is recorded and the run goes on: {r}"
-        );
+        if r.contains("FAIL (rc 1)") {
+            failed += 1;
+        } else {
+            assert!(
+                r.starts_with("bench-") && r.contains("n/a (no kernel in manifest)"),
+                "a step that fails is recorded and the run goes on: {r}"
+            );
+        }
     }
-    assert!(summary.contains("19 step(s) not ok"), "{summary}");
+    assert!(failed >= 15, "{summary}");
+    assert!(
+        summary.contains(&format!("{failed} step(s) not ok")),
+        "{summary}"
+    );
     let log = std::fs::read_to_string(root.join("out/selftest-2.log")).unwrap();
     assert!(log.contains("libcuda.so.1 lacks cuGetErrorString"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
