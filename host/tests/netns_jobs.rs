@@ -559,20 +559,41 @@ fn lines_of(text: &str, rank: usize) -> Vec<&str> {
         .collect()
 }
 
-fn run_basic(hosts: usize, pph: usize) {
+/// Runs `mode` on `hosts` × `pph` PEs and checks that the job succeeds and every PE printed
+/// the line `ok_line(host, pe)`.
+fn run_expecting(
+    hosts: usize,
+    pph: usize,
+    mode: &str,
+    timeout_ms: u64,
+    finish: Duration,
+    ok_line: impl Fn(usize, usize) -> String,
+) {
     let t0 = Instant::now();
-    let job = start_job(hosts, pph, "basic", 10_000, 0, &[]);
-    let (status, text) = job.finish(Duration::from_secs(40));
+    let job = start_job(hosts, pph, mode, timeout_ms, 0, &[]);
+    let (status, text) = job.finish(finish);
     assert!(status.success(), "job failed ({status}):\n{text}");
     for r in 0..hosts * pph {
-        let host = r / pph;
-        let ok = format!(
-            "[host {host} pe {r}] NETNS-OK pe {r} n {} node {pph}",
-            hosts * pph
-        );
+        let ok = ok_line(r / pph, r);
         assert!(text.lines().any(|l| l == ok), "missing {ok:?} in:\n{text}");
     }
-    eprintln!("{hosts} hosts x {pph} PEs: {:?}", t0.elapsed());
+    eprintln!("{mode}, {hosts} hosts x {pph} PEs: {:?}", t0.elapsed());
+}
+
+fn run_basic(hosts: usize, pph: usize) {
+    run_expecting(
+        hosts,
+        pph,
+        "basic",
+        10_000,
+        Duration::from_secs(40),
+        |host, r| {
+            format!(
+                "[host {host} pe {r}] NETNS-OK pe {r} n {} node {pph}",
+                hosts * pph
+            )
+        },
+    );
 }
 
 #[test]
@@ -821,16 +842,14 @@ fn script_up_exec_link_down() {
 }
 
 fn run_selftest(hosts: usize, pph: usize) {
-    let t0 = Instant::now();
-    let job = start_job(hosts, pph, "selftest", 20_000, 0, &[]);
-    let (status, text) = job.finish(Duration::from_secs(50));
-    assert!(status.success(), "job failed ({status}):\n{text}");
-    for r in 0..hosts * pph {
-        let host = r / pph;
-        let ok = format!("[host {host} pe {r}] NETNS-OK selftest pe {r} cases 10");
-        assert!(text.lines().any(|l| l == ok), "missing {ok:?} in:\n{text}");
-    }
-    eprintln!("selftest, {hosts} hosts x {pph} PEs: {:?}", t0.elapsed());
+    run_expecting(
+        hosts,
+        pph,
+        "selftest",
+        20_000,
+        Duration::from_secs(50),
+        |host, r| format!("[host {host} pe {r}] NETNS-OK selftest pe {r} cases 10"),
+    );
 }
 
 /// The full self-test with two PEs on each of two hosts: p2p within, libfabric across.
