@@ -448,7 +448,7 @@ fn lat_iters(a: &BenchArgs, size: usize) -> usize {
 
 /// Median, p99 and mean of per-operation microseconds (one value per equal-sized batch, so
 /// the mean of the batches is the mean over all operations).
-fn stats(mut per_op_us: Vec<f64>) -> (f64, f64, f64) {
+pub(crate) fn stats(mut per_op_us: Vec<f64>) -> (f64, f64, f64) {
     if per_op_us.is_empty() {
         return (0.0, 0.0, 0.0);
     }

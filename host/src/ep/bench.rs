@@ -223,13 +223,10 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
     Ok(Some(EpReport { last, points }))
 }
 
-fn stats(mut v: Vec<f64>) -> (f64, f64) {
-    if v.is_empty() {
-        return (0.0, 0.0);
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
-    (q(0.5), q(0.99))
+/// Median and p99, as the other CPU benches compute them (`crate::bench::stats`).
+fn stats(v: Vec<f64>) -> (f64, f64) {
+    let (med, p99, _) = crate::bench::stats(v);
+    (med, p99)
 }
 
 /// One point on one PE; Some on the PE that reports (rank 0).
