@@ -16,12 +16,14 @@ struct Cli {
 enum Command {
     /// Start N local PEs running PROGRAM, with their output prefixed by PE.
     Run(rshmem::launcher::RunArgs),
-    /// Report what this machine offers rshmem (CPU PEs, CUDA, rdma-core, libfabric).
+    /// Report what this machine offers rshmem (CPU PEs, CUDA, rdma-core, IBGDA, libfabric),
+    /// or dump a running job's soft-HCA queues (--queues).
     Doctor(rshmem::doctor::DoctorArgs),
-    /// Benchmark a host operation between PEs (put, get, p, atomic, signal, barrier) or
-    /// MoE dispatch/combine (ep).
+    /// Benchmark an operation between PEs (put, get, p, atomic, signal, barrier; host or,
+    /// with --device gpu, device-initiated), GPU copy bandwidth, or MoE dispatch/combine (ep).
     Bench(rshmem::bench::BenchCommand),
-    /// Check every host operation among the PEs of a job, with exact values.
+    /// Check every operation among the PEs of a job with exact values (host operations, or
+    /// the GPU host layer and device API with --device gpu).
     Selftest(SelftestArgs),
     /// mlx5 queue formats: decode a WQE or CQE from hex.
     Mlx5(rshmem::mlx5::decode::Mlx5Args),
