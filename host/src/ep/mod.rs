@@ -919,9 +919,10 @@ impl<'p> Buffer<'p> {
                 let low = match &fault {
                     Some((f, _)) => f.encode(),
                     // Direct (read by the source) only with zero copy: without it the rows
-                    // must be copied once anyway, and putting them into the source's
-                    // combine_recv, where its sum reads them sequentially, measured faster
-                    // than copying them into our combine_send for the source to read.
+                    // must be copied once anyway, and streaming them into the source's
+                    // combine_recv (below), where its sum reads them sequentially, measured
+                    // as fast or faster than copying them into our combine_send for the
+                    // source to read (A/B, 2026-12-02 15:53 UTC, docs/ep.md).
                     None if zero_copy && sh.peer_main[s].is_some() => {
                         let Some(pull) = sh.peer_pull[s] else {
                             unreachable!("peer_main and peer_pull are set together")
@@ -930,22 +931,6 @@ impl<'p> Buffer<'p> {
                         for le in 0..l {
                             let lr = handle.layout_range[le * r + s];
                             let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
-                            if !zero_copy && count > 0 {
-                                let src = &expert_out[(le * rows + begin) * h..][..count * h];
-                                let to = sh.local + lay.combine_send_row(set, le, begin);
-                                // SAFETY: rows [begin, begin+count) of local expert le in our
-                                // own combine_send of this set (in bounds: begin + count <=
-                                // R*N from dispatch); peers read them only after the flag
-                                // below, and no peer still reads call seq - 2's rows
-                                // (start_call waited for their credits).
-                                unsafe {
-                                    std::ptr::copy_nonoverlapping(
-                                        src.as_ptr().cast::<u8>(),
-                                        to as *mut u8,
-                                        count * h * 2,
-                                    )
-                                };
-                            }
                             let word = pull + lay.pull_range_word(set, sh.me, le);
                             // SAFETY: an 8-aligned word of PE s's pull area, mapped here
                             // (p2p); only this PE writes it, and PE s reads it after the
@@ -960,6 +945,11 @@ impl<'p> Buffer<'p> {
                     }
                     None => {
                         let mut sent_rows = 0u64;
+                        // Node-local peer without zero copy: the rows are copied straight
+                        // into its combine_recv with streaming stores (no read of the
+                        // destination lines, no eviction of ours): combine 14.5-15.4 ms ->
+                        // 10.8-12.7 ms at 4 PEs, H=7168, K=8 (docs/ep.md, 15:53 UTC).
+                        let stream_to = sh.peer_main[s].filter(|_| !zero_copy);
                         for le in 0..l {
                             let lr = handle.layout_range[le * r + s];
                             let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
@@ -968,7 +958,20 @@ impl<'p> Buffer<'p> {
                                 let (t, kk) =
                                     (handle.src_info[row] as usize, handle.row_k[row] as usize);
                                 let to = sh.sym(lay.combine_recv_row(set, t, kk), h * 2);
-                                if zero_copy {
+                                if let Some(peer) = stream_to {
+                                    let src = bf16_bits(&expert_out[row * h..(row + 1) * h]);
+                                    // SAFETY: a row of PE s's combine_recv (this set, token t,
+                                    // slot kk: in bounds by the layout), mapped here (p2p);
+                                    // PE s reads it only after our flag below, and no longer
+                                    // for call seq - 2 (start_call waited for its credit).
+                                    unsafe {
+                                        reduce::copy_streaming(
+                                            (peer + lay.combine_recv_row(set, t, kk)) as *mut u8,
+                                            src.as_ptr().cast(),
+                                            h * 2,
+                                        )
+                                    };
+                                } else if zero_copy {
                                     // SAFETY: our own combine send area; only this PE
                                     // writes it and the caller's borrow has ended.
                                     let src = unsafe {
@@ -982,6 +985,11 @@ impl<'p> Buffer<'p> {
                                 }
                                 sent_rows += 1;
                             }
+                        }
+                        if stream_to.is_some() {
+                            // The streaming stores are weakly ordered: drain them before
+                            // the flag's Release store below publishes the rows.
+                            reduce::store_fence();
                         }
                         sent_rows
                     }
@@ -1392,10 +1400,12 @@ impl CombineHook<'_> {
         }
         if problem.is_none() {
             let direct = |p: usize| flags[p] & DIRECT != 0;
-            let mut acc = vec![0f32; h];
             let mut next = vec![0usize; cfg.num_experts];
+            let mut rows: Vec<&[u16]> = Vec::with_capacity(k);
+            let mut weights: Vec<f32> = Vec::with_capacity(k);
             for t in 0..self.num_tokens {
-                acc.iter_mut().for_each(|a| *a = 0.0);
+                rows.clear();
+                weights.clear();
                 for kk in 0..k {
                     let e = self.topk_idx[t * k + kk];
                     if !owner_ok(e) {
@@ -1420,9 +1430,11 @@ impl CombineHook<'_> {
                     // write it again until we release the set. Rows are 64-byte aligned
                     // (H*2-byte rows from a 64-aligned region start), so u16 is aligned.
                     let row = unsafe { std::slice::from_raw_parts(addr as *const u16, h) };
-                    reduce::accumulate(&mut acc, row, w);
+                    rows.push(row);
+                    weights.push(w);
                 }
-                reduce::round_to_bf16(&mut out[t * h..(t + 1) * h], &acc);
+                // In k order, f32, rounded once: bit-identical to the GPU kernels' sum.
+                reduce::weighted_sum_to_bf16(&mut out[t * h..(t + 1) * h], &rows, &weights);
             }
         }
         sh.release(self.pe, self.seq, &self.masked)?;
