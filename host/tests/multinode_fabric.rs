@@ -108,12 +108,13 @@ fn selftest_over_fabric_delivery_complete_small_chunks_no_handover() {
 }
 
 /// The self-test (quiet, fence, signals, barriers: exact checks) and the put benchmark
-/// (ping-pong payload and a streamed-then-quiet 1 MiB, both verified) with lazy write
-/// confirmation: flush READs only when a completion is needed.
+/// (ping-pong payload and a streamed-then-quiet 1 MiB, both verified) with eager write
+/// confirmation (a flush READ after every write; the default is lazy: flush READs only
+/// when a completion is needed).
 #[test]
-fn selftest_and_bench_over_fabric_lazy_confirmation() {
+fn selftest_and_bench_over_fabric_eager_confirmation() {
     let out = fabric_cmd(&["run", "-n", "3", "--", RSHMEM, "selftest"])
-        .env("RSHMEM_FABRIC_CONFIRM", "lazy")
+        .env("RSHMEM_FABRIC_CONFIRM", "eager")
         .env("RSHMEM_FABRIC_CHUNK", "8K")
         .output()
         .unwrap();
@@ -142,7 +143,7 @@ fn selftest_and_bench_over_fabric_lazy_confirmation() {
         "--iters",
         "200",
     ])
-    .env("RSHMEM_FABRIC_CONFIRM", "lazy")
+    .env("RSHMEM_FABRIC_CONFIRM", "eager")
     .output()
     .unwrap();
     let text =

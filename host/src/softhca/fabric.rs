@@ -117,7 +117,8 @@ pub struct FabricBackend {
     /// Per peer (by address): writes locally complete, awaiting a flush; and whether a
     /// flush READ is in flight.
     unflushed: std::collections::HashMap<u64, (Target, Vec<u32>, bool)>,
-    /// `RSHMEM_FABRIC_CONFIRM=lazy`: post flush READs only when a completion is needed
+    /// Lazy confirmation (default; `RSHMEM_FABRIC_CONFIRM=eager` turns it off): post flush
+    /// READs only when a completion is needed
     /// ([`Backend::set_urgent`]) or [`LAZY_LIMIT`] writes wait, instead of every round.
     lazy: bool,
     /// Some thread waits for a completion, or the engine holds WQEs back.
@@ -242,7 +243,9 @@ impl FabricBackend {
             == "complete";
         let ep = Endpoint::with_completion(&domain, want_dc)?;
         let bounce = domain.alloc(BOUNCE * BOUNCE_SLOTS)?;
-        let lazy = env_choice("RSHMEM_FABRIC_CONFIRM", &["eager", "lazy"], "eager")? == "lazy";
+        // Lazy by default since 2026-12-02: with the handover it halves the 8 B put latency
+        // across namespaces (docs/multinode.md, "Defaults").
+        let lazy = env_choice("RSHMEM_FABRIC_CONFIRM", &["eager", "lazy"], "lazy")? == "lazy";
         // On by default since 2026-12-02 (docs/multinode.md, "Progress handover").
         let handover = env_choice("RSHMEM_ENGINE_HANDOVER", &["0", "1"], "1")? == "1";
         Ok(FabricBackend {
