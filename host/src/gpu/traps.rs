@@ -474,7 +474,9 @@ fn trap_child(name: &str, sources: &Sources) -> Result<()> {
         // trap before it happens.
         unsafe { g.launch_raw(&module, t.kernel(), t.grid, t.block, 0, &mut params, false)? };
         let launch_error = g.sync(t.kernel()).err().map(|e| e.to_string());
-        g.enter()?;
+        // g.sync made the context current on this thread; entering it again after a trap
+        // may itself report the context's error, which is no reason to lose the report.
+        let _ = g.enter();
         // SAFETY: this PE's stream in the current context. After a trap it returns the
         // context's sticky error at once; it also flushes the device printf buffer.
         let rc = unsafe { sys::cuStreamSynchronize(g.stream()) };
