@@ -711,7 +711,7 @@ mod tests {
             [
                 "rshmem: PE -1: ",
                 "(target PE -1, addr 0x0, bytes 0)",
-                "rshmem_putmem",
+                "rshmem_n_pes",
                 "module not bound to a PE"
             ]
         );
@@ -742,7 +742,7 @@ mod tests {
         judge(&t, &good_output(&t, rec, line)).unwrap();
         // Unbound: no record, the line says it; an illegal-instruction status is a trap too.
         let t = case("unbound");
-        let line = "rshmem: PE -1: rshmem_putmem: module not bound to a PE (magic/version mismatch; call bind_module) (target PE -1, addr 0x0, bytes 0) [block 0 thread 0]";
+        let line = "rshmem: PE -1: rshmem_n_pes: module not bound to a PE (magic/version mismatch; call bind_module) (target PE -1, addr 0x0, bytes 0) [block 0 thread 0]";
         let mut o = good_output(&t, Record::default(), line);
         o.stdout = o.stdout.replace(
             "CUDA_ERROR_LAUNCH_FAILED (719): unspecified launch failure\"",
@@ -827,7 +827,7 @@ mod tests {
         );
         // Unbound, yet a record was written.
         let u = case("unbound");
-        let e = judge(&u, &good_output(&u, rec, "rshmem: PE -1: rshmem_putmem: module not bound to a PE (target PE -1, addr 0x0, bytes 0)")).unwrap_err();
+        let e = judge(&u, &good_output(&u, rec, "rshmem: PE -1: rshmem_n_pes: module not bound to a PE (target PE -1, addr 0x0, bytes 0)")).unwrap_err();
         assert_eq!(
             e,
             ["record.code is 2, expected none (this case cannot write the record)"]
