@@ -25,6 +25,7 @@ pub mod module;
 pub mod pe;
 pub mod runner;
 pub mod state;
+pub mod traps;
 
 pub use pe::{run_gpu_threads, GpuPe};
 
