@@ -155,8 +155,9 @@ fn runs_every_step_and_ends_with_the_table() {
     );
     // The NVSHMEM comparison is not in this bundle: n/a (not a failure), with a note.
     assert!(
-        summary.lines().any(|l| l.starts_with("nvshmem-pingpong ")
-            && l.contains("n/a (not in the bundle)")),
+        summary
+            .lines()
+            .any(|l| l.starts_with("nvshmem-pingpong ") && l.contains("n/a (not in the bundle)")),
         "{summary}"
     );
     assert!(

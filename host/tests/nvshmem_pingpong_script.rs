@@ -132,11 +132,15 @@ fn comparable_run_prints_both_sides_and_the_ratios() {
     assert_eq!(o.status.code(), Some(0), "{t}");
     // ratio = rshmem / NVSHMEM: p 1.2/1.0, 1.5/1.25; signal 1.8/2.0, 2.5/2.0.
     assert!(
-        t.contains("p             1.200       1.500        1.000        1.250     1.200     1.200\n"),
+        t.contains(
+            "p             1.200       1.500        1.000        1.250     1.200     1.200\n"
+        ),
         "{t}"
     );
     assert!(
-        t.contains("signal        1.800       2.500        2.000        2.000     0.900     1.250\n"),
+        t.contains(
+            "signal        1.800       2.500        2.000        2.000     0.900     1.250\n"
+        ),
         "{t}"
     );
     assert!(
@@ -168,7 +172,9 @@ fn limited_mpg_is_not_a_comparison() {
     let t = text(&o);
     assert_eq!(o.status.code(), Some(3), "{t}");
     assert!(
-        t.contains("p             1.200       1.500        1.000        1.250         -         -\n"),
+        t.contains(
+            "p             1.200       1.500        1.000        1.250         -         -\n"
+        ),
         "numbers are shown, ratios are not: {t}"
     );
     assert!(
@@ -214,17 +220,31 @@ fn a_partial_run_names_what_did_not_complete() {
 #[test]
 fn rshmem_failing_is_a_failure_even_when_nvshmem_ran() {
     let root = repo("rsfail", true);
-    let (o, _) = run_script(&root, &[("FAKE_NV", "full"), ("FAKE_RSHMEM_FAIL", "1")], false);
+    let (o, _) = run_script(
+        &root,
+        &[("FAKE_NV", "full"), ("FAKE_RSHMEM_FAIL", "1")],
+        false,
+    );
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
-    assert!(t.contains("rshmem bench p --device gpu: CUDA_ERROR_FAKE"), "{t}");
-    assert!(t.contains("SUMMARY: nvshmem-pingpong: FAIL: rshmem's side failed (log above)\n"), "{t}");
+    assert!(
+        t.contains("rshmem bench p --device gpu: CUDA_ERROR_FAKE"),
+        "{t}"
+    );
+    assert!(
+        t.contains("SUMMARY: nvshmem-pingpong: FAIL: rshmem's side failed (log above)\n"),
+        "{t}"
+    );
 }
 
 #[test]
 fn no_host_library_or_no_program_is_n_a() {
     let root = repo("nolib", true);
-    let (o, log) = run_script(&root, &[("RSHMEM_NVSHMEM_LIB_DIR", "/nonexistent/nvshmem/lib")], false);
+    let (o, log) = run_script(
+        &root,
+        &[("RSHMEM_NVSHMEM_LIB_DIR", "/nonexistent/nvshmem/lib")],
+        false,
+    );
     let t = text(&o);
     assert_eq!(o.status.code(), Some(3), "{t}");
     assert!(
@@ -237,7 +257,10 @@ fn no_host_library_or_no_program_is_n_a() {
     let (o, _) = run_script(&root, &[], false);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(3), "{t}");
-    assert!(t.contains("nvshmem-pingpong: n/a: .gpu/nvshmem/nvshmem_pingpong is not in the bundle"), "{t}");
+    assert!(
+        t.contains("nvshmem-pingpong: n/a: .gpu/nvshmem/nvshmem_pingpong is not in the bundle"),
+        "{t}"
+    );
 }
 
 #[test]
@@ -248,7 +271,10 @@ fn mps_is_tried_in_a_private_daemon_then_stopped_and_the_run_falls_back() {
     assert_eq!(o.status.code(), Some(3), "{t}");
     let lines: Vec<&str> = log.lines().collect();
     assert_eq!(lines.len(), 5, "{log}");
-    assert!(lines[0].starts_with("mps get_server_list pipe=none"), "{log}");
+    assert!(
+        lines[0].starts_with("mps get_server_list pipe=none"),
+        "{log}"
+    );
     // A private daemon in /tmp/rshmem-mps.*, its pipe and log folders inside.
     let dir = lines[1]
         .strip_prefix("mps -d pipe=")
@@ -258,23 +284,49 @@ fn mps_is_tried_in_a_private_daemon_then_stopped_and_the_run_falls_back() {
     assert!(dir.starts_with("/tmp/rshmem-mps."), "{log}");
     assert_eq!(lines[1], format!("mps -d pipe={dir}/pipe log={dir}/log"));
     // First attempt as MPS clients at 50 % each, a short deadline (half the time left).
-    assert!(lines[2].starts_with("nv args=--op both --scope thread --iters 1000 --reps 20 --timeout-s "), "{log}");
-    assert!(lines[2].contains(&format!(" mps={dir}/pipe pct=50 ")), "{log}");
+    assert!(
+        lines[2]
+            .starts_with("nv args=--op both --scope thread --iters 1000 --reps 20 --timeout-s "),
+        "{log}"
+    );
+    assert!(
+        lines[2].contains(&format!(" mps={dir}/pipe pct=50 ")),
+        "{log}"
+    );
     // The daemon is stopped, then the run without MPS.
     assert_eq!(lines[3], format!("mps quit pipe={dir}/pipe"));
     assert!(lines[4].contains(" mps=none pct=none "), "{log}");
-    assert!(t.contains("the NVSHMEM run under MPS did not complete: once more without MPS"), "{t}");
-    assert!(t.contains("limited MPG mode (no MPS, after the MPS attempt failed)"), "{t}");
-    assert!(!Path::new(&dir).exists(), "the daemon's folder is removed: {dir}");
+    assert!(
+        t.contains("the NVSHMEM run under MPS did not complete: once more without MPS"),
+        "{t}"
+    );
+    assert!(
+        t.contains("limited MPG mode (no MPS, after the MPS attempt failed)"),
+        "{t}"
+    );
+    assert!(
+        !Path::new(&dir).exists(),
+        "the daemon's folder is removed: {dir}"
+    );
 
     // A working MPS: one run, full MPG, comparable, the daemon stopped at the end.
-    let (o, log) = run_script(&root, &[("FAKE_NV", "limited"), ("FAKE_MPS_WORKS", "1")], true);
+    let (o, log) = run_script(
+        &root,
+        &[("FAKE_NV", "limited"), ("FAKE_MPS_WORKS", "1")],
+        true,
+    );
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let lines: Vec<&str> = log.lines().collect();
     assert_eq!(lines.len(), 4, "{log}");
-    assert!(lines[3].starts_with("mps quit pipe=/tmp/rshmem-mps."), "{log}");
-    assert!(t.contains("(NVSHMEM 3.4.5, mpg full, MPS (a private daemon, /tmp/rshmem-mps."), "{t}");
+    assert!(
+        lines[3].starts_with("mps quit pipe=/tmp/rshmem-mps."),
+        "{log}"
+    );
+    assert!(
+        t.contains("(NVSHMEM 3.4.5, mpg full, MPS (a private daemon, /tmp/rshmem-mps."),
+        "{t}"
+    );
 }
 
 const FAKE_CUDA_C: &str = r#"
