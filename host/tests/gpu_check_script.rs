@@ -168,6 +168,17 @@ fn runs_every_step_and_ends_with_the_table() {
         summary.contains(&format!("{failed} step(s) not ok")),
         "{summary}"
     );
+    // The NVSHMEM comparison is not in this bundle: n/a (not a failure), with a note.
+    assert!(
+        summary
+            .lines()
+            .any(|l| l.starts_with("nvshmem-pingpong ") && l.contains("n/a (not in the bundle)")),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("\nnvshmem-pingpong: .gpu/nvshmem/nvshmem_pingpong is not in the bundle"),
+        "{summary}"
+    );
     let log = std::fs::read_to_string(root.join("out/selftest-2.log")).unwrap();
     assert!(log.contains("libcuda.so.1 lacks cuGetErrorString"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
