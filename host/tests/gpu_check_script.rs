@@ -126,11 +126,14 @@ fn runs_every_step_and_ends_with_the_table() {
     let rows: Vec<&str> = summary
         .lines()
         .filter(|l| {
-            l.starts_with("doctor") || l.starts_with("selftest-") || l.starts_with("bench-")
+            l.starts_with("doctor")
+                || l.starts_with("selftest-")
+                || l.starts_with("bench-")
+                || l.starts_with("ep ")
         })
         .collect();
-    // doctor, 3 selftests, 5 ops x 3 scopes, copy.
-    assert_eq!(rows.len(), 1 + 3 + 15 + 1, "{summary}");
+    // doctor, 3 selftests, 5 ops x 3 scopes, copy, ep.
+    assert_eq!(rows.len(), 1 + 3 + 15 + 1 + 1, "{summary}");
     assert!(
         rows[0].starts_with("doctor") && rows[0].contains(" ok "),
         "{summary}"
@@ -155,5 +158,18 @@ fn runs_every_step_and_ends_with_the_table() {
     );
     let log = std::fs::read_to_string(root.join("out/selftest-2.log")).unwrap();
     assert!(log.contains("libcuda.so.1 lacks cuGetErrorString"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    // The ep step runs both commands (the suite, then the bench), each failing cleanly.
+    let ep = rows.iter().find(|r| r.starts_with("ep ")).unwrap();
+    assert!(ep.contains("FAIL (rc 1)"), "{summary}");
+    let log = std::fs::read_to_string(root.join("out/ep.log")).unwrap();
+    assert!(
+        log.contains("rshmem bench ep --check: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"),
+        "{log}"
+    );
+    assert!(
+        log.contains("rshmem bench ep: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"),
+        "{log}"
+    );
     assert!(!log.contains("panicked"), "{log}");
 }

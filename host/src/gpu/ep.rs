@@ -523,6 +523,44 @@ impl EpGraph {
     }
 }
 
+/// Collective: loads and binds this PE's instance of the `ep_ll` module. PE 0 loads
+/// first: the driver JIT-compiles the 2 MB PTX once and caches it (CUDA's compute cache),
+/// the other PEs then load from the cache instead of compiling it concurrently.
+pub fn load_module(g: &GpuPe) -> Result<Module> {
+    let pe = g.pe();
+    if g.my_pe() != 0 {
+        pe.barrier_all()?;
+    }
+    let loaded = g.load_library_module(MODULE, None);
+    if g.my_pe() == 0 {
+        pe.barrier_all()?;
+    }
+    let m = loaded?;
+    if m.bound_pe() != Some(g.my_pe()) {
+        return Err(Error::InvalidArgument(format!(
+            "module {MODULE} has no rshmemi_device_state global (built without the EP kernels' \
+             p2p header?)"
+        )));
+    }
+    Ok(m)
+}
+
+/// The buffer's module: its own, or one shared by several buffers of the PE.
+enum ModRef<'g> {
+    Owned(Module),
+    Shared(&'g Module),
+}
+
+impl std::ops::Deref for ModRef<'_> {
+    type Target = Module;
+    fn deref(&self) -> &Module {
+        match self {
+            ModRef::Owned(m) => m,
+            ModRef::Shared(m) => m,
+        }
+    }
+}
+
 static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// An EP buffer on a GPU PE: the symmetric allocation of [`Layout`] in the GPU heap, the
@@ -535,7 +573,7 @@ pub struct GpuBuffer<'g> {
     id: u64,
     cfg: Config,
     layout: Layout,
-    module: Module,
+    module: ModRef<'g>,
     names: [String; 4],
     grid: u32,
     base: SymPtr<u8>,
@@ -580,10 +618,30 @@ fn dev(g: &GpuPe, bytes: usize, what: &str) -> Result<DevBuf> {
 impl<'g> GpuBuffer<'g> {
     /// Collective over every PE of the job: agrees on `cfg` (a mismatch fails on every
     /// PE, naming each PE's config), checks it for the GPU kernels, loads and binds the
-    /// module, allocates exactly [`Layout::size_hint`] bytes of GPU heap, the control block
-    /// and two sets of outputs, and zeroes the signal words. `grid` 0 = the co-resident
-    /// share of the GPU (docs/ep.md "Launch contract").
+    /// module ([`load_module`]), allocates exactly [`Layout::size_hint`] bytes of GPU heap,
+    /// the control block and two sets of outputs, and zeroes the signal words. `grid` 0 =
+    /// the co-resident share of the GPU (docs/ep.md "Launch contract").
     pub fn new(g: &'g GpuPe, cfg: Config, grid: u32) -> Result<GpuBuffer<'g>> {
+        let (layout, names) = Self::prepare(g, &cfg)?;
+        let m = load_module(g)?;
+        Self::build(g, cfg, grid, layout, names, ModRef::Owned(m))
+    }
+
+    /// [`GpuBuffer::new`] with this PE's already loaded module (from [`load_module`]), so
+    /// that several buffers share one module instance (loading the 2 MB PTX is slow).
+    pub fn with_module(g: &'g GpuPe, m: &'g Module, cfg: Config, grid: u32) -> Result<GpuBuffer<'g>> {
+        let (layout, names) = Self::prepare(g, &cfg)?;
+        if m.bound_pe() != Some(g.my_pe()) || m.name() != MODULE {
+            return Err(Error::InvalidArgument(format!(
+                "ep::GpuBuffer::with_module: module {} is not the {MODULE} module bound to PE {}",
+                m.name(),
+                g.my_pe()
+            )));
+        }
+        Self::build(g, cfg, grid, layout, names, ModRef::Shared(m))
+    }
+
+    fn prepare(g: &GpuPe, cfg: &Config) -> Result<(Layout, [String; 4])> {
         let pe = g.pe();
         let team = pe.world().clone();
         pe.agree_in(
@@ -599,30 +657,26 @@ impl<'g> GpuBuffer<'g> {
             ],
             |w| format!("{w:?} (N, H, E, K, fp8, round_scale)"),
         )?;
-        let n = g.n_pes();
-        let layout = check_config(&cfg, n)?;
+        let layout = check_config(cfg, g.n_pes())?;
         let names = [
             kernel_name(Kernel::DispatchSend, cfg.hidden, cfg.use_fp8)?,
             kernel_name(Kernel::DispatchRecv, cfg.hidden, cfg.use_fp8)?,
             kernel_name(Kernel::CombineSend, cfg.hidden, cfg.use_fp8)?,
             kernel_name(Kernel::CombineRecv, cfg.hidden, cfg.use_fp8)?,
         ];
-        // PE 0 loads first: the driver JIT-compiles the 2 MB PTX once and caches it, the
-        // other PEs then load from the cache instead of compiling it concurrently.
-        if g.my_pe() != 0 {
-            pe.barrier_all()?;
-        }
-        let loaded = g.load_library_module(MODULE, None);
-        if g.my_pe() == 0 {
-            pe.barrier_all()?;
-        }
-        let module = loaded?;
-        if module.bound_pe() != Some(g.my_pe()) {
-            return Err(Error::InvalidArgument(format!(
-                "module {MODULE} has no rshmemi_device_state global (built without the EP \
-                 kernels' p2p header?)"
-            )));
-        }
+        Ok((layout, names))
+    }
+
+    fn build(
+        g: &'g GpuPe,
+        cfg: Config,
+        grid: u32,
+        layout: Layout,
+        names: [String; 4],
+        module: ModRef<'g>,
+    ) -> Result<GpuBuffer<'g>> {
+        let pe = g.pe();
+        let n = g.n_pes();
         let mut share = u32::MAX;
         for k in &names {
             share = share.min(g.collective_grid(&module, k, THREADS, grid)?.0);

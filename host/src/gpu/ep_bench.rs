@@ -22,7 +22,8 @@
 //! per second (twice its copied bytes). Unverified on a GPU until gpu-check has run.
 
 use super::driver::{ck, driver};
-use super::ep::{settle_uploads, GpuBuffer, IdxType, Replayed};
+use super::ep::{load_module, settle_uploads, GpuBuffer, IdxType, Replayed};
+use super::module::Module;
 use super::pe::{DevBuf, GpuPe};
 use super::run_gpu_threads;
 use crate::config::{LaunchInfo, Settings};
@@ -325,9 +326,11 @@ fn compare_combined(me: usize, h: usize, gpu: &[bf16], cpu: &[bf16]) -> Result<(
 }
 
 /// One case on one GPU PE: two repeats (both buffer sets), each compared with the oracle.
-fn gpu_case(g: &GpuPe, c: &Case, oracle: &Oracle) -> Result<()> {
+/// A failed check is recorded and the calls go on (so the other PEs are not left waiting
+/// in their kernels); the first failure is returned at the end.
+fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
     let (n, me, cfg) = (g.n_pes(), g.my_pe(), c.cfg);
-    let mut buf = GpuBuffer::new(g, cfg, 0)?;
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
     let r = routing(c, me);
     let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
     let masked = vec![false; n];
@@ -341,14 +344,20 @@ fn gpu_case(g: &GpuPe, c: &Case, oracle: &Oracle) -> Result<()> {
     settle_uploads(g, "EP inputs")?;
     let l = cfg.num_experts / n;
     let mut first: Option<(u64, u64)> = None;
+    let mut problem: Option<Error> = None;
+    let mut note = |r: Result<()>| {
+        if let Err(e) = r {
+            problem.get_or_insert(e);
+        }
+    };
     for rep in 0..2 {
         let mut h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), c.idx, r.num_tokens, c.hook)?;
         if c.hook {
             buf.recv_hook(&mut h)?;
         }
         let d = buf.read_dispatch(&h)?;
-        check::validate_dispatch(&cfg, me, &all, &masked, &d)?;
-        compare_dispatch(&cfg, n, me, &d, &oracle[me].0)?;
+        note(check::validate_dispatch(&cfg, me, &all, &masked, &d));
+        note(compare_dispatch(&cfg, n, me, &d, &oracle[me].0));
         let mut eo =
             vec![bf16::ZERO; l * n * cfg.num_max_dispatch_tokens_per_rank * cfg.hidden];
         check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
@@ -372,29 +381,31 @@ fn gpu_case(g: &GpuPe, c: &Case, oracle: &Oracle) -> Result<()> {
         }
         let combined = buf.read_combined(&cmb)?;
         drop(keep);
-        check::validate_combine(&cfg, n, me, &r, &masked, &scale, &combined)?;
-        compare_combined(me, cfg.hidden, &combined, &oracle[me].1)?;
+        note(check::validate_combine(&cfg, n, me, &r, &masked, &scale, &combined).map(|_| ()));
+        note(compare_combined(me, cfg.hidden, &combined, &oracle[me].1));
         let hashes = (
             check::dispatch_hash(&cfg, n, &d),
             check::hash_bf16(&combined),
         );
         match first {
             None => first = Some(hashes),
-            Some(h0) if h0 != hashes => {
-                return Err(Error::Verification(format!(
-                    "ep GPU on PE {me}: repeat {rep} is not bit-identical to repeat 0 \
-                     ({hashes:x?} vs {h0:x?})"
-                )))
-            }
+            Some(h0) if h0 != hashes => note(Err(Error::Verification(format!(
+                "ep GPU on PE {me}: repeat {rep} is not bit-identical to repeat 0 \
+                 ({hashes:x?} vs {h0:x?})"
+            )))),
             Some(_) => {}
         }
     }
-    buf.destroy()
+    buf.destroy()?;
+    match problem {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Faults: an expert id >= E on PE 1, then T > N on PE 0; every PE fails the call naming
 /// the PE at fault, and the buffer works again afterwards.
-fn fault_case(g: &GpuPe) -> Result<()> {
+fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
     let (n, me) = (g.n_pes(), g.my_pe());
     let cfg = Config {
         num_max_dispatch_tokens_per_rank: 16,
@@ -404,7 +415,7 @@ fn fault_case(g: &GpuPe) -> Result<()> {
         use_fp8: false,
         round_scale: false,
     };
-    let mut buf = GpuBuffer::new(g, cfg, 0)?;
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
     let t_max = 17;
     let x = upload(
         g,
@@ -460,7 +471,7 @@ fn fault_case(g: &GpuPe) -> Result<()> {
 
 /// A CUDA graph of dispatch + combine (bf16; the identity expert reads `recv_x` in place),
 /// replayed with new routing and weights written into the same device buffers.
-fn graph_case(g: &GpuPe, replays: usize) -> Result<()> {
+fn graph_case(g: &GpuPe, m: &Module, replays: usize) -> Result<()> {
     let (n, me) = (g.n_pes(), g.my_pe());
     let cfg = Config {
         num_max_dispatch_tokens_per_rank: 32,
@@ -471,7 +482,7 @@ fn graph_case(g: &GpuPe, replays: usize) -> Result<()> {
         round_scale: false,
     };
     let t = 32;
-    let mut buf = GpuBuffer::new(g, cfg, 0)?;
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
     let x = upload(g, &bf16_bytes(&check::origin_x(me, t, cfg.hidden)), "x")?;
     let idx = DevBuf::new(g.ctx(), t * cfg.num_topk * 8, "topk_idx")?;
     let w = DevBuf::new(g.ctx(), t * cfg.num_topk * 4, "topk_weights")?;
@@ -559,24 +570,72 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
         if n == 0 {
             return Err(Error::InvalidArgument("--pes must be at least 1".into()));
         }
-        for c in cases(n) {
-            let t0 = Instant::now();
-            let r = oracle(&c, n).and_then(|o| {
-                let s = settings_for(&c.cfg, n)?;
-                let out = run_gpu_threads(n, s, |g| gpu_case(g, &c, &o))?;
-                out.into_iter().collect::<Result<Vec<()>>>()
-            });
-            failures += report(&format!("{n} PEs {}", c.name), r, t0, a.json);
+        // The oracle of every case first (CPU PEs), then one job of GPU PEs runs them all
+        // with one module instance per PE.
+        let cs = cases(n);
+        let mut oracles = Vec::new();
+        for c in &cs {
+            oracles.push(oracle(c, n));
         }
+        let mut s = Settings::from_env()?;
+        for c in &cs {
+            s.symmetric_size = s.symmetric_size.max(settings_for(&c.cfg, n)?.symmetric_size);
+        }
+        let names: Vec<String> = cs
+            .iter()
+            .map(|c| c.name.clone())
+            .chain(["faults".to_string(), "graph-replay-x3".to_string()])
+            .collect();
         let t0 = Instant::now();
-        let s = Settings::from_env()?;
-        let r = run_gpu_threads(n, s.clone(), fault_case)
-            .and_then(|o| o.into_iter().collect::<Result<Vec<()>>>());
-        failures += report(&format!("{n} PEs faults"), r, t0, a.json);
-        let t0 = Instant::now();
-        let r = run_gpu_threads(n, s, |g| graph_case(g, 3))
-            .and_then(|o| o.into_iter().collect::<Result<Vec<()>>>());
-        failures += report(&format!("{n} PEs graph-replay x3"), r, t0, a.json);
+        let per_pe = run_gpu_threads(n, s, |g| {
+            let m = load_module(g)?;
+            let mut out: Vec<(Result<()>, f64)> = Vec::new();
+            for (c, o) in cs.iter().zip(&oracles) {
+                let t = Instant::now();
+                let r = match o {
+                    Ok(o) => gpu_case(g, &m, c, o),
+                    Err(e) => Err(Error::Verification(format!("the CPU oracle failed: {e}"))),
+                };
+                out.push((r, t.elapsed().as_secs_f64()));
+                g.pe().barrier_all()?;
+            }
+            let t = Instant::now();
+            out.push((fault_case(g, &m), t.elapsed().as_secs_f64()));
+            g.pe().barrier_all()?;
+            let t = Instant::now();
+            out.push((graph_case(g, &m, 3), t.elapsed().as_secs_f64()));
+            Ok(out)
+        });
+        match per_pe {
+            Err(e) => failures += report(&format!("{n} PEs"), Err::<(), _>(e), t0.elapsed().as_secs_f64(), a.json),
+            Ok(per_pe) => {
+                let mut rows: Vec<(Option<String>, f64)> = vec![(None, 0.0); names.len()];
+                for (pe, r) in per_pe.into_iter().enumerate() {
+                    match r {
+                        Err(e) => {
+                            for row in rows.iter_mut() {
+                                row.0.get_or_insert(format!("PE {pe}: {e}"));
+                            }
+                        }
+                        Ok(v) => {
+                            for (i, (r, secs)) in v.into_iter().enumerate() {
+                                rows[i].1 = rows[i].1.max(secs);
+                                if let Err(e) = r {
+                                    rows[i].0.get_or_insert(format!("PE {pe}: {e}"));
+                                }
+                            }
+                        }
+                    }
+                }
+                for (name, (err, secs)) in names.iter().zip(rows) {
+                    let r = match err {
+                        None => Ok(()),
+                        Some(e) => Err(Error::Verification(e)),
+                    };
+                    failures += report(&format!("{n} PEs {name}"), r, secs, a.json);
+                }
+            }
+        }
     }
     if failures > 0 {
         return Err(Error::Verification(format!("{failures} case(s) failed")));
@@ -584,8 +643,7 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn report<T>(name: &str, r: Result<T>, t0: Instant, json: bool) -> usize {
-    let secs = t0.elapsed().as_secs_f64();
+fn report<T>(name: &str, r: Result<T>, secs: f64, json: bool) -> usize {
     let (ok, err) = match &r {
         Ok(_) => (true, None),
         Err(e) => (false, Some(e.to_string())),
@@ -733,6 +791,17 @@ fn copy_bandwidth(g: &GpuPe) -> Result<(f64, f64)> {
 
 /// `rshmem bench ep --device gpu`.
 pub fn run(a: &EpBenchArgs) -> Result<EpReport> {
+    // Arguments first (a clear error on any machine), then the driver.
+    for &n in &a.pes {
+        for &t in &a.tokens {
+            super::ep::check_config(&config_of(a, t), n)?;
+        }
+    }
+    if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--iters, --pes and --tokens must be at least 1".into(),
+        ));
+    }
     driver()?;
     if LaunchInfo::from_env()?.is_some() {
         return Err(Error::InvalidArgument(
