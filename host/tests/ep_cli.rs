@@ -89,7 +89,10 @@ fn bench_ep_under_rshmem_run_as_processes() {
 #[test]
 fn bench_ep_rejects_bad_arguments() {
     for (args, msg) in [
-        (vec!["--device", "tpu"], "--device tpu: expected cpu, gpu or auto"),
+        (
+            vec!["--device", "tpu"],
+            "--device tpu: expected cpu, gpu or auto",
+        ),
         (vec!["--check"], "--check is the GPU correctness suite"),
         (
             vec!["--pes", "3"],
@@ -159,7 +162,10 @@ fn bench_ep_gpu_errors_are_clear() {
             })
             .output()
             .unwrap();
-        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
     };
     let (rc, err) = run(&["--device", "gpu", "--hidden", "3072"]);
     assert_eq!(rc, Some(1), "{err}");
@@ -173,7 +179,10 @@ fn bench_ep_gpu_errors_are_clear() {
     assert!(err.contains("num_topk (12) must be in 1..=11"), "{err}");
     let (rc, err) = run(&["--device", "gpu", "--hidden", "2048", "--experts", "15"]);
     assert_eq!(rc, Some(1), "{err}");
-    assert!(err.contains("num_experts (15) must be a positive multiple"), "{err}");
+    assert!(
+        err.contains("num_experts (15) must be a positive multiple"),
+        "{err}"
+    );
     if libcuda_present() {
         return; // a GPU machine: scripts/gpu-check runs the real thing
     }

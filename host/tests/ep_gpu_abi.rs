@@ -73,7 +73,11 @@ fn ll_constants_match_the_headers() {
         );
     }
     let const_keys = o.keys().filter(|k| !k.contains('.')).count();
-    assert_eq!(const_keys, consts.len(), "every printed constant is mirrored");
+    assert_eq!(
+        const_keys,
+        consts.len(),
+        "every printed constant is mirrored"
+    );
 }
 
 #[test]
@@ -120,8 +124,8 @@ fn packed_arguments_land_at_the_compilers_offsets() {
     assert_eq!(w("num_experts"), 288);
     assert_eq!(w("num_topk"), 8);
     assert_eq!(w("set"), 1);
-    let flags: u32 = o["EP_LL_IDX_I32"].parse::<u32>().unwrap()
-        | o["EP_LL_FP8_BUFFER"].parse::<u32>().unwrap();
+    let flags: u32 =
+        o["EP_LL_IDX_I32"].parse::<u32>().unwrap() | o["EP_LL_FP8_BUFFER"].parse::<u32>().unwrap();
     assert_eq!(w("flags"), flags);
     assert_eq!(w("fault"), 0);
 }

@@ -164,7 +164,9 @@ fn runs_every_step_and_ends_with_the_table() {
     assert!(ep.contains("FAIL (rc 1)"), "{summary}");
     let log = std::fs::read_to_string(root.join("out/ep.log")).unwrap();
     assert!(
-        log.contains("rshmem bench ep --check: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"),
+        log.contains(
+            "rshmem bench ep --check: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"
+        ),
         "{log}"
     );
     assert!(

@@ -129,15 +129,27 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         ("ep_ll_args_t.mask", offset_of!(LlArgs, mask)),
         ("ep_ll_args_t.x", offset_of!(LlArgs, x)),
         ("ep_ll_args_t.topk_idx", offset_of!(LlArgs, topk_idx)),
-        ("ep_ll_args_t.topk_weights", offset_of!(LlArgs, topk_weights)),
+        (
+            "ep_ll_args_t.topk_weights",
+            offset_of!(LlArgs, topk_weights),
+        ),
         ("ep_ll_args_t.out", offset_of!(LlArgs, out)),
         ("ep_ll_args_t.recv_scales", offset_of!(LlArgs, recv_scales)),
         ("ep_ll_args_t.recv_count", offset_of!(LlArgs, recv_count)),
         ("ep_ll_args_t.src_info", offset_of!(LlArgs, src_info)),
-        ("ep_ll_args_t.recv_topk_slot", offset_of!(LlArgs, recv_topk_slot)),
-        ("ep_ll_args_t.layout_range", offset_of!(LlArgs, layout_range)),
+        (
+            "ep_ll_args_t.recv_topk_slot",
+            offset_of!(LlArgs, recv_topk_slot),
+        ),
+        (
+            "ep_ll_args_t.layout_range",
+            offset_of!(LlArgs, layout_range),
+        ),
         ("ep_ll_args_t.num_tokens", offset_of!(LlArgs, num_tokens)),
-        ("ep_ll_args_t.num_max_tokens", offset_of!(LlArgs, num_max_tokens)),
+        (
+            "ep_ll_args_t.num_max_tokens",
+            offset_of!(LlArgs, num_max_tokens),
+        ),
         ("ep_ll_args_t.num_experts", offset_of!(LlArgs, num_experts)),
         ("ep_ll_args_t.num_topk", offset_of!(LlArgs, num_topk)),
         ("ep_ll_args_t.set", offset_of!(LlArgs, set)),
@@ -172,7 +184,10 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("EP_LL_STATUS_NONE", STATUS_NONE as u64),
         ("EP_LL_STATUS_DISPATCH_INPUT", STATUS_DISPATCH_INPUT as u64),
         ("EP_LL_STATUS_DISPATCH_PEER", STATUS_DISPATCH_PEER as u64),
-        ("EP_LL_STATUS_DISPATCH_CORRUPT", STATUS_DISPATCH_CORRUPT as u64),
+        (
+            "EP_LL_STATUS_DISPATCH_CORRUPT",
+            STATUS_DISPATCH_CORRUPT as u64,
+        ),
         ("EP_LL_STATUS_COMBINE_INPUT", STATUS_COMBINE_INPUT as u64),
         ("EP_LL_STATUS_COMBINE_PEER", STATUS_COMBINE_PEER as u64),
         ("EP_LL_STATUS_COMBINE_ROWS", STATUS_COMBINE_ROWS as u64),
@@ -184,7 +199,10 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("EP_REGION_ALIGN", crate::ep::layout::REGION_ALIGN as u64),
         ("EP_HEADER_BYTES", crate::ep::layout::HEADER_BYTES as u64),
         ("EP_MAX_TOPK", crate::ep::MAX_TOPK as u64),
-        ("EP_MAX_TOKENS_PER_RANK", crate::ep::MAX_TOKENS_PER_RANK as u64),
+        (
+            "EP_MAX_TOKENS_PER_RANK",
+            crate::ep::MAX_TOKENS_PER_RANK as u64,
+        ),
         ("EP_POISON", crate::ep::POISON),
         ("EP_COUNT_MASK", crate::ep::COUNT_MASK),
     ]
@@ -484,8 +502,16 @@ pub enum Replayed {
 
 #[derive(Debug, Clone)]
 enum Recorded {
-    Dispatch { offset: u64, tokens: usize, err: Option<String> },
-    Combine { offset: u64, tokens: usize, err: Option<String> },
+    Dispatch {
+        offset: u64,
+        tokens: usize,
+        err: Option<String>,
+    },
+    Combine {
+        offset: u64,
+        tokens: usize,
+        err: Option<String>,
+    },
 }
 
 /// A captured CUDA graph of whole LL calls on one PE's stream.
@@ -575,6 +601,8 @@ pub struct GpuBuffer<'g> {
     layout: Layout,
     module: ModRef<'g>,
     names: [String; 4],
+    /// The four kernels of `module`, looked up once.
+    funcs: [sys::CUfunction; 4],
     grid: u32,
     base: SymPtr<u8>,
     ctl: DevBuf,
@@ -629,7 +657,12 @@ impl<'g> GpuBuffer<'g> {
 
     /// [`GpuBuffer::new`] with this PE's already loaded module (from [`load_module`]), so
     /// that several buffers share one module instance (loading the 2 MB PTX is slow).
-    pub fn with_module(g: &'g GpuPe, m: &'g Module, cfg: Config, grid: u32) -> Result<GpuBuffer<'g>> {
+    pub fn with_module(
+        g: &'g GpuPe,
+        m: &'g Module,
+        cfg: Config,
+        grid: u32,
+    ) -> Result<GpuBuffer<'g>> {
         let (layout, names) = Self::prepare(g, &cfg)?;
         if m.bound_pe() != Some(g.my_pe()) || m.name() != MODULE {
             return Err(Error::InvalidArgument(format!(
@@ -678,8 +711,10 @@ impl<'g> GpuBuffer<'g> {
         let pe = g.pe();
         let n = g.n_pes();
         let mut share = u32::MAX;
-        for k in &names {
+        let mut funcs = [std::ptr::null_mut(); 4];
+        for (f, k) in funcs.iter_mut().zip(&names) {
             share = share.min(g.collective_grid(&module, k, THREADS, grid)?.0);
+            *f = module.function(k)?;
         }
         let base = g.align(crate::ep::layout::REGION_ALIGN, layout.total_bytes)?;
         // Signal words must start below every tag: zero both sets' signal areas.
@@ -692,7 +727,11 @@ impl<'g> GpuBuffer<'g> {
         }
         let ctl = dev(g, size_of::<LlCtl>(), "the EP control block")?;
         let mask_dev = dev(g, n * 4, "the EP mask")?;
-        let (l, rows, h) = (layout.num_local_experts, n * layout.num_max_tokens, cfg.hidden);
+        let (l, rows, h) = (
+            layout.num_local_experts,
+            n * layout.num_max_tokens,
+            cfg.hidden,
+        );
         let out = |set: usize| -> Result<SetOut> {
             let w = |what: &str| format!("EP {what} (buffer set {set})");
             Ok(SetOut {
@@ -724,6 +763,7 @@ impl<'g> GpuBuffer<'g> {
             layout,
             module,
             names,
+            funcs,
             grid: share,
             base,
             ctl,
@@ -762,6 +802,10 @@ impl<'g> GpuBuffer<'g> {
     pub fn num_local_experts(&self) -> usize {
         self.layout.num_local_experts
     }
+    /// The module instance the kernels come from (kept loaded while the buffer lives).
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
 
     fn base_args(&self) -> ArgBase {
         ArgBase {
@@ -777,23 +821,38 @@ impl<'g> GpuBuffer<'g> {
     }
 
     fn launch(&self, kind: Kernel, args: &LlArgs) -> Result<()> {
+        self.g.enter()?;
         let mut a = *args;
         let mut params = [(&mut a as *mut LlArgs).cast::<c_void>()];
-        // SAFETY: every EP kernel takes one ep_ll_args_t by value, which LlArgs mirrors
-        // (sizes and offsets checked at compile time and against the C++ compiler); the
-        // device addresses in it are this buffer's allocations or the caller's tensors
-        // (documented contract); the driver copies the parameters at launch.
-        unsafe {
-            self.g.launch_raw(
-                &self.module,
-                &self.names[kind as usize],
+        // SAFETY: funcs[kind] is a kernel of this buffer's module (loaded in this PE's
+        // context, which is current), and every EP kernel takes one ep_ll_args_t by value,
+        // which LlArgs mirrors (sizes and offsets checked at compile time and against the
+        // C++ compiler); the device addresses in it are this buffer's allocations or the
+        // caller's tensors (documented contract); the driver copies the parameters at
+        // launch. Block = EP_LL_THREADS, no dynamic shared memory, as ep_ll.cu requires.
+        let rc = unsafe {
+            sys::cuLaunchKernel(
+                self.funcs[kind as usize],
                 self.grid,
+                1,
+                1,
                 THREADS,
+                1,
+                1,
                 0,
-                &mut params,
-                false,
+                self.g.stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
             )
-        }
+        };
+        ck(rc, "cuLaunchKernel", || {
+            format!(
+                "PE {}: launching {} (grid {} block {THREADS})",
+                self.g.my_pe(),
+                self.names[kind as usize],
+                self.grid
+            )
+        })
     }
 
     // ------------------------------------------------------------ dead-PE mask
@@ -840,7 +899,9 @@ impl<'g> GpuBuffer<'g> {
 
     fn check_ptr(what: &str, p: u64, align: u64, needed: bool) -> Result<()> {
         if needed && p == 0 {
-            return Err(Error::InvalidArgument(format!("{what} is a null device pointer")));
+            return Err(Error::InvalidArgument(format!(
+                "{what} is a null device pointer"
+            )));
         }
         if p % align != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -1008,7 +1069,12 @@ impl<'g> GpuBuffer<'g> {
     ) -> Result<GpuCombine> {
         let op = "low_latency_combine";
         let t = h.num_tokens.min(self.cfg.num_max_dispatch_tokens_per_rank);
-        Self::check_ptr("low_latency_combine: topk_idx", topk_idx, idx_type.bytes(), t > 0)?;
+        Self::check_ptr(
+            "low_latency_combine: topk_idx",
+            topk_idx,
+            idx_type.bytes(),
+            t > 0,
+        )?;
         Self::check_ptr("low_latency_combine: topk_weights", topk_weights, 4, t > 0)?;
         if let Some(x) = expert_out {
             Self::check_ptr("low_latency_combine: expert outputs", x, 16, true)?;
@@ -1206,7 +1272,9 @@ impl<'g> GpuBuffer<'g> {
         }
         r?;
         let mut b = vec![0u8; c.num_tokens * self.cfg.hidden * 2];
-        self.outs[set].combined.read(&mut b)?;
+        if !b.is_empty() {
+            self.outs[set].combined.read(&mut b)?;
+        }
         Ok(b.chunks_exact(2)
             .map(|x| bf16::from_bits(u16::from_le_bytes([x[0], x[1]])))
             .collect())
@@ -1312,12 +1380,20 @@ impl<'g> GpuBuffer<'g> {
         let recorded = recorded
             .into_iter()
             .map(|r| match r {
-                Recorded::Dispatch { offset, tokens, err } => Recorded::Dispatch {
+                Recorded::Dispatch {
+                    offset,
+                    tokens,
+                    err,
+                } => Recorded::Dispatch {
                     offset: offset - saved_seq,
                     tokens,
                     err,
                 },
-                Recorded::Combine { offset, tokens, err } => Recorded::Combine {
+                Recorded::Combine {
+                    offset,
+                    tokens,
+                    err,
+                } => Recorded::Combine {
                     offset: offset - saved_seq,
                     tokens,
                     err,
@@ -1370,7 +1446,11 @@ impl<'g> GpuBuffer<'g> {
         let mut out = Vec::new();
         for r in &graph.recorded {
             match r {
-                Recorded::Dispatch { offset, tokens, err } => {
+                Recorded::Dispatch {
+                    offset,
+                    tokens,
+                    err,
+                } => {
                     let call = start + offset;
                     self.outs[(call % 2) as usize].dispatch = Some((call, *tokens, err.clone()));
                     out.push(Replayed::Dispatch(GpuHandle {
@@ -1379,7 +1459,11 @@ impl<'g> GpuBuffer<'g> {
                         hook_pending: false,
                     }));
                 }
-                Recorded::Combine { offset, tokens, err } => {
+                Recorded::Combine {
+                    offset,
+                    tokens,
+                    err,
+                } => {
                     let call = start + offset;
                     self.outs[(call % 2) as usize].combine = Some((call, *tokens, err.clone()));
                     out.push(Replayed::Combine(GpuCombine {
@@ -1529,7 +1613,10 @@ mod tests {
         let mut c = cfg(7168, true);
         c.num_experts = 2048 * 2;
         let e = check_config(&c, 2).unwrap_err().to_string();
-        assert!(e.contains("2048 local experts") && e.contains("at most 1024"), "{e}");
+        assert!(
+            e.contains("2048 local experts") && e.contains("at most 1024"),
+            "{e}"
+        );
         let mut c = cfg(7168, true);
         c.num_experts = 2048;
         let e = check_config(&c, 2048).unwrap_err().to_string();
@@ -1663,7 +1750,9 @@ mod tests {
             .to_string();
         assert!(
             e.contains("low_latency_dispatch (LL call #0) on PE 1: this PE's input is invalid")
-                && e.contains("it passed 200 tokens, more than num_max_dispatch_tokens_per_rank = 128"),
+                && e.contains(
+                    "it passed 200 tokens, more than num_max_dispatch_tokens_per_rank = 128"
+                ),
             "{e}"
         );
         let e = status_error(&st(STATUS_COMBINE_ROWS, 3, 7, 9, 2), &c, 0, 1)
@@ -1679,7 +1768,10 @@ mod tests {
         let e = status_error(&st(STATUS_COMBINE_PEER, 1, h, 0, 2), &c, 0, 1)
             .unwrap()
             .to_string();
-        assert!(e.contains("failed on PE 1") && e.contains("handle of another buffer"), "{e}");
+        assert!(
+            e.contains("failed on PE 1") && e.contains("handle of another buffer"),
+            "{e}"
+        );
         let e = status_error(&st(STATUS_DISPATCH_CORRUPT, 1, 5000, 0, 1), &c, 0, 0)
             .unwrap()
             .to_string();

@@ -64,8 +64,13 @@ pub fn gpu_present() -> bool {
     super::pe::device_count().is_ok_and(|n| n > 0)
 }
 
-fn bf16_bytes(v: &[bf16]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+/// The bytes of a bf16 tensor as the device stores it (little-endian u16).
+fn bf16_bytes(v: &[bf16]) -> &[u8] {
+    const _: () = assert!(cfg!(target_endian = "little"));
+    // SAFETY: half::bf16 is #[repr(transparent)] over u16 (2 bytes, no padding), so the
+    // slice is 2 * len initialised bytes; on a little-endian host they are the
+    // device's layout. The returned slice borrows `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 fn upload(g: &GpuPe, bytes: &[u8], what: &str) -> Result<DevBuf> {
@@ -147,10 +152,10 @@ fn cases(n: usize) -> Vec<Case> {
         round_scale: round,
     };
     let mut v = vec![
-        // EP.md's default shape at this PE count (E a multiple of n near 288).
+        // EP.md's default shape but E = 16 per PE (the bench runs E = 288, validated).
         Case {
             name: "h7168-fp8-T=N".into(),
-            cfg: cfg(128, 7168, (288 / n).max(1) * n, 8, true, false),
+            cfg: cfg(128, 7168, 16 * n, 8, true, false),
             tokens: vec![128; n],
             pool: None,
             masked_slots: 10,
@@ -218,8 +223,7 @@ fn oracle(c: &Case, n: usize) -> Result<Oracle> {
         let x = check::origin_x(me, r.num_tokens, cfg.hidden);
         let d = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
         let l = cfg.num_experts / n;
-        let mut eo =
-            vec![bf16::ZERO; l * n * cfg.num_max_dispatch_tokens_per_rank * cfg.hidden];
+        let mut eo = vec![bf16::ZERO; l * n * cfg.num_max_dispatch_tokens_per_rank * cfg.hidden];
         check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
         let comb = buf
             .low_latency_combine(&eo, &r.topk_idx, &r.topk_weights, &d.handle, false, false)?
@@ -233,7 +237,7 @@ fn oracle(c: &Case, n: usize) -> Result<Oracle> {
 fn row_bytes(cfg: &Config, x: &RecvX, row: usize) -> Vec<u8> {
     let h = cfg.hidden;
     match x {
-        RecvX::Bf16(v) => bf16_bytes(&v[row * h..(row + 1) * h]),
+        RecvX::Bf16(v) => bf16_bytes(&v[row * h..(row + 1) * h]).to_vec(),
         RecvX::Fp8 { data, scales } => {
             let g = h / crate::ep::fp8::GROUP;
             let mut b = data[row * h..(row + 1) * h].to_vec();
@@ -336,7 +340,7 @@ fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
     let masked = vec![false; n];
     let x = upload(
         g,
-        &bf16_bytes(&check::origin_x(me, r.num_tokens, cfg.hidden)),
+        bf16_bytes(&check::origin_x(me, r.num_tokens, cfg.hidden)),
         "x",
     )?;
     let idx = upload(g, &idx_bytes(&r.topk_idx, c.idx), "topk_idx")?;
@@ -358,18 +362,17 @@ fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
         let d = buf.read_dispatch(&h)?;
         note(check::validate_dispatch(&cfg, me, &all, &masked, &d));
         note(compare_dispatch(&cfg, n, me, &d, &oracle[me].0));
-        let mut eo =
-            vec![bf16::ZERO; l * n * cfg.num_max_dispatch_tokens_per_rank * cfg.hidden];
+        let mut eo = vec![bf16::ZERO; l * n * cfg.num_max_dispatch_tokens_per_rank * cfg.hidden];
         check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
         let eo = bf16_bytes(&eo);
         let mut keep = None;
         let src = if c.zero_copy {
             buf.get_next_low_latency_combine_buffer(&h)?;
             let set = (buf.calls() % 2) as usize;
-            g.write_local(buf.zero_copy_offset(set), &eo)?;
+            g.write_local(buf.zero_copy_offset(set), eo)?;
             None
         } else {
-            let b = upload(g, &eo, "expert outputs")?;
+            let b = upload(g, eo, "expert outputs")?;
             let p = b.ptr();
             keep = Some(b);
             Some(p)
@@ -417,11 +420,7 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
     };
     let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
     let t_max = 17;
-    let x = upload(
-        g,
-        &bf16_bytes(&check::origin_x(me, t_max, cfg.hidden)),
-        "x",
-    )?;
+    let x = upload(g, bf16_bytes(&check::origin_x(me, t_max, cfg.hidden)), "x")?;
     let good = check::random_routing(5, me, 16, &cfg, None, 0);
     let mut bad_idx = good.topk_idx.clone();
     bad_idx.resize(t_max * 2, 0);
@@ -483,7 +482,7 @@ fn graph_case(g: &GpuPe, m: &Module, replays: usize) -> Result<()> {
     };
     let t = 32;
     let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
-    let x = upload(g, &bf16_bytes(&check::origin_x(me, t, cfg.hidden)), "x")?;
+    let x = upload(g, bf16_bytes(&check::origin_x(me, t, cfg.hidden)), "x")?;
     let idx = DevBuf::new(g.ctx(), t * cfg.num_topk * 8, "topk_idx")?;
     let w = DevBuf::new(g.ctx(), t * cfg.num_topk * 4, "topk_weights")?;
     let r0 = check::random_routing(100, me, t, &cfg, None, 4);
@@ -516,9 +515,8 @@ fn graph_case(g: &GpuPe, m: &Module, replays: usize) -> Result<()> {
             match call {
                 Replayed::Dispatch(h) => {
                     let d = buf.read_dispatch(&h)?;
-                    check::validate_dispatch(&cfg, me, &all, &masked, &d).map_err(|e| {
-                        Error::Verification(format!("graph replay {rep}: {e}"))
-                    })?;
+                    check::validate_dispatch(&cfg, me, &all, &masked, &d)
+                        .map_err(|e| Error::Verification(format!("graph replay {rep}: {e}")))?;
                 }
                 Replayed::Combine(c) => {
                     let comb = buf.read_combined(&c)?;
@@ -579,7 +577,9 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
         }
         let mut s = Settings::from_env()?;
         for c in &cs {
-            s.symmetric_size = s.symmetric_size.max(settings_for(&c.cfg, n)?.symmetric_size);
+            s.symmetric_size = s
+                .symmetric_size
+                .max(settings_for(&c.cfg, n)?.symmetric_size);
         }
         let names: Vec<String> = cs
             .iter()
@@ -607,7 +607,14 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
             Ok(out)
         });
         match per_pe {
-            Err(e) => failures += report(&format!("{n} PEs"), Err::<(), _>(e), t0.elapsed().as_secs_f64(), a.json),
+            Err(e) => {
+                failures += report(
+                    &format!("{n} PEs"),
+                    Err::<(), _>(e),
+                    t0.elapsed().as_secs_f64(),
+                    a.json,
+                )
+            }
             Ok(per_pe) => {
                 let mut rows: Vec<(Option<String>, f64)> = vec![(None, 0.0); names.len()];
                 for (pe, r) in per_pe.into_iter().enumerate() {
@@ -670,9 +677,11 @@ fn events(g: &GpuPe, n: usize) -> Result<Vec<sys::CUevent>> {
     for _ in 0..n {
         let mut e = std::ptr::null_mut();
         // SAFETY: valid out-pointer; default flags (timing enabled); context current.
-        ck(unsafe { sys::cuEventCreate(&mut e, 0) }, "cuEventCreate", || {
-            "EP bench events".into()
-        })?;
+        ck(
+            unsafe { sys::cuEventCreate(&mut e, 0) },
+            "cuEventCreate",
+            || "EP bench events".into(),
+        )?;
         v.push(e);
     }
     Ok(v)
@@ -770,7 +779,9 @@ fn copy_bandwidth(g: &GpuPe) -> Result<(f64, f64)> {
                     // SAFETY: two disjoint device allocations of `size` bytes; this PE's
                     // stream.
                     ck(
-                        unsafe { sys::cuMemcpyDtoDAsync_v2(dst.ptr(), src.ptr(), size, g.stream()) },
+                        unsafe {
+                            sys::cuMemcpyDtoDAsync_v2(dst.ptr(), src.ptr(), size, g.stream())
+                        },
                         "cuMemcpyDtoDAsync",
                         || "EP bench copy bandwidth".into(),
                     )?;
@@ -841,18 +852,27 @@ pub fn run(a: &EpBenchArgs) -> Result<EpReport> {
 }
 
 /// One bench point on one GPU PE; Some on PE 0.
-fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate_at: &AtomicU64) -> Result<Option<EpPoint>> {
+fn point(
+    g: &GpuPe,
+    a: &EpBenchArgs,
+    tokens: usize,
+    gate_at: &AtomicU64,
+) -> Result<Option<EpPoint>> {
     let (me, n) = (g.my_pe(), g.n_pes());
     let pe = g.pe();
     let cfg = config_of(a, tokens);
     // The copy bandwidth first, alone on the GPU.
-    let copy = if me == 0 { Some(copy_bandwidth(g)?) } else { None };
+    let copy = if me == 0 {
+        Some(copy_bandwidth(g)?)
+    } else {
+        None
+    };
     pe.barrier_all()?;
     let mut buf = GpuBuffer::new(g, cfg, 0)?;
     let routing = check::random_routing(a.seed, me, tokens, &cfg, None, 10.min(tokens * a.topk));
     let all = check::allgather_routing(pe, pe.world(), &routing)?;
     let masked = vec![false; n];
-    let x = upload(g, &bf16_bytes(&check::origin_x(me, tokens, cfg.hidden)), "x")?;
+    let x = upload(g, bf16_bytes(&check::origin_x(me, tokens, cfg.hidden)), "x")?;
     let idx = upload(g, &idx_bytes(&routing.topk_idx, IdxType::I64), "topk_idx")?;
     let w = upload(g, &f32_bytes(&routing.topk_weights), "topk_weights")?;
     settle_uploads(g, "EP inputs")?;
@@ -870,13 +890,15 @@ fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate_at: &AtomicU64) -> Resu
     let l = cfg.num_experts / n;
     let mut eo = vec![bf16::ZERO; l * n * tokens * cfg.hidden];
     check::expert_forward(&cfg, n, me, &d0, &identity, &mut eo);
-    let eo = bf16_bytes(&eo);
     let expert_out = if a.zero_copy {
         buf.get_next_low_latency_combine_buffer(&h)?;
-        g.write_local(buf.zero_copy_offset((buf.calls() % 2) as usize), &eo)?;
+        g.write_local(
+            buf.zero_copy_offset((buf.calls() % 2) as usize),
+            bf16_bytes(&eo),
+        )?;
         None
     } else {
-        Some(upload(g, &eo, "expert outputs")?)
+        Some(upload(g, bf16_bytes(&eo), "expert outputs")?)
     };
     drop(eo);
     settle_uploads(g, "expert outputs")?;
@@ -890,10 +912,7 @@ fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate_at: &AtomicU64) -> Resu
             problem.get_or_insert(e.to_string());
         }
     }
-    let h0 = (
-        check::dispatch_hash(&cfg, n, &d0),
-        check::hash_bf16(&comb0),
-    );
+    let h0 = (check::dispatch_hash(&cfg, n, &d0), check::hash_bf16(&comb0));
     let sel = routing.topk_idx.iter().filter(|&&e| e >= 0).count() as f64;
     let returned: f64 = d0.recv_count.iter().map(|&c| c as f64).sum();
     drop((d0, comb0));
@@ -912,9 +931,11 @@ fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate_at: &AtomicU64) -> Resu
         g.enter()?;
         let mut s: sys::CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointer; non-blocking stream in the current context.
-        ck(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate", || {
-            "EP bench gate stream".into()
-        })?;
+        ck(
+            unsafe { sys::cuStreamCreate(&mut s, 1) },
+            "cuStreamCreate",
+            || "EP bench gate stream".into(),
+        )?;
         Some(s)
     } else {
         None
@@ -1016,7 +1037,9 @@ fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate_at: &AtomicU64) -> Resu
     if me != 0 {
         return Ok(None);
     }
-    let f = |b: &[u8], i: usize| f64::from_le_bytes(b[8 + i * 8..16 + i * 8].try_into().unwrap_or([0; 8]));
+    let f = |b: &[u8], i: usize| {
+        f64::from_le_bytes(b[8 + i * 8..16 + i * 8].try_into().unwrap_or([0; 8]))
+    };
     let mut errors = Vec::new();
     let mut per_iter = vec![[0f64; 6]; a.iters];
     let (mut db, mut cb, mut drw, mut crw) = (0.0, 0.0, 0.0, 0.0);
@@ -1043,7 +1066,13 @@ fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate_at: &AtomicU64) -> Resu
     let (memcpy, kernel) = copy.unwrap_or((0.0, 0.0));
     let copy_gbps = memcpy.max(kernel);
     let gbps = |bytes: f64, us: f64| if us > 0.0 { bytes / us / 1e3 } else { 0.0 };
-    let frac = |x: f64| if copy_gbps > 0.0 { x / (2.0 * copy_gbps) } else { 0.0 };
+    let frac = |x: f64| {
+        if copy_gbps > 0.0 {
+            x / (2.0 * copy_gbps)
+        } else {
+            0.0
+        }
+    };
     Ok(Some(EpPoint {
         bench: "ep",
         validated: errors.is_empty(),
