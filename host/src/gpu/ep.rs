@@ -454,10 +454,6 @@ struct SetOut {
     recv_topk_slot: DevBuf,
     layout_range: DevBuf,
     combined: DevBuf,
-    /// (call, T, host-detected error text) of the dispatch whose outputs these are.
-    dispatch: Option<(u64, usize, Option<String>)>,
-    /// (call, T, host-detected error text) of the combine whose output `combined` holds.
-    combine: Option<(u64, usize, Option<String>)>,
 }
 
 impl SetOut {
@@ -512,6 +508,300 @@ enum Recorded {
         tokens: usize,
         err: Option<String>,
     },
+}
+
+/// A call's record: its number, T, and the host-detected error every PE was told about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rec {
+    call: u64,
+    tokens: usize,
+    err: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Dispatch,
+    Combine,
+}
+
+/// The host's bookkeeping of a buffer's LL calls (pure; unit-tested): the call counter,
+/// the receive hooks pending per set, which call's outputs each set holds, the zero-copy
+/// request, and the calls made while a CUDA graph is captured.
+#[derive(Debug, Clone, Default)]
+struct Book {
+    seq: u64,
+    /// Per set: (call, receive kernel) whose receive hook has not run.
+    pending: [Option<(u64, Kernel)>; 2],
+    dispatch: [Option<Rec>; 2],
+    combine: [Option<Rec>; 2],
+    zero_copy_call: Option<u64>,
+    capture: Option<Vec<Recorded>>,
+}
+
+impl Book {
+    /// Starts call number `seq` on set `seq % 2` (the CPU's rule: at most one call per set
+    /// between a send and its receive).
+    fn start(&mut self, op: &str) -> Result<(u64, usize)> {
+        let seq = self.seq;
+        let set = (seq % 2) as usize;
+        let pending = self.pending.map(|p| p.map(|(c, _)| c));
+        check_pending(&pending, set, seq, op)?;
+        self.seq += 1;
+        Ok((seq, set))
+    }
+
+    fn record(&mut self, op: Op, call: u64, tokens: usize, err: Option<String>, hook: bool) {
+        let set = (call % 2) as usize;
+        if let Some(c) = &mut self.capture {
+            let err = err.clone();
+            c.push(match op {
+                Op::Dispatch => Recorded::Dispatch {
+                    offset: call,
+                    tokens,
+                    err,
+                },
+                Op::Combine => Recorded::Combine {
+                    offset: call,
+                    tokens,
+                    err,
+                },
+            });
+        }
+        let r = Some(Rec { call, tokens, err });
+        match op {
+            Op::Dispatch => {
+                self.dispatch[set] = r;
+                if hook {
+                    self.pending[set] = Some((call, Kernel::DispatchRecv));
+                }
+            }
+            Op::Combine => {
+                self.combine[set] = r;
+                if hook {
+                    self.pending[set] = Some((call, Kernel::CombineRecv));
+                }
+            }
+        }
+    }
+
+    /// The receive hook of `call` (a `kind` receive): its set, now no longer pending.
+    fn hook(&mut self, call: u64, kind: Kernel) -> Result<usize> {
+        let set = (call % 2) as usize;
+        match self.pending[set] {
+            Some((c, k)) if c == call && k == kind => {
+                self.pending[set] = None;
+                Ok(set)
+            }
+            Some((c, _)) if c == call => Err(Error::InvalidArgument(format!(
+                "receive hook of LL call #{call}: that call is not a {}",
+                if kind == Kernel::DispatchRecv {
+                    "dispatch"
+                } else {
+                    "combine"
+                }
+            ))),
+            _ => Err(Error::InvalidArgument(format!(
+                "receive hook of LL call #{call}: nothing pending (already received, or the \
+                 call was made without return_recv_hook)"
+            ))),
+        }
+    }
+
+    /// The set holding dispatch `call`'s outputs, or why the handle is unusable.
+    fn handle_set(&self, call: u64, op: &str) -> Result<usize> {
+        let set = (call % 2) as usize;
+        match &self.dispatch[set] {
+            Some(r) if r.call == call => Ok(set),
+            Some(r) if r.call > call => Err(Error::InvalidArgument(format!(
+                "{op}: the handle of dispatch #{call} is stale: its outputs were overwritten by \
+                 dispatch #{} on the same buffer set (a handle lasts until the dispatch two \
+                 LL calls later)",
+                r.call
+            ))),
+            _ => Err(Error::InvalidArgument(format!(
+                "{op}: no dispatch #{call} on this buffer (a handle of another buffer?)"
+            ))),
+        }
+    }
+
+    /// Asks for the zero-copy buffer of the next call: its set.
+    fn next_zero_copy(&mut self) -> usize {
+        self.zero_copy_call = Some(self.seq);
+        (self.seq % 2) as usize
+    }
+
+    /// For combine call `seq` with dispatch handle (`h_call`, `h_tokens`): the set of the
+    /// handle's outputs, and the fault every PE must learn about (the CPU's
+    /// `Fault::Handle`): a stale handle, a zero-copy combine without
+    /// `get_next_low_latency_combine_buffer` for this call, T beyond N.
+    fn combine_fault(
+        &self,
+        seq: u64,
+        h_call: u64,
+        h_tokens: usize,
+        n_max: usize,
+        zero_copy: bool,
+    ) -> (usize, Option<String>) {
+        let op = "low_latency_combine";
+        match self.handle_set(h_call, op) {
+            Err(e) => ((h_call % 2) as usize, Some(e.to_string())),
+            Ok(set) => {
+                if zero_copy && self.zero_copy_call != Some(seq) {
+                    return (
+                        set,
+                        Some(format!(
+                            "{op}: zero-copy combine #{seq} without \
+                             get_next_low_latency_combine_buffer for this call"
+                        )),
+                    );
+                }
+                if h_tokens > n_max {
+                    return (
+                        set,
+                        Some(format!(
+                            "{op}: the handle's dispatch had {h_tokens} tokens, more than \
+                             num_max_dispatch_tokens_per_rank = {n_max}"
+                        )),
+                    );
+                }
+                (set, None)
+            }
+        }
+    }
+
+    /// The record of combine `call`, if its output is still there.
+    fn combine_rec(&self, call: u64) -> Result<&Rec> {
+        match &self.combine[(call % 2) as usize] {
+            Some(r) if r.call == call => Ok(r),
+            _ => Err(Error::InvalidArgument(format!(
+                "read_combined: the output of combine #{call} was overwritten by a later \
+                 combine on the same buffer set (or it is not a combine of this buffer)"
+            ))),
+        }
+    }
+
+    fn any_pending(&self) -> bool {
+        self.pending.iter().any(|p| p.is_some())
+    }
+
+    /// Starts recording calls for a graph; returns the state to restore afterwards.
+    fn begin_capture(&mut self) -> Result<Book> {
+        if self.any_pending() {
+            return Err(Error::InvalidArgument(
+                "ep graph capture: a receive hook is pending; run it before capturing".into(),
+            ));
+        }
+        let saved = self.clone();
+        self.capture = Some(Vec::new());
+        Ok(saved)
+    }
+
+    /// Ends the recording: restores the state from before (nothing ran), and returns
+    /// (calls per replay, parity of the first call, the calls relative to the first), or
+    /// why the captured calls cannot be replayed.
+    fn end_capture(&mut self, saved: Book) -> Result<(u64, u64, Vec<Recorded>)> {
+        let calls = self.seq - saved.seq;
+        let pending = self.any_pending();
+        let recorded = self.capture.take().unwrap_or_default();
+        let base = saved.seq;
+        *self = saved;
+        if calls % 2 != 0 || pending {
+            return Err(Error::InvalidArgument(format!(
+                "ep graph capture: the captured function made {calls} LL call(s){}; it must \
+                 make an even number and run every receive hook",
+                if pending {
+                    " and left a receive hook pending"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let rel = recorded
+            .into_iter()
+            .map(|r| match r {
+                Recorded::Dispatch {
+                    offset,
+                    tokens,
+                    err,
+                } => Recorded::Dispatch {
+                    offset: offset - base,
+                    tokens,
+                    err,
+                },
+                Recorded::Combine {
+                    offset,
+                    tokens,
+                    err,
+                } => Recorded::Combine {
+                    offset: offset - base,
+                    tokens,
+                    err,
+                },
+            })
+            .collect();
+        Ok((calls, base % 2, rel))
+    }
+
+    /// Checks that a graph captured at `parity` can be replayed now.
+    fn can_replay(&self, parity: u64) -> Result<()> {
+        if self.seq % 2 != parity {
+            return Err(Error::InvalidArgument(format!(
+                "ep graph replay: the graph was captured at an {} LL call number, this buffer \
+                 is at call #{} (make one more LL call, or capture again)",
+                if parity == 0 { "even" } else { "odd" },
+                self.seq
+            )));
+        }
+        if self.any_pending() {
+            return Err(Error::InvalidArgument(
+                "ep graph replay: a receive hook is pending; run it first".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A replay was launched: its calls become the next calls.
+    fn replayed(&mut self, calls: u64, recorded: &[Recorded]) -> Vec<Replayed> {
+        let start = self.seq;
+        let mut out = Vec::new();
+        for r in recorded {
+            let (op, offset, tokens, err) = match r {
+                Recorded::Dispatch {
+                    offset,
+                    tokens,
+                    err,
+                } => (Op::Dispatch, offset, tokens, err),
+                Recorded::Combine {
+                    offset,
+                    tokens,
+                    err,
+                } => (Op::Combine, offset, tokens, err),
+            };
+            let call = start + offset;
+            let rec = Some(Rec {
+                call,
+                tokens: *tokens,
+                err: err.clone(),
+            });
+            if op == Op::Dispatch {
+                self.dispatch[(call % 2) as usize] = rec;
+                out.push(Replayed::Dispatch(GpuHandle {
+                    call,
+                    num_tokens: *tokens,
+                    hook_pending: false,
+                }));
+            } else {
+                self.combine[(call % 2) as usize] = rec;
+                out.push(Replayed::Combine(GpuCombine {
+                    call,
+                    num_tokens: *tokens,
+                    hook_pending: false,
+                }));
+            }
+        }
+        self.seq += calls;
+        out
+    }
 }
 
 /// A captured CUDA graph of whole LL calls on one PE's stream.
@@ -609,12 +899,9 @@ pub struct GpuBuffer<'g> {
     mask_dev: DevBuf,
     masked: Vec<bool>,
     outs: [SetOut; 2],
-    seq: u64,
-    pending: [Option<u64>; 2],
-    zero_copy_call: Option<u64>,
-    /// Per set: the receive kernel and arguments of its last call (for the receive hook).
-    hook_args: [Option<(Kernel, LlArgs)>; 2],
-    capture: Option<Vec<Recorded>>,
+    book: Book,
+    /// Per set: the arguments of its last call (for its receive hook).
+    hook_args: [Option<LlArgs>; 2],
 }
 
 /// Waits until host-to-device copies made with the synchronous driver calls
@@ -750,8 +1037,6 @@ impl<'g> GpuBuffer<'g> {
                 recv_topk_slot: dev(g, l * rows * 4, &w("recv_topk_slot"))?,
                 layout_range: dev(g, l * n * 8, &w("layout_range"))?,
                 combined: dev(g, layout.num_max_tokens * h * 2, &w("combined_x"))?,
-                dispatch: None,
-                combine: None,
             })
         };
         let outs = [out(0)?, out(1)?];
@@ -770,11 +1055,8 @@ impl<'g> GpuBuffer<'g> {
             mask_dev,
             masked: vec![false; n],
             outs,
-            seq: 0,
-            pending: [None, None],
-            zero_copy_call: None,
+            book: Book::default(),
             hook_args: [None, None],
-            capture: None,
         })
     }
 
@@ -793,7 +1075,7 @@ impl<'g> GpuBuffer<'g> {
     }
     /// Number of LL calls made so far (the next call's number).
     pub fn calls(&self) -> u64 {
-        self.seq
+        self.book.seq
     }
     /// Blocks per launch.
     pub fn grid(&self) -> u32 {
@@ -889,14 +1171,6 @@ impl<'g> GpuBuffer<'g> {
 
     // ------------------------------------------------------------ calls
 
-    fn start_call(&mut self, op: &str) -> Result<(u64, usize)> {
-        let seq = self.seq;
-        let set = (seq % 2) as usize;
-        check_pending(&self.pending, set, seq, op)?;
-        self.seq += 1;
-        Ok((seq, set))
-    }
-
     fn check_ptr(what: &str, p: u64, align: u64, needed: bool) -> Result<()> {
         if needed && p == 0 {
             return Err(Error::InvalidArgument(format!(
@@ -934,7 +1208,7 @@ impl<'g> GpuBuffer<'g> {
             idx_type.bytes(),
             num_tokens > 0,
         )?;
-        let (seq, set) = self.start_call(op)?;
+        let (seq, set) = self.book.start(op)?;
         let n = self.cfg.num_max_dispatch_tokens_per_rank;
         let (fault, err) = if num_tokens > n {
             (
@@ -957,20 +1231,12 @@ impl<'g> GpuBuffer<'g> {
             fault,
         );
         self.launch(Kernel::DispatchSend, &args)?;
-        if return_recv_hook {
-            self.pending[set] = Some(seq);
-        } else {
+        if !return_recv_hook {
             self.launch(Kernel::DispatchRecv, &args)?;
         }
-        self.hook_args[set] = Some((Kernel::DispatchRecv, args));
-        self.outs[set].dispatch = Some((seq, num_tokens, err.clone()));
-        if let Some(c) = &mut self.capture {
-            c.push(Recorded::Dispatch {
-                offset: seq,
-                tokens: num_tokens,
-                err,
-            });
-        }
+        self.hook_args[set] = Some(args);
+        self.book
+            .record(Op::Dispatch, seq, num_tokens, err, return_recv_hook);
         Ok(GpuHandle {
             call: seq,
             num_tokens,
@@ -990,27 +1256,17 @@ impl<'g> GpuBuffer<'g> {
     }
 
     fn run_hook(&mut self, call: u64, kind: Kernel, flag: &mut bool) -> Result<()> {
-        let set = (call % 2) as usize;
-        if !*flag || self.pending[set] != Some(call) {
+        if !*flag {
             return Err(Error::InvalidArgument(format!(
-                "receive hook of LL call #{call}: nothing pending (already received, or the \
-                 call was made without return_recv_hook)"
+                "receive hook of LL call #{call}: already run (or the call was made without \
+                 return_recv_hook)"
             )));
         }
-        match self.hook_args[set] {
-            Some((k, args)) if k == kind => self.launch(kind, &args)?,
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "receive hook of LL call #{call}: that call is not a {}",
-                    if kind == Kernel::DispatchRecv {
-                        "dispatch"
-                    } else {
-                        "combine"
-                    }
-                )))
-            }
-        }
-        self.pending[set] = None;
+        let set = self.book.hook(call, kind)?;
+        let args = self.hook_args[set].ok_or_else(|| {
+            Error::InvalidArgument(format!("receive hook of LL call #{call}: no arguments"))
+        })?;
+        self.launch(kind, &args)?;
         *flag = false;
         Ok(())
     }
@@ -1019,23 +1275,8 @@ impl<'g> GpuBuffer<'g> {
     /// the same set): `recv_x [L, R*N, H]` (e4m3 or bf16), `recv_scales`, `recv_count`,
     /// `src_info`, `recv_topk_slot`, `layout_range`.
     pub fn dispatch_outputs(&self, h: &GpuHandle) -> Result<OutPtrs> {
-        let set = self.handle_set(h.call, "dispatch_outputs")?;
+        let set = self.book.handle_set(h.call, "dispatch_outputs")?;
         Ok(self.outs[set].ptrs())
-    }
-
-    fn handle_set(&self, call: u64, op: &str) -> Result<usize> {
-        let set = (call % 2) as usize;
-        match &self.outs[set].dispatch {
-            Some((c, _, _)) if *c == call => Ok(set),
-            Some((c, _, _)) => Err(Error::InvalidArgument(format!(
-                "{op}: the handle of dispatch #{call} is stale: its outputs were overwritten by \
-                 dispatch #{c} on the same buffer set (a handle lasts until the dispatch two \
-                 LL calls later)"
-            ))),
-            None => Err(Error::InvalidArgument(format!(
-                "{op}: no dispatch #{call} on this buffer (a handle of another buffer?)"
-            ))),
-        }
     }
 
     /// Device address of the zero-copy combine buffer for the next combine (DeepEP's
@@ -1043,9 +1284,9 @@ impl<'g> GpuBuffer<'g> {
     /// handle's dispatch delivered them. Write the expert outputs there, then call
     /// [`GpuBuffer::low_latency_combine`] with `expert_out = None`.
     pub fn get_next_low_latency_combine_buffer(&mut self, h: &GpuHandle) -> Result<u64> {
-        self.handle_set(h.call, "get_next_low_latency_combine_buffer")?;
-        let set = (self.seq % 2) as usize;
-        self.zero_copy_call = Some(self.seq);
+        self.book
+            .handle_set(h.call, "get_next_low_latency_combine_buffer")?;
+        let set = self.book.next_zero_copy();
         Ok(self.g.heap_base() + self.zero_copy_offset(set) as u64)
     }
 
@@ -1085,29 +1326,14 @@ impl<'g> GpuBuffer<'g> {
                 h.call
             )));
         }
-        let (seq, set) = self.start_call(op)?;
-        // Faults every PE must learn about (the CPU's Fault::Handle): a stale handle, or a
-        // zero-copy combine without get_next_low_latency_combine_buffer for this call.
-        let mut err = None;
-        let handle_set = match self.handle_set(h.call, op) {
-            Ok(s) => s,
-            Err(e) => {
-                err = Some(e.to_string());
-                (h.call % 2) as usize
-            }
-        };
-        if expert_out.is_none() && self.zero_copy_call != Some(seq) && err.is_none() {
-            err = Some(format!(
-                "{op}: zero-copy combine #{seq} without get_next_low_latency_combine_buffer \
-                 for this call"
-            ));
-        }
-        if h.num_tokens > self.cfg.num_max_dispatch_tokens_per_rank && err.is_none() {
-            err = Some(format!(
-                "{op}: the handle's dispatch had {} tokens, more than num_max_dispatch_tokens_per_rank",
-                h.num_tokens
-            ));
-        }
+        let (seq, set) = self.book.start(op)?;
+        let (handle_set, err) = self.book.combine_fault(
+            seq,
+            h.call,
+            h.num_tokens,
+            self.cfg.num_max_dispatch_tokens_per_rank,
+            expert_out.is_none(),
+        );
         let fault = if err.is_some() {
             Fault::Handle.encode()
         } else {
@@ -1126,20 +1352,11 @@ impl<'g> GpuBuffer<'g> {
             fault,
         );
         self.launch(Kernel::CombineSend, &args)?;
-        if return_recv_hook {
-            self.pending[set] = Some(seq);
-        } else {
+        if !return_recv_hook {
             self.launch(Kernel::CombineRecv, &args)?;
         }
-        self.hook_args[set] = Some((Kernel::CombineRecv, args));
-        self.outs[set].combine = Some((seq, t, err.clone()));
-        if let Some(c) = &mut self.capture {
-            c.push(Recorded::Combine {
-                offset: seq,
-                tokens: t,
-                err,
-            });
-        }
+        self.hook_args[set] = Some(args);
+        self.book.record(Op::Combine, seq, t, err, return_recv_hook);
         Ok(GpuCombine {
             call: seq,
             num_tokens: t,
@@ -1175,7 +1392,7 @@ impl<'g> GpuBuffer<'g> {
     /// implementation returns them (the handle inside is for checks only). Fails as the
     /// CPU does when the call failed on any PE.
     pub fn read_dispatch(&self, h: &GpuHandle) -> Result<DispatchOutput> {
-        let set = self.handle_set(h.call, "read_dispatch")?;
+        let set = self.book.handle_set(h.call, "read_dispatch")?;
         if h.hook_pending {
             return Err(Error::InvalidArgument(format!(
                 "read_dispatch: dispatch #{} has not been received yet: run its receive hook",
@@ -1183,7 +1400,7 @@ impl<'g> GpuBuffer<'g> {
             )));
         }
         let r = self.finish(h.call, "low_latency_dispatch");
-        if let Some((_, _, Some(e))) = &self.outs[set].dispatch {
+        if let Some(Rec { err: Some(e), .. }) = &self.book.dispatch[set] {
             return Err(Error::InvalidArgument(e.clone()));
         }
         r?;
@@ -1250,16 +1467,7 @@ impl<'g> GpuBuffer<'g> {
     /// Waits for the stream and copies combine `c`'s output `[T, H]` to the host.
     pub fn read_combined(&self, c: &GpuCombine) -> Result<Vec<bf16>> {
         let set = (c.call % 2) as usize;
-        match &self.outs[set].combine {
-            Some((call, _, _)) if *call == c.call => {}
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "read_combined: the output of combine #{} was overwritten by a later \
-                     combine on the same buffer set",
-                    c.call
-                )))
-            }
-        }
+        self.book.combine_rec(c.call)?;
         if c.hook_pending {
             return Err(Error::InvalidArgument(format!(
                 "read_combined: combine #{} has not been received yet: run its receive hook",
@@ -1267,7 +1475,7 @@ impl<'g> GpuBuffer<'g> {
             )));
         }
         let r = self.finish(c.call, "low_latency_combine");
-        if let Some((_, _, Some(e))) = &self.outs[set].combine {
+        if let Some(e) = &self.book.combine_rec(c.call)?.err {
             return Err(Error::InvalidArgument(e.clone()));
         }
         r?;
@@ -1295,18 +1503,7 @@ impl<'g> GpuBuffer<'g> {
     /// their tags from device memory, so each replay is a fresh set of LL calls; inputs
     /// are read from the same device addresses on every replay.
     pub fn capture<R>(&mut self, f: impl FnOnce(&mut Self) -> Result<R>) -> Result<(EpGraph, R)> {
-        if self.pending.iter().any(|p| p.is_some()) {
-            return Err(Error::InvalidArgument(
-                "ep graph capture: a receive hook is pending; run it before capturing".into(),
-            ));
-        }
-        let saved_seq = self.seq;
-        let saved = [
-            (self.outs[0].dispatch.clone(), self.outs[0].combine.clone()),
-            (self.outs[1].dispatch.clone(), self.outs[1].combine.clone()),
-        ];
-        let saved_hooks = self.hook_args;
-        let saved_zc = self.zero_copy_call;
+        let saved = self.book.begin_capture()?;
         let stream = self.g.stream();
         self.g.enter()?;
         // SAFETY: the PE's stream, in the current context; thread-local mode, so other PE
@@ -1321,9 +1518,7 @@ impl<'g> GpuBuffer<'g> {
             "cuStreamBeginCapture",
             || format!("PE {}: capturing EP calls", self.g.my_pe()),
         )?;
-        self.capture = Some(Vec::new());
         let r = f(self);
-        let recorded = self.capture.take().unwrap_or_default();
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: ends the capture begun above on the same stream; valid out-pointer.
         let end = ck(
@@ -1331,17 +1526,8 @@ impl<'g> GpuBuffer<'g> {
             "cuStreamEndCapture",
             || format!("PE {}: capturing EP calls", self.g.my_pe()),
         );
-        let calls = self.seq - saved_seq;
-        let pending = self.pending.iter().any(|p| p.is_some());
-        // Restore the host's view: nothing ran.
-        self.seq = saved_seq;
-        for (o, (d, c)) in self.outs.iter_mut().zip(saved) {
-            o.dispatch = d;
-            o.combine = c;
-        }
-        self.pending = [None, None];
-        self.hook_args = saved_hooks;
-        self.zero_copy_call = saved_zc;
+        // Restore the host's view (nothing ran) and check what was captured.
+        let captured = self.book.end_capture(saved);
         let destroy_graph = |g: sys::CUgraph| {
             if !g.is_null() {
                 // SAFETY: a graph returned by cuStreamEndCapture, destroyed once.
@@ -1355,18 +1541,13 @@ impl<'g> GpuBuffer<'g> {
                 return Err(e);
             }
         };
-        if calls % 2 != 0 || pending {
-            destroy_graph(graph);
-            return Err(Error::InvalidArgument(format!(
-                "ep graph capture: the captured function made {calls} LL call(s){}; it must \
-                 make an even number and run every receive hook",
-                if pending {
-                    " and left a receive hook pending"
-                } else {
-                    ""
-                }
-            )));
-        }
+        let (calls, parity, recorded) = match captured {
+            Ok(c) => c,
+            Err(e) => {
+                destroy_graph(graph);
+                return Err(e);
+            }
+        };
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: a valid captured graph; valid out-pointer.
         if let Err(e) = ck(
@@ -1377,29 +1558,6 @@ impl<'g> GpuBuffer<'g> {
             destroy_graph(graph);
             return Err(e);
         }
-        let recorded = recorded
-            .into_iter()
-            .map(|r| match r {
-                Recorded::Dispatch {
-                    offset,
-                    tokens,
-                    err,
-                } => Recorded::Dispatch {
-                    offset: offset - saved_seq,
-                    tokens,
-                    err,
-                },
-                Recorded::Combine {
-                    offset,
-                    tokens,
-                    err,
-                } => Recorded::Combine {
-                    offset: offset - saved_seq,
-                    tokens,
-                    err,
-                },
-            })
-            .collect();
         Ok((
             EpGraph {
                 graph,
@@ -1407,7 +1565,7 @@ impl<'g> GpuBuffer<'g> {
                 ctx: self.g.ctx().clone(),
                 buffer_id: self.id,
                 calls,
-                parity: saved_seq % 2,
+                parity,
                 recorded,
             },
             value,
@@ -1422,19 +1580,7 @@ impl<'g> GpuBuffer<'g> {
                 "ep graph replay: the graph was captured on another buffer".into(),
             ));
         }
-        if self.seq % 2 != graph.parity {
-            return Err(Error::InvalidArgument(format!(
-                "ep graph replay: the graph was captured at an {} LL call number, this buffer \
-                 is at call #{} (make one more LL call, or capture again)",
-                if graph.parity == 0 { "even" } else { "odd" },
-                self.seq
-            )));
-        }
-        if self.pending.iter().any(|p| p.is_some()) {
-            return Err(Error::InvalidArgument(
-                "ep graph replay: a receive hook is pending; run it first".into(),
-            ));
-        }
+        self.book.can_replay(graph.parity)?;
         self.g.enter()?;
         // SAFETY: an instantiated graph of this context, launched on the PE's stream.
         ck(
@@ -1442,39 +1588,7 @@ impl<'g> GpuBuffer<'g> {
             "cuGraphLaunch",
             || format!("PE {}: replaying the EP graph", self.g.my_pe()),
         )?;
-        let start = self.seq;
-        let mut out = Vec::new();
-        for r in &graph.recorded {
-            match r {
-                Recorded::Dispatch {
-                    offset,
-                    tokens,
-                    err,
-                } => {
-                    let call = start + offset;
-                    self.outs[(call % 2) as usize].dispatch = Some((call, *tokens, err.clone()));
-                    out.push(Replayed::Dispatch(GpuHandle {
-                        call,
-                        num_tokens: *tokens,
-                        hook_pending: false,
-                    }));
-                }
-                Recorded::Combine {
-                    offset,
-                    tokens,
-                    err,
-                } => {
-                    let call = start + offset;
-                    self.outs[(call % 2) as usize].combine = Some((call, *tokens, err.clone()));
-                    out.push(Replayed::Combine(GpuCombine {
-                        call,
-                        num_tokens: *tokens,
-                        hook_pending: false,
-                    }));
-                }
-            }
-        }
-        self.seq += graph.calls;
+        let out = self.book.replayed(graph.calls, &graph.recorded);
         Ok(out)
     }
 }
@@ -1800,6 +1914,150 @@ mod tests {
                 && e.contains("before starting call #2"),
             "{e}"
         );
+    }
+
+    /// The host's call bookkeeping, as the GPU buffer uses it: calls alternate sets,
+    /// hooks, stale handles, zero-copy requests.
+    #[test]
+    fn call_book_follows_the_cpu_rules() {
+        let mut b = Book::default();
+        // dispatch #0 with a hook, dispatch #1 with a hook, a third call is refused.
+        assert_eq!(b.start("d").unwrap(), (0, 0));
+        b.record(Op::Dispatch, 0, 10, None, true);
+        assert_eq!(b.start("d").unwrap(), (1, 1));
+        b.record(Op::Dispatch, 1, 12, None, true);
+        let e = b.start("low_latency_combine").unwrap_err().to_string();
+        assert!(
+            e.contains("LL call #0 on buffer set 0 has not been received"),
+            "{e}"
+        );
+        assert_eq!(b.seq, 2, "a refused call does not count");
+        // Wrong kind, wrong call, then the right hooks.
+        let e = b.hook(0, Kernel::CombineRecv).unwrap_err().to_string();
+        assert!(e.contains("that call is not a combine"), "{e}");
+        let e = b.hook(2, Kernel::DispatchRecv).unwrap_err().to_string();
+        assert!(e.contains("nothing pending"), "{e}");
+        assert_eq!(b.hook(0, Kernel::DispatchRecv).unwrap(), 0);
+        assert!(b.hook(0, Kernel::DispatchRecv).is_err(), "a hook runs once");
+        assert_eq!(b.hook(1, Kernel::DispatchRecv).unwrap(), 1);
+        // Combine #2 of dispatch #0 (zero-copy, requested), combine #3 of #1 (not requested).
+        assert_eq!(b.handle_set(0, "x").unwrap(), 0);
+        assert_eq!(b.next_zero_copy(), 0);
+        let (seq, set) = b.start("c").unwrap();
+        assert_eq!((seq, set), (2, 0));
+        assert_eq!(b.combine_fault(seq, 0, 10, 16, true), (0, None));
+        b.record(Op::Combine, seq, 10, None, false);
+        let (seq, _) = b.start("c").unwrap();
+        let (hs, f) = b.combine_fault(seq, 1, 12, 16, true);
+        assert_eq!(hs, 1);
+        assert!(f
+            .unwrap()
+            .contains("zero-copy combine #3 without get_next_low_latency_combine_buffer"),);
+        let (_, f) = b.combine_fault(seq, 1, 17, 16, false);
+        assert!(f
+            .unwrap()
+            .contains("had 17 tokens, more than num_max_dispatch_tokens_per_rank = 16"));
+        b.record(Op::Combine, seq, 12, Some("bad".into()), false);
+        assert_eq!(b.combine_rec(2).unwrap().tokens, 10);
+        assert_eq!(b.combine_rec(3).unwrap().err.as_deref(), Some("bad"));
+        // Dispatch #4 reuses set 0: the handle of #0 is stale, combine #2's output stays.
+        let (seq, _) = b.start("d").unwrap();
+        b.record(Op::Dispatch, seq, 5, None, false);
+        let e = b
+            .handle_set(0, "low_latency_combine")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the handle of dispatch #0 is stale") && e.contains("dispatch #4"),
+            "{e}"
+        );
+        let (_, f) = b.combine_fault(5, 0, 10, 16, false);
+        assert!(f.unwrap().contains("is stale"));
+        assert!(b
+            .handle_set(7, "x")
+            .unwrap_err()
+            .to_string()
+            .contains("no dispatch #7"));
+        assert_eq!(b.combine_rec(2).unwrap().call, 2);
+        b.record(Op::Combine, 6, 5, None, false);
+        assert!(b
+            .combine_rec(2)
+            .unwrap_err()
+            .to_string()
+            .contains("overwritten"));
+    }
+
+    /// Graph capture leaves the host state as it was, and each replay makes the captured
+    /// calls the next ones, with fresh call numbers.
+    #[test]
+    fn call_book_capture_and_replay() {
+        let mut b = Book::default();
+        // One ordinary pair first: capture starts at call 2.
+        b.start("d").unwrap();
+        b.record(Op::Dispatch, 0, 8, None, false);
+        b.start("c").unwrap();
+        b.record(Op::Combine, 1, 8, None, false);
+        let saved = b.begin_capture().unwrap();
+        b.start("d").unwrap();
+        b.record(Op::Dispatch, 2, 8, None, false);
+        b.start("c").unwrap();
+        b.record(Op::Combine, 3, 8, Some("fault".into()), false);
+        let (calls, parity, rec) = b.end_capture(saved).unwrap();
+        assert_eq!((calls, parity, rec.len()), (2, 0, 2));
+        assert_eq!(b.seq, 2, "nothing ran");
+        assert_eq!(b.dispatch[0].as_ref().unwrap().call, 0);
+        assert!(b.capture.is_none());
+        for rep in 0..3u64 {
+            b.can_replay(parity).unwrap();
+            let out = b.replayed(calls, &rec);
+            let d = 2 + 2 * rep;
+            assert_eq!(
+                out,
+                vec![
+                    Replayed::Dispatch(GpuHandle {
+                        call: d,
+                        num_tokens: 8,
+                        hook_pending: false
+                    }),
+                    Replayed::Combine(GpuCombine {
+                        call: d + 1,
+                        num_tokens: 8,
+                        hook_pending: false
+                    }),
+                ]
+            );
+            assert_eq!(b.handle_set(d, "x").unwrap(), 0);
+            assert_eq!(b.combine_rec(d + 1).unwrap().err.as_deref(), Some("fault"));
+        }
+        assert_eq!(b.seq, 8);
+        // A call between replays changes the parity: refused until one more call.
+        b.start("d").unwrap();
+        b.record(Op::Dispatch, 8, 8, None, false);
+        let e = b.can_replay(parity).unwrap_err().to_string();
+        assert!(
+            e.contains("captured at an even LL call number") && e.contains("call #9"),
+            "{e}"
+        );
+        // An odd number of calls, or a hook left pending, cannot be captured.
+        let saved = b.begin_capture().unwrap();
+        b.start("c").unwrap();
+        b.record(Op::Combine, 9, 8, None, false);
+        let e = b.end_capture(saved).unwrap_err().to_string();
+        assert!(e.contains("made 1 LL call(s)"), "{e}");
+        assert_eq!(b.seq, 9, "restored");
+        let saved = b.begin_capture().unwrap();
+        b.start("c").unwrap();
+        b.record(Op::Combine, 9, 8, None, true);
+        b.start("d").unwrap();
+        b.record(Op::Dispatch, 10, 8, None, false);
+        let e = b.end_capture(saved).unwrap_err().to_string();
+        assert!(e.contains("left a receive hook pending"), "{e}");
+        assert!(!b.any_pending(), "restored");
+        // Capture refuses to start with a hook pending.
+        b.start("c").unwrap();
+        b.record(Op::Combine, 9, 8, None, true);
+        assert!(b.begin_capture().is_err());
+        assert!(b.can_replay(1).is_err());
     }
 
     /// Without libcuda, an EP buffer on GPU PEs is an error naming the library.
