@@ -1082,6 +1082,9 @@ impl<'g> GpuBuffer<'g> {
             })
         };
         let outs = [out(0)?, out(1)?];
+        // The zeroing memsets above run on the legacy stream, asynchronously to the host:
+        // finished before any kernel of the PE's stream reads the control block.
+        settle_uploads(g, "zeroing the EP control block and outputs")?;
         pe.barrier_all()?;
         Ok(GpuBuffer {
             g,
