@@ -468,6 +468,73 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
     buf.destroy()
 }
 
+/// A dead PE (the last one) masked by every other PE: it makes no LL calls, the others'
+/// dispatch and combine skip it (EP.md's checks with the mask), then the mask is cleared.
+fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
+    let (n, me) = (g.n_pes(), g.my_pe());
+    let dead = n - 1;
+    let cfg = Config {
+        num_max_dispatch_tokens_per_rank: 32,
+        hidden: 4096,
+        num_experts: 4 * n,
+        num_topk: 4,
+        use_fp8: true,
+        round_scale: false,
+    };
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
+    let r = check::random_routing(21, me, 32, &cfg, None, 4);
+    let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
+    let mut masked = vec![false; n];
+    masked[dead] = true;
+    let mut problem: Option<Error> = None;
+    if me != dead {
+        buf.update_mask(dead, true)?;
+        if buf.query_mask() != masked {
+            problem.get_or_insert(Error::Verification(format!(
+                "ep GPU mask on PE {me}: query_mask {:?}",
+                buf.query_mask()
+            )));
+        }
+        let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
+        let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
+        let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
+        settle_uploads(g, "EP inputs")?;
+        let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
+        let d = buf.read_dispatch(&h)?;
+        if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &d) {
+            problem.get_or_insert(e);
+        }
+        let l = cfg.num_experts / n;
+        let mut eo = vec![bf16::ZERO; l * n * 32 * cfg.hidden];
+        check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
+        let eo = upload(g, bf16_bytes(&eo), "expert outputs")?;
+        settle_uploads(g, "expert outputs")?;
+        let c =
+            buf.low_latency_combine(Some(eo.ptr()), idx.ptr(), IdxType::I64, w.ptr(), &h, false)?;
+        let comb = buf.read_combined(&c)?;
+        if let Err(e) = check::validate_combine(&cfg, n, me, &r, &masked, &scale, &comb) {
+            problem.get_or_insert(e);
+        }
+        buf.clean_mask()?;
+        if buf.query_mask().iter().any(|&m| m) {
+            problem.get_or_insert(Error::Verification(format!(
+                "ep GPU mask on PE {me}: clean_mask left {:?}",
+                buf.query_mask()
+            )));
+        }
+    } else if buf.update_mask(me, true).is_ok() {
+        problem.get_or_insert(Error::Verification(
+            "ep GPU mask: a PE could mask itself".into(),
+        ));
+    }
+    g.pe().barrier_all()?;
+    buf.destroy()?;
+    match problem {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// A CUDA graph of dispatch + combine (bf16; the identity expert reads `recv_x` in place),
 /// replayed with new routing and weights written into the same device buffers.
 fn graph_case(g: &GpuPe, m: &Module, replays: usize) -> Result<()> {
@@ -585,6 +652,7 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
             .iter()
             .map(|c| c.name.clone())
             .chain(["faults".to_string(), "graph-replay-x3".to_string()])
+            .chain((n >= 3).then(|| "masked-PE".to_string()))
             .collect();
         let t0 = Instant::now();
         let per_pe = run_gpu_threads(n, s, |g| {
@@ -604,6 +672,11 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
             g.pe().barrier_all()?;
             let t = Instant::now();
             out.push((graph_case(g, &m, 3), t.elapsed().as_secs_f64()));
+            if n >= 3 {
+                g.pe().barrier_all()?;
+                let t = Instant::now();
+                out.push((mask_case(g, &m), t.elapsed().as_secs_f64()));
+            }
             Ok(out)
         });
         match per_pe {
