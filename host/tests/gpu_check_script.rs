@@ -135,10 +135,11 @@ fn runs_every_step_and_ends_with_the_table() {
                 || l.starts_with("bench-")
                 || l.starts_with("traps ")
                 || l.starts_with("example-ring ")
+                || l.starts_with("ep ")
         })
         .collect();
-    // doctor, 3 selftests, traps, example-ring, 5 ops x 3 scopes, copy.
-    assert_eq!(rows.len(), 1 + 3 + 2 + 15 + 1, "{summary}");
+    // doctor, 3 selftests, traps, example-ring, 5 ops x 3 scopes, copy, ep.
+    assert_eq!(rows.len(), 1 + 3 + 2 + 15 + 1 + 1, "{summary}");
     let row = |prefix: &str| {
         rows.iter()
             .find(|r| r.starts_with(prefix))
@@ -163,7 +164,7 @@ fn runs_every_step_and_ends_with_the_table() {
             );
         }
     }
-    assert!(failed >= 17, "{summary}");
+    assert!(failed >= 18, "{summary}");
     assert!(
         summary.contains(&format!("{failed} step(s) not ok")),
         "{summary}"
@@ -209,4 +210,19 @@ fn runs_every_step_and_ends_with_the_table() {
         log.contains(".gpu/gpu_ring is missing: rerun scripts/build-gpu-bundle"),
         "{log}"
     );
+    // The ep step runs both commands (the suite, then the bench), each failing cleanly.
+    let ep = rows.iter().find(|r| r.starts_with("ep ")).unwrap();
+    assert!(ep.contains("FAIL (rc 1)"), "{summary}");
+    let log = std::fs::read_to_string(root.join("out/ep.log")).unwrap();
+    assert!(
+        log.contains(
+            "rshmem bench ep --check: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("rshmem bench ep: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
 }

@@ -242,6 +242,40 @@ pub struct Handle {
     row_k: Vec<i32>,
 }
 
+impl Handle {
+    /// A handle for dispatch outputs made elsewhere (the GPU launcher,
+    /// `crate::gpu::ep`), so they can go through the same checks ([`check`]). A CPU
+    /// [`Buffer`] refuses it in combine (no buffer has id 0).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn detached(
+        call: u64,
+        num_tokens: usize,
+        cfg: &Config,
+        src_info: Vec<i32>,
+        layout_range: Vec<i64>,
+        recv_count: Vec<i32>,
+        row_k: Vec<i32>,
+    ) -> Handle {
+        Handle {
+            buffer_id: 0,
+            call,
+            num_tokens,
+            num_max_dispatch_tokens_per_rank: cfg.num_max_dispatch_tokens_per_rank,
+            hidden: cfg.hidden,
+            num_experts: cfg.num_experts,
+            src_info,
+            layout_range,
+            recv_count,
+            row_k,
+        }
+    }
+
+    /// `[L, R*N]`: the top-k slot of each received row on its source PE.
+    pub fn row_k(&self) -> &[i32] {
+        &self.row_k
+    }
+}
+
 /// Immutable state shared by a buffer and its hooks.
 struct Shared {
     id: u64,
@@ -284,8 +318,8 @@ pub struct Buffer<'p> {
 
 static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
-const POISON: u64 = 1 << 31;
-const COUNT_MASK: u64 = 0xff_ffff;
+pub(crate) const POISON: u64 = 1 << 31;
+pub(crate) const COUNT_MASK: u64 = 0xff_ffff;
 /// In a dispatch count word or a combine flag without POISON: the direct path. Dispatch:
 /// only the message headers were written; the receiver copies each payload from the
 /// sender's `dispatch_send`. Combine: the rows are in the owner's `combine_send`, to be
@@ -294,7 +328,7 @@ const DIRECT: u64 = 1 << 30;
 
 /// Why a PE's own input made it poison a call; travels as `code << 24 | value`.
 #[derive(Debug, Clone, Copy)]
-enum Fault {
+pub(crate) enum Fault {
     TooManyTokens(u64),
     BadExpert(u64),
     Shape,
@@ -302,7 +336,7 @@ enum Fault {
 }
 
 impl Fault {
-    fn encode(self) -> u64 {
+    pub(crate) fn encode(self) -> u64 {
         let (c, v) = match self {
             Fault::TooManyTokens(t) => (1, t),
             Fault::BadExpert(i) => (2, i),
@@ -311,7 +345,7 @@ impl Fault {
         };
         POISON | c << 24 | v.min(COUNT_MASK)
     }
-    fn describe(low: u64, cfg: &Config) -> String {
+    pub(crate) fn describe(low: u64, cfg: &Config) -> String {
         let v = low & COUNT_MASK;
         match (low >> 24) & 0x7f {
             1 => format!(

@@ -16,6 +16,8 @@
 //! GPU (docs/gpu-results.md).
 
 pub mod driver;
+pub mod ep;
+pub mod ep_bench;
 pub mod fdpass;
 pub mod harness;
 pub mod heap;
