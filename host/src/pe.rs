@@ -71,6 +71,9 @@ pub struct Pe {
     /// How each peer is reached, by world rank (an enum match, no virtual call, on the p2p
     /// path).
     paths: Vec<PeerPath>,
+    /// Per PE: the address here of its heap when it is reached by load/store (`PeerPath::P2p`),
+    /// else 0 — the one table the hot path of [`Pe::route`] reads.
+    direct: Box<[usize]>,
     /// The proxy transport (soft HCA), when some peer is reached through it. Declared
     /// before `peers`: it detaches its queue pairs from the engine before the mappings
     /// the engine writes into go away.
@@ -277,6 +280,12 @@ impl Pe {
                 (None, _) => PeerPath::Proxy,
             })
             .collect();
+        let direct: Box<[usize]> = (0..n)
+            .map(|r| match (&peers[r], paths[r]) {
+                (Some(seg), PeerPath::P2p) => seg.base() as usize,
+                _ => 0,
+            })
+            .collect();
         let need_engine = paths.contains(&PeerPath::Proxy) || any_fabric;
         let hca = if need_engine {
             Some(crate::softhca::proxy::engine()?)
@@ -401,6 +410,7 @@ impl Pe {
             job_id,
             heap_size,
             paths,
+            direct,
             fabric_to,
             proxy,
             _fabric_keepalive: fabric_keepalive,
@@ -476,6 +486,17 @@ impl Pe {
     /// Validates `[offset, offset+len)` on PE `pe` and returns its local address.
     #[inline]
     pub(crate) fn target(&self, pe: usize, offset: usize, len: usize) -> Result<*mut u8> {
+        // Hot path: as in `route`.
+        if let Some(&base) = self.direct.get(pe) {
+            if base != 0
+                && offset >= RESERVED_BYTES
+                && offset <= self.heap_size
+                && len <= self.heap_size - offset
+            {
+                self.live.check()?;
+                return Ok((base + offset) as *mut u8);
+            }
+        }
         if pe >= self.n_pes {
             return Err(Error::InvalidPe {
                 pe,
@@ -509,6 +530,25 @@ impl Pe {
     /// Validates `[offset, offset+len)` on PE `pe` and says how to reach it.
     #[inline]
     pub(crate) fn route(&self, pe: usize, offset: usize, len: usize) -> Result<Route> {
+        // Hot path (a node-local peer, a range inside the heap): one table load and three
+        // compares, independent of the liveness load. Everything else, errors included,
+        // takes the full path below.
+        if let Some(&base) = self.direct.get(pe) {
+            if base != 0
+                && offset >= RESERVED_BYTES
+                && offset <= self.heap_size
+                && len <= self.heap_size - offset
+            {
+                self.live.check()?;
+                // The address is inside PE `pe`'s mapping (heap_size long), checked above.
+                return Ok(Route::P2p((base + offset) as *mut u8));
+            }
+        }
+        self.route_slow(pe, offset, len)
+    }
+
+    #[cold]
+    fn route_slow(&self, pe: usize, offset: usize, len: usize) -> Result<Route> {
         match self.paths.get(pe) {
             Some(PeerPath::Proxy) => {
                 self.check_range(pe, offset, len)?;
