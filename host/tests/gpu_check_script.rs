@@ -126,11 +126,18 @@ fn runs_every_step_and_ends_with_the_table() {
     let rows: Vec<&str> = summary
         .lines()
         .filter(|l| {
-            l.starts_with("doctor") || l.starts_with("selftest-") || l.starts_with("bench-")
+            l.starts_with("doctor")
+                || l.starts_with("selftest-")
+                || l.starts_with("bench-")
+                || l.starts_with("ibgda-")
         })
         .collect();
-    // doctor, 3 selftests, 5 ops x 3 scopes, copy.
-    assert_eq!(rows.len(), 1 + 3 + 15 + 1, "{summary}");
+    // doctor, 3 selftests, 5 ops x 3 scopes, copy, selftest-proxy-2, ibgda-rate.
+    assert_eq!(rows.len(), 1 + 3 + 15 + 1 + 2, "{summary}");
+    assert!(
+        summary.contains("selftest-proxy-2") && summary.contains("ibgda-rate"),
+        "{summary}"
+    );
     assert!(
         rows[0].starts_with("doctor") && rows[0].contains(" ok "),
         "{summary}"
@@ -156,4 +163,12 @@ fn runs_every_step_and_ends_with_the_table() {
     let log = std::fs::read_to_string(root.join("out/selftest-2.log")).unwrap();
     assert!(log.contains("libcuda.so.1 lacks cuGetErrorString"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
+    for step in ["selftest-proxy-2", "ibgda-rate"] {
+        let log = std::fs::read_to_string(root.join(format!("out/{step}.log"))).unwrap();
+        assert!(
+            log.contains("libcuda.so.1 lacks cuGetErrorString"),
+            "{step}: {log}"
+        );
+        assert!(!log.contains("panicked"), "{step}: {log}");
+    }
 }
