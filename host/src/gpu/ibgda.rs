@@ -279,7 +279,7 @@ impl Drop for ProxyGpu {
         self.pd.deregister(self.heap_lkey);
         self.pd.deregister(self.results_lkey);
         self.hca
-            .with_backend(|b| b.gpu_qps = b.gpu_qps.saturating_sub(1));
+            .with_backend(|b| b.gpu_pes = b.gpu_pes.saturating_sub(1));
     }
 }
 
@@ -320,7 +320,6 @@ impl ProxyGpu {
                 Access::LOCAL_WRITE,
             )
         };
-        view.hca.with_backend(|b| b.gpu_qps += 1);
         let (peer_table, ranks) = peer_table(
             &view
                 .peers
@@ -350,6 +349,8 @@ impl ProxyGpu {
             hca: view.hca.clone(),
             peer_table,
         };
+        // Undone by Drop from here on.
+        me.hca.with_backend(|b| b.gpu_pes += 1);
         let mut descs = Vec::with_capacity(ranks.len());
         let mut peers = view.peers;
         for &r in &ranks {

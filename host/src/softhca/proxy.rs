@@ -67,10 +67,10 @@ pub enum PeerKind {
 pub struct ProxyBackend {
     local: LocalBackend,
     pub(crate) fabric: Option<FabricBackend>,
-    /// QPs attached for GPU producers (host/src/gpu/ibgda.rs). They ring no waker (a GPU
-    /// cannot unpark a thread), so while any exist the engine sleeps at most
-    /// [`GPU_IDLE_WAIT`] when idle instead of the backend's bound.
-    pub(crate) gpu_qps: usize,
+    /// GPU PEs whose queues this engine serves (host/src/gpu/ibgda.rs). Their producers
+    /// ring no waker (a GPU cannot unpark a thread), so while any exist the engine sleeps
+    /// at most [`GPU_IDLE_WAIT`] when idle instead of the backend's bound.
+    pub(crate) gpu_pes: usize,
 }
 
 /// The idle sleep bound of the process engine while GPU producers are attached: the
@@ -108,7 +108,7 @@ impl Backend for ProxyBackend {
             Some(f) => f.idle_wait(),
             None => self.local.idle_wait(),
         };
-        if self.gpu_qps > 0 {
+        if self.gpu_pes > 0 {
             d.min(GPU_IDLE_WAIT)
         } else {
             d
