@@ -58,6 +58,17 @@ struct SelftestArgs {
     /// by the soft HCA).
     #[arg(long, value_parser = ["p2p", "proxy"])]
     transport: Option<String>,
+    /// GPU: run these negative cases (manifest `traps`, full or short name; repeatable)
+    /// instead of the self-test, each in a child process (a trap destroys the CUDA
+    /// context); checks the launch fails, the device error record and the printed line.
+    #[arg(long = "trap")]
+    traps: Vec<String>,
+    /// GPU: run every trap case of the manifest (as --trap).
+    #[arg(long = "traps", conflicts_with = "traps")]
+    all_traps: bool,
+    /// Internal: run one trap case in this process (what --trap starts per case).
+    #[arg(long, hide = true)]
+    trap_child: Option<String>,
     /// Testing aid: this PE kills itself (SIGKILL) ...
     #[arg(long, hide = true)]
     crash_pe: Option<usize>,
@@ -69,6 +80,15 @@ struct SelftestArgs {
 fn selftest(a: SelftestArgs) -> i32 {
     if a.device == "gpu" {
         let sources = rshmem::gpu::runner::Sources::from_env(a.manifest.clone());
+        if let Some(name) = &a.trap_child {
+            return rshmem::gpu::traps::trap_child_cli(name, &sources);
+        }
+        if a.all_traps || !a.traps.is_empty() {
+            return rshmem::gpu::traps::traps_cli(&rshmem::gpu::traps::TrapsOpts {
+                names: a.traps,
+                sources,
+            });
+        }
         if a.list {
             return match rshmem::gpu::runner::list(&sources) {
                 Ok(v) => {
@@ -95,6 +115,10 @@ fn selftest(a: SelftestArgs) -> i32 {
                 _ => rshmem::config::TransportMode::P2p,
             }),
         });
+    }
+    if a.all_traps || !a.traps.is_empty() || a.trap_child.is_some() {
+        eprintln!("rshmem selftest: --trap/--traps are GPU cases: add --device gpu");
+        return 2;
     }
     if a.list {
         for c in rshmem::selftest::CASES {

@@ -89,7 +89,11 @@ fn bench_ep_under_rshmem_run_as_processes() {
 #[test]
 fn bench_ep_rejects_bad_arguments() {
     for (args, msg) in [
-        (vec!["--device", "gpu"], "GPU PEs are not available yet"),
+        (
+            vec!["--device", "tpu"],
+            "--device tpu: expected cpu, gpu or auto",
+        ),
+        (vec!["--check"], "--check is the GPU correctness suite"),
         (
             vec!["--pes", "3"],
             "must be a positive multiple of the team size (3)",
@@ -129,4 +133,87 @@ fn bench_ep_plot_writes_a_png() {
     let b = std::fs::read(&png).unwrap();
     assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn libcuda_present() -> bool {
+    let c = std::ffi::CString::new("libcuda.so.1").unwrap();
+    // SAFETY: dlopen/dlclose of a system library name.
+    unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+        if !h.is_null() {
+            libc::dlclose(h);
+        }
+        !h.is_null()
+    }
+}
+
+/// GPU runs: an unsupported hidden size (or a bad config) is refused on any machine; a
+/// machine without the driver gets a message naming libcuda; both exit 1.
+#[test]
+fn bench_ep_gpu_errors_are_clear() {
+    let run = |args: &[&str]| {
+        let o = Command::new(BIN)
+            .args(["bench", "ep", "--tokens", "4", "--pes", "2"])
+            .args(args)
+            .args(if args.contains(&"--experts") {
+                &[][..]
+            } else {
+                &["--experts", "16"][..]
+            })
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (rc, err) = run(&["--device", "gpu", "--hidden", "3072"]);
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(
+        err.contains("hidden size 3072 has no GPU kernel")
+            && err.contains("2048, 2560, 4096, 5120, 7168, 8192"),
+        "{err}"
+    );
+    let (rc, err) = run(&["--device", "gpu", "--hidden", "2048", "--topk", "12"]);
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(err.contains("num_topk (12) must be in 1..=11"), "{err}");
+    let (rc, err) = run(&["--device", "gpu", "--hidden", "2048", "--experts", "15"]);
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(
+        err.contains("num_experts (15) must be a positive multiple"),
+        "{err}"
+    );
+    if libcuda_present() {
+        return; // a GPU machine: scripts/gpu-check runs the real thing
+    }
+    for args in [
+        &["--device", "gpu", "--hidden", "2048"][..],
+        &["--device", "gpu", "--hidden", "2048", "--check"][..],
+    ] {
+        let (rc, err) = run(args);
+        assert_eq!(rc, Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("libcuda.so.1 not found: install the NVIDIA driver"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// `--device auto` without a GPU runs on CPU PEs.
+#[test]
+fn bench_ep_auto_falls_back_to_cpu() {
+    if libcuda_present() {
+        return;
+    }
+    let o = Command::new(BIN)
+        .args(["bench", "ep", "--pes", "2", "--json", "--device", "auto"])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    check_json(&v, 2);
+    assert_eq!(v["device"], "cpu");
+    assert!(v.get("copy_gbps").is_none(), "{v}");
 }

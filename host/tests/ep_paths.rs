@@ -178,6 +178,13 @@ fn two_pes_zero_tokens_hook() {
     run(c);
 }
 
+/// BF16 rows of 100 values (200 bytes): combine's streamed rows start at every 8-byte
+/// offset modulo 16, so the unaligned head and tail of the row copy are exercised.
+#[test]
+fn three_pes_bf16_odd_hidden() {
+    run(case(3, 5, 100, 6, 3, false, 5));
+}
+
 #[test]
 fn two_pes_bf16_k1() {
     run(case(2, 6, 2048, 8, 1, false, 6));

@@ -1,7 +1,8 @@
 //! scripts/gpu-check's own logic on a machine without a GPU: it refuses to run without a
 //! bundle or without libcuda (clear message, exit 2), and with a stand-in libcuda that
 //! only the doctor can use it runs every step, records each failure without stopping, and
-//! ends with the summary table (exit 1). The bundle is this build's debug binary.
+//! ends with the summary table (exit 1). The bundle is this build's debug binary (the
+//! gpu_ring example is left out of it, so its step must say the bundle lacks it).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -19,6 +20,9 @@ fn repo(tag: &str, bundle: bool) -> PathBuf {
     if bundle {
         std::fs::create_dir_all(root.join(".gpu/ptx")).unwrap();
         std::fs::copy(BIN, root.join(".gpu/rshmem")).unwrap();
+        let m = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../device-kernels/src/rshmem_device_tests.json");
+        std::fs::copy(m, root.join(".gpu/rshmem_device_tests.json")).unwrap();
     }
     root
 }
@@ -129,15 +133,26 @@ fn runs_every_step_and_ends_with_the_table() {
             l.starts_with("doctor")
                 || l.starts_with("selftest-")
                 || l.starts_with("bench-")
+                || l.starts_with("traps ")
+                || l.starts_with("example-ring ")
+                || l.starts_with("ep ")
                 || l.starts_with("ibgda-")
         })
         .collect();
-    // doctor, 3 selftests, 5 ops x 3 scopes, copy, selftest-proxy-2, ibgda-rate.
-    assert_eq!(rows.len(), 1 + 3 + 15 + 1 + 2, "{summary}");
+    // doctor, 3 selftests, traps, example-ring, 5 ops x 3 scopes, copy, ep,
+    // selftest-proxy-2, ibgda-rate.
+    assert_eq!(rows.len(), 1 + 3 + 2 + 15 + 1 + 1 + 2, "{summary}");
     assert!(
         summary.contains("selftest-proxy-2") && summary.contains("ibgda-rate"),
         "{summary}"
     );
+    let row = |prefix: &str| {
+        rows.iter()
+            .find(|r| r.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} row: {summary}"))
+    };
+    assert!(row("traps ").contains("FAIL (rc 1)"), "{summary}");
+    assert!(row("example-ring ").contains("FAIL (rc 3)"), "{summary}");
     assert!(
         rows[0].starts_with("doctor") && rows[0].contains(" ok "),
         "{summary}"
@@ -146,7 +161,7 @@ fn runs_every_step_and_ends_with_the_table() {
     // has no kernel in the manifest (p and atomic exist at thread scope only): "n/a".
     let mut failed = 0;
     for r in &rows[1..] {
-        if r.contains("FAIL (rc 1)") {
+        if r.contains("FAIL (rc 1)") || r.starts_with("example-ring ") {
             failed += 1;
         } else {
             assert!(
@@ -155,13 +170,66 @@ fn runs_every_step_and_ends_with_the_table() {
             );
         }
     }
-    assert!(failed >= 15, "{summary}");
+    assert!(failed >= 18, "{summary}");
     assert!(
         summary.contains(&format!("{failed} step(s) not ok")),
         "{summary}"
     );
+    // The NVSHMEM comparison is not in this bundle: n/a (not a failure), with a note.
+    assert!(
+        summary
+            .lines()
+            .any(|l| l.starts_with("nvshmem-pingpong ") && l.contains("n/a (not in the bundle)")),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("\nnvshmem-pingpong: .gpu/nvshmem/nvshmem_pingpong is not in the bundle"),
+        "{summary}"
+    );
     let log = std::fs::read_to_string(root.join("out/selftest-2.log")).unwrap();
     assert!(log.contains("libcuda.so.1 lacks cuGetErrorString"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    // traps: one child per trap case of the bundle's manifest; each child stops at the
+    // driver check and the parent reports that child's error as the case's failure.
+    let log = std::fs::read_to_string(root.join("out/traps.log")).unwrap();
+    assert!(
+        log.contains("selftest --device gpu --traps --manifest .gpu/rshmem_device_tests.json"),
+        "{log}"
+    );
+    let fails: Vec<&str> = log.lines().filter(|l| l.starts_with("gpu trap ")).collect();
+    assert_eq!(fails.len(), 7, "{log}");
+    for l in &fails {
+        assert!(
+            l.contains(": FAIL (")
+                && l.contains("the child ran no trap (exit 1)")
+                && l.contains("libcuda.so.1 lacks cuGetErrorString"),
+            "{l}"
+        );
+    }
+    assert!(
+        log.contains("gpu traps: 0 passed, 7 failed, of 7 case(s)"),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    let log = std::fs::read_to_string(root.join("out/example-ring.log")).unwrap();
+    assert!(
+        log.contains(".gpu/gpu_ring is missing: rerun scripts/build-gpu-bundle"),
+        "{log}"
+    );
+    // The ep step runs both commands (the suite, then the bench), each failing cleanly.
+    let ep = rows.iter().find(|r| r.starts_with("ep ")).unwrap();
+    assert!(ep.contains("FAIL (rc 1)"), "{summary}");
+    let log = std::fs::read_to_string(root.join("out/ep.log")).unwrap();
+    assert!(
+        log.contains(
+            "rshmem bench ep --check: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("rshmem bench ep: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"),
+        "{log}"
+    );
     assert!(!log.contains("panicked"), "{log}");
     for step in ["selftest-proxy-2", "ibgda-rate"] {
         let log = std::fs::read_to_string(root.join(format!("out/{step}.log"))).unwrap();

@@ -189,3 +189,78 @@ fn a_driver_missing_entry_points_is_named() {
     );
     no_panic(&o);
 }
+
+/// The trap runner through the real binary: each case runs in a child of it; without
+/// libcuda the child fails with the driver's error and the parent reports that as the
+/// case's failure (exit 1), never as a pass.
+#[test]
+fn trap_cases_without_libcuda_fail_naming_the_driver() {
+    if libcuda_present() {
+        return; // GPU machines: scripts/gpu-check's `traps` step runs them for real
+    }
+    let o = run(
+        &[
+            "selftest",
+            "--device",
+            "gpu",
+            "--trap",
+            "bad_pe",
+            "--trap",
+            "rshmem_trap_unbound",
+        ],
+        &[],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    let verdicts: Vec<&str> = t.lines().filter(|l| l.starts_with("gpu trap ")).collect();
+    assert_eq!(verdicts.len(), 2, "{t}");
+    assert!(
+        verdicts[0].starts_with("gpu trap rshmem_trap_bad_pe: FAIL ("),
+        "{t}"
+    );
+    assert!(
+        verdicts[1].starts_with("gpu trap rshmem_trap_unbound: FAIL ("),
+        "{t}"
+    );
+    for v in verdicts {
+        assert!(
+            v.contains("the child ran no trap (exit 1)")
+                && v.contains("libcuda.so.1 not found: install the NVIDIA driver"),
+            "{v}"
+        );
+    }
+    assert!(
+        t.contains("gpu traps: 0 passed, 2 failed, of 2 case(s)"),
+        "{t}"
+    );
+    no_panic(&o);
+    // --traps: every case of the manifest (7), each failing the same way.
+    let o = run(&["selftest", "--device", "gpu", "--traps"], &[]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("gpu traps: 0 passed, 7 failed, of 7 case(s)"),
+        "{t}"
+    );
+    no_panic(&o);
+}
+
+#[test]
+fn trap_argument_errors_are_clear() {
+    let o = run(&["selftest", "--device", "gpu", "--trap", "nope"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).contains("no GPU trap case \"nope\"; known: rshmem_trap_bad_pe, "),
+        "{}",
+        text(&o)
+    );
+    let o = run(&["selftest", "--traps"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("add --device gpu"), "{}", text(&o));
+    let o = run(
+        &["selftest", "--device", "gpu", "--traps", "--trap", "bad_pe"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    no_panic(&o);
+}

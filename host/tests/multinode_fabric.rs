@@ -87,12 +87,14 @@ fn bad_proxy_backend_is_refused() {
     assert!(text.contains("RSHMEM_PROXY_BACKEND"), "{text}");
 }
 
-/// The self-test with delivery-complete writes (no flush READs) and the smallest staging
-/// chunk (many WQEs per put/get), 2 processes.
+/// The self-test with delivery-complete writes (no flush READs), the smallest staging
+/// chunk (many WQEs per put/get) and the progress handover off (the engine thread keeps
+/// running rounds while PEs wait), 2 processes.
 #[test]
-fn selftest_over_fabric_delivery_complete_small_chunks() {
+fn selftest_over_fabric_delivery_complete_small_chunks_no_handover() {
     let out = fabric_cmd(&["run", "-n", "2", "--", RSHMEM, "selftest"])
         .env("RSHMEM_FABRIC_DELIVERY", "complete")
+        .env("RSHMEM_ENGINE_HANDOVER", "0")
         .env("RSHMEM_FABRIC_CHUNK", "8K")
         .output()
         .unwrap();
@@ -106,12 +108,13 @@ fn selftest_over_fabric_delivery_complete_small_chunks() {
 }
 
 /// The self-test (quiet, fence, signals, barriers: exact checks) and the put benchmark
-/// (ping-pong payload and a streamed-then-quiet 1 MiB, both verified) with lazy write
-/// confirmation: flush READs only when a completion is needed.
+/// (ping-pong payload and a streamed-then-quiet 1 MiB, both verified) with eager write
+/// confirmation (a flush READ after every write; the default is lazy: flush READs only
+/// when a completion is needed).
 #[test]
-fn selftest_and_bench_over_fabric_lazy_confirmation() {
+fn selftest_and_bench_over_fabric_eager_confirmation() {
     let out = fabric_cmd(&["run", "-n", "3", "--", RSHMEM, "selftest"])
-        .env("RSHMEM_FABRIC_CONFIRM", "lazy")
+        .env("RSHMEM_FABRIC_CONFIRM", "eager")
         .env("RSHMEM_FABRIC_CHUNK", "8K")
         .output()
         .unwrap();
@@ -140,7 +143,7 @@ fn selftest_and_bench_over_fabric_lazy_confirmation() {
         "--iters",
         "200",
     ])
-    .env("RSHMEM_FABRIC_CONFIRM", "lazy")
+    .env("RSHMEM_FABRIC_CONFIRM", "eager")
     .output()
     .unwrap();
     let text =
@@ -165,4 +168,26 @@ fn bad_fabric_chunk_is_refused() {
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("RSHMEM_FABRIC_CHUNK"), "{text}");
+}
+
+/// Bad values of the fabric's switches are refused when the fabric opens, naming the
+/// variable and the values it accepts; nothing runs.
+#[test]
+fn bad_fabric_switches_are_refused() {
+    for (var, value, allowed) in [
+        ("RSHMEM_ENGINE_HANDOVER", "yes", "0, 1"),
+        ("RSHMEM_FABRIC_CONFIRM", "later", "eager, lazy"),
+        ("RSHMEM_FABRIC_DELIVERY", "now", "flush, complete"),
+    ] {
+        let out = fabric_cmd(&["run", "-n", "2", "--", RSHMEM, "selftest"])
+            .env(var, value)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{var}={value} accepted:\n{text}");
+        assert!(text.contains(var) && text.contains(value), "{var}={value}:\n{text}");
+        assert!(text.contains(allowed), "{var}={value}: allowed values not named:\n{text}");
+        assert!(!text.contains("cases passed"), "{var}={value}: the self-test ran:\n{text}");
+    }
 }

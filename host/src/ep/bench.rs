@@ -51,9 +51,15 @@ pub struct EpBenchArgs {
     /// Combine from the zero-copy buffer.
     #[arg(long)]
     pub zero_copy: bool,
-    /// cpu (GPU PEs are not available yet).
+    /// cpu, gpu (GPU PEs as threads of this process on the visible GPU), or auto (gpu
+    /// when a CUDA device is visible, else cpu).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// GPU: instead of timing, run the correctness suite (every output against this CPU
+    /// implementation on identical inputs, hooks, zero-copy, faults, CUDA-graph replay)
+    /// for each --pes count.
+    #[arg(long)]
+    pub check: bool,
     /// Seed of the routing.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -101,6 +107,10 @@ pub struct EpPoint {
     pub deepep_buffer_bytes: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// GPU runs: the device-to-device copy bandwidth and the fractions of it dispatch and
+    /// combine reach (`crate::gpu::ep_bench`).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<crate::gpu::ep_bench::GpuEpStats>,
 }
 
 /// The JSON report: the last point's fields at the top level, all points in `points`.
@@ -113,6 +123,9 @@ pub struct EpReport {
 
 /// Entry point of the CLI: the process exit code.
 pub fn run_cli(a: EpBenchArgs) -> i32 {
+    if a.check {
+        return crate::gpu::ep_bench::check_cli(&a);
+    }
     match run(&a) {
         Ok(None) => 0,
         Ok(Some(rep)) => {
@@ -141,7 +154,7 @@ pub fn run_cli(a: EpBenchArgs) -> i32 {
     }
 }
 
-fn config_of(a: &EpBenchArgs, tokens: usize) -> Config {
+pub(crate) fn config_of(a: &EpBenchArgs, tokens: usize) -> Config {
     Config {
         num_max_dispatch_tokens_per_rank: tokens,
         hidden: a.hidden,
@@ -154,16 +167,28 @@ fn config_of(a: &EpBenchArgs, tokens: usize) -> Config {
 
 /// Runs every point; Some(report) where this process reports.
 pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
-    if a.device == "gpu" {
-        return Err(Error::InvalidArgument(
-            "--device gpu: GPU PEs are not available yet (use --device cpu)".into(),
-        ));
+    let device = match a.device.as_str() {
+        "cpu" | "gpu" => a.device.clone(),
+        "auto" => {
+            if crate::gpu::ep_bench::gpu_present() {
+                "gpu".into()
+            } else {
+                "cpu".into()
+            }
+        }
+        d => {
+            return Err(Error::InvalidArgument(format!(
+                "--device {d}: expected cpu, gpu or auto"
+            )))
+        }
+    };
+    if device == "gpu" {
+        return crate::gpu::ep_bench::run(a).map(Some);
     }
-    if a.device != "cpu" {
-        return Err(Error::InvalidArgument(format!(
-            "--device {}: expected cpu or gpu",
-            a.device
-        )));
+    if a.check {
+        return Err(Error::InvalidArgument(
+            "--check is the GPU correctness suite (--device gpu); CPU runs always validate".into(),
+        ));
     }
     if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
         return Err(Error::InvalidArgument(
@@ -413,10 +438,11 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
         buffer_bytes: layout_bytes,
         deepep_buffer_bytes: Layout::deepep_size_hint(&cfg),
         error: (!errors.is_empty()).then(|| errors.join("; ")),
+        gpu: None,
     }))
 }
 
-fn print(r: &EpReport, json: bool) {
+pub(crate) fn print(r: &EpReport, json: bool) {
     if json {
         match serde_json::to_string(r) {
             Ok(s) => println!("{s}"),
@@ -426,8 +452,9 @@ fn print(r: &EpReport, json: bool) {
     }
     let p0 = &r.points[0];
     println!(
-        "rshmem bench ep: device cpu, H={} K={} E={} {}{}{}, {} iterations after {} warm-up; \
+        "rshmem bench ep: device {}, H={} K={} E={} {}{}{}, {} iterations after {} warm-up; \
          latency = slowest PE per iteration",
+        p0.device,
         p0.hidden,
         p0.topk,
         p0.experts,
@@ -488,6 +515,23 @@ fn print(r: &EpReport, json: bool) {
         p0.dispatch_bytes_per_pe,
         p0.combine_bytes_per_pe
     );
+    for p in &r.points {
+        if let Some(g) = &p.gpu {
+            println!(
+                "GPU {} ({} PEs): device-to-device copy {:.1} GB/s (copied; {:.1} GB/s read + \
+                 written); dispatch {:.1} GB/s read + written = {:.2} of copy, combine {:.1} GB/s \
+                 = {:.2} of copy (target >= 0.60 each)",
+                g.gpu,
+                p.pes,
+                g.copy_gbps,
+                2.0 * g.copy_gbps,
+                g.dispatch_rw_gbps,
+                g.dispatch_copy_fraction,
+                g.combine_rw_gbps,
+                g.combine_copy_fraction
+            );
+        }
+    }
 }
 
 const FONTS: [&str; 3] = [
@@ -525,7 +569,8 @@ fn plot(points: &[EpPoint], path: &std::path::Path) -> std::result::Result<(), S
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let p0 = &points[0];
     let title = format!(
-        "rshmem EP (CPU PEs): H={} K={} E={} {}",
+        "rshmem EP ({} PEs): H={} K={} E={} {}",
+        p0.device.to_uppercase(),
         p0.hidden,
         p0.topk,
         p0.experts,

@@ -242,6 +242,40 @@ pub struct Handle {
     row_k: Vec<i32>,
 }
 
+impl Handle {
+    /// A handle for dispatch outputs made elsewhere (the GPU launcher,
+    /// `crate::gpu::ep`), so they can go through the same checks ([`check`]). A CPU
+    /// [`Buffer`] refuses it in combine (no buffer has id 0).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn detached(
+        call: u64,
+        num_tokens: usize,
+        cfg: &Config,
+        src_info: Vec<i32>,
+        layout_range: Vec<i64>,
+        recv_count: Vec<i32>,
+        row_k: Vec<i32>,
+    ) -> Handle {
+        Handle {
+            buffer_id: 0,
+            call,
+            num_tokens,
+            num_max_dispatch_tokens_per_rank: cfg.num_max_dispatch_tokens_per_rank,
+            hidden: cfg.hidden,
+            num_experts: cfg.num_experts,
+            src_info,
+            layout_range,
+            recv_count,
+            row_k,
+        }
+    }
+
+    /// `[L, R*N]`: the top-k slot of each received row on its source PE.
+    pub fn row_k(&self) -> &[i32] {
+        &self.row_k
+    }
+}
+
 /// Immutable state shared by a buffer and its hooks.
 struct Shared {
     id: u64,
@@ -284,8 +318,8 @@ pub struct Buffer<'p> {
 
 static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
-const POISON: u64 = 1 << 31;
-const COUNT_MASK: u64 = 0xff_ffff;
+pub(crate) const POISON: u64 = 1 << 31;
+pub(crate) const COUNT_MASK: u64 = 0xff_ffff;
 /// In a dispatch count word or a combine flag without POISON: the direct path. Dispatch:
 /// only the message headers were written; the receiver copies each payload from the
 /// sender's `dispatch_send`. Combine: the rows are in the owner's `combine_send`, to be
@@ -294,7 +328,7 @@ const DIRECT: u64 = 1 << 30;
 
 /// Why a PE's own input made it poison a call; travels as `code << 24 | value`.
 #[derive(Debug, Clone, Copy)]
-enum Fault {
+pub(crate) enum Fault {
     TooManyTokens(u64),
     BadExpert(u64),
     Shape,
@@ -302,7 +336,7 @@ enum Fault {
 }
 
 impl Fault {
-    fn encode(self) -> u64 {
+    pub(crate) fn encode(self) -> u64 {
         let (c, v) = match self {
             Fault::TooManyTokens(t) => (1, t),
             Fault::BadExpert(i) => (2, i),
@@ -311,7 +345,7 @@ impl Fault {
         };
         POISON | c << 24 | v.min(COUNT_MASK)
     }
-    fn describe(low: u64, cfg: &Config) -> String {
+    pub(crate) fn describe(low: u64, cfg: &Config) -> String {
         let v = low & COUNT_MASK;
         match (low >> 24) & 0x7f {
             1 => format!(
@@ -919,9 +953,10 @@ impl<'p> Buffer<'p> {
                 let low = match &fault {
                     Some((f, _)) => f.encode(),
                     // Direct (read by the source) only with zero copy: without it the rows
-                    // must be copied once anyway, and putting them into the source's
-                    // combine_recv, where its sum reads them sequentially, measured faster
-                    // than copying them into our combine_send for the source to read.
+                    // must be copied once anyway, and streaming them into the source's
+                    // combine_recv (below), where its sum reads them sequentially, measured
+                    // as fast or faster than copying them into our combine_send for the
+                    // source to read (A/B, 2026-12-02 15:53 UTC, docs/ep.md).
                     None if zero_copy && sh.peer_main[s].is_some() => {
                         let Some(pull) = sh.peer_pull[s] else {
                             unreachable!("peer_main and peer_pull are set together")
@@ -930,22 +965,6 @@ impl<'p> Buffer<'p> {
                         for le in 0..l {
                             let lr = handle.layout_range[le * r + s];
                             let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
-                            if !zero_copy && count > 0 {
-                                let src = &expert_out[(le * rows + begin) * h..][..count * h];
-                                let to = sh.local + lay.combine_send_row(set, le, begin);
-                                // SAFETY: rows [begin, begin+count) of local expert le in our
-                                // own combine_send of this set (in bounds: begin + count <=
-                                // R*N from dispatch); peers read them only after the flag
-                                // below, and no peer still reads call seq - 2's rows
-                                // (start_call waited for their credits).
-                                unsafe {
-                                    std::ptr::copy_nonoverlapping(
-                                        src.as_ptr().cast::<u8>(),
-                                        to as *mut u8,
-                                        count * h * 2,
-                                    )
-                                };
-                            }
                             let word = pull + lay.pull_range_word(set, sh.me, le);
                             // SAFETY: an 8-aligned word of PE s's pull area, mapped here
                             // (p2p); only this PE writes it, and PE s reads it after the
@@ -960,6 +979,11 @@ impl<'p> Buffer<'p> {
                     }
                     None => {
                         let mut sent_rows = 0u64;
+                        // Node-local peer without zero copy: the rows are copied straight
+                        // into its combine_recv with streaming stores (no read of the
+                        // destination lines, no eviction of ours): combine 14.5-15.4 ms ->
+                        // 10.8-12.7 ms at 4 PEs, H=7168, K=8 (docs/ep.md, 15:53 UTC).
+                        let stream_to = sh.peer_main[s].filter(|_| !zero_copy);
                         for le in 0..l {
                             let lr = handle.layout_range[le * r + s];
                             let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
@@ -968,7 +992,20 @@ impl<'p> Buffer<'p> {
                                 let (t, kk) =
                                     (handle.src_info[row] as usize, handle.row_k[row] as usize);
                                 let to = sh.sym(lay.combine_recv_row(set, t, kk), h * 2);
-                                if zero_copy {
+                                if let Some(peer) = stream_to {
+                                    let src = bf16_bits(&expert_out[row * h..(row + 1) * h]);
+                                    // SAFETY: a row of PE s's combine_recv (this set, token t,
+                                    // slot kk: in bounds by the layout), mapped here (p2p);
+                                    // PE s reads it only after our flag below, and no longer
+                                    // for call seq - 2 (start_call waited for its credit).
+                                    unsafe {
+                                        reduce::copy_streaming(
+                                            (peer + lay.combine_recv_row(set, t, kk)) as *mut u8,
+                                            src.as_ptr().cast(),
+                                            h * 2,
+                                        )
+                                    };
+                                } else if zero_copy {
                                     // SAFETY: our own combine send area; only this PE
                                     // writes it and the caller's borrow has ended.
                                     let src = unsafe {
@@ -982,6 +1019,11 @@ impl<'p> Buffer<'p> {
                                 }
                                 sent_rows += 1;
                             }
+                        }
+                        if stream_to.is_some() {
+                            // The streaming stores are weakly ordered: drain them before
+                            // the flag's Release store below publishes the rows.
+                            reduce::store_fence();
                         }
                         sent_rows
                     }
@@ -1392,10 +1434,12 @@ impl CombineHook<'_> {
         }
         if problem.is_none() {
             let direct = |p: usize| flags[p] & DIRECT != 0;
-            let mut acc = vec![0f32; h];
             let mut next = vec![0usize; cfg.num_experts];
+            let mut rows: Vec<&[u16]> = Vec::with_capacity(k);
+            let mut weights: Vec<f32> = Vec::with_capacity(k);
             for t in 0..self.num_tokens {
-                acc.iter_mut().for_each(|a| *a = 0.0);
+                rows.clear();
+                weights.clear();
                 for kk in 0..k {
                     let e = self.topk_idx[t * k + kk];
                     if !owner_ok(e) {
@@ -1420,9 +1464,11 @@ impl CombineHook<'_> {
                     // write it again until we release the set. Rows are 64-byte aligned
                     // (H*2-byte rows from a 64-aligned region start), so u16 is aligned.
                     let row = unsafe { std::slice::from_raw_parts(addr as *const u16, h) };
-                    reduce::accumulate(&mut acc, row, w);
+                    rows.push(row);
+                    weights.push(w);
                 }
-                reduce::round_to_bf16(&mut out[t * h..(t + 1) * h], &acc);
+                // In k order, f32, rounded once: bit-identical to the GPU kernels' sum.
+                reduce::weighted_sum_to_bf16(&mut out[t * h..(t + 1) * h], &rows, &weights);
             }
         }
         sh.release(self.pe, self.seq, &self.masked)?;

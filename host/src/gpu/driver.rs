@@ -72,6 +72,16 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemSetAccess",
     "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle",
+    // EP: CUDA graphs of LL calls (gpu/ep.rs) and the bench's start gate (gpu/ep_bench.rs).
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
+    "cuStreamWaitValue32_v2",
+    "cuStreamWriteValue32_v2",
+    "cuEventQuery",
 ];
 
 /// NVRTC entry points rshmem calls.

@@ -18,6 +18,8 @@
 //! GPU (docs/gpu-results.md).
 
 pub mod driver;
+pub mod ep;
+pub mod ep_bench;
 pub mod fdpass;
 pub mod harness;
 pub mod heap;
@@ -29,6 +31,7 @@ pub mod module;
 pub mod pe;
 pub mod runner;
 pub mod state;
+pub mod traps;
 
 pub use pe::{run_gpu_threads, GpuPe};
 

@@ -179,8 +179,8 @@ pub trait Backend: Send + 'static {
     }
 
     /// Whether the engine thread parks while a thread drives ([`super::Waker`]'s progress
-    /// handover; needs [`Backend::callers_drive`]). Off by default: opt-in with
-    /// `RSHMEM_ENGINE_HANDOVER=1` for the FabricBackend (docs/multinode.md).
+    /// handover; needs [`Backend::callers_drive`]). False here; the FabricBackend says yes
+    /// unless `RSHMEM_ENGINE_HANDOVER=0` (docs/multinode.md).
     fn handover(&self) -> bool {
         false
     }

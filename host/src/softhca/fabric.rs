@@ -117,12 +117,14 @@ pub struct FabricBackend {
     /// Per peer (by address): writes locally complete, awaiting a flush; and whether a
     /// flush READ is in flight.
     unflushed: std::collections::HashMap<u64, (Target, Vec<u32>, bool)>,
-    /// `RSHMEM_FABRIC_CONFIRM=lazy`: post flush READs only when a completion is needed
+    /// Lazy confirmation (default; `RSHMEM_FABRIC_CONFIRM=eager` turns it off): post flush
+    /// READs only when a completion is needed
     /// ([`Backend::set_urgent`]) or [`LAZY_LIMIT`] writes wait, instead of every round.
     lazy: bool,
     /// Some thread waits for a completion, or the engine holds WQEs back.
     urgent: bool,
-    /// `RSHMEM_ENGINE_HANDOVER=1`: the engine thread parks while a PE drives.
+    /// The engine thread parks while a PE drives (default; `RSHMEM_ENGINE_HANDOVER=0` turns
+    /// it off).
     handover: bool,
     /// Writes locally complete and not yet covered by a flush READ posted.
     unflushed_n: usize,
@@ -210,6 +212,24 @@ fn map_atomic(op: &AtomicOp) -> Option<(AtomicType, FabricAtomic)> {
     })
 }
 
+/// The value of `var` when it is one of `allowed`, `default` when unset; anything else
+/// is an [`Error::Env`] naming the allowed values.
+fn env_choice(var: &str, allowed: &[&'static str], default: &'static str) -> Result<&'static str> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(default),
+        Ok(v) => allowed.iter().copied().find(|a| *a == v).ok_or_else(|| Error::Env {
+            var: var.to_string(),
+            value: v,
+            reason: format!("expected one of: {}", allowed.join(", ")),
+        }),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::Env {
+            var: var.to_string(),
+            value: v.to_string_lossy().into_owned(),
+            reason: "not valid UTF-8".into(),
+        }),
+    }
+}
+
 impl FabricBackend {
     /// Opens the provider chosen by `RSHMEM_FABRIC_PROVIDER` (or the first that fits),
     /// a domain and one endpoint. Fails with `Error::LibraryMissing` (naming libfabric1)
@@ -219,16 +239,21 @@ impl FabricBackend {
         let domain = fabric.domain()?;
         // RSHMEM_FABRIC_DELIVERY=complete asks the provider for delivery-complete writes
         // instead of flushing with READs (slower on tcp;ofi_rxm, see docs/multinode.md).
-        let want_dc = std::env::var("RSHMEM_FABRIC_DELIVERY").is_ok_and(|v| v == "complete");
+        let want_dc = env_choice("RSHMEM_FABRIC_DELIVERY", &["flush", "complete"], "flush")?
+            == "complete";
         let ep = Endpoint::with_completion(&domain, want_dc)?;
         let bounce = domain.alloc(BOUNCE * BOUNCE_SLOTS)?;
-        let lazy = std::env::var("RSHMEM_FABRIC_CONFIRM").is_ok_and(|v| v == "lazy");
+        // Lazy by default since 2026-12-02: with the handover it halves the 8 B put latency
+        // across namespaces (docs/multinode.md, "Defaults").
+        let lazy = env_choice("RSHMEM_FABRIC_CONFIRM", &["eager", "lazy"], "lazy")? == "lazy";
+        // On by default since 2026-12-02 (docs/multinode.md, "Progress handover").
+        let handover = env_choice("RSHMEM_ENGINE_HANDOVER", &["0", "1"], "1")? == "1";
         Ok(FabricBackend {
             dc: ep.delivery_complete(),
             unflushed: std::collections::HashMap::new(),
             lazy,
             urgent: false,
-            handover: std::env::var("RSHMEM_ENGINE_HANDOVER").is_ok_and(|v| v == "1"),
+            handover,
             unflushed_n: 0,
             ep,
             regions: Arc::new(Mutex::new(Vec::new())),

@@ -1,0 +1,2144 @@
+//! The launcher of the GPU EP kernels (`device-kernels/src/ep_ll.cu` → `ptx/ep_ll.ptx`):
+//! [`GpuBuffer`], DeepEP-style low-latency dispatch and combine on GPU PEs.
+//!
+//! Owns: the `#[repr(C)]` mirrors of `rshmem/ep/ll.cuh` ([`LlArgs`], [`LlStatus`],
+//! [`LlCtl`]; checked against the C++ compiler by host/tests/ep_gpu_abi.rs), the choice of
+//! kernel per (hidden size, format), argument packing, the per-buffer device control block
+//! and output tensors, the mapping of the kernels' status records to the CPU
+//! implementation's errors, and CUDA-graph capture/replay of whole LL calls.
+//! Must not: compute buffer offsets itself ([`crate::ep::Layout`] is the one source, and
+//! `rshmem/ep/layout.cuh` is tested equal to it), or synchronise with the host inside
+//! [`GpuBuffer::low_latency_dispatch`] / [`GpuBuffer::low_latency_combine`] (they only
+//! enqueue kernels on the PE's stream; results are read with the `read_*` calls, which
+//! wait for the stream).
+//!
+//! Semantics are the CPU implementation's ([`crate::ep`], the oracle): same layout, same
+//! signal words, same numerics. Differences (docs/ep.md "GPU kernels"): `(expert, source)`
+//! blocks of `recv_x` are in source order (deterministic; CPU: arrival order), and the
+//! outputs live in device memory owned by the buffer, one set per buffer set, so a dispatch
+//! handle stays valid until the next dispatch on the same set (call number + 2); a stale
+//! handle is refused.
+//!
+//! Every CUDA path here is unverified until scripts/gpu-check has run on a GPU.
+
+use super::driver::ck;
+use super::module::{Ctx, Module};
+use super::pe::{DevBuf, GpuPe};
+use crate::ep::{bf16, Config, DispatchOutput, Fault, Handle, Layout, RecvX};
+use crate::error::{Error, Result};
+use crate::types::SymPtr;
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::mem::{offset_of, size_of};
+use std::sync::Arc;
+
+/// The library module holding the kernels.
+pub const MODULE: &str = "ep_ll";
+/// `EP_LL_THREADS`: threads per block of every EP kernel.
+pub const THREADS: u32 = 512;
+/// `EP_LL_MAX_PES`.
+pub const MAX_PES: usize = 1024;
+/// `EP_LL_MAX_LOCAL_EXPERTS`.
+pub const MAX_LOCAL_EXPERTS: usize = 1024;
+/// Hidden sizes with compiled kernels (ep_ll.cu's `EP_LL_INSTANCES`).
+pub const HIDDEN_SIZES: [usize; 6] = [2048, 2560, 4096, 5120, 7168, 8192];
+
+/// `EP_LL_IDX_I32`.
+pub const FLAG_IDX_I32: u32 = 0x1;
+/// `EP_LL_ROUND_SCALE`.
+pub const FLAG_ROUND_SCALE: u32 = 0x2;
+/// `EP_LL_FP8_BUFFER`.
+pub const FLAG_FP8_BUFFER: u32 = 0x4;
+
+pub const STATUS_NONE: u32 = 0;
+pub const STATUS_DISPATCH_INPUT: u32 = 1;
+pub const STATUS_DISPATCH_PEER: u32 = 2;
+pub const STATUS_DISPATCH_CORRUPT: u32 = 3;
+pub const STATUS_COMBINE_INPUT: u32 = 4;
+pub const STATUS_COMBINE_PEER: u32 = 5;
+pub const STATUS_COMBINE_ROWS: u32 = 6;
+/// `EP_LL_DEVICE_ERR_CONFIG`: the device error code of an inconsistent EP launch.
+pub const DEVICE_ERR_CONFIG: u32 = 0x4550_0001;
+
+/// `ep_ll_args_t`: the argument block every EP kernel takes by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LlArgs {
+    pub buf: u64,
+    pub ctl: u64,
+    pub mask: u64,
+    pub x: u64,
+    pub topk_idx: u64,
+    pub topk_weights: u64,
+    pub out: u64,
+    pub recv_scales: u64,
+    pub recv_count: u64,
+    pub src_info: u64,
+    pub recv_topk_slot: u64,
+    pub layout_range: u64,
+    pub num_tokens: u32,
+    pub num_max_tokens: u32,
+    pub num_experts: u32,
+    pub num_topk: u32,
+    pub set: u32,
+    pub flags: u32,
+    pub fault: u32,
+    pub reserved: u32,
+}
+
+/// `ep_ll_status_t`: what went wrong in the last call on a set.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LlStatus {
+    pub claim: u64,
+    pub commit: u64,
+    pub kind: u32,
+    pub peer: i32,
+    pub value: u64,
+    pub expected: u64,
+    pub reserved: u64,
+}
+
+/// `ep_ll_ctl_t`: the per-buffer control block in the PE's device memory.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct LlCtl {
+    pub set_calls: [u64; 2],
+    pub status: [LlStatus; 2],
+    pub grid_done: [[u32; 4]; 2],
+    pub dest_done: [[[u32; MAX_PES]; 2]; 2],
+}
+
+// The static_asserts of ll.cuh, repeated here (the C++ oracle test checks every field).
+const _: () = assert!(size_of::<LlArgs>() == 128);
+const _: () = assert!(offset_of!(LlArgs, num_tokens) == 96);
+const _: () = assert!(offset_of!(LlArgs, fault) == 120);
+const _: () = assert!(size_of::<LlStatus>() == 48);
+const _: () = assert!(offset_of!(LlCtl, status) == 16);
+const _: () = assert!(offset_of!(LlCtl, grid_done) == 112);
+const _: () = assert!(offset_of!(LlCtl, dest_done) == 144);
+const _: () = assert!(size_of::<LlCtl>() == 144 + 2 * 2 * MAX_PES * 4);
+
+/// (name, value) of every size and offset mirrored here, named as the C++ oracle prints
+/// them (`sizeof.T`, `T.field`).
+pub fn layout_table() -> Vec<(&'static str, usize)> {
+    vec![
+        ("sizeof.ep_ll_args_t", size_of::<LlArgs>()),
+        ("ep_ll_args_t.buf", offset_of!(LlArgs, buf)),
+        ("ep_ll_args_t.ctl", offset_of!(LlArgs, ctl)),
+        ("ep_ll_args_t.mask", offset_of!(LlArgs, mask)),
+        ("ep_ll_args_t.x", offset_of!(LlArgs, x)),
+        ("ep_ll_args_t.topk_idx", offset_of!(LlArgs, topk_idx)),
+        (
+            "ep_ll_args_t.topk_weights",
+            offset_of!(LlArgs, topk_weights),
+        ),
+        ("ep_ll_args_t.out", offset_of!(LlArgs, out)),
+        ("ep_ll_args_t.recv_scales", offset_of!(LlArgs, recv_scales)),
+        ("ep_ll_args_t.recv_count", offset_of!(LlArgs, recv_count)),
+        ("ep_ll_args_t.src_info", offset_of!(LlArgs, src_info)),
+        (
+            "ep_ll_args_t.recv_topk_slot",
+            offset_of!(LlArgs, recv_topk_slot),
+        ),
+        (
+            "ep_ll_args_t.layout_range",
+            offset_of!(LlArgs, layout_range),
+        ),
+        ("ep_ll_args_t.num_tokens", offset_of!(LlArgs, num_tokens)),
+        (
+            "ep_ll_args_t.num_max_tokens",
+            offset_of!(LlArgs, num_max_tokens),
+        ),
+        ("ep_ll_args_t.num_experts", offset_of!(LlArgs, num_experts)),
+        ("ep_ll_args_t.num_topk", offset_of!(LlArgs, num_topk)),
+        ("ep_ll_args_t.set", offset_of!(LlArgs, set)),
+        ("ep_ll_args_t.flags", offset_of!(LlArgs, flags)),
+        ("ep_ll_args_t.fault", offset_of!(LlArgs, fault)),
+        ("ep_ll_args_t.reserved", offset_of!(LlArgs, reserved)),
+        ("sizeof.ep_ll_status_t", size_of::<LlStatus>()),
+        ("ep_ll_status_t.claim", offset_of!(LlStatus, claim)),
+        ("ep_ll_status_t.commit", offset_of!(LlStatus, commit)),
+        ("ep_ll_status_t.kind", offset_of!(LlStatus, kind)),
+        ("ep_ll_status_t.peer", offset_of!(LlStatus, peer)),
+        ("ep_ll_status_t.value", offset_of!(LlStatus, value)),
+        ("ep_ll_status_t.expected", offset_of!(LlStatus, expected)),
+        ("ep_ll_status_t.reserved", offset_of!(LlStatus, reserved)),
+        ("sizeof.ep_ll_ctl_t", size_of::<LlCtl>()),
+        ("ep_ll_ctl_t.set_calls", offset_of!(LlCtl, set_calls)),
+        ("ep_ll_ctl_t.status", offset_of!(LlCtl, status)),
+        ("ep_ll_ctl_t.grid_done", offset_of!(LlCtl, grid_done)),
+        ("ep_ll_ctl_t.dest_done", offset_of!(LlCtl, dest_done)),
+    ]
+}
+
+/// (name, value) of the constants of ll.cuh and layout.cuh that the launcher relies on.
+pub fn constant_table() -> Vec<(&'static str, u64)> {
+    vec![
+        ("EP_LL_THREADS", THREADS as u64),
+        ("EP_LL_MAX_PES", MAX_PES as u64),
+        ("EP_LL_MAX_LOCAL_EXPERTS", MAX_LOCAL_EXPERTS as u64),
+        ("EP_LL_IDX_I32", FLAG_IDX_I32 as u64),
+        ("EP_LL_ROUND_SCALE", FLAG_ROUND_SCALE as u64),
+        ("EP_LL_FP8_BUFFER", FLAG_FP8_BUFFER as u64),
+        ("EP_LL_STATUS_NONE", STATUS_NONE as u64),
+        ("EP_LL_STATUS_DISPATCH_INPUT", STATUS_DISPATCH_INPUT as u64),
+        ("EP_LL_STATUS_DISPATCH_PEER", STATUS_DISPATCH_PEER as u64),
+        (
+            "EP_LL_STATUS_DISPATCH_CORRUPT",
+            STATUS_DISPATCH_CORRUPT as u64,
+        ),
+        ("EP_LL_STATUS_COMBINE_INPUT", STATUS_COMBINE_INPUT as u64),
+        ("EP_LL_STATUS_COMBINE_PEER", STATUS_COMBINE_PEER as u64),
+        ("EP_LL_STATUS_COMBINE_ROWS", STATUS_COMBINE_ROWS as u64),
+        ("EP_LL_DEVICE_ERR_CONFIG", DEVICE_ERR_CONFIG as u64),
+        ("EP_LL_DISPATCH_SEND", Kernel::DispatchSend as u64),
+        ("EP_LL_DISPATCH_RECV", Kernel::DispatchRecv as u64),
+        ("EP_LL_COMBINE_SEND", Kernel::CombineSend as u64),
+        ("EP_LL_COMBINE_RECV", Kernel::CombineRecv as u64),
+        ("EP_REGION_ALIGN", crate::ep::layout::REGION_ALIGN as u64),
+        ("EP_HEADER_BYTES", crate::ep::layout::HEADER_BYTES as u64),
+        ("EP_MAX_TOPK", crate::ep::MAX_TOPK as u64),
+        (
+            "EP_MAX_TOKENS_PER_RANK",
+            crate::ep::MAX_TOKENS_PER_RANK as u64,
+        ),
+        ("EP_POISON", crate::ep::POISON),
+        ("EP_COUNT_MASK", crate::ep::COUNT_MASK),
+    ]
+}
+
+/// The four kernels of an LL call pair (values = ll.cuh's kernel kinds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    DispatchSend = 0,
+    DispatchRecv = 1,
+    CombineSend = 2,
+    CombineRecv = 3,
+}
+
+/// The name of `kind`'s instance for `hidden` and the dispatch format, or a clear error
+/// when no instance is compiled for that hidden size.
+pub fn kernel_name(kind: Kernel, hidden: usize, fp8: bool) -> Result<String> {
+    if !HIDDEN_SIZES.contains(&hidden) {
+        return Err(unsupported_hidden(hidden));
+    }
+    let f = if fp8 { "fp8" } else { "bf16" };
+    Ok(match kind {
+        Kernel::DispatchSend => format!("ep_ll_dispatch_send_h{hidden}_{f}"),
+        Kernel::DispatchRecv => format!("ep_ll_dispatch_recv_h{hidden}_{f}"),
+        Kernel::CombineSend => format!("ep_ll_combine_send_h{hidden}"),
+        Kernel::CombineRecv => format!("ep_ll_combine_recv_h{hidden}"),
+    })
+}
+
+fn unsupported_hidden(hidden: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "ep on GPU PEs: hidden size {hidden} has no GPU kernel (ptx/ep_ll.ptx is compiled for \
+         hidden = {}); use one of these, or CPU PEs (--device cpu), which take any hidden size",
+        HIDDEN_SIZES.map(|h| h.to_string()).join(", ")
+    ))
+}
+
+/// Checks `cfg` for GPU PEs (everything [`Config::validate`] checks, plus the kernels'
+/// limits) and returns its layout.
+pub fn check_config(cfg: &Config, num_pes: usize) -> Result<Layout> {
+    let layout = Layout::new(cfg, num_pes)?;
+    if !HIDDEN_SIZES.contains(&cfg.hidden) {
+        return Err(unsupported_hidden(cfg.hidden));
+    }
+    if num_pes > MAX_PES {
+        return Err(Error::InvalidArgument(format!(
+            "ep on GPU PEs: {num_pes} PEs, the kernels support at most {MAX_PES}"
+        )));
+    }
+    if layout.num_local_experts > MAX_LOCAL_EXPERTS {
+        return Err(Error::InvalidArgument(format!(
+            "ep on GPU PEs: {} local experts per PE (E = {} / {num_pes} PEs), the kernels \
+             support at most {MAX_LOCAL_EXPERTS}",
+            layout.num_local_experts, cfg.num_experts
+        )));
+    }
+    if cfg.num_experts > u32::MAX as usize {
+        return Err(Error::InvalidArgument(format!(
+            "ep on GPU PEs: num_experts {} does not fit the kernels' 32-bit argument",
+            cfg.num_experts
+        )));
+    }
+    Ok(layout)
+}
+
+/// Element type of a device `topk_idx` tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdxType {
+    I64,
+    I32,
+}
+
+impl IdxType {
+    pub fn bytes(self) -> u64 {
+        match self {
+            IdxType::I64 => 8,
+            IdxType::I32 => 4,
+        }
+    }
+}
+
+/// Device addresses of one buffer set's outputs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutPtrs {
+    pub recv_x: u64,
+    pub recv_scales: u64,
+    pub recv_count: u64,
+    pub src_info: u64,
+    pub recv_topk_slot: u64,
+    pub layout_range: u64,
+    pub combined: u64,
+}
+
+/// What every argument block of a buffer shares.
+#[derive(Debug, Clone, Copy)]
+pub struct ArgBase {
+    /// Heap offset of the EP allocation.
+    pub buf: u64,
+    pub ctl: u64,
+    pub mask: u64,
+    pub num_max_tokens: u32,
+    pub num_experts: u32,
+    pub num_topk: u32,
+    pub fp8: bool,
+    pub round_scale: bool,
+}
+
+impl ArgBase {
+    fn common(&self, set: usize, idx_type: IdxType, topk_idx: u64, num_tokens: usize) -> LlArgs {
+        let mut flags = 0;
+        if idx_type == IdxType::I32 {
+            flags |= FLAG_IDX_I32;
+        }
+        if self.round_scale {
+            flags |= FLAG_ROUND_SCALE;
+        }
+        if self.fp8 {
+            flags |= FLAG_FP8_BUFFER;
+        }
+        LlArgs {
+            buf: self.buf,
+            ctl: self.ctl,
+            mask: self.mask,
+            topk_idx,
+            num_tokens: num_tokens.min(u32::MAX as usize) as u32,
+            num_max_tokens: self.num_max_tokens,
+            num_experts: self.num_experts,
+            num_topk: self.num_topk,
+            set: set as u32,
+            flags,
+            ..LlArgs::default()
+        }
+    }
+
+    /// The arguments of a dispatch's two kernels. `fault` is a host-detected input fault
+    /// (the CPU's `Fault::encode`, low 32 bits), 0 for none.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch(
+        &self,
+        set: usize,
+        out: &OutPtrs,
+        x: u64,
+        topk_idx: u64,
+        idx_type: IdxType,
+        num_tokens: usize,
+        fault: u64,
+    ) -> LlArgs {
+        LlArgs {
+            x,
+            out: out.recv_x,
+            recv_scales: if self.fp8 { out.recv_scales } else { 0 },
+            recv_count: out.recv_count,
+            src_info: out.src_info,
+            recv_topk_slot: out.recv_topk_slot,
+            layout_range: out.layout_range,
+            fault: (fault & 0xffff_ffff) as u32,
+            ..self.common(set, idx_type, topk_idx, num_tokens)
+        }
+    }
+
+    /// The arguments of a combine's two kernels: `expert_out` = `[L, R*N, H]` bf16 (or the
+    /// zero-copy region), `handle_out` = the dispatch's outputs (its `src_info`,
+    /// `recv_topk_slot`, `layout_range`), `combined` = `[T, H]` bf16.
+    #[allow(clippy::too_many_arguments)]
+    pub fn combine(
+        &self,
+        set: usize,
+        handle_out: &OutPtrs,
+        combined: u64,
+        expert_out: u64,
+        topk_idx: u64,
+        idx_type: IdxType,
+        topk_weights: u64,
+        num_tokens: usize,
+        fault: u64,
+    ) -> LlArgs {
+        LlArgs {
+            x: expert_out,
+            topk_weights,
+            out: combined,
+            src_info: handle_out.src_info,
+            recv_topk_slot: handle_out.recv_topk_slot,
+            layout_range: handle_out.layout_range,
+            fault: (fault & 0xffff_ffff) as u32,
+            ..self.common(set, idx_type, topk_idx, num_tokens)
+        }
+    }
+}
+
+/// The error for a status record of call `call` (None when the record does not belong to
+/// that call or reports nothing): the CPU implementation's errors for the same faults.
+pub fn status_error(st: &LlStatus, cfg: &Config, me: usize, call: u64) -> Option<Error> {
+    if st.commit != call + 1 || st.kind == STATUS_NONE {
+        return None;
+    }
+    let op = match st.kind {
+        STATUS_DISPATCH_INPUT | STATUS_DISPATCH_PEER | STATUS_DISPATCH_CORRUPT => {
+            "low_latency_dispatch"
+        }
+        _ => "low_latency_combine",
+    };
+    let peer = st.peer.max(0) as usize;
+    Some(match st.kind {
+        STATUS_DISPATCH_INPUT | STATUS_COMBINE_INPUT => Error::InvalidArgument(format!(
+            "{op} (LL call #{call}) on PE {me}: this PE's input is invalid: {}",
+            Fault::describe(st.value, cfg)
+        )),
+        STATUS_DISPATCH_PEER | STATUS_COMBINE_PEER => Error::EpPeerFailed {
+            pe: me,
+            op,
+            call,
+            peer,
+            reason: Fault::describe(st.value, cfg),
+        },
+        STATUS_DISPATCH_CORRUPT => Error::Verification(format!(
+            "{op} (LL call #{call}) on PE {me}: PE {peer} announced {} tokens, beyond its \
+             receive area",
+            st.value
+        )),
+        STATUS_COMBINE_ROWS => Error::Verification(format!(
+            "{op} (LL call #{call}) on PE {me}: PE {peer} returned {} rows, this PE's routing \
+             sent {} tokens to its experts (do all PEs combine the same dispatch?)",
+            st.value, st.expected
+        )),
+        k => Error::Verification(format!(
+            "{op} (LL call #{call}) on PE {me}: unknown status kind {k} from the kernels"
+        )),
+    })
+}
+
+/// Whether the buffer can take another call on `set`: the host's rule of at most one
+/// call per set between a send kernel and its receive kernel.
+fn check_pending(pending: &[Option<u64>; 2], set: usize, seq: u64, op: &str) -> Result<()> {
+    match pending[set] {
+        Some(p) => Err(Error::InvalidArgument(format!(
+            "{op}: LL call #{p} on buffer set {set} has not been received yet: run its receive \
+             hook before starting call #{seq} (at most two calls in flight)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Per buffer set: output tensors in device memory, and which calls they hold.
+struct SetOut {
+    recv_x: DevBuf,
+    recv_scales: Option<DevBuf>,
+    recv_count: DevBuf,
+    src_info: DevBuf,
+    recv_topk_slot: DevBuf,
+    layout_range: DevBuf,
+    combined: DevBuf,
+}
+
+impl SetOut {
+    fn ptrs(&self) -> OutPtrs {
+        OutPtrs {
+            recv_x: self.recv_x.ptr(),
+            recv_scales: self.recv_scales.as_ref().map_or(0, |b| b.ptr()),
+            recv_count: self.recv_count.ptr(),
+            src_info: self.src_info.ptr(),
+            recv_topk_slot: self.recv_topk_slot.ptr(),
+            layout_range: self.layout_range.ptr(),
+            combined: self.combined.ptr(),
+        }
+    }
+}
+
+/// A dispatch in flight: what combine needs, and (with a receive hook) the pending half.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuHandle {
+    /// LL call number of the dispatch.
+    pub call: u64,
+    /// T of this PE's dispatch.
+    pub num_tokens: usize,
+    /// Whether its receive kernel still has to be enqueued ([`GpuBuffer::recv_hook`]).
+    pub hook_pending: bool,
+}
+
+/// A combine in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuCombine {
+    pub call: u64,
+    pub num_tokens: usize,
+    pub hook_pending: bool,
+}
+
+/// One call a graph replay made (returned by [`GpuBuffer::replay`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replayed {
+    Dispatch(GpuHandle),
+    Combine(GpuCombine),
+}
+
+#[derive(Debug, Clone)]
+enum Recorded {
+    Dispatch {
+        offset: u64,
+        tokens: usize,
+        err: Option<String>,
+    },
+    Combine {
+        offset: u64,
+        tokens: usize,
+        err: Option<String>,
+    },
+}
+
+/// A call's record: its number, T, and the host-detected error every PE was told about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rec {
+    call: u64,
+    tokens: usize,
+    err: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Dispatch,
+    Combine,
+}
+
+/// The host's bookkeeping of a buffer's LL calls (pure; unit-tested): the call counter,
+/// the receive hooks pending per set, which call's outputs each set holds, the zero-copy
+/// request, and the calls made while a CUDA graph is captured.
+#[derive(Debug, Clone, Default)]
+struct Book {
+    seq: u64,
+    /// Per set: (call, receive kernel) whose receive hook has not run.
+    pending: [Option<(u64, Kernel)>; 2],
+    dispatch: [Option<Rec>; 2],
+    combine: [Option<Rec>; 2],
+    zero_copy_call: Option<u64>,
+    capture: Option<Vec<Recorded>>,
+}
+
+impl Book {
+    /// Starts call number `seq` on set `seq % 2` (the CPU's rule: at most one call per set
+    /// between a send and its receive).
+    fn start(&mut self, op: &str) -> Result<(u64, usize)> {
+        let seq = self.seq;
+        let set = (seq % 2) as usize;
+        let pending = self.pending.map(|p| p.map(|(c, _)| c));
+        check_pending(&pending, set, seq, op)?;
+        self.seq += 1;
+        Ok((seq, set))
+    }
+
+    fn record(&mut self, op: Op, call: u64, tokens: usize, err: Option<String>, hook: bool) {
+        let set = (call % 2) as usize;
+        if let Some(c) = &mut self.capture {
+            let err = err.clone();
+            c.push(match op {
+                Op::Dispatch => Recorded::Dispatch {
+                    offset: call,
+                    tokens,
+                    err,
+                },
+                Op::Combine => Recorded::Combine {
+                    offset: call,
+                    tokens,
+                    err,
+                },
+            });
+        }
+        let r = Some(Rec { call, tokens, err });
+        match op {
+            Op::Dispatch => {
+                self.dispatch[set] = r;
+                if hook {
+                    self.pending[set] = Some((call, Kernel::DispatchRecv));
+                }
+            }
+            Op::Combine => {
+                self.combine[set] = r;
+                if hook {
+                    self.pending[set] = Some((call, Kernel::CombineRecv));
+                }
+            }
+        }
+    }
+
+    /// The receive hook of `call` (a `kind` receive): its set, now no longer pending.
+    fn hook(&mut self, call: u64, kind: Kernel) -> Result<usize> {
+        let set = (call % 2) as usize;
+        match self.pending[set] {
+            Some((c, k)) if c == call && k == kind => {
+                self.pending[set] = None;
+                Ok(set)
+            }
+            Some((c, _)) if c == call => Err(Error::InvalidArgument(format!(
+                "receive hook of LL call #{call}: that call is not a {}",
+                if kind == Kernel::DispatchRecv {
+                    "dispatch"
+                } else {
+                    "combine"
+                }
+            ))),
+            _ => Err(Error::InvalidArgument(format!(
+                "receive hook of LL call #{call}: nothing pending (already received, or the \
+                 call was made without return_recv_hook)"
+            ))),
+        }
+    }
+
+    /// The set holding dispatch `call`'s outputs, or why the handle is unusable.
+    fn handle_set(&self, call: u64, op: &str) -> Result<usize> {
+        let set = (call % 2) as usize;
+        match &self.dispatch[set] {
+            Some(r) if r.call == call => Ok(set),
+            Some(r) if r.call > call => Err(Error::InvalidArgument(format!(
+                "{op}: the handle of dispatch #{call} is stale: its outputs were overwritten by \
+                 dispatch #{} on the same buffer set (a handle lasts until the dispatch two \
+                 LL calls later)",
+                r.call
+            ))),
+            _ => Err(Error::InvalidArgument(format!(
+                "{op}: no dispatch #{call} on this buffer (a handle of another buffer?)"
+            ))),
+        }
+    }
+
+    /// Asks for the zero-copy buffer of the next call: its set.
+    fn next_zero_copy(&mut self) -> usize {
+        self.zero_copy_call = Some(self.seq);
+        (self.seq % 2) as usize
+    }
+
+    /// For combine call `seq` with dispatch handle (`h_call`, `h_tokens`): the set of the
+    /// handle's outputs, and the fault every PE must learn about (the CPU's
+    /// `Fault::Handle`): a stale handle, a zero-copy combine without
+    /// `get_next_low_latency_combine_buffer` for this call, T beyond N.
+    fn combine_fault(
+        &self,
+        seq: u64,
+        h_call: u64,
+        h_tokens: usize,
+        n_max: usize,
+        zero_copy: bool,
+    ) -> (usize, Option<String>) {
+        let op = "low_latency_combine";
+        match self.handle_set(h_call, op) {
+            Err(e) => ((h_call % 2) as usize, Some(e.to_string())),
+            Ok(set) => {
+                if zero_copy && self.zero_copy_call != Some(seq) {
+                    return (
+                        set,
+                        Some(format!(
+                            "{op}: zero-copy combine #{seq} without \
+                             get_next_low_latency_combine_buffer for this call"
+                        )),
+                    );
+                }
+                if h_tokens > n_max {
+                    return (
+                        set,
+                        Some(format!(
+                            "{op}: the handle's dispatch had {h_tokens} tokens, more than \
+                             num_max_dispatch_tokens_per_rank = {n_max}"
+                        )),
+                    );
+                }
+                (set, None)
+            }
+        }
+    }
+
+    /// The record of combine `call`, if its output is still there.
+    fn combine_rec(&self, call: u64) -> Result<&Rec> {
+        match &self.combine[(call % 2) as usize] {
+            Some(r) if r.call == call => Ok(r),
+            _ => Err(Error::InvalidArgument(format!(
+                "read_combined: the output of combine #{call} was overwritten by a later \
+                 combine on the same buffer set (or it is not a combine of this buffer)"
+            ))),
+        }
+    }
+
+    fn any_pending(&self) -> bool {
+        self.pending.iter().any(|p| p.is_some())
+    }
+
+    /// Starts recording calls for a graph; returns the state to restore afterwards.
+    fn begin_capture(&mut self) -> Result<Book> {
+        if self.any_pending() {
+            return Err(Error::InvalidArgument(
+                "ep graph capture: a receive hook is pending; run it before capturing".into(),
+            ));
+        }
+        let saved = self.clone();
+        self.capture = Some(Vec::new());
+        Ok(saved)
+    }
+
+    /// Ends the recording: restores the state from before (nothing ran), and returns
+    /// (calls per replay, parity of the first call, the calls relative to the first), or
+    /// why the captured calls cannot be replayed.
+    fn end_capture(&mut self, saved: Book) -> Result<(u64, u64, Vec<Recorded>)> {
+        let calls = self.seq - saved.seq;
+        let pending = self.any_pending();
+        let recorded = self.capture.take().unwrap_or_default();
+        let base = saved.seq;
+        *self = saved;
+        if calls % 2 != 0 || pending {
+            return Err(Error::InvalidArgument(format!(
+                "ep graph capture: the captured function made {calls} LL call(s){}; it must \
+                 make an even number and run every receive hook",
+                if pending {
+                    " and left a receive hook pending"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let rel = recorded
+            .into_iter()
+            .map(|r| match r {
+                Recorded::Dispatch {
+                    offset,
+                    tokens,
+                    err,
+                } => Recorded::Dispatch {
+                    offset: offset - base,
+                    tokens,
+                    err,
+                },
+                Recorded::Combine {
+                    offset,
+                    tokens,
+                    err,
+                } => Recorded::Combine {
+                    offset: offset - base,
+                    tokens,
+                    err,
+                },
+            })
+            .collect();
+        Ok((calls, base % 2, rel))
+    }
+
+    /// Checks that a graph captured at `parity` can be replayed now.
+    fn can_replay(&self, parity: u64) -> Result<()> {
+        if self.seq % 2 != parity {
+            return Err(Error::InvalidArgument(format!(
+                "ep graph replay: the graph was captured at an {} LL call number, this buffer \
+                 is at call #{} (make one more LL call, or capture again)",
+                if parity == 0 { "even" } else { "odd" },
+                self.seq
+            )));
+        }
+        if self.any_pending() {
+            return Err(Error::InvalidArgument(
+                "ep graph replay: a receive hook is pending; run it first".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A replay was launched: its calls become the next calls.
+    fn replayed(&mut self, calls: u64, recorded: &[Recorded]) -> Vec<Replayed> {
+        let start = self.seq;
+        let mut out = Vec::new();
+        for r in recorded {
+            let (op, offset, tokens, err) = match r {
+                Recorded::Dispatch {
+                    offset,
+                    tokens,
+                    err,
+                } => (Op::Dispatch, offset, tokens, err),
+                Recorded::Combine {
+                    offset,
+                    tokens,
+                    err,
+                } => (Op::Combine, offset, tokens, err),
+            };
+            let call = start + offset;
+            let rec = Some(Rec {
+                call,
+                tokens: *tokens,
+                err: err.clone(),
+            });
+            if op == Op::Dispatch {
+                self.dispatch[(call % 2) as usize] = rec;
+                out.push(Replayed::Dispatch(GpuHandle {
+                    call,
+                    num_tokens: *tokens,
+                    hook_pending: false,
+                }));
+            } else {
+                self.combine[(call % 2) as usize] = rec;
+                out.push(Replayed::Combine(GpuCombine {
+                    call,
+                    num_tokens: *tokens,
+                    hook_pending: false,
+                }));
+            }
+        }
+        self.seq += calls;
+        out
+    }
+}
+
+/// A captured CUDA graph of whole LL calls on one PE's stream.
+pub struct EpGraph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    ctx: Arc<Ctx>,
+    buffer_id: u64,
+    calls: u64,
+    parity: u64,
+    recorded: Vec<Recorded>,
+}
+
+// SAFETY: graph handles are usable from any thread with the context current (every use
+// enters it first).
+unsafe impl Send for EpGraph {}
+
+impl Drop for EpGraph {
+    fn drop(&mut self) {
+        if self.ctx.enter().is_ok() {
+            // SAFETY: created by cuGraphInstantiateWithFlags / cuStreamEndCapture in this
+            // context, destroyed once.
+            unsafe {
+                sys::cuGraphExecDestroy(self.exec);
+                sys::cuGraphDestroy(self.graph);
+            }
+        }
+    }
+}
+
+impl EpGraph {
+    /// LL calls per replay.
+    pub fn calls(&self) -> u64 {
+        self.calls
+    }
+}
+
+/// Collective: loads and binds this PE's instance of the `ep_ll` module. PE 0 loads
+/// first: the driver JIT-compiles the 2 MB PTX once and caches it (CUDA's compute cache),
+/// the other PEs then load from the cache instead of compiling it concurrently.
+pub fn load_module(g: &GpuPe) -> Result<Module> {
+    let pe = g.pe();
+    if g.my_pe() != 0 {
+        pe.barrier_all()?;
+    }
+    let loaded = load_image(g);
+    if g.my_pe() == 0 {
+        pe.barrier_all()?;
+    }
+    let m = loaded?;
+    if m.bound_pe() != Some(g.my_pe()) {
+        return Err(Error::InvalidArgument(format!(
+            "module {MODULE} has no rshmemi_device_state global (built without the EP kernels' \
+             p2p header?)"
+        )));
+    }
+    Ok(m)
+}
+
+/// Whether a cubin's sidecar (`<cubin>.fnv`: FNV-1a 64 of the PTX it was compiled from,
+/// 16 hex digits, written by scripts/build-gpu-bundle) names exactly `ptx`.
+pub fn cubin_matches(ptx: &str, sidecar: &str) -> bool {
+    sidecar.trim() == format!("{:016x}", crate::pe::fnv(ptx.as_bytes()))
+}
+
+/// This PE's `ep_ll` module: the cubin scripts/build-gpu-bundle compiled for this GPU's
+/// architecture when `RSHMEM_PTX_DIR` has one made from the very PTX in use (no JIT of
+/// 2 MB of PTX at run time), else the PTX (JIT-compiled by the driver).
+fn load_image(g: &GpuPe) -> Result<Module> {
+    let ptx = super::module::ptx_source(MODULE, None)?;
+    if let Some(dir) = std::env::var_os(super::module::PTX_DIR_ENV) {
+        let (maj, min) = g.device().cc;
+        let cubin = std::path::Path::new(&dir).join(format!("{MODULE}.sm_{maj}{min}.cubin"));
+        let sidecar = cubin.with_extension("cubin.fnv");
+        if let (Ok(bin), Ok(h)) = (std::fs::read(&cubin), std::fs::read_to_string(&sidecar)) {
+            if cubin_matches(&ptx, &h) {
+                g.enter()?;
+                let mut raw: sys::CUmodule = std::ptr::null_mut();
+                // SAFETY: a complete cubin image read from the file (the driver parses its
+                // ELF header for the size); valid out-pointer; context current.
+                ck(
+                    unsafe { sys::cuModuleLoadData(&mut raw, bin.as_ptr().cast()) },
+                    "cuModuleLoadData",
+                    || format!("loading {}", cubin.display()),
+                )?;
+                let mut m = Module {
+                    raw,
+                    ctx: g.ctx().clone(),
+                    name: MODULE.into(),
+                    bound: None,
+                };
+                g.bind_module(&mut m)?;
+                return Ok(m);
+            }
+        }
+    }
+    let mut m = g.load_module(MODULE, &ptx)?;
+    g.bind_module(&mut m)?;
+    Ok(m)
+}
+
+/// The buffer's module: its own, or one shared by several buffers of the PE.
+enum ModRef<'g> {
+    Owned(Module),
+    Shared(&'g Module),
+}
+
+impl std::ops::Deref for ModRef<'_> {
+    type Target = Module;
+    fn deref(&self) -> &Module {
+        match self {
+            ModRef::Owned(m) => m,
+            ModRef::Shared(m) => m,
+        }
+    }
+}
+
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// An EP buffer on a GPU PE: the symmetric allocation of [`Layout`] in the GPU heap, the
+/// PE's instance of the `ep_ll` module, its control block and outputs.
+///
+/// Every PE of the job must make the same LL calls in the same order (dispatch and
+/// combine both count), as on CPU. Destroy it with [`GpuBuffer::destroy`] (collective).
+pub struct GpuBuffer<'g> {
+    g: &'g GpuPe,
+    id: u64,
+    cfg: Config,
+    layout: Layout,
+    module: ModRef<'g>,
+    names: [String; 4],
+    /// The four kernels of `module`, looked up once.
+    funcs: [sys::CUfunction; 4],
+    grid: u32,
+    base: SymPtr<u8>,
+    ctl: DevBuf,
+    mask_dev: DevBuf,
+    masked: Vec<bool>,
+    outs: [SetOut; 2],
+    book: Book,
+    /// Per set: the arguments of its last call (for its receive hook).
+    hook_args: [Option<LlArgs>; 2],
+}
+
+/// Waits until host-to-device copies made with the synchronous driver calls
+/// (`cuMemcpyHtoD`, which may return before the DMA from a pageable buffer has landed) are
+/// complete: they run on the legacy default stream, which the PE's non-blocking stream
+/// does not wait for, so kernels enqueued afterwards could otherwise read stale data.
+pub fn settle_uploads(g: &GpuPe, what: &str) -> Result<()> {
+    g.enter()?;
+    // SAFETY: the legacy default stream (null) of the current context.
+    ck(
+        unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) },
+        "cuStreamSynchronize",
+        || format!("PE {}: waiting for uploads ({what})", g.my_pe()),
+    )
+}
+
+fn dev(g: &GpuPe, bytes: usize, what: &str) -> Result<DevBuf> {
+    let b = DevBuf::new(g.ctx(), bytes, what)?;
+    g.enter()?;
+    // SAFETY: a fresh allocation of at least max(bytes, 1) bytes in this context.
+    ck(
+        unsafe { sys::cuMemsetD8_v2(b.ptr(), 0, bytes) },
+        "cuMemsetD8",
+        || format!("zeroing {what}"),
+    )?;
+    Ok(b)
+}
+
+impl<'g> GpuBuffer<'g> {
+    /// Collective over every PE of the job: agrees on `cfg` (a mismatch fails on every
+    /// PE, naming each PE's config), checks it for the GPU kernels, loads and binds the
+    /// module ([`load_module`]), allocates exactly [`Layout::size_hint`] bytes of GPU heap,
+    /// the control block and two sets of outputs, and zeroes the signal words. `grid` 0 =
+    /// the co-resident share of the GPU (docs/ep.md "Launch contract").
+    pub fn new(g: &'g GpuPe, cfg: Config, grid: u32) -> Result<GpuBuffer<'g>> {
+        let (layout, names) = Self::prepare(g, &cfg)?;
+        let m = load_module(g)?;
+        Self::build(g, cfg, grid, layout, names, ModRef::Owned(m))
+    }
+
+    /// [`GpuBuffer::new`] with this PE's already loaded module (from [`load_module`]), so
+    /// that several buffers share one module instance (loading the 2 MB PTX is slow).
+    pub fn with_module(
+        g: &'g GpuPe,
+        m: &'g Module,
+        cfg: Config,
+        grid: u32,
+    ) -> Result<GpuBuffer<'g>> {
+        let (layout, names) = Self::prepare(g, &cfg)?;
+        if m.bound_pe() != Some(g.my_pe()) || m.name() != MODULE {
+            return Err(Error::InvalidArgument(format!(
+                "ep::GpuBuffer::with_module: module {} is not the {MODULE} module bound to PE {}",
+                m.name(),
+                g.my_pe()
+            )));
+        }
+        Self::build(g, cfg, grid, layout, names, ModRef::Shared(m))
+    }
+
+    fn prepare(g: &GpuPe, cfg: &Config) -> Result<(Layout, [String; 4])> {
+        let pe = g.pe();
+        let team = pe.world().clone();
+        pe.agree_in(
+            &team,
+            "ep::GpuBuffer::new",
+            &[
+                cfg.num_max_dispatch_tokens_per_rank as u64,
+                cfg.hidden as u64,
+                cfg.num_experts as u64,
+                cfg.num_topk as u64,
+                cfg.use_fp8 as u64,
+                cfg.round_scale as u64,
+            ],
+            |w| format!("{w:?} (N, H, E, K, fp8, round_scale)"),
+        )?;
+        let layout = check_config(cfg, g.n_pes())?;
+        let names = [
+            kernel_name(Kernel::DispatchSend, cfg.hidden, cfg.use_fp8)?,
+            kernel_name(Kernel::DispatchRecv, cfg.hidden, cfg.use_fp8)?,
+            kernel_name(Kernel::CombineSend, cfg.hidden, cfg.use_fp8)?,
+            kernel_name(Kernel::CombineRecv, cfg.hidden, cfg.use_fp8)?,
+        ];
+        Ok((layout, names))
+    }
+
+    fn build(
+        g: &'g GpuPe,
+        cfg: Config,
+        grid: u32,
+        layout: Layout,
+        names: [String; 4],
+        module: ModRef<'g>,
+    ) -> Result<GpuBuffer<'g>> {
+        let pe = g.pe();
+        let n = g.n_pes();
+        let mut share = u32::MAX;
+        let mut funcs = [std::ptr::null_mut(); 4];
+        for (f, k) in funcs.iter_mut().zip(&names) {
+            share = share.min(g.collective_grid(&module, k, THREADS, grid)?.0);
+            *f = module.function(k)?;
+        }
+        let base = g.align(crate::ep::layout::REGION_ALIGN, layout.total_bytes)?;
+        // Signal words must start below every tag: zero both sets' signal areas.
+        for set in 0..2 {
+            g.memset(
+                base.offset() + set * layout.set_bytes,
+                0,
+                layout.dispatch_send.offset,
+            )?;
+        }
+        let ctl = dev(g, size_of::<LlCtl>(), "the EP control block")?;
+        let mask_dev = dev(g, n * 4, "the EP mask")?;
+        let (l, rows, h) = (
+            layout.num_local_experts,
+            n * layout.num_max_tokens,
+            cfg.hidden,
+        );
+        let out = |set: usize| -> Result<SetOut> {
+            let w = |what: &str| format!("EP {what} (buffer set {set})");
+            Ok(SetOut {
+                recv_x: dev(
+                    g,
+                    l * rows * h * if cfg.use_fp8 { 1 } else { 2 },
+                    &w("recv_x"),
+                )?,
+                recv_scales: if cfg.use_fp8 {
+                    Some(dev(g, l * rows * (h / 128) * 4, &w("recv_scales"))?)
+                } else {
+                    None
+                },
+                recv_count: dev(g, l * 4, &w("recv_count"))?,
+                src_info: dev(g, l * rows * 4, &w("src_info"))?,
+                recv_topk_slot: dev(g, l * rows * 4, &w("recv_topk_slot"))?,
+                layout_range: dev(g, l * n * 8, &w("layout_range"))?,
+                combined: dev(g, layout.num_max_tokens * h * 2, &w("combined_x"))?,
+            })
+        };
+        let outs = [out(0)?, out(1)?];
+        // The zeroing memsets above run on the legacy stream, asynchronously to the host:
+        // finished before any kernel of the PE's stream reads the control block.
+        settle_uploads(g, "zeroing the EP control block and outputs")?;
+        pe.barrier_all()?;
+        Ok(GpuBuffer {
+            g,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            cfg,
+            layout,
+            module,
+            names,
+            funcs,
+            grid: share,
+            base,
+            ctl,
+            mask_dev,
+            masked: vec![false; n],
+            outs,
+            book: Book::default(),
+            hook_args: [None, None],
+        })
+    }
+
+    /// Collective: waits for the stream and frees the GPU heap allocation.
+    pub fn destroy(self) -> Result<()> {
+        let q = self.g.sync("ep::GpuBuffer::destroy");
+        let r = self.g.free(self.base);
+        q.and(r)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    /// Number of LL calls made so far (the next call's number).
+    pub fn calls(&self) -> u64 {
+        self.book.seq
+    }
+    /// Blocks per launch.
+    pub fn grid(&self) -> u32 {
+        self.grid
+    }
+    pub fn num_local_experts(&self) -> usize {
+        self.layout.num_local_experts
+    }
+    /// The module instance the kernels come from (kept loaded while the buffer lives).
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    fn base_args(&self) -> ArgBase {
+        ArgBase {
+            buf: self.base.offset() as u64,
+            ctl: self.ctl.ptr(),
+            mask: self.mask_dev.ptr(),
+            num_max_tokens: self.cfg.num_max_dispatch_tokens_per_rank as u32,
+            num_experts: self.cfg.num_experts as u32,
+            num_topk: self.cfg.num_topk as u32,
+            fp8: self.cfg.use_fp8,
+            round_scale: self.cfg.round_scale,
+        }
+    }
+
+    fn launch(&self, kind: Kernel, args: &LlArgs) -> Result<()> {
+        self.g.enter()?;
+        let mut a = *args;
+        let mut params = [(&mut a as *mut LlArgs).cast::<c_void>()];
+        // SAFETY: funcs[kind] is a kernel of this buffer's module (loaded in this PE's
+        // context, which is current), and every EP kernel takes one ep_ll_args_t by value,
+        // which LlArgs mirrors (sizes and offsets checked at compile time and against the
+        // C++ compiler); the device addresses in it are this buffer's allocations or the
+        // caller's tensors (documented contract); the driver copies the parameters at
+        // launch. Block = EP_LL_THREADS, no dynamic shared memory, as ep_ll.cu requires.
+        let rc = unsafe {
+            sys::cuLaunchKernel(
+                self.funcs[kind as usize],
+                self.grid,
+                1,
+                1,
+                THREADS,
+                1,
+                1,
+                0,
+                self.g.stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        ck(rc, "cuLaunchKernel", || {
+            format!(
+                "PE {}: launching {} (grid {} block {THREADS})",
+                self.g.my_pe(),
+                self.names[kind as usize],
+                self.grid
+            )
+        })
+    }
+
+    // ------------------------------------------------------------ dead-PE mask
+
+    /// Masks (or unmasks) PE `pe`, as [`crate::ep::Buffer::update_mask`]. Waits for the
+    /// stream first (the mask is device memory that in-flight kernels read).
+    pub fn update_mask(&mut self, pe: usize, masked: bool) -> Result<()> {
+        if pe >= self.masked.len() || pe == self.g.my_pe() {
+            return Err(Error::InvalidArgument(format!(
+                "ep mask: PE {pe} is not another PE of the {}-PE team",
+                self.masked.len()
+            )));
+        }
+        self.masked[pe] = masked;
+        self.write_mask()
+    }
+    pub fn query_mask(&self) -> Vec<bool> {
+        self.masked.clone()
+    }
+    pub fn clean_mask(&mut self) -> Result<()> {
+        self.masked.iter_mut().for_each(|m| *m = false);
+        self.write_mask()
+    }
+    fn write_mask(&self) -> Result<()> {
+        self.g.sync("ep mask update")?;
+        let b: Vec<u8> = self
+            .masked
+            .iter()
+            .flat_map(|&m| (m as i32).to_le_bytes())
+            .collect();
+        self.mask_dev.write(&b)?;
+        settle_uploads(self.g, "the EP mask")
+    }
+
+    // ------------------------------------------------------------ calls
+
+    fn check_ptr(what: &str, p: u64, align: u64, needed: bool) -> Result<()> {
+        if needed && p == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{what} is a null device pointer"
+            )));
+        }
+        if p % align != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{what} ({p:#x}) must be {align}-byte aligned"
+            )));
+        }
+        Ok(())
+    }
+
+    /// LL dispatch of `x` (device `bf16 [T, H]`) routed by `topk_idx` (device `[T, K]`,
+    /// int64 or int32; -1 = slot unused), T = `num_tokens`. Enqueues the send kernel and,
+    /// without a receive hook, the receive kernel on the PE's stream; nothing waits on the
+    /// host. The outputs are this buffer's (set `call % 2`): read them with
+    /// [`GpuBuffer::read_dispatch`] or use [`GpuBuffer::dispatch_outputs`] on the device.
+    /// T > N and expert ids outside [-1, E) fail the call on every PE (the kernels send
+    /// poisoned counts); the error is returned by `read_dispatch`.
+    pub fn low_latency_dispatch(
+        &mut self,
+        x: u64,
+        topk_idx: u64,
+        idx_type: IdxType,
+        num_tokens: usize,
+        return_recv_hook: bool,
+    ) -> Result<GpuHandle> {
+        let op = "low_latency_dispatch";
+        Self::check_ptr("low_latency_dispatch: x", x, 16, num_tokens > 0)?;
+        Self::check_ptr(
+            "low_latency_dispatch: topk_idx",
+            topk_idx,
+            idx_type.bytes(),
+            num_tokens > 0,
+        )?;
+        let (seq, set) = self.book.start(op)?;
+        let n = self.cfg.num_max_dispatch_tokens_per_rank;
+        let (fault, err) = if num_tokens > n {
+            (
+                Fault::TooManyTokens(num_tokens as u64).encode(),
+                Some(format!(
+                    "{op}: {num_tokens} tokens exceed num_max_dispatch_tokens_per_rank = {n} \
+                     (the limit set in ep::Config; create the buffer with a larger value)"
+                )),
+            )
+        } else {
+            (0, None)
+        };
+        let args = self.base_args().dispatch(
+            set,
+            &self.outs[set].ptrs(),
+            x,
+            topk_idx,
+            idx_type,
+            num_tokens,
+            fault,
+        );
+        self.launch(Kernel::DispatchSend, &args)?;
+        if !return_recv_hook {
+            self.launch(Kernel::DispatchRecv, &args)?;
+        }
+        self.hook_args[set] = Some(args);
+        self.book
+            .record(Op::Dispatch, seq, num_tokens, err, return_recv_hook);
+        Ok(GpuHandle {
+            call: seq,
+            num_tokens,
+            hook_pending: return_recv_hook,
+        })
+    }
+
+    /// The receive hook of a dispatch made with `return_recv_hook`: enqueues its receive
+    /// kernel (no host wait).
+    pub fn recv_hook(&mut self, h: &mut GpuHandle) -> Result<()> {
+        self.run_hook(h.call, Kernel::DispatchRecv, &mut h.hook_pending)
+    }
+
+    /// The receive hook of a combine made with `return_recv_hook`.
+    pub fn combine_recv_hook(&mut self, c: &mut GpuCombine) -> Result<()> {
+        self.run_hook(c.call, Kernel::CombineRecv, &mut c.hook_pending)
+    }
+
+    fn run_hook(&mut self, call: u64, kind: Kernel, flag: &mut bool) -> Result<()> {
+        if !*flag {
+            return Err(Error::InvalidArgument(format!(
+                "receive hook of LL call #{call}: already run (or the call was made without \
+                 return_recv_hook)"
+            )));
+        }
+        let set = self.book.hook(call, kind)?;
+        let args = self.hook_args[set].ok_or_else(|| {
+            Error::InvalidArgument(format!("receive hook of LL call #{call}: no arguments"))
+        })?;
+        self.launch(kind, &args)?;
+        *flag = false;
+        Ok(())
+    }
+
+    /// Device addresses of the outputs a dispatch wrote (valid until the next dispatch on
+    /// the same set): `recv_x [L, R*N, H]` (e4m3 or bf16), `recv_scales`, `recv_count`,
+    /// `src_info`, `recv_topk_slot`, `layout_range`.
+    pub fn dispatch_outputs(&self, h: &GpuHandle) -> Result<OutPtrs> {
+        let set = self.book.handle_set(h.call, "dispatch_outputs")?;
+        Ok(self.outs[set].ptrs())
+    }
+
+    /// Device address of the zero-copy combine buffer for the next combine (DeepEP's
+    /// `get_next_low_latency_combine_buffer`): `bf16 [L, R*N, H]`, rows laid out as the
+    /// handle's dispatch delivered them. Write the expert outputs there, then call
+    /// [`GpuBuffer::low_latency_combine`] with `expert_out = None`.
+    pub fn get_next_low_latency_combine_buffer(&mut self, h: &GpuHandle) -> Result<u64> {
+        self.book
+            .handle_set(h.call, "get_next_low_latency_combine_buffer")?;
+        let set = self.book.next_zero_copy();
+        Ok(self.g.heap_base() + self.zero_copy_offset(set) as u64)
+    }
+
+    /// Heap offset of set `set`'s zero-copy combine buffer.
+    pub fn zero_copy_offset(&self, set: usize) -> usize {
+        self.base.offset() + self.layout.combine_send_row(set, 0, 0)
+    }
+
+    /// LL combine: `expert_out` = device `bf16 [L, R*N, H]` in the layout of `h`'s
+    /// dispatch (None: the zero-copy buffer), `topk_idx` and `topk_weights` (device f32
+    /// `[T, K]`) of this PE's tokens (T = the handle's). Enqueues the kernels; the result
+    /// `[T, H]` bf16 is read with [`GpuBuffer::read_combined`].
+    pub fn low_latency_combine(
+        &mut self,
+        expert_out: Option<u64>,
+        topk_idx: u64,
+        idx_type: IdxType,
+        topk_weights: u64,
+        h: &GpuHandle,
+        return_recv_hook: bool,
+    ) -> Result<GpuCombine> {
+        let op = "low_latency_combine";
+        let t = h.num_tokens.min(self.cfg.num_max_dispatch_tokens_per_rank);
+        Self::check_ptr(
+            "low_latency_combine: topk_idx",
+            topk_idx,
+            idx_type.bytes(),
+            t > 0,
+        )?;
+        Self::check_ptr("low_latency_combine: topk_weights", topk_weights, 4, t > 0)?;
+        if let Some(x) = expert_out {
+            Self::check_ptr("low_latency_combine: expert outputs", x, 16, true)?;
+        }
+        if h.hook_pending {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: dispatch #{} has not been received yet: run its receive hook first",
+                h.call
+            )));
+        }
+        let (seq, set) = self.book.start(op)?;
+        let (handle_set, err) = self.book.combine_fault(
+            seq,
+            h.call,
+            h.num_tokens,
+            self.cfg.num_max_dispatch_tokens_per_rank,
+            expert_out.is_none(),
+        );
+        let fault = if err.is_some() {
+            Fault::Handle.encode()
+        } else {
+            0
+        };
+        let x = expert_out.unwrap_or(self.g.heap_base() + self.zero_copy_offset(set) as u64);
+        let args = self.base_args().combine(
+            set,
+            &self.outs[handle_set].ptrs(),
+            self.outs[set].combined.ptr(),
+            x,
+            topk_idx,
+            idx_type,
+            topk_weights,
+            t,
+            fault,
+        );
+        self.launch(Kernel::CombineSend, &args)?;
+        if !return_recv_hook {
+            self.launch(Kernel::CombineRecv, &args)?;
+        }
+        self.hook_args[set] = Some(args);
+        self.book.record(Op::Combine, seq, t, err, return_recv_hook);
+        Ok(GpuCombine {
+            call: seq,
+            num_tokens: t,
+            hook_pending: return_recv_hook,
+        })
+    }
+
+    // ------------------------------------------------------------ results (host waits)
+
+    /// Waits for the stream and returns the status of `call` (on its set) as an error, and
+    /// checks that the device's call counter agrees with the host's.
+    fn finish(&self, call: u64, what: &str) -> Result<()> {
+        self.g.sync(what)?;
+        let mut b = vec![0u8; offset_of!(LlCtl, grid_done)];
+        self.ctl.read(&mut b)?;
+        let set = (call % 2) as usize;
+        let calls = u64::from_le_bytes(b[set * 8..set * 8 + 8].try_into().unwrap_or([0; 8]));
+        if calls < call / 2 + 1 {
+            return Err(Error::Verification(format!(
+                "{what}: LL call #{call} has not been received on the device (buffer set {set} \
+                 counted {calls} calls): was its receive hook run?"
+            )));
+        }
+        let at = offset_of!(LlCtl, status) + set * size_of::<LlStatus>();
+        let st = parse_status(&b[at..at + size_of::<LlStatus>()]);
+        match status_error(&st, &self.cfg, self.g.my_pe(), call) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the stream and copies the outputs of dispatch `h` to the host, as the CPU
+    /// implementation returns them (the handle inside is for checks only). Fails as the
+    /// CPU does when the call failed on any PE.
+    pub fn read_dispatch(&self, h: &GpuHandle) -> Result<DispatchOutput> {
+        let set = self.book.handle_set(h.call, "read_dispatch")?;
+        if h.hook_pending {
+            return Err(Error::InvalidArgument(format!(
+                "read_dispatch: dispatch #{} has not been received yet: run its receive hook",
+                h.call
+            )));
+        }
+        let r = self.finish(h.call, "low_latency_dispatch");
+        if let Some(Rec { err: Some(e), .. }) = &self.book.dispatch[set] {
+            return Err(Error::InvalidArgument(e.clone()));
+        }
+        r?;
+        let o = &self.outs[set];
+        let (l, n) = (self.layout.num_local_experts, self.g.n_pes());
+        let rows = n * self.layout.num_max_tokens;
+        let h_ = self.cfg.hidden;
+        let recv_x = if self.cfg.use_fp8 {
+            let mut data = vec![0u8; l * rows * h_];
+            o.recv_x.read(&mut data)?;
+            let mut sb = vec![0u8; l * rows * (h_ / 128) * 4];
+            if let Some(s) = &o.recv_scales {
+                s.read(&mut sb)?;
+            }
+            RecvX::Fp8 {
+                data,
+                scales: sb
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            }
+        } else {
+            let mut b = vec![0u8; l * rows * h_ * 2];
+            o.recv_x.read(&mut b)?;
+            RecvX::Bf16(
+                b.chunks_exact(2)
+                    .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
+            )
+        };
+        let i32s = |d: &DevBuf, len: usize| -> Result<Vec<i32>> {
+            let mut b = vec![0u8; len * 4];
+            d.read(&mut b)?;
+            Ok(b.chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        };
+        let recv_count = i32s(&o.recv_count, l)?;
+        let src_info = i32s(&o.src_info, l * rows)?;
+        let row_k = i32s(&o.recv_topk_slot, l * rows)?;
+        let mut b = vec![0u8; l * n * 8];
+        o.layout_range.read(&mut b)?;
+        let layout_range: Vec<i64> = b
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect();
+        Ok(DispatchOutput {
+            recv_x,
+            recv_count: recv_count.clone(),
+            src_info: src_info.clone(),
+            layout_range: layout_range.clone(),
+            handle: Handle::detached(
+                h.call,
+                h.num_tokens,
+                &self.cfg,
+                src_info,
+                layout_range,
+                recv_count,
+                row_k,
+            ),
+        })
+    }
+
+    /// Waits for the stream and copies combine `c`'s output `[T, H]` to the host.
+    pub fn read_combined(&self, c: &GpuCombine) -> Result<Vec<bf16>> {
+        let set = (c.call % 2) as usize;
+        self.book.combine_rec(c.call)?;
+        if c.hook_pending {
+            return Err(Error::InvalidArgument(format!(
+                "read_combined: combine #{} has not been received yet: run its receive hook",
+                c.call
+            )));
+        }
+        let r = self.finish(c.call, "low_latency_combine");
+        if let Some(e) = &self.book.combine_rec(c.call)?.err {
+            return Err(Error::InvalidArgument(e.clone()));
+        }
+        r?;
+        let mut b = vec![0u8; c.num_tokens * self.cfg.hidden * 2];
+        if !b.is_empty() {
+            self.outs[set].combined.read(&mut b)?;
+        }
+        Ok(b.chunks_exact(2)
+            .map(|x| bf16::from_bits(u16::from_le_bytes([x[0], x[1]])))
+            .collect())
+    }
+
+    /// Device address of combine `c`'s output `[T, H]` bf16 (valid until the next combine
+    /// on the same set).
+    pub fn combined_ptr(&self, c: &GpuCombine) -> u64 {
+        self.outs[(c.call % 2) as usize].combined.ptr()
+    }
+
+    // ------------------------------------------------------------ CUDA graphs
+
+    /// Captures the LL calls `f` makes into a CUDA graph (stream capture of the PE's
+    /// stream, thread-local mode): nothing runs now, and the buffer's call count is left
+    /// as it was. `f` must make an even number of calls (so the buffer sets alternate the
+    /// same way on every replay) and run every receive hook it starts. The kernels take
+    /// their tags from device memory, so each replay is a fresh set of LL calls; inputs
+    /// are read from the same device addresses on every replay.
+    pub fn capture<R>(&mut self, f: impl FnOnce(&mut Self) -> Result<R>) -> Result<(EpGraph, R)> {
+        let saved = self.book.begin_capture()?;
+        let stream = self.g.stream();
+        self.g.enter()?;
+        // SAFETY: the PE's stream, in the current context; thread-local mode, so other PE
+        // threads' synchronous calls are not affected.
+        ck(
+            unsafe {
+                sys::cuStreamBeginCapture_v2(
+                    stream,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                )
+            },
+            "cuStreamBeginCapture",
+            || format!("PE {}: capturing EP calls", self.g.my_pe()),
+        )?;
+        let r = f(self);
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: ends the capture begun above on the same stream; valid out-pointer.
+        let end = ck(
+            unsafe { sys::cuStreamEndCapture(stream, &mut graph) },
+            "cuStreamEndCapture",
+            || format!("PE {}: capturing EP calls", self.g.my_pe()),
+        );
+        // Restore the host's view (nothing ran) and check what was captured.
+        let captured = self.book.end_capture(saved);
+        let destroy_graph = |g: sys::CUgraph| {
+            if !g.is_null() {
+                // SAFETY: a graph returned by cuStreamEndCapture, destroyed once.
+                unsafe { sys::cuGraphDestroy(g) };
+            }
+        };
+        let value = match r.and_then(|v| end.map(|()| v)) {
+            Ok(v) => v,
+            Err(e) => {
+                destroy_graph(graph);
+                return Err(e);
+            }
+        };
+        let (calls, parity, recorded) = match captured {
+            Ok(c) => c,
+            Err(e) => {
+                destroy_graph(graph);
+                return Err(e);
+            }
+        };
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: a valid captured graph; valid out-pointer.
+        if let Err(e) = ck(
+            unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
+            "cuGraphInstantiateWithFlags",
+            || format!("PE {}: instantiating the EP graph", self.g.my_pe()),
+        ) {
+            destroy_graph(graph);
+            return Err(e);
+        }
+        Ok((
+            EpGraph {
+                graph,
+                exec,
+                ctx: self.g.ctx().clone(),
+                buffer_id: self.id,
+                calls,
+                parity,
+                recorded,
+            },
+            value,
+        ))
+    }
+
+    /// Launches a captured graph on the PE's stream (no host wait): its LL calls become
+    /// this buffer's next calls. Returns them, for `read_dispatch` / `read_combined`.
+    pub fn replay(&mut self, graph: &EpGraph) -> Result<Vec<Replayed>> {
+        if graph.buffer_id != self.id {
+            return Err(Error::InvalidArgument(
+                "ep graph replay: the graph was captured on another buffer".into(),
+            ));
+        }
+        self.book.can_replay(graph.parity)?;
+        self.g.enter()?;
+        // SAFETY: an instantiated graph of this context, launched on the PE's stream.
+        ck(
+            unsafe { sys::cuGraphLaunch(graph.exec, self.g.stream()) },
+            "cuGraphLaunch",
+            || format!("PE {}: replaying the EP graph", self.g.my_pe()),
+        )?;
+        let out = self.book.replayed(graph.calls, &graph.recorded);
+        Ok(out)
+    }
+}
+
+fn parse_status(b: &[u8]) -> LlStatus {
+    let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    let w = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
+    LlStatus {
+        claim: u(offset_of!(LlStatus, claim)),
+        commit: u(offset_of!(LlStatus, commit)),
+        kind: w(offset_of!(LlStatus, kind)),
+        peer: w(offset_of!(LlStatus, peer)) as i32,
+        value: u(offset_of!(LlStatus, value)),
+        expected: u(offset_of!(LlStatus, expected)),
+        reserved: u(offset_of!(LlStatus, reserved)),
+    }
+}
+
+/// Bytes of an `LlArgs` as the kernel receives them (for tests of the packing).
+pub fn args_bytes(a: &LlArgs) -> [u8; 128] {
+    let mut b = [0u8; 128];
+    let u = [
+        a.buf,
+        a.ctl,
+        a.mask,
+        a.x,
+        a.topk_idx,
+        a.topk_weights,
+        a.out,
+        a.recv_scales,
+        a.recv_count,
+        a.src_info,
+        a.recv_topk_slot,
+        a.layout_range,
+    ];
+    for (i, v) in u.iter().enumerate() {
+        b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    let w = [
+        a.num_tokens,
+        a.num_max_tokens,
+        a.num_experts,
+        a.num_topk,
+        a.set,
+        a.flags,
+        a.fault,
+        a.reserved,
+    ];
+    for (i, v) in w.iter().enumerate() {
+        b[96 + i * 4..100 + i * 4].copy_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(h: usize, fp8: bool) -> Config {
+        Config {
+            num_max_dispatch_tokens_per_rank: 128,
+            hidden: h,
+            num_experts: 288,
+            num_topk: 8,
+            use_fp8: fp8,
+            round_scale: false,
+        }
+    }
+
+    #[test]
+    fn kernel_names_follow_ep_ll_cu() {
+        assert_eq!(
+            kernel_name(Kernel::DispatchSend, 7168, true).unwrap(),
+            "ep_ll_dispatch_send_h7168_fp8"
+        );
+        assert_eq!(
+            kernel_name(Kernel::DispatchRecv, 2048, false).unwrap(),
+            "ep_ll_dispatch_recv_h2048_bf16"
+        );
+        assert_eq!(
+            kernel_name(Kernel::CombineSend, 2560, true).unwrap(),
+            "ep_ll_combine_send_h2560"
+        );
+        assert_eq!(
+            kernel_name(Kernel::CombineRecv, 8192, false).unwrap(),
+            "ep_ll_combine_recv_h8192"
+        );
+        // Every instance exists in the committed PTX.
+        let ptx = crate::gpu::module::ptx_source(MODULE, None).unwrap();
+        let mut n = 0;
+        for h in HIDDEN_SIZES {
+            for fp8 in [true, false] {
+                for k in [
+                    Kernel::DispatchSend,
+                    Kernel::DispatchRecv,
+                    Kernel::CombineSend,
+                    Kernel::CombineRecv,
+                ] {
+                    let name = kernel_name(k, h, fp8).unwrap();
+                    assert!(
+                        ptx.contains(&format!(".entry {name}(")),
+                        "{name} missing from ptx/ep_ll.ptx"
+                    );
+                    n += 1;
+                }
+            }
+        }
+        assert_eq!(n, 48);
+        assert_eq!(ptx.matches(".entry ep_ll_").count(), 36);
+    }
+
+    #[test]
+    fn unsupported_configs_are_refused_clearly() {
+        let e = kernel_name(Kernel::DispatchSend, 3072, true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("hidden size 3072 has no GPU kernel")
+                && e.contains("2048, 2560, 4096, 5120, 7168, 8192"),
+            "{e}"
+        );
+        let e = check_config(&cfg(1024, true), 8).unwrap_err().to_string();
+        assert!(e.contains("hidden size 1024"), "{e}");
+        // Config::validate's refusals come first, with its messages.
+        let mut c = cfg(7168, true);
+        c.num_topk = 12;
+        let e = check_config(&c, 8).unwrap_err().to_string();
+        assert!(e.contains("num_topk (12) must be in 1..=11"), "{e}");
+        let mut c = cfg(7168, true);
+        c.num_experts = 100;
+        let e = check_config(&c, 8).unwrap_err().to_string();
+        assert!(
+            e.contains("num_experts (100) must be a positive multiple of the team size (8)"),
+            "{e}"
+        );
+        let mut c = cfg(7168, true);
+        c.num_experts = 2048 * 2;
+        let e = check_config(&c, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("2048 local experts") && e.contains("at most 1024"),
+            "{e}"
+        );
+        let mut c = cfg(7168, true);
+        c.num_experts = 2048;
+        let e = check_config(&c, 2048).unwrap_err().to_string();
+        assert!(e.contains("2048 PEs") && e.contains("at most 1024"), "{e}");
+        let l = check_config(&cfg(7168, true), 8).unwrap();
+        assert_eq!(l, Layout::new(&cfg(7168, true), 8).unwrap());
+    }
+
+    #[test]
+    fn dispatch_and_combine_arguments_are_packed_as_ll_cuh_says() {
+        let base = ArgBase {
+            buf: 0x1_0000,
+            ctl: 0xc000,
+            mask: 0xa000,
+            num_max_tokens: 128,
+            num_experts: 288,
+            num_topk: 8,
+            fp8: true,
+            round_scale: true,
+        };
+        let out = OutPtrs {
+            recv_x: 0x10,
+            recv_scales: 0x20,
+            recv_count: 0x30,
+            src_info: 0x40,
+            recv_topk_slot: 0x50,
+            layout_range: 0x60,
+            combined: 0x70,
+        };
+        let d = base.dispatch(1, &out, 0x100, 0x200, IdxType::I32, 100, 0);
+        let b = args_bytes(&d);
+        let u = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let w = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        let off = |f: &str| {
+            layout_table()
+                .into_iter()
+                .find(|(k, _)| *k == format!("ep_ll_args_t.{f}"))
+                .unwrap()
+                .1
+        };
+        assert_eq!(u(off("buf")), 0x1_0000);
+        assert_eq!(u(off("ctl")), 0xc000);
+        assert_eq!(u(off("mask")), 0xa000);
+        assert_eq!(u(off("x")), 0x100);
+        assert_eq!(u(off("topk_idx")), 0x200);
+        assert_eq!(u(off("topk_weights")), 0);
+        assert_eq!(u(off("out")), 0x10);
+        assert_eq!(u(off("recv_scales")), 0x20);
+        assert_eq!(u(off("recv_count")), 0x30);
+        assert_eq!(u(off("src_info")), 0x40);
+        assert_eq!(u(off("recv_topk_slot")), 0x50);
+        assert_eq!(u(off("layout_range")), 0x60);
+        assert_eq!(w(off("num_tokens")), 100);
+        assert_eq!(w(off("num_max_tokens")), 128);
+        assert_eq!(w(off("num_experts")), 288);
+        assert_eq!(w(off("num_topk")), 8);
+        assert_eq!(w(off("set")), 1);
+        assert_eq!(
+            w(off("flags")),
+            FLAG_IDX_I32 | FLAG_ROUND_SCALE | FLAG_FP8_BUFFER
+        );
+        assert_eq!(w(off("fault")), 0);
+        assert_eq!(w(off("reserved")), 0);
+        // The struct's own bytes are these (repr(C), little-endian).
+        // SAFETY: LlArgs is repr(C) plain data of exactly 128 bytes without padding.
+        let raw: [u8; 128] = unsafe { std::mem::transmute(d) };
+        assert_eq!(raw, b);
+
+        // BF16 buffer, int64 ids, T > N: no scales pointer, the CPU's fault word.
+        let bb = ArgBase {
+            fp8: false,
+            round_scale: false,
+            ..base
+        };
+        let f = Fault::TooManyTokens(200).encode();
+        assert_eq!(f, (1 << 31) | (1 << 24) | 200);
+        let d = bb.dispatch(0, &out, 0x100, 0x200, IdxType::I64, 200, f);
+        assert_eq!(d.recv_scales, 0);
+        assert_eq!(d.flags, 0);
+        assert_eq!(d.fault, 0x8100_00c8);
+        assert_eq!(d.num_tokens, 200);
+
+        // Combine: the handle's outputs, the combined tensor as `out`, weights.
+        let c = base.combine(0, &out, 0x900, 0x800, 0x200, IdxType::I64, 0x300, 64, 0);
+        assert_eq!(
+            (c.x, c.out, c.topk_weights, c.topk_idx),
+            (0x800, 0x900, 0x300, 0x200)
+        );
+        assert_eq!(
+            (c.src_info, c.recv_topk_slot, c.layout_range),
+            (0x40, 0x50, 0x60)
+        );
+        assert_eq!((c.recv_count, c.recv_scales), (0, 0));
+        assert_eq!(c.flags, FLAG_ROUND_SCALE | FLAG_FP8_BUFFER);
+        assert_eq!((c.num_tokens, c.set), (64, 0));
+    }
+
+    #[test]
+    fn status_records_become_the_cpu_errors() {
+        let c = cfg(7168, true);
+        let st = |kind, peer, value, expected, commit| LlStatus {
+            claim: commit,
+            commit,
+            kind,
+            peer,
+            value,
+            expected,
+            reserved: 0,
+        };
+        // Another call's record, or none: no error.
+        assert!(status_error(&st(STATUS_DISPATCH_PEER, 1, 0, 0, 5), &c, 0, 3).is_none());
+        assert!(status_error(&LlStatus::default(), &c, 0, 0).is_none());
+        let bad_id = Fault::BadExpert(3 * 8 + 2).encode();
+        let e = status_error(&st(STATUS_DISPATCH_PEER, 2, bad_id, 0, 4), &c, 0, 3).unwrap();
+        match &e {
+            Error::EpPeerFailed {
+                pe,
+                op,
+                call,
+                peer,
+                reason,
+            } => {
+                assert_eq!((*pe, *op, *call, *peer), (0, "low_latency_dispatch", 3, 2));
+                assert_eq!(reason, "its topk_idx[3][2] is outside [-1, 288)");
+            }
+            e => panic!("{e}"),
+        }
+        let t = Fault::TooManyTokens(200).encode();
+        let e = status_error(&st(STATUS_DISPATCH_INPUT, 1, t, 0, 1), &c, 1, 0)
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("low_latency_dispatch (LL call #0) on PE 1: this PE's input is invalid")
+                && e.contains(
+                    "it passed 200 tokens, more than num_max_dispatch_tokens_per_rank = 128"
+                ),
+            "{e}"
+        );
+        let e = status_error(&st(STATUS_COMBINE_ROWS, 3, 7, 9, 2), &c, 0, 1)
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("low_latency_combine (LL call #1)")
+                && e.contains("PE 3 returned 7 rows")
+                && e.contains("sent 9 tokens"),
+            "{e}"
+        );
+        let h = Fault::Handle.encode();
+        let e = status_error(&st(STATUS_COMBINE_PEER, 1, h, 0, 2), &c, 0, 1)
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("failed on PE 1") && e.contains("handle of another buffer"),
+            "{e}"
+        );
+        let e = status_error(&st(STATUS_DISPATCH_CORRUPT, 1, 5000, 0, 1), &c, 0, 0)
+            .unwrap()
+            .to_string();
+        assert!(e.contains("announced 5000 tokens"), "{e}");
+        // The record bytes parse at ll.cuh's offsets.
+        let mut b = vec![0u8; 48];
+        b[8..16].copy_from_slice(&4u64.to_le_bytes());
+        b[16..20].copy_from_slice(&STATUS_DISPATCH_PEER.to_le_bytes());
+        b[20..24].copy_from_slice(&2i32.to_le_bytes());
+        b[24..32].copy_from_slice(&bad_id.to_le_bytes());
+        let p = parse_status(&b);
+        assert_eq!(
+            (p.commit, p.kind, p.peer, p.value),
+            (4, STATUS_DISPATCH_PEER, 2, bad_id)
+        );
+    }
+
+    #[test]
+    fn a_third_call_on_a_set_is_refused_before_its_hook() {
+        assert!(check_pending(&[None, None], 0, 2, "x").is_ok());
+        let e = check_pending(&[Some(0), None], 0, 2, "low_latency_dispatch")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("LL call #0 on buffer set 0 has not been received yet")
+                && e.contains("before starting call #2"),
+            "{e}"
+        );
+    }
+
+    /// The host's call bookkeeping, as the GPU buffer uses it: calls alternate sets,
+    /// hooks, stale handles, zero-copy requests.
+    #[test]
+    fn call_book_follows_the_cpu_rules() {
+        let mut b = Book::default();
+        // dispatch #0 with a hook, dispatch #1 with a hook, a third call is refused.
+        assert_eq!(b.start("d").unwrap(), (0, 0));
+        b.record(Op::Dispatch, 0, 10, None, true);
+        assert_eq!(b.start("d").unwrap(), (1, 1));
+        b.record(Op::Dispatch, 1, 12, None, true);
+        let e = b.start("low_latency_combine").unwrap_err().to_string();
+        assert!(
+            e.contains("LL call #0 on buffer set 0 has not been received"),
+            "{e}"
+        );
+        assert_eq!(b.seq, 2, "a refused call does not count");
+        // Wrong kind, wrong call, then the right hooks.
+        let e = b.hook(0, Kernel::CombineRecv).unwrap_err().to_string();
+        assert!(e.contains("that call is not a combine"), "{e}");
+        let e = b.hook(2, Kernel::DispatchRecv).unwrap_err().to_string();
+        assert!(e.contains("nothing pending"), "{e}");
+        assert_eq!(b.hook(0, Kernel::DispatchRecv).unwrap(), 0);
+        assert!(b.hook(0, Kernel::DispatchRecv).is_err(), "a hook runs once");
+        assert_eq!(b.hook(1, Kernel::DispatchRecv).unwrap(), 1);
+        // Combine #2 of dispatch #0 (zero-copy, requested), combine #3 of #1 (not requested).
+        assert_eq!(b.handle_set(0, "x").unwrap(), 0);
+        assert_eq!(b.next_zero_copy(), 0);
+        let (seq, set) = b.start("c").unwrap();
+        assert_eq!((seq, set), (2, 0));
+        assert_eq!(b.combine_fault(seq, 0, 10, 16, true), (0, None));
+        b.record(Op::Combine, seq, 10, None, false);
+        let (seq, _) = b.start("c").unwrap();
+        let (hs, f) = b.combine_fault(seq, 1, 12, 16, true);
+        assert_eq!(hs, 1);
+        assert!(f
+            .unwrap()
+            .contains("zero-copy combine #3 without get_next_low_latency_combine_buffer"),);
+        let (_, f) = b.combine_fault(seq, 1, 17, 16, false);
+        assert!(f
+            .unwrap()
+            .contains("had 17 tokens, more than num_max_dispatch_tokens_per_rank = 16"));
+        b.record(Op::Combine, seq, 12, Some("bad".into()), false);
+        assert_eq!(b.combine_rec(2).unwrap().tokens, 10);
+        assert_eq!(b.combine_rec(3).unwrap().err.as_deref(), Some("bad"));
+        // Dispatch #4 reuses set 0: the handle of #0 is stale, combine #2's output stays.
+        let (seq, _) = b.start("d").unwrap();
+        b.record(Op::Dispatch, seq, 5, None, false);
+        let e = b
+            .handle_set(0, "low_latency_combine")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the handle of dispatch #0 is stale") && e.contains("dispatch #4"),
+            "{e}"
+        );
+        let (_, f) = b.combine_fault(5, 0, 10, 16, false);
+        assert!(f.unwrap().contains("is stale"));
+        assert!(b
+            .handle_set(7, "x")
+            .unwrap_err()
+            .to_string()
+            .contains("no dispatch #7"));
+        assert_eq!(b.combine_rec(2).unwrap().call, 2);
+        b.record(Op::Combine, 6, 5, None, false);
+        assert!(b
+            .combine_rec(2)
+            .unwrap_err()
+            .to_string()
+            .contains("overwritten"));
+    }
+
+    /// Graph capture leaves the host state as it was, and each replay makes the captured
+    /// calls the next ones, with fresh call numbers.
+    #[test]
+    fn call_book_capture_and_replay() {
+        let mut b = Book::default();
+        // One ordinary pair first: capture starts at call 2.
+        b.start("d").unwrap();
+        b.record(Op::Dispatch, 0, 8, None, false);
+        b.start("c").unwrap();
+        b.record(Op::Combine, 1, 8, None, false);
+        let saved = b.begin_capture().unwrap();
+        b.start("d").unwrap();
+        b.record(Op::Dispatch, 2, 8, None, false);
+        b.start("c").unwrap();
+        b.record(Op::Combine, 3, 8, Some("fault".into()), false);
+        let (calls, parity, rec) = b.end_capture(saved).unwrap();
+        assert_eq!((calls, parity, rec.len()), (2, 0, 2));
+        assert_eq!(b.seq, 2, "nothing ran");
+        assert_eq!(b.dispatch[0].as_ref().unwrap().call, 0);
+        assert!(b.capture.is_none());
+        for rep in 0..3u64 {
+            b.can_replay(parity).unwrap();
+            let out = b.replayed(calls, &rec);
+            let d = 2 + 2 * rep;
+            assert_eq!(
+                out,
+                vec![
+                    Replayed::Dispatch(GpuHandle {
+                        call: d,
+                        num_tokens: 8,
+                        hook_pending: false
+                    }),
+                    Replayed::Combine(GpuCombine {
+                        call: d + 1,
+                        num_tokens: 8,
+                        hook_pending: false
+                    }),
+                ]
+            );
+            assert_eq!(b.handle_set(d, "x").unwrap(), 0);
+            assert_eq!(b.combine_rec(d + 1).unwrap().err.as_deref(), Some("fault"));
+        }
+        assert_eq!(b.seq, 8);
+        // A call between replays changes the parity: refused until one more call.
+        b.start("d").unwrap();
+        b.record(Op::Dispatch, 8, 8, None, false);
+        let e = b.can_replay(parity).unwrap_err().to_string();
+        assert!(
+            e.contains("captured at an even LL call number") && e.contains("call #9"),
+            "{e}"
+        );
+        // An odd number of calls, or a hook left pending, cannot be captured.
+        let saved = b.begin_capture().unwrap();
+        b.start("c").unwrap();
+        b.record(Op::Combine, 9, 8, None, false);
+        let e = b.end_capture(saved).unwrap_err().to_string();
+        assert!(e.contains("made 1 LL call(s)"), "{e}");
+        assert_eq!(b.seq, 9, "restored");
+        let saved = b.begin_capture().unwrap();
+        b.start("c").unwrap();
+        b.record(Op::Combine, 9, 8, None, true);
+        b.start("d").unwrap();
+        b.record(Op::Dispatch, 10, 8, None, false);
+        let e = b.end_capture(saved).unwrap_err().to_string();
+        assert!(e.contains("left a receive hook pending"), "{e}");
+        assert!(!b.any_pending(), "restored");
+        // Capture refuses to start with a hook pending.
+        b.start("c").unwrap();
+        b.record(Op::Combine, 9, 8, None, true);
+        assert!(b.begin_capture().is_err());
+        assert!(b.can_replay(1).is_err());
+    }
+
+    #[test]
+    fn cubins_are_used_only_for_the_ptx_they_came_from() {
+        let ptx = crate::gpu::module::ptx_source(MODULE, None).unwrap();
+        let h = format!("{:016x}\n", crate::pe::fnv(ptx.as_bytes()));
+        assert!(cubin_matches(&ptx, &h));
+        assert!(!cubin_matches(&format!("{ptx} "), &h));
+        assert!(!cubin_matches(&ptx, ""));
+        // The bundle script's FNV-1a (python) agrees with this one on a known input.
+        assert_eq!(crate::pe::fnv(b"ep_ll"), fnv_reference(b"ep_ll"));
+        assert_eq!(format!("{:016x}", crate::pe::fnv(b"")), "cbf29ce484222325");
+    }
+
+    fn fnv_reference(b: &[u8]) -> u64 {
+        let mut h: u64 = 0xcbf29ce484222325;
+        for &x in b {
+            h ^= x as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h
+    }
+
+    /// Without libcuda, an EP buffer on GPU PEs is an error naming the library.
+    #[test]
+    fn gpu_ep_without_a_driver_fails_cleanly() {
+        // SAFETY: dlopen attempts only.
+        if unsafe { sys::is_culib_present() } {
+            return;
+        }
+        let s = crate::config::Settings::from_lookup(|_| None).unwrap();
+        let e = super::super::run_gpu_threads(2, s, |g| {
+            GpuBuffer::new(g, cfg(7168, true), 0).map(|_| ())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("libcuda.so.1"), "{e}");
+    }
+}

@@ -1,0 +1,1194 @@
+//! `rshmem bench ep --device gpu`: the EP benchmark on GPU PEs (threads of this process
+//! sharing the visible GPU), and its correctness suite (`--check`, run by
+//! scripts/gpu-check's `ep` step).
+//!
+//! The suite runs, for each PE count, cases over EP.md's shapes on [`GpuBuffer`] and
+//! compares every output with the CPU implementation ([`crate::ep::Buffer`], the oracle,
+//! run on CPU PEs in this process) on identical inputs: `recv_count`, every
+//! (expert, source) block's rows in order (`src_info`, the top-k slot, the bytes of
+//! `recv_x` and `recv_scales`), and `combined_x` bit for bit; plus EP.md's own checks
+//! ([`check`]), bit-identical repeats, hooks, zero-copy, int32 ids, faults on one PE seen
+//! by all, and a CUDA graph of dispatch + combine replayed with new routing each time.
+//!
+//! The bench measures, per iteration, every PE's dispatch and combine with CUDA events on
+//! its stream; all PEs start each phase together (each stream waits on a device word that
+//! PE 0 sets once every PE has enqueued its work, `cuStreamWaitValue32`), so host launch
+//! skew is not timed. Reported: the slowest PE per iteration, median and p99; and, against
+//! the device-to-device copy bandwidth measured in the same run, the bytes every PE reads
+//! from send buffers plus writes into receive buffers (dispatch: each selected slot reads
+//! its bf16 token row, `2H`, and writes one message into the owner's receive area; combine:
+//! each returned row reads `2H` from the expert outputs and writes `2H` into the source's
+//! receive rows), summed over PEs, per second, divided by the copy's read + written bytes
+//! per second (twice its copied bytes). Unverified on a GPU until gpu-check has run.
+
+use super::driver::{ck, driver};
+use super::ep::{load_module, settle_uploads, GpuBuffer, IdxType, Replayed};
+use super::module::Module;
+use super::pe::{DevBuf, GpuPe};
+use super::run_gpu_threads;
+use crate::config::{LaunchInfo, Settings};
+use crate::ep::bench::{config_of, EpBenchArgs, EpPoint, EpReport};
+use crate::ep::{bf16, check, Buffer, Config, DispatchOutput, Layout, RecvX};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use serde::Serialize;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// GPU-only fields of a bench point (flattened into the JSON object).
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuEpStats {
+    pub gpu: String,
+    /// Blocks per kernel launch per PE.
+    pub grid: u32,
+    /// Device-to-device copy bandwidth, bytes copied per second / 1e9: the better of
+    /// cuMemcpyDtoD and the library's rshmem_copy kernel (512 MiB, same GPU).
+    pub copy_gbps: f64,
+    pub memcpy_dtod_gbps: f64,
+    pub copy_kernel_gbps: f64,
+    /// Bytes read from send buffers + written to receive buffers by all PEs in one call.
+    pub dispatch_rw_bytes: f64,
+    pub combine_rw_bytes: f64,
+    /// Those bytes / the median latency (GB/s).
+    pub dispatch_rw_gbps: f64,
+    pub combine_rw_gbps: f64,
+    /// `*_rw_gbps / (2 * copy_gbps)` (a copy reads and writes each byte): the issue's
+    /// target is >= 0.6 each.
+    pub dispatch_copy_fraction: f64,
+    pub combine_copy_fraction: f64,
+}
+
+/// Whether a CUDA device is visible (libcuda loads and reports at least one).
+pub fn gpu_present() -> bool {
+    super::pe::device_count().is_ok_and(|n| n > 0)
+}
+
+/// The bytes of a bf16 tensor as the device stores it (little-endian u16).
+fn bf16_bytes(v: &[bf16]) -> &[u8] {
+    const _: () = assert!(cfg!(target_endian = "little"));
+    // SAFETY: half::bf16 is #[repr(transparent)] over u16 (2 bytes, no padding), so the
+    // slice is 2 * len initialised bytes; on a little-endian host they are the
+    // device's layout. The returned slice borrows `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+fn upload(g: &GpuPe, bytes: &[u8], what: &str) -> Result<DevBuf> {
+    let b = DevBuf::new(g.ctx(), bytes.len(), what)?;
+    if !bytes.is_empty() {
+        b.write(bytes)?;
+    }
+    Ok(b)
+}
+
+fn idx_bytes(idx: &[i64], ty: IdxType) -> Vec<u8> {
+    match ty {
+        IdxType::I64 => idx.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        IdxType::I32 => idx.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn settings_for(cfg: &Config, n: usize) -> Result<Settings> {
+    let mut s = Settings::from_env()?;
+    let need = crate::heap::RESERVED_BYTES + Layout::size_hint(cfg, n)? + (8 << 20);
+    if s.symmetric_size < need {
+        s.symmetric_size = need.next_multiple_of(2 << 20);
+    }
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------- the suite
+
+/// One correctness case.
+#[derive(Debug, Clone)]
+struct Case {
+    name: String,
+    cfg: Config,
+    /// T per PE.
+    tokens: Vec<usize>,
+    /// Experts tokens may go to (None = all): experts outside receive nothing.
+    pool: Option<Vec<usize>>,
+    masked_slots: usize,
+    /// Token 0 of every PE has every slot masked.
+    mask_token0: bool,
+    idx: IdxType,
+    hook: bool,
+    zero_copy: bool,
+    seed: u64,
+}
+
+fn routing(c: &Case, rank: usize) -> check::Routing {
+    let mut r = check::random_routing(
+        c.seed,
+        rank,
+        c.tokens[rank],
+        &c.cfg,
+        c.pool.as_deref(),
+        c.masked_slots,
+    );
+    if c.mask_token0 && r.num_tokens > 0 {
+        r.topk_idx[..c.cfg.num_topk].fill(-1);
+    }
+    r
+}
+
+/// The simulated expert's per-expert factor (not 1, so a row combined from the wrong
+/// expert shows).
+fn scale(e: usize) -> f32 {
+    1.0 + (e % 4) as f32 * 0.25
+}
+
+fn cases(n: usize) -> Vec<Case> {
+    let cfg = |n_tok, h, e, k, fp8, round| Config {
+        num_max_dispatch_tokens_per_rank: n_tok,
+        hidden: h,
+        num_experts: e,
+        num_topk: k,
+        use_fp8: fp8,
+        round_scale: round,
+    };
+    let mut v = vec![
+        // EP.md's default shape but E = 16 per PE (the bench runs E = 288, validated).
+        Case {
+            name: "h7168-fp8-T=N".into(),
+            cfg: cfg(128, 7168, 16 * n, 8, true, false),
+            tokens: vec![128; n],
+            pool: None,
+            masked_slots: 10,
+            mask_token0: false,
+            idx: IdxType::I64,
+            hook: false,
+            zero_copy: false,
+            seed: 11,
+        },
+        // bf16, int32 ids, hooks, zero-copy, experts receiving nothing, a fully masked
+        // token, T varying per PE (0 on PE 1).
+        Case {
+            name: "h2048-bf16-hook-zero-copy".into(),
+            cfg: cfg(64, 2048, 6 * n, 3, false, false),
+            tokens: (0..n).map(|p| [48, 0, 64][p % 3]).collect(),
+            pool: Some((0..6 * n).filter(|e| e % 5 != 1).collect()),
+            masked_slots: 7,
+            mask_token0: true,
+            idx: IdxType::I32,
+            hook: true,
+            zero_copy: true,
+            seed: 12,
+        },
+        // FP8 with round_scale, K = 1, K > L elsewhere: top-11 over 2 experts per PE.
+        Case {
+            name: "h4096-fp8-round-K=1".into(),
+            cfg: cfg(32, 4096, 4 * n, 1, true, true),
+            tokens: vec![32; n],
+            pool: None,
+            masked_slots: 3,
+            mask_token0: false,
+            idx: IdxType::I64,
+            hook: false,
+            zero_copy: false,
+            seed: 13,
+        },
+    ];
+    if n <= 3 {
+        v.push(Case {
+            name: "h5120-fp8-K=11>L".into(),
+            cfg: cfg(16, 5120, 2 * n * 3, 11.min(2 * n * 3), true, false),
+            tokens: vec![16; n],
+            pool: None,
+            masked_slots: 5,
+            mask_token0: false,
+            idx: IdxType::I64,
+            hook: true,
+            zero_copy: false,
+            seed: 14,
+        });
+    }
+    v
+}
+
+type Oracle = Vec<(DispatchOutput, Vec<bf16>)>;
+
+/// The CPU implementation on CPU PEs (threads) with the case's inputs.
+fn oracle(c: &Case, n: usize) -> Result<Oracle> {
+    let cfg = c.cfg;
+    let out = crate::pe::run_threads(n, settings_for(&cfg, n)?, |pe| {
+        let team = pe.world().clone();
+        let me = pe.my_pe();
+        let mut buf = Buffer::new(pe, &team, cfg)?;
+        let r = routing(c, me);
+        let x = check::origin_x(me, r.num_tokens, cfg.hidden);
+        let d = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+        let l = cfg.num_experts / n;
+        let mut eo = vec![bf16::ZERO; l * n * cfg.num_max_dispatch_tokens_per_rank * cfg.hidden];
+        check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
+        let comb = buf
+            .low_latency_combine(&eo, &r.topk_idx, &r.topk_weights, &d.handle, false, false)?
+            .wait()?;
+        buf.destroy()?;
+        Ok((d, comb))
+    })?;
+    out.into_iter().collect()
+}
+
+fn row_bytes(cfg: &Config, x: &RecvX, row: usize) -> Vec<u8> {
+    let h = cfg.hidden;
+    match x {
+        RecvX::Bf16(v) => bf16_bytes(&v[row * h..(row + 1) * h]).to_vec(),
+        RecvX::Fp8 { data, scales } => {
+            let g = h / crate::ep::fp8::GROUP;
+            let mut b = data[row * h..(row + 1) * h].to_vec();
+            b.extend(f32_bytes(&scales[row * g..(row + 1) * g]));
+            b
+        }
+    }
+}
+
+/// GPU dispatch output against the CPU's: counts, and each (expert, source) block's rows
+/// in order (the blocks' places may differ: source order on GPU, arrival order on CPU).
+fn compare_dispatch(
+    cfg: &Config,
+    n: usize,
+    me: usize,
+    gpu: &DispatchOutput,
+    cpu: &DispatchOutput,
+) -> Result<()> {
+    let l = cfg.num_experts / n;
+    let rows = n * cfg.num_max_dispatch_tokens_per_rank;
+    let bad = |m: String| Error::Verification(format!("ep GPU vs CPU on PE {me}: {m}"));
+    if gpu.recv_count != cpu.recv_count {
+        return Err(bad(format!(
+            "recv_count {:?}, the CPU's {:?}",
+            gpu.recv_count, cpu.recv_count
+        )));
+    }
+    for le in 0..l {
+        for s in 0..n {
+            let (g, c) = (gpu.layout_range[le * n + s], cpu.layout_range[le * n + s]);
+            let (gb, gc) = ((g >> 32) as usize, (g & 0xffff_ffff) as usize);
+            let (cb, cc) = ((c >> 32) as usize, (c & 0xffff_ffff) as usize);
+            if gc != cc {
+                return Err(bad(format!(
+                    "local expert {le}, source PE {s}: {gc} rows, the CPU's {cc}"
+                )));
+            }
+            for j in 0..gc {
+                let (rg, rc) = (le * rows + gb + j, le * rows + cb + j);
+                if gpu.src_info[rg] != cpu.src_info[rc]
+                    || gpu.handle.row_k()[rg] != cpu.handle.row_k()[rc]
+                {
+                    return Err(bad(format!(
+                        "local expert {le}, source PE {s}, row {j}: token {} slot {}, the CPU's \
+                         token {} slot {}",
+                        gpu.src_info[rg],
+                        gpu.handle.row_k()[rg],
+                        cpu.src_info[rc],
+                        cpu.handle.row_k()[rc]
+                    )));
+                }
+                let (a, b) = (
+                    row_bytes(cfg, &gpu.recv_x, rg),
+                    row_bytes(cfg, &cpu.recv_x, rc),
+                );
+                if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
+                    return Err(bad(format!(
+                        "local expert {le}, source PE {s}, row {j} (token {}): byte {i} of the \
+                         row (payload, then scales) is {:#04x}, the CPU's {:#04x}",
+                        gpu.src_info[rg], a[i], b[i]
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn compare_combined(me: usize, h: usize, gpu: &[bf16], cpu: &[bf16]) -> Result<()> {
+    if gpu.len() != cpu.len() {
+        return Err(Error::Verification(format!(
+            "ep GPU vs CPU on PE {me}: combined has {} values, the CPU's {}",
+            gpu.len(),
+            cpu.len()
+        )));
+    }
+    if let Some(i) = (0..gpu.len()).find(|&i| gpu[i].to_bits() != cpu[i].to_bits()) {
+        return Err(Error::Verification(format!(
+            "ep GPU vs CPU on PE {me}: combined token {}, column {}: {} ({:#06x}), the CPU's {} \
+             ({:#06x})",
+            i / h,
+            i % h,
+            gpu[i],
+            gpu[i].to_bits(),
+            cpu[i],
+            cpu[i].to_bits()
+        )));
+    }
+    Ok(())
+}
+
+/// One case on one GPU PE: two repeats (both buffer sets), each compared with the oracle.
+/// A failed check is recorded and the calls go on (so the other PEs are not left waiting
+/// in their kernels); the first failure is returned at the end.
+fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
+    let (n, me, cfg) = (g.n_pes(), g.my_pe(), c.cfg);
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
+    let r = routing(c, me);
+    let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
+    let masked = vec![false; n];
+    let x = upload(
+        g,
+        bf16_bytes(&check::origin_x(me, r.num_tokens, cfg.hidden)),
+        "x",
+    )?;
+    let idx = upload(g, &idx_bytes(&r.topk_idx, c.idx), "topk_idx")?;
+    let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
+    settle_uploads(g, "EP inputs")?;
+    let l = cfg.num_experts / n;
+    let mut first: Option<(u64, u64)> = None;
+    let mut problem: Option<Error> = None;
+    let mut note = |r: Result<()>| {
+        if let Err(e) = r {
+            problem.get_or_insert(e);
+        }
+    };
+    for rep in 0..2 {
+        let mut h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), c.idx, r.num_tokens, c.hook)?;
+        if c.hook {
+            buf.recv_hook(&mut h)?;
+        }
+        let d = buf.read_dispatch(&h)?;
+        note(check::validate_dispatch(&cfg, me, &all, &masked, &d));
+        note(compare_dispatch(&cfg, n, me, &d, &oracle[me].0));
+        let mut eo = vec![bf16::ZERO; l * n * cfg.num_max_dispatch_tokens_per_rank * cfg.hidden];
+        check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
+        let eo = bf16_bytes(&eo);
+        let mut keep = None;
+        let src = if c.zero_copy {
+            buf.get_next_low_latency_combine_buffer(&h)?;
+            let set = (buf.calls() % 2) as usize;
+            g.write_local(buf.zero_copy_offset(set), eo)?;
+            None
+        } else {
+            let b = upload(g, eo, "expert outputs")?;
+            let p = b.ptr();
+            keep = Some(b);
+            Some(p)
+        };
+        settle_uploads(g, "expert outputs")?;
+        let mut cmb = buf.low_latency_combine(src, idx.ptr(), c.idx, w.ptr(), &h, c.hook)?;
+        if c.hook {
+            buf.combine_recv_hook(&mut cmb)?;
+        }
+        let combined = buf.read_combined(&cmb)?;
+        drop(keep);
+        note(check::validate_combine(&cfg, n, me, &r, &masked, &scale, &combined).map(|_| ()));
+        note(compare_combined(me, cfg.hidden, &combined, &oracle[me].1));
+        let hashes = (
+            check::dispatch_hash(&cfg, n, &d),
+            check::hash_bf16(&combined),
+        );
+        match first {
+            None => first = Some(hashes),
+            Some(h0) if h0 != hashes => note(Err(Error::Verification(format!(
+                "ep GPU on PE {me}: repeat {rep} is not bit-identical to repeat 0 \
+                 ({hashes:x?} vs {h0:x?})"
+            )))),
+            Some(_) => {}
+        }
+    }
+    buf.destroy()?;
+    match problem {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Faults: an expert id >= E on PE 1, then T > N on PE 0; every PE fails the call naming
+/// the PE at fault, and the buffer works again afterwards.
+fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
+    let (n, me) = (g.n_pes(), g.my_pe());
+    let cfg = Config {
+        num_max_dispatch_tokens_per_rank: 16,
+        hidden: 2048,
+        num_experts: 2 * n,
+        num_topk: 2,
+        use_fp8: false,
+        round_scale: false,
+    };
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
+    let t_max = 17;
+    let x = upload(g, bf16_bytes(&check::origin_x(me, t_max, cfg.hidden)), "x")?;
+    let good = check::random_routing(5, me, 16, &cfg, None, 0);
+    let mut bad_idx = good.topk_idx.clone();
+    bad_idx.resize(t_max * 2, 0);
+    if me == 1 % n {
+        bad_idx[0] = cfg.num_experts as i64;
+    }
+    let idx = upload(g, &idx_bytes(&bad_idx, IdxType::I64), "topk_idx")?;
+    settle_uploads(g, "EP inputs")?;
+    let expect = |r: Result<DispatchOutput>, culprit: usize, text: &str| -> Result<()> {
+        match r {
+            Ok(_) => Err(Error::Verification(format!(
+                "ep GPU fault case on PE {me}: a call with a fault on PE {culprit} succeeded"
+            ))),
+            Err(Error::EpPeerFailed { peer, reason, .. })
+                if me != culprit && peer == culprit && reason.contains(text) =>
+            {
+                Ok(())
+            }
+            Err(Error::InvalidArgument(m)) if me == culprit && m.contains(text) => Ok(()),
+            Err(e) => Err(Error::Verification(format!(
+                "ep GPU fault case on PE {me}: fault on PE {culprit}: unexpected error: {e}"
+            ))),
+        }
+    };
+    // 1: a bad expert id on PE 1 (PE 0 when alone).
+    let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 16, false)?;
+    expect(buf.read_dispatch(&h), 1 % n, "is outside [-1,")?;
+    // 2: T = N + 1 on PE 0 (others pass valid input).
+    let idx_ok = upload(g, &idx_bytes(&good.topk_idx, IdxType::I64), "topk_idx")?;
+    let mut long_idx = good.topk_idx.clone();
+    long_idx.resize(t_max * 2, -1);
+    let idx_long = upload(g, &idx_bytes(&long_idx, IdxType::I64), "topk_idx")?;
+    settle_uploads(g, "EP inputs")?;
+    let (p, t) = if me == 0 {
+        (idx_long.ptr(), t_max)
+    } else {
+        (idx_ok.ptr(), 16)
+    };
+    let h = buf.low_latency_dispatch(x.ptr(), p, IdxType::I64, t, false)?;
+    expect(buf.read_dispatch(&h), 0, "tokens")?;
+    // 3: a valid call afterwards works (the credits flowed through the failed calls).
+    let all = check::allgather_routing(g.pe(), g.pe().world(), &good)?;
+    let h = buf.low_latency_dispatch(x.ptr(), idx_ok.ptr(), IdxType::I64, 16, false)?;
+    check::validate_dispatch(&cfg, me, &all, &vec![false; n], &buf.read_dispatch(&h)?)?;
+    buf.destroy()
+}
+
+/// A dead PE (the last one) masked by every other PE: it makes no LL calls, the others'
+/// dispatch and combine skip it (EP.md's checks with the mask), then the mask is cleared.
+fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
+    let (n, me) = (g.n_pes(), g.my_pe());
+    let dead = n - 1;
+    let cfg = Config {
+        num_max_dispatch_tokens_per_rank: 32,
+        hidden: 4096,
+        num_experts: 4 * n,
+        num_topk: 4,
+        use_fp8: true,
+        round_scale: false,
+    };
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
+    let r = check::random_routing(21, me, 32, &cfg, None, 4);
+    let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
+    let mut masked = vec![false; n];
+    masked[dead] = true;
+    let mut problem: Option<Error> = None;
+    if me != dead {
+        buf.update_mask(dead, true)?;
+        if buf.query_mask() != masked {
+            problem.get_or_insert(Error::Verification(format!(
+                "ep GPU mask on PE {me}: query_mask {:?}",
+                buf.query_mask()
+            )));
+        }
+        let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
+        let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
+        let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
+        settle_uploads(g, "EP inputs")?;
+        let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
+        let d = buf.read_dispatch(&h)?;
+        if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &d) {
+            problem.get_or_insert(e);
+        }
+        let l = cfg.num_experts / n;
+        let mut eo = vec![bf16::ZERO; l * n * 32 * cfg.hidden];
+        check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
+        let eo = upload(g, bf16_bytes(&eo), "expert outputs")?;
+        settle_uploads(g, "expert outputs")?;
+        let c =
+            buf.low_latency_combine(Some(eo.ptr()), idx.ptr(), IdxType::I64, w.ptr(), &h, false)?;
+        let comb = buf.read_combined(&c)?;
+        if let Err(e) = check::validate_combine(&cfg, n, me, &r, &masked, &scale, &comb) {
+            problem.get_or_insert(e);
+        }
+        buf.clean_mask()?;
+        if buf.query_mask().iter().any(|&m| m) {
+            problem.get_or_insert(Error::Verification(format!(
+                "ep GPU mask on PE {me}: clean_mask left {:?}",
+                buf.query_mask()
+            )));
+        }
+    } else if buf.update_mask(me, true).is_ok() {
+        problem.get_or_insert(Error::Verification(
+            "ep GPU mask: a PE could mask itself".into(),
+        ));
+    }
+    g.pe().barrier_all()?;
+    buf.destroy()?;
+    match problem {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// A CUDA graph of dispatch + combine (bf16; the identity expert reads `recv_x` in place),
+/// replayed with new routing and weights written into the same device buffers.
+fn graph_case(g: &GpuPe, m: &Module, replays: usize) -> Result<()> {
+    let (n, me) = (g.n_pes(), g.my_pe());
+    let cfg = Config {
+        num_max_dispatch_tokens_per_rank: 32,
+        hidden: 2560,
+        num_experts: 4 * n,
+        num_topk: 4.min(4 * n),
+        use_fp8: false,
+        round_scale: false,
+    };
+    let t = 32;
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
+    let x = upload(g, bf16_bytes(&check::origin_x(me, t, cfg.hidden)), "x")?;
+    let idx = DevBuf::new(g.ctx(), t * cfg.num_topk * 8, "topk_idx")?;
+    let w = DevBuf::new(g.ctx(), t * cfg.num_topk * 4, "topk_weights")?;
+    let r0 = check::random_routing(100, me, t, &cfg, None, 4);
+    idx.write(&idx_bytes(&r0.topk_idx, IdxType::I64))?;
+    w.write(&f32_bytes(&r0.topk_weights))?;
+    settle_uploads(g, "EP inputs")?;
+    let (graph, ()) = buf.capture(|b| {
+        let h = b.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, t, false)?;
+        let recv_x = b.dispatch_outputs(&h)?.recv_x;
+        b.low_latency_combine(Some(recv_x), idx.ptr(), IdxType::I64, w.ptr(), &h, false)?;
+        Ok(())
+    })?;
+    if graph.calls() != 2 || buf.calls() != 0 {
+        return Err(Error::Verification(format!(
+            "ep graph: captured {} calls, buffer at call {} (expected 2 and 0)",
+            graph.calls(),
+            buf.calls()
+        )));
+    }
+    let identity = |_e: usize| 1.0f32;
+    let masked = vec![false; n];
+    for rep in 0..replays {
+        let r = check::random_routing(101 + rep as u64, me, t, &cfg, None, 4 + rep);
+        idx.write(&idx_bytes(&r.topk_idx, IdxType::I64))?;
+        w.write(&f32_bytes(&r.topk_weights))?;
+        settle_uploads(g, "EP inputs")?;
+        let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
+        let calls = buf.replay(&graph)?;
+        for call in calls {
+            match call {
+                Replayed::Dispatch(h) => {
+                    let d = buf.read_dispatch(&h)?;
+                    check::validate_dispatch(&cfg, me, &all, &masked, &d)
+                        .map_err(|e| Error::Verification(format!("graph replay {rep}: {e}")))?;
+                }
+                Replayed::Combine(c) => {
+                    let comb = buf.read_combined(&c)?;
+                    check::validate_combine(&cfg, n, me, &r, &masked, &identity, &comb)
+                        .map_err(|e| Error::Verification(format!("graph replay {rep}: {e}")))?;
+                }
+            }
+        }
+        // Every PE read its outputs before anyone writes the next inputs' routing.
+        g.pe().barrier_all()?;
+    }
+    if buf.calls() != 2 * replays as u64 {
+        return Err(Error::Verification(format!(
+            "ep graph: buffer at call {} after {replays} replays",
+            buf.calls()
+        )));
+    }
+    drop(graph);
+    buf.destroy()
+}
+
+/// `rshmem bench ep --device gpu --check`: the suite for every `--pes` count.
+pub fn check_cli(a: &EpBenchArgs) -> i32 {
+    match check_suite(a) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rshmem bench ep --check: {e}");
+            1
+        }
+    }
+}
+
+fn check_suite(a: &EpBenchArgs) -> Result<()> {
+    if a.device == "cpu" {
+        return Err(Error::InvalidArgument(
+            "--check is the GPU correctness suite: use --device gpu (or auto on a GPU machine)"
+                .into(),
+        ));
+    }
+    if a.device != "gpu" && a.device != "auto" {
+        return Err(Error::InvalidArgument(format!(
+            "--device {}: expected cpu, gpu or auto",
+            a.device
+        )));
+    }
+    driver()?;
+    let mut failures = 0;
+    for &n in &a.pes {
+        if n == 0 {
+            return Err(Error::InvalidArgument("--pes must be at least 1".into()));
+        }
+        // The oracle of every case first (CPU PEs), then one job of GPU PEs runs them all
+        // with one module instance per PE.
+        let cs = cases(n);
+        let mut oracles = Vec::new();
+        for c in &cs {
+            oracles.push(oracle(c, n));
+        }
+        let mut s = Settings::from_env()?;
+        for c in &cs {
+            s.symmetric_size = s
+                .symmetric_size
+                .max(settings_for(&c.cfg, n)?.symmetric_size);
+        }
+        let names: Vec<String> = cs
+            .iter()
+            .map(|c| c.name.clone())
+            .chain(["faults".to_string(), "graph-replay-x3".to_string()])
+            .chain((n >= 3).then(|| "masked-PE".to_string()))
+            .collect();
+        let t0 = Instant::now();
+        let per_pe = run_gpu_threads(n, s, |g| {
+            let m = load_module(g)?;
+            let mut out: Vec<(Result<()>, f64)> = Vec::new();
+            for (c, o) in cs.iter().zip(&oracles) {
+                let t = Instant::now();
+                let r = match o {
+                    Ok(o) => gpu_case(g, &m, c, o),
+                    Err(e) => Err(Error::Verification(format!("the CPU oracle failed: {e}"))),
+                };
+                out.push((r, t.elapsed().as_secs_f64()));
+                g.pe().barrier_all()?;
+            }
+            let t = Instant::now();
+            out.push((fault_case(g, &m), t.elapsed().as_secs_f64()));
+            g.pe().barrier_all()?;
+            let t = Instant::now();
+            out.push((graph_case(g, &m, 3), t.elapsed().as_secs_f64()));
+            if n >= 3 {
+                g.pe().barrier_all()?;
+                let t = Instant::now();
+                out.push((mask_case(g, &m), t.elapsed().as_secs_f64()));
+            }
+            Ok(out)
+        });
+        match per_pe {
+            Err(e) => {
+                failures += report(
+                    &format!("{n} PEs"),
+                    Err::<(), _>(e),
+                    t0.elapsed().as_secs_f64(),
+                    a.json,
+                )
+            }
+            Ok(per_pe) => {
+                let mut rows: Vec<(Option<String>, f64)> = vec![(None, 0.0); names.len()];
+                for (pe, r) in per_pe.into_iter().enumerate() {
+                    match r {
+                        Err(e) => {
+                            for row in rows.iter_mut() {
+                                row.0.get_or_insert(format!("PE {pe}: {e}"));
+                            }
+                        }
+                        Ok(v) => {
+                            for (i, (r, secs)) in v.into_iter().enumerate() {
+                                rows[i].1 = rows[i].1.max(secs);
+                                if let Err(e) = r {
+                                    rows[i].0.get_or_insert(format!("PE {pe}: {e}"));
+                                }
+                            }
+                        }
+                    }
+                }
+                for (name, (err, secs)) in names.iter().zip(rows) {
+                    let r = match err {
+                        None => Ok(()),
+                        Some(e) => Err(Error::Verification(e)),
+                    };
+                    failures += report(&format!("{n} PEs {name}"), r, secs, a.json);
+                }
+            }
+        }
+    }
+    if failures > 0 {
+        return Err(Error::Verification(format!("{failures} case(s) failed")));
+    }
+    Ok(())
+}
+
+fn report<T>(name: &str, r: Result<T>, secs: f64, json: bool) -> usize {
+    let (ok, err) = match &r {
+        Ok(_) => (true, None),
+        Err(e) => (false, Some(e.to_string())),
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"bench": "ep-check", "case": name, "ok": ok, "seconds": secs, "error": err})
+        );
+    } else {
+        match &err {
+            None => println!("ep check {name}: ok ({secs:.1} s)"),
+            Some(e) => println!("ep check {name}: FAIL ({secs:.1} s): {e}"),
+        }
+    }
+    usize::from(!ok)
+}
+
+// ---------------------------------------------------------------------- the bench
+
+fn events(g: &GpuPe, n: usize) -> Result<Vec<sys::CUevent>> {
+    g.enter()?;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; default flags (timing enabled); context current.
+        ck(
+            unsafe { sys::cuEventCreate(&mut e, 0) },
+            "cuEventCreate",
+            || "EP bench events".into(),
+        )?;
+        v.push(e);
+    }
+    Ok(v)
+}
+
+fn destroy_events(g: &GpuPe, v: &[sys::CUevent]) {
+    if g.enter().is_ok() {
+        for &e in v {
+            // SAFETY: created by events(), destroyed once.
+            unsafe { sys::cuEventDestroy_v2(e) };
+        }
+    }
+}
+
+fn record(g: &GpuPe, e: sys::CUevent) -> Result<()> {
+    // SAFETY: an event and the stream of this PE's context.
+    ck(
+        unsafe { sys::cuEventRecord(e, g.stream()) },
+        "cuEventRecord",
+        || "EP bench".into(),
+    )
+}
+
+fn elapsed_us(a: sys::CUevent, b: sys::CUevent) -> Result<f64> {
+    let mut ms = 0f32;
+    // SAFETY: both events recorded and complete (waited for by the caller).
+    ck(
+        unsafe { sys::cuEventElapsedTime_v2(&mut ms, a, b) },
+        "cuEventElapsedTime",
+        || "EP bench".into(),
+    )?;
+    Ok(ms as f64 * 1e3)
+}
+
+/// Waits (bounded) until event `e` has completed; a failed stream becomes the PE's device
+/// error.
+fn wait_event(g: &GpuPe, e: sys::CUevent, what: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // SAFETY: an event of this context.
+        let rc = unsafe { sys::cuEventQuery(e) };
+        if rc == sys::CUresult::CUDA_SUCCESS {
+            return Ok(());
+        }
+        if rc != sys::CUresult::CUDA_ERROR_NOT_READY {
+            g.sync(what)?;
+            return ck(rc, "cuEventQuery", || what.to_string());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                pe: g.my_pe(),
+                what: format!("{what} (EP bench, 30 s)"),
+                waited_ms: 30_000,
+            });
+        }
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+fn wait_gate(g: &GpuPe, gate: u64, value: u32) -> Result<()> {
+    // SAFETY: `gate` is 4 bytes of device memory of this context (PE 0's allocation, alive
+    // until the last barrier); the PE's stream.
+    ck(
+        unsafe { sys::cuStreamWaitValue32_v2(g.stream(), gate, value, 0) },
+        "cuStreamWaitValue32",
+        || "EP bench start gate (stream memory operations)".into(),
+    )
+}
+
+/// Device-to-device copy bandwidth on this PE's GPU: (cuMemcpyDtoD, rshmem_copy) GB/s of
+/// bytes copied, median of 5 timed repetitions of 4 copies of 512 MiB.
+fn copy_bandwidth(g: &GpuPe) -> Result<(f64, f64)> {
+    let size = 512usize << 20;
+    let src = DevBuf::new(g.ctx(), size, "copy bench source")?;
+    let dst = DevBuf::new(g.ctx(), size, "copy bench destination")?;
+    let k = g.load_library_module("rshmem_kernels", None)?;
+    let ev = events(g, 2)?;
+    let run = |kernel: bool| -> Result<f64> {
+        let mut v = Vec::new();
+        for rep in 0..6 {
+            record(g, ev[0])?;
+            for _ in 0..4 {
+                if kernel {
+                    let (mut a, mut b, mut c) = (dst.ptr(), src.ptr(), size as u64);
+                    let mut p = [
+                        (&mut a as *mut u64).cast::<c_void>(),
+                        (&mut b as *mut u64).cast(),
+                        (&mut c as *mut u64).cast(),
+                    ];
+                    let grid = g.device().sms * 4;
+                    // SAFETY: rshmem_copy(void* dst, const void* src, u64 bytes); two
+                    // disjoint allocations of `size` bytes.
+                    unsafe { g.launch_raw(&k, "rshmem_copy", grid, 512, 0, &mut p, false)? };
+                } else {
+                    // SAFETY: two disjoint device allocations of `size` bytes; this PE's
+                    // stream.
+                    ck(
+                        unsafe {
+                            sys::cuMemcpyDtoDAsync_v2(dst.ptr(), src.ptr(), size, g.stream())
+                        },
+                        "cuMemcpyDtoDAsync",
+                        || "EP bench copy bandwidth".into(),
+                    )?;
+                }
+            }
+            record(g, ev[1])?;
+            g.sync("EP bench copy bandwidth")?;
+            if rep > 0 {
+                v.push(4.0 * size as f64 / (elapsed_us(ev[0], ev[1])? * 1e-6) / 1e9);
+            }
+        }
+        Ok(crate::bench::stats(v).0)
+    };
+    let r = run(false).and_then(|m| Ok((m, run(true)?)));
+    destroy_events(g, &ev);
+    r
+}
+
+/// `rshmem bench ep --device gpu`.
+pub fn run(a: &EpBenchArgs) -> Result<EpReport> {
+    // Arguments first (a clear error on any machine), then the driver.
+    for &n in &a.pes {
+        for &t in &a.tokens {
+            super::ep::check_config(&config_of(a, t), n)?;
+        }
+    }
+    if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--iters, --pes and --tokens must be at least 1".into(),
+        ));
+    }
+    driver()?;
+    if LaunchInfo::from_env()?.is_some() {
+        return Err(Error::InvalidArgument(
+            "--device gpu starts its own PEs as threads sharing the GPU: run it without a \
+             launcher"
+                .into(),
+        ));
+    }
+    if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--iters, --pes and --tokens must be at least 1".into(),
+        ));
+    }
+    let mut points = Vec::new();
+    for &n in &a.pes {
+        for &t in &a.tokens {
+            let cfg = config_of(a, t);
+            super::ep::check_config(&cfg, n)?;
+            let gate = AtomicU64::new(0);
+            let out = run_gpu_threads(n, settings_for(&cfg, n)?, |g| point(g, a, t, &gate))?;
+            let mut first = None;
+            for (pe, r) in out.into_iter().enumerate() {
+                match r {
+                    Ok(Some(p)) => first = Some(p),
+                    Ok(None) => {}
+                    Err(e) => return Err(Error::Verification(format!("GPU PE {pe}: {e}"))),
+                }
+            }
+            points.push(first.ok_or_else(|| Error::Verification("PE 0 reported nothing".into()))?);
+        }
+    }
+    let last = points
+        .last()
+        .cloned()
+        .ok_or_else(|| Error::Verification("no points".into()))?;
+    Ok(EpReport { last, points })
+}
+
+/// One bench point on one GPU PE; Some on PE 0.
+fn point(
+    g: &GpuPe,
+    a: &EpBenchArgs,
+    tokens: usize,
+    gate_at: &AtomicU64,
+) -> Result<Option<EpPoint>> {
+    let (me, n) = (g.my_pe(), g.n_pes());
+    let pe = g.pe();
+    let cfg = config_of(a, tokens);
+    // The copy bandwidth first, alone on the GPU.
+    let copy = if me == 0 {
+        Some(copy_bandwidth(g)?)
+    } else {
+        None
+    };
+    pe.barrier_all()?;
+    let mut buf = GpuBuffer::new(g, cfg, 0)?;
+    let routing = check::random_routing(a.seed, me, tokens, &cfg, None, 10.min(tokens * a.topk));
+    let all = check::allgather_routing(pe, pe.world(), &routing)?;
+    let masked = vec![false; n];
+    let x = upload(g, bf16_bytes(&check::origin_x(me, tokens, cfg.hidden)), "x")?;
+    let idx = upload(g, &idx_bytes(&routing.topk_idx, IdxType::I64), "topk_idx")?;
+    let w = upload(g, &f32_bytes(&routing.topk_weights), "topk_weights")?;
+    settle_uploads(g, "EP inputs")?;
+    let ty = IdxType::I64;
+    let identity = |_e: usize| 1.0f32;
+    let mut problem: Option<String> = None;
+
+    // Validated call pair (untimed); its expert outputs serve every timed iteration (the
+    // GPU's packing is deterministic, so the layout is the same for the same routing).
+    let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), ty, tokens, false)?;
+    let d0 = buf.read_dispatch(&h)?;
+    if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &d0) {
+        problem = Some(e.to_string());
+    }
+    let l = cfg.num_experts / n;
+    let mut eo = vec![bf16::ZERO; l * n * tokens * cfg.hidden];
+    check::expert_forward(&cfg, n, me, &d0, &identity, &mut eo);
+    let expert_out = if a.zero_copy {
+        buf.get_next_low_latency_combine_buffer(&h)?;
+        g.write_local(
+            buf.zero_copy_offset((buf.calls() % 2) as usize),
+            bf16_bytes(&eo),
+        )?;
+        None
+    } else {
+        Some(upload(g, bf16_bytes(&eo), "expert outputs")?)
+    };
+    drop(eo);
+    settle_uploads(g, "expert outputs")?;
+    let eo_ptr = expert_out.as_ref().map(|b| b.ptr());
+    let c = buf.low_latency_combine(eo_ptr, idx.ptr(), ty, w.ptr(), &h, false)?;
+    let comb0 = buf.read_combined(&c)?;
+    let mut diff = 0.0;
+    match check::validate_combine(&cfg, n, me, &routing, &masked, &identity, &comb0) {
+        Ok(v) => diff = v,
+        Err(e) => {
+            problem.get_or_insert(e.to_string());
+        }
+    }
+    let h0 = (check::dispatch_hash(&cfg, n, &d0), check::hash_bf16(&comb0));
+    let sel = routing.topk_idx.iter().filter(|&&e| e >= 0).count() as f64;
+    let returned: f64 = d0.recv_count.iter().map(|&c| c as f64).sum();
+    drop((d0, comb0));
+
+    // The start gate: 4 bytes of PE 0's device memory every stream waits on.
+    let gate_buf = if me == 0 {
+        let b = DevBuf::new(g.ctx(), 4, "EP bench gate")?;
+        b.write(&[0u8; 4])?;
+        settle_uploads(g, "EP bench gate")?;
+        gate_at.store(b.ptr(), Ordering::Release);
+        Some(b)
+    } else {
+        None
+    };
+    let side = if me == 0 {
+        g.enter()?;
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; non-blocking stream in the current context.
+        ck(
+            unsafe { sys::cuStreamCreate(&mut s, 1) },
+            "cuStreamCreate",
+            || "EP bench gate stream".into(),
+        )?;
+        Some(s)
+    } else {
+        None
+    };
+    pe.barrier_all()?;
+    let gate = gate_at.load(Ordering::Acquire);
+    let ev = events(g, 6)?;
+    let total = a.warmup + a.iters;
+    let mut times = vec![[0f64; 6]; a.iters];
+    let open = |v: u32| -> Result<()> {
+        if let Some(s) = side {
+            // SAFETY: the gate word (alive until the final barrier) on PE 0's side stream.
+            ck(
+                unsafe { sys::cuStreamWriteValue32_v2(s, gate, v, 0) },
+                "cuStreamWriteValue32",
+                || "EP bench start gate".into(),
+            )?;
+        }
+        Ok(())
+    };
+    let mut last = None;
+    let r = (|| -> Result<()> {
+        for it in 0..total {
+            let v = 2 * it as u32;
+            g.enter()?;
+            wait_gate(g, gate, v + 1)?;
+            record(g, ev[0])?;
+            let mut h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), ty, tokens, true)?;
+            record(g, ev[1])?;
+            buf.recv_hook(&mut h)?;
+            record(g, ev[2])?;
+            wait_gate(g, gate, v + 2)?;
+            record(g, ev[3])?;
+            if a.zero_copy {
+                buf.get_next_low_latency_combine_buffer(&h)?;
+            }
+            let mut c = buf.low_latency_combine(eo_ptr, idx.ptr(), ty, w.ptr(), &h, true)?;
+            record(g, ev[4])?;
+            buf.combine_recv_hook(&mut c)?;
+            record(g, ev[5])?;
+            pe.barrier_all()?;
+            open(v + 1)?;
+            wait_event(g, ev[2], "EP bench dispatch")?;
+            pe.barrier_all()?;
+            open(v + 2)?;
+            wait_event(g, ev[5], "EP bench combine")?;
+            if it >= a.warmup {
+                times[it - a.warmup] = [
+                    elapsed_us(ev[0], ev[2])?,
+                    elapsed_us(ev[3], ev[5])?,
+                    elapsed_us(ev[0], ev[1])?,
+                    elapsed_us(ev[1], ev[2])?,
+                    elapsed_us(ev[3], ev[4])?,
+                    elapsed_us(ev[4], ev[5])?,
+                ];
+            }
+            last = Some((h, c));
+        }
+        Ok(())
+    })();
+    destroy_events(g, &ev);
+    if let Some(s) = side {
+        // SAFETY: created above, destroyed once (after its writes: the events waited).
+        unsafe { sys::cuStreamDestroy_v2(s) };
+    }
+    r?;
+    if let Some((h, c)) = last {
+        let d = buf.read_dispatch(&h)?;
+        let comb = buf.read_combined(&c)?;
+        let hl = (check::dispatch_hash(&cfg, n, &d), check::hash_bf16(&comb));
+        if hl != h0 {
+            problem.get_or_insert(format!(
+                "PE {me}: the last iteration is not bit-identical to the validated one \
+                 ({hl:x?} vs {h0:x?})"
+            ));
+        }
+    }
+    let grid = buf.grid();
+    let layout_bytes = buf.layout().total_bytes;
+    let msg = buf.layout().msg_bytes as f64;
+    let h2 = (cfg.hidden * 2) as f64;
+    // Gather: problem flag, bytes, per-iteration times.
+    let mut blob = Vec::new();
+    blob.extend((problem.is_some() as u64).to_le_bytes());
+    for v in [sel * msg, sel * h2, sel * (h2 + msg), returned * 2.0 * h2] {
+        blob.extend(v.to_le_bytes());
+    }
+    for row in &times {
+        for v in row {
+            blob.extend(v.to_le_bytes());
+        }
+    }
+    blob.extend(problem.clone().unwrap_or_default().into_bytes());
+    let blobs = pe.boot().allgather(&pe.world().group(), &blob)?;
+    buf.destroy()?;
+    pe.barrier_all()?;
+    drop(gate_buf);
+    drop(expert_out);
+    if me != 0 {
+        return Ok(None);
+    }
+    let f = |b: &[u8], i: usize| {
+        f64::from_le_bytes(b[8 + i * 8..16 + i * 8].try_into().unwrap_or([0; 8]))
+    };
+    let mut errors = Vec::new();
+    let mut per_iter = vec![[0f64; 6]; a.iters];
+    let (mut db, mut cb, mut drw, mut crw) = (0.0, 0.0, 0.0, 0.0);
+    for b in &blobs {
+        db += f(b, 0) / n as f64;
+        cb += f(b, 1) / n as f64;
+        drw += f(b, 2);
+        crw += f(b, 3);
+        for (i, slot) in per_iter.iter_mut().enumerate() {
+            for (j, s) in slot.iter_mut().enumerate() {
+                *s = s.max(f(b, 4 + i * 6 + j));
+            }
+        }
+        if b[..8] != [0u8; 8] {
+            errors.push(String::from_utf8_lossy(&b[8 + (4 + a.iters * 6) * 8..]).into_owned());
+        }
+    }
+    let col = |j: usize| {
+        let (m, p, _) = crate::bench::stats(per_iter.iter().map(|r| r[j]).collect());
+        (m, p)
+    };
+    let (dm, dp) = col(0);
+    let (cm, cp) = col(1);
+    let (memcpy, kernel) = copy.unwrap_or((0.0, 0.0));
+    let copy_gbps = memcpy.max(kernel);
+    let gbps = |bytes: f64, us: f64| if us > 0.0 { bytes / us / 1e3 } else { 0.0 };
+    let frac = |x: f64| {
+        if copy_gbps > 0.0 {
+            x / (2.0 * copy_gbps)
+        } else {
+            0.0
+        }
+    };
+    Ok(Some(EpPoint {
+        bench: "ep",
+        validated: errors.is_empty(),
+        device: "gpu",
+        pes: n,
+        tokens,
+        hidden: cfg.hidden,
+        topk: cfg.num_topk,
+        experts: cfg.num_experts,
+        fp8: cfg.use_fp8,
+        round_scale: cfg.round_scale,
+        hook: a.hook,
+        zero_copy: a.zero_copy,
+        iters: a.iters,
+        warmup: a.warmup,
+        dispatch_us_median: dm,
+        dispatch_us_p99: dp,
+        combine_us_median: cm,
+        combine_us_p99: cp,
+        dispatch_send_us_median: Some(col(2).0),
+        dispatch_recv_us_median: Some(col(3).0),
+        combine_send_us_median: Some(col(4).0),
+        combine_recv_us_median: Some(col(5).0),
+        dispatch_bytes_per_pe: db,
+        combine_bytes_per_pe: cb,
+        dispatch_gbps: gbps(db, dm),
+        combine_gbps: gbps(cb, cm),
+        combine_calc_diff: diff,
+        buffer_bytes: layout_bytes,
+        deepep_buffer_bytes: Layout::deepep_size_hint(&cfg),
+        error: (!errors.is_empty()).then(|| errors.join("; ")),
+        gpu: Some(GpuEpStats {
+            gpu: g.device().name.clone(),
+            grid,
+            copy_gbps,
+            memcpy_dtod_gbps: memcpy,
+            copy_kernel_gbps: kernel,
+            dispatch_rw_bytes: drw,
+            combine_rw_bytes: crw,
+            dispatch_rw_gbps: gbps(drw, dm),
+            combine_rw_gbps: gbps(crw, cm),
+            dispatch_copy_fraction: frac(gbps(drw, dm)),
+            combine_copy_fraction: frac(gbps(crw, cm)),
+        }),
+    }))
+}
