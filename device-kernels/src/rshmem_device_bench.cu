@@ -48,6 +48,10 @@
 //   thread quiets, and the last block to finish records end_ns. bytes = param0 * param1
 //   (param0 rounded down to 8 for p/atomic); bandwidth = bytes / (end_ns - start_ns).
 //   get: PE 0 reads the chunks from the peer (after the peer's "ready" signal).
+// p2p only (`rshmem bench --device gpu` runs over p2p): without the IBGDA arms of the
+// device API the 1024-thread kernels keep their 64-register budget (the arms' calls
+// would make ptxas save registers around them: spills). rshmem/device/ibgda.cuh.
+#define RSHMEM_NO_IBGDA 1
 #include <stdint.h>
 
 #include "rshmem/internal/harness.cuh"

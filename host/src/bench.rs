@@ -57,16 +57,20 @@ pub struct BenchCommand {
 pub enum BenchSub {
     /// MoE expert-parallel LL dispatch + combine (DeepEP semantics), validated every run.
     Ep(crate::ep::bench::EpBenchArgs),
+    /// WQEs/s GPU threads post through the device-side IBGDA producer (soft HCA
+    /// discarding, or executing); --device gpu.
+    IbgdaRate(crate::gpu::ibgda_rate::IbgdaRateArgs),
 }
 
 /// Entry point of `rshmem bench`: the process exit code.
 pub fn run_command(c: BenchCommand) -> i32 {
     match (c.sub, c.args) {
         (Some(BenchSub::Ep(a)), _) => crate::ep::bench::run_cli(a),
+        (Some(BenchSub::IbgdaRate(a)), _) => crate::gpu::ibgda_rate::run_cli(a),
         (None, Some(a)) => run_cli(a),
         (None, None) => {
             eprintln!(
-                "rshmem bench: name a benchmark: put, get, p, atomic, signal, barrier, softhca or ep"
+                "rshmem bench: name a benchmark: put, get, p, atomic, signal, barrier, softhca, ep or ibgda-rate"
             );
             2
         }

@@ -53,6 +53,11 @@ struct SelftestArgs {
     /// GPU: the kernel manifest instead of the embedded one (also RSHMEM_GPU_MANIFEST).
     #[arg(long)]
     manifest: Option<std::path::PathBuf>,
+    /// GPU: how the PEs reach each other (overrides RSHMEM_TRANSPORT): p2p (GPU heaps
+    /// mapped into each other) or proxy (host heaps, the device API's IBGDA queues drained
+    /// by the soft HCA).
+    #[arg(long, value_parser = ["p2p", "proxy"])]
+    transport: Option<String>,
     /// GPU: run these negative cases (manifest `traps`, full or short name; repeatable)
     /// instead of the self-test, each in a child process (a trap destroys the CUDA
     /// context); checks the launch fails, the device error record and the printed line.
@@ -105,6 +110,10 @@ fn selftest(a: SelftestArgs) -> i32 {
             pes: a.pes,
             cases: a.cases,
             sources,
+            transport: a.transport.as_deref().map(|t| match t {
+                "proxy" => rshmem::config::TransportMode::Proxy,
+                _ => rshmem::config::TransportMode::P2p,
+            }),
         });
     }
     if a.all_traps || !a.traps.is_empty() || a.trap_child.is_some() {

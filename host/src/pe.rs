@@ -459,6 +459,18 @@ impl Pe {
         self.peers.get(pe).is_some_and(|s| s.is_some())
     }
 
+    /// This PE's heap in this process (the start of its shared-memory segment).
+    pub(crate) fn heap_host_base(&self) -> *mut u8 {
+        self.peers[self.rank]
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |s| s.base())
+    }
+
+    /// The proxy transport, when some peer is reached through it.
+    pub(crate) fn proxy_opt(&self) -> Option<&Proxy> {
+        self.proxy.as_ref()
+    }
+
     pub(crate) fn boot(&self) -> &Bootstrap {
         self.boot
             .as_ref()

@@ -136,10 +136,16 @@ fn runs_every_step_and_ends_with_the_table() {
                 || l.starts_with("traps ")
                 || l.starts_with("example-ring ")
                 || l.starts_with("ep ")
+                || l.starts_with("ibgda-")
         })
         .collect();
-    // doctor, 3 selftests, traps, example-ring, 5 ops x 3 scopes, copy, ep.
-    assert_eq!(rows.len(), 1 + 3 + 2 + 15 + 1 + 1, "{summary}");
+    // doctor, 3 selftests, traps, example-ring, 5 ops x 3 scopes, copy, ep,
+    // selftest-proxy-2, ibgda-rate.
+    assert_eq!(rows.len(), 1 + 3 + 2 + 15 + 1 + 1 + 2, "{summary}");
+    assert!(
+        summary.contains("selftest-proxy-2") && summary.contains("ibgda-rate"),
+        "{summary}"
+    );
     let row = |prefix: &str| {
         rows.iter()
             .find(|r| r.starts_with(prefix))
@@ -225,4 +231,12 @@ fn runs_every_step_and_ends_with_the_table() {
         "{log}"
     );
     assert!(!log.contains("panicked"), "{log}");
+    for step in ["selftest-proxy-2", "ibgda-rate"] {
+        let log = std::fs::read_to_string(root.join(format!("out/{step}.log"))).unwrap();
+        assert!(
+            log.contains("libcuda.so.1 lacks cuGetErrorString"),
+            "{step}: {log}"
+        );
+        assert!(!log.contains("panicked"), "{step}: {log}");
+    }
 }

@@ -40,6 +40,11 @@ typedef enum rshmem_transport {
 
 // state.flags bits.
 #define RSHMEM_STATE_CHECKS 0x1u  // validate PE and heap range on every call (trap on violation)
+// Atomics and signal updates addressed to this PE itself go through its loopback IBGDA
+// queue (peers[my_pe], transport IBGDA) instead of GPU atomics: set when the heap is host
+// memory that the soft HCA updates with CPU atomics (GPU PEs over the proxy transport),
+// since a word must not mix GPU atomics with the engine's (docs/ibgda-device.md).
+#define RSHMEM_STATE_SELF_IBGDA 0x2u
 
 // One entry of the peer table, indexed by world rank. 32 bytes.
 typedef struct rshmem_peer {

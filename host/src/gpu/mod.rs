@@ -10,6 +10,8 @@
 //! - [`manifest`], [`runner`]: the GPU self-test and benchmark runners behind
 //!   `rshmem selftest --device gpu` and `rshmem bench ... --device gpu`.
 //! - [`launch`]: grid sizing for collective (co-resident) launches.
+//! - [`ibgda`]: GPU PEs over the proxy transport (host heap registered into CUDA, IBGDA
+//!   queues drained by the soft HCA); [`ibgda_rate`]: `rshmem bench ibgda-rate`.
 //!
 //! Nothing here needs CUDA to build; everything that touches a GPU first calls
 //! [`driver::driver`]. All CUDA paths are unverified until `scripts/gpu-check` has run on a
@@ -21,6 +23,8 @@ pub mod ep_bench;
 pub mod fdpass;
 pub mod harness;
 pub mod heap;
+pub mod ibgda;
+pub mod ibgda_rate;
 pub mod launch;
 pub mod manifest;
 pub mod module;

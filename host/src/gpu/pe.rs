@@ -21,7 +21,7 @@ use super::harness::HarnessArgs;
 use super::heap::{VmmMapping, SYNC_BYTES, SYNC_OFFSET};
 use super::module::{Ctx, Module, SIGNAL_PTX};
 use super::state::{self, DeviceError, DevicePeer, DeviceState};
-use crate::config::Settings;
+use crate::config::{Settings, TransportMode};
 use crate::error::{Error, Result};
 use crate::heap::{Allocator, MAX_ALIGN, RESERVED_BYTES};
 use crate::pe::{exchange_status, random_token, Pe, PeConfig};
@@ -141,6 +141,9 @@ impl Drop for Stream {
 /// Everything CUDA a GpuPe owns, in drop order (fields drop top to bottom; the context
 /// goes last, after everything allocated in it).
 struct CudaSide {
+    /// Proxy transport only: the queues, table and registrations of the IBGDA path
+    /// (dropped first: the engine detaches the queues before anything they name goes).
+    ibgda: Option<super::ibgda::ProxyGpu>,
     signal: Module,
     err: Pinned,
     peers_table: DevBuf,
@@ -289,7 +292,9 @@ impl GpuPe {
         driver()?;
         let settings = Settings::from_env()?;
         let mut cpu = settings.clone();
-        cpu.symmetric_size = CPU_HEAP_BYTES;
+        if settings.transport != TransportMode::Proxy {
+            cpu.symmetric_size = CPU_HEAP_BYTES;
+        }
         let pe = Pe::init_from_settings(cpu)?;
         GpuPe::from_pe(pe, settings)
     }
@@ -300,12 +305,17 @@ impl GpuPe {
         driver()?;
         let settings = cfg.settings.clone();
         let mut cpu_cfg = cfg;
-        cpu_cfg.settings.symmetric_size = CPU_HEAP_BYTES;
+        if settings.transport != TransportMode::Proxy {
+            cpu_cfg.settings.symmetric_size = CPU_HEAP_BYTES;
+        }
         let pe = Pe::init_with(cpu_cfg, root)?;
         GpuPe::from_pe(pe, settings)
     }
 
     fn from_pe(pe: Pe, settings: Settings) -> Result<GpuPe> {
+        if settings.transport == TransportMode::Proxy {
+            return GpuPe::from_pe_proxy(pe, settings);
+        }
         let world = pe.world().group();
         let boot = pe.boot();
         let rank = pe.my_pe();
@@ -323,48 +333,7 @@ impl GpuPe {
         });
         exchange_status(boot, &world, "pick its GPU", &picked)?;
         let ordinal = picked?;
-        let setup = (|| -> Result<(Arc<Ctx>, Stream, DeviceInfo, bool)> {
-            let ctx = Ctx::retain(ordinal)?;
-            let info = device_info(ordinal)?;
-            use sys::CUdevice_attribute as A;
-            if attr(
-                ctx.dev,
-                A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                "VMM",
-            )? == 0
-            {
-                return Err(Error::InvalidArgument(format!(
-                    "GPU {ordinal} ({}) does not support CUDA virtual memory management, which the GPU heap needs",
-                    info.name
-                )));
-            }
-            if attr(
-                ctx.dev,
-                A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                "POSIX fd handles",
-            )? == 0
-            {
-                return Err(Error::InvalidArgument(format!(
-                    "GPU {ordinal} ({}) cannot export memory as POSIX file descriptors, which sharing the GPU heap needs",
-                    info.name
-                )));
-            }
-            let rdma = attr(
-                ctx.dev,
-                A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
-                "GPUDirect RDMA with VMM",
-            )? != 0;
-            let mut s: sys::CUstream = std::ptr::null_mut();
-            // SAFETY: valid out-pointer; context current (retain made it so).
-            ck(
-                unsafe {
-                    sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-                },
-                "cuStreamCreate",
-                || "the PE's stream".into(),
-            )?;
-            Ok((ctx.clone(), Stream { raw: s, ctx }, info, rdma))
-        })();
+        let setup = device_setup(ordinal, true);
         exchange_status(boot, &world, "set up its GPU", &setup)?;
         let (ctx, stream, info, rdma) = setup?;
 
@@ -479,54 +448,7 @@ impl GpuPe {
                 None => DevicePeer::default(),
             })
             .collect();
-        let rest = (|| -> Result<(DevBuf, Pinned, Module)> {
-            let table = DevBuf::new(
-                &ctx,
-                n * std::mem::size_of::<DevicePeer>(),
-                "the peer table",
-            )?;
-            let bytes: Vec<u8> = peer_table
-                .iter()
-                .flat_map(|p| {
-                    let mut b = p.heap_base.to_le_bytes().to_vec();
-                    b.extend(p.transport.to_le_bytes());
-                    b.extend(p.qp.to_le_bytes());
-                    b.extend(p.raddr.to_le_bytes());
-                    b.extend(p.rkey.to_le_bytes());
-                    b.extend(p.reserved.to_le_bytes());
-                    b
-                })
-                .collect();
-            table.write(&bytes)?;
-            let mut host: *mut c_void = std::ptr::null_mut();
-            // SAFETY: valid out-pointer; 64 bytes, mapped into the device address space.
-            ck(
-                unsafe {
-                    sys::cuMemHostAlloc(
-                        &mut host,
-                        std::mem::size_of::<DeviceError>(),
-                        sys::CU_MEMHOSTALLOC_DEVICEMAP,
-                    )
-                },
-                "cuMemHostAlloc",
-                || "the device error record".into(),
-            )?;
-            let mut dev: sys::CUdeviceptr = 0;
-            // SAFETY: host was returned by cuMemHostAlloc with DEVICEMAP; flags must be 0.
-            let rc = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
-            let pinned = Pinned {
-                host: host.cast(),
-                dev,
-                ctx: ctx.clone(),
-            };
-            ck(rc, "cuMemHostGetDevicePointer", || {
-                "mapping the device error record".into()
-            })?;
-            // SAFETY: 64 writable bytes just allocated.
-            unsafe { std::ptr::write_bytes(pinned.host, 0, std::mem::size_of::<DeviceError>()) };
-            let signal = Module::load(&ctx, "rshmem_host_signal", SIGNAL_PTX)?;
-            Ok((table, pinned, signal))
-        })();
+        let rest = device_parts(&ctx, &peer_table);
         exchange_status(boot, &world, "set up its device state", &rest)?;
         let (peers_table, err, signal) = rest?;
         let flags = if std::env::var("RSHMEM_DEVICE_CHECKS").is_ok_and(|v| v.trim() == "0") {
@@ -537,6 +459,7 @@ impl GpuPe {
         boot.barrier(&world)?;
         Ok(GpuPe {
             cuda: CudaSide {
+                ibgda: None,
                 signal,
                 err,
                 peers_table,
@@ -549,6 +472,87 @@ impl GpuPe {
             sharing,
             peer_table,
             flags,
+            timeout: settings.timeout,
+            alloc: Mutex::new(Allocator::new(RESERVED_BYTES, heap_size)),
+            pe,
+        })
+    }
+
+    /// A GPU PE over the proxy transport (docs/ibgda-device.md, "GPU PEs over the proxy
+    /// transport"): the heap is `pe`'s host shared-memory heap registered into CUDA, and
+    /// every peer (this PE too) is reached through IBGDA queues drained by the soft HCA.
+    fn from_pe_proxy(pe: Pe, settings: Settings) -> Result<GpuPe> {
+        let world = pe.world().group();
+        let boot = pe.boot();
+        let rank = pe.my_pe();
+        let node: Vec<usize> = pe.node().members().iter().map(|&r| r as usize).collect();
+        let local_rank = node.iter().position(|&r| r == rank).unwrap_or(0);
+        let picked = device_count().and_then(|count| {
+            super::launch::pick_device(
+                std::env::var("RSHMEM_DEVICE").ok().as_deref(),
+                local_rank,
+                count,
+            )
+        });
+        exchange_status(boot, &world, "pick its GPU", &picked)?;
+        let ordinal = picked?;
+        let setup = device_setup(ordinal, false);
+        exchange_status(boot, &world, "set up its GPU", &setup)?;
+        let (ctx, stream, info, _) = setup?;
+        let ids = boot.allgather(&world, info.pci_bus_id.as_bytes())?;
+        let node_ids = boot.node_ids().to_vec();
+        let sharing = (0..pe.n_pes())
+            .filter(|&r| node_ids[r] == node_ids[rank] && ids[r] == ids[rank])
+            .count();
+        let heap_size = pe.heap_size();
+        let built = (|| -> Result<(super::ibgda::ProxyGpu, DevBuf, Pinned, Module)> {
+            let view = pe
+                .proxy_opt()
+                .ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "RSHMEM_TRANSPORT=proxy but this PE has no proxy transport".into(),
+                    )
+                })?
+                .gpu_view();
+            let ibgda = super::ibgda::ProxyGpu::new(
+                &ctx,
+                view,
+                pe.heap_host_base(),
+                heap_size,
+                settings.timeout,
+            )?;
+            let (table, err, signal) = device_parts(&ctx, ibgda.peer_table())?;
+            Ok((ibgda, table, err, signal))
+        })();
+        exchange_status(
+            boot,
+            &world,
+            "set up its IBGDA queues and device state",
+            &built,
+        )?;
+        let (ibgda, peers_table, err, signal) = built?;
+        let peer_table = ibgda.peer_table().to_vec();
+        let checks = if std::env::var("RSHMEM_DEVICE_CHECKS").is_ok_and(|v| v.trim() == "0") {
+            0
+        } else {
+            state::STATE_CHECKS
+        };
+        boot.barrier(&world)?;
+        Ok(GpuPe {
+            cuda: CudaSide {
+                ibgda: Some(ibgda),
+                signal,
+                err,
+                peers_table,
+                heaps: (0..pe.n_pes()).map(|_| None).collect(),
+                stream,
+                ctx,
+            },
+            info,
+            heap_size,
+            sharing,
+            peer_table,
+            flags: checks | state::STATE_SELF_IBGDA,
             timeout: settings.timeout,
             alloc: Mutex::new(Allocator::new(RESERVED_BYTES, heap_size)),
             pe,
@@ -584,7 +588,15 @@ impl GpuPe {
     }
     /// Device address of this PE's heap.
     pub fn heap_base(&self) -> u64 {
+        if let Some(i) = &self.cuda.ibgda {
+            return i.heap_dev();
+        }
         self.cuda.heaps[self.my_pe()].as_ref().map_or(0, |m| m.va())
+    }
+    /// Whether this PE reaches its peers through the soft HCA (`RSHMEM_TRANSPORT=proxy`:
+    /// host heap, IBGDA queues; no peer heap is mapped here).
+    pub fn is_proxy(&self) -> bool {
+        self.cuda.ibgda.is_some()
     }
     /// The raw stream (for user launches; ordered with the `*_on_stream` calls).
     pub fn stream(&self) -> sys::CUstream {
@@ -612,18 +624,29 @@ impl GpuPe {
                 scope: "world team",
             });
         }
-        let m = self.cuda.heaps[pe]
-            .as_ref()
-            .ok_or_else(|| Error::Unreachable {
-                pe,
-                from: self.my_pe(),
-                reason:
-                    "its GPU heap is not mapped here (another node, or no P2P between the GPUs)"
-                        .into(),
-            })?;
+        let base = match (&self.cuda.ibgda, self.cuda.heaps[pe].as_ref()) {
+            (Some(i), _) if pe == self.my_pe() => i.heap_dev(),
+            (Some(_), _) => {
+                return Err(Error::Unreachable {
+                    pe,
+                    from: self.my_pe(),
+                    reason: "the proxy transport maps no peer heap here (the device API reaches it through the soft HCA)".into(),
+                })
+            }
+            (None, Some(m)) => m.va(),
+            (None, None) => {
+                return Err(Error::Unreachable {
+                    pe,
+                    from: self.my_pe(),
+                    reason:
+                        "its GPU heap is not mapped here (another node, or no P2P between the GPUs)"
+                            .into(),
+                })
+            }
+        };
         match offset.checked_add(len) {
             Some(end) if offset >= RESERVED_BYTES && end <= self.heap_size => {
-                Ok(m.va() + offset as u64)
+                Ok(base + offset as u64)
             }
             _ => Err(Error::OutOfBounds {
                 pe,
@@ -912,9 +935,9 @@ impl GpuPe {
             sync_offset: SYNC_OFFSET as u64,
             sync_bytes: SYNC_BYTES as u64,
             error: self.cuda.err.dev,
-            ibgda: 0,
+            ibgda: self.cuda.ibgda.as_ref().map_or(0, |i| i.table_dev()),
             flags: self.flags,
-            lkey: 0,
+            lkey: self.cuda.ibgda.as_ref().map_or(0, |i| i.lkey()),
             reserved: [0; 5],
         }
     }
@@ -1164,6 +1187,86 @@ impl GpuPe {
         let r = pe.finalize();
         q.and(r)
     }
+}
+
+/// The peer table in device memory, the host-pinned error record and the signal kernel.
+fn device_parts(ctx: &Arc<Ctx>, peer_table: &[DevicePeer]) -> Result<(DevBuf, Pinned, Module)> {
+    let table = DevBuf::new(ctx, std::mem::size_of_val(peer_table), "the peer table")?;
+    table.write(&super::ibgda::peer_bytes(peer_table))?;
+    let mut host: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; 64 bytes, mapped into the device address space.
+    ck(
+        unsafe {
+            sys::cuMemHostAlloc(
+                &mut host,
+                std::mem::size_of::<DeviceError>(),
+                sys::CU_MEMHOSTALLOC_DEVICEMAP,
+            )
+        },
+        "cuMemHostAlloc",
+        || "the device error record".into(),
+    )?;
+    let mut dev: sys::CUdeviceptr = 0;
+    // SAFETY: host was returned by cuMemHostAlloc with DEVICEMAP; flags must be 0.
+    let rc = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
+    let pinned = Pinned {
+        host: host.cast(),
+        dev,
+        ctx: ctx.clone(),
+    };
+    ck(rc, "cuMemHostGetDevicePointer", || {
+        "mapping the device error record".into()
+    })?;
+    // SAFETY: 64 writable bytes just allocated.
+    unsafe { std::ptr::write_bytes(pinned.host, 0, std::mem::size_of::<DeviceError>()) };
+    let signal = Module::load(ctx, "rshmem_host_signal", SIGNAL_PTX)?;
+    Ok((table, pinned, signal))
+}
+
+/// The device, its primary context, a stream and the device facts for a PE on GPU
+/// `ordinal`; `vmm`: also require what the VMM heap needs (and report GPUDirect RDMA).
+fn device_setup(ordinal: i32, vmm: bool) -> Result<(Arc<Ctx>, Stream, DeviceInfo, bool)> {
+    let ctx = Ctx::retain(ordinal)?;
+    let info = device_info(ordinal)?;
+    use sys::CUdevice_attribute as A;
+    let mut rdma = false;
+    if vmm {
+        if attr(
+            ctx.dev,
+            A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            "VMM",
+        )? == 0
+        {
+            return Err(Error::InvalidArgument(format!(
+                "GPU {ordinal} ({}) does not support CUDA virtual memory management, which the GPU heap needs",
+                info.name
+            )));
+        }
+        if attr(
+            ctx.dev,
+            A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+            "POSIX fd handles",
+        )? == 0
+        {
+            return Err(Error::InvalidArgument(format!(
+                "GPU {ordinal} ({}) cannot export memory as POSIX file descriptors, which sharing the GPU heap needs",
+                info.name
+            )));
+        }
+        rdma = attr(
+            ctx.dev,
+            A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+            "GPUDirect RDMA with VMM",
+        )? != 0;
+    }
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; context current (retain made it so).
+    ck(
+        unsafe { sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
+        "cuStreamCreate",
+        || "the PE's stream".into(),
+    )?;
+    Ok((ctx.clone(), Stream { raw: s, ctx }, info, rdma))
 }
 
 /// Runs `n` GPU PEs as threads of this process (one stream each, sharing each device's

@@ -15,6 +15,10 @@ pub const STATE_VERSION: u32 = 1;
 pub const STATE_SYMBOL: &str = "rshmemi_device_state";
 /// `RSHMEM_STATE_CHECKS`: validate PE and heap range on every device call.
 pub const STATE_CHECKS: u32 = 0x1;
+/// `RSHMEM_STATE_SELF_IBGDA`: atomics and signal updates to the own PE go through its
+/// loopback IBGDA queue (GPU PEs over the proxy transport: the heap is host memory the soft
+/// HCA updates with CPU atomics).
+pub const STATE_SELF_IBGDA: u32 = 0x2;
 
 /// `rshmem_transport_t`.
 pub const TRANSPORT_NONE: u32 = 0;
@@ -233,6 +237,7 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("RSHMEM_STATE_MAGIC", STATE_MAGIC as u64),
         ("RSHMEM_STATE_VERSION", STATE_VERSION as u64),
         ("RSHMEM_STATE_CHECKS", STATE_CHECKS as u64),
+        ("RSHMEM_STATE_SELF_IBGDA", STATE_SELF_IBGDA as u64),
         ("RSHMEM_TRANSPORT_NONE", TRANSPORT_NONE as u64),
         ("RSHMEM_TRANSPORT_P2P", TRANSPORT_P2P as u64),
         ("RSHMEM_TRANSPORT_IBGDA", TRANSPORT_IBGDA as u64),

@@ -134,6 +134,8 @@ const _: () = {
     assert!(offset_of!(IbgdaQp, cqes) == 272);
     assert!(size_of::<IbgdaTable>() == 64);
     assert!(offset_of!(IbgdaTable, qps) == 16);
+    assert!(offset_of!(IbgdaTable, results) == 24);
+    assert!(offset_of!(IbgdaTable, n_results) == 40);
 };
 
 /// The first error CQE a device producer recorded (the QP's error state).
@@ -258,7 +260,15 @@ pub struct IbgdaTable {
     pub flags: u32,
     /// Address of `IbgdaQp[n_qps]` as the producer sees it.
     pub qps: u64,
-    pub reserved: [u64; 5],
+    /// `u64[n_results + 1]` result slots of the device API's fetching operations, in
+    /// memory the engine writes (registered under `results_lkey`), as the producer
+    /// addresses it; the last slot is a shared discard slot. 0 when none.
+    pub results: u64,
+    /// `u32[n_results]` slot locks in device memory (0 = free).
+    pub result_locks: u64,
+    pub n_results: u32,
+    pub results_lkey: u32,
+    pub reserved: [u64; 2],
 }
 
 impl IbgdaTable {
@@ -269,7 +279,24 @@ impl IbgdaTable {
             n_qps,
             flags: 0,
             qps,
-            reserved: [0; 5],
+            results: 0,
+            result_locks: 0,
+            n_results: 0,
+            results_lkey: 0,
+            reserved: [0; 2],
+        }
+    }
+
+    /// The table with result slots for the device API's fetching operations: `n` slots
+    /// (plus the discard slot) at `results` (producer's addresses, registered under
+    /// `lkey`) and their locks at `locks` (device memory, zeroed).
+    pub fn with_results(self, results: u64, locks: u64, n: u32, lkey: u32) -> IbgdaTable {
+        IbgdaTable {
+            results,
+            result_locks: locks,
+            n_results: n,
+            results_lkey: lkey,
+            ..self
         }
     }
 }
@@ -318,6 +345,10 @@ pub fn layout_facts() -> Vec<u64> {
         o!(IbgdaTable, n_qps),
         o!(IbgdaTable, flags),
         o!(IbgdaTable, qps),
+        o!(IbgdaTable, results),
+        o!(IbgdaTable, result_locks),
+        o!(IbgdaTable, n_results),
+        o!(IbgdaTable, results_lkey),
         IBGDA_TABLE_MAGIC as u64,
         IBGDA_VERSION as u64,
         IBGDA_CQ_NORMAL as u64,

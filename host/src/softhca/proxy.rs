@@ -67,7 +67,15 @@ pub enum PeerKind {
 pub struct ProxyBackend {
     local: LocalBackend,
     pub(crate) fabric: Option<FabricBackend>,
+    /// GPU PEs whose queues this engine serves (host/src/gpu/ibgda.rs). Their producers
+    /// ring no waker (a GPU cannot unpark a thread), so while any exist the engine sleeps
+    /// at most [`GPU_IDLE_WAIT`] when idle instead of the backend's bound.
+    pub(crate) gpu_pes: usize,
 }
+
+/// The idle sleep bound of the process engine while GPU producers are attached: the
+/// latency a GPU-posted WQE may wait for a sleeping engine to notice its doorbell record.
+pub const GPU_IDLE_WAIT: Duration = Duration::from_micros(20);
 
 impl Backend for ProxyBackend {
     type Peer = PeerKind;
@@ -96,9 +104,14 @@ impl Backend for ProxyBackend {
     }
 
     fn idle_wait(&self) -> Duration {
-        match &self.fabric {
+        let d = match &self.fabric {
             Some(f) => f.idle_wait(),
             None => self.local.idle_wait(),
+        };
+        if self.gpu_pes > 0 {
+            d.min(GPU_IDLE_WAIT)
+        } else {
+            d
         }
     }
 
@@ -292,7 +305,37 @@ pub(crate) enum Amo {
     Xor(u64),
 }
 
+/// What a GPU PE over the proxy transport takes from its CPU-side proxy to build its own
+/// queues (host/src/gpu/ibgda.rs): the protection domain holding the heap registration,
+/// the process engine, and per peer (base address, rkey, how the engine reaches it).
+pub(crate) struct GpuProxyView {
+    pub pd: Arc<MrTable>,
+    pub hca: Arc<SoftHca<ProxyBackend>>,
+    pub peers: Vec<Option<(u64, u32, PeerKind)>>,
+}
+
 impl Proxy {
+    /// See [`GpuProxyView`].
+    pub(crate) fn gpu_view(&self) -> GpuProxyView {
+        GpuProxyView {
+            pd: self.pd.clone(),
+            hca: self.hca.clone(),
+            peers: self
+                .peers
+                .iter()
+                .map(|p| {
+                    p.as_ref().map(|p| {
+                        let via = match &p.via {
+                            PeerKind::Local(l) => PeerKind::Local(l.clone()),
+                            PeerKind::Fabric(f) => PeerKind::Fabric(*f),
+                        };
+                        (p.base, p.rkey, via)
+                    })
+                })
+                .collect(),
+        }
+    }
+
     /// `pd` holds this PE's heap registration; `peers[r]` is Some for every peer reached
     /// by proxy. `hca` is the process engine ([`engine`]); `fabric` its endpoint with this
     /// PE's heap registered, when some peer is reached through it.

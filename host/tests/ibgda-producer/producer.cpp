@@ -215,6 +215,8 @@ size_t ibgda_layout(uint64_t *out, size_t cap) {
       sizeof(rshmem_ibgda_table_t), OFF(rshmem_ibgda_table_t, magic),
       OFF(rshmem_ibgda_table_t, version), OFF(rshmem_ibgda_table_t, n_qps),
       OFF(rshmem_ibgda_table_t, flags), OFF(rshmem_ibgda_table_t, qps),
+      OFF(rshmem_ibgda_table_t, results), OFF(rshmem_ibgda_table_t, result_locks),
+      OFF(rshmem_ibgda_table_t, n_results), OFF(rshmem_ibgda_table_t, results_lkey),
       RSHMEM_IBGDA_TABLE_MAGIC, RSHMEM_IBGDA_VERSION, RSHMEM_IBGDA_CQ_NORMAL,
       RSHMEM_IBGDA_CQ_COLLAPSED, RSHMEM_IBGDA_OK, RSHMEM_IBGDA_ERR_TIMEOUT,
       RSHMEM_IBGDA_ERR_CQE, RSHMEM_IBGDA_ERR_BROKEN, RSHMEM_IBGDA_ERR_TOO_BIG,

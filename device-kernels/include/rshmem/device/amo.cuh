@@ -12,13 +12,16 @@
 // non-fetching ones (add, inc, and, or, xor) are release reductions. All at system scope
 // (atom/red .sys): atomic with respect to every other PE's atomics on the word, on this GPU
 // or another one. Signed types use the two's complement bit operations of their unsigned
-// twins (add/inc wrap).
+// twins (add/inc wrap). Over IBGDA the NIC / soft HCA executes them (rshmem/device/ibgda.cuh
+// says how each maps to mlx5 atomics); fetching ones wait for their completion,
+// non-fetching ones (set, add, inc, and, or) complete at quiet; xor always waits.
 #pragma once
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "rshmem/device/core.cuh"
+#include "rshmem/device/ibgda.cuh"
 
 #if defined(__CUDACC__)
 
@@ -36,17 +39,49 @@ struct rshmemi_word<8> {
 template <typename T>
 using rshmemi_word_t = typename rshmemi_word<sizeof(T)>::type;
 
-// Resolves an atomic's target; traps (BAD_PE) for a transport without device atomics.
-template <typename T>
-RSHMEM_DEVICE rshmemi_word_t<T> *rshmemi_amo_target(const T *dest, int pe, const char *what) {
+// One atomic on `dest` at `pe`: a PTX atomic on the mapped word (p2p), or WQEs on the
+// peer's queue (IBGDA; also the own PE under RSHMEM_STATE_SELF_IBGDA). Op is one of
+// RSHMEMI_AMO_* (rshmem/device/ibgda.cuh), a constant at every call site, so each entry
+// point keeps one PTX instruction on the p2p path. a, b: the operands (CAS: cond, value).
+template <int Op, bool Fetch, typename T>
+RSHMEM_DEVICE T rshmemi_amo(const T *dest, rshmemi_word_t<T> a, rshmemi_word_t<T> b, int pe,
+                            const char *what) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "rshmem atomics take 32- or 64-bit integers");
-  const rshmemi_target_t t = rshmemi_resolve(dest, sizeof(T), pe, what);
+  typedef rshmemi_word_t<T> W;
+  const rshmemi_target_t t = rshmemi_resolve(dest, sizeof(T), pe, what, true);
   switch (t.transport) {
-    case RSHMEM_TRANSPORT_P2P: return reinterpret_cast<rshmemi_word_t<T> *>(t.addr);
-    // case RSHMEM_TRANSPORT_IBGDA: masked/plain atomic WQEs (mlx5.cuh) + wait for the CQE.
+    case RSHMEM_TRANSPORT_P2P: {
+      W *w = reinterpret_cast<W *>(t.addr);
+      switch (Op) {
+        case RSHMEMI_AMO_FETCH: return static_cast<T>(rshmemi_ld_acquire_sys(w));
+        case RSHMEMI_AMO_SET: rshmemi_st_release_sys(w, a); return T();
+        case RSHMEMI_AMO_SWAP: return static_cast<T>(rshmemi_atom_exch(w, a));
+        case RSHMEMI_AMO_CAS: return static_cast<T>(rshmemi_atom_cas(w, a, b));
+        case RSHMEMI_AMO_ADD:
+          if (Fetch) return static_cast<T>(rshmemi_atom_add(w, a));
+          rshmemi_red_add(w, a);
+          return T();
+        case RSHMEMI_AMO_AND:
+          if (Fetch) return static_cast<T>(rshmemi_atom_and(w, a));
+          rshmemi_red_and(w, a);
+          return T();
+        case RSHMEMI_AMO_OR:
+          if (Fetch) return static_cast<T>(rshmemi_atom_or(w, a));
+          rshmemi_red_or(w, a);
+          return T();
+        default:  // XOR
+          if (Fetch) return static_cast<T>(rshmemi_atom_xor(w, a));
+          rshmemi_red_xor(w, a);
+          return T();
+      }
+    }
+    case RSHMEM_TRANSPORT_IBGDA:
+      if (RSHMEMI_IBGDA_ENABLED)
+        return static_cast<T>(static_cast<W>(rshmemi_ibgda_amo(pe, t.addr, sizeof(T), Op, a, b, Fetch, what)));
+      [[fallthrough]];
     default:
       rshmemi_no_transport(t.transport, pe, reinterpret_cast<uint64_t>(dest), sizeof(T), what);
-      return nullptr;
+      return T();
   }
 }
 
@@ -54,61 +89,61 @@ RSHMEM_DEVICE rshmemi_word_t<T> *rshmemi_amo_target(const T *dest, int pe, const
 
 template <typename T>
 RSHMEM_DEVICE T rshmem_atomic_fetch(const T *source, int pe) {
-  return static_cast<T>(rshmemi_ld_acquire_sys(rshmemi_amo_target(source, pe, "rshmem_atomic_fetch")));
+  return rshmemi_amo<RSHMEMI_AMO_FETCH, true>(source, 0, 0, pe, "rshmem_atomic_fetch");
 }
 template <typename T>
 RSHMEM_DEVICE void rshmem_atomic_set(T *dest, T value, int pe) {
-  rshmemi_st_release_sys(rshmemi_amo_target(dest, pe, "rshmem_atomic_set"), RSHMEMI_W(value));
+  rshmemi_amo<RSHMEMI_AMO_SET, false>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_set");
 }
 template <typename T>
 RSHMEM_DEVICE T rshmem_atomic_swap(T *dest, T value, int pe) {
-  return static_cast<T>(rshmemi_atom_exch(rshmemi_amo_target(dest, pe, "rshmem_atomic_swap"), RSHMEMI_W(value)));
+  return rshmemi_amo<RSHMEMI_AMO_SWAP, true>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_swap");
 }
 // Stores value when *dest == cond; returns the previous *dest either way.
 template <typename T>
 RSHMEM_DEVICE T rshmem_atomic_compare_swap(T *dest, T cond, T value, int pe) {
-  return static_cast<T>(rshmemi_atom_cas(rshmemi_amo_target(dest, pe, "rshmem_atomic_compare_swap"),
-                                         RSHMEMI_W(cond), RSHMEMI_W(value)));
+  return rshmemi_amo<RSHMEMI_AMO_CAS, true>(dest, RSHMEMI_W(cond), RSHMEMI_W(value), pe,
+                                            "rshmem_atomic_compare_swap");
 }
 template <typename T>
 RSHMEM_DEVICE T rshmem_atomic_fetch_add(T *dest, T value, int pe) {
-  return static_cast<T>(rshmemi_atom_add(rshmemi_amo_target(dest, pe, "rshmem_atomic_fetch_add"), RSHMEMI_W(value)));
+  return rshmemi_amo<RSHMEMI_AMO_ADD, true>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_fetch_add");
 }
 template <typename T>
 RSHMEM_DEVICE void rshmem_atomic_add(T *dest, T value, int pe) {
-  rshmemi_red_add(rshmemi_amo_target(dest, pe, "rshmem_atomic_add"), RSHMEMI_W(value));
+  rshmemi_amo<RSHMEMI_AMO_ADD, false>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_add");
 }
 template <typename T>
 RSHMEM_DEVICE T rshmem_atomic_fetch_inc(T *dest, int pe) {
-  return static_cast<T>(rshmemi_atom_add(rshmemi_amo_target(dest, pe, "rshmem_atomic_fetch_inc"), RSHMEMI_W(1)));
+  return rshmemi_amo<RSHMEMI_AMO_ADD, true>(dest, RSHMEMI_W(1), 0, pe, "rshmem_atomic_fetch_inc");
 }
 template <typename T>
 RSHMEM_DEVICE void rshmem_atomic_inc(T *dest, int pe) {
-  rshmemi_red_add(rshmemi_amo_target(dest, pe, "rshmem_atomic_inc"), RSHMEMI_W(1));
+  rshmemi_amo<RSHMEMI_AMO_ADD, false>(dest, RSHMEMI_W(1), 0, pe, "rshmem_atomic_inc");
 }
 template <typename T>
 RSHMEM_DEVICE T rshmem_atomic_fetch_and(T *dest, T value, int pe) {
-  return static_cast<T>(rshmemi_atom_and(rshmemi_amo_target(dest, pe, "rshmem_atomic_fetch_and"), RSHMEMI_W(value)));
+  return rshmemi_amo<RSHMEMI_AMO_AND, true>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_fetch_and");
 }
 template <typename T>
 RSHMEM_DEVICE void rshmem_atomic_and(T *dest, T value, int pe) {
-  rshmemi_red_and(rshmemi_amo_target(dest, pe, "rshmem_atomic_and"), RSHMEMI_W(value));
+  rshmemi_amo<RSHMEMI_AMO_AND, false>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_and");
 }
 template <typename T>
 RSHMEM_DEVICE T rshmem_atomic_fetch_or(T *dest, T value, int pe) {
-  return static_cast<T>(rshmemi_atom_or(rshmemi_amo_target(dest, pe, "rshmem_atomic_fetch_or"), RSHMEMI_W(value)));
+  return rshmemi_amo<RSHMEMI_AMO_OR, true>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_fetch_or");
 }
 template <typename T>
 RSHMEM_DEVICE void rshmem_atomic_or(T *dest, T value, int pe) {
-  rshmemi_red_or(rshmemi_amo_target(dest, pe, "rshmem_atomic_or"), RSHMEMI_W(value));
+  rshmemi_amo<RSHMEMI_AMO_OR, false>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_or");
 }
 template <typename T>
 RSHMEM_DEVICE T rshmem_atomic_fetch_xor(T *dest, T value, int pe) {
-  return static_cast<T>(rshmemi_atom_xor(rshmemi_amo_target(dest, pe, "rshmem_atomic_fetch_xor"), RSHMEMI_W(value)));
+  return rshmemi_amo<RSHMEMI_AMO_XOR, true>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_fetch_xor");
 }
 template <typename T>
 RSHMEM_DEVICE void rshmem_atomic_xor(T *dest, T value, int pe) {
-  rshmemi_red_xor(rshmemi_amo_target(dest, pe, "rshmem_atomic_xor"), RSHMEMI_W(value));
+  rshmemi_amo<RSHMEMI_AMO_XOR, false>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_xor");
 }
 
 // ---- wait / test ------------------------------------------------------------------------

@@ -66,7 +66,16 @@ RSHMEM_DEVICE void rshmemi_pe_sync_block(const char *what) {
         // (the block barrier, the grid counters), are visible to PE p once it sees e.
         rshmemi_st_release_sys(reinterpret_cast<uint64_t *>(t.addr), e);
         break;
-      // case RSHMEM_TRANSPORT_IBGDA: an 8-byte RDMA WRITE (or atomic) of e.
+      case RSHMEM_TRANSPORT_IBGDA:
+        // An 8-byte inline RDMA WRITE of e. Publishing the WQE fences at system scope
+        // (queue.cuh publish), so what this thread stored or synchronised with before is
+        // visible before the engine executes the write; barrier_all's quiet already
+        // completed the PE's earlier WQEs.
+        if (RSHMEMI_IBGDA_ENABLED) {
+          rshmemi_ibgda_p(static_cast<int>(p), reinterpret_cast<uint64_t>(slot), e, 8, what);
+          break;
+        }
+        [[fallthrough]];
       default:
         rshmemi_no_transport(t.transport, static_cast<int>(p), reinterpret_cast<uint64_t>(slot), 8, what);
     }

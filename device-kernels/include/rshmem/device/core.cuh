@@ -264,8 +264,9 @@ RSHMEM_DEVICE void rshmemi_check_local(const void *addr, uint64_t len, int pe, c
 }
 
 // Where an operation on `pe` goes. transport is RSHMEM_TRANSPORT_P2P (addr is the peer's
-// copy of the symmetric address, directly loadable/storable) or another value that the
-// operation must dispatch on (today: none; rshmemi_no_transport traps).
+// copy of the symmetric address, directly loadable/storable), RSHMEM_TRANSPORT_IBGDA (addr
+// is the symmetric address itself; rshmem/device/ibgda.cuh posts WQEs) or another value
+// (rshmemi_no_transport traps).
 struct rshmemi_target_t {
   uint64_t addr;
   uint32_t transport;
@@ -273,10 +274,12 @@ struct rshmemi_target_t {
 
 // Resolves the symmetric range [sym, sym + len) on `pe`: checks the module is bound, and
 // with RSHMEM_STATE_CHECKS the PE range and that the range is inside this PE's heap. The
-// own PE needs no peer-table load. The peer table is read-only for the kernel's life
-// (written at bind time), so it goes through the read-only data cache.
+// own PE needs no peer-table load — except for atomics (`amo`) when the state has
+// RSHMEM_STATE_SELF_IBGDA: then the own PE's entry (the loopback queue) decides, so that
+// the engine alone updates words it updates atomically. The peer table is read-only for
+// the kernel's life (written at bind time), so it goes through the read-only data cache.
 RSHMEM_DEVICE rshmemi_target_t rshmemi_resolve(const void *sym, uint64_t len, int pe,
-                                               const char *what) {
+                                               const char *what, bool amo = false) {
   const rshmem_device_state_t &s = rshmemi_device_state;
   const uint64_t addr = reinterpret_cast<uint64_t>(sym);
   if (__builtin_expect(!rshmemi_bound() ||
@@ -286,7 +289,7 @@ RSHMEM_DEVICE rshmemi_target_t rshmemi_resolve(const void *sym, uint64_t len, in
                        0))
     rshmemi_refuse(pe, addr, len, what);
   rshmemi_target_t t;
-  if (pe == s.my_pe) {
+  if (pe == s.my_pe && !(amo && (s.flags & RSHMEM_STATE_SELF_IBGDA) != 0)) {
     t.addr = addr;
     t.transport = RSHMEM_TRANSPORT_P2P;
     return t;
@@ -298,14 +301,12 @@ RSHMEM_DEVICE rshmemi_target_t rshmemi_resolve(const void *sym, uint64_t len, in
   return t;
 }
 
-// The default arm of every per-transport switch. IBGDA operations (mlx5 WQEs on
-// rshmem_peer_t.qp) will be dispatched next to the P2P arm; until they exist an IBGDA
-// peer is as unreachable from the device as a NONE peer, and says so.
+// The default arm of every per-transport switch (P2P and IBGDA have their own arms).
 [[noreturn]] __device__ __noinline__ inline void rshmemi_no_transport(uint32_t transport, int pe, uint64_t addr,
                                                          uint64_t len, const char *what) {
   rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_PE, pe, addr, len, 0, 0, what,
                transport == RSHMEM_TRANSPORT_IBGDA
-                   ? "transport not available on device (IBGDA device operations are not implemented yet)"
+                   ? "IBGDA peer, but this module was compiled with RSHMEM_NO_IBGDA (p2p only)"
                    : "no device transport to this PE (peer table says NONE or an unknown transport)");
 }
 

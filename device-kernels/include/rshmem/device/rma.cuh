@@ -19,6 +19,13 @@
 // the next rshmem_quiet / barrier_all of the calling thread. The _nbi forms have the same
 // code today but keep OpenSHMEM's weaker contract (complete at quiet) so programs stay
 // correct on transports where they differ. A get is complete (data in dest) on return.
+//
+// Completion (IBGDA transport, rshmem/device/ibgda.cuh). In the warp/block forms the
+// scope's first thread posts the whole operation (one WQE, or one per GiB / per 256-byte
+// inline piece) and the scope barrier follows. A blocking put returns once its source may
+// be reused (an SGE WRITE waits for its completion); an _nbi put completes at quiet. Gets
+// (also _nbi) are complete on return. quiet/fence act on every queue of the table (and
+// on this PE's own stores, as on p2p).
 #pragma once
 
 #include <stddef.h>
@@ -26,6 +33,7 @@
 
 #include "rshmem/device/copy.cuh"
 #include "rshmem/device/core.cuh"
+#include "rshmem/device/ibgda.cuh"
 
 #if defined(__CUDACC__)
 
@@ -78,7 +86,10 @@ RSHMEM_DEVICE void *rshmem_ptr(const void *ptr, int pe) {
 // all of this thread's earlier stores and atomics performed at system scope (visible to
 // every PE, on this GPU or another) before any later memory operation of the thread.
 // p2p has nothing else in flight. Gets are already complete when they return.
-RSHMEM_DEVICE void rshmem_quiet() { __threadfence_system(); }
+RSHMEM_DEVICE void rshmem_quiet() {
+  __threadfence_system();
+  if (RSHMEMI_IBGDA_ENABLED && rshmemi_device_state.ibgda != 0) rshmemi_ibgda_quiet();
+}
 
 // Orders this thread's puts/AMOs/signals to each PE: those before the fence become visible
 // before those after it to a PE that observes a later one with an acquiring read (a
@@ -86,11 +97,14 @@ RSHMEM_DEVICE void rshmem_quiet() { __threadfence_system(); }
 // later "flag" must be written with a strong store (rshmem_<T>_p, signal_op, an atomic)
 // for the PTX memory model to give that guarantee (a plain put of the flag works on
 // today's GPUs but is formally a data race).
-RSHMEM_DEVICE void rshmem_fence() { __threadfence_system(); }
+RSHMEM_DEVICE void rshmem_fence() {
+  __threadfence_system();
+  if (RSHMEMI_IBGDA_ENABLED && rshmemi_device_state.ibgda != 0) rshmemi_ibgda_fence();
+}
 
 // ---- put / get --------------------------------------------------------------------------
 
-template <int S>
+template <int S, bool Nbi = false>
 RSHMEM_DEVICE void rshmemi_putmem(void *dest, const void *source, size_t bytes, int pe,
                                   const char *what) {
   const rshmemi_target_t t = rshmemi_resolve(dest, bytes, pe, what);
@@ -99,7 +113,12 @@ RSHMEM_DEVICE void rshmemi_putmem(void *dest, const void *source, size_t bytes, 
       rshmemi_copy(reinterpret_cast<void *>(t.addr), source, bytes, rshmemi_scope_rank<S>(),
                    rshmemi_scope_size<S>());
       break;
-    // case RSHMEM_TRANSPORT_IBGDA: the leader posts RDMA WRITE WQEs on peer.qp (not yet).
+    case RSHMEM_TRANSPORT_IBGDA:
+      if (RSHMEMI_IBGDA_ENABLED) {
+        if (rshmemi_scope_rank<S>() == 0) rshmemi_ibgda_put(pe, t.addr, source, bytes, !Nbi, what);
+        break;
+      }
+      [[fallthrough]];
     default:
       rshmemi_no_transport(t.transport, pe, reinterpret_cast<uint64_t>(dest), bytes, what);
   }
@@ -115,7 +134,12 @@ RSHMEM_DEVICE void rshmemi_getmem(void *dest, const void *source, size_t bytes, 
       rshmemi_copy<true>(dest, reinterpret_cast<const void *>(t.addr), bytes,
                          rshmemi_scope_rank<S>(), rshmemi_scope_size<S>());
       break;
-    // case RSHMEM_TRANSPORT_IBGDA: RDMA READ + wait for its CQE (not yet).
+    case RSHMEM_TRANSPORT_IBGDA:
+      if (RSHMEMI_IBGDA_ENABLED) {
+        if (rshmemi_scope_rank<S>() == 0) rshmemi_ibgda_get(pe, dest, t.addr, bytes, what);
+        break;
+      }
+      [[fallthrough]];
     default:
       rshmemi_no_transport(t.transport, pe, reinterpret_cast<uint64_t>(source), bytes, what);
   }
@@ -130,6 +154,15 @@ RSHMEM_DEVICE void rshmem_p(T *dest, T value, int pe) {
   const rshmemi_target_t t = rshmemi_resolve(dest, sizeof(T), pe, "rshmem_p");
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P: *reinterpret_cast<volatile T *>(t.addr) = value; break;
+    case RSHMEM_TRANSPORT_IBGDA:
+      if (RSHMEMI_IBGDA_ENABLED) {
+        static_assert(sizeof(T) <= 8, "rshmem_p takes types of at most 8 bytes");
+        uint64_t bits = 0;
+        memcpy(&bits, &value, sizeof(T));
+        rshmemi_ibgda_p(pe, t.addr, bits, sizeof(T), "rshmem_p");
+        break;
+      }
+      [[fallthrough]];
     default: rshmemi_no_transport(t.transport, pe, reinterpret_cast<uint64_t>(dest), sizeof(T), "rshmem_p");
   }
 }
@@ -139,6 +172,15 @@ RSHMEM_DEVICE T rshmem_g(const T *source, int pe) {
   const rshmemi_target_t t = rshmemi_resolve(source, sizeof(T), pe, "rshmem_g");
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P: return *reinterpret_cast<const volatile T *>(t.addr);
+    case RSHMEM_TRANSPORT_IBGDA:
+      if (RSHMEMI_IBGDA_ENABLED) {
+        static_assert(sizeof(T) <= 8, "rshmem_g takes types of at most 8 bytes");
+        const uint64_t bits = rshmemi_ibgda_read_small(pe, t.addr, sizeof(T), "rshmem_g");
+        T v;
+        memcpy(&v, &bits, sizeof(T));
+        return v;
+      }
+      [[fallthrough]];
     default:
       rshmemi_no_transport(t.transport, pe, reinterpret_cast<uint64_t>(source), sizeof(T), "rshmem_g");
       return T();
@@ -148,7 +190,7 @@ RSHMEM_DEVICE T rshmem_g(const T *source, int pe) {
 #define RSHMEMI_DEF_MEM(suffix, S, nbi)                                                        \
   RSHMEM_DEVICE void rshmem_putmem##suffix(void *dest, const void *source, size_t bytes,       \
                                            int pe) {                                           \
-    rshmemi_putmem<S>(dest, source, bytes, pe, "rshmem_putmem" #suffix);                       \
+    rshmemi_putmem<S, nbi>(dest, source, bytes, pe, "rshmem_putmem" #suffix);                  \
   }                                                                                            \
   RSHMEM_DEVICE void rshmem_getmem##suffix(void *dest, const void *source, size_t bytes,       \
                                            int pe) {                                           \
@@ -156,18 +198,18 @@ RSHMEM_DEVICE T rshmem_g(const T *source, int pe) {
   }                                                                                            \
   template <typename T>                                                                        \
   RSHMEM_DEVICE void rshmem_put##suffix(T *dest, const T *source, size_t nelems, int pe) {     \
-    rshmemi_putmem<S>(dest, source, nelems * sizeof(T), pe, "rshmem_put" #suffix);             \
+    rshmemi_putmem<S, nbi>(dest, source, nelems * sizeof(T), pe, "rshmem_put" #suffix);        \
   }                                                                                            \
   template <typename T>                                                                        \
   RSHMEM_DEVICE void rshmem_get##suffix(T *dest, const T *source, size_t nelems, int pe) {     \
     rshmemi_getmem<S>(dest, source, nelems * sizeof(T), pe, "rshmem_get" #suffix);             \
   }
-RSHMEMI_DEF_MEM(, RSHMEMI_THREAD, 0)
-RSHMEMI_DEF_MEM(_nbi, RSHMEMI_THREAD, 1)
-RSHMEMI_DEF_MEM(_warp, RSHMEMI_WARP, 0)
-RSHMEMI_DEF_MEM(_nbi_warp, RSHMEMI_WARP, 1)
-RSHMEMI_DEF_MEM(_block, RSHMEMI_BLOCK, 0)
-RSHMEMI_DEF_MEM(_nbi_block, RSHMEMI_BLOCK, 1)
+RSHMEMI_DEF_MEM(, RSHMEMI_THREAD, false)
+RSHMEMI_DEF_MEM(_nbi, RSHMEMI_THREAD, true)
+RSHMEMI_DEF_MEM(_warp, RSHMEMI_WARP, false)
+RSHMEMI_DEF_MEM(_nbi_warp, RSHMEMI_WARP, true)
+RSHMEMI_DEF_MEM(_block, RSHMEMI_BLOCK, false)
+RSHMEMI_DEF_MEM(_nbi_block, RSHMEMI_BLOCK, true)
 #undef RSHMEMI_DEF_MEM
 
 // ---- signals ----------------------------------------------------------------------------
@@ -206,12 +248,18 @@ RSHMEM_DEVICE void rshmemi_signal_after_fence(uint64_t *remote, uint64_t signal,
 
 // Atomically updates the signal word sig_addr (symmetric, 8-byte aligned) on `pe`.
 RSHMEM_DEVICE void rshmem_signal_op(uint64_t *sig_addr, uint64_t signal, int sig_op, int pe) {
-  const rshmemi_target_t t = rshmemi_resolve(sig_addr, 8, pe, "rshmem_signal_op");
+  const rshmemi_target_t t = rshmemi_resolve(sig_addr, 8, pe, "rshmem_signal_op", true);
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P:
       rshmemi_signal_release(reinterpret_cast<uint64_t *>(t.addr), signal, sig_op, pe,
                              "rshmem_signal_op");
       break;
+    case RSHMEM_TRANSPORT_IBGDA:
+      if (RSHMEMI_IBGDA_ENABLED) {
+        rshmemi_ibgda_signal(pe, t.addr, signal, sig_op, "rshmem_signal_op");
+        break;
+      }
+      [[fallthrough]];
     default:
       rshmemi_no_transport(t.transport, pe, reinterpret_cast<uint64_t>(sig_addr), 8, "rshmem_signal_op");
   }
@@ -234,12 +282,14 @@ RSHMEM_DEVICE uint64_t rshmem_signal_wait_until(const uint64_t *sig_addr, int cm
 
 // putmem then the signal update, ordered: the target sees the data whenever it sees the
 // signal (acquire). The _nbi forms: same order guarantee, completion at quiet.
-template <int S>
+template <int S, bool Nbi = false>
 RSHMEM_DEVICE void rshmemi_putmem_signal(void *dest, const void *source, size_t bytes,
                                          uint64_t *sig_addr, uint64_t signal, int sig_op, int pe,
                                          const char *what) {
-  const rshmemi_target_t t = rshmemi_resolve(dest, bytes, pe, what);
-  const rshmemi_target_t ts = rshmemi_resolve(sig_addr, 8, pe, what);
+  // amo: the signal is an atomic update (the whole operation takes the loopback queue
+  // when the state routes the own PE's atomics through it).
+  const rshmemi_target_t t = rshmemi_resolve(dest, bytes, pe, what, true);
+  const rshmemi_target_t ts = rshmemi_resolve(sig_addr, 8, pe, what, true);
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P:
       rshmemi_copy(reinterpret_cast<void *>(t.addr), source, bytes, rshmemi_scope_rank<S>(),
@@ -252,33 +302,40 @@ RSHMEM_DEVICE void rshmemi_putmem_signal(void *dest, const void *source, size_t 
           rshmemi_signal_after_fence(reinterpret_cast<uint64_t *>(ts.addr), signal, sig_op, pe, what);
       }
       break;
-    // case RSHMEM_TRANSPORT_IBGDA: RDMA WRITE, then the signal as an ordered atomic WQE.
+    case RSHMEM_TRANSPORT_IBGDA:
+      // One reservation: the WRITE, then the FENCEd signal WQE (lands after the data).
+      if (RSHMEMI_IBGDA_ENABLED) {
+        if (rshmemi_scope_rank<S>() == 0)
+          rshmemi_ibgda_put_signal(pe, t.addr, source, bytes, ts.addr, signal, sig_op, !Nbi, what);
+        break;
+      }
+      [[fallthrough]];
     default:
       rshmemi_no_transport(t.transport, pe, reinterpret_cast<uint64_t>(dest), bytes, what);
   }
   rshmemi_scope_sync<S>();
 }
 
-#define RSHMEMI_DEF_SIG(suffix, S)                                                               \
+#define RSHMEMI_DEF_SIG(suffix, S, nbi)                                                          \
   RSHMEM_DEVICE void rshmem_putmem_signal##suffix(void *dest, const void *source, size_t bytes,  \
                                                   uint64_t *sig_addr, uint64_t signal,           \
                                                   int sig_op, int pe) {                          \
-    rshmemi_putmem_signal<S>(dest, source, bytes, sig_addr, signal, sig_op, pe,                  \
+    rshmemi_putmem_signal<S, nbi>(dest, source, bytes, sig_addr, signal, sig_op, pe,             \
                              "rshmem_putmem_signal" #suffix);                                    \
   }                                                                                              \
   template <typename T>                                                                          \
   RSHMEM_DEVICE void rshmem_put_signal##suffix(T *dest, const T *source, size_t nelems,          \
                                                uint64_t *sig_addr, uint64_t signal, int sig_op,  \
                                                int pe) {                                         \
-    rshmemi_putmem_signal<S>(dest, source, nelems * sizeof(T), sig_addr, signal, sig_op, pe,     \
+    rshmemi_putmem_signal<S, nbi>(dest, source, nelems * sizeof(T), sig_addr, signal, sig_op, pe, \
                              "rshmem_put_signal" #suffix);                                       \
   }
-RSHMEMI_DEF_SIG(, RSHMEMI_THREAD)
-RSHMEMI_DEF_SIG(_nbi, RSHMEMI_THREAD)
-RSHMEMI_DEF_SIG(_warp, RSHMEMI_WARP)
-RSHMEMI_DEF_SIG(_nbi_warp, RSHMEMI_WARP)
-RSHMEMI_DEF_SIG(_block, RSHMEMI_BLOCK)
-RSHMEMI_DEF_SIG(_nbi_block, RSHMEMI_BLOCK)
+RSHMEMI_DEF_SIG(, RSHMEMI_THREAD, false)
+RSHMEMI_DEF_SIG(_nbi, RSHMEMI_THREAD, true)
+RSHMEMI_DEF_SIG(_warp, RSHMEMI_WARP, false)
+RSHMEMI_DEF_SIG(_nbi_warp, RSHMEMI_WARP, true)
+RSHMEMI_DEF_SIG(_block, RSHMEMI_BLOCK, false)
+RSHMEMI_DEF_SIG(_nbi_block, RSHMEMI_BLOCK, true)
 #undef RSHMEMI_DEF_SIG
 
 // ---- typed names ------------------------------------------------------------------------

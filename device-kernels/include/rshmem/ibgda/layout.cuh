@@ -99,7 +99,17 @@ typedef struct rshmem_ibgda_table {
   uint32_t n_qps;    // entries in qps
   uint32_t flags;    // 0 (reserved for future use)
   uint64_t qps;      // pointer to rshmem_ibgda_qp_t[n_qps] (64-byte aligned)
-  uint64_t reserved[5];
+  // Result slots of the device API's fetching operations (atomics, g, signal scratch):
+  // results -> uint64_t[n_results + 1] in memory the NIC / soft HCA writes (registered
+  // under results_lkey, mapped into the GPU; the last slot is a shared discard slot for
+  // values nobody reads); result_locks -> uint32_t[n_results] in device memory, 0 = free.
+  // A thread holds one slot (CAS 0 -> 1) from posting its WQE until it has read the value.
+  // 0 / 0 when the table's owner offers no fetching operations.
+  uint64_t results;
+  uint64_t result_locks;
+  uint32_t n_results;
+  uint32_t results_lkey;
+  uint64_t reserved[2];
 } rshmem_ibgda_table_t;
 
 #ifdef __cplusplus
@@ -119,4 +129,6 @@ static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, first_error) == 256, "layout
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, first_error_index) == 264, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, cqes) == 272, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_table_t, qps) == 16, "layout");
+static_assert(__builtin_offsetof(rshmem_ibgda_table_t, results) == 24, "layout");
+static_assert(__builtin_offsetof(rshmem_ibgda_table_t, n_results) == 40, "layout");
 #endif
