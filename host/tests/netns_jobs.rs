@@ -109,6 +109,7 @@ fn pe_main(mode: &str) -> rshmem::Result<()> {
             for _ in 0..20 {
                 pe.barrier_all()?;
             }
+            println!("NETNS-JOB {}", pe.job_id());
             println!("NETNS-READY pid {}", std::process::id());
             let end = Instant::now() + Duration::from_secs(25);
             while Instant::now() < end {
@@ -666,6 +667,20 @@ fn killed_pe_in_another_namespace_is_named() {
     }
     let job = start_job(2, 2, "kill", 10_000, 10_000, &[]);
     job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
+    // A segment file of this job that a killed PE could not remove (a PE SIGKILLed while
+    // its heap file still had a name): run-job must remove it, and only it.
+    let job_id = job
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .find_map(|l| l.split(" pe 0] NETNS-JOB ").nth(1).map(|s| s.trim().to_string()))
+        .expect("no NETNS-JOB line of PE 0");
+    assert!(job_id.chars().all(|c| c.is_ascii_hexdigit()), "{job_id:?}");
+    let leftover = format!("/dev/shm/rshmem-{job_id}-pe99");
+    let other = format!("/dev/shm/rshmem-{job_id}x-pe0");
+    std::fs::write(&leftover, b"").unwrap();
+    std::fs::write(&other, b"").unwrap();
     let pid = job.pid_of(3);
     // SAFETY: kill on the pid PE 3 printed; it is alive (it waits in barriers).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
@@ -693,6 +708,17 @@ fn killed_pe_in_another_namespace_is_named() {
         "took {:?}",
         t0.elapsed()
     );
+    let other_left = std::path::Path::new(&other).exists();
+    let _ = std::fs::remove_file(&other);
+    assert!(
+        !std::path::Path::new(&leftover).exists(),
+        "run-job left {leftover}:\n{text}"
+    );
+    assert!(
+        text.contains(&format!("removed 1 leftover shared-memory segment(s) of job {job_id}")),
+        "{text}"
+    );
+    assert!(other_left, "run-job removed a file of another job");
 }
 
 /// From host 1: a join with a wrong token is refused and junk on the root port is
