@@ -186,8 +186,17 @@ fn bad_fabric_switches_are_refused() {
         let text = String::from_utf8_lossy(&out.stdout).to_string()
             + &String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{var}={value} accepted:\n{text}");
-        assert!(text.contains(var) && text.contains(value), "{var}={value}:\n{text}");
-        assert!(text.contains(allowed), "{var}={value}: allowed values not named:\n{text}");
-        assert!(!text.contains("cases passed"), "{var}={value}: the self-test ran:\n{text}");
+        assert!(
+            text.contains(var) && text.contains(value),
+            "{var}={value}:\n{text}"
+        );
+        assert!(
+            text.contains(allowed),
+            "{var}={value}: allowed values not named:\n{text}"
+        );
+        assert!(
+            !text.contains("cases passed"),
+            "{var}={value}: the self-test ran:\n{text}"
+        );
     }
 }

@@ -674,7 +674,11 @@ fn killed_pe_in_another_namespace_is_named() {
         .lock()
         .unwrap()
         .iter()
-        .find_map(|l| l.split(" pe 0] NETNS-JOB ").nth(1).map(|s| s.trim().to_string()))
+        .find_map(|l| {
+            l.split(" pe 0] NETNS-JOB ")
+                .nth(1)
+                .map(|s| s.trim().to_string())
+        })
         .expect("no NETNS-JOB line of PE 0");
     assert!(job_id.chars().all(|c| c.is_ascii_hexdigit()), "{job_id:?}");
     let leftover = format!("/dev/shm/rshmem-{job_id}-pe99");
@@ -715,7 +719,9 @@ fn killed_pe_in_another_namespace_is_named() {
         "run-job left {leftover}:\n{text}"
     );
     assert!(
-        text.contains(&format!("removed 1 leftover shared-memory segment(s) of job {job_id}")),
+        text.contains(&format!(
+            "removed 1 leftover shared-memory segment(s) of job {job_id}"
+        )),
         "{text}"
     );
     assert!(other_left, "run-job removed a file of another job");

@@ -53,9 +53,16 @@ unsafe fn weighted_sum_avx2(out: &mut [bf16], rows: &[&[u16]], w: &[f32]) {
 #[inline(always)]
 fn weighted_sum_generic(out: &mut [bf16], rows: &[&[u16]], w: &[f32]) {
     const B: usize = 64;
-    assert_eq!(rows.len(), w.len(), "weighted_sum_to_bf16: rows and weights differ in count");
+    assert_eq!(
+        rows.len(),
+        w.len(),
+        "weighted_sum_to_bf16: rows and weights differ in count"
+    );
     let n = out.len();
-    assert!(rows.iter().all(|r| r.len() == n), "weighted_sum_to_bf16: row length differs from out");
+    assert!(
+        rows.iter().all(|r| r.len() == n),
+        "weighted_sum_to_bf16: row length differs from out"
+    );
     let mut start = 0;
     while start < n {
         let len = B.min(n - start);
@@ -201,20 +208,40 @@ mod tests {
                 // SAFETY: both ranges in bounds (off + len <= 17 + 255 < 332), disjoint.
                 unsafe { copy_streaming(dst.as_mut_ptr().add(off), src.as_ptr().add(3), len) };
                 store_fence();
-                assert!(dst[..off].iter().all(|&b| b == 0xee), "off {off} len {len}: head");
-                assert_eq!(&dst[off..off + len], &src[3..3 + len], "off {off} len {len}");
-                assert!(dst[off + len..].iter().all(|&b| b == 0xee), "off {off} len {len}: tail");
+                assert!(
+                    dst[..off].iter().all(|&b| b == 0xee),
+                    "off {off} len {len}: head"
+                );
+                assert_eq!(
+                    &dst[off..off + len],
+                    &src[3..3 + len],
+                    "off {off} len {len}"
+                );
+                assert!(
+                    dst[off + len..].iter().all(|&b| b == 0xee),
+                    "off {off} len {len}: tail"
+                );
             }
         }
     }
 
     #[test]
     fn weighted_sum_matches_accumulate_then_round() {
-        for (n, k) in [(7168usize, 8usize), (100, 1), (130, 11), (64, 3), (0, 2), (5, 0)] {
+        for (n, k) in [
+            (7168usize, 8usize),
+            (100, 1),
+            (130, 11),
+            (64, 3),
+            (0, 2),
+            (5, 0),
+        ] {
             let rows: Vec<Vec<u16>> = (0..k)
                 .map(|r| {
                     (0..n)
-                        .map(|i| bf16::from_f32(((i * 31 + r * 17) % 997) as f32 * 0.0131 - 6.5).to_bits())
+                        .map(|i| {
+                            bf16::from_f32(((i * 31 + r * 17) % 997) as f32 * 0.0131 - 6.5)
+                                .to_bits()
+                        })
                         .collect()
                 })
                 .collect();

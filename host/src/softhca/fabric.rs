@@ -217,11 +217,15 @@ fn map_atomic(op: &AtomicOp) -> Option<(AtomicType, FabricAtomic)> {
 fn env_choice(var: &str, allowed: &[&'static str], default: &'static str) -> Result<&'static str> {
     match std::env::var(var) {
         Err(std::env::VarError::NotPresent) => Ok(default),
-        Ok(v) => allowed.iter().copied().find(|a| *a == v).ok_or_else(|| Error::Env {
-            var: var.to_string(),
-            value: v,
-            reason: format!("expected one of: {}", allowed.join(", ")),
-        }),
+        Ok(v) => allowed
+            .iter()
+            .copied()
+            .find(|a| *a == v)
+            .ok_or_else(|| Error::Env {
+                var: var.to_string(),
+                value: v,
+                reason: format!("expected one of: {}", allowed.join(", ")),
+            }),
         Err(std::env::VarError::NotUnicode(v)) => Err(Error::Env {
             var: var.to_string(),
             value: v.to_string_lossy().into_owned(),
@@ -239,8 +243,8 @@ impl FabricBackend {
         let domain = fabric.domain()?;
         // RSHMEM_FABRIC_DELIVERY=complete asks the provider for delivery-complete writes
         // instead of flushing with READs (slower on tcp;ofi_rxm, see docs/multinode.md).
-        let want_dc = env_choice("RSHMEM_FABRIC_DELIVERY", &["flush", "complete"], "flush")?
-            == "complete";
+        let want_dc =
+            env_choice("RSHMEM_FABRIC_DELIVERY", &["flush", "complete"], "flush")? == "complete";
         let ep = Endpoint::with_completion(&domain, want_dc)?;
         let bounce = domain.alloc(BOUNCE * BOUNCE_SLOTS)?;
         // Lazy by default since 2026-12-02: with the handover it halves the 8 B put latency
