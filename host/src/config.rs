@@ -260,10 +260,44 @@ pub struct Settings {
     /// through libfabric (the largest WRITE/READ one WQE carries; 128 per QP are
     /// registered). A power of two from 8 KiB to 1 MiB; default 256 KiB.
     pub fabric_chunk: usize,
+    /// How the libfabric backend of the soft HCA runs (docs/multinode.md, "Defaults").
+    pub fabric: FabricSwitches,
     /// RSHMEM_DEBUG_QUEUES: publish the live state of this process's soft-HCA queues to
     /// `/dev/shm/rshmem-<job>-queues-<pid>` every period, for `rshmem doctor --queues`.
     /// `0` (default) off, `1` every 100 ms, or a period in ms from 10 to 60000.
     pub debug_queues: Option<Duration>,
+}
+
+/// The libfabric backend's switches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FabricSwitches {
+    /// RSHMEM_ENGINE_HANDOVER: `1` (default) the engine thread parks while a waiting PE
+    /// drives progress itself; `0` it keeps running rounds.
+    pub handover: bool,
+    /// RSHMEM_FABRIC_CONFIRM: `lazy` (default) flush READs only when a completion is
+    /// needed; `eager` after every round's writes.
+    pub lazy_confirm: bool,
+    /// RSHMEM_FABRIC_DELIVERY: `flush` (default) confirm writes with READs; `complete` ask
+    /// the provider for delivery-complete writes.
+    pub delivery_complete: bool,
+}
+
+/// The value of `var` when it is one of `allowed`, `default` when unset; anything else is
+/// an `Error::Env` naming the allowed values.
+fn choice(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &str,
+    allowed: &[&'static str],
+    default: &'static str,
+) -> Result<&'static str> {
+    match get(var) {
+        None => Ok(default),
+        Some(v) => allowed
+            .iter()
+            .copied()
+            .find(|a| *a == v.trim())
+            .ok_or_else(|| env_err(var, &v, format!("expected one of: {}", allowed.join(", ")))),
+    }
 }
 
 /// Default RSHMEM_FABRIC_CHUNK (docs/multinode.md: each WQE is one network operation with
@@ -403,9 +437,21 @@ impl Settings {
                 }
             },
         };
+        let fabric = FabricSwitches {
+            handover: choice(&get, "RSHMEM_ENGINE_HANDOVER", &["0", "1"], "1")? == "1",
+            lazy_confirm: choice(&get, "RSHMEM_FABRIC_CONFIRM", &["eager", "lazy"], "lazy")?
+                == "lazy",
+            delivery_complete: choice(
+                &get,
+                "RSHMEM_FABRIC_DELIVERY",
+                &["flush", "complete"],
+                "flush",
+            )? == "complete",
+        };
         Ok(Settings {
             debug_queues,
             fabric_chunk,
+            fabric,
             symmetric_size,
             timeout: Duration::from_millis(timeout_ms),
             token,
@@ -501,6 +547,44 @@ mod tests {
 
     fn launch(pairs: &[(&str, &str)]) -> Result<Option<LaunchInfo>> {
         LaunchInfo::from_lookup(env(pairs))
+    }
+
+    #[test]
+    fn fabric_switches_default_parse_and_refuse() {
+        let d = Settings::from_lookup(env(&[])).unwrap().fabric;
+        assert_eq!(
+            d,
+            FabricSwitches {
+                handover: true,
+                lazy_confirm: true,
+                delivery_complete: false
+            }
+        );
+        let s = Settings::from_lookup(env(&[
+            ("RSHMEM_ENGINE_HANDOVER", "0"),
+            ("RSHMEM_FABRIC_CONFIRM", "eager"),
+            ("RSHMEM_FABRIC_DELIVERY", "complete"),
+        ]))
+        .unwrap()
+        .fabric;
+        assert_eq!(
+            s,
+            FabricSwitches {
+                handover: false,
+                lazy_confirm: false,
+                delivery_complete: true
+            }
+        );
+        for (var, value, allowed) in [
+            ("RSHMEM_ENGINE_HANDOVER", "yes", "0, 1"),
+            ("RSHMEM_FABRIC_CONFIRM", "later", "eager, lazy"),
+            ("RSHMEM_FABRIC_DELIVERY", "now", "flush, complete"),
+        ] {
+            let e = Settings::from_lookup(env(&[(var, value)])).unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains(allowed), "{text}");
+            assert_eq!(env_var_of(e), (var.to_string(), value.to_string()));
+        }
     }
 
     fn env_var_of(e: Error) -> (String, String) {

@@ -29,6 +29,7 @@
 //! [`Backend::idle_wait`] bounds its idle sleep to [`IDLE_WAIT`].
 
 use super::backend::{AtomicOp, Backend, Gather, LocalBuf, Op};
+use crate::config::FabricSwitches;
 use crate::error::{Error, Result};
 use crate::fabric::{
     AtomicType, Completion, Domain, Endpoint, Fabric, FetchOp, Local, MemoryRegion, PeerAddr,
@@ -212,52 +213,25 @@ fn map_atomic(op: &AtomicOp) -> Option<(AtomicType, FabricAtomic)> {
     })
 }
 
-/// The value of `var` when it is one of `allowed`, `default` when unset; anything else
-/// is an [`Error::Env`] naming the allowed values.
-fn env_choice(var: &str, allowed: &[&'static str], default: &'static str) -> Result<&'static str> {
-    match std::env::var(var) {
-        Err(std::env::VarError::NotPresent) => Ok(default),
-        Ok(v) => allowed
-            .iter()
-            .copied()
-            .find(|a| *a == v)
-            .ok_or_else(|| Error::Env {
-                var: var.to_string(),
-                value: v,
-                reason: format!("expected one of: {}", allowed.join(", ")),
-            }),
-        Err(std::env::VarError::NotUnicode(v)) => Err(Error::Env {
-            var: var.to_string(),
-            value: v.to_string_lossy().into_owned(),
-            reason: "not valid UTF-8".into(),
-        }),
-    }
-}
-
 impl FabricBackend {
     /// Opens the provider chosen by `RSHMEM_FABRIC_PROVIDER` (or the first that fits),
     /// a domain and one endpoint. Fails with `Error::LibraryMissing` (naming libfabric1)
     /// when libfabric is not installed.
-    pub fn open() -> Result<FabricBackend> {
+    pub fn open(switches: FabricSwitches) -> Result<FabricBackend> {
         let fabric = Fabric::open_from_env()?;
         let domain = fabric.domain()?;
         // RSHMEM_FABRIC_DELIVERY=complete asks the provider for delivery-complete writes
         // instead of flushing with READs (slower on tcp;ofi_rxm, see docs/multinode.md).
-        let want_dc =
-            env_choice("RSHMEM_FABRIC_DELIVERY", &["flush", "complete"], "flush")? == "complete";
-        let ep = Endpoint::with_completion(&domain, want_dc)?;
+        let ep = Endpoint::with_completion(&domain, switches.delivery_complete)?;
         let bounce = domain.alloc(BOUNCE * BOUNCE_SLOTS)?;
-        // Lazy by default since 2026-12-02: with the handover it halves the 8 B put latency
-        // across namespaces (docs/multinode.md, "Defaults").
-        let lazy = env_choice("RSHMEM_FABRIC_CONFIRM", &["eager", "lazy"], "lazy")? == "lazy";
-        // On by default since 2026-12-02 (docs/multinode.md, "Progress handover").
-        let handover = env_choice("RSHMEM_ENGINE_HANDOVER", &["0", "1"], "1")? == "1";
+        // Lazy confirmation and the handover are the defaults since 2026-12-02: together they
+        // halve the 8 B put latency across namespaces (docs/multinode.md, "Defaults").
         Ok(FabricBackend {
             dc: ep.delivery_complete(),
             unflushed: std::collections::HashMap::new(),
-            lazy,
+            lazy: switches.lazy_confirm,
             urgent: false,
-            handover,
+            handover: switches.handover,
             unflushed_n: 0,
             ep,
             regions: Arc::new(Mutex::new(Vec::new())),

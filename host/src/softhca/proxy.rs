@@ -26,6 +26,7 @@ use super::fabric::{FabricBackend, FabricPeer, Regions};
 use super::mr::{Access, MrSnapshot, MrTable};
 use super::queue::{CqMode, Posted, QueueMemory, SendQueue, SqError};
 use crate::bootstrap::Liveness;
+use crate::config::FabricSwitches;
 use crate::error::{Error, Result};
 use crate::fabric::{Domain, MemoryRegion};
 use crate::mlx5::wqe::{DataSeg, Payload, RaddrSeg, Sge8, WqeOp};
@@ -135,10 +136,13 @@ pub(crate) struct FabricCtx {
 }
 
 /// Opens the fabric endpoint of this process's engine if it has none yet.
-pub(crate) fn install_fabric(hca: &SoftHca<ProxyBackend>) -> Result<FabricCtx> {
+pub(crate) fn install_fabric(
+    hca: &SoftHca<ProxyBackend>,
+    switches: FabricSwitches,
+) -> Result<FabricCtx> {
     hca.with_backend(|b| {
         if b.fabric.is_none() {
-            b.fabric = Some(FabricBackend::open()?);
+            b.fabric = Some(FabricBackend::open(switches)?);
         }
         let f = b.fabric.as_ref().expect("installed");
         Ok(FabricCtx {
