@@ -299,7 +299,7 @@ impl Pe {
         let mut fabric_peers: Vec<Option<FabricPeer>> = (0..n).map(|_| None).collect();
         if any_fabric {
             let hca = hca.as_ref().expect("engine started");
-            let opened = install_fabric(hca).and_then(|ctx| {
+            let opened = install_fabric(hca, settings.fabric).and_then(|ctx| {
                 // SAFETY: the heap mapping lives in `peers` until the Pe drops, after
                 // `proxy` (field order), which holds this registration.
                 let mr = unsafe { ctx.domain.register(my_base, heap_size)? };
@@ -498,16 +498,9 @@ impl Pe {
     /// Validates `[offset, offset+len)` on PE `pe` and returns its local address.
     #[inline]
     pub(crate) fn target(&self, pe: usize, offset: usize, len: usize) -> Result<*mut u8> {
-        // Hot path: as in `route`.
-        if let Some(&base) = self.direct.get(pe) {
-            if base != 0
-                && offset >= RESERVED_BYTES
-                && offset <= self.heap_size
-                && len <= self.heap_size - offset
-            {
-                self.live.check()?;
-                return Ok((base + offset) as *mut u8);
-            }
+        if let Some(p) = self.direct_at(pe, offset, len) {
+            self.live.check()?;
+            return Ok(p);
         }
         if pe >= self.n_pes {
             return Err(Error::InvalidPe {
@@ -542,21 +535,26 @@ impl Pe {
     /// Validates `[offset, offset+len)` on PE `pe` and says how to reach it.
     #[inline]
     pub(crate) fn route(&self, pe: usize, offset: usize, len: usize) -> Result<Route> {
-        // Hot path (a node-local peer, a range inside the heap): one table load and three
-        // compares, independent of the liveness load. Everything else, errors included,
-        // takes the full path below.
-        if let Some(&base) = self.direct.get(pe) {
-            if base != 0
-                && offset >= RESERVED_BYTES
-                && offset <= self.heap_size
-                && len <= self.heap_size - offset
-            {
-                self.live.check()?;
-                // The address is inside PE `pe`'s mapping (heap_size long), checked above.
-                return Ok(Route::P2p((base + offset) as *mut u8));
-            }
+        if let Some(p) = self.direct_at(pe, offset, len) {
+            self.live.check()?;
+            return Ok(Route::P2p(p));
         }
         self.route_slow(pe, offset, len)
+    }
+
+    /// The hot path of [`Pe::route`] and [`Pe::target`]: the address here of `[offset,
+    /// offset+len)` on PE `pe` when that PE is reached by load/store and the range lies in
+    /// its heap — one table load and three compares. None sends the caller down the full
+    /// path, which reports every error.
+    #[inline]
+    fn direct_at(&self, pe: usize, offset: usize, len: usize) -> Option<*mut u8> {
+        let base = *self.direct.get(pe)?;
+        (base != 0
+            && offset >= RESERVED_BYTES
+            && offset <= self.heap_size
+            && len <= self.heap_size - offset)
+            // Inside PE `pe`'s mapping (heap_size long), checked just above.
+            .then(|| (base + offset) as *mut u8)
     }
 
     #[cold]
