@@ -991,7 +991,7 @@ impl<'p> Buffer<'p> {
                                 let row = le * rows + j;
                                 let (t, kk) =
                                     (handle.src_info[row] as usize, handle.row_k[row] as usize);
-                                let to = sh.sym(lay.combine_recv_row(set, t, kk), h * 2);
+                                let recv_row = lay.combine_recv_row(set, t, kk);
                                 if let Some(peer) = stream_to {
                                     let src = bf16_bits(&expert_out[row * h..(row + 1) * h]);
                                     // SAFETY: a row of PE s's combine_recv (this set, token t,
@@ -1000,7 +1000,7 @@ impl<'p> Buffer<'p> {
                                     // for call seq - 2 (start_call waited for its credit).
                                     unsafe {
                                         reduce::copy_streaming(
-                                            (peer + lay.combine_recv_row(set, t, kk)) as *mut u8,
+                                            (peer + recv_row) as *mut u8,
                                             src.as_ptr().cast(),
                                             h * 2,
                                         )
@@ -1011,11 +1011,11 @@ impl<'p> Buffer<'p> {
                                     let src = unsafe {
                                         sh.bytes(lay.combine_send_row(set, le, j), h * 2)
                                     };
-                                    self.pe.put(to, src, sh.members[s])?;
+                                    self.pe.put(sh.sym(recv_row, h * 2), src, sh.members[s])?;
                                 } else {
                                     let src = &expert_out[row * h..(row + 1) * h];
-                                    self.pe
-                                        .put(to.cast::<u16>(), bf16_bits(src), sh.members[s])?;
+                                    let to = sh.sym(recv_row, h * 2).cast::<u16>();
+                                    self.pe.put(to, bf16_bits(src), sh.members[s])?;
                                 }
                                 sent_rows += 1;
                             }
