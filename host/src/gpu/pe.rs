@@ -321,27 +321,8 @@ impl GpuPe {
         let rank = pe.my_pe();
         let n = pe.n_pes();
         let node: Vec<usize> = pe.node().members().iter().map(|&r| r as usize).collect();
-        let local_rank = node.iter().position(|&r| r == rank).unwrap_or(0);
-
-        // Device, context, stream, facts.
-        let picked = device_count().and_then(|count| {
-            super::launch::pick_device(
-                std::env::var("RSHMEM_DEVICE").ok().as_deref(),
-                local_rank,
-                count,
-            )
-        });
-        exchange_status(boot, &world, "pick its GPU", &picked)?;
-        let ordinal = picked?;
-        let setup = device_setup(ordinal, true);
-        exchange_status(boot, &world, "set up its GPU", &setup)?;
-        let (ctx, stream, info, rdma) = setup?;
-
-        // Which PEs share which GPU: bus ids of everyone (node ids come from the bootstrap).
-        let ids = boot.allgather(&world, info.pci_bus_id.as_bytes())?;
-        let node_ids = boot.node_ids().to_vec();
-        let same_gpu = |r: usize| node_ids[r] == node_ids[rank] && ids[r] == ids[rank];
-        let sharing = (0..n).filter(|&r| same_gpu(r)).count();
+        let ((ctx, stream, info, rdma), ids, sharing) = open_device(&pe, true)?;
+        let ordinal = info.ordinal;
 
         // A job-wide secret for the fd exchange: PE 0's random token.
         let tok = boot.allgather(&world, random_token()?.as_bytes())?;
@@ -484,26 +465,7 @@ impl GpuPe {
     fn from_pe_proxy(pe: Pe, settings: Settings) -> Result<GpuPe> {
         let world = pe.world().group();
         let boot = pe.boot();
-        let rank = pe.my_pe();
-        let node: Vec<usize> = pe.node().members().iter().map(|&r| r as usize).collect();
-        let local_rank = node.iter().position(|&r| r == rank).unwrap_or(0);
-        let picked = device_count().and_then(|count| {
-            super::launch::pick_device(
-                std::env::var("RSHMEM_DEVICE").ok().as_deref(),
-                local_rank,
-                count,
-            )
-        });
-        exchange_status(boot, &world, "pick its GPU", &picked)?;
-        let ordinal = picked?;
-        let setup = device_setup(ordinal, false);
-        exchange_status(boot, &world, "set up its GPU", &setup)?;
-        let (ctx, stream, info, _) = setup?;
-        let ids = boot.allgather(&world, info.pci_bus_id.as_bytes())?;
-        let node_ids = boot.node_ids().to_vec();
-        let sharing = (0..pe.n_pes())
-            .filter(|&r| node_ids[r] == node_ids[rank] && ids[r] == ids[rank])
-            .count();
+        let ((ctx, stream, info, _), _, sharing) = open_device(&pe, false)?;
         let heap_size = pe.heap_size();
         let built = (|| -> Result<(super::ibgda::ProxyGpu, DevBuf, Pinned, Module)> {
             let view = pe
@@ -1225,7 +1187,44 @@ fn device_parts(ctx: &Arc<Ctx>, peer_table: &[DevicePeer]) -> Result<(DevBuf, Pi
 
 /// The device, its primary context, a stream and the device facts for a PE on GPU
 /// `ordinal`; `vmm`: also require what the VMM heap needs (and report GPUDirect RDMA).
-fn device_setup(ordinal: i32, vmm: bool) -> Result<(Arc<Ctx>, Stream, DeviceInfo, bool)> {
+/// What [`device_setup`] returns.
+type DeviceSetup = (Arc<Ctx>, Stream, DeviceInfo, bool);
+
+/// The device part shared by both kinds of GPU PE: picks this PE's GPU (its rank among the
+/// node's PEs, or `RSHMEM_DEVICE`) and sets it up — each step's failure exchanged, so that
+/// every PE fails together naming who failed — then allgathers the PCI bus ids. Returns
+/// the setup, the bus ids by rank, and how many PEs of the node use this GPU (this one
+/// included; node ids come from the bootstrap).
+fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, usize)> {
+    let world = pe.world().group();
+    let boot = pe.boot();
+    let rank = pe.my_pe();
+    let local_rank = pe
+        .node()
+        .members()
+        .iter()
+        .position(|&r| r as usize == rank)
+        .unwrap_or(0);
+    let picked = device_count().and_then(|count| {
+        super::launch::pick_device(
+            std::env::var("RSHMEM_DEVICE").ok().as_deref(),
+            local_rank,
+            count,
+        )
+    });
+    exchange_status(boot, &world, "pick its GPU", &picked)?;
+    let setup = device_setup(picked?, vmm);
+    exchange_status(boot, &world, "set up its GPU", &setup)?;
+    let setup = setup?;
+    let ids = boot.allgather(&world, setup.2.pci_bus_id.as_bytes())?;
+    let node_ids = boot.node_ids();
+    let sharing = (0..pe.n_pes())
+        .filter(|&r| node_ids[r] == node_ids[rank] && ids[r] == ids[rank])
+        .count();
+    Ok((setup, ids, sharing))
+}
+
+fn device_setup(ordinal: i32, vmm: bool) -> Result<DeviceSetup> {
     let ctx = Ctx::retain(ordinal)?;
     let info = device_info(ordinal)?;
     use sys::CUdevice_attribute as A;
