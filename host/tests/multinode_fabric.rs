@@ -170,7 +170,7 @@ fn bad_fabric_chunk_is_refused() {
     assert!(text.contains("RSHMEM_FABRIC_CHUNK"), "{text}");
 }
 
-/// Bad values of the fabric's switches are refused when the fabric opens, naming the
+/// Bad values of the fabric's switches are refused at init (Settings), naming the
 /// variable and the values it accepts; nothing runs.
 #[test]
 fn bad_fabric_switches_are_refused() {
