@@ -99,10 +99,26 @@ pub fn f32_to_e4m3_branchless(x: f32) -> u8 {
 pub fn quantize_row(x: &[half::bf16], round_scale: bool, q: &mut [u8], scales: &mut [f32]) {
     debug_assert!(x.len() % GROUP == 0 && q.len() == x.len() && scales.len() == x.len() / GROUP);
     #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the CPU supports AVX-512 F and BW (BW implies F; checked just above).
+        return unsafe { quantize_row_avx512(x, round_scale, q, scales) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
         return unsafe { quantize_row_avx2(x, round_scale, q, scales) };
     }
+    quantize_row_generic(x, round_scale, q, scales)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_row_avx512(
+    x: &[half::bf16],
+    round_scale: bool,
+    q: &mut [u8],
+    scales: &mut [f32],
+) {
     quantize_row_generic(x, round_scale, q, scales)
 }
 
@@ -121,10 +137,16 @@ fn quantize_row_generic(x: &[half::bf16], round_scale: bool, q: &mut [u8], scale
     {
         // amax over the group, ignoring NaN (as f32::max does): for non-NaN bf16 values
         // |x| orders as the integer `bits & 0x7fff`, which vectorises.
-        let amax_bits = xs.iter().fold(0u16, |m, v| {
-            let a = v.to_bits() & 0x7fff;
-            m.max(if a > 0x7f80 { 0 } else { a })
-        });
+        // Lane-wise maxima first, then across lanes: a single running max is a serial
+        // chain the compiler leaves scalar.
+        let mut lanes = [0u16; 32];
+        for c in xs.chunks_exact(32) {
+            for (m, v) in lanes.iter_mut().zip(c) {
+                let a = v.to_bits() & 0x7fff;
+                *m = (*m).max(if a > 0x7f80 { 0 } else { a });
+            }
+        }
+        let amax_bits = lanes.iter().copied().max().unwrap_or(0);
         let amax = f32::from_bits((amax_bits as u32) << 16);
         let (scale, inv) = group_scale(amax, round_scale);
         scales[g] = inv;
