@@ -227,6 +227,7 @@ pub struct CqeInfo {
 
 impl Cqe64 {
     /// A success CQE (opcode `opcode`, normally [`CqeOpcode::Req`] on a send CQ).
+    #[inline]
     pub fn success(opcode: CqeOpcode, info: &CqeInfo) -> Self {
         Cqe64 {
             byte_cnt: Be32::new(info.byte_cnt),

@@ -934,6 +934,7 @@ pub fn parse_wqe(bytes: &[u8]) -> Result<ParsedWqe<'_>, WqeError> {
 }
 
 /// [`parse_wqe`] with an explicit inline limit (the QP's `max_inline_data`).
+#[inline]
 pub fn parse_wqe_with(bytes: &[u8], max_inline: u32) -> Result<ParsedWqe<'_>, WqeError> {
     let ctrl = CtrlSeg::read_from(bytes).ok_or(WqeError::Truncated { len: bytes.len() })?;
     let op = ctrl.opcode();
@@ -1116,6 +1117,7 @@ impl<'a> SegReader<'a> {
         Some(u32::from_be_bytes(w))
     }
 
+    #[inline]
     fn seg<T: WireStruct>(&mut self, segment: &'static str) -> Result<T, WqeError> {
         let units = (T::SIZE / DS_BYTES) as u8;
         let missing = WqeError::MissingSegment {
@@ -1167,6 +1169,7 @@ impl<'a> SegReader<'a> {
     }
 
     /// All remaining units: one inline segment, or data segments (not both).
+    #[inline]
     fn payload(&mut self) -> Result<Payload<'a>, WqeError> {
         let Some(w) = self.first_word() else {
             return Ok(Payload::Sge(&[]));

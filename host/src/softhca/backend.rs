@@ -242,6 +242,7 @@ impl Backend for LocalBackend {
     type Peer = LocalPeer;
     type Cache = MrSnapshot;
 
+    #[inline]
     fn execute(
         &mut self,
         peer: &LocalPeer,

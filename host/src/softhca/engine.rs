@@ -102,6 +102,10 @@ struct QpRun<P, C> {
     ci: u16,
     /// CQEs written (unwrapped, 32 bits).
     cq_pi: u32,
+    /// The consumer index last loaded from the CQ doorbell record. It only grows, so room
+    /// computed from it is a lower bound: the record (a line the poller writes) is read
+    /// again only when this says the CQ is full, not once per WQE.
+    cq_ci_seen: u32,
     error: bool,
     lkeys: MrSnapshot,
     inflight: VecDeque<Pending>,
@@ -152,6 +156,7 @@ impl<B: Backend> EngineCore<B> {
             cache: B::Cache::default(),
             ci: 0,
             cq_pi: 0,
+            cq_ci_seen: 0,
             error: false,
             lkeys,
             inflight: VecDeque::new(),
@@ -350,13 +355,17 @@ fn retire<P, C>(r: &mut QpRun<P, C>) -> usize {
     n
 }
 
-fn cq_has_room<P, C>(r: &QpRun<P, C>, mem: &QueueMemory) -> bool {
+fn cq_has_room<P, C>(r: &mut QpRun<P, C>, mem: &QueueMemory) -> bool {
     if r.qp.cfg.cq_mode == CqMode::Collapsed {
         return true;
     }
+    let cnt = mem.layout().cqe_cnt;
+    if (r.cq_pi.wrapping_sub(r.cq_ci_seen) & 0xff_ffff) < cnt {
+        return true; // room by the last value seen (entries it released were acquired then)
+    }
     // Acquire: the consumer finished reading the entries it released.
-    let ci = u32::from_be_bytes(mem.cq_dbrec_ci().load(Ordering::Acquire).to_ne_bytes());
-    (r.cq_pi.wrapping_sub(ci) & 0xff_ffff) < mem.layout().cqe_cnt
+    r.cq_ci_seen = u32::from_be_bytes(mem.cq_dbrec_ci().load(Ordering::Acquire).to_ne_bytes());
+    (r.cq_pi.wrapping_sub(r.cq_ci_seen) & 0xff_ffff) < cnt
 }
 
 fn complete<P, C>(
@@ -400,6 +409,7 @@ enum Exec {
     Started(u32),
 }
 
+#[inline]
 fn local(
     lkeys: &MrSnapshot,
     bufs: &mut Vec<LocalBuf>,
@@ -418,6 +428,7 @@ fn local(
     Ok(len)
 }
 
+#[inline]
 fn execute<B: Backend>(
     backend: &mut B,
     bufs: &mut Vec<LocalBuf>,

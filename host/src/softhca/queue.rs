@@ -236,6 +236,7 @@ impl QueueMemory {
     pub fn cq_dbrec_ci(&self) -> &AtomicU32 {
         self.word32(self.parts.cq_dbrec)
     }
+    #[inline]
     fn cqe_word(&self, slot: u32, w: usize) -> &AtomicU64 {
         let off = (slot & (self.layout.cqe_cnt - 1)) as usize * CQE_SIZE + w * 8;
         // SAFETY: inside the CQ ring (slot masked), 8-aligned; CQE words are only
@@ -246,6 +247,7 @@ impl QueueMemory {
     /// Writes CQE `cqe` into ring slot `slot` (masked): bytes 0..55 first, then bytes
     /// 56..63 (with `op_own`) with Release, so a reader that sees the new owner bit sees
     /// the whole CQE.
+    #[inline]
     pub fn write_cqe(&self, slot: u32, cqe: &Cqe64) {
         let b = cqe.as_bytes();
         for w in 0..7 {
