@@ -15,7 +15,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#if !defined(__CUDACC_RTC__)  // NVRTC declares memcpy itself and has no string.h
 #include <string.h>
+#endif
 
 #ifdef __CUDACC__
 #define RSHMEM_MLX5_FN __host__ __device__ __forceinline__
@@ -106,8 +108,10 @@ struct masked_fa64_seg { be64 add; be64 field_boundary; };
 struct masked_cs64_seg { be64 swap; be64 compare; be64 swap_mask; be64 compare_mask; };  // 2 ds
 
 static_assert(sizeof(ctrl_seg) == 16, "ctrl_seg");
+#if !defined(__CUDACC_RTC__)  // NVRTC has no offsetof; nvcc and g++ check these
 static_assert(offsetof(ctrl_seg, fm_ce_se) == 11, "ctrl_seg.fm_ce_se");
 static_assert(offsetof(ctrl_seg, imm) == 12, "ctrl_seg.imm");
+#endif
 static_assert(sizeof(raddr_seg) == 16 && sizeof(data_seg) == 16, "raddr/data");
 static_assert(sizeof(atomic_seg) == 16 && sizeof(masked_cs32_seg) == 16, "atomic");
 static_assert(sizeof(masked_fa32_seg) == 16 && sizeof(masked_fa64_seg) == 16, "masked fa");

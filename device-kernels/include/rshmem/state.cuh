@@ -105,6 +105,9 @@ typedef struct rshmem_device_state {
 static_assert(sizeof(rshmem_peer_t) == 32, "rshmem_peer_t layout");
 static_assert(sizeof(rshmem_device_error_t) == 64, "rshmem_device_error_t layout");
 static_assert(sizeof(rshmem_device_state_t) == 128, "rshmem_device_state_t layout");
+// Offsets: checked by nvcc and g++ (NVRTC has no __builtin_offsetof; the same
+// definitions compile there, and the sizes above still hold).
+#if !defined(__CUDACC_RTC__)
 static_assert(__builtin_offsetof(rshmem_device_state_t, heap_base) == 16, "layout");
 static_assert(__builtin_offsetof(rshmem_device_state_t, peers) == 32, "layout");
 static_assert(__builtin_offsetof(rshmem_device_state_t, sync_offset) == 48, "layout");
@@ -112,4 +115,5 @@ static_assert(__builtin_offsetof(rshmem_device_state_t, error) == 64, "layout");
 static_assert(__builtin_offsetof(rshmem_device_state_t, ibgda) == 72, "layout");
 static_assert(__builtin_offsetof(rshmem_device_state_t, flags) == 80, "layout");
 static_assert(__builtin_offsetof(rshmem_peer_t, raddr) == 16, "layout");
+#endif  // !__CUDACC_RTC__
 #endif

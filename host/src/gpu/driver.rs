@@ -142,6 +142,27 @@ pub fn driver() -> Result<()> {
         })
 }
 
+/// `libnvrtc-builtins.so.*` files next to the NVRTC library `lib` (not the `.alt`
+/// variants), sorted.
+fn nvrtc_builtins_beside(lib: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Some(dir) = lib.parent() else {
+        return Vec::new();
+    };
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so."))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 /// NVRTC is loaded and exports every symbol in [`NVRTC_SYMBOLS`]. `RSHMEM_NVRTC_LIB`, if
 /// set, names the library file to load first (the PyPI wheel installs it off the linker's
 /// path); cudarc's own lookup then finds it by soname.
@@ -150,6 +171,18 @@ pub fn nvrtc() -> Result<()> {
     READY
         .get_or_init(|| {
             if let Ok(path) = std::env::var("RSHMEM_NVRTC_LIB") {
+                // NVRTC dlopens libnvrtc-builtins.so.<major>.<minor> by name when it
+                // compiles; off the linker's path (the PyPI wheel) that fails with
+                // NVRTC_ERROR_BUILTIN_OPERATION_FAILURE. A library already loaded under
+                // that soname satisfies the lookup, so load it from the same folder first.
+                for b in nvrtc_builtins_beside(std::path::Path::new(&path)) {
+                    // SAFETY: as below: NVRTC's builtins library has benign initialisers;
+                    // leaked so that it stays loaded.
+                    match unsafe { libloading::Library::new(&b) } {
+                        Ok(l) => std::mem::forget(l),
+                        Err(e) => return Err(format!("{} could not be loaded: {e}", b.display())),
+                    }
+                }
                 // SAFETY: loading a shared library runs its initialisers; NVRTC's are
                 // benign. The handle is leaked so that the library stays loaded.
                 match unsafe { libloading::Library::new(&path) } {

@@ -220,15 +220,21 @@ impl Drop for Module {
     }
 }
 
-/// A minimal `<stdint.h>` for NVRTC, offered only if the first compile reports that it
+/// A minimal `<stdint.h>` for NVRTC (LP64, as glibc's, so that the types are the ones an
+/// nvcc build of the same source sees), offered only if the first compile reports that it
 /// cannot find one (NVRTC ships no C library headers).
 const STDINT_SHIM: &str = "#pragma once\n\
 typedef signed char int8_t; typedef unsigned char uint8_t;\n\
 typedef short int16_t; typedef unsigned short uint16_t;\n\
 typedef int int32_t; typedef unsigned int uint32_t;\n\
-typedef long long int64_t; typedef unsigned long long uint64_t;\n\
-typedef unsigned long long uintptr_t; typedef long long intptr_t;\n\
+typedef long int64_t; typedef unsigned long uint64_t;\n\
+typedef unsigned long uintptr_t; typedef long intptr_t;\n\
 #define UINT64_MAX 0xffffffffffffffffull\n#define UINT32_MAX 0xffffffffu\n";
+
+/// `<stddef.h>` for NVRTC builds that have none (LP64, as glibc's).
+const STDDEF_SHIM: &str = "#pragma once\n\
+typedef unsigned long size_t; typedef long ptrdiff_t;\n\
+#ifndef NULL\n#define NULL 0\n#endif\n";
 
 /// NVRTC options rshmem always passes for compute capability `cc`.
 pub fn nvrtc_options(cc: (i32, i32), extra: &[&str]) -> Vec<String> {
@@ -247,7 +253,13 @@ pub fn nvrtc_options(cc: (i32, i32), extra: &[&str]) -> Vec<String> {
 pub fn nvrtc_compile(src: &str, name: &str, cc: (i32, i32), extra: &[&str]) -> Result<String> {
     nvrtc()?;
     match compile_once(src, name, cc, extra, false) {
-        Err(e) if e.to_string().contains("stdint.h") => compile_once(src, name, cc, extra, true),
+        Err(e)
+            if ["stdint.h", "stddef.h"]
+                .iter()
+                .any(|h| e.to_string().contains(h)) =>
+        {
+            compile_once(src, name, cc, extra, true)
+        }
         r => r,
     }
 }
@@ -271,6 +283,7 @@ fn compile_once(
         .collect::<Result<_>>()?;
     if shim {
         hdrs.push((cstr(STDINT_SHIM)?, cstr("stdint.h")?));
+        hdrs.push((cstr(STDDEF_SHIM)?, cstr("stddef.h")?));
     }
     let texts: Vec<*const std::ffi::c_char> = hdrs.iter().map(|(t, _)| t.as_ptr()).collect();
     let names: Vec<*const std::ffi::c_char> = hdrs.iter().map(|(_, n)| n.as_ptr()).collect();

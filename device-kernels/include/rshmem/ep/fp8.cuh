@@ -28,7 +28,9 @@
 #include "rshmem/qualifiers.cuh"
 
 #if !RSHMEM_DEVICE_COMPILE
+#if !defined(__CUDACC_RTC__)  // NVRTC declares memcpy itself and has no string.h
 #include <string.h>
+#endif
 #endif
 
 #define EP_E4M3_MAX 448.0f

@@ -105,11 +105,15 @@ typedef struct ep_ll_ctl {
 }  // extern "C"
 
 static_assert(sizeof(ep_ll_args_t) == 128, "ep_ll_args_t layout");
+#if !defined(__CUDACC_RTC__)  // NVRTC has no __builtin_offsetof; nvcc and g++ check these
 static_assert(__builtin_offsetof(ep_ll_args_t, num_tokens) == 96, "ep_ll_args_t layout");
 static_assert(__builtin_offsetof(ep_ll_args_t, fault) == 120, "ep_ll_args_t layout");
+#endif
 static_assert(sizeof(ep_ll_status_t) == 48, "ep_ll_status_t layout");
+#if !defined(__CUDACC_RTC__)
 static_assert(__builtin_offsetof(ep_ll_ctl_t, status) == 16, "ep_ll_ctl_t layout");
 static_assert(__builtin_offsetof(ep_ll_ctl_t, grid_done) == 112, "ep_ll_ctl_t layout");
 static_assert(__builtin_offsetof(ep_ll_ctl_t, dest_done) == 144, "ep_ll_ctl_t layout");
+#endif
 static_assert(sizeof(ep_ll_ctl_t) == 144 + 2 * 2 * EP_LL_MAX_PES * 4, "ep_ll_ctl_t layout");
 #endif

@@ -118,6 +118,7 @@ typedef struct rshmem_ibgda_table {
 static_assert(sizeof(rshmem_ibgda_qp_t) == 320, "rshmem_ibgda_qp_t layout");
 static_assert(alignof(rshmem_ibgda_qp_t) == 64, "rshmem_ibgda_qp_t alignment");
 static_assert(sizeof(rshmem_ibgda_table_t) == 64, "rshmem_ibgda_table_t layout");
+#if !defined(__CUDACC_RTC__)  // NVRTC has no __builtin_offsetof; nvcc and g++ check these
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, timeout_ns) == 40, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, cq_mode) == 60, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, reserved) == 64, "layout");
@@ -131,4 +132,5 @@ static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, cqes) == 272, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_table_t, qps) == 16, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_table_t, results) == 24, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_table_t, n_results) == 40, "layout");
+#endif
 #endif

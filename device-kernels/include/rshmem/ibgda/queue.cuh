@@ -43,7 +43,9 @@
 #pragma once
 
 #include <stdint.h>
+#if !defined(__CUDACC_RTC__)  // NVRTC declares memcpy itself and has no string.h
 #include <string.h>
+#endif
 
 #include "rshmem/ibgda/layout.cuh"
 #include "rshmem/ibgda/ordering.cuh"
