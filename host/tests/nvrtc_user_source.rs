@@ -55,6 +55,8 @@ fn user_kernels_compile_through_nvrtc() {
         ptx.contains("rshmemi_device_state"),
         "ring.cu: no device state global in the PTX"
     );
+    // The GPU self-test's host_nvrtc kernel, exactly as the runner compiles it.
+    compile_and_assemble("rshmem_user_probe.cu", rshmem::gpu::runner::NVRTC_SRC);
     // A kernel written here, touching each family of the device API at each scope.
     let api = r#"
 #include "rshmem/rshmem.cuh"

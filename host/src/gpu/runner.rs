@@ -430,13 +430,14 @@ fn check_verify(t: &mut Tally, r: Option<u64>, words: u64) {
 /// bind_module without the device API.
 const STATE_ONLY_PTX: &str = ".version 9.0\n.target sm_90\n.address_size 64\n\n.visible .const .align 8 .b8 rshmemi_device_state[128];\n";
 
-/// A user kernel for the NVRTC case: reads the bound state.
-const NVRTC_SRC: &str = r#"#include "rshmem/state.cuh"
-extern "C" __constant__ rshmem_device_state_t rshmemi_device_state;
+/// The user kernel of the `host_nvrtc` case: includes the whole device API and reads the
+/// bound state through it. `tests/nvrtc_user_source.rs` compiles this same source without
+/// a GPU.
+pub const NVRTC_SRC: &str = r#"#include "rshmem/rshmem.cuh"
 extern "C" __global__ void rshmem_user_probe(unsigned long long* out) {
   out[0] = rshmemi_device_state.magic;
-  out[1] = (unsigned long long)rshmemi_device_state.my_pe;
-  out[2] = (unsigned long long)rshmemi_device_state.n_pes;
+  out[1] = (unsigned long long)rshmem_my_pe();
+  out[2] = (unsigned long long)rshmem_n_pes();
   out[3] = rshmemi_device_state.heap_base;
 }
 "#;
