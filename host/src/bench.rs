@@ -821,17 +821,23 @@ fn barrier_row(pe: &Pe, a: &BenchArgs) -> Result<Row> {
     })
 }
 
+/// Fewest WRITEs per size of `bench softhca`: 10 000 8-byte WRITEs take about 1 ms, too
+/// short to time against thread wake-ups and the host's jitter.
+const ENGINE_MIN_OPS: u64 = 200_000;
+
 /// `rshmem bench softhca`: the engine microbenchmark (see
 /// [`crate::softhca::engine::bench_writes`]); sizes from --min-size to --max-size, `--iters`
-/// WRITEs per size (at least 1000; capped at 4 GiB moved), plus 8-byte inline WRITEs.
+/// WRITEs per size (at least [`ENGINE_MIN_OPS`], so that a run lasts long enough to time,
+/// and at most 1 GiB moved, but never under 1000), plus 8-byte inline WRITEs.
 fn engine_bench(a: &BenchArgs) -> Result<()> {
     validate(a)?;
     let mut rows = Vec::new();
-    let ops8 = (a.iters as u64).max(1000);
+    let ops8 = (a.iters as u64).max(ENGINE_MIN_OPS);
     rows.push(crate::softhca::engine::bench_writes(8, ops8, true)?);
     let mut s = a.min_size.max(1);
     while s <= a.max_size {
-        let ops = (a.iters as u64).clamp(1000, ((4u64 << 30) / s as u64).max(1000));
+        let cap = ((1u64 << 30) / s as u64).max(1000);
+        let ops = (a.iters as u64).max(ENGINE_MIN_OPS).min(cap);
         rows.push(crate::softhca::engine::bench_writes(s, ops, false)?);
         s *= 2;
     }

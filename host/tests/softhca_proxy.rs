@@ -139,3 +139,43 @@ fn bench_put_over_proxy_reports_proxy() {
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("\"transport\":\"proxy\""), "{out}");
 }
+
+#[test]
+fn bench_softhca_rows_ops_and_rates() {
+    // 8 B inline + 8 B .. 4 KiB through SGEs, at least 200 000 WRITEs each (the floor),
+    // every slot verified by the bench itself (a wrong byte fails the run).
+    let o = std::process::Command::new(BIN)
+        .args(["bench", "softhca", "--max-size", "4K", "--json"])
+        .env("RSHMEM_TIMEOUT_MS", "20000")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["bench"], "softhca");
+    let rows = v["rows"].as_array().unwrap();
+    let shape: Vec<(u64, &str, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["size"].as_u64().unwrap(),
+                r["payload"].as_str().unwrap(),
+                r["ops"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let mut want = vec![(8, "inline", 200_000)];
+    want.extend((3..=12).map(|k| (1u64 << k, "sge", 200_000)));
+    assert_eq!(shape, want);
+    for r in rows {
+        let (ops_s, gbps) = (r["ops_per_s"].as_f64().unwrap(), r["gbps"].as_f64().unwrap());
+        let size = r["size"].as_f64().unwrap();
+        assert!(ops_s > 0.0 && ops_s.is_finite(), "{r}");
+        // GB/s is ops/s times the size, in 1e9 bytes.
+        assert!((gbps - ops_s * size / 1e9).abs() <= 1e-9 * gbps.max(1.0), "{r}");
+    }
+}
