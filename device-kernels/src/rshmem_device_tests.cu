@@ -626,25 +626,30 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_fence(rshmem_har
 // ---- barriers ----------------------------------------------------------------------------
 // barrier_all (collective launch, runner-sized co-resident grid, block 256), param0 = R
 // rounds. Round r: global threads g < 256 p their word pattern(seed + me, 256r + g) into
-// the right's buffer r % 2; every block's thread 0 adds 1 to the right's counter; then
-// rshmem_barrier_all(); thread g < 256 checks the word from the left, and thread 0 of
-// block 0 checks counter == (r + 1) * gridDim.x (every PE runs the same grid). Double
-// buffering: a PE cannot rewrite buffer r % 2 (round r + 2) before the next barrier, which
-// the reader reaches only after checking. checks/PE = R * 257.
+// the right's buffer r % 2; every block's thread 0 adds 1 to the right's counter r % 2;
+// then rshmem_barrier_all(); thread g < 256 checks the word from the left, and thread 0 of
+// block 0 checks counter r % 2 == (r / 2 + 1) * gridDim.x (every PE runs the same grid).
+// Double buffering, of the words and of the counters: a PE cannot write buffer or
+// counter r % 2 again (round r + 2) before the next barrier, which the reader reaches only
+// after checking. (One counter is a race: blocks of the left PE that left barrier r
+// first add round r + 1's increments while this PE still reads round r's count; the
+// device emulation, host/tests/device_emu.rs, caught it.) checks/PE = R * 257.
 extern "C" __global__ void __launch_bounds__(256, 1) rshmem_test_barrier_all(rshmem_harness_args_t a) {
   Checker c(a);
   unsigned char *s = scratch(a);
-  uint64_t *counter = reinterpret_cast<uint64_t *>(s);
+  uint64_t *counters = reinterpret_cast<uint64_t *>(s);  // two, on separate lines
   uint64_t *buf = reinterpret_cast<uint64_t *>(s + 4096);
   const uint32_t g = gthread();
   const int right = right_pe(), left = left_pe();
   for (uint64_t r = 0; r < a.param0; ++r) {
     uint64_t *b = buf + 256 * (r % 2);
+    uint64_t *counter = counters + 8 * (r % 2);
     if (g < 256) rshmem_uint64_p(b + g, pat(a, rshmem_my_pe(), 256 * r + g), right);
     if (threadIdx.x == 0) rshmem_uint64_atomic_add(counter, 1, right);
     rshmem_barrier_all();
     if (g < 256) c.eq(256 * r + g, pat(a, left, 256 * r + g), b[g]);
-    if (g == 0) c.eq(0xfff00000ull + r, (r + 1) * gridDim.x, rshmem_uint64_atomic_fetch(counter, rshmem_my_pe()));
+    if (g == 0)
+      c.eq(0xfff00000ull + r, (r / 2 + 1) * gridDim.x, rshmem_uint64_atomic_fetch(counter, rshmem_my_pe()));
   }
   c.flush();
 }

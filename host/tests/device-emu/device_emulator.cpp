@@ -1,0 +1,243 @@
+// device_emulator.cpp — runs one kernel of device-kernels/src/rshmem_device_tests.cu on
+// emulated GPU PEs (host/tests/device-emu/emu/cuda_emu.h) and prints what a GPU runner
+// would read back: every PE's harness result record and device error record, and how
+// each block ended. Driven by host/tests/device_emu.rs, which checks the numbers against
+// the kernel manifest (device-kernels/src/rshmem_device_tests.json).
+//
+// Usage: device_emulator KERNEL GRID BLOCK NPES PARAM0 PARAM1 PARAM2 SEED SCRATCH_BYTES
+//                        TIMEOUT_MS BIND
+// Output lines: `env pe=..` (the values of the trap manifest's symbols), `exit pe=..
+// block=.. status=exited:N|signal:N`, `result pe=..` (the harness result record), `error
+// pe=..` (the device error record); the kernels' own printf lines in between.
+//
+// Memory, mapped shared before any fork (the same addresses in every process):
+//   NPES heaps of HEAP_BYTES; in each, [0, 64 KiB) is the runtime's reserved area with
+//   the device sync scratch at 32 KiB (as host/src/gpu/heap.rs lays it out) and the
+//   case's scratch range starts at 64 KiB (zeroed, as the runner zeroes it);
+//   then, outside every heap ("device memory"): the PEs' peer tables, harness result
+//   records and device error records.
+// Each PE's state is what GpuPe::bind_module writes for a p2p job with device checks on
+// (BIND=0 leaves it zero: an unbound module). Then one process per (PE, block) runs that
+// block's threads as fibers.
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <vector>
+
+#include "rshmem/internal/harness.cuh"
+#include "rshmem/state.cuh"
+
+// The module's state global (rshmem/device/core.cuh), set in each block's process.
+extern "C" rshmem_device_state_t rshmemi_device_state;
+
+namespace {
+
+constexpr uint64_t kHeapBytes = 4ull << 20;
+constexpr uint64_t kSyncOffset = 32ull << 10;  // host/src/gpu/heap.rs SYNC_OFFSET
+constexpr uint64_t kSyncBytes = 32ull << 10;   // SYNC_BYTES
+constexpr uint64_t kScratchOffset = 64ull << 10;  // the first user allocation (RESERVED_BYTES)
+constexpr size_t kStack = 256u << 10;
+
+using Kernel = void (*)(rshmem_harness_args_t);
+
+Kernel emu_kernel;
+rshmem_harness_args_t emu_args;
+
+void fiber_main() {
+  emu_kernel(emu_args);
+  emu_fibers[emu_cur].done = true;
+  // Hand the core to a fiber that has not finished; the last one returns to main.
+  for (;;) {
+    unsigned live = 0;
+    for (unsigned i = 0; i < emu_nfibers; ++i) live += !emu_fibers[i].done;
+    if (live == 0) {
+      setcontext(&emu_fibers[emu_nfibers].ctx);  // the scheduler's own context
+    }
+    emu_yield();
+  }
+}
+
+// Runs this process's block: blockDim.x fibers, started in order, until all are done.
+void run_block(unsigned threads) {
+  emu_nfibers = threads;
+  emu_fibers = new EmuFiber[threads + 1]();  // [threads] = the scheduler
+  emu_block_bar.n = threads;
+  const unsigned warps = (threads + 31) / 32;
+  emu_warp_bars = new EmuBarrier[warps];
+  for (unsigned w = 0; w < warps; ++w) emu_warp_bars[w].n = (w + 1 < warps) ? 32 : threads - 32 * w;
+  for (unsigned i = 0; i < threads; ++i) {
+    void *stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (stack == MAP_FAILED) {
+      perror("mmap stack");
+      _exit(3);
+    }
+    getcontext(&emu_fibers[i].ctx);
+    emu_fibers[i].ctx.uc_stack.ss_sp = stack;
+    emu_fibers[i].ctx.uc_stack.ss_size = kStack;
+    emu_fibers[i].ctx.uc_link = nullptr;
+    makecontext(&emu_fibers[i].ctx, fiber_main, 0);
+  }
+  emu_cur = 0;
+  threadIdx.x = 0;
+  swapcontext(&emu_fibers[threads].ctx, &emu_fibers[0].ctx);
+}
+
+uint64_t arg(char **argv, int i) { return strtoull(argv[i], nullptr, 0); }
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc != 12) {
+    fprintf(stderr,
+            "usage: %s KERNEL GRID BLOCK NPES PARAM0 PARAM1 PARAM2 SEED SCRATCH_BYTES TIMEOUT_MS BIND\n",
+            argv[0]);
+    return 2;
+  }
+  const char *name = argv[1];
+  const unsigned grid = static_cast<unsigned>(arg(argv, 2));
+  const unsigned block = static_cast<unsigned>(arg(argv, 3));
+  const int npes = static_cast<int>(arg(argv, 4));
+  const uint64_t scratch_bytes = arg(argv, 9), timeout_ms = arg(argv, 10);
+  const bool bind = arg(argv, 11) != 0;
+  emu_kernel = reinterpret_cast<Kernel>(dlsym(RTLD_DEFAULT, name));
+  if (!emu_kernel) {
+    fprintf(stderr, "no kernel %s in this build\n", name);
+    return 2;
+  }
+  if (grid == 0 || block == 0 || npes <= 0 || kScratchOffset + scratch_bytes > kHeapBytes) {
+    fprintf(stderr, "bad geometry: grid %u block %u pes %d scratch %llu\n", grid, block, npes,
+            (unsigned long long)scratch_bytes);
+    return 2;
+  }
+
+  const size_t heaps_bytes = kHeapBytes * npes;
+  const size_t dev_bytes = 4096 + npes * (npes * sizeof(rshmem_peer_t) + 2 * 64);
+  char *mem = static_cast<char *>(mmap(nullptr, heaps_bytes + dev_bytes, PROT_READ | PROT_WRITE,
+                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (mem == MAP_FAILED) {
+    perror("mmap heaps");
+    return 3;
+  }
+  char *dev = mem + heaps_bytes + 4096;  // one page between the last heap and device memory
+  auto heap = [&](int pe) { return reinterpret_cast<uint64_t>(mem + kHeapBytes * pe); };
+  auto peers = [&](int pe) { return reinterpret_cast<rshmem_peer_t *>(dev) + npes * pe; };
+  char *records = dev + npes * npes * sizeof(rshmem_peer_t);
+  auto result = [&](int pe) { return reinterpret_cast<rshmem_test_result_t *>(records + 64 * pe); };
+  auto error = [&](int pe) {
+    return reinterpret_cast<rshmem_device_error_t *>(records + 64 * npes + 64 * pe);
+  };
+  // RSHMEM_EMU_FAULT=misroute maps every peer q != me at q + 1's heap: a deliberately
+  // wrong peer table, so the test can show that a broken translation fails the checks.
+  const char *fault = getenv("RSHMEM_EMU_FAULT");
+  const bool misroute = fault && strcmp(fault, "misroute") == 0;
+  for (int pe = 0; pe < npes; ++pe)
+    for (int q = 0; q < npes; ++q) {
+      peers(pe)[q].heap_base = heap(misroute && q != pe ? (q + 1) % npes : q);
+      peers(pe)[q].transport = RSHMEM_TRANSPORT_P2P;
+    }
+
+  std::vector<rshmem_device_state_t> states(npes);
+  for (int pe = 0; pe < npes; ++pe) {
+    rshmem_device_state_t &s = states[pe];
+    memset(&s, 0, sizeof s);
+    if (!bind) continue;
+    s.magic = RSHMEM_STATE_MAGIC;
+    s.version = RSHMEM_STATE_VERSION;
+    s.my_pe = pe;
+    s.n_pes = npes;
+    s.heap_base = heap(pe);
+    s.heap_size = kHeapBytes;
+    s.peers = reinterpret_cast<uint64_t>(peers(pe));
+    s.timeout_ns = timeout_ms * 1000000ull;
+    s.sync_offset = kSyncOffset;
+    s.sync_bytes = kSyncBytes;
+    s.error = reinterpret_cast<uint64_t>(error(pe));
+    s.flags = RSHMEM_STATE_CHECKS;
+  }
+  for (int pe = 0; pe < npes; ++pe)
+    printf("env pe=%d n_pes=%d heap_base=%llu heap_size=%llu scratch=%llu result=%llu\n", pe, npes,
+           (unsigned long long)heap(pe), (unsigned long long)kHeapBytes,
+           (unsigned long long)(heap(pe) + kScratchOffset), (unsigned long long)result(pe));
+  fflush(stdout);
+
+  struct Child {
+    pid_t pid;
+    int pe;
+    unsigned block;
+    int status;
+    bool done;
+  };
+  std::vector<Child> kids;
+  for (int pe = 0; pe < npes; ++pe)
+    for (unsigned b = 0; b < grid; ++b) {
+      const pid_t pid = fork();
+      if (pid < 0) {
+        perror("fork");
+        for (Child &k : kids) kill(k.pid, SIGKILL);
+        return 3;
+      }
+      if (pid == 0) {
+        rshmemi_device_state = states[pe];
+        blockIdx = {b, 0, 0};
+        gridDim = {grid, 1, 1};
+        blockDim = {block, 1, 1};
+        emu_args = rshmem_harness_args_t{};
+        emu_args.scratch = kScratchOffset;
+        emu_args.scratch_bytes = scratch_bytes;
+        emu_args.result = reinterpret_cast<uint64_t>(result(pe));
+        emu_args.param0 = arg(argv, 5);
+        emu_args.param1 = arg(argv, 6);
+        emu_args.param2 = arg(argv, 7);
+        emu_args.seed = arg(argv, 8);
+        run_block(block);
+        fflush(stdout);
+        _exit(0);
+      }
+      kids.push_back({pid, pe, b, 0, false});
+    }
+
+  // Bounded: the kernels' own waits end at TIMEOUT_MS; past that plus a grace period the
+  // launch is killed and reported as such.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(30);
+  size_t left = kids.size();
+  bool killed = false;
+  while (left > 0) {
+    for (Child &k : kids) {
+      if (k.done) continue;
+      const pid_t r = waitpid(k.pid, &k.status, WNOHANG);
+      if (r == k.pid) {
+        k.done = true;
+        --left;
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline && !killed) {
+      for (Child &k : kids)
+        if (!k.done) kill(k.pid, SIGKILL);
+      killed = true;
+    }
+    usleep(1000);
+  }
+  for (const Child &k : kids) {
+    if (WIFEXITED(k.status))
+      printf("exit pe=%d block=%u status=exited:%d\n", k.pe, k.block, WEXITSTATUS(k.status));
+    else
+      printf("exit pe=%d block=%u status=signal:%d%s\n", k.pe, k.block, WTERMSIG(k.status),
+             killed && WTERMSIG(k.status) == SIGKILL ? " (killed at the deadline)" : "");
+  }
+  for (int pe = 0; pe < npes; ++pe) {
+    const rshmem_test_result_t *r = result(pe);
+    printf("result pe=%d checks=%llu failures=%llu first_index=%llu expected=%llu observed=%llu\n", pe,
+           r->checks, r->failures, r->first_index, r->expected, r->observed);
+    const rshmem_device_error_t *e = error(pe);
+    printf("error pe=%d code=%u target=%d addr=%llu expected=%llu observed=%llu cmp=%u block=%u thread=%u\n",
+           pe, e->code, e->pe, (unsigned long long)e->addr, (unsigned long long)e->expected,
+           (unsigned long long)e->observed, e->cmp, e->block, e->thread);
+  }
+  return 0;
+}
