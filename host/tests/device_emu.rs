@@ -5,7 +5,8 @@
 //! PTX primitives of rshmem/device/ptx.cuh replaced by host atomics — the only part of the
 //! API that is not the real code). Every manifest case runs at 2, 3 and 5 PEs and must
 //! count exactly its manifest's checks with no failure; every trap case must trap with the
-//! record and printed line the GPU runner's judge (`gpu::traps::judge`) expects.
+//! record and printed line the GPU runner's judge (`gpu::traps::judge`) expects; every
+//! bench kernel (rshmem_device_bench.cu) must complete with the record its header defines.
 //!
 //! This checks the kernels' and the device API's logic (copy splitting at thread, warp and
 //! block scope, peer translation, signals, waits, barriers, atomics, error paths), not GPU
@@ -25,46 +26,63 @@ const COLLECTIVE_GRID: u32 = 3;
 /// Device-side wait bound of the positive cases (RSHMEM_TIMEOUT_MS of a GPU run).
 const TIMEOUT_MS: u64 = 10_000;
 
+/// The emulator built with the test kernels.
 fn emulator() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let emu = root.join("tests/device-emu");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("device-emulator-{}.bin", std::process::id()));
-        let r = Command::new("g++")
-            .args([
-                "-O1",
-                "-std=c++17",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-Wno-unknown-pragmas", // #pragma unroll
-                "-rdynamic",            // kernels found by name (dlsym)
-                "-D__CUDACC__",
-                "-include",
-            ])
-            .arg(emu.join("emu/cuda_emu.h"))
-            .arg("-I")
-            .arg(emu.join("emu"))
-            .arg("-I")
-            .arg(root.join("../device-kernels/include"))
-            .args(["-x", "c++"])
-            .arg(root.join("../device-kernels/src/rshmem_device_tests.cu"))
-            .args(["-x", "c++"])
-            .arg(emu.join("device_emulator.cpp"))
-            .arg("-o")
-            .arg(&out)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run g++ (install g++): {e}"));
-        assert!(
-            r.status.success(),
-            "g++ of the device emulator failed:\n{}{}",
-            String::from_utf8_lossy(&r.stdout),
-            String::from_utf8_lossy(&r.stderr)
-        );
-        out
-    })
+    BIN.get_or_init(|| build("rshmem_device_tests"))
+}
+
+/// The emulator built with the bench kernels.
+fn bench_emulator() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("rshmem_device_bench"))
+}
+
+/// g++ of device-kernels/src/`module`.cu with the emulation and its driver.
+fn build(module: &str) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let emu = root.join("tests/device-emu");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "device-emulator-{module}-{}.bin",
+        std::process::id()
+    ));
+    let r = Command::new("g++")
+        .args([
+            "-O1",
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wno-unknown-pragmas", // #pragma unroll
+            "-rdynamic",            // kernels found by name (dlsym)
+            "-D__CUDACC__",
+            "-include",
+        ])
+        .arg(emu.join("emu/cuda_emu.h"))
+        .arg("-I")
+        .arg(emu.join("emu"))
+        .arg("-I")
+        .arg(root.join("../device-kernels/include"))
+        .args(["-x", "c++"])
+        .arg(root.join(format!("../device-kernels/src/{module}.cu")))
+        .args(["-x", "c++"])
+        .arg(emu.join("device_emulator.cpp"))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run g++ (install g++): {e}"));
+    assert!(
+        r.status.success(),
+        "g++ of the device emulator failed:\n{}{}",
+        String::from_utf8_lossy(&r.stdout),
+        String::from_utf8_lossy(&r.stderr)
+    );
+    out
+}
+
+/// The pattern seed a kernel is launched with.
+fn seed(kernel: &str) -> u64 {
+    0x5eed_0000 + kernel.len() as u64
 }
 
 /// One emulated launch, as the emulator printed it.
@@ -78,6 +96,9 @@ struct Launch {
     exits: Vec<(usize, u32, String)>,
     /// Per PE: checks, failures, first_index, expected, observed.
     results: Vec<[u64; 5]>,
+    /// Per PE: the first five words of the record (a bench kernel's start_ns, end_ns,
+    /// iters, bytes, checksum).
+    records: Vec<[u64; 5]>,
     errors: Vec<DeviceError>,
 }
 
@@ -98,6 +119,7 @@ where
 
 #[allow(clippy::too_many_arguments)]
 fn launch(
+    bin: &Path,
     kernel: &str,
     grid: u32,
     block: u32,
@@ -108,7 +130,7 @@ fn launch(
     bind: bool,
     fault: Option<&str>,
 ) -> Launch {
-    let mut cmd = Command::new(emulator());
+    let mut cmd = Command::new(bin);
     cmd.arg(kernel)
         .arg(grid.to_string())
         .arg(block.to_string())
@@ -117,7 +139,7 @@ fn launch(
         cmd.arg(p.to_string());
     }
     // Seeds: any value; the kernels derive every payload from it and the PE.
-    cmd.arg(format!("{:#x}", 0x5eed_0000u64 + kernel.len() as u64))
+    cmd.arg(format!("{:#x}", seed(kernel)))
         .arg(scratch_bytes.to_string())
         .arg(timeout_ms.to_string())
         .arg(if bind { "1" } else { "0" });
@@ -160,6 +182,14 @@ fn launch(
                 num(&f, "expected"),
                 num(&f, "observed"),
             ]);
+        } else if line.starts_with("record ") {
+            l.records.push([
+                num(&f, "w0"),
+                num(&f, "w1"),
+                num(&f, "w2"),
+                num(&f, "w3"),
+                num(&f, "w4"),
+            ]);
         } else if line.starts_with("error ") {
             l.errors.push(DeviceError {
                 code: num(&f, "code"),
@@ -187,6 +217,7 @@ fn run_case(t: &TestCase, pes: usize, fault: Option<&str>) -> Launch {
         t.grid
     };
     launch(
+        emulator(),
         &t.name,
         grid,
         t.block,
@@ -204,7 +235,10 @@ fn problems(t: &TestCase, pes: usize, l: &Launch) -> Vec<String> {
     let mut bad = Vec::new();
     for (pe, block, status) in &l.exits {
         if status != "exited:0" {
-            bad.push(format!("{} at {pes} PEs: PE {pe} block {block} ended {status}", t.name));
+            bad.push(format!(
+                "{} at {pes} PEs: PE {pe} block {block} ended {status}",
+                t.name
+            ));
         }
     }
     for (pe, r) in l.results.iter().enumerate() {
@@ -218,7 +252,10 @@ fn problems(t: &TestCase, pes: usize, l: &Launch) -> Vec<String> {
     }
     for (pe, e) in l.errors.iter().enumerate() {
         if e.code != 0 {
-            bad.push(format!("{} at {pes} PEs: PE {pe} wrote device error {e:?}", t.name));
+            bad.push(format!(
+                "{} at {pes} PEs: PE {pe} wrote device error {e:?}",
+                t.name
+            ));
         }
     }
     if !bad.is_empty() {
@@ -261,7 +298,11 @@ fn a_wrong_peer_table_fails_the_checks() {
         let l = run_case(t, 3, Some("misroute"));
         let failures: u64 = l.results.iter().map(|r| r[1]).sum();
         let trapped = l.exits.iter().any(|(_, _, s)| s != "exited:0");
-        assert!(failures > 0 || trapped, "{name} passed with a wrong peer table:\n{}", l.stdout);
+        assert!(
+            failures > 0 || trapped,
+            "{name} passed with a wrong peer table:\n{}",
+            l.stdout
+        );
     }
 }
 
@@ -311,6 +352,7 @@ fn every_trap_kernel_traps_as_the_manifest_says() {
     for t in &m.traps {
         let pes = t.min_pes.max(1);
         let l = launch(
+            emulator(),
             t.kernel(),
             t.grid,
             t.block,
@@ -336,6 +378,73 @@ fn every_trap_kernel_traps_as_the_manifest_says() {
         };
         if let Err(why) = traps::judge(t, &out) {
             bad.push(format!("{}: {}", t.name, why.join("; ")));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+fn every_bench_kernel_completes_with_its_record_on_emulated_pes() {
+    // Every `rshmem bench --device gpu` kernel, 4 KiB messages, 20 timed iterations, PE 0
+    // and its peer (the next PE of 2; the last of 3, with a bystander that returns at
+    // once): the launch completes, and PE 0's record holds the iterations, the bytes and
+    // the checksum its header (rshmem_device_bench.cu) defines.
+    const SIZE: u64 = 4096;
+    const ITERS: u64 = 20;
+    const WARMUP: u64 = 16; // kWarmup
+    let m = Manifest::load(None).expect("embedded manifest");
+    assert!(m.benches.len() >= 22, "{} benches", m.benches.len());
+    let mut bad = Vec::new();
+    for (pes, peer) in [(2usize, 1u64), (3, 2)] {
+        for b in &m.benches {
+            let l = launch(
+                bench_emulator(),
+                &b.name,
+                b.grid,
+                b.block,
+                pes,
+                [SIZE, ITERS, peer],
+                4096 + 2 * SIZE,
+                TIMEOUT_MS,
+                true,
+                None,
+            );
+            let what = format!("{} at {pes} PEs (peer {peer})", b.name);
+            for (pe, block, status) in &l.exits {
+                if status != "exited:0" {
+                    bad.push(format!("{what}: PE {pe} block {block} ended {status}"));
+                }
+            }
+            let [start, end, iters, bytes, checksum] = l.records[0];
+            let lat = b.kind == "latency";
+            let want_bytes = if lat && (b.op == "p" || b.op == "atomic") {
+                8 * ITERS
+            } else {
+                SIZE * ITERS
+            };
+            let peer_word = |i: u64| rshmem::gpu::pattern_u64(seed(&b.name) + peer, i);
+            let want_sum = match b.op.as_str() {
+                "p" if lat => Some(WARMUP + ITERS),
+                "atomic" if lat => Some(WARMUP + ITERS - 1),
+                "put" | "signal" | "get" if lat => Some(peer_word(0) ^ peer_word(SIZE / 8 - 1)),
+                _ => None,
+            };
+            if iters != ITERS || bytes != want_bytes || start == 0 || end < start {
+                bad.push(format!(
+                    "{what}: record start {start} end {end} iters {iters} (want {ITERS}) \
+                     bytes {bytes} (want {want_bytes})"
+                ));
+            }
+            if let Some(w) = want_sum {
+                if checksum != w {
+                    bad.push(format!("{what}: checksum {checksum:#x}, want {w:#x}"));
+                }
+            }
+            for (pe, e) in l.errors.iter().enumerate() {
+                if e.code != 0 {
+                    bad.push(format!("{what}: PE {pe} wrote device error {e:?}"));
+                }
+            }
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));

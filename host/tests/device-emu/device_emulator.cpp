@@ -7,8 +7,10 @@
 // Usage: device_emulator KERNEL GRID BLOCK NPES PARAM0 PARAM1 PARAM2 SEED SCRATCH_BYTES
 //                        TIMEOUT_MS BIND
 // Output lines: `env pe=..` (the values of the trap manifest's symbols), `exit pe=..
-// block=.. status=exited:N|signal:N`, `result pe=..` (the harness result record), `error
-// pe=..` (the device error record); the kernels' own printf lines in between.
+// block=.. status=exited:N|signal:N`, `result pe=..` (the harness result record of a test
+// kernel), `record pe=.. w0=..` (the same 64 bytes as words: a bench kernel's
+// rshmem_bench_record_t), `error pe=..` (the device error record); the kernels' own
+// printf lines in between. The same driver links with rshmem_device_bench.cu.
 //
 // Memory, mapped shared before any fork (the same addresses in every process):
 //   NPES heaps of HEAP_BYTES; in each, [0, 64 KiB) is the runtime's reserved area with
@@ -234,6 +236,8 @@ int main(int argc, char **argv) {
     const rshmem_test_result_t *r = result(pe);
     printf("result pe=%d checks=%llu failures=%llu first_index=%llu expected=%llu observed=%llu\n", pe,
            r->checks, r->failures, r->first_index, r->expected, r->observed);
+    const unsigned long long *w = reinterpret_cast<const unsigned long long *>(r);
+    printf("record pe=%d w0=%llu w1=%llu w2=%llu w3=%llu w4=%llu\n", pe, w[0], w[1], w[2], w[3], w[4]);
     const rshmem_device_error_t *e = error(pe);
     printf("error pe=%d code=%u target=%d addr=%llu expected=%llu observed=%llu cmp=%u block=%u thread=%u\n",
            pe, e->code, e->pe, (unsigned long long)e->addr, (unsigned long long)e->expected,
