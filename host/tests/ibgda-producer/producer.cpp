@@ -146,7 +146,9 @@ int run_one(rshmem_ibgda_qp_t *qp, const ibgda_test_op &o) {
     case IBGDA_OP_MASKED_CS64:
       return ib::post_masked_cs64(qp, o.raddr, o.rkey, o.laddr, o.lkey, o.a, o.b, o.c, o.d);
     case IBGDA_OP_PUT_SIGNAL:
-      return ib::put_signal(qp, o.raddr, o.rkey, o.laddr, o.lkey, o.len, o.c, o.a, (uint32_t)o.b, o.d);
+      // The plans keep the signal's scratch word in the source's region: one key for both.
+      return ib::put_signal(qp, o.raddr, o.rkey, o.laddr, o.lkey, o.len, o.c, o.a, (uint32_t)o.b, o.d,
+                            o.lkey);
     case IBGDA_OP_QUIET: return ib::quiet(qp);
     case IBGDA_OP_FENCE: ib::fence(qp); return RSHMEM_IBGDA_OK;
     default: return -1;

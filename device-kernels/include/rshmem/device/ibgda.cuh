@@ -304,7 +304,7 @@ __device__ __noinline__ inline void rshmemi_ibgda_put_signal(int pe, uint64_t de
   const int st = rshmem::ibgda::put_signal(
       d.qp, d.raddr, d.rkey, reinterpret_cast<uint64_t>(src), rshmemi_device_state.lkey,
       static_cast<uint32_t>(bytes), d.raddr + (sig - dest), value, static_cast<uint32_t>(sig_op),
-      rshmemi_ibgda_discard(), &p);
+      rshmemi_ibgda_discard(), rshmemi_ibgda_table()->results_lkey, &p);
   rshmemi_ibgda_check(d.qp, st, pe);
   if (wait && bytes > rshmem::ibgda::SMALL_INLINE)
     rshmemi_ibgda_check(d.qp, rshmem::ibgda::wait_posted(d.qp, p), pe);

@@ -505,12 +505,16 @@ RSHMEM_HOST_DEVICE int post_masked_cs64(rshmem_ibgda_qp_t *qp, uint64_t raddr, u
 // put with signal: WRITE (inline when bytes <= SMALL_INLINE) then, FENCEd so it lands
 // after the data, the signal update of the 8-byte word at sig_raddr (same rkey: the signal
 // lives in the same remote heap): RSHMEM_SIGNAL_ADD =
-// ATOMIC_FA (old value to (scratch, lkey), 8 bytes), RSHMEM_SIGNAL_SET = an 8-byte inline
-// WRITE of the value. One reservation of two WQEBBs (one doorbell).
+// ATOMIC_FA (old value to (scratch, scratch_lkey), 8 bytes), RSHMEM_SIGNAL_SET = an
+// 8-byte inline WRITE of the value. One reservation of two WQEBBs (one doorbell).
+// scratch has a key of its own: it is not in the source's region (the device API's
+// discard slot lives with the result slots; with the source's lkey the NIC refuses the
+// FA with LOCAL_PROT).
 RSHMEM_HOST_DEVICE int put_signal(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t rkey,
                                   uint64_t laddr, uint32_t lkey, uint32_t bytes,
                                   uint64_t sig_raddr, uint64_t sig_value, uint32_t sig_op,
-                                  uint64_t scratch, posted *out = nullptr) {
+                                  uint64_t scratch, uint32_t scratch_lkey,
+                                  posted *out = nullptr) {
   uint64_t idx;
   bool fence_first;
   int st = reserve(qp, 2, &idx, &fence_first);
@@ -525,7 +529,7 @@ RSHMEM_HOST_DEVICE int put_signal(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_
   mlx5::wqe_ctrl c2 = ctrl_at(qp, idx + 1, true);
   mlx5::raddr_seg s = mlx5::make_raddr_seg(sig_raddr, rkey);
   if (sig_op == RSHMEM_SIGNAL_ADD)
-    mlx5::atomic_fa(buf + mlx5::WQEBB, c2, s, mlx5::sge8{scratch, lkey}, sig_value);
+    mlx5::atomic_fa(buf + mlx5::WQEBB, c2, s, mlx5::sge8{scratch, scratch_lkey}, sig_value);
   else
     mlx5::rdma_write_inline(buf + mlx5::WQEBB, c2, s, &sig_value, 8);
   write_wqe(qp, idx, buf, 2);
@@ -619,7 +623,12 @@ RSHMEM_DEVICE int post_write_warp(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_
   if ((int)lane == leader) st = publish(qp, idx, count);
   return __shfl_sync(mask, st, leader);
 }
+#endif  // RSHMEM_DEVICE_COMPILE
 
+// The error path of the device API's IBGDA arms: device code, and also the CPU emulation
+// of GPU PEs (host/tests/device-emu/, which defines RSHMEM_EMULATED_DEVICE and provides
+// blockIdx, threadIdx, printf and __trap), so that it runs the same record and message.
+#if RSHMEM_DEVICE_COMPILE || defined(RSHMEM_EMULATED_DEVICE)
 // Writes the device error record for a failed queue operation and traps. The record's
 // wait fields are reused: addr = the descriptor, expected = the WQE index concerned (the
 // failed WQE for an error CQE, else the reservation head), observed = completed, cmp =
