@@ -8,6 +8,9 @@
 //! record and printed line the GPU runner's judge (`gpu::traps::judge`) expects; every
 //! bench kernel (rshmem_device_bench.cu) must complete with the record its header defines.
 //!
+//! The test kernels also run with every peer over IBGDA queues that a soft HCA engine in
+//! this process executes (what `selftest --device gpu --transport proxy` does on a GPU).
+//!
 //! This checks the kernels' and the device API's logic (copy splitting at thread, warp and
 //! block scope, peer translation, signals, waits, barriers, atomics, error paths), not GPU
 //! memory ordering, warp divergence or speed: that is `scripts/gpu-check`.
@@ -129,6 +132,7 @@ fn launch(
     timeout_ms: u64,
     bind: bool,
     fault: Option<&str>,
+    shared: Option<&Shared>,
 ) -> Launch {
     let mut cmd = Command::new(bin);
     cmd.arg(kernel)
@@ -147,6 +151,19 @@ fn launch(
         Some(f) => cmd.env("RSHMEM_EMU_FAULT", f),
         None => cmd.env_remove("RSHMEM_EMU_FAULT"),
     };
+    if let Some(sh) = shared {
+        cmd.env("RSHMEM_EMU_SHM", &sh.path)
+            .env("RSHMEM_EMU_SHM_AT", format!("{:#x}", sh.dev))
+            .env("RSHMEM_EMU_SHM_LEN", sh.len.to_string())
+            .env(
+                "RSHMEM_EMU_STATES",
+                format!("{:#x}", sh.dev + sh.states as u64),
+            )
+            .env(
+                "RSHMEM_EMU_RESULTS",
+                format!("{:#x}", sh.dev + sh.results as u64),
+            );
+    }
     let o = cmd.output().expect("run the device emulator");
     let mut l = Launch {
         stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -227,6 +244,7 @@ fn run_case(t: &TestCase, pes: usize, fault: Option<&str>) -> Launch {
         TIMEOUT_MS,
         true,
         fault,
+        None,
     )
 }
 
@@ -362,6 +380,7 @@ fn every_trap_kernel_traps_as_the_manifest_says() {
             t.timeout_ms.unwrap_or(TIMEOUT_MS),
             t.bind,
             None,
+            None,
         );
         let report = trap_report(t, &l);
         let out = ChildOutput {
@@ -408,6 +427,7 @@ fn every_bench_kernel_completes_with_its_record_on_emulated_pes() {
                 TIMEOUT_MS,
                 true,
                 None,
+                None,
             );
             let what = format!("{} at {pes} PEs (peer {peer})", b.name);
             for (pe, block, status) in &l.exits {
@@ -443,6 +463,364 @@ fn every_bench_kernel_completes_with_its_record_on_emulated_pes() {
             for (pe, e) in l.errors.iter().enumerate() {
                 if e.code != 0 {
                     bad.push(format!("{what}: PE {pe} wrote device error {e:?}"));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+// ---- the device API over IBGDA, against the soft HCA -------------------------------------
+//
+// What `rshmem selftest --device gpu --transport proxy` sets up on a GPU (gpu::ibgda),
+// with the emulated blocks as the GPU: every PE's heap, one queue pair per (PE, peer) (the
+// loopback one included), descriptors, tables, result slots and peer tables live in one
+// memfd that this test's soft HCA engine serves through the host mapping, and that the
+// emulator maps at other ("device") addresses, as a GPU addresses host memory registered
+// into CUDA. So the heap is registered twice in each PE's protection domain (host
+// addresses: the rkey peers use; device addresses: state.lkey), the descriptors carry
+// device addresses, and peers' raddr are host addresses, exactly as in ProxyGpu::new.
+
+use rshmem::gpu::heap::{SYNC_BYTES, SYNC_OFFSET};
+use rshmem::gpu::ibgda::{
+    descriptor, descriptor_bytes, peer_bytes, peer_table, table_bytes, CQE_CNT, RESULT_SLOTS,
+    WQE_CNT,
+};
+use rshmem::gpu::state::{DeviceState, STATE_CHECKS, STATE_MAGIC, STATE_SELF_IBGDA, STATE_VERSION};
+use rshmem::softhca::ibgda_table::IbgdaTable;
+use rshmem::softhca::queue::QueueParts;
+use rshmem::softhca::{
+    Access, Backend, CqMode, LocalBackend, LocalPeer, MrTable, Op, QpConfig, QueueLayout,
+    QueueMemory, SoftHca,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Heap bytes per PE (the emulator's p2p heaps are the same size).
+const IBGDA_HEAP: usize = 4 << 20;
+/// Heap offset of the scratch range (the emulator's kScratchOffset).
+const SCRATCH_OFFSET: usize = 64 << 10;
+
+/// The LocalBackend, with a short idle sleep: the producers are other processes, which
+/// cannot wake the engine thread (a GPU cannot either), so it polls.
+struct PollingLocal(LocalBackend);
+
+impl Backend for PollingLocal {
+    type Peer = LocalPeer;
+    type Cache = <LocalBackend as Backend>::Cache;
+    fn execute(
+        &mut self,
+        peer: &LocalPeer,
+        cache: &mut Self::Cache,
+        token: u64,
+        op: &Op<'_>,
+    ) -> Option<Result<(), rshmem::mlx5::Syndrome>> {
+        self.0.execute(peer, cache, token, op)
+    }
+    fn idle_wait(&self) -> Duration {
+        Duration::from_micros(20)
+    }
+    fn callers_drive(&self) -> bool {
+        false
+    }
+}
+
+/// The shared memfd, mapped here; unmapped and closed on drop (after every queue).
+struct Mapping {
+    fd: i32,
+    host: *mut u8,
+    len: usize,
+}
+// SAFETY: plain memory; who writes what is decided by the queues' protocol and the test.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: mapped in Shared::new with this length; nothing uses it any more (the
+        // queues holding an Arc of it are gone).
+        unsafe {
+            libc::munmap(self.host.cast(), self.len);
+            libc::close(self.fd);
+        }
+    }
+}
+
+/// Everything the emulated GPU PEs of one job share with the engine.
+struct Shared {
+    map: Arc<Mapping>,
+    /// `/proc/<pid>/fd/<n>`: how the emulator opens the memfd.
+    path: String,
+    len: usize,
+    /// Where the emulator maps it ("device" addresses).
+    dev: u64,
+    pes: usize,
+    heaps: Vec<usize>,
+    errors: Vec<usize>,
+    /// Per PE: its descriptors (one per peer, in rank order).
+    descs: Vec<usize>,
+    states: usize,
+    results: usize,
+    // Drop order: the QPs detach before the engine stops, both before the memory goes.
+    _qps: Vec<rshmem::softhca::QpHandle<PollingLocal>>,
+    _hca: SoftHca<PollingLocal>,
+    _pds: Vec<Arc<MrTable>>,
+}
+
+impl Shared {
+    fn host(&self, off: usize) -> *mut u8 {
+        // SAFETY: every offset handed out lies inside the mapping.
+        unsafe { self.map.host.add(off) }
+    }
+
+    fn new(pes: usize, dev_offset: u64) -> Shared {
+        let page = 4096usize;
+        let mut len = 0usize;
+        let mut take = |bytes: usize| {
+            let at = len.next_multiple_of(page);
+            len = at + bytes;
+            at
+        };
+        let qlayout = QueueLayout::new(WQE_CNT, CQE_CNT).unwrap();
+        let heaps: Vec<usize> = (0..pes).map(|_| take(IBGDA_HEAP)).collect();
+        let queues: Vec<Vec<usize>> = (0..pes)
+            .map(|_| (0..pes).map(|_| take(qlayout.size)).collect())
+            .collect();
+        let slots: Vec<usize> = (0..pes)
+            .map(|_| take((RESULT_SLOTS as usize + 1) * 8))
+            .collect();
+        let locks: Vec<usize> = (0..pes).map(|_| take(RESULT_SLOTS as usize * 4)).collect();
+        let descs: Vec<usize> = (0..pes).map(|_| take(pes * 320)).collect();
+        let tables: Vec<usize> = (0..pes).map(|_| take(64)).collect();
+        let peers: Vec<usize> = (0..pes).map(|_| take(pes * 32)).collect();
+        let errors: Vec<usize> = (0..pes).map(|_| take(64)).collect();
+        let states = take(pes * 128);
+        let results = take(pes * 64);
+        let len = len.next_multiple_of(page);
+
+        // SAFETY: plain libc calls; every result is checked.
+        let (fd, host) = unsafe {
+            let fd = libc::memfd_create(c"rshmem-device-emu".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+            assert_eq!(libc::ftruncate(fd, len as i64), 0, "ftruncate");
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(
+                p,
+                libc::MAP_FAILED,
+                "mmap: {}",
+                std::io::Error::last_os_error()
+            );
+            (fd, p.cast::<u8>())
+        };
+        let map = Arc::new(Mapping { fd, host, len });
+        let r = host as u64;
+        let dev = r.wrapping_sub(dev_offset);
+        let delta = dev.wrapping_sub(r);
+        let at = |off: usize| unsafe { host.add(off) };
+        let timeout = Duration::from_millis(TIMEOUT_MS);
+
+        let pds: Vec<Arc<MrTable>> = (0..pes).map(|_| Arc::new(MrTable::new())).collect();
+        // SAFETY (registrations): every range is inside the mapping, which outlives the
+        // tables (Shared's drop order).
+        let rkeys: Vec<u32> = (0..pes)
+            .map(|p| unsafe {
+                pds[p].register(
+                    at(heaps[p]),
+                    r + heaps[p] as u64,
+                    IBGDA_HEAP as u64,
+                    Access::ALL,
+                )
+            })
+            .collect();
+        let hca = SoftHca::start(PollingLocal(LocalBackend), "emu-softhca").expect("engine");
+        let mut qps = Vec::new();
+        for p in 0..pes {
+            // SAFETY: as above.
+            let lkey = unsafe {
+                pds[p].register(
+                    at(heaps[p]),
+                    dev + heaps[p] as u64,
+                    IBGDA_HEAP as u64,
+                    Access::ALL,
+                )
+            };
+            let slots_len = (RESULT_SLOTS as u64 + 1) * 8;
+            // SAFETY: as above.
+            let results_lkey = unsafe {
+                pds[p].register(
+                    at(slots[p]),
+                    dev + slots[p] as u64,
+                    slots_len,
+                    Access::LOCAL_WRITE,
+                )
+            };
+            let mut d = Vec::new();
+            for q in 0..pes {
+                let b = queues[p][q];
+                // SAFETY: the five parts lie in this queue's own range of the mapping
+                // (QueueLayout's offsets), which the Arc'd mapping keeps alive; only the
+                // engine and the emulated producers touch them.
+                let mem = unsafe {
+                    let parts = QueueParts {
+                        sq: at(b + qlayout.sq_offset),
+                        qp_dbrec: at(b + qlayout.qp_dbrec_offset),
+                        doorbell: at(b + qlayout.doorbell_offset),
+                        cq: at(b + qlayout.cq_offset),
+                        cq_dbrec: at(b + qlayout.cq_dbrec_offset),
+                    };
+                    rshmem::mlx5::cqe::init_cq(std::slice::from_raw_parts_mut(
+                        parts.cq,
+                        CQE_CNT as usize * 64,
+                    ));
+                    QueueMemory::from_parts(parts, WQE_CNT, CQE_CNT, Box::new(map.clone())).unwrap()
+                };
+                let mem = Arc::new(mem);
+                let h = hca.attach(QpConfig::new(
+                    mem.clone(),
+                    pds[p].clone(),
+                    LocalPeer::new(pds[q].clone()),
+                    CqMode::Normal,
+                ));
+                d.push(descriptor(&mem, delta, h.qpn(), timeout));
+                qps.push(h);
+            }
+            let write = |off: usize, bytes: &[u8]| unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), at(off), bytes.len())
+            };
+            write(descs[p], &descriptor_bytes(&d));
+            let (table, _) = peer_table(
+                &(0..pes)
+                    .map(|q| Some((r + heaps[q] as u64, rkeys[q])))
+                    .collect::<Vec<_>>(),
+            );
+            write(peers[p], &peer_bytes(&table));
+            let t = IbgdaTable::new(dev + descs[p] as u64, pes as u32).with_results(
+                dev + slots[p] as u64,
+                dev + locks[p] as u64,
+                RESULT_SLOTS,
+                results_lkey,
+            );
+            write(tables[p], &table_bytes(&t));
+            let st = DeviceState {
+                magic: STATE_MAGIC,
+                version: STATE_VERSION,
+                my_pe: p as i32,
+                n_pes: pes as i32,
+                heap_base: dev + heaps[p] as u64,
+                heap_size: IBGDA_HEAP as u64,
+                peers: dev + peers[p] as u64,
+                timeout_ns: timeout.as_nanos() as u64,
+                sync_offset: SYNC_OFFSET as u64,
+                sync_bytes: SYNC_BYTES as u64,
+                error: dev + errors[p] as u64,
+                ibgda: dev + tables[p] as u64,
+                flags: STATE_CHECKS | STATE_SELF_IBGDA,
+                lkey,
+                reserved: [0; 5],
+            };
+            // SAFETY: DeviceState is repr(C), 128 bytes of plain integers.
+            write(states + 128 * p, unsafe {
+                std::slice::from_raw_parts((&st as *const DeviceState).cast::<u8>(), 128)
+            });
+        }
+        Shared {
+            path: format!("/proc/{}/fd/{fd}", std::process::id()),
+            map,
+            len,
+            dev,
+            pes,
+            heaps,
+            errors,
+            descs,
+            states,
+            results,
+            _qps: qps,
+            _hca: hca,
+            _pds: pds,
+        }
+    }
+
+    /// WQEs completed on PE p's queue to PE q.
+    fn completed(&self, p: usize, q: usize) -> u64 {
+        // SAFETY: descriptor q of PE p was written in new() (repr(C), 64-byte aligned: the
+        // region is page-aligned and descriptors are 320 bytes); its counters are atomics.
+        let d = unsafe {
+            &*self
+                .host(
+                    self.descs[p]
+                        + q * std::mem::size_of::<rshmem::softhca::ibgda_table::IbgdaQp>(),
+                )
+                .cast::<rshmem::softhca::ibgda_table::IbgdaQp>()
+        };
+        d.completed()
+    }
+
+    /// Before a case: every PE's scratch range, result record and error record zeroed (as
+    /// the GPU runner does); the sync scratch and the queues carry over, as on a GPU.
+    fn reset(&self, scratch_bytes: usize) {
+        for p in 0..self.pes {
+            // SAFETY: inside the mapping; no emulated block runs between cases.
+            unsafe {
+                std::ptr::write_bytes(self.host(self.heaps[p] + SCRATCH_OFFSET), 0, scratch_bytes);
+                std::ptr::write_bytes(self.host(self.errors[p]), 0, 64);
+                std::ptr::write_bytes(self.host(self.results + 64 * p), 0, 64);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_test_kernel_passes_over_ibgda_against_the_soft_hca() {
+    let m = Manifest::load(None).expect("embedded manifest");
+    let mut bad = Vec::new();
+    for pes in [2usize, 3] {
+        // The emulator maps the memfd 64 GiB below the host mapping; in the unlikely case
+        // that range is taken in its process, it says so (exit 4) and another is tried.
+        let sh = Shared::new(pes, 64 << 30);
+        for t in &m.tests {
+            if pes < t.min_pes || rshmem::gpu::runner::P2P_KERNEL_CASES.contains(&t.name.as_str()) {
+                continue;
+            }
+            sh.reset(t.scratch_bytes as usize);
+            let grid = if t.collective || t.grid == 0 {
+                COLLECTIVE_GRID
+            } else {
+                t.grid
+            };
+            let l = launch(
+                emulator(),
+                &t.name,
+                grid,
+                t.block,
+                pes,
+                t.params3(),
+                t.scratch_bytes,
+                TIMEOUT_MS,
+                true,
+                None,
+                Some(&sh),
+            );
+            bad.extend(
+                problems(t, pes, &l)
+                    .into_iter()
+                    .map(|b| format!("ibgda: {b}")),
+            );
+        }
+        // Every queue carried work: the kernels really went through the soft HCA (the
+        // loopback queues carry each PE's own atomics and signals).
+        for p in 0..pes {
+            for q in 0..pes {
+                if sh.completed(p, q) == 0 {
+                    bad.push(format!(
+                        "ibgda at {pes} PEs: PE {p}'s queue to PE {q} completed nothing"
+                    ));
                 }
             }
         }

@@ -84,7 +84,7 @@ const P2P_HOST_CASES: &[&str] = &[
 
 /// Manifest cases that need a load/store path to peers (`rshmem_ptr` non-null): skipped
 /// over the proxy transport.
-const P2P_KERNEL_CASES: &[&str] = &["rshmem_test_ptr"];
+pub const P2P_KERNEL_CASES: &[&str] = &["rshmem_test_ptr"];
 
 /// Entry point: the process exit code.
 pub fn selftest_cli(o: SelftestOpts) -> i32 {

@@ -22,6 +22,8 @@
 // (BIND=0 leaves it zero: an unbound module). Then one process per (PE, block) runs that
 // block's threads as fibers.
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -30,6 +32,7 @@
 #include <chrono>
 #include <vector>
 
+#include "rshmem/ibgda/queue.cuh"
 #include "rshmem/internal/harness.cuh"
 #include "rshmem/state.cuh"
 
@@ -110,60 +113,103 @@ int main(int argc, char **argv) {
     fprintf(stderr, "no kernel %s in this build\n", name);
     return 2;
   }
-  if (grid == 0 || block == 0 || npes <= 0 || kScratchOffset + scratch_bytes > kHeapBytes) {
+  if (grid == 0 || block == 0 || npes <= 0) {
     fprintf(stderr, "bad geometry: grid %u block %u pes %d scratch %llu\n", grid, block, npes,
             (unsigned long long)scratch_bytes);
     return 2;
   }
 
-  const size_t heaps_bytes = kHeapBytes * npes;
-  const size_t dev_bytes = 4096 + npes * (npes * sizeof(rshmem_peer_t) + 2 * 64);
-  char *mem = static_cast<char *>(mmap(nullptr, heaps_bytes + dev_bytes, PROT_READ | PROT_WRITE,
-                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  if (mem == MAP_FAILED) {
-    perror("mmap heaps");
-    return 3;
-  }
-  char *dev = mem + heaps_bytes + 4096;  // one page between the last heap and device memory
-  auto heap = [&](int pe) { return reinterpret_cast<uint64_t>(mem + kHeapBytes * pe); };
-  auto peers = [&](int pe) { return reinterpret_cast<rshmem_peer_t *>(dev) + npes * pe; };
-  char *records = dev + npes * npes * sizeof(rshmem_peer_t);
-  auto result = [&](int pe) { return reinterpret_cast<rshmem_test_result_t *>(records + 64 * pe); };
-  auto error = [&](int pe) {
-    return reinterpret_cast<rshmem_device_error_t *>(records + 64 * npes + 64 * pe);
-  };
-  // RSHMEM_EMU_FAULT=misroute maps every peer q != me at q + 1's heap: a deliberately
-  // wrong peer table, so the test can show that a broken translation fails the checks.
-  const char *fault = getenv("RSHMEM_EMU_FAULT");
-  const bool misroute = fault && strcmp(fault, "misroute") == 0;
-  for (int pe = 0; pe < npes; ++pe)
-    for (int q = 0; q < npes; ++q) {
-      peers(pe)[q].heap_base = heap(misroute && q != pe ? (q + 1) % npes : q);
-      peers(pe)[q].transport = RSHMEM_TRANSPORT_P2P;
-    }
-
   std::vector<rshmem_device_state_t> states(npes);
-  for (int pe = 0; pe < npes; ++pe) {
-    rshmem_device_state_t &s = states[pe];
-    memset(&s, 0, sizeof s);
-    if (!bind) continue;
-    s.magic = RSHMEM_STATE_MAGIC;
-    s.version = RSHMEM_STATE_VERSION;
-    s.my_pe = pe;
-    s.n_pes = npes;
-    s.heap_base = heap(pe);
-    s.heap_size = kHeapBytes;
-    s.peers = reinterpret_cast<uint64_t>(peers(pe));
-    s.timeout_ns = timeout_ms * 1000000ull;
-    s.sync_offset = kSyncOffset;
-    s.sync_bytes = kSyncBytes;
-    s.error = reinterpret_cast<uint64_t>(error(pe));
-    s.flags = RSHMEM_STATE_CHECKS;
+  std::vector<rshmem_test_result_t *> results(npes);
+  std::vector<rshmem_device_error_t *> errors(npes);
+  std::vector<uint64_t> heap_bases(npes);  // each PE's heap (also for an unbound module)
+  uint64_t heap_bytes = kHeapBytes;
+  const char *shm = getenv("RSHMEM_EMU_SHM");
+  if (shm) {
+    // The IBGDA mode (host/tests/device_emu.rs): the test built everything — heaps,
+    // queues, descriptors, tables, peer tables and each PE's state — in a memfd that its
+    // soft HCA engine serves, at "device" addresses RSHMEM_EMU_SHM_AT.. (the host's
+    // mapping plus an offset, as a GPU's addresses differ from the host's). Map it there
+    // and take the states and result records from it.
+    const uint64_t at = strtoull(getenv("RSHMEM_EMU_SHM_AT"), nullptr, 0);
+    const uint64_t len = strtoull(getenv("RSHMEM_EMU_SHM_LEN"), nullptr, 0);
+    const uint64_t st = strtoull(getenv("RSHMEM_EMU_STATES"), nullptr, 0);
+    const uint64_t rs = strtoull(getenv("RSHMEM_EMU_RESULTS"), nullptr, 0);
+    const int fd = open(shm, O_RDWR);
+    void *m = fd < 0 ? MAP_FAILED
+                     : mmap(reinterpret_cast<void *>(at), len, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+    if (m != reinterpret_cast<void *>(at)) {
+      fprintf(stderr, "cannot map %s at 0x%llx (%llu bytes): %s\n", shm, (unsigned long long)at,
+              (unsigned long long)len, strerror(errno));
+      return 4;
+    }
+    for (int pe = 0; pe < npes; ++pe) {
+      states[pe] = reinterpret_cast<const rshmem_device_state_t *>(st)[pe];
+      results[pe] = reinterpret_cast<rshmem_test_result_t *>(rs + 64 * pe);
+      errors[pe] = reinterpret_cast<rshmem_device_error_t *>(states[pe].error);
+      heap_bases[pe] = states[pe].heap_base;
+      heap_bytes = states[pe].heap_size;
+    }
+    // A producer that backs off in a queue wait lets the other fibers of its block run.
+    rshmem::ibgda::hooks().relax = [](void *) -> int {
+      emu_yield();
+      return 1;
+    };
+  } else {
+    const size_t heaps_bytes = kHeapBytes * npes;
+    const size_t dev_bytes = 4096 + npes * (npes * sizeof(rshmem_peer_t) + 2 * 64);
+    char *mem = static_cast<char *>(mmap(nullptr, heaps_bytes + dev_bytes, PROT_READ | PROT_WRITE,
+                                         MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    if (mem == MAP_FAILED) {
+      perror("mmap heaps");
+      return 3;
+    }
+    char *dev = mem + heaps_bytes + 4096;  // one page between the last heap and device memory
+    auto heap = [&](int pe) { return reinterpret_cast<uint64_t>(mem + kHeapBytes * pe); };
+    auto peers = [&](int pe) { return reinterpret_cast<rshmem_peer_t *>(dev) + npes * pe; };
+    char *records = dev + npes * npes * sizeof(rshmem_peer_t);
+    // RSHMEM_EMU_FAULT=misroute maps every peer q != me at q + 1's heap: a deliberately
+    // wrong peer table, so the test can show that a broken translation fails the checks.
+    const char *fault = getenv("RSHMEM_EMU_FAULT");
+    const bool misroute = fault && strcmp(fault, "misroute") == 0;
+    for (int pe = 0; pe < npes; ++pe)
+      for (int q = 0; q < npes; ++q) {
+        peers(pe)[q].heap_base = heap(misroute && q != pe ? (q + 1) % npes : q);
+        peers(pe)[q].transport = RSHMEM_TRANSPORT_P2P;
+      }
+    for (int pe = 0; pe < npes; ++pe) {
+      results[pe] = reinterpret_cast<rshmem_test_result_t *>(records + 64 * pe);
+      errors[pe] = reinterpret_cast<rshmem_device_error_t *>(records + 64 * npes + 64 * pe);
+      heap_bases[pe] = heap(pe);
+      rshmem_device_state_t &s = states[pe];
+      memset(&s, 0, sizeof s);
+      if (!bind) continue;
+      s.magic = RSHMEM_STATE_MAGIC;
+      s.version = RSHMEM_STATE_VERSION;
+      s.my_pe = pe;
+      s.n_pes = npes;
+      s.heap_base = heap(pe);
+      s.heap_size = kHeapBytes;
+      s.peers = reinterpret_cast<uint64_t>(peers(pe));
+      s.timeout_ns = timeout_ms * 1000000ull;
+      s.sync_offset = kSyncOffset;
+      s.sync_bytes = kSyncBytes;
+      s.error = reinterpret_cast<uint64_t>(errors[pe]);
+      s.flags = RSHMEM_STATE_CHECKS;
+    }
   }
+  if (kScratchOffset + scratch_bytes > heap_bytes) {
+    fprintf(stderr, "a scratch range of %llu bytes does not fit a heap of %llu\n",
+            (unsigned long long)scratch_bytes, (unsigned long long)heap_bytes);
+    return 2;
+  }
+  auto result = [&](int pe) { return results[pe]; };
+  auto error = [&](int pe) { return errors[pe]; };
   for (int pe = 0; pe < npes; ++pe)
     printf("env pe=%d n_pes=%d heap_base=%llu heap_size=%llu scratch=%llu result=%llu\n", pe, npes,
-           (unsigned long long)heap(pe), (unsigned long long)kHeapBytes,
-           (unsigned long long)(heap(pe) + kScratchOffset), (unsigned long long)result(pe));
+           (unsigned long long)heap_bases[pe], (unsigned long long)heap_bytes,
+           (unsigned long long)(heap_bases[pe] + kScratchOffset), (unsigned long long)result(pe));
   fflush(stdout);
 
   struct Child {

@@ -125,19 +125,7 @@ inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp_bars[threadIdx.x / 32]
 inline unsigned emu_lane() { return threadIdx.x % 32; }
 
 // ---- the IBGDA arms -----------------------------------------------------------------------
-// rshmem/device/ibgda.cuh calls rshmem::ibgda::check, which queue.cuh defines only for the
-// device (next to the warp-batched post, which needs real warps). This emulation gives
-// every peer the p2p transport, so the IBGDA arms compile but never run; if one does, the
-// check says so instead of doing something else.
-#include "rshmem/ibgda/layout.cuh"
-#include "rshmem/state.cuh"
-namespace rshmem {
-namespace ibgda {
-inline void check(rshmem_ibgda_qp_t *, int status, rshmem_device_error_t *, int pe) {
-  if (status == RSHMEM_IBGDA_OK) return;
-  printf("device emulator: an IBGDA operation to PE %d failed (status %d); IBGDA is not emulated\n", pe,
-         status);
-  __trap();
-}
-}  // namespace ibgda
-}  // namespace rshmem
+// rshmem/ibgda/queue.cuh compiles its device error path (rshmem::ibgda::fail / check) for
+// this emulation too; its waits back off through the host hooks, which the driver points
+// at emu_yield so that a waiting fiber lets the others of its block run.
+#define RSHMEM_EMULATED_DEVICE 1
