@@ -573,7 +573,9 @@ impl Shared {
         unsafe { self.map.host.add(off) }
     }
 
-    fn new(pes: usize, dev_offset: u64) -> Shared {
+    /// `bad_rkeys`: peers' entries name a key their heap was never registered under, so
+    /// every remote operation completes with REMOTE_ACCESS (0x13), as on a NIC.
+    fn new(pes: usize, dev_offset: u64, bad_rkeys: bool) -> Shared {
         let page = 4096usize;
         let mut len = 0usize;
         let mut take = |bytes: usize| {
@@ -697,7 +699,13 @@ impl Shared {
             write(descs[p], &descriptor_bytes(&d));
             let (table, _) = peer_table(
                 &(0..pes)
-                    .map(|q| Some((r + heaps[q] as u64, rkeys[q])))
+                    .map(|q| {
+                        let bad = bad_rkeys && q != p;
+                        Some((
+                            r + heaps[q] as u64,
+                            rkeys[q] ^ if bad { 0x5a5a_0000 } else { 0 },
+                        ))
+                    })
                     .collect::<Vec<_>>(),
             );
             write(peers[p], &peer_bytes(&table));
@@ -783,7 +791,7 @@ fn every_test_kernel_passes_over_ibgda_against_the_soft_hca() {
     for pes in [2usize, 3] {
         // The emulator maps the memfd 64 GiB below the host mapping; in the unlikely case
         // that range is taken in its process, it says so (exit 4) and another is tried.
-        let sh = Shared::new(pes, 64 << 30);
+        let sh = Shared::new(pes, 64 << 30, false);
         for t in &m.tests {
             if pes < t.min_pes || rshmem::gpu::runner::P2P_KERNEL_CASES.contains(&t.name.as_str()) {
                 continue;
@@ -826,4 +834,58 @@ fn every_test_kernel_passes_over_ibgda_against_the_soft_hca() {
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+fn a_bad_rkey_over_ibgda_traps_with_the_queue_error() {
+    // The IBGDA error path end to end: the engine completes the WRITE to a peer with
+    // REMOTE_ACCESS, the device side (queue.cuh fail) writes the record (ERR_QUEUE, the
+    // syndrome in cmp bits 15:8, WQE opcode in 23:16), prints the line and traps.
+    let m = Manifest::load(None).unwrap();
+    let t = m
+        .tests
+        .iter()
+        .find(|t| t.name == "rshmem_test_put_thread")
+        .unwrap();
+    let sh = Shared::new(2, 64 << 30, true);
+    sh.reset(t.scratch_bytes as usize);
+    let l = launch(
+        emulator(),
+        &t.name,
+        t.grid,
+        t.block,
+        2,
+        t.params3(),
+        t.scratch_bytes,
+        2000,
+        true,
+        None,
+        Some(&sh),
+    );
+    assert!(
+        l.exits.iter().any(|(_, _, s)| s.starts_with("signal:6")),
+        "nothing trapped: {}",
+        l.stdout
+    );
+    for (pe, e) in l.errors.iter().enumerate() {
+        assert_eq!(
+            e.code,
+            rshmem::gpu::state::ERR_QUEUE,
+            "PE {pe}: {e:?}\n{}",
+            l.stdout
+        );
+        assert_eq!(e.pe, 1 - pe as i32, "PE {pe}: {e:?}");
+        assert_eq!((e.cmp >> 8) & 0xff, 0x13, "PE {pe}: syndrome of {e:?}");
+        assert_eq!(
+            (e.cmp >> 16) & 0xff,
+            0x08,
+            "PE {pe}: WQE opcode of {e:?} (RDMA WRITE)"
+        );
+    }
+    assert!(
+        l.stdout.lines().any(|s| s.starts_with("rshmem: PE ")
+            && s.contains("error completion (syndrome 0x13, WQE opcode 0x08")),
+        "{}",
+        l.stdout
+    );
 }
