@@ -41,6 +41,12 @@ fn bench_emulator() -> &'static Path {
     BIN.get_or_init(|| build("rshmem_device_bench"))
 }
 
+/// The emulator built with the IBGDA rate kernels (their own arguments).
+fn producer_emulator() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("rshmem_ibgda_producer"))
+}
+
 /// g++ of device-kernels/src/`module`.cu with the emulation and its driver.
 fn build(module: &str) -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -59,6 +65,11 @@ fn build(module: &str) -> PathBuf {
             "-Wno-unknown-pragmas", // #pragma unroll
             "-rdynamic",            // kernels found by name (dlsym)
             "-D__CUDACC__",
+            if module == "rshmem_ibgda_producer" {
+                "-DRSHMEM_EMU_PRODUCER"
+            } else {
+                "-DRSHMEM_EMU_HARNESS"
+            },
             "-include",
         ])
         .arg(emu.join("emu/cuda_emu.h"))
@@ -888,4 +899,316 @@ fn a_bad_rkey_over_ibgda_traps_with_the_queue_error() {
         "{}",
         l.stdout
     );
+}
+
+/// One IBGDA queue pair in a memfd for the rate kernels (rshmem_ibgda_producer.cu): the
+/// emulated GPU threads post, this test's engine executes. Offsets into the memfd.
+struct ProducerJob {
+    sh: Shared1,
+    dev: u64,
+    desc: usize,
+    src: usize,
+    dst: usize,
+    results: usize,
+    out: usize,
+    err: usize,
+    times: usize,
+    lkey: u32,
+    rkey: u32,
+    _qp: rshmem::softhca::QpHandle<PollingLocal>,
+    _hca: SoftHca<PollingLocal>,
+}
+
+/// The memfd of a [`ProducerJob`] and the states/records the driver reads.
+struct Shared1 {
+    map: Arc<Mapping>,
+    path: String,
+    len: usize,
+    states: usize,
+    records: usize,
+}
+
+impl ProducerJob {
+    fn new(dst_bytes: usize, src_bytes: usize, out_bytes: usize) -> ProducerJob {
+        let page = 4096usize;
+        let mut len = 0usize;
+        let mut take = |bytes: usize| {
+            let at = len.next_multiple_of(page);
+            len = at + bytes.max(1);
+            at
+        };
+        let ql = QueueLayout::new(WQE_CNT, CQE_CNT).unwrap();
+        let queue = take(ql.size);
+        let desc = take(320);
+        let src = take(src_bytes);
+        let dst = take(dst_bytes);
+        let results = take(out_bytes);
+        let out = take(out_bytes);
+        let err = take(64);
+        let times = take(4096);
+        let states = take(128);
+        let records = take(64);
+        let len = len.next_multiple_of(page);
+        // SAFETY: plain libc calls; every result is checked.
+        let (fd, host) = unsafe {
+            let fd = libc::memfd_create(c"rshmem-producer-emu".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+            assert_eq!(libc::ftruncate(fd, len as i64), 0, "ftruncate");
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED, "mmap");
+            (fd, p.cast::<u8>())
+        };
+        let map = Arc::new(Mapping { fd, host, len });
+        let r = host as u64;
+        let dev = r.wrapping_sub(64 << 30);
+        let at = |off: usize| unsafe { host.add(off) };
+        // Local buffers (source, result slots) by device address; the remote region by
+        // host address, in the peer's table.
+        let pd = Arc::new(MrTable::new());
+        let remote = Arc::new(MrTable::new());
+        // SAFETY: the ranges are inside the mapping, which outlives both tables.
+        let (lkey, rkey) = unsafe {
+            (
+                pd.register(at(0), dev, len as u64, Access::ALL),
+                remote.register(at(dst), r + dst as u64, dst_bytes as u64, Access::ALL),
+            )
+        };
+        let hca = SoftHca::start(PollingLocal(LocalBackend), "emu-producer").expect("engine");
+        // SAFETY: the queue's parts lie in its own range of the mapping (QueueLayout).
+        let mem = unsafe {
+            let parts = QueueParts {
+                sq: at(queue + ql.sq_offset),
+                qp_dbrec: at(queue + ql.qp_dbrec_offset),
+                doorbell: at(queue + ql.doorbell_offset),
+                cq: at(queue + ql.cq_offset),
+                cq_dbrec: at(queue + ql.cq_dbrec_offset),
+            };
+            rshmem::mlx5::cqe::init_cq(std::slice::from_raw_parts_mut(
+                parts.cq,
+                CQE_CNT as usize * 64,
+            ));
+            Arc::new(
+                QueueMemory::from_parts(parts, WQE_CNT, CQE_CNT, Box::new(map.clone())).unwrap(),
+            )
+        };
+        let qp = hca.attach(QpConfig::new(
+            mem.clone(),
+            pd.clone(),
+            LocalPeer::new(remote.clone()),
+            CqMode::Normal,
+        ));
+        let d = descriptor(
+            &mem,
+            dev.wrapping_sub(r),
+            qp.qpn(),
+            Duration::from_millis(TIMEOUT_MS),
+        );
+        let bytes = descriptor_bytes(&[d]);
+        // SAFETY: inside the mapping; nobody else touches it yet.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at(desc), bytes.len()) };
+        // The driver's (unbound) state: only its error pointer and heap size are read.
+        let st = DeviceState {
+            heap_base: dev,
+            heap_size: len as u64,
+            error: dev + err as u64,
+            ..Default::default()
+        };
+        // SAFETY: DeviceState is repr(C), 128 bytes of plain integers; inside the mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping((&st as *const DeviceState).cast::<u8>(), at(states), 128)
+        };
+        ProducerJob {
+            sh: Shared1 {
+                path: format!("/proc/{}/fd/{fd}", std::process::id()),
+                map,
+                len,
+                states,
+                records,
+            },
+            dev,
+            desc,
+            src,
+            dst,
+            results,
+            out,
+            err,
+            times,
+            lkey,
+            rkey,
+            _qp: qp,
+            _hca: hca,
+        }
+    }
+
+    fn host(&self, off: usize) -> *mut u8 {
+        // SAFETY: every offset handed out lies inside the mapping.
+        unsafe { self.sh.map.host.add(off) }
+    }
+    fn d(&self, off: usize) -> u64 {
+        self.dev + off as u64
+    }
+    fn word(&self, off: usize) -> u64 {
+        // SAFETY: inside the mapping, 8-byte aligned by the callers; no kernel runs now.
+        unsafe { self.host(off).cast::<u64>().read() }
+    }
+
+    /// Runs `kernel` with `args` (the kernel's own, in order); returns the launch.
+    fn run(&self, kernel: &str, grid: u32, block: u32, args: &[u64]) -> Launch {
+        let o = Command::new(producer_emulator())
+            .args([kernel, &grid.to_string(), &block.to_string(), "1"])
+            .args(["0", "0", "0", "0", "0", &TIMEOUT_MS.to_string(), "0"])
+            .env("RSHMEM_EMU_SHM", &self.sh.path)
+            .env("RSHMEM_EMU_SHM_AT", format!("{:#x}", self.dev))
+            .env("RSHMEM_EMU_SHM_LEN", self.sh.len.to_string())
+            .env(
+                "RSHMEM_EMU_STATES",
+                format!("{:#x}", self.d(self.sh.states)),
+            )
+            .env(
+                "RSHMEM_EMU_RESULTS",
+                format!("{:#x}", self.d(self.sh.records)),
+            )
+            .env(
+                "RSHMEM_EMU_PRODUCER_ARGS",
+                args.iter()
+                    .map(|a| format!("{a:#x}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )
+            .output()
+            .expect("run the producer emulator");
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "{kernel}: {}{stdout}", o.status);
+        let exits = stdout
+            .lines()
+            .filter(|l| l.starts_with("exit "))
+            .map(|l| {
+                let f = fields(l);
+                (
+                    num(&f, "pe"),
+                    num(&f, "block"),
+                    l.split_once("status=").unwrap().1.to_string(),
+                )
+            })
+            .collect();
+        Launch {
+            stdout,
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+            exits,
+            ..Launch::default()
+        }
+    }
+}
+
+#[test]
+fn the_ibgda_rate_kernels_post_exactly_their_wqes_on_emulated_gpu_threads() {
+    // rshmem_ibgda_post_writes (what `bench ibgda-rate` launches), per thread and
+    // warp-batched (post_write_warp: one reservation per warp, __shfl_sync of the index,
+    // per-lane fences, __syncwarp, the leader publishes), into a 1024-WQEBB ring that the
+    // 5120 WQEs wrap five times; then rshmem_ibgda_fetch_add, 1280 blocking fetch-adds of
+    // one word. The engine executes every WQE: exact memory, exact fetched values.
+    const GRID: u32 = 2;
+    const BLOCK: u32 = 64;
+    const BYTES: usize = 64;
+    const ITERS: u64 = 40;
+    let threads = (GRID * BLOCK) as usize;
+    for warp_batch in [0u64, 1] {
+        let job = ProducerJob::new(threads * BYTES, BYTES, 8 * threads * ITERS as usize);
+        let pattern: Vec<u8> = (0..BYTES)
+            .map(|i| (i * 13 + 7 + warp_batch as usize) as u8)
+            .collect();
+        // SAFETY: inside the mapping; no kernel runs yet.
+        unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), job.host(job.src), BYTES) };
+        let l = job.run(
+            "rshmem_ibgda_post_writes",
+            GRID,
+            BLOCK,
+            &[
+                job.d(job.desc),
+                job.sh.map.host as u64 + job.dst as u64, // raddr: the engine's address
+                job.rkey as u64,
+                job.d(job.src),
+                job.lkey as u64,
+                BYTES as u64,
+                ITERS,
+                warp_batch,
+                job.d(job.err),
+                job.d(job.times),
+            ],
+        );
+        let what = format!("post_writes (warp_batch {warp_batch})");
+        for (_, b, s) in &l.exits {
+            assert_eq!(s, "exited:0", "{what}: block {b}: {}", l.stdout);
+        }
+        assert_eq!(job.word(job.err), 0, "{what}: error record {}", l.stdout);
+        for t in 0..threads {
+            // SAFETY: inside the mapping; the kernel finished.
+            let got = unsafe { std::slice::from_raw_parts(job.host(job.dst + t * BYTES), BYTES) };
+            assert_eq!(got, &pattern[..], "{what}: thread {t}'s destination");
+        }
+        // SAFETY: the descriptor written in new(); its counters are atomics.
+        let d = unsafe {
+            &*job
+                .host(job.desc)
+                .cast::<rshmem::softhca::ibgda_table::IbgdaQp>()
+        };
+        assert_eq!(
+            d.completed(),
+            threads as u64 * ITERS,
+            "{what}: WQEs completed"
+        );
+        assert_eq!(
+            d.reserved(),
+            threads as u64 * ITERS,
+            "{what}: WQEBBs reserved"
+        );
+        for b in 0..GRID as usize {
+            let (t0, t1) = (
+                job.word(job.times + 16 * b),
+                job.word(job.times + 16 * b + 8),
+            );
+            assert!(t0 > 0 && t1 >= t0, "{what}: block {b} times {t0} {t1}");
+        }
+    }
+
+    const FA_BLOCK: u32 = 32;
+    const FA_ITERS: u64 = 20;
+    let fa_threads = (GRID * FA_BLOCK) as u64;
+    let job = ProducerJob::new(4096, 8, 8 * (fa_threads * FA_ITERS) as usize);
+    let l = job.run(
+        "rshmem_ibgda_fetch_add",
+        GRID,
+        FA_BLOCK,
+        &[
+            job.d(job.desc),
+            job.sh.map.host as u64 + job.dst as u64,
+            job.rkey as u64,
+            job.d(job.results),
+            job.lkey as u64,
+            FA_ITERS,
+            job.d(job.err),
+            job.d(job.out),
+        ],
+    );
+    for (_, b, s) in &l.exits {
+        assert_eq!(s, "exited:0", "fetch_add: block {b}: {}", l.stdout);
+    }
+    assert_eq!(job.word(job.err), 0, "fetch_add: error record {}", l.stdout);
+    let n = fa_threads * FA_ITERS;
+    let mut olds: Vec<u64> = (0..n as usize).map(|i| job.word(job.out + 8 * i)).collect();
+    olds.sort_unstable();
+    assert_eq!(
+        olds,
+        (0..n).collect::<Vec<_>>(),
+        "fetched values are not 0..{n} once each"
+    );
+    // The remote word holds the sum (the engine stores in the CPU's byte order).
+    assert_eq!(job.word(job.dst), n, "the counter");
 }

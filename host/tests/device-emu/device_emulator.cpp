@@ -36,8 +36,26 @@
 #include "rshmem/internal/harness.cuh"
 #include "rshmem/state.cuh"
 
+#if !defined(RSHMEM_EMU_PRODUCER) && !defined(RSHMEM_EMU_HARNESS)
+#error "define RSHMEM_EMU_HARNESS (kernels taking rshmem_harness_args_t) or RSHMEM_EMU_PRODUCER"
+#endif
+#if defined(RSHMEM_EMU_PRODUCER)
+// Built with rshmem_ibgda_producer.cu (the IBGDA rate kernels, which do not include the
+// device API): the state global is only this driver's, and the kernels take their own
+// arguments (RSHMEM_EMU_PRODUCER_ARGS, comma-separated, in the kernel's order).
+extern "C" rshmem_device_state_t rshmemi_device_state;
+rshmem_device_state_t rshmemi_device_state;
+extern "C" void rshmem_ibgda_post_writes(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t rkey,
+                                         uint64_t laddr, uint32_t lkey, uint32_t bytes,
+                                         uint32_t iters, uint32_t warp_batch,
+                                         rshmem_device_error_t *err, uint64_t *times);
+extern "C" void rshmem_ibgda_fetch_add(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t rkey,
+                                       uint64_t result, uint32_t lkey, uint32_t iters,
+                                       rshmem_device_error_t *err, uint64_t *out);
+#else
 // The module's state global (rshmem/device/core.cuh), set in each block's process.
 extern "C" rshmem_device_state_t rshmemi_device_state;
+#endif
 
 namespace {
 
@@ -52,8 +70,11 @@ using Kernel = void (*)(rshmem_harness_args_t);
 Kernel emu_kernel;
 rshmem_harness_args_t emu_args;
 
+// Runs the kernel of this launch in the calling fiber.
+void (*emu_body)() = [] { emu_kernel(emu_args); };
+
 void fiber_main() {
-  emu_kernel(emu_args);
+  emu_body();
   emu_fibers[emu_cur].done = true;
   // Hand the core to a fiber that has not finished; the last one returns to main.
   for (;;) {
@@ -73,6 +94,7 @@ void run_block(unsigned threads) {
   emu_block_bar.n = threads;
   const unsigned warps = (threads + 31) / 32;
   emu_warp_bars = new EmuBarrier[warps];
+  emu_warp_vals = new uint64_t[32 * warps]();
   for (unsigned w = 0; w < warps; ++w) emu_warp_bars[w].n = (w + 1 < warps) ? 32 : threads - 32 * w;
   for (unsigned i = 0; i < threads; ++i) {
     void *stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -109,6 +131,31 @@ int main(int argc, char **argv) {
   const uint64_t scratch_bytes = arg(argv, 9), timeout_ms = arg(argv, 10);
   const bool bind = arg(argv, 11) != 0;
   emu_kernel = reinterpret_cast<Kernel>(dlsym(RTLD_DEFAULT, name));
+#if defined(RSHMEM_EMU_PRODUCER)
+  {
+    static uint64_t a[10];
+    const char *pa = getenv("RSHMEM_EMU_PRODUCER_ARGS");
+    for (int i = 0; pa && i < 10; ++i) {
+      char *end;
+      a[i] = strtoull(pa, &end, 0);
+      pa = *end == ',' ? end + 1 : nullptr;
+    }
+    if (strcmp(name, "rshmem_ibgda_post_writes") == 0)
+      emu_body = [] {
+        rshmem_ibgda_post_writes(reinterpret_cast<rshmem_ibgda_qp_t *>(a[0]), a[1], (uint32_t)a[2],
+                                 a[3], (uint32_t)a[4], (uint32_t)a[5], (uint32_t)a[6], (uint32_t)a[7],
+                                 reinterpret_cast<rshmem_device_error_t *>(a[8]),
+                                 reinterpret_cast<uint64_t *>(a[9]));
+      };
+    else if (strcmp(name, "rshmem_ibgda_fetch_add") == 0)
+      emu_body = [] {
+        rshmem_ibgda_fetch_add(reinterpret_cast<rshmem_ibgda_qp_t *>(a[0]), a[1], (uint32_t)a[2], a[3],
+                               (uint32_t)a[4], (uint32_t)a[5],
+                               reinterpret_cast<rshmem_device_error_t *>(a[6]),
+                               reinterpret_cast<uint64_t *>(a[7]));
+      };
+  }
+#endif
   if (!emu_kernel) {
     fprintf(stderr, "no kernel %s in this build\n", name);
     return 2;

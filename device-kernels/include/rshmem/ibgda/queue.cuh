@@ -591,8 +591,11 @@ RSHMEM_HOST_DEVICE const char *status_name(int status) {
   }
 }
 
-#if RSHMEM_DEVICE_COMPILE
+#if RSHMEM_DEVICE_COMPILE || defined(RSHMEM_EMULATED_DEVICE)
 // ---- device only -------------------------------------------------------------------------
+// (and the CPU emulation of GPU threads, host/tests/device-emu/, which defines
+// RSHMEM_EMULATED_DEVICE and provides the warp intrinsics, blockIdx, threadIdx, printf and
+// __trap, so that it runs this very code)
 
 // Warp-batched RDMA WRITE: every active lane posts its own WRITE, but the warp makes one
 // reservation (leader: atomicAdd of the lane count) and one publish / doorbell. Returns the
@@ -623,12 +626,7 @@ RSHMEM_DEVICE int post_write_warp(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_
   if ((int)lane == leader) st = publish(qp, idx, count);
   return __shfl_sync(mask, st, leader);
 }
-#endif  // RSHMEM_DEVICE_COMPILE
 
-// The error path of the device API's IBGDA arms: device code, and also the CPU emulation
-// of GPU PEs (host/tests/device-emu/, which defines RSHMEM_EMULATED_DEVICE and provides
-// blockIdx, threadIdx, printf and __trap), so that it runs the same record and message.
-#if RSHMEM_DEVICE_COMPILE || defined(RSHMEM_EMULATED_DEVICE)
 // Writes the device error record for a failed queue operation and traps. The record's
 // wait fields are reused: addr = the descriptor, expected = the WQE index concerned (the
 // failed WQE for an error CQE, else the reservation head), observed = completed, cmp =

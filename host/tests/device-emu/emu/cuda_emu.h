@@ -124,8 +124,31 @@ inline void __syncthreads() { emu_block_bar.wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp_bars[threadIdx.x / 32].wait(); }
 inline unsigned emu_lane() { return threadIdx.x % 32; }
 
+// Warp intrinsics for converged warps (every lane of the warp makes the call, as the
+// IBGDA warp-batched post requires): __activemask is the warp's lanes, a shuffle is an
+// exchange through the warp's slots between two warp barriers.
+inline uint64_t *emu_warp_vals = nullptr;  // 32 per warp
+inline unsigned __activemask() {
+  const unsigned n = emu_warp_bars[threadIdx.x / 32].n;
+  return n == 32 ? 0xffffffffu : (1u << n) - 1u;
+}
+inline int __ffs(unsigned v) { return __builtin_ffs(static_cast<int>(v)); }
+template <class T>
+inline T __shfl_sync(unsigned, T v, int src) {
+  const unsigned w = threadIdx.x / 32;
+  uint64_t b = 0;
+  memcpy(&b, &v, sizeof(T));
+  emu_warp_vals[32 * w + threadIdx.x % 32] = b;
+  emu_warp_bars[w].wait();
+  const uint64_t r = emu_warp_vals[32 * w + static_cast<unsigned>(src)];
+  emu_warp_bars[w].wait();
+  T out;
+  memcpy(&out, &r, sizeof(T));
+  return out;
+}
+
 // ---- the IBGDA arms -----------------------------------------------------------------------
-// rshmem/ibgda/queue.cuh compiles its device error path (rshmem::ibgda::fail / check) for
-// this emulation too; its waits back off through the host hooks, which the driver points
+// rshmem/ibgda/queue.cuh compiles its device-only part (the warp-batched post and the error
+// path, rshmem::ibgda::fail / check) for this emulation too; its waits back off through the host hooks, which the driver points
 // at emu_yield so that a waiting fiber lets the others of its block run.
 #define RSHMEM_EMULATED_DEVICE 1
