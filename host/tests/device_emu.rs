@@ -586,7 +586,8 @@ impl Shared {
 
     /// `bad_rkeys`: peers' entries name a key their heap was never registered under, so
     /// every remote operation completes with REMOTE_ACCESS (0x13), as on a NIC.
-    fn new(pes: usize, dev_offset: u64, bad_rkeys: bool) -> Shared {
+    /// `timeout_ms`: the device-side bound of waits and of the queues.
+    fn new(pes: usize, dev_offset: u64, bad_rkeys: bool, timeout_ms: u64) -> Shared {
         let page = 4096usize;
         let mut len = 0usize;
         let mut take = |bytes: usize| {
@@ -637,7 +638,7 @@ impl Shared {
         let dev = r.wrapping_sub(dev_offset);
         let delta = dev.wrapping_sub(r);
         let at = |off: usize| unsafe { host.add(off) };
-        let timeout = Duration::from_millis(TIMEOUT_MS);
+        let timeout = Duration::from_millis(timeout_ms);
 
         let pds: Vec<Arc<MrTable>> = (0..pes).map(|_| Arc::new(MrTable::new())).collect();
         // SAFETY (registrations): every range is inside the mapping, which outlives the
@@ -802,7 +803,7 @@ fn every_test_kernel_passes_over_ibgda_against_the_soft_hca() {
     for pes in [2usize, 3] {
         // The emulator maps the memfd 64 GiB below the host mapping; in the unlikely case
         // that range is taken in its process, it says so (exit 4) and another is tried.
-        let sh = Shared::new(pes, 64 << 30, false);
+        let sh = Shared::new(pes, 64 << 30, false, TIMEOUT_MS);
         for t in &m.tests {
             if pes < t.min_pes || rshmem::gpu::runner::P2P_KERNEL_CASES.contains(&t.name.as_str()) {
                 continue;
@@ -858,7 +859,7 @@ fn a_bad_rkey_over_ibgda_traps_with_the_queue_error() {
         .iter()
         .find(|t| t.name == "rshmem_test_put_thread")
         .unwrap();
-    let sh = Shared::new(2, 64 << 30, true);
+    let sh = Shared::new(2, 64 << 30, true, 2000);
     sh.reset(t.scratch_bytes as usize);
     let l = launch(
         emulator(),
