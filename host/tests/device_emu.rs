@@ -47,7 +47,14 @@ fn producer_emulator() -> &'static Path {
     BIN.get_or_init(|| build("rshmem_ibgda_producer"))
 }
 
-/// g++ of device-kernels/src/`module`.cu with the emulation and its driver.
+/// The emulator built with the user example's kernel (examples/gpu_ring/ring.cu).
+fn ring_emulator() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("ring"))
+}
+
+/// g++ of device-kernels/src/`module`.cu (`ring`: examples/gpu_ring/ring.cu) with the
+/// emulation and its driver.
 fn build(module: &str) -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let emu = root.join("tests/device-emu");
@@ -65,10 +72,10 @@ fn build(module: &str) -> PathBuf {
             "-Wno-unknown-pragmas", // #pragma unroll
             "-rdynamic",            // kernels found by name (dlsym)
             "-D__CUDACC__",
-            if module == "rshmem_ibgda_producer" {
-                "-DRSHMEM_EMU_PRODUCER"
-            } else {
-                "-DRSHMEM_EMU_HARNESS"
+            match module {
+                "rshmem_ibgda_producer" => "-DRSHMEM_EMU_PRODUCER",
+                "ring" => "-DRSHMEM_EMU_RING",
+                _ => "-DRSHMEM_EMU_HARNESS",
             },
             "-include",
         ])
@@ -78,7 +85,11 @@ fn build(module: &str) -> PathBuf {
         .arg("-I")
         .arg(root.join("../device-kernels/include"))
         .args(["-x", "c++"])
-        .arg(root.join(format!("../device-kernels/src/{module}.cu")))
+        .arg(if module == "ring" {
+            root.join("../examples/gpu_ring/ring.cu")
+        } else {
+            root.join(format!("../device-kernels/src/{module}.cu"))
+        })
         .args(["-x", "c++"])
         .arg(emu.join("device_emulator.cpp"))
         .arg("-o")
@@ -1212,4 +1223,47 @@ fn the_ibgda_rate_kernels_post_exactly_their_wqes_on_emulated_gpu_threads() {
     );
     // The remote word holds the sum (the engine stores in the CPU's byte order).
     assert_eq!(job.word(job.dst), n, "the counter");
+}
+
+#[test]
+fn the_gpu_ring_example_kernel_passes_over_p2p_and_ibgda() {
+    // examples/gpu_ring/ring.cu, the user example: one block of 256 threads per PE, 4096
+    // words, 5 rounds of put_signal_block + signal_wait_until + barrier_all_block; every
+    // thread counts the words it checked (the kernel's `checked`) and the wrong ones.
+    const WORDS: u64 = 4096;
+    const ROUNDS: u64 = 5;
+    for pes in [2usize, 3, 4] {
+        let scratch = 2 * WORDS * 8 + 64;
+        let sh = Shared::new(pes, 64 << 30, false, TIMEOUT_MS);
+        sh.reset(scratch as usize);
+        for (how, shared) in [("p2p", None), ("ibgda", Some(&sh))] {
+            let l = launch(
+                ring_emulator(),
+                "ring_exchange",
+                1,
+                256,
+                pes,
+                [WORDS, ROUNDS, 0],
+                scratch,
+                TIMEOUT_MS,
+                true,
+                None,
+                shared,
+            );
+            for (pe, b, s) in &l.exits {
+                assert_eq!(
+                    s, "exited:0",
+                    "{how}, {pes} PEs: PE {pe} block {b}: {}",
+                    l.stdout
+                );
+            }
+            for (pe, r) in l.results.iter().enumerate() {
+                assert_eq!(
+                    (r[0], r[1]),
+                    (WORDS * ROUNDS, 0),
+                    "{how}, {pes} PEs: PE {pe} checked / wrong words"
+                );
+            }
+        }
+    }
 }

@@ -36,8 +36,16 @@
 #include "rshmem/internal/harness.cuh"
 #include "rshmem/state.cuh"
 
-#if !defined(RSHMEM_EMU_PRODUCER) && !defined(RSHMEM_EMU_HARNESS)
-#error "define RSHMEM_EMU_HARNESS (kernels taking rshmem_harness_args_t) or RSHMEM_EMU_PRODUCER"
+#if !defined(RSHMEM_EMU_PRODUCER) && !defined(RSHMEM_EMU_HARNESS) && !defined(RSHMEM_EMU_RING)
+#error "define RSHMEM_EMU_HARNESS (kernels taking rshmem_harness_args_t), RSHMEM_EMU_PRODUCER or RSHMEM_EMU_RING"
+#endif
+#if defined(RSHMEM_EMU_RING)
+// Built with examples/gpu_ring/ring.cu (the user example): ring_exchange(sym_buf,
+// sym_signal, words, rounds, seed, errors, checked) with sym_buf at the scratch range,
+// the signal word after its 2 * words, and the counters in the PE's result record
+// (errors -> failures, checked -> checks). PARAM0 = words, PARAM1 = rounds, SEED = seed.
+extern "C" void ring_exchange(uint64_t *sym_buf, uint64_t *sym_signal, uint64_t words, uint64_t rounds,
+                              uint64_t seed, unsigned long long *errors, unsigned long long *checked);
 #endif
 #if defined(RSHMEM_EMU_PRODUCER)
 // Built with rshmem_ibgda_producer.cu (the IBGDA rate kernels, which do not include the
@@ -155,6 +163,15 @@ int main(int argc, char **argv) {
                                reinterpret_cast<uint64_t *>(a[7]));
       };
   }
+#endif
+#if defined(RSHMEM_EMU_RING)
+  if (strcmp(name, "ring_exchange") == 0)
+    emu_body = [] {
+      uint64_t *buf = reinterpret_cast<uint64_t *>(rshmemi_device_state.heap_base + emu_args.scratch);
+      rshmem_test_result_t *r = reinterpret_cast<rshmem_test_result_t *>(emu_args.result);
+      ring_exchange(buf, buf + 2 * emu_args.param0, emu_args.param0, emu_args.param1, emu_args.seed,
+                    &r->failures, &r->checks);
+    };
 #endif
   if (!emu_kernel) {
     fprintf(stderr, "no kernel %s in this build\n", name);
