@@ -597,8 +597,9 @@ impl Shared {
 
     /// `bad_rkeys`: peers' entries name a key their heap was never registered under, so
     /// every remote operation completes with REMOTE_ACCESS (0x13), as on a NIC.
-    /// `timeout_ms`: the device-side bound of waits and of the queues.
-    fn new(pes: usize, dev_offset: u64, bad_rkeys: bool, timeout_ms: u64) -> Shared {
+    /// `timeout_ms`: the device-side bound of waits and of the queues. `ring`: WQEBBs (and
+    /// CQEs) per queue; gpu::ibgda's WQE_CNT in production.
+    fn new(pes: usize, dev_offset: u64, bad_rkeys: bool, timeout_ms: u64, ring: u32) -> Shared {
         let page = 4096usize;
         let mut len = 0usize;
         let mut take = |bytes: usize| {
@@ -606,7 +607,7 @@ impl Shared {
             len = at + bytes;
             at
         };
-        let qlayout = QueueLayout::new(WQE_CNT, CQE_CNT).unwrap();
+        let qlayout = QueueLayout::new(ring, ring).unwrap();
         let heaps: Vec<usize> = (0..pes).map(|_| take(IBGDA_HEAP)).collect();
         let queues: Vec<Vec<usize>> = (0..pes)
             .map(|_| (0..pes).map(|_| take(qlayout.size)).collect())
@@ -702,9 +703,9 @@ impl Shared {
                     };
                     rshmem::mlx5::cqe::init_cq(std::slice::from_raw_parts_mut(
                         parts.cq,
-                        CQE_CNT as usize * 64,
+                        ring as usize * 64,
                     ));
-                    QueueMemory::from_parts(parts, WQE_CNT, CQE_CNT, Box::new(map.clone())).unwrap()
+                    QueueMemory::from_parts(parts, ring, ring, Box::new(map.clone())).unwrap()
                 };
                 let mem = Arc::new(mem);
                 let h = hca.attach(QpConfig::new(
@@ -811,10 +812,13 @@ impl Shared {
 fn every_test_kernel_passes_over_ibgda_against_the_soft_hca() {
     let m = Manifest::load(None).expect("embedded manifest");
     let mut bad = Vec::new();
-    for pes in [2usize, 3] {
-        // The emulator maps the memfd 64 GiB below the host mapping; in the unlikely case
-        // that range is taken in its process, it says so (exit 4) and another is tried.
-        let sh = Shared::new(pes, 64 << 30, false, TIMEOUT_MS);
+    // The production ring (1024 WQEBBs) at 2 and 3 PEs, and rings of 32, 8 and 16 WQEBBs
+    // (at 3, 2 and 5 PEs), where hundreds of producer threads per queue wait for free
+    // slots and the ring wraps constantly (put_signal's two-WQEBB and the inline puts'
+    // five-WQEBB reservations across the end of the ring too).
+    for (pes, ring) in [(2usize, WQE_CNT), (3, WQE_CNT), (3, 32), (2, 8), (5, 16)] {
+        // The emulator maps the memfd 64 GiB below the host mapping.
+        let sh = Shared::new(pes, 64 << 30, false, TIMEOUT_MS, ring);
         for t in &m.tests {
             if pes < t.min_pes || rshmem::gpu::runner::P2P_KERNEL_CASES.contains(&t.name.as_str()) {
                 continue;
@@ -870,7 +874,7 @@ fn a_bad_rkey_over_ibgda_traps_with_the_queue_error() {
         .iter()
         .find(|t| t.name == "rshmem_test_put_thread")
         .unwrap();
-    let sh = Shared::new(2, 64 << 30, true, 2000);
+    let sh = Shared::new(2, 64 << 30, true, 2000, WQE_CNT);
     sh.reset(t.scratch_bytes as usize);
     let l = launch(
         emulator(),
@@ -1234,7 +1238,7 @@ fn the_gpu_ring_example_kernel_passes_over_p2p_and_ibgda() {
     const ROUNDS: u64 = 5;
     for pes in [2usize, 3, 4] {
         let scratch = 2 * WORDS * 8 + 64;
-        let sh = Shared::new(pes, 64 << 30, false, TIMEOUT_MS);
+        let sh = Shared::new(pes, 64 << 30, false, TIMEOUT_MS, WQE_CNT);
         sh.reset(scratch as usize);
         for (how, shared) in [("p2p", None), ("ibgda", Some(&sh))] {
             let l = launch(
