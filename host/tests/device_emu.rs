@@ -557,6 +557,64 @@ struct Mapping {
 unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
+impl Mapping {
+    /// A memfd of `len` bytes (zeroed), mapped shared here.
+    fn new(len: usize) -> Arc<Mapping> {
+        // SAFETY: plain libc calls; every result is checked.
+        let (fd, host) = unsafe {
+            let fd = libc::memfd_create(c"rshmem-device-emu".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+            assert_eq!(libc::ftruncate(fd, len as i64), 0, "ftruncate");
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(
+                p,
+                libc::MAP_FAILED,
+                "mmap: {}",
+                std::io::Error::last_os_error()
+            );
+            (fd, p.cast::<u8>())
+        };
+        Arc::new(Mapping { fd, host, len })
+    }
+
+    /// `/proc/<pid>/fd/<n>`: how the emulator opens the memfd.
+    fn path(&self) -> String {
+        format!("/proc/{}/fd/{}", std::process::id(), self.fd)
+    }
+
+    /// A queue pair's memory (`ring` WQEBBs and CQEs, QueueLayout's offsets) at `off`,
+    /// its CQ initialised; it keeps the mapping alive.
+    fn queue(self: &Arc<Self>, off: usize, ring: u32) -> Arc<QueueMemory> {
+        let l = QueueLayout::new(ring, ring).unwrap();
+        assert!(off + l.size <= self.len, "queue past the mapping");
+        // SAFETY: the five parts lie in [off, off + l.size) of the mapping, which the
+        // queue's owner (an Arc of it) keeps alive; only the engine and the emulated
+        // producers touch them.
+        unsafe {
+            let at = |o: usize| self.host.add(off + o);
+            let parts = QueueParts {
+                sq: at(l.sq_offset),
+                qp_dbrec: at(l.qp_dbrec_offset),
+                doorbell: at(l.doorbell_offset),
+                cq: at(l.cq_offset),
+                cq_dbrec: at(l.cq_dbrec_offset),
+            };
+            rshmem::mlx5::cqe::init_cq(std::slice::from_raw_parts_mut(
+                parts.cq,
+                ring as usize * 64,
+            ));
+            Arc::new(QueueMemory::from_parts(parts, ring, ring, Box::new(self.clone())).unwrap())
+        }
+    }
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: mapped in Shared::new with this length; nothing uses it any more (the
@@ -624,28 +682,8 @@ impl Shared {
         let results = take(pes * 64);
         let len = len.next_multiple_of(page);
 
-        // SAFETY: plain libc calls; every result is checked.
-        let (fd, host) = unsafe {
-            let fd = libc::memfd_create(c"rshmem-device-emu".as_ptr(), libc::MFD_CLOEXEC);
-            assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-            assert_eq!(libc::ftruncate(fd, len as i64), 0, "ftruncate");
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
-            assert_ne!(
-                p,
-                libc::MAP_FAILED,
-                "mmap: {}",
-                std::io::Error::last_os_error()
-            );
-            (fd, p.cast::<u8>())
-        };
-        let map = Arc::new(Mapping { fd, host, len });
+        let map = Mapping::new(len);
+        let host = map.host;
         let r = host as u64;
         let dev = r.wrapping_sub(dev_offset);
         let delta = dev.wrapping_sub(r);
@@ -689,25 +727,7 @@ impl Shared {
             };
             let mut d = Vec::new();
             for q in 0..pes {
-                let b = queues[p][q];
-                // SAFETY: the five parts lie in this queue's own range of the mapping
-                // (QueueLayout's offsets), which the Arc'd mapping keeps alive; only the
-                // engine and the emulated producers touch them.
-                let mem = unsafe {
-                    let parts = QueueParts {
-                        sq: at(b + qlayout.sq_offset),
-                        qp_dbrec: at(b + qlayout.qp_dbrec_offset),
-                        doorbell: at(b + qlayout.doorbell_offset),
-                        cq: at(b + qlayout.cq_offset),
-                        cq_dbrec: at(b + qlayout.cq_dbrec_offset),
-                    };
-                    rshmem::mlx5::cqe::init_cq(std::slice::from_raw_parts_mut(
-                        parts.cq,
-                        ring as usize * 64,
-                    ));
-                    QueueMemory::from_parts(parts, ring, ring, Box::new(map.clone())).unwrap()
-                };
-                let mem = Arc::new(mem);
+                let mem = map.queue(queues[p][q], ring);
                 let h = hca.attach(QpConfig::new(
                     mem.clone(),
                     pds[p].clone(),
@@ -763,7 +783,7 @@ impl Shared {
             });
         }
         Shared {
-            path: format!("/proc/{}/fd/{fd}", std::process::id()),
+            path: map.path(),
             map,
             len,
             dev,
@@ -965,23 +985,8 @@ impl ProducerJob {
         let states = take(128);
         let records = take(64);
         let len = len.next_multiple_of(page);
-        // SAFETY: plain libc calls; every result is checked.
-        let (fd, host) = unsafe {
-            let fd = libc::memfd_create(c"rshmem-producer-emu".as_ptr(), libc::MFD_CLOEXEC);
-            assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-            assert_eq!(libc::ftruncate(fd, len as i64), 0, "ftruncate");
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED, "mmap");
-            (fd, p.cast::<u8>())
-        };
-        let map = Arc::new(Mapping { fd, host, len });
+        let map = Mapping::new(len);
+        let host = map.host;
         let r = host as u64;
         let dev = r.wrapping_sub(64 << 30);
         let at = |off: usize| unsafe { host.add(off) };
@@ -997,23 +1002,7 @@ impl ProducerJob {
             )
         };
         let hca = SoftHca::start(PollingLocal(LocalBackend), "emu-producer").expect("engine");
-        // SAFETY: the queue's parts lie in its own range of the mapping (QueueLayout).
-        let mem = unsafe {
-            let parts = QueueParts {
-                sq: at(queue + ql.sq_offset),
-                qp_dbrec: at(queue + ql.qp_dbrec_offset),
-                doorbell: at(queue + ql.doorbell_offset),
-                cq: at(queue + ql.cq_offset),
-                cq_dbrec: at(queue + ql.cq_dbrec_offset),
-            };
-            rshmem::mlx5::cqe::init_cq(std::slice::from_raw_parts_mut(
-                parts.cq,
-                CQE_CNT as usize * 64,
-            ));
-            Arc::new(
-                QueueMemory::from_parts(parts, WQE_CNT, CQE_CNT, Box::new(map.clone())).unwrap(),
-            )
-        };
+        let mem = map.queue(queue, WQE_CNT);
         let qp = hca.attach(QpConfig::new(
             mem.clone(),
             pd.clone(),
@@ -1042,7 +1031,7 @@ impl ProducerJob {
         };
         ProducerJob {
             sh: Shared1 {
-                path: format!("/proc/{}/fd/{fd}", std::process::id()),
+                path: map.path(),
                 map,
                 len,
                 states,
