@@ -3,7 +3,7 @@
 //! emulation (host/tests/device-emu/: every block of every PE a process, so blocks and PEs
 //! run concurrently and wait on each other as on a GPU; a block's threads as fibers; the
 //! PTX primitives of rshmem/device/ptx.cuh replaced by host atomics — the only part of the
-//! API that is not the real code). Every manifest case runs at 2, 3 and 5 PEs and must
+//! API that is not the real code). Every manifest case runs at 2, 3, 5 and 8 PEs and must
 //! count exactly its manifest's checks with no failure; every trap case must trap with the
 //! record and printed line the GPU runner's judge (`gpu::traps::judge`) expects; every
 //! bench kernel (rshmem_device_bench.cu) must complete with the record its header defines.
@@ -317,7 +317,7 @@ fn every_test_kernel_passes_on_emulated_pes() {
     let m = Manifest::load(None).expect("embedded manifest");
     assert!(m.tests.len() >= 22, "{} cases", m.tests.len());
     let mut bad = Vec::new();
-    for pes in [2usize, 3, 5] {
+    for pes in [2usize, 3, 5, 8] {
         for t in &m.tests {
             if pes < t.min_pes {
                 continue;
