@@ -8,9 +8,12 @@
 //! with a small CUDA emulation (host/tests/ep-cuda/emu/: each block's 512 GPU threads as
 //! fibers, warps as barriers, blocks one after another, every PE's send kernel before any
 //! receive kernel) and their outputs compared with the CPU oracle's on the same inputs
-//! (`kernels_emulated_*`). This checks the kernels' logic, not GPU memory ordering,
-//! concurrency between blocks or PEs, or speed: that needs scripts/gpu-check (not yet
-//! written for EP).
+//! (`kernels_emulated_*`). With `--concurrent` (`kernels_emulated_concurrently_*`) every
+//! PE and every block is a process and they all run at once, so receive kernels really
+//! wait for their peers' sends and sends for the credits of the call two before (with
+//! the waits removed, those tests fail; the sequential ones do not). This checks the
+//! kernels' logic and their waits, not GPU memory ordering or speed: that is
+//! scripts/gpu-check's `ep` step.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -60,11 +63,16 @@ fn compile(src: &str) -> PathBuf {
 /// Runs `bin` with `input` on stdin (through a file: no pipe deadlock) and returns its
 /// stdout lines.
 fn run(bin: &Path, input: &str) -> Vec<String> {
+    run_args(bin, &[], input)
+}
+
+fn run_args(bin: &Path, args: &[&str], input: &str) -> Vec<String> {
     // Unique per call: concurrent tests run the same binary.
     static N: AtomicUsize = AtomicUsize::new(0);
     let path = bin.with_extension(format!("{}.in", N.fetch_add(1, Ordering::Relaxed)));
     std::fs::write(&path, input).unwrap();
     let r = Command::new(bin)
+        .args(args)
         .stdin(Stdio::from(std::fs::File::open(&path).unwrap()))
         .output()
         .expect("run parity program");
@@ -561,6 +569,8 @@ struct KCase {
     repeats: usize,
     /// Emulator runs only the dispatch (inputs that poison the call).
     dispatch_only: bool,
+    /// `--concurrent`: every PE and every block a process, all at once (ll_emulator.cpp).
+    concurrent: bool,
 }
 
 fn routing(c: &KCase) -> Vec<check::Routing> {
@@ -601,7 +611,11 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
         }
         input.push('\n');
     }
-    let lines = run(emulator(), &input);
+    let lines = run_args(
+        emulator(),
+        if c.concurrent { &["--concurrent"] } else { &[] },
+        &input,
+    );
     let l = cfg.num_experts / c.pes;
     let mut out: Vec<Vec<PeOut>> = vec![Vec::new(); c.repeats];
     let mut cur: Option<(usize, PeOut)> = None;
@@ -841,6 +855,7 @@ fn kcase(
         masked_pe: None,
         repeats: 2,
         dispatch_only: false,
+        concurrent: false,
     }
 }
 
@@ -922,4 +937,36 @@ fn kernels_emulated_too_many_tokens_poisons_every_pe() {
     let c = kcase(2, 3, 4096, 4, 2, false, 3, &[3, 5]);
     // PE 1 passes T = 5 > N = 3: fault code 1 with the value 5.
     check_poisoned(c, 1, (1 << 31) | (1 << 24) | 5, |_| {});
+}
+
+/// The same comparisons with PEs and blocks running at once (`--concurrent`): a receive
+/// kernel can start before its peers' send kernels, blocks of one launch interleave, and
+/// with three repeats (six calls) every send after the second waits for real credits
+/// from the receivers of the call two before on its buffer set.
+#[test]
+fn kernels_emulated_concurrently_match_the_oracle() {
+    let mut cases = vec![
+        kcase(2, 4, 2048, 8, 4, false, 2, &[4, 3]),
+        kcase(3, 3, 7168, 9, 3, true, 1, &[3, 3, 0]),
+        kcase(2, 16, 8192, 22, 11, true, 4, &[16, 13]),
+    ];
+    let mut c = kcase(4, 4, 2560, 16, 8, true, 9, &[4, 4, 2, 1]);
+    c.cfg.round_scale = true;
+    c.experts = Some(vec![0, 1, 2, 3, 4, 5, 12]);
+    cases.push(c);
+    let mut c = kcase(3, 4, 5120, 6, 3, false, 6, &[4, 4, 4]);
+    c.masked_pe = Some(2);
+    cases.push(c);
+    for mut c in cases {
+        c.concurrent = true;
+        c.repeats = 3;
+        check_kernels(c);
+    }
+}
+
+#[test]
+fn kernels_emulated_concurrently_poison_every_pe() {
+    let mut c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 3]);
+    c.concurrent = true;
+    check_poisoned(c, 1, (1 << 31) | (2 << 24) | 5, |r| r.topk_idx[5] = 6);
 }

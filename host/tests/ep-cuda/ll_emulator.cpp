@@ -2,6 +2,11 @@
 // the CUDA emulation of emu/cuda_emu.h, for host/tests/ep_cuda_parity.rs to compare with
 // the CPU oracle. R PEs share this process; each kernel launch runs its blocks one after
 // another, and every PE's send kernel runs before any receive kernel, so no wait blocks.
+// With --concurrent, each PE is a process that runs its own sequence of launches, and
+// each launch's blocks are processes too (every buffer lives in one shared mapping), so
+// PEs and blocks run at once as on a GPU: a receive kernel may start before its peers'
+// send kernels, the waits and credits between calls are real, and only the order of
+// each PE's own launches (its stream) is fixed. The output is the same.
 //
 // stdin:  R N H E K FP8 ROUND GRID REPEATS MASKED_PE(-1 = none) MODE (0 = dispatch +
 //         combine, 1 = dispatch only: for inputs that poison the call)
@@ -10,6 +15,11 @@
 //         and per row src_info, recv_topk_slot and an FNV-1a hash of the row's bytes
 //         (recv_x row, then its scales), per token the FNV-1a hash of combined_x's row,
 //         the status of both sets.
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
 #include <vector>
 
 #include "../../../device-kernels/src/ep_ll.cu"
@@ -60,42 +70,82 @@ void fiber_main() {
   setcontext(&g_main);
 }
 
-void launch(Kernel k, const ep_ll_args_t &a, unsigned grid) {
+bool g_concurrent = false;
+
+// Runs block b of the current launch (g_kernel, g_args) to completion: its threads as
+// fibers on this OS thread.
+void run_block(unsigned b) {
   static std::vector<EmuFiber> fibers(EP_LL_THREADS);
   static bool stacks = false;
   if (!stacks) {
     for (auto &f : fibers) f.stack = static_cast<char *>(malloc(kStack));
     stacks = true;
   }
+  EmuBlock block(EP_LL_THREADS);
+  emu_block = &block;
+  blockIdx.x = b;
+  for (unsigned t = 0; t < EP_LL_THREADS; ++t) {
+    EmuFiber &f = fibers[t];
+    f.done = false;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = &g_main;
+    makecontext(&f.ctx, fiber_main, 0);
+  }
+  emu_fibers = fibers.data();
+  emu_nfibers = EP_LL_THREADS;
+  emu_cur = 0;
+  threadIdx.x = 0;
+  swapcontext(&g_main, &fibers[0].ctx);
+  for (auto &f : fibers)
+    if (!f.done) {
+      fprintf(stderr, "emulator: block %u ended with unfinished threads\n", b);
+      exit(4);
+    }
+  emu_block = nullptr;
+}
+
+// Waits for every child; exits 5 (after saying which) if one did not exit 0.
+void wait_all(const std::vector<pid_t> &kids, const char *what) {
+  bool bad = false;
+  for (pid_t k : kids) {
+    int st = 0;
+    if (waitpid(k, &st, 0) != k || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      fprintf(stderr, "emulator: a %s process ended with status %#x\n", what, st);
+      bad = true;
+    }
+  }
+  if (bad) exit(5);
+}
+
+// One launch: its blocks one after another, or (--concurrent) each block a process, all
+// at once; returns when every block has finished (the stream's order).
+void launch(Kernel k, const ep_ll_args_t &a, unsigned grid) {
   gridDim.x = grid;
   blockDim.x = EP_LL_THREADS;
   g_kernel = k;
   g_args = &a;
-  for (unsigned b = 0; b < grid; ++b) {
-    EmuBlock block(EP_LL_THREADS);
-    emu_block = &block;
-    blockIdx.x = b;
-    for (unsigned t = 0; t < EP_LL_THREADS; ++t) {
-      EmuFiber &f = fibers[t];
-      f.done = false;
-      getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = f.stack;
-      f.ctx.uc_stack.ss_size = kStack;
-      f.ctx.uc_link = &g_main;
-      makecontext(&f.ctx, fiber_main, 0);
-    }
-    emu_fibers = fibers.data();
-    emu_nfibers = EP_LL_THREADS;
-    emu_cur = 0;
-    threadIdx.x = 0;
-    swapcontext(&g_main, &fibers[0].ctx);
-    for (auto &f : fibers)
-      if (!f.done) {
-        fprintf(stderr, "emulator: block %u ended with unfinished threads\n", b);
-        exit(4);
-      }
-    emu_block = nullptr;
+  if (!g_concurrent) {
+    for (unsigned b = 0; b < grid; ++b) run_block(b);
+    return;
   }
+  fflush(nullptr);
+  std::vector<pid_t> kids;
+  for (unsigned b = 0; b < grid; ++b) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      perror("emulator: fork");
+      exit(3);
+    }
+    if (pid == 0) {
+      run_block(b);
+      fflush(nullptr);
+      _exit(0);
+    }
+    kids.push_back(pid);
+  }
+  wait_all(kids, "block");
 }
 
 uint64_t fnv(const void *p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
@@ -104,12 +154,30 @@ uint64_t fnv(const void *p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
   return h;
 }
 
+// "Device memory": one shared anonymous mapping (reserved, committed when touched), so
+// that the processes of --concurrent see every PE's buffers at the same addresses.
+uint8_t *g_arena = nullptr;
+size_t g_arena_used = 0;
+constexpr size_t kArena = 16ull << 30;
+
 template <class T>
 T *dev_alloc(size_t n) {
+  if (!g_arena) {
+    void *m = mmap(nullptr, kArena, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+      perror("emulator: mmap of the device arena");
+      exit(3);
+    }
+    g_arena = static_cast<uint8_t *>(m);
+  }
   size_t bytes = (n * sizeof(T) + 4095) / 4096 * 4096;
   if (bytes == 0) bytes = 4096;
-  void *p = aligned_alloc(4096, bytes);
-  memset(p, 0, bytes);
+  if (g_arena_used + bytes > kArena) {
+    fprintf(stderr, "emulator: device arena exhausted\n");
+    exit(3);
+  }
+  void *p = g_arena + g_arena_used;  // zero: fresh shared anonymous pages
+  g_arena_used += bytes;
   return static_cast<T *>(p);
 }
 
@@ -129,7 +197,8 @@ struct Pe {
 
 }  // namespace
 
-int main() {
+int main(int argc, char **argv) {
+  g_concurrent = argc > 1 && strcmp(argv[1], "--concurrent") == 0;
   unsigned R, N, H, E, K, fp8, round, grid, repeats;
   int masked_pe;
   unsigned mode;
@@ -213,90 +282,162 @@ int main() {
     return a;
   };
   auto skip = [&](unsigned p) { return masked_pe >= 0 && p == unsigned(masked_pe); };
+  auto status = [&](FILE *out, unsigned p) {
+    for (unsigned s = 0; s < 2; ++s)
+      fprintf(out, "status %u %u %d %llu %llu %llu\n", s, pes[p].ctl->status[s].kind,
+              pes[p].ctl->status[s].peer, (unsigned long long)pes[p].ctl->status[s].value,
+              (unsigned long long)pes[p].ctl->status[s].commit,
+              (unsigned long long)pes[p].ctl->set_calls[s]);
+  };
+  // The simulated expert of host/src/ep/check.rs expert_forward:
+  // out = bf16(dequant(recv) * (1 + (e % 4) / 4)).
+  auto forward = [&](unsigned p) {
+    Pe &pe = pes[p];
+    for (unsigned le = 0; le < L; ++le) {
+      const float f = 1.0f + float((p * L + le) % 4) * 0.25f;
+      for (int j = 0; j < pe.recv_count[le]; ++j) {
+        const uint64_t row = le * rows + j;
+        for (unsigned h = 0; h < H; ++h) {
+          float v;
+          if (fp8)
+            v = ep_e4m3_to_f32(pe.recv_x[row * H + h]) * pe.scales[row * (H / 128) + h / 128];
+          else
+            v = ep_bf16_to_f32(reinterpret_cast<uint16_t *>(pe.recv_x)[row * H + h]);
+          pe.expert_out[row * H + h] = ep_f32_to_bf16(v * f);
+        }
+      }
+    }
+  };
+  auto outputs = [&](FILE *out, unsigned p) {
+    Pe &pe = pes[p];
+    fprintf(out, "count");
+    for (unsigned le = 0; le < L; ++le) fprintf(out, " %d", pe.recv_count[le]);
+    fprintf(out, "\n");
+    for (unsigned le = 0; le < L; ++le)
+      for (unsigned s = 0; s < R; ++s) {
+        const int64_t lr = pe.layout_range[le * R + s];
+        const uint64_t begin = uint64_t(lr) >> 32, count = lr & 0xffffffff;
+        fprintf(out, "block %u %u %llu %llu\n", le, s, (unsigned long long)begin, (unsigned long long)count);
+        for (uint64_t i = 0; i < count; ++i) {
+          const uint64_t row = le * rows + begin + i;
+          uint64_t h;
+          if (fp8) {
+            h = fnv(pe.recv_x + row * H, H);
+            h = fnv(pe.scales + row * (H / 128), (H / 128) * 4, h);
+          } else {
+            h = fnv(pe.recv_x + row * H * 2, size_t(H) * 2);
+          }
+          fprintf(out, "row %d %d %016llx\n", pe.src_info[row], pe.slot[row], (unsigned long long)h);
+        }
+      }
+    for (unsigned t = 0; t < pe.T; ++t)
+      fprintf(out, "comb %016llx\n", (unsigned long long)fnv(pe.combined + size_t(t) * H, size_t(H) * 2));
+    status(out, p);
+  };
+  auto dsend = [&](unsigned p, unsigned set) {
+    rshmemi_device_state = pes[p].state;
+    launch(k.dsend, args(p, reinterpret_cast<uint64_t>(pes[p].x), 0, set), grid);
+  };
+  auto drecv = [&](unsigned p, unsigned set) {
+    rshmemi_device_state = pes[p].state;
+    launch(k.drecv, args(p, 0, reinterpret_cast<uint64_t>(pes[p].recv_x), set), grid);
+  };
+  auto csend = [&](unsigned p, unsigned set) {
+    rshmemi_device_state = pes[p].state;
+    launch(k.csend, args(p, reinterpret_cast<uint64_t>(pes[p].expert_out), 0, set), grid);
+  };
+  auto crecv = [&](unsigned p, unsigned set) {
+    rshmemi_device_state = pes[p].state;
+    launch(k.crecv, args(p, 0, reinterpret_cast<uint64_t>(pes[p].combined), set), grid);
+  };
+
+  if (g_concurrent) {
+    // Each PE a process running its stream of launches; its output goes to a file of its
+    // own, printed afterwards in the sequential mode's order (repeat, then PE).
+    std::vector<FILE *> outs(R, nullptr);
+    std::vector<pid_t> kids;
+    fflush(nullptr);
+    for (unsigned p = 0; p < R; ++p) {
+      if (skip(p)) continue;
+      outs[p] = tmpfile();
+      if (!outs[p]) {
+        perror("emulator: tmpfile");
+        return 3;
+      }
+      const pid_t pid = fork();
+      if (pid < 0) {
+        perror("emulator: fork");
+        return 3;
+      }
+      if (pid == 0) {
+        unsigned call = 0;
+        for (unsigned rep = 0; rep < repeats; ++rep) {
+          const unsigned dset = call++ % 2;
+          dsend(p, dset);
+          drecv(p, dset);
+          fprintf(outs[p], "rep %u pe %u\n", rep, p);
+          if (mode == 1) {
+            status(outs[p], p);
+            continue;
+          }
+          forward(p);
+          const unsigned cset = call++ % 2;
+          csend(p, cset);
+          crecv(p, cset);
+          outputs(outs[p], p);
+        }
+        fflush(outs[p]);
+        _exit(0);
+      }
+      kids.push_back(pid);
+    }
+    wait_all(kids, "PE");
+    // Sections per PE, split at their "rep" lines.
+    std::vector<std::vector<std::string>> sections(R);
+    for (unsigned p = 0; p < R; ++p) {
+      if (!outs[p]) continue;
+      rewind(outs[p]);
+      char line[4096];
+      while (fgets(line, sizeof line, outs[p])) {
+        if (strncmp(line, "rep ", 4) == 0) sections[p].emplace_back();
+        if (sections[p].empty()) return 6;
+        sections[p].back() += line;
+      }
+    }
+    for (unsigned rep = 0; rep < repeats; ++rep)
+      for (unsigned p = 0; p < R; ++p)
+        if (outs[p]) {
+          if (rep >= sections[p].size()) return 6;
+          fputs(sections[p][rep].c_str(), stdout);
+        }
+    return 0;
+  }
+
   unsigned call = 0;
   for (unsigned rep = 0; rep < repeats; ++rep) {
     unsigned set = call++ % 2;
-    for (unsigned p = 0; p < R; ++p) {
-      if (skip(p)) continue;
-      rshmemi_device_state = pes[p].state;
-      launch(k.dsend, args(p, reinterpret_cast<uint64_t>(pes[p].x), 0, set), grid);
-    }
-    for (unsigned p = 0; p < R; ++p) {
-      if (skip(p)) continue;
-      rshmemi_device_state = pes[p].state;
-      launch(k.drecv, args(p, 0, reinterpret_cast<uint64_t>(pes[p].recv_x), set), grid);
-    }
+    for (unsigned p = 0; p < R; ++p)
+      if (!skip(p)) dsend(p, set);
+    for (unsigned p = 0; p < R; ++p)
+      if (!skip(p)) drecv(p, set);
     if (mode == 1) {
       for (unsigned p = 0; p < R; ++p) {
         if (skip(p)) continue;
         printf("rep %u pe %u\n", rep, p);
-        for (unsigned s = 0; s < 2; ++s)
-          printf("status %u %u %d %llu %llu %llu\n", s, pes[p].ctl->status[s].kind,
-                 pes[p].ctl->status[s].peer, (unsigned long long)pes[p].ctl->status[s].value,
-                 (unsigned long long)pes[p].ctl->status[s].commit,
-                 (unsigned long long)pes[p].ctl->set_calls[s]);
+        status(stdout, p);
       }
       continue;
     }
-    // The simulated expert of host/src/ep/check.rs expert_forward:
-    // out = bf16(dequant(recv) * (1 + (e % 4) / 4)).
-    for (unsigned p = 0; p < R; ++p) {
-      Pe &pe = pes[p];
-      for (unsigned le = 0; le < L; ++le) {
-        const float f = 1.0f + float((p * L + le) % 4) * 0.25f;
-        for (int j = 0; j < pe.recv_count[le]; ++j) {
-          const uint64_t row = le * rows + j;
-          for (unsigned h = 0; h < H; ++h) {
-            float v;
-            if (fp8)
-              v = ep_e4m3_to_f32(pe.recv_x[row * H + h]) * pe.scales[row * (H / 128) + h / 128];
-            else
-              v = ep_bf16_to_f32(reinterpret_cast<uint16_t *>(pe.recv_x)[row * H + h]);
-            pe.expert_out[row * H + h] = ep_f32_to_bf16(v * f);
-          }
-        }
-      }
-    }
+    for (unsigned p = 0; p < R; ++p) forward(p);
     set = call++ % 2;
+    for (unsigned p = 0; p < R; ++p)
+      if (!skip(p)) csend(p, set);
+    for (unsigned p = 0; p < R; ++p)
+      if (!skip(p)) crecv(p, set);
     for (unsigned p = 0; p < R; ++p) {
       if (skip(p)) continue;
-      rshmemi_device_state = pes[p].state;
-      launch(k.csend, args(p, reinterpret_cast<uint64_t>(pes[p].expert_out), 0, set), grid);
-    }
-    for (unsigned p = 0; p < R; ++p) {
-      if (skip(p)) continue;
-      rshmemi_device_state = pes[p].state;
-      launch(k.crecv, args(p, 0, reinterpret_cast<uint64_t>(pes[p].combined), set), grid);
-    }
-    for (unsigned p = 0; p < R; ++p) {
-      if (skip(p)) continue;
-      Pe &pe = pes[p];
-      printf("rep %u pe %u\ncount", rep, p);
-      for (unsigned le = 0; le < L; ++le) printf(" %d", pe.recv_count[le]);
-      printf("\n");
-      for (unsigned le = 0; le < L; ++le)
-        for (unsigned s = 0; s < R; ++s) {
-          const int64_t lr = pe.layout_range[le * R + s];
-          const uint64_t begin = uint64_t(lr) >> 32, count = lr & 0xffffffff;
-          printf("block %u %u %llu %llu\n", le, s, (unsigned long long)begin, (unsigned long long)count);
-          for (uint64_t i = 0; i < count; ++i) {
-            const uint64_t row = le * rows + begin + i;
-            uint64_t h;
-            if (fp8) {
-              h = fnv(pe.recv_x + row * H, H);
-              h = fnv(pe.scales + row * (H / 128), (H / 128) * 4, h);
-            } else {
-              h = fnv(pe.recv_x + row * H * 2, size_t(H) * 2);
-            }
-            printf("row %d %d %016llx\n", pe.src_info[row], pe.slot[row], (unsigned long long)h);
-          }
-        }
-      for (unsigned t = 0; t < pe.T; ++t)
-        printf("comb %016llx\n", (unsigned long long)fnv(pe.combined + size_t(t) * H, size_t(H) * 2));
-      for (unsigned s = 0; s < 2; ++s)
-        printf("status %u %u %d %llu %llu %llu\n", s, pe.ctl->status[s].kind, pe.ctl->status[s].peer,
-               (unsigned long long)pe.ctl->status[s].value, (unsigned long long)pe.ctl->status[s].commit,
-               (unsigned long long)pe.ctl->set_calls[s]);
+      printf("rep %u pe %u\n", rep, p);
+      outputs(stdout, p);
     }
   }
   return 0;

@@ -57,6 +57,7 @@ inline uint64_t wait_tag(const uint64_t *p, uint64_t tag, int32_t peer_pe, int32
   for (;;) {
     const uint64_t v = ld_acquire(p);
     if ((v >> 32) == tag) return v;
+    emu_yield();  // the writer may be another fiber of this block, or another process
     if (globaltimer() - start > state().timeout_ns)
       fail(RSHMEM_DEVICE_ERR_WAIT_TIMEOUT, peer_pe, reinterpret_cast<uint64_t>(p), tag << 32, v,
            RSHMEM_CMP_EQ, what, expert);
@@ -68,6 +69,7 @@ inline uint64_t wait_ge(const uint64_t *p, uint64_t value, int32_t peer_pe, cons
   for (;;) {
     const uint64_t v = ld_acquire(p);
     if (v >= value) return v;
+    emu_yield();
     if (globaltimer() - start > state().timeout_ns)
       fail(RSHMEM_DEVICE_ERR_WAIT_TIMEOUT, peer_pe, reinterpret_cast<uint64_t>(p), value, v,
            RSHMEM_CMP_GE, what, -1);
