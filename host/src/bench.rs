@@ -450,16 +450,26 @@ fn lat_iters(a: &BenchArgs, size: usize) -> usize {
     a.iters.min(((256usize << 20) / size.max(1)).max(20))
 }
 
-/// Median, p99 and mean of per-operation microseconds (one value per equal-sized batch, so
-/// the mean of the batches is the mean over all operations).
-pub(crate) fn stats(mut per_op_us: Vec<f64>) -> (f64, f64, f64) {
-    if per_op_us.is_empty() {
+/// Median, p99 and mean of samples (here: per-operation microseconds, one value per
+/// equal-sized batch, so the mean of the batches is the mean over all operations); zeros
+/// for no samples. The one definition every rshmem bench uses, CPU and GPU alike, and
+/// the NVSHMEM ping-pong of gpu-check (bench/nvshmem/pingpong.cu): the median of an even
+/// count is the mean of the two middle samples, p99 is the nearest-rank sample
+/// (ceil(0.99 n), 1-based).
+pub fn stats(mut samples: Vec<f64>) -> (f64, f64, f64) {
+    if samples.is_empty() {
         return (0.0, 0.0, 0.0);
     }
-    let mean = per_op_us.iter().sum::<f64>() / per_op_us.len() as f64;
-    per_op_us.sort_by(|a, b| a.total_cmp(b));
-    let q = |p: f64| per_op_us[((per_op_us.len() - 1) as f64 * p).round() as usize];
-    (q(0.5), q(0.99), mean)
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let n = samples.len();
+    let med = if n % 2 == 1 {
+        samples[n / 2]
+    } else {
+        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
+    };
+    let rank = ((0.99 * n as f64).ceil() as usize).clamp(1, n);
+    let mean = samples.iter().sum::<f64>() / n as f64;
+    (med, samples[rank - 1], mean)
 }
 
 /// A zeroed buffer of `words` u64 that starts on a page boundary, as the send buffers of
@@ -897,5 +907,21 @@ fn print_report(r: &Report, json: bool) {
             "{:>10} {:>14.3} {:>14.3} {:>14.3} {:>12}",
             row.size, row.latency_us_median, row.latency_us_p99, row.latency_us_mean, bw
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stats;
+
+    #[test]
+    fn stats_median_p99_mean() {
+        assert_eq!(stats(vec![]), (0.0, 0.0, 0.0));
+        assert_eq!(stats(vec![2.0, 9.0, 4.0]), (4.0, 9.0, 5.0));
+        // Even count: the two middle samples' mean; p99 of 4 samples: rank ceil(3.96) = 4.
+        assert_eq!(stats(vec![4.0, 1.0, 3.0, 2.0]), (2.5, 4.0, 2.5));
+        // 1000 samples 1..=1000: p99 is rank 990.
+        let v: Vec<f64> = (1..=1000).rev().map(|x| x as f64).collect();
+        assert_eq!(stats(v), (500.5, 990.0, 500.5));
     }
 }

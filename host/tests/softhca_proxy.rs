@@ -172,10 +172,16 @@ fn bench_softhca_rows_ops_and_rates() {
     want.extend((3..=12).map(|k| (1u64 << k, "sge", 200_000)));
     assert_eq!(shape, want);
     for r in rows {
-        let (ops_s, gbps) = (r["ops_per_s"].as_f64().unwrap(), r["gbps"].as_f64().unwrap());
+        let (ops_s, gbps) = (
+            r["ops_per_s"].as_f64().unwrap(),
+            r["gbps"].as_f64().unwrap(),
+        );
         let size = r["size"].as_f64().unwrap();
         assert!(ops_s > 0.0 && ops_s.is_finite(), "{r}");
         // GB/s is ops/s times the size, in 1e9 bytes.
-        assert!((gbps - ops_s * size / 1e9).abs() <= 1e-9 * gbps.max(1.0), "{r}");
+        assert!(
+            (gbps - ops_s * size / 1e9).abs() <= 1e-9 * gbps.max(1.0),
+            "{r}"
+        );
     }
 }

@@ -248,7 +248,7 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
     Ok(Some(EpReport { last, points }))
 }
 
-/// Median and p99, as the other CPU benches compute them (`crate::bench::stats`).
+/// Median and p99, as every rshmem bench computes them (`crate::bench::stats`).
 fn stats(v: Vec<f64>) -> (f64, f64) {
     let (med, p99, _) = crate::bench::stats(v);
     (med, p99)

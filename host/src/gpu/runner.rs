@@ -668,21 +668,9 @@ pub fn iters_for(size: usize, iters: usize, bandwidth: bool) -> u64 {
     (iters.min(budget / size.max(1)).max(10)) as u64
 }
 
-/// Median, p99 (nearest rank) and mean of samples.
+/// Median, p99 (nearest rank) and mean of samples: [`crate::bench::stats`], None for none.
 pub fn stats(v: &[f64]) -> Option<(f64, f64, f64)> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let med = if s.len() % 2 == 1 {
-        s[s.len() / 2]
-    } else {
-        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
-    };
-    let rank = ((0.99 * s.len() as f64).ceil() as usize).clamp(1, s.len());
-    let mean = s.iter().sum::<f64>() / s.len() as f64;
-    Some((med, s[rank - 1], mean))
+    (!v.is_empty()).then(|| crate::bench::stats(v.to_vec()))
 }
 
 /// Entry point of `rshmem bench OP --device gpu`.

@@ -1076,7 +1076,9 @@ pub fn bench_writes(size: usize, ops: u64, inline: bool) -> crate::Result<Engine
     use crate::mlx5::wqe::{DataSeg, Payload, RaddrSeg, WqeOp};
     let err = |e: String| crate::Error::Verification(format!("softhca bench: {e}"));
     if size == 0 || ops == 0 {
-        return Err(err(format!("size ({size}) and ops ({ops}) must be positive")));
+        return Err(err(format!(
+            "size ({size}) and ops ({ops}) must be positive"
+        )));
     }
     let src: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
     let span = size.max(1 << 20).next_multiple_of(size);
@@ -1097,12 +1099,7 @@ pub fn bench_writes(size: usize, ops: u64, inline: bool) -> crate::Result<Engine
                 size as u64,
                 Access::NONE,
             ),
-            remote.register(
-                dptr,
-                dptr as u64,
-                span as u64,
-                Access::ALL,
-            ),
+            remote.register(dptr, dptr as u64, span as u64, Access::ALL),
         )
     };
     let base = dptr as u64;
@@ -1153,7 +1150,9 @@ pub fn bench_writes(size: usize, ops: u64, inline: bool) -> crate::Result<Engine
         return Err(err(format!("destination slot {bad} of {written} differs")));
     }
     if dst[written * size..].iter().any(|&b| b != FILL) {
-        return Err(err(format!("bytes past the {written} written slots changed")));
+        return Err(err(format!(
+            "bytes past the {written} written slots changed"
+        )));
     }
     Ok(EngineBenchRow {
         size,
