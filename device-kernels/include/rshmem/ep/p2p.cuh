@@ -6,7 +6,7 @@
 // Owns: the module's state global (unless the device API already defines it), peer
 // addresses for P2P peers, system-scope acquire loads / release stores of signal words,
 // bounded waits, and the trap path that fills rshmem_device_error_t.
-// rshmem-check: device-only (inline PTX and __constant__; not host C++)
+// rshmem-check: device-only (device functions and __constant__; not host C++)
 //
 // Memory ordering. Data goes to peers with plain (weak) stores through the peer mapping.
 // A signal word is written with st.release.sys after the writer's block has made its
@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "rshmem/device/ptx.cuh"
 #include "rshmem/state.cuh"
 #include "rshmem/types.cuh"
 
@@ -35,11 +36,7 @@ namespace ep_p2p {
 
 __device__ __forceinline__ const rshmem_device_state_t &state() { return rshmemi_device_state; }
 
-__device__ __forceinline__ uint64_t globaltimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+__device__ __forceinline__ uint64_t globaltimer() { return rshmemi_globaltimer(); }
 
 // Writes the error record (first writer wins on a best-effort basis: the code is checked
 // before and written last) and traps. `what` names the EP object waited for.
@@ -95,15 +92,10 @@ __device__ __forceinline__ uint8_t *peer(int32_t pe, uint64_t off) {
   return reinterpret_cast<uint8_t *>(peers[pe].heap_base + off);
 }
 
-__device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
+// The device API's primitives (rshmem/device/ptx.cuh), system scope.
+__device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p) { return rshmemi_ld_acquire_sys(p); }
 
-__device__ __forceinline__ void st_release(uint64_t *p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+__device__ __forceinline__ void st_release(uint64_t *p, uint64_t v) { rshmemi_st_release_sys(p, v); }
 
 // Waits until the high 32 bits (the tag) of the word at `p` equal `tag`; returns the
 // word. Bounded by state.timeout_ns; on timeout reports (peer, expert, what) and traps.
