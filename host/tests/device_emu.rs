@@ -584,6 +584,25 @@ impl Mapping {
         Arc::new(Mapping { fd, host, len })
     }
 
+    /// The host address of byte `off` (at most the end) of the mapping.
+    fn at(&self, off: usize) -> *mut u8 {
+        assert!(
+            off <= self.len,
+            "offset {off} past the mapping ({} bytes)",
+            self.len
+        );
+        // SAFETY: off is inside the mapping (or its end), checked above.
+        unsafe { self.host.add(off) }
+    }
+
+    /// Copies `bytes` to `off` (bounds checked). Only while no emulated block runs.
+    fn write(&self, off: usize, bytes: &[u8]) {
+        assert!(off + bytes.len() <= self.len, "write past the mapping");
+        // SAFETY: the range is inside the mapping (checked); the callers write before
+        // any emulator process or engine WQE touches it.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.host.add(off), bytes.len()) }
+    }
+
     /// `/proc/<pid>/fd/<n>`: how the emulator opens the memfd.
     fn path(&self) -> String {
         format!("/proc/{}/fd/{}", std::process::id(), self.fd)
@@ -649,8 +668,7 @@ struct Shared {
 
 impl Shared {
     fn host(&self, off: usize) -> *mut u8 {
-        // SAFETY: every offset handed out lies inside the mapping.
-        unsafe { self.map.host.add(off) }
+        self.map.at(off)
     }
 
     /// `bad_rkeys`: peers' entries name a key their heap was never registered under, so
@@ -687,7 +705,7 @@ impl Shared {
         let r = host as u64;
         let dev = r.wrapping_sub(dev_offset);
         let delta = dev.wrapping_sub(r);
-        let at = |off: usize| unsafe { host.add(off) };
+        let at = |off: usize| map.at(off);
         let timeout = Duration::from_millis(timeout_ms);
 
         let pds: Vec<Arc<MrTable>> = (0..pes).map(|_| Arc::new(MrTable::new())).collect();
@@ -737,9 +755,7 @@ impl Shared {
                 d.push(descriptor(&mem, delta, h.qpn(), timeout));
                 qps.push(h);
             }
-            let write = |off: usize, bytes: &[u8]| unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), at(off), bytes.len())
-            };
+            let write = |off: usize, bytes: &[u8]| map.write(off, bytes);
             write(descs[p], &descriptor_bytes(&d));
             let (table, _) = peer_table(
                 &(0..pes)
@@ -989,7 +1005,7 @@ impl ProducerJob {
         let host = map.host;
         let r = host as u64;
         let dev = r.wrapping_sub(64 << 30);
-        let at = |off: usize| unsafe { host.add(off) };
+        let at = |off: usize| map.at(off);
         // Local buffers (source, result slots) by device address; the remote region by
         // host address, in the peer's table.
         let pd = Arc::new(MrTable::new());
@@ -1016,8 +1032,7 @@ impl ProducerJob {
             Duration::from_millis(TIMEOUT_MS),
         );
         let bytes = descriptor_bytes(&[d]);
-        // SAFETY: inside the mapping; nobody else touches it yet.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at(desc), bytes.len()) };
+        map.write(desc, &bytes);
         // The driver's (unbound) state: only its error pointer and heap size are read.
         let st = DeviceState {
             heap_base: dev,
@@ -1053,8 +1068,7 @@ impl ProducerJob {
     }
 
     fn host(&self, off: usize) -> *mut u8 {
-        // SAFETY: every offset handed out lies inside the mapping.
-        unsafe { self.sh.map.host.add(off) }
+        self.sh.map.at(off)
     }
     fn d(&self, off: usize) -> u64 {
         self.dev + off as u64
