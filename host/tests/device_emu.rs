@@ -29,37 +29,52 @@ const COLLECTIVE_GRID: u32 = 3;
 /// Device-side wait bound of the positive cases (RSHMEM_TIMEOUT_MS of a GPU run).
 const TIMEOUT_MS: u64 = 10_000;
 
-/// The emulator built with the test kernels.
-fn emulator() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build("rshmem_device_tests"))
+/// Which kernels an emulator build links, and how its driver calls them.
+#[derive(Clone, Copy)]
+enum Kernels {
+    /// rshmem_device_tests.cu: harness arguments, result records.
+    Tests,
+    /// rshmem_device_bench.cu: harness arguments, bench records.
+    Bench,
+    /// rshmem_ibgda_producer.cu, the IBGDA rate kernels: their own arguments.
+    Producer,
+    /// examples/gpu_ring/ring.cu, the user example.
+    Ring,
 }
 
-/// The emulator built with the bench kernels.
-fn bench_emulator() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build("rshmem_device_bench"))
+impl Kernels {
+    /// The source, relative to the crate.
+    fn source(self) -> &'static str {
+        match self {
+            Kernels::Tests => "../device-kernels/src/rshmem_device_tests.cu",
+            Kernels::Bench => "../device-kernels/src/rshmem_device_bench.cu",
+            Kernels::Producer => "../device-kernels/src/rshmem_ibgda_producer.cu",
+            Kernels::Ring => "../examples/gpu_ring/ring.cu",
+        }
+    }
+    /// The driver's mode (device_emulator.cpp).
+    fn mode(self) -> &'static str {
+        match self {
+            Kernels::Tests | Kernels::Bench => "-DRSHMEM_EMU_HARNESS",
+            Kernels::Producer => "-DRSHMEM_EMU_PRODUCER",
+            Kernels::Ring => "-DRSHMEM_EMU_RING",
+        }
+    }
 }
 
-/// The emulator built with the IBGDA rate kernels (their own arguments).
-fn producer_emulator() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build("rshmem_ibgda_producer"))
+/// The emulator built with `k` (once per test binary).
+fn emulator(k: Kernels) -> &'static Path {
+    static BINS: [OnceLock<PathBuf>; 4] = [const { OnceLock::new() }; 4];
+    BINS[k as usize].get_or_init(|| build(k))
 }
 
-/// The emulator built with the user example's kernel (examples/gpu_ring/ring.cu).
-fn ring_emulator() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build("ring"))
-}
-
-/// g++ of device-kernels/src/`module`.cu (`ring`: examples/gpu_ring/ring.cu) with the
-/// emulation and its driver.
-fn build(module: &str) -> PathBuf {
+/// g++ of `k`'s kernels with the emulation and its driver.
+fn build(k: Kernels) -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let emu = root.join("tests/device-emu");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "device-emulator-{module}-{}.bin",
+        "device-emulator-{}-{}.bin",
+        k as usize,
         std::process::id()
     ));
     let r = Command::new("g++")
@@ -72,11 +87,7 @@ fn build(module: &str) -> PathBuf {
             "-Wno-unknown-pragmas", // #pragma unroll
             "-rdynamic",            // kernels found by name (dlsym)
             "-D__CUDACC__",
-            match module {
-                "rshmem_ibgda_producer" => "-DRSHMEM_EMU_PRODUCER",
-                "ring" => "-DRSHMEM_EMU_RING",
-                _ => "-DRSHMEM_EMU_HARNESS",
-            },
+            k.mode(),
             "-include",
         ])
         .arg(emu.join("emu/cuda_emu.h"))
@@ -85,11 +96,7 @@ fn build(module: &str) -> PathBuf {
         .arg("-I")
         .arg(root.join("../device-kernels/include"))
         .args(["-x", "c++"])
-        .arg(if module == "ring" {
-            root.join("../examples/gpu_ring/ring.cu")
-        } else {
-            root.join(format!("../device-kernels/src/{module}.cu"))
-        })
+        .arg(root.join(k.source()))
         .args(["-x", "c++"])
         .arg(emu.join("device_emulator.cpp"))
         .arg("-o")
@@ -153,8 +160,8 @@ fn launch(
     scratch_bytes: u64,
     timeout_ms: u64,
     bind: bool,
-    fault: Option<&str>,
-    shared: Option<&Shared>,
+    env: &[(&str, String)],
+    shm: Option<&Shm>,
 ) -> Launch {
     let mut cmd = Command::new(bin);
     cmd.arg(kernel)
@@ -169,22 +176,25 @@ fn launch(
         .arg(scratch_bytes.to_string())
         .arg(timeout_ms.to_string())
         .arg(if bind { "1" } else { "0" });
-    match fault {
-        Some(f) => cmd.env("RSHMEM_EMU_FAULT", f),
-        None => cmd.env_remove("RSHMEM_EMU_FAULT"),
-    };
-    if let Some(sh) = shared {
-        cmd.env("RSHMEM_EMU_SHM", &sh.path)
-            .env("RSHMEM_EMU_SHM_AT", format!("{:#x}", sh.dev))
-            .env("RSHMEM_EMU_SHM_LEN", sh.len.to_string())
-            .env(
-                "RSHMEM_EMU_STATES",
-                format!("{:#x}", sh.dev + sh.states as u64),
-            )
-            .env(
-                "RSHMEM_EMU_RESULTS",
-                format!("{:#x}", sh.dev + sh.results as u64),
-            );
+    // Only what this launch says: none of the driver's variables from outside.
+    for v in [
+        "RSHMEM_EMU_FAULT",
+        "RSHMEM_EMU_PRODUCER_ARGS",
+        "RSHMEM_EMU_SHM",
+        "RSHMEM_EMU_SHM_AT",
+        "RSHMEM_EMU_SHM_LEN",
+        "RSHMEM_EMU_STATES",
+        "RSHMEM_EMU_RESULTS",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    if let Some(m) = shm {
+        cmd.env("RSHMEM_EMU_SHM", m.map.path())
+            .env("RSHMEM_EMU_SHM_AT", format!("{:#x}", m.dev))
+            .env("RSHMEM_EMU_SHM_LEN", m.map.len.to_string())
+            .env("RSHMEM_EMU_STATES", format!("{:#x}", m.d(m.states)))
+            .env("RSHMEM_EMU_RESULTS", format!("{:#x}", m.d(m.results)));
     }
     let o = cmd.output().expect("run the device emulator");
     let mut l = Launch {
@@ -249,14 +259,19 @@ fn launch(
     l
 }
 
+/// `fault`: RSHMEM_EMU_FAULT for the driver (a deliberately wrong setup).
 fn run_case(t: &TestCase, pes: usize, fault: Option<&str>) -> Launch {
+    let env: Vec<(&str, String)> = fault
+        .map(|f| ("RSHMEM_EMU_FAULT", f.to_string()))
+        .into_iter()
+        .collect();
     let grid = if t.collective || t.grid == 0 {
         COLLECTIVE_GRID
     } else {
         t.grid
     };
     launch(
-        emulator(),
+        emulator(Kernels::Tests),
         &t.name,
         grid,
         t.block,
@@ -265,7 +280,7 @@ fn run_case(t: &TestCase, pes: usize, fault: Option<&str>) -> Launch {
         t.scratch_bytes,
         TIMEOUT_MS,
         true,
-        fault,
+        &env,
         None,
     )
 }
@@ -392,7 +407,7 @@ fn every_trap_kernel_traps_as_the_manifest_says() {
     for t in &m.traps {
         let pes = t.min_pes.max(1);
         let l = launch(
-            emulator(),
+            emulator(Kernels::Tests),
             t.kernel(),
             t.grid,
             t.block,
@@ -401,7 +416,7 @@ fn every_trap_kernel_traps_as_the_manifest_says() {
             t.scratch_bytes,
             t.timeout_ms.unwrap_or(TIMEOUT_MS),
             t.bind,
-            None,
+            &[],
             None,
         );
         let report = trap_report(t, &l);
@@ -439,7 +454,7 @@ fn every_bench_kernel_completes_with_its_record_on_emulated_pes() {
     for (pes, peer) in [(2usize, 1u64), (3, 2)] {
         for b in &m.benches {
             let l = launch(
-                bench_emulator(),
+                emulator(Kernels::Bench),
                 &b.name,
                 b.grid,
                 b.block,
@@ -448,7 +463,7 @@ fn every_bench_kernel_completes_with_its_record_on_emulated_pes() {
                 4096 + 2 * SIZE,
                 TIMEOUT_MS,
                 true,
-                None,
+                &[],
                 None,
             );
             let what = format!("{} at {pes} PEs (peer {peer})", b.name);
@@ -645,21 +660,31 @@ impl Drop for Mapping {
     }
 }
 
+/// A memfd as the emulator sees it: where it maps it and where the PEs' states and
+/// result records are (offsets into the memfd).
+struct Shm {
+    map: Arc<Mapping>,
+    /// Where the emulator maps the memfd ("device" addresses).
+    dev: u64,
+    states: usize,
+    results: usize,
+}
+
+impl Shm {
+    /// The device address of offset `off`.
+    fn d(&self, off: usize) -> u64 {
+        self.dev + off as u64
+    }
+}
+
 /// Everything the emulated GPU PEs of one job share with the engine.
 struct Shared {
-    map: Arc<Mapping>,
-    /// `/proc/<pid>/fd/<n>`: how the emulator opens the memfd.
-    path: String,
-    len: usize,
-    /// Where the emulator maps it ("device" addresses).
-    dev: u64,
+    shm: Shm,
     pes: usize,
     heaps: Vec<usize>,
     errors: Vec<usize>,
     /// Per PE: its descriptors (one per peer, in rank order).
     descs: Vec<usize>,
-    states: usize,
-    results: usize,
     // Drop order: the QPs detach before the engine stops, both before the memory goes.
     _qps: Vec<rshmem::softhca::QpHandle<PollingLocal>>,
     _hca: SoftHca<PollingLocal>,
@@ -668,7 +693,7 @@ struct Shared {
 
 impl Shared {
     fn host(&self, off: usize) -> *mut u8 {
-        self.map.at(off)
+        self.shm.map.at(off)
     }
 
     /// `bad_rkeys`: peers' entries name a key their heap was never registered under, so
@@ -799,16 +824,16 @@ impl Shared {
             });
         }
         Shared {
-            path: map.path(),
-            map,
-            len,
-            dev,
+            shm: Shm {
+                map,
+                dev,
+                states,
+                results,
+            },
             pes,
             heaps,
             errors,
             descs,
-            states,
-            results,
             _qps: qps,
             _hca: hca,
             _pds: pds,
@@ -838,7 +863,7 @@ impl Shared {
             unsafe {
                 std::ptr::write_bytes(self.host(self.heaps[p] + SCRATCH_OFFSET), 0, scratch_bytes);
                 std::ptr::write_bytes(self.host(self.errors[p]), 0, 64);
-                std::ptr::write_bytes(self.host(self.results + 64 * p), 0, 64);
+                std::ptr::write_bytes(self.host(self.shm.results + 64 * p), 0, 64);
             }
         }
     }
@@ -866,7 +891,7 @@ fn every_test_kernel_passes_over_ibgda_against_the_soft_hca() {
                 t.grid
             };
             let l = launch(
-                emulator(),
+                emulator(Kernels::Tests),
                 &t.name,
                 grid,
                 t.block,
@@ -875,8 +900,8 @@ fn every_test_kernel_passes_over_ibgda_against_the_soft_hca() {
                 t.scratch_bytes,
                 TIMEOUT_MS,
                 true,
-                None,
-                Some(&sh),
+                &[],
+                Some(&sh.shm),
             );
             bad.extend(
                 problems(t, pes, &l)
@@ -913,7 +938,7 @@ fn a_bad_rkey_over_ibgda_traps_with_the_queue_error() {
     let sh = Shared::new(2, 64 << 30, true, 2000, WQE_CNT);
     sh.reset(t.scratch_bytes as usize);
     let l = launch(
-        emulator(),
+        emulator(Kernels::Tests),
         &t.name,
         t.grid,
         t.block,
@@ -922,8 +947,8 @@ fn a_bad_rkey_over_ibgda_traps_with_the_queue_error() {
         t.scratch_bytes,
         2000,
         true,
-        None,
-        Some(&sh),
+        &[],
+        Some(&sh.shm),
     );
     assert!(
         l.exits.iter().any(|(_, _, s)| s.starts_with("signal:6")),
@@ -956,8 +981,7 @@ fn a_bad_rkey_over_ibgda_traps_with_the_queue_error() {
 /// One IBGDA queue pair in a memfd for the rate kernels (rshmem_ibgda_producer.cu): the
 /// emulated GPU threads post, this test's engine executes. Offsets into the memfd.
 struct ProducerJob {
-    sh: Shared1,
-    dev: u64,
+    shm: Shm,
     desc: usize,
     src: usize,
     dst: usize,
@@ -969,15 +993,6 @@ struct ProducerJob {
     rkey: u32,
     _qp: rshmem::softhca::QpHandle<PollingLocal>,
     _hca: SoftHca<PollingLocal>,
-}
-
-/// The memfd of a [`ProducerJob`] and the states/records the driver reads.
-struct Shared1 {
-    map: Arc<Mapping>,
-    path: String,
-    len: usize,
-    states: usize,
-    records: usize,
 }
 
 impl ProducerJob {
@@ -1045,14 +1060,12 @@ impl ProducerJob {
             std::ptr::copy_nonoverlapping((&st as *const DeviceState).cast::<u8>(), at(states), 128)
         };
         ProducerJob {
-            sh: Shared1 {
-                path: map.path(),
+            shm: Shm {
                 map,
-                len,
+                dev,
                 states,
-                records,
+                results: records,
             },
-            dev,
             desc,
             src,
             dst,
@@ -1068,61 +1081,33 @@ impl ProducerJob {
     }
 
     fn host(&self, off: usize) -> *mut u8 {
-        self.sh.map.at(off)
+        self.shm.map.at(off)
     }
     fn d(&self, off: usize) -> u64 {
-        self.dev + off as u64
+        self.shm.d(off)
     }
     fn word(&self, off: usize) -> u64 {
         // SAFETY: inside the mapping, 8-byte aligned by the callers; no kernel runs now.
         unsafe { self.host(off).cast::<u64>().read() }
     }
 
-    /// Runs `kernel` with `args` (the kernel's own, in order); returns the launch.
+    /// Runs `kernel` with `args` (the kernel's own, in order) on one PE; returns the
+    /// launch.
     fn run(&self, kernel: &str, grid: u32, block: u32, args: &[u64]) -> Launch {
-        let o = Command::new(producer_emulator())
-            .args([kernel, &grid.to_string(), &block.to_string(), "1"])
-            .args(["0", "0", "0", "0", "0", &TIMEOUT_MS.to_string(), "0"])
-            .env("RSHMEM_EMU_SHM", &self.sh.path)
-            .env("RSHMEM_EMU_SHM_AT", format!("{:#x}", self.dev))
-            .env("RSHMEM_EMU_SHM_LEN", self.sh.len.to_string())
-            .env(
-                "RSHMEM_EMU_STATES",
-                format!("{:#x}", self.d(self.sh.states)),
-            )
-            .env(
-                "RSHMEM_EMU_RESULTS",
-                format!("{:#x}", self.d(self.sh.records)),
-            )
-            .env(
-                "RSHMEM_EMU_PRODUCER_ARGS",
-                args.iter()
-                    .map(|a| format!("{a:#x}"))
-                    .collect::<Vec<_>>()
-                    .join(","),
-            )
-            .output()
-            .expect("run the producer emulator");
-        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(o.status.success(), "{kernel}: {}{stdout}", o.status);
-        let exits = stdout
-            .lines()
-            .filter(|l| l.starts_with("exit "))
-            .map(|l| {
-                let f = fields(l);
-                (
-                    num(&f, "pe"),
-                    num(&f, "block"),
-                    l.split_once("status=").unwrap().1.to_string(),
-                )
-            })
-            .collect();
-        Launch {
-            stdout,
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-            exits,
-            ..Launch::default()
-        }
+        let args: Vec<String> = args.iter().map(|a| format!("{a:#x}")).collect();
+        launch(
+            emulator(Kernels::Producer),
+            kernel,
+            grid,
+            block,
+            1,
+            [0; 3],
+            0,
+            TIMEOUT_MS,
+            false,
+            &[("RSHMEM_EMU_PRODUCER_ARGS", args.join(","))],
+            Some(&self.shm),
+        )
     }
 }
 
@@ -1151,7 +1136,7 @@ fn the_ibgda_rate_kernels_post_exactly_their_wqes_on_emulated_gpu_threads() {
             BLOCK,
             &[
                 job.d(job.desc),
-                job.sh.map.host as u64 + job.dst as u64, // raddr: the engine's address
+                job.shm.map.host as u64 + job.dst as u64, // raddr: the engine's address
                 job.rkey as u64,
                 job.d(job.src),
                 job.lkey as u64,
@@ -1207,7 +1192,7 @@ fn the_ibgda_rate_kernels_post_exactly_their_wqes_on_emulated_gpu_threads() {
         FA_BLOCK,
         &[
             job.d(job.desc),
-            job.sh.map.host as u64 + job.dst as u64,
+            job.shm.map.host as u64 + job.dst as u64,
             job.rkey as u64,
             job.d(job.results),
             job.lkey as u64,
@@ -1245,7 +1230,7 @@ fn the_gpu_ring_example_kernel_passes_over_p2p_and_ibgda() {
         sh.reset(scratch as usize);
         for (how, shared) in [("p2p", None), ("ibgda", Some(&sh))] {
             let l = launch(
-                ring_emulator(),
+                emulator(Kernels::Ring),
                 "ring_exchange",
                 1,
                 256,
@@ -1254,8 +1239,8 @@ fn the_gpu_ring_example_kernel_passes_over_p2p_and_ibgda() {
                 scratch,
                 TIMEOUT_MS,
                 true,
-                None,
-                shared,
+                &[],
+                shared.map(|s: &Shared| &s.shm),
             );
             for (pe, b, s) in &l.exits {
                 assert_eq!(
