@@ -141,6 +141,12 @@ pub struct BenchArgs {
     /// Transport between the PEs.
     #[arg(long, value_enum, default_value_t = Transport::P2p)]
     pub transport: Transport,
+    /// put and signal: where the source buffer lives — `heap` (a symmetric allocation, as
+    /// in NVSHMEM's perftest and the OSU OpenSHMEM benchmarks; large p2p puts may then be
+    /// shared with a waiting target, RSHMEM_P2P_ASSIST) or `private` (page-aligned
+    /// process memory; the initiator copies alone).
+    #[arg(long, default_value = "heap", value_parser = ["heap", "private"])]
+    pub source: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -163,6 +169,10 @@ pub struct Row {
     pub bandwidth_gbps: Option<f64>,
     pub iters: usize,
     pub bw_iters: usize,
+    /// put and signal: the share of the bandwidth stream's bytes that the target copied
+    /// while it waited (assist.rs); 0 when nothing was shared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bw_assisted: Option<f64>,
 }
 
 /// A whole benchmark result, as printed by `--json`.
@@ -176,6 +186,9 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     pub latency_kind: &'static str,
+    /// put and signal: "heap" or "private" (--source).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     pub rows: Vec<Row>,
 }
 
@@ -289,7 +302,8 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         )));
     }
     let settings = Settings::from_env()?;
-    let need = args.max_size.saturating_mul(2) + (4 << 20);
+    // Destination (and heap source) of the largest size, plus room.
+    let need = args.max_size.saturating_mul(3) + (4 << 20);
     let mut settings = settings;
     settings.transport = args.transport.mode();
     if settings.symmetric_size < need {
@@ -362,6 +376,12 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
     let max = sizes.iter().copied().max().unwrap_or(8).max(8);
     let buf = pe.calloc::<u64>(max / 8)?;
     let aux = pe.calloc::<u64>(8)?;
+    let put_like_kind = matches!(a.kind, Kind::Put | Kind::Signal);
+    let heap_src = if put_like_kind && a.source == "heap" {
+        Some(pe.calloc::<u64>(max / 8)?)
+    } else {
+        None
+    };
     let bar = (pe.my_pe() == 0 && !a.json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(sizes.len() as u64);
         b.set_style(
@@ -375,7 +395,7 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
     for (si, &size) in sizes.iter().enumerate() {
         let salt = (si as u64 + 1) << 48;
         let row = match a.kind {
-            Kind::Put | Kind::Signal => put_like(pe, a, buf, aux, size, salt)?,
+            Kind::Put | Kind::Signal => put_like(pe, a, buf, aux, heap_src, size, salt)?,
             Kind::Get => get_row(pe, a, buf, size, salt)?,
             Kind::P => p_row(pe, a, aux, size, salt)?,
             Kind::Atomic => atomic_row(pe, a, aux)?,
@@ -390,6 +410,9 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
     }
     if let Some(b) = bar {
         b.finish_and_clear();
+    }
+    if let Some(h) = heap_src {
+        pe.free(h)?;
     }
     pe.free(aux)?;
     pe.free(buf)?;
@@ -407,6 +430,7 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
             Kind::Get | Kind::Atomic => "round_trip",
             Kind::Barrier | Kind::Softhca | Kind::Copy => "barrier",
         },
+        source: put_like_kind.then(|| a.source.clone()),
         rows,
     }))
 }
@@ -516,6 +540,7 @@ fn put_like(
     a: &BenchArgs,
     buf: SymPtr<u64>,
     aux: SymPtr<u64>,
+    heap_src: Option<SymPtr<u64>>,
     size: usize,
     salt: u64,
 ) -> Result<Row> {
@@ -524,8 +549,23 @@ fn put_like(
     let dest = buf.slice(0..words);
     let sig = aux.at(0);
     let signal = a.kind == Kind::Signal;
-    let mut src = PageAligned::zeroed(words);
-    fill(&mut src, 0);
+    let mut private;
+    let src: &mut [u64] = match heap_src {
+        Some(h) => {
+            let p = pe.ptr(h.slice(0..words), me).ok_or_else(|| {
+                Error::InvalidArgument("bench: the heap source is not mapped".into())
+            })?;
+            // SAFETY: `words` u64s of this PE's own heap, a private allocation of this
+            // bench that no other PE writes; peers only read it while a put of it runs
+            // (assisted puts), when this function holds no other borrow of it.
+            unsafe { std::slice::from_raw_parts_mut(p, words) }
+        }
+        None => {
+            private = PageAligned::zeroed(words);
+            &mut private
+        }
+    };
+    fill(src, 0);
     let iters = lat_iters(a, size);
     let batch = batch_for(size);
     let total = a.warmup + iters.div_ceil(batch) * batch;
@@ -541,9 +581,9 @@ fn put_like(
                 if turn == me {
                     src[words - 1] = tag;
                     if signal {
-                        pe.put_signal(dest, &src, sig, tag, SignalOp::Set, peer)?;
+                        pe.put_signal(dest, &*src, sig, tag, SignalOp::Set, peer)?;
                     } else {
-                        pe.put(dest, &src, peer)?;
+                        pe.put(dest, &*src, peer)?;
                     }
                 } else if signal {
                     pe.signal_wait_until(sig, Cmp::Eq, tag)?;
@@ -587,25 +627,28 @@ fn put_like(
     pe.atomic_set(sig, 0u64, me)?;
     pe.barrier_all()?;
     let mut bw = 0.0;
+    let mut assisted = 0.0;
     let bw_tag = salt | 0xB000_0000;
     if me == 0 {
-        fill(&mut src, bw_tag);
+        fill(src, bw_tag);
         // Untimed warm-up of the same stream (caches, TLB, clock), as ucx_perftest and
         // NVSHMEM's perftest do: a quarter of the timed puts, at most --warmup.
         for _ in 0..(bw_n / 4).min(a.warmup) {
-            pe.put_nbi(dest, &src, 1)?;
+            pe.put_nbi(dest, &*src, 1)?;
         }
         pe.quiet();
+        let before = pe.assist_stats().bytes_received;
         let t = Instant::now();
         for _ in 0..bw_n {
             if signal {
-                pe.put_signal_nbi(dest, &src, sig, 1, SignalOp::Add, 1)?;
+                pe.put_signal_nbi(dest, &*src, sig, 1, SignalOp::Add, 1)?;
             } else {
-                pe.put_nbi(dest, &src, 1)?;
+                pe.put_nbi(dest, &*src, 1)?;
             }
         }
         pe.quiet();
         bw = (size * bw_n) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        assisted = (pe.assist_stats().bytes_received - before) as f64 / (size * bw_n) as f64;
     }
     if me == 1 && signal {
         pe.signal_wait_until(sig, Cmp::Eq, bw_n as u64)?;
@@ -625,6 +668,7 @@ fn put_like(
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: bw_n,
+        bw_assisted: (me == 0).then_some(assisted),
     })
 }
 
@@ -675,6 +719,7 @@ fn get_row(pe: &Pe, a: &BenchArgs, buf: SymPtr<u64>, size: usize, salt: u64) -> 
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: bw_n,
+        bw_assisted: None,
     })
 }
 
@@ -755,6 +800,7 @@ where
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: bw_n,
+        bw_assisted: None,
     })
 }
 
@@ -804,6 +850,7 @@ fn atomic_row(pe: &Pe, a: &BenchArgs, aux: SymPtr<u64>) -> Result<Row> {
         bandwidth_gbps: Some(bw),
         iters,
         bw_iters: iters,
+        bw_assisted: None,
     })
 }
 
@@ -829,6 +876,7 @@ fn barrier_row(pe: &Pe, a: &BenchArgs) -> Result<Row> {
         bandwidth_gbps: None,
         iters: a.iters,
         bw_iters: 0,
+        bw_assisted: None,
     })
 }
 

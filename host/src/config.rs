@@ -266,6 +266,10 @@ pub struct Settings {
     /// `/dev/shm/rshmem-<job>-queues-<pid>` every period, for `rshmem doctor --queues`.
     /// `0` (default) off, `1` every 100 ms, or a period in ms from 10 to 60000.
     pub debug_queues: Option<Duration>,
+    /// RSHMEM_P2P_ASSIST: whether a PE waiting inside rshmem helps copy the large p2p puts
+    /// other PEs make into its heap (`assist.rs`): `auto` (default: on unless the node's
+    /// PEs outnumber its cores), `1` on, `0` off.
+    pub p2p_assist: crate::assist::AssistMode,
 }
 
 /// The libfabric backend's switches.
@@ -448,7 +452,13 @@ impl Settings {
                 "flush",
             )? == "complete",
         };
+        let p2p_assist = match choice(&get, "RSHMEM_P2P_ASSIST", &["auto", "1", "0"], "auto")? {
+            "1" => crate::assist::AssistMode::On,
+            "0" => crate::assist::AssistMode::Off,
+            _ => crate::assist::AssistMode::Auto,
+        };
         Ok(Settings {
+            p2p_assist,
             debug_queues,
             fabric_chunk,
             fabric,

@@ -7,12 +7,14 @@
 //! ```text
 //! 0                    RESERVED_BYTES                                    size
 //! | runtime region      | user allocations (Allocator)                    |
-//! | team psync slots    |                                                 |
+//! | team psync slots,   |                                                 |
+//! | assist table        |                                                 |
 //! ```
 //!
 //! The runtime region holds the barrier counters of the teams ([`TEAM_SLOTS`] slots of
-//! [`PSYNC_WORDS`] words each). User code cannot address it: RMA on it is rejected as out of
-//! bounds.
+//! [`PSYNC_WORDS`] words each) and the table through which a waiting PE helps copy the
+//! large puts other PEs make into its heap ([`ASSIST_OFFSET`], `assist.rs`). User code
+//! cannot address it: RMA on it is rejected as out of bounds.
 //!
 //! Segments are files in `/dev/shm` named `rshmem-<job id>-pe<rank>`: created by their owner,
 //! opened by every PE of the node, and unlinked by the owner once all have mapped it, so that
@@ -34,7 +36,10 @@ pub const RESERVED_BYTES: usize = 64 << 10;
 /// Largest alignment a symmetric allocation may ask for.
 pub const MAX_ALIGN: usize = 4096;
 
-const _: () = assert!(TEAM_SLOTS * PSYNC_WORDS * 8 <= RESERVED_BYTES);
+/// Offset of the assist table of large p2p puts (`assist.rs`), after the psync slots.
+pub const ASSIST_OFFSET: usize = TEAM_SLOTS * PSYNC_WORDS * 8;
+
+const _: () = assert!(ASSIST_OFFSET + 4096 <= RESERVED_BYTES);
 
 /// Offset of the psync counters of team slot `slot`, round `round`.
 pub const fn psync_offset(slot: usize, round: usize) -> usize {

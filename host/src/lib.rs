@@ -8,6 +8,7 @@
 //! The runtime is handle-based: a [`Pe`] is a value, so one process can host one PE or
 //! several (one thread each). See the README for what is supported where.
 
+pub mod assist;
 pub mod atomic;
 pub mod bench;
 pub mod bootstrap;
@@ -28,6 +29,7 @@ pub mod team;
 pub mod types;
 pub mod verbs;
 
+pub use assist::{AssistMode, AssistStats};
 pub use atomic::AtomicInt;
 pub use config::Settings;
 pub use error::{Error, Result};

@@ -90,6 +90,9 @@ pub struct Pe {
     )>,
     /// An error a `quiet()` (which returns nothing) met; reported by the next `try_quiet`.
     pub(crate) deferred: Mutex<Option<String>>,
+    /// Target-assisted large p2p puts (assist.rs), when enabled. Declared before `peers`:
+    /// it refers into this PE's own mapping.
+    pub(crate) assist: Option<crate::assist::Assist>,
     /// Mapping of every PE's heap that this process can address (same node), by world rank.
     peers: Vec<Option<Segment>>,
     alloc: Mutex<Allocator>,
@@ -99,6 +102,7 @@ pub struct Pe {
     pub(crate) slots: Mutex<u64>,
     /// Polls a waiting PE spins before it starts yielding (see rma.rs).
     pub(crate) spin_polls: u64,
+
     /// The bootstrap root, when this PE hosts it (rank 0 under torchrun/mpirun, or a
     /// single PE started without a launcher).
     root: Option<Root>,
@@ -400,8 +404,25 @@ impl Pe {
         let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
         let cores = if online > 0 { online as usize } else { 1 };
         let spin_polls = crate::rma::spin_polls(local.len(), cores);
+        let assist = match settings.p2p_assist {
+            crate::assist::AssistMode::Off => None,
+            crate::assist::AssistMode::Auto if local.len() > cores => None,
+            // SAFETY: peers[rank] is this PE's own mapping, moved into the Pe below; the
+            // Pe declares `assist` before `peers`, so it is dropped first.
+            _ => unsafe {
+                crate::assist::Assist::new(
+                    peers[rank]
+                        .as_ref()
+                        .map_or(std::ptr::null_mut(), |s| s.base()),
+                    rank,
+                    n,
+                    &local,
+                )
+            },
+        };
         Ok(Pe {
             spin_polls,
+            assist,
             rank,
             n_pes: n,
             boot: Some(boot),

@@ -68,7 +68,15 @@ impl Pe {
             // SAFETY: d..d+bytes is inside PE `pe`'s mapped heap (validated); src is a
             // valid slice of `bytes` bytes; the two cannot overlap unless the caller passes
             // a slice of the mapping itself, which ptr::copy tolerates.
-            Route::P2p(d) => unsafe { copy_last_word_release(d, src.as_ptr().cast(), bytes) },
+            Route::P2p(d) => unsafe {
+                let s = src.as_ptr().cast::<u8>();
+                // A large put from our heap may be shared with a waiting target (assist.rs).
+                if bytes < crate::assist::MIN_BYTES
+                    || !self.assisted_put(pe, d, dest.offset(), s, bytes, true)?
+                {
+                    copy_last_word_release(d, s, bytes)
+                }
+            },
             Route::Proxy => self.proxy().put(pe, dest.offset(), as_bytes(src), "put")?,
         }
         Ok(())
@@ -155,8 +163,16 @@ impl Pe {
         let s = self.sync_route::<u64>(sig, pe, "put_signal")?;
         match (route, s) {
             (Route::P2p(d), Route::P2p(s)) => {
-                // SAFETY: validated destination inside the mapping; src valid for `bytes`.
-                unsafe { std::ptr::copy(src.as_ptr().cast::<u8>(), d, bytes) };
+                let from = src.as_ptr().cast::<u8>();
+                // SAFETY: validated destination inside the mapping; src valid for `bytes`
+                // (assisted_put only takes sources in our heap, never overlapping `pe`'s).
+                unsafe {
+                    if bytes < crate::assist::MIN_BYTES
+                        || !self.assisted_put(pe, d, dest.offset(), from, bytes, false)?
+                    {
+                        std::ptr::copy(from, d, bytes)
+                    }
+                };
                 // SAFETY: s is an aligned signal word in a live mapping, accessed only
                 // atomically.
                 unsafe { signal_update(s.cast(), signal, op) };
@@ -716,7 +732,10 @@ impl Pe {
                             return Err(expired(&state));
                         }
                     }
-                    if polls % 8 == 0 && self.proxy.as_ref().is_some_and(|p| p.assist()) {
+                    if self.help_peers() {
+                        // Copied chunks of a peer's large put into our heap (assist.rs):
+                        // that was this round's work.
+                    } else if polls % 8 == 0 && self.proxy.as_ref().is_some_and(|p| p.assist()) {
                         // Ran a round of this process's soft HCA engine (what we wait for
                         // may be queued there): no need to spin or yield this time.
                     } else if polls < self.spin_polls {

@@ -36,6 +36,10 @@ pub const CASES: &[Case] = &[
         run: signal,
     },
     Case {
+        name: "large-puts",
+        run: large_puts,
+    },
+    Case {
         name: "wait",
         run: wait,
     },
@@ -366,6 +370,156 @@ fn signal(pe: &Pe) -> Result<()> {
     pe.barrier_all()?;
     pe.free(sig)?;
     pe.free(data)?;
+    Ok(())
+}
+
+/// Large puts from the symmetric heap: the sizes at which a waiting target may copy part
+/// of them (assist.rs), with unaligned ends, a ring while every PE waits, put_signal, the
+/// final word observed with wait_until, and every PE putting into PE 0 at once.
+fn large_puts(pe: &Pe) -> Result<()> {
+    use crate::assist::{CHUNK, MIN_BYTES};
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let (next, prev) = neighbours(pe);
+    let max = 1 << 20;
+    let src = pe.malloc(max + 16)?;
+    let dst = pe.malloc(max + 16)?;
+    let sig = pe.calloc::<u64>(1)?;
+    let many = pe.calloc::<u64>(n * (MIN_BYTES / 8 + 1))?;
+    let mine = pe.ptr(src, me).expect("own heap is mapped");
+    let fill = |size: usize, skew: usize, salt: usize| -> Vec<u8> {
+        (0..size)
+            .map(|i| (pat(me, i + skew + salt) % 251) as u8)
+            .collect()
+    };
+    let verify = |what: &str, size: usize, skew: usize, salt: usize| -> Result<()> {
+        let mut got = vec![0u8; size];
+        pe.get(&mut got, dst.slice(skew..skew + size), me)?;
+        let want: Vec<u8> = (0..size)
+            .map(|i| (pat(prev, i + skew + salt) % 251) as u8)
+            .collect();
+        if got != want {
+            let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(Error::Verification(format!(
+                "{what} of {size} B (skew {skew}) from PE {prev}: byte {i} is {} instead of {}",
+                got[i], want[i]
+            )));
+        }
+        Ok(())
+    };
+    let sizes = [
+        MIN_BYTES,
+        MIN_BYTES + 1,
+        3 * CHUNK + 13,
+        max - 8,
+        max,
+        max + 8,
+    ];
+    for (round, &size) in sizes.iter().enumerate() {
+        for skew in [0usize, 3] {
+            let salt = round * 7 + skew;
+            let v = fill(size, skew, salt);
+            // SAFETY: [skew, skew + size) of this PE's `src` allocation (max + 16 bytes),
+            // which only this PE writes, and only between puts.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), mine.add(skew), size) };
+            // SAFETY: the same range, read-only while the put runs.
+            let from = unsafe { std::slice::from_raw_parts(mine.add(skew), size) };
+            // Blocking put while the target waits in the barrier.
+            pe.put(dst.slice(skew..skew + size), from, next)?;
+            pe.barrier_all()?;
+            verify("put", size, skew, salt)?;
+            pe.barrier_all()?;
+            // put_signal: the target waits on the signal, then checks the data.
+            let salt = salt + 1;
+            let v = fill(size, skew, salt);
+            // SAFETY: as above.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), mine.add(skew), size) };
+            // SAFETY: as above.
+            let from = unsafe { std::slice::from_raw_parts(mine.add(skew), size) };
+            let k = 2 * (round * 2 + skew) as u64 + 1;
+            if skew == 0 {
+                pe.put_signal(dst.slice(0..size), from, sig, k, SignalOp::Set, next)?;
+            } else {
+                pe.put_signal_nbi(
+                    dst.slice(skew..skew + size),
+                    from,
+                    sig,
+                    k,
+                    SignalOp::Set,
+                    next,
+                )?;
+            }
+            pe.signal_wait_until(sig, Cmp::Eq, k)?;
+            verify("put_signal", size, skew, salt)?;
+            pe.barrier_all()?;
+        }
+    }
+    // The last word of a large aligned put is written last (Release): a PE that sees it
+    // with wait_until sees the whole put, whoever copied the rest.
+    let words = max / 8;
+    let dst64 = pe.calloc::<u64>(words)?;
+    let src64 = pe.calloc::<u64>(words)?;
+    let mine64 = pe.ptr(src64, me).expect("own heap is mapped");
+    for rep in 1..=4u64 {
+        for i in 0..words {
+            // SAFETY: element i of this PE's own src64 allocation, not being put.
+            unsafe { *mine64.add(i) = pat(me, i) ^ rep << 32 };
+        }
+        // SAFETY: the whole allocation, read-only while the put runs.
+        let from = unsafe { std::slice::from_raw_parts(mine64, words) };
+        pe.put(dst64, from, next)?;
+        pe.wait_until(
+            dst64.at(words - 1),
+            Cmp::Eq,
+            pat(prev, words - 1) ^ rep << 32,
+        )?;
+        let mut got = vec![0u64; words];
+        pe.get(&mut got, dst64, me)?;
+        for (i, &g) in got.iter().enumerate() {
+            check(
+                || format!("word {i} of put {rep} from PE {prev} after its last word"),
+                g,
+                pat(prev, i) ^ rep << 32,
+            )?;
+        }
+        pe.barrier_all()?;
+    }
+    // Every PE puts MIN_BYTES + 8 into its own part of PE 0's buffer at once (one slot
+    // per initiator), while PE 0 waits in the barrier.
+    let part = MIN_BYTES / 8 + 1;
+    let src_many = pe.calloc::<u64>(part)?;
+    let mine_many = pe.ptr(src_many, me).expect("own heap is mapped");
+    for i in 0..part {
+        // SAFETY: element i of this PE's own allocation, not being put.
+        unsafe { *mine_many.add(i) = pat(me, i) ^ 0xABCD };
+    }
+    // SAFETY: the whole allocation, read-only while the put runs.
+    let from = unsafe { std::slice::from_raw_parts(mine_many, part) };
+    if me != 0 {
+        pe.put(many.slice(me * part..(me + 1) * part), from, 0)?;
+    }
+    pe.barrier_all()?;
+    if me == 0 {
+        let mut got = vec![0u64; n * part];
+        pe.get(&mut got, many, me)?;
+        for s in 1..n {
+            for i in 0..part {
+                check(
+                    || format!("word {i} of PE {s}'s put into PE 0"),
+                    got[s * part + i],
+                    pat(s, i) ^ 0xABCD,
+                )?;
+            }
+        }
+    }
+    pe.barrier_all()?;
+    pe.free(src_many)?;
+    pe.free(src64)?;
+    pe.free(dst64)?;
+    pe.free(many)?;
+    pe.free(sig)?;
+    pe.free(dst)?;
+    pe.free(src)?;
     Ok(())
 }
 
