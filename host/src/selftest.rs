@@ -385,7 +385,6 @@ fn large_puts(pe: &Pe) -> Result<()> {
     let src = pe.malloc(max + 16)?;
     let dst = pe.malloc(max + 16)?;
     let sig = pe.calloc::<u64>(1)?;
-    let many = pe.calloc::<u64>(n * (MIN_BYTES / 8 + 1))?;
     let mine = pe.ptr(src, me).expect("own heap is mapped");
     let fill = |size: usize, skew: usize, salt: usize| -> Vec<u8> {
         (0..size)
@@ -454,6 +453,10 @@ fn large_puts(pe: &Pe) -> Result<()> {
             pe.barrier_all()?;
         }
     }
+    // Freed before the next allocations, so that the case fits a 4 MiB heap.
+    pe.free(sig)?;
+    pe.free(dst)?;
+    pe.free(src)?;
     // The last word of a large aligned put is written last (Release): a PE that sees it
     // with wait_until sees the whole put, whoever copied the rest.
     let words = max / 8;
@@ -484,9 +487,12 @@ fn large_puts(pe: &Pe) -> Result<()> {
         }
         pe.barrier_all()?;
     }
+    pe.free(src64)?;
+    pe.free(dst64)?;
     // Every PE puts MIN_BYTES + 8 into its own part of PE 0's buffer at once (one slot
     // per initiator), while PE 0 waits in the barrier.
     let part = MIN_BYTES / 8 + 1;
+    let many = pe.calloc::<u64>(n * part)?;
     let src_many = pe.calloc::<u64>(part)?;
     let mine_many = pe.ptr(src_many, me).expect("own heap is mapped");
     for i in 0..part {
@@ -514,12 +520,7 @@ fn large_puts(pe: &Pe) -> Result<()> {
     }
     pe.barrier_all()?;
     pe.free(src_many)?;
-    pe.free(src64)?;
-    pe.free(dst64)?;
     pe.free(many)?;
-    pe.free(sig)?;
-    pe.free(dst)?;
-    pe.free(src)?;
     Ok(())
 }
 

@@ -26,7 +26,10 @@ fn selftest_over_fabric_three_processes() {
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     for pe in 0..3 {
-        let want = format!("all 10 cases passed on PE {pe}");
+        let want = format!(
+            "all {} cases passed on PE {pe}",
+            rshmem::selftest::CASES.len()
+        );
         assert!(text.contains(&want), "missing {want:?}:\n{text}");
     }
 }
@@ -102,7 +105,10 @@ fn selftest_over_fabric_delivery_complete_small_chunks_no_handover() {
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     for pe in 0..2 {
-        let want = format!("all 10 cases passed on PE {pe}");
+        let want = format!(
+            "all {} cases passed on PE {pe}",
+            rshmem::selftest::CASES.len()
+        );
         assert!(text.contains(&want), "missing {want:?}:\n{text}");
     }
 }
@@ -122,7 +128,10 @@ fn selftest_and_bench_over_fabric_eager_confirmation() {
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     for pe in 0..3 {
-        let want = format!("all 10 cases passed on PE {pe}");
+        let want = format!(
+            "all {} cases passed on PE {pe}",
+            rshmem::selftest::CASES.len()
+        );
         assert!(text.contains(&want), "missing {want:?}:\n{text}");
     }
     let out = fabric_cmd(&[

@@ -880,7 +880,12 @@ fn run_selftest(hosts: usize, pph: usize) {
         "selftest",
         20_000,
         Duration::from_secs(50),
-        |host, r| format!("[host {host} pe {r}] NETNS-OK selftest pe {r} cases 10"),
+        |host, r| {
+            format!(
+                "[host {host} pe {r}] NETNS-OK selftest pe {r} cases {}",
+                rshmem::selftest::CASES.len()
+            )
+        },
     );
 }
 
