@@ -189,7 +189,10 @@ fn many_producers_on_one_send_queue() {
         }
     });
     sq.quiet().unwrap();
-    let total = THREADS as u64 * PER * 2;
+    // Every WQE posted, plus the signalled NOPs that quiet posted when the last WQE
+    // before it had not asked for a CQE (selective signalling).
+    let total = THREADS as u64 * PER * 2 + sq.signal_nops();
+    assert!(sq.signal_nops() <= THREADS as u64 * (PER / 500 + 1) + 1);
     assert_eq!(sq.reserved(), total);
     assert_eq!(sq.completed(), total);
     assert_eq!(sq.error(), None);
@@ -227,9 +230,17 @@ fn timeout_reports_qp_index_and_last_cqe() {
 
 #[test]
 fn error_cqe_becomes_an_error_naming_opcode_and_syndrome() {
+    // 16 WQEBBs: every WQE asks for a CQE; 256: none of these does (selective
+    // signalling), and the failing one must still be reported.
+    for ring in [16, 256] {
+        error_cqe_run(ring);
+    }
+}
+
+fn error_cqe_run(ring: u32) {
     let t = target(4, 1);
     let hca = SoftHca::start(LocalBackend, "test-engine").unwrap();
-    let mem = Arc::new(QueueMemory::new(16, 16).unwrap());
+    let mem = Arc::new(QueueMemory::new(ring, 16).unwrap());
     let qp = hca.attach(QpConfig::new(
         mem.clone(),
         t.pd.clone(),
@@ -260,11 +271,92 @@ fn error_cqe_becomes_an_error_naming_opcode_and_syndrome() {
     let e = sq.wait_posted(bad).unwrap_err().to_string();
     assert!(e.contains("REMOTE_ACCESS (0x13)"), "{e}");
     assert!(e.contains("RDMA_WRITE (0x08)"), "{e}");
-    assert!(e.contains("index 0x0001"), "{e}");
+    assert!(e.contains("index 0x0001"), "ring {ring}: {e}");
     // Later WQEs were flushed; waiting for them reports the first error.
     let e2 = sq.wait_posted(later).unwrap_err().to_string();
     assert_eq!(e, e2);
     assert_eq!(sq.last_cqe().unwrap().syndrome, 0x05);
     assert_eq!(t.words[0], u64::from_ne_bytes([1; 8]));
+    drop(qp);
+}
+
+/// Selective signalling: on a 256-WQEBB ring a WQE asks for a CQE when it ends at a
+/// multiple of 32 WQEBBs (or is held); `quiet` posts one signalled NOP when the tail
+/// asked for none, and none when it did; the CQE of a signalled WQE completes the
+/// unsignalled ones before it; 16-bit index wrap with mostly unsignalled WQEs.
+#[test]
+fn selective_signalling_cqe_every_32_wqebbs_and_quiet_adds_a_nop_only_when_needed() {
+    let t = target(4, 4);
+    let hca = SoftHca::start(LocalBackend, "test-engine").unwrap();
+    let mem = Arc::new(QueueMemory::new(256, 64).unwrap());
+    let qp = hca.attach(QpConfig::new(
+        mem.clone(),
+        t.pd.clone(),
+        LocalPeer::new(t.remote.clone()),
+        CqMode::Normal,
+    ));
+    let sq = SendQueue::new(
+        mem.clone(),
+        qp.qpn(),
+        CqMode::Normal,
+        Duration::from_secs(20),
+        Some(hca.waker()),
+    );
+    assert_eq!(sq.signal_every(), 32);
+    let remote = RaddrSeg::new(t.words.as_ptr() as u64, t.rkey);
+    let result = Sge8 {
+        addr: t.results.as_ptr() as u64,
+        lkey: t.lkey,
+    };
+    let fa = || WqeOp::AtomicFa {
+        remote,
+        add: 1,
+        result,
+    };
+    let ce = |index: u64| -> bool {
+        let off = rshmem::mlx5::ring::slot_offset(index as u32, 256);
+        // SAFETY: 16 bytes of a slot in the ring, read after quiet (the engine is done).
+        let c = unsafe { CtrlSeg::read_from(std::slice::from_raw_parts(mem.sq().add(off), 16)) }
+            .unwrap();
+        c.fm_ce_se & 0x0c == rshmem::mlx5::wqe::CTRL_CQ_UPDATE
+    };
+    for _ in 0..40 {
+        let _ = sq.post(&fa()).unwrap();
+    }
+    sq.quiet().unwrap();
+    // WQEs 0..40 plus the NOP at 40 (WQE 39 ended at 40, not a multiple of 32).
+    assert_eq!(
+        (sq.signal_nops(), sq.reserved(), sq.completed()),
+        (1, 41, 41)
+    );
+    let signalled: Vec<u64> = (0..41).filter(|&i| ce(i)).collect();
+    assert_eq!(signalled, vec![31, 40]);
+    for _ in 41..64 {
+        let _ = sq.post(&fa()).unwrap();
+    }
+    sq.quiet().unwrap();
+    // WQE 63 ends at 64: signalled, so quiet needed no NOP.
+    assert_eq!(
+        (sq.signal_nops(), sq.reserved(), sq.completed()),
+        (1, 64, 64)
+    );
+    assert!(ce(63) && !ce(62));
+    assert_eq!(t.words[0], 63);
+    // A held WQE (its poster waits for it) always asks for a CQE.
+    let p = sq.post_fn(1, true, |_| fa()).unwrap();
+    assert!(ce(p.index));
+    sq.wait_posted(p).unwrap();
+    sq.release(p);
+    assert_eq!(sq.signal_nops(), 1);
+    // Many passes: the 16-bit index wraps while 31 of 32 WQEs ask for no CQE.
+    const N: u64 = 70_000;
+    for _ in 0..N {
+        let _ = sq.post(&fa()).unwrap();
+    }
+    sq.quiet().unwrap();
+    assert!(sq.reserved() > 0x1_0000);
+    assert_eq!(sq.completed(), sq.reserved());
+    assert_eq!(sq.error(), None);
+    assert_eq!(t.words[0], 64 + N);
     drop(qp);
 }

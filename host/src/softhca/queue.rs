@@ -400,6 +400,20 @@ struct CqConsumer {
 /// Spins before a waiting producer yields its core.
 const SPIN: u32 = 256;
 
+/// WQEBBs between requested CQEs for a ring of `wqe_cnt` WQEBBs: `wqe_cnt / 4`, at most
+/// 32. Why that is safe: a reservation of `n` WQEBBs at `idx` waits for everything before
+/// `idx + n - wqe_cnt` to complete; the WQE that crosses the last multiple `b` of the
+/// interval `m` at or before `idx` is signalled and ends in `[b, idx]`, with
+/// `b > idx - m`; so it suffices that `n <= wqe_cnt - m + 1`, which holds for every
+/// `n <= MAX_WQEBBS` when `wqe_cnt >= 4 * MAX_WQEBBS`. Smaller rings signal every WQE.
+fn signal_interval(wqe_cnt: u64) -> u64 {
+    if wqe_cnt < 4 * MAX_WQEBBS as u64 {
+        1
+    } else {
+        (wqe_cnt / 4).min(32)
+    }
+}
+
 /// The producer side of a send queue: any number of threads post concurrently.
 ///
 /// Indices are unwrapped 64-bit WQEBB counts; the 16-bit WQE index in a control segment
@@ -411,6 +425,13 @@ const SPIN: u32 = 256;
 /// 4. doorbell (batched): the producer that finds no later reservation rings, and so does
 ///    every waiter before it waits; ringing stores the doorbell record (Release) and then
 ///    the doorbell word, under a small lock so the record never moves backwards.
+///
+/// Selective signalling (as `ib_write_bw --cq-mod` and most verbs producers do): a WQE
+/// asks for a CQE only when it ends at or past a multiple of [`SendQueue::signal_every`]
+/// WQEBBs, or when it is held (its poster waits for it). A CQE completes every WQE up to
+/// the one it names, so slot reuse keeps working; a wait for an index that no signalled
+/// WQE covers yet (`quiet`, `wait_posted`) first posts a signalled NOP. Errors still
+/// produce CQEs for unsignalled WQEs (the engine, like a ConnectX, always reports them).
 #[derive(Debug)]
 pub struct SendQueue {
     mem: Arc<QueueMemory>,
@@ -425,6 +446,12 @@ pub struct SendQueue {
     /// Ringing: the doorbell record has been set to `rung`.
     rung: AtomicU64,
     ring_lock: AtomicBool,
+    /// A CQE is requested at least every this many WQEBBs (a power of two).
+    signal_every: u64,
+    /// End (unwrapped) of the latest published WQE that requested a CQE.
+    signaled_end: AtomicU64,
+    /// Signalled NOPs posted by waits (diagnostics, tests).
+    signal_nops: AtomicU64,
     /// WQEBBs of the WQE starting at each slot (written before publishing; read by the
     /// CQ poller to turn a completed WQE's index into the end of its slots).
     sizes: Box<[AtomicU8]>,
@@ -486,6 +513,9 @@ impl SendQueue {
     ) -> SendQueue {
         let n = mem.layout().wqe_cnt as usize;
         SendQueue {
+            signal_every: signal_interval(n as u64),
+            signaled_end: AtomicU64::new(0),
+            signal_nops: AtomicU64::new(0),
             mask: n as u64 - 1,
             sizes: (0..n).map(|_| AtomicU8::new(1)).collect(),
             held: (0..n).map(|_| AtomicBool::new(false)).collect(),
@@ -516,6 +546,15 @@ impl SendQueue {
     }
     pub fn wqe_cnt(&self) -> u32 {
         self.mem.layout().wqe_cnt
+    }
+    /// A CQE is requested at least every this many WQEBBs (see the type's documentation).
+    pub fn signal_every(&self) -> u64 {
+        self.signal_every
+    }
+    /// Signalled NOPs that waits posted so that a CQE would cover what they waited for
+    /// (included in [`SendQueue::reserved`]).
+    pub fn signal_nops(&self) -> u64 {
+        self.signal_nops.load(Ordering::Relaxed)
     }
     /// WQEBBs reserved so far (unwrapped).
     pub fn reserved(&self) -> u64 {
@@ -578,6 +617,16 @@ impl SendQueue {
         hold: bool,
         f: impl FnOnce(u64) -> WqeOp<'a>,
     ) -> Result<Posted, SqError> {
+        self.post_inner(wqebbs, hold, false, f)
+    }
+
+    fn post_inner<'a>(
+        &self,
+        wqebbs: u16,
+        hold: bool,
+        force_signal: bool,
+        f: impl FnOnce(u64) -> WqeOp<'a>,
+    ) -> Result<Posted, SqError> {
         if self.broken.load(Ordering::Acquire) {
             return Err(SqError::Broken { qpn: self.qpn });
         }
@@ -611,11 +660,13 @@ impl SendQueue {
         } else {
             FenceMode::None
         };
+        let signaled =
+            hold || force_signal || (idx + n) / self.signal_every != idx / self.signal_every;
         let ctrl = WqeCtrl {
             wqe_index: idx as u16,
             qpn: self.qpn,
             fence,
-            cq_update: true,
+            cq_update: signaled,
             solicited: false,
         };
         let len = n as usize * WQEBB;
@@ -670,6 +721,11 @@ impl SendQueue {
         self.sizes[(idx & self.mask) as usize].store(n as u8, Ordering::Relaxed);
         // 3. Publish in order.
         self.publish(idx, n)?;
+        if signaled {
+            // Release: a waiter that reads this end and then waits on the CQ relies on
+            // nothing else; the WQE itself is published by `ready`.
+            self.signaled_end.fetch_max(idx + n, Ordering::Release);
+        }
         // 4. Doorbell, batched: ring if nobody reserved after us (a later reserver rings
         // when it publishes, and any waiter rings before it waits).
         if self.reserved.load(Ordering::Acquire) == idx + n {
@@ -931,6 +987,14 @@ impl SendQueue {
     }
 
     fn wait_index(&self, end: u64, what: &'static str, index: u64) -> Result<(), SqError> {
+        if self.completed.load(Ordering::Acquire) < end
+            && self.signaled_end.load(Ordering::Acquire) < end
+        {
+            // No signalled WQE covers `end` yet: one more, so that a CQE will.
+            let _ = self.post_inner(1, false, true, |_| WqeOp::Nop)?;
+            // Relaxed: a statistic.
+            self.signal_nops.fetch_add(1, Ordering::Relaxed);
+        }
         if self.completed.load(Ordering::Acquire) < end {
             self.ring();
             self.wait(what, index, || {
