@@ -944,16 +944,41 @@ fn print_report(r: &Report, json: bool) {
             .map_or(String::new(), |p| format!(" ({p})")),
         r.latency_kind
     );
+    if let Some(src) = &r.source {
+        println!(
+            "source: {src}{}",
+            if src == "heap" {
+                " (symmetric; the target may copy part of large puts while it waits: \
+                 the 'assisted' column, RSHMEM_P2P_ASSIST)"
+            } else {
+                " (private memory: the initiator copies alone)"
+            }
+        );
+    }
     println!(
-        "{:>10} {:>14} {:>14} {:>14} {:>12}",
-        "size (B)", "lat med (us)", "lat p99 (us)", "lat mean (us)", "bw (GB/s)"
+        "{:>10} {:>14} {:>14} {:>14} {:>12}{}",
+        "size (B)",
+        "lat med (us)",
+        "lat p99 (us)",
+        "lat mean (us)",
+        "bw (GB/s)",
+        if r.source.is_some() {
+            "   assisted"
+        } else {
+            ""
+        }
     );
     for row in &r.rows {
         let bw = row
             .bandwidth_gbps
             .map_or("-".to_string(), |b| format!("{b:.3}"));
+        let share = match (&r.source, row.bw_assisted) {
+            (Some(_), Some(f)) => format!(" {f:>10.2}"),
+            (Some(_), None) => format!(" {:>10}", "-"),
+            (None, _) => String::new(),
+        };
         println!(
-            "{:>10} {:>14.3} {:>14.3} {:>14.3} {:>12}",
+            "{:>10} {:>14.3} {:>14.3} {:>14.3} {:>12}{share}",
             row.size, row.latency_us_median, row.latency_us_p99, row.latency_us_mean, bw
         );
     }

@@ -196,3 +196,51 @@ fn the_switch_is_read_from_the_environment_and_bad_values_are_refused() {
         other => panic!("expected an Env error, got {other:?}"),
     }
 }
+
+/// `rshmem bench put --source`: the JSON names the source and the share of the stream the
+/// target copied (0 for a private source, which is never offered); bad values are refused.
+#[test]
+fn bench_put_reports_its_source_and_the_assisted_share() {
+    let bin = env!("CARGO_BIN_EXE_rshmem");
+    let run = |source: &str| -> serde_json::Value {
+        let out = std::process::Command::new(bin)
+            .args([
+                "bench",
+                "put",
+                "--min-size",
+                "1M",
+                "--max-size",
+                "1M",
+                "--iters",
+                "100",
+            ])
+            .args(["--warmup", "10", "--source", source, "--json"])
+            .env("RSHMEM_P2P_ASSIST", "1")
+            .output()
+            .expect("rshmem runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("one JSON object")
+    };
+    for source in ["heap", "private"] {
+        let v = run(source);
+        assert_eq!(v["source"], source);
+        let row = &v["rows"][0];
+        assert_eq!(row["size"].as_u64(), Some(1 << 20));
+        let share = row["bw_assisted"].as_f64().expect("bw_assisted");
+        if source == "private" {
+            assert_eq!(share, 0.0);
+        } else {
+            assert!((0.0..1.0).contains(&share), "{share}");
+        }
+    }
+    let bad = std::process::Command::new(bin)
+        .args(["bench", "put", "--source", "gpu"])
+        .output()
+        .expect("rshmem runs");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("heap"));
+}
