@@ -259,7 +259,7 @@ impl Pe {
         let src_off = s - base;
         let body = n - 8;
         let k = body.div_ceil(CHUNK) as u64;
-        if k > FIELD_MASK || a.slot >= MAX_SLOTS {
+        if k > FIELD_MASK {
             return Ok(false);
         }
         // Acquire/Release on the flag: one thread of this PE at a time owns the slot.

@@ -102,7 +102,6 @@ pub struct Pe {
     pub(crate) slots: Mutex<u64>,
     /// Polls a waiting PE spins before it starts yielding (see rma.rs).
     pub(crate) spin_polls: u64,
-
     /// The bootstrap root, when this PE hosts it (rank 0 under torchrun/mpirun, or a
     /// single PE started without a launcher).
     root: Option<Root>,

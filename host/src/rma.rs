@@ -69,13 +69,7 @@ impl Pe {
             // valid slice of `bytes` bytes; the two cannot overlap unless the caller passes
             // a slice of the mapping itself, which ptr::copy tolerates.
             Route::P2p(d) => unsafe {
-                let s = src.as_ptr().cast::<u8>();
-                // A large put from our heap may be shared with a waiting target (assist.rs).
-                if bytes < crate::assist::MIN_BYTES
-                    || !self.assisted_put(pe, d, dest.offset(), s, bytes, true)?
-                {
-                    copy_last_word_release(d, s, bytes)
-                }
+                self.p2p_put_bytes(pe, d, dest.offset(), src.as_ptr().cast(), bytes, true)?
             },
             Route::Proxy => self.proxy().put(pe, dest.offset(), as_bytes(src), "put")?,
         }
@@ -163,15 +157,9 @@ impl Pe {
         let s = self.sync_route::<u64>(sig, pe, "put_signal")?;
         match (route, s) {
             (Route::P2p(d), Route::P2p(s)) => {
-                let from = src.as_ptr().cast::<u8>();
-                // SAFETY: validated destination inside the mapping; src valid for `bytes`
-                // (assisted_put only takes sources in our heap, never overlapping `pe`'s).
+                // SAFETY: validated destination inside the mapping; src valid for `bytes`.
                 unsafe {
-                    if bytes < crate::assist::MIN_BYTES
-                        || !self.assisted_put(pe, d, dest.offset(), from, bytes, false)?
-                    {
-                        std::ptr::copy(from, d, bytes)
-                    }
+                    self.p2p_put_bytes(pe, d, dest.offset(), src.as_ptr().cast(), bytes, false)?
                 };
                 // SAFETY: s is an aligned signal word in a live mapping, accessed only
                 // atomically.
@@ -537,6 +525,40 @@ impl Pe {
     }
 
     // ------------------------------------------------------------------ internals
+
+    /// The p2p copy of put and put_signal: `n` bytes from `src` to `dst` (heap offset
+    /// `dst_off` of PE `pe`), shared with a waiting target when it is large and `src` is
+    /// in our heap (assist.rs); with `release_last`, the last word is stored last with
+    /// Release ([`copy_last_word_release`]).
+    ///
+    /// # Safety
+    /// `dst` valid for `n` bytes of writes, `src` for `n` bytes of reads.
+    #[inline]
+    unsafe fn p2p_put_bytes(
+        &self,
+        pe: usize,
+        dst: *mut u8,
+        dst_off: usize,
+        src: *const u8,
+        n: usize,
+        release_last: bool,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract; assisted_put only takes sources in our heap,
+        // which never overlap another PE's, and copies nothing when it returns false.
+        unsafe {
+            if n >= crate::assist::MIN_BYTES
+                && self.assisted_put(pe, dst, dst_off, src, n, release_last)?
+            {
+                return Ok(());
+            }
+            if release_last {
+                copy_last_word_release(dst, src, n);
+            } else {
+                std::ptr::copy(src, dst, n);
+            }
+        }
+        Ok(())
+    }
 
     /// Validates a synchronisation word (first element of `sym`) on `pe`: in bounds and
     /// naturally aligned.

@@ -110,6 +110,21 @@ fn check<T: PartialEq + std::fmt::Debug>(
     }
 }
 
+/// Equal byte buffers (of one length), or a Verification error naming the first byte that
+/// differs.
+fn check_bytes(what: impl FnOnce() -> String, got: &[u8], want: &[u8]) -> Result<()> {
+    if got == want {
+        return Ok(());
+    }
+    let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+    Err(Error::Verification(format!(
+        "{}: byte {i} is {} instead of {}",
+        what(),
+        got[i],
+        want[i]
+    )))
+}
+
 fn expect_err<T: std::fmt::Debug>(
     what: &str,
     r: Result<T>,
@@ -214,13 +229,11 @@ fn put_get(pe: &Pe) -> Result<()> {
             let want: Vec<u8> = (0..size)
                 .map(|i| (pat(prev, i + skew) % 251) as u8)
                 .collect();
-            if got != want {
-                let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
-                return Err(Error::Verification(format!(
-                    "put of {size} B (skew {skew}) from PE {prev}: byte {i} is {} instead of {}",
-                    got[i], want[i]
-                )));
-            }
+            check_bytes(
+                || format!("put of {size} B (skew {skew}) from PE {prev}"),
+                &got,
+                &want,
+            )?;
             // get from the neighbour what its predecessor (me) put there.
             let mut back = vec![0u8; size];
             if size % 2 == 0 {
@@ -397,14 +410,11 @@ fn large_puts(pe: &Pe) -> Result<()> {
         let want: Vec<u8> = (0..size)
             .map(|i| (pat(prev, i + skew + salt) % 251) as u8)
             .collect();
-        if got != want {
-            let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
-            return Err(Error::Verification(format!(
-                "{what} of {size} B (skew {skew}) from PE {prev}: byte {i} is {} instead of {}",
-                got[i], want[i]
-            )));
-        }
-        Ok(())
+        check_bytes(
+            || format!("{what} of {size} B (skew {skew}) from PE {prev}"),
+            &got,
+            &want,
+        )
     };
     let sizes = [
         MIN_BYTES,

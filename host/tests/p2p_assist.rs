@@ -113,29 +113,34 @@ fn a_waiting_target_copies_part_of_large_puts_and_both_sides_account_it() {
     );
 }
 
-#[test]
-fn off_offers_nothing_and_the_data_is_the_same() {
-    let r = two_pes(AssistMode::Off, true, 50);
+/// 50 puts (their data checked by PE 1) of which none was offered or helped.
+fn fifty_puts_nothing_offered(mode: AssistMode, heap_source: bool) {
+    let r = two_pes(mode, heap_source, 50);
     assert_eq!(r[0].0, 50);
     for (_, s) in &r {
         assert_eq!(*s, rshmem::AssistStats::default());
     }
+}
+
+#[test]
+fn off_offers_nothing_and_the_data_is_the_same() {
+    fifty_puts_nothing_offered(AssistMode::Off, true);
 }
 
 #[test]
 fn puts_from_private_memory_are_never_offered() {
-    let r = two_pes(AssistMode::On, false, 50);
-    assert_eq!(r[0].0, 50);
-    for (_, s) in &r {
-        assert_eq!(*s, rshmem::AssistStats::default());
-    }
+    fifty_puts_nothing_offered(AssistMode::On, false);
+}
+
+/// The node's online CPUs, as the runtime counts them.
+fn cores() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
 }
 
 #[test]
 fn auto_is_off_when_the_node_has_more_pes_than_cores() {
-    // SAFETY: sysconf has no preconditions.
-    let cores = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
-    let n = cores + 1;
+    let n = cores() + 1;
     let out = run_threads(n, settings(AssistMode::Auto), |pe| {
         let buf = pe.calloc::<u8>(SIZE)?;
         let src = pe.calloc::<u8>(SIZE)?;
@@ -157,8 +162,7 @@ fn auto_is_off_when_the_node_has_more_pes_than_cores() {
 
 #[test]
 fn auto_is_on_with_a_core_per_pe() {
-    // SAFETY: sysconf has no preconditions.
-    let cores = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
+    let cores = cores();
     if cores < 2 {
         panic!("this test needs 2 CPUs (the project's machines have them); found {cores}");
     }

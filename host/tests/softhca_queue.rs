@@ -5,7 +5,8 @@ use rshmem::mlx5::cqe::{owner_bit, sw_owns, CqeOpcode};
 use rshmem::mlx5::wqe::{opcode, CtrlSeg, RaddrSeg, Sge8, WqeOp};
 use rshmem::mlx5::WireStruct;
 use rshmem::softhca::{
-    Access, CqMode, LocalBackend, LocalPeer, MrTable, QpConfig, QueueMemory, SendQueue, SoftHca,
+    Access, CqMode, LocalBackend, LocalPeer, MrTable, QpConfig, QpHandle, QueueMemory, SendQueue,
+    SoftHca,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,10 +44,18 @@ fn target(words: usize, results: usize) -> Target {
     }
 }
 
-fn wrap_run(mode: CqMode) {
-    let t = target(4, 4);
+/// An engine thread with one QP over `t`'s memory and its send queue. Fields drop in
+/// order: the QP detaches (the engine stops touching `t`) before anything else goes.
+struct Rig {
+    qp: QpHandle<LocalBackend>,
+    sq: SendQueue,
+    mem: Arc<QueueMemory>,
+    _hca: SoftHca<LocalBackend>,
+}
+
+fn rig(t: &Target, wqe_cnt: u32, cqe_cnt: u32, mode: CqMode) -> Rig {
     let hca = SoftHca::start(LocalBackend, "test-engine").unwrap();
-    let mem = Arc::new(QueueMemory::new(8, 4).unwrap());
+    let mem = Arc::new(QueueMemory::new(wqe_cnt, cqe_cnt).unwrap());
     let qp = hca.attach(QpConfig::new(
         mem.clone(),
         t.pd.clone(),
@@ -60,6 +69,18 @@ fn wrap_run(mode: CqMode) {
         Duration::from_secs(20),
         Some(hca.waker()),
     );
+    Rig {
+        qp,
+        sq,
+        mem,
+        _hca: hca,
+    }
+}
+
+fn wrap_run(mode: CqMode) {
+    let t = target(4, 4);
+    let rig = rig(&t, 8, 4, mode);
+    let Rig { sq, mem, .. } = &rig;
     let remote = RaddrSeg::new(t.words.as_ptr() as u64, t.rkey);
     let result = Sge8 {
         addr: t.results.as_ptr() as u64,
@@ -122,7 +143,7 @@ fn wrap_run(mode: CqMode) {
             assert_eq!(c.wqe_opcode(), opcode::ATOMIC_FA);
         }
     }
-    drop(qp);
+    drop(rig);
 }
 
 #[test]
@@ -140,21 +161,8 @@ fn many_producers_on_one_send_queue() {
     const THREADS: usize = 8;
     const PER: u64 = 3000;
     let t = target(1 + THREADS, 1);
-    let hca = SoftHca::start(LocalBackend, "test-engine").unwrap();
-    let mem = Arc::new(QueueMemory::new(64, 64).unwrap());
-    let qp = hca.attach(QpConfig::new(
-        mem.clone(),
-        t.pd.clone(),
-        LocalPeer::new(t.remote.clone()),
-        CqMode::Normal,
-    ));
-    let sq = SendQueue::new(
-        mem,
-        qp.qpn(),
-        CqMode::Normal,
-        Duration::from_secs(20),
-        Some(hca.waker()),
-    );
+    let rig = rig(&t, 64, 64, CqMode::Normal);
+    let Rig { qp, sq, .. } = &rig;
     let base = t.words.as_ptr() as u64;
     let result = Sge8 {
         addr: t.results.as_ptr() as u64,
@@ -209,7 +217,7 @@ fn many_producers_on_one_send_queue() {
             "thread {th}"
         );
     }
-    drop(qp);
+    drop(rig);
 }
 
 #[test]
@@ -239,21 +247,8 @@ fn error_cqe_becomes_an_error_naming_opcode_and_syndrome() {
 
 fn error_cqe_run(ring: u32) {
     let t = target(4, 1);
-    let hca = SoftHca::start(LocalBackend, "test-engine").unwrap();
-    let mem = Arc::new(QueueMemory::new(ring, 16).unwrap());
-    let qp = hca.attach(QpConfig::new(
-        mem.clone(),
-        t.pd.clone(),
-        LocalPeer::new(t.remote.clone()),
-        CqMode::Normal,
-    ));
-    let sq = SendQueue::new(
-        mem,
-        qp.qpn(),
-        CqMode::Normal,
-        Duration::from_secs(20),
-        Some(hca.waker()),
-    );
+    let rig = rig(&t, ring, 16, CqMode::Normal);
+    let Rig { sq, .. } = &rig;
     let good = sq
         .post(&WqeOp::RdmaWrite {
             remote: RaddrSeg::new(t.words.as_ptr() as u64, t.rkey),
@@ -277,7 +272,7 @@ fn error_cqe_run(ring: u32) {
     assert_eq!(e, e2);
     assert_eq!(sq.last_cqe().unwrap().syndrome, 0x05);
     assert_eq!(t.words[0], u64::from_ne_bytes([1; 8]));
-    drop(qp);
+    drop(rig);
 }
 
 /// Selective signalling: on a 256-WQEBB ring a WQE asks for a CQE when it ends at a
@@ -287,21 +282,8 @@ fn error_cqe_run(ring: u32) {
 #[test]
 fn selective_signalling_cqe_every_32_wqebbs_and_quiet_adds_a_nop_only_when_needed() {
     let t = target(4, 4);
-    let hca = SoftHca::start(LocalBackend, "test-engine").unwrap();
-    let mem = Arc::new(QueueMemory::new(256, 64).unwrap());
-    let qp = hca.attach(QpConfig::new(
-        mem.clone(),
-        t.pd.clone(),
-        LocalPeer::new(t.remote.clone()),
-        CqMode::Normal,
-    ));
-    let sq = SendQueue::new(
-        mem.clone(),
-        qp.qpn(),
-        CqMode::Normal,
-        Duration::from_secs(20),
-        Some(hca.waker()),
-    );
+    let rig = rig(&t, 256, 64, CqMode::Normal);
+    let Rig { sq, mem, .. } = &rig;
     assert_eq!(sq.signal_every(), 32);
     let remote = RaddrSeg::new(t.words.as_ptr() as u64, t.rkey);
     let result = Sge8 {
@@ -358,5 +340,5 @@ fn selective_signalling_cqe_every_32_wqebbs_and_quiet_adds_a_nop_only_when_neede
     assert_eq!(sq.completed(), sq.reserved());
     assert_eq!(sq.error(), None);
     assert_eq!(t.words[0], 64 + N);
-    drop(qp);
+    drop(rig);
 }

@@ -1064,8 +1064,8 @@ pub struct EngineBenchRow {
 /// Engine microbenchmark: `ops` RDMA WRITEs of `size` bytes posted by this thread through
 /// a [`super::SendQueue`] to a [`SoftHca`] thread over [`super::LocalBackend`] (a CQE
 /// every 32 WQEBBs: the SendQueue's selective signalling, as rshmem's proxy posts), timed
-/// from the first post to the completion of the
-/// last, after an untimed warm-up of the same queue. The destination rotates over 1 MiB
+/// from the first post to the completion of the last, after an untimed warm-up of the
+/// same queue. The destination rotates over 1 MiB
 /// (or `size` when larger), touched with a pattern before timing, so that the run
 /// measures the engine and not first-touch page faults (a fresh 64 MiB destination made
 /// every 1–8 KiB WRITE cost a fault: ~2 GB/s whatever the engine did); like ib_write_bw's
