@@ -6,10 +6,13 @@
 // combine output are bit-identical to the CPU's on the same inputs.
 //
 // STATUS: compiled (ptxas, no spills) and run in host emulation against the CPU oracle
-// (host/tests/ep_cuda_parity.rs, kernels_emulated_*). Nothing here has run on a GPU yet;
-// the Rust launcher and the gpu-check comparison against the CPU oracle are next.
-// Peers are reached by loads/stores through their P2P mapping (rshmem/ep/p2p.cuh, to be
-// replaced by the device API); a peer without P2P traps. No IBGDA/proxy path yet.
+// (host/tests/ep_cuda_parity.rs, kernels_emulated_*), over P2P, over IBGDA queues drained
+// by the soft HCA, and mixed. On a GPU only through scripts/gpu-check (docs/gpu-results.md
+// says what has run there).
+// Peers are reached through the device API (rshmem/ep/comm.cuh): a destination with a
+// P2P mapping (rshmem_ptr != nullptr) gets stores, any other gets RDMA WRITEs on its queue
+// (rshmem_putmem_nbi_warp; IBGDA on a NIC, or the proxy transport's soft HCA); signal
+// words go through rshmem_signal_op either way.
 //
 // ---------------------------------------------------------------------------------------
 // Launch contract (docs/ep.md "GPU kernels" says the same)
@@ -18,6 +21,7 @@
 //   ep_ll_dispatch_send_h<H>_fp8   ep_ll_dispatch_recv_h<H>_fp8
 //   ep_ll_dispatch_send_h<H>_bf16  ep_ll_dispatch_recv_h<H>_bf16
 //   ep_ll_combine_send_h<H>        ep_ll_combine_recv_h<H>
+//   ep_ll_dispatch_stage_h<H>_fp8  ep_ll_dispatch_stage_h<H>_bf16
 // Each takes one ep_ll_args_t (rshmem/ep/ll.cuh) by value; block = EP_LL_THREADS (512)
 // threads, 1-D; grid = any G >= 1 (each kernel walks its work grid-stride; G only sets
 // the parallelism: send kernels use floor(G / R) blocks per destination PE, at least 1).
@@ -25,8 +29,11 @@
 //
 // One LL call = its send kernel, then (same stream, or after an event) its receive
 // kernel. Without a receive hook the launcher enqueues both back to back; with one, the
-// hook enqueues the receive kernel. Nothing is read back by the host: counts, flags and
-// the call counter live in device memory, so both kernels are capturable in a CUDA graph.
+// hook enqueues the receive kernel. When some other PE is not P2P (IBGDA), the dispatch
+// send kernel is preceded on the same stream by the stage kernel of the same format
+// (dispatch_send traps when it did not run: ctl->staged[set] != tag). Nothing is read
+// back by the host: counts, flags and the call counter live in device memory, so the
+// kernels are capturable in a CUDA graph.
 // The call's buffer set is args.set = the host's LL call number % 2 (dispatch and
 // combine both count), as on CPU; the *tag* is taken from ctl->set_calls[set] (call
 // number = 2 * set_calls[set] + set), which the receive kernel increments, so a replayed
@@ -61,9 +68,12 @@
 //   assigns slots 32 entries at a time (__match_any_sync ranks), then every warp writes
 //   one message: header (token, slot k), then the token quantised straight from x into
 //   the peer's receive slot (FP8: 16 lanes per 128-channel group, amax by shuffles, one
-//   scale per group; BF16: a 16-byte copy). The local dispatch_send area is not used (the
-//   CPU stages there; an IBGDA path would). The last unit of d (a completion counter in
-//   ctl) writes d's L count words with st.release.sys.
+//   scale per group; BF16: a 16-byte copy). For an IBGDA destination the message is two
+//   WRITEs instead: the header inline, the payload from this PE's dispatch_send area,
+//   where the stage kernel cast each token once (as the CPU stages there). The last
+//   unit of d (a completion counter in ctl) writes d's L count words (signal_op SET).
+// - dispatch_stage (IBGDA only): one warp per token casts x into the token's
+//   dispatch_send message, after the credits of call seq - 2 (whose WRITEs read it).
 // - dispatch_recv: unit = (local expert le, source s), one warp. Its lanes wait for the
 //   count words it needs: (le, s') for s' <= s (the block begins in *source order*, a
 //   valid "any order" that is also deterministic), and (le', s) for le' < le (where s's
@@ -71,7 +81,9 @@
 //   the block's messages into the outputs. The last block writes the credits.
 // - combine_send: unit = (source PE s, part), one block; its warps split the rows of the
 //   blocks layout_range[., s] and copy each expert output row to s's combine_recv row
-//   (token, slot k) (16-byte copies). The last unit writes s's flag: tag << 32 | rows.
+//   (token, slot k) (16-byte copies; IBGDA: one WRITE per row, from the zero-copy
+//   region or after a copy into this set's combine_send area). The last unit writes
+//   s's flag: tag << 32 | rows.
 // - combine_recv: every block waits for every unmasked PE's flag, checks rows against
 //   its routing, then reduces tokens grid-stride: acc = 0; acc = acc + w * v in k order
 //   with separately rounded * and + (no FMA) in f32; bf16 round to nearest even: the
@@ -96,7 +108,7 @@
 #include "rshmem/ep/fp8.cuh"
 #include "rshmem/ep/layout.cuh"
 #include "rshmem/ep/ll.cuh"
-#include "rshmem/ep/p2p.cuh"
+#include "rshmem/ep/comm.cuh"
 
 // Internal helpers live in a named namespace, not an anonymous one: nvcc names the
 // function-local __shared__ variables of anonymous-namespace functions with a hash of
@@ -129,15 +141,15 @@ __device__ __forceinline__ uint32_t warp_id() { return threadIdx.x >> 5; }
 __device__ __forceinline__ uint32_t lanemask_lt() { return (1u << lane_id()) - 1; }
 
 __device__ __forceinline__ void config_fail(const char *what, uint64_t expected, uint64_t got) {
-  ep_p2p::fail(EP_LL_DEVICE_ERR_CONFIG, ep_p2p::state().my_pe, 0, expected, got, RSHMEM_CMP_EQ,
+  ep_comm::fail(EP_LL_DEVICE_ERR_CONFIG, ep_comm::state().my_pe, 0, expected, got, RSHMEM_CMP_EQ,
                what, -1);
 }
 
 // `fp8`: the layout's message format (the buffer's Config::use_fp8, EP_LL_FP8_BUFFER).
 __device__ __forceinline__ Ctx setup(const ep_ll_args_t &a, uint64_t hidden, bool fp8) {
-  ep_p2p::check_bound();
+  ep_comm::check_bound();
   Ctx c;
-  const rshmem_device_state_t &s = ep_p2p::state();
+  const rshmem_device_state_t &s = ep_comm::state();
   const int rc = ep_layout_init(&c.lay, a.num_max_tokens, hidden, a.num_experts, a.num_topk, fp8,
                                 static_cast<uint64_t>(s.n_pes));
   if (rc != EP_LAYOUT_OK) config_fail("EP config invalid for this kernel (ep_layout_init)", 0, rc);
@@ -145,7 +157,7 @@ __device__ __forceinline__ Ctx setup(const ep_ll_args_t &a, uint64_t hidden, boo
   if (c.lay.num_local_experts > EP_LL_MAX_LOCAL_EXPERTS)
     config_fail("EP: too many local experts", EP_LL_MAX_LOCAL_EXPERTS, c.lay.num_local_experts);
   if (a.buf % EP_REGION_ALIGN != 0 || a.buf + c.lay.total_bytes > s.heap_size || a.set > 1)
-    ep_p2p::fail(RSHMEM_DEVICE_ERR_OUT_OF_HEAP, s.my_pe, a.buf, s.heap_size,
+    ep_comm::fail(RSHMEM_DEVICE_ERR_OUT_OF_HEAP, s.my_pe, a.buf, s.heap_size,
                  a.buf + c.lay.total_bytes, RSHMEM_CMP_LE, "EP buffer outside the heap (or set > 1)",
                  -1);
   c.me = s.my_pe;
@@ -175,7 +187,7 @@ __device__ __forceinline__ int64_t idx_at(const ep_ll_args_t &a, uint64_t i) {
 }
 
 __device__ __forceinline__ uint64_t *local_word(const ep_ll_args_t &a, uint64_t off) {
-  return reinterpret_cast<uint64_t *>(ep_p2p::local(a.buf + off));
+  return reinterpret_cast<uint64_t *>(ep_comm::local(a.buf + off));
 }
 
 // First reporter of a call (per set) writes the status; later ones are dropped.
@@ -199,7 +211,7 @@ __device__ void wait_credits(const Ctx &c, const ep_ll_args_t &a) {
   if (c.seq >= 2) {
     for (uint32_t p = threadIdx.x; p < c.R; p += kThreads) {
       if (masked(c, p)) continue;
-      ep_p2p::wait_ge(local_word(a, ep_credit_word(&c.lay, a.set, p)), c.seq - 1,
+      ep_comm::wait_ge(local_word(a, ep_credit_word(&c.lay, a.set, p)), c.seq - 1,
                       static_cast<int32_t>(p),
                       "EP send: waiting for PE to finish receiving call seq-2 on this buffer "
                       "set (its credit)");
@@ -234,10 +246,7 @@ __device__ void finish_receive(const Ctx &c, const ep_ll_args_t &a, int kind) {
   if (!arrive_last(&c.ctl->grid_done[a.set][kind], gridDim.x)) return;
   for (uint32_t p = threadIdx.x; p < c.R; p += kThreads) {
     if (masked(c, p)) continue;
-    ep_p2p::st_release(
-        reinterpret_cast<uint64_t *>(ep_p2p::peer(static_cast<int32_t>(p),
-                                                  a.buf + ep_credit_word(&c.lay, a.set, c.me))),
-        c.tag);
+    ep_comm::signal(static_cast<int32_t>(p), a.buf + ep_credit_word(&c.lay, a.set, c.me), c.tag);
   }
   if (threadIdx.x == 0) c.ctl->set_calls[a.set] += 1;
 }
@@ -347,6 +356,38 @@ __device__ __forceinline__ bool buffer_fp8(const ep_ll_args_t &a) {
   return (a.flags & EP_LL_FP8_BUFFER) != 0;
 }
 
+// dispatch_send's guard for its IBGDA destinations: this call's stage kernel ran.
+__device__ __forceinline__ void check_staged(const Ctx &c, const ep_ll_args_t &a) {
+  const uint64_t staged = *reinterpret_cast<volatile uint64_t *>(&c.ctl->staged[a.set]);
+  if (staged != c.tag)
+    config_fail("EP dispatch: a destination is reached over IBGDA, but this call's stage kernel "
+                "(ep_ll_dispatch_stage_*) did not run before dispatch_send",
+                c.tag, staged);
+}
+
+// The stage kernel (IBGDA destinations only; the launcher runs it before dispatch_send
+// when the PE has such a peer): waits for the credits of call seq - 2 (whose WRITEs read
+// this set's staging area), then casts every token once into its dispatch_send message
+// (header: token, slot 0), one warp per token, grid-stride, and records the call's tag in
+// ctl->staged[set] for dispatch_send to check. With an invalid input (T > N, a host
+// fault) it casts nothing: dispatch_send poisons the call instead.
+template <int H, bool FP8>
+__device__ void dispatch_stage(const ep_ll_args_t &a) {
+  check_format<FP8>(a);
+  const Ctx c = setup(a, H, FP8);
+  wait_credits(c, a);
+  const uint16_t *x = reinterpret_cast<const uint16_t *>(a.x);
+  const bool round_scale = (a.flags & EP_LL_ROUND_SCALE) != 0;
+  if (a.fault == 0 && c.T <= c.N) {
+    for (uint64_t t = blockIdx.x * static_cast<uint64_t>(kWarps) + warp_id(); t < c.T;
+         t += static_cast<uint64_t>(gridDim.x) * kWarps)
+      send_message<H, FP8>(ep_comm::local(a.buf + ep_dispatch_send_msg(&c.lay, a.set, t)), x,
+                           static_cast<uint32_t>(t), 0, round_scale);
+  }
+  // Read by the next kernel of the stream (dispatch_send), after this grid finished.
+  if (blockIdx.x == 0 && threadIdx.x == 0) c.ctl->staged[a.set] = c.tag;
+}
+
 template <int H, bool FP8>
 __device__ void dispatch_send(const ep_ll_args_t &a) {
   __shared__ uint32_t s_total[EP_LL_MAX_LOCAL_EXPERTS];
@@ -369,6 +410,9 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
     const uint32_t d = (c.me + 1 + u / parts) % c.R;
     const uint32_t part = u % parts;
     if (masked(c, d)) continue;  // block-uniform
+    // Where d's messages go: its mapped heap (P2P, or this PE), or its queue (nullptr).
+    uint8_t *const peer = ep_comm::peer_ptr(static_cast<int32_t>(d), a.buf);
+    if (peer == nullptr && fault == 0) check_staged(c, a);
     const uint32_t t0 = static_cast<uint32_t>(static_cast<uint64_t>(c.T) * part / parts);
     const uint32_t t1 = static_cast<uint32_t>(static_cast<uint64_t>(c.T) * (part + 1) / parts);
     const uint64_t e_lo = static_cast<uint64_t>(d) * c.L;
@@ -434,21 +478,33 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
         __syncthreads();
         const uint32_t n = s_n;
         for (uint32_t m = warp_id(); m < n; m += kWarps) {
-          uint8_t *dst = ep_p2p::peer(
-              static_cast<int32_t>(d), a.buf + ep_dispatch_recv_msg(&c.lay, a.set, c.me, s_slot[m]));
-          send_message<H, FP8>(dst, x, s_t[m], s_k[m], round_scale);
+          const uint64_t at = a.buf + ep_dispatch_recv_msg(&c.lay, a.set, c.me, s_slot[m]);
+          if (peer != nullptr) {
+            // P2P: quantise straight into d's receive slot.
+            send_message<H, FP8>(peer + (at - a.buf), x, s_t[m], s_k[m], round_scale);
+          } else {
+            // IBGDA: the header inline, then the token's payload from the staging area
+            // (cast there once by the stage kernel), both as WRITEs on d's queue. The
+            // staging is not rewritten before every PE credited this call (wait_credits
+            // of the stage kernel two calls later), so the WRITEs may complete late.
+            const uint4 hdr = make_uint4(s_t[m], s_k[m], 0, 0);
+            rshmem_putmem_nbi_warp(ep_comm::local(at), &hdr, EP_HEADER_BYTES, static_cast<int>(d));
+            rshmem_putmem_nbi_warp(
+                ep_comm::local(at + EP_HEADER_BYTES),
+                ep_comm::local(a.buf + ep_dispatch_send_msg(&c.lay, a.set, s_t[m]) + EP_HEADER_BYTES),
+                ep_payload_bytes(&c.lay), static_cast<int>(d));
+          }
         }
         __syncthreads();
       }
     }
-    // The last unit of d announces the counts (or the poison), one word per local expert.
+    // The last unit of d announces the counts (or the poison), one word per local expert:
+    // after every unit's stores (P2P) or WQE reservations (IBGDA) for d (arrive_last).
     if (arrive_last(&c.ctl->dest_done[a.set][0][d], parts)) {
       for (uint32_t le = threadIdx.x; le < c.L; le += kThreads) {
         const uint64_t low = fault != 0 ? (fault & 0xffffffffu) : s_total[le];
-        ep_p2p::st_release(
-            reinterpret_cast<uint64_t *>(ep_p2p::peer(
-                static_cast<int32_t>(d), a.buf + ep_dispatch_count_word(&c.lay, a.set, le, c.me))),
-            c.tag << 32 | low);
+        ep_comm::signal(static_cast<int32_t>(d), a.buf + ep_dispatch_count_word(&c.lay, a.set, le, c.me),
+                        c.tag << 32 | low);
       }
     }
     __syncthreads();
@@ -496,7 +552,7 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
     for (uint32_t j = lane; j < items; j += 32) {
       if (j < c.R) {
         if (masked(c, j) || (j > s && !last)) continue;
-        const uint64_t w = ep_p2p::wait_tag(
+        const uint64_t w = ep_comm::wait_tag(
             local_word(a, ep_dispatch_count_word(&c.lay, a.set, le, j)), c.tag,
             static_cast<int32_t>(j), static_cast<int32_t>(c.me * c.L + le),
             "EP dispatch: waiting for PE's token count for this PE's expert");
@@ -506,7 +562,7 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
         total += n;
       } else {
         const uint32_t lp = j - c.R;
-        const uint64_t w = ep_p2p::wait_tag(
+        const uint64_t w = ep_comm::wait_tag(
             local_word(a, ep_dispatch_count_word(&c.lay, a.set, lp, s)), c.tag,
             static_cast<int32_t>(s), static_cast<int32_t>(c.me * c.L + lp),
             "EP dispatch: waiting for PE's token count for this PE's expert");
@@ -528,7 +584,7 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
     }
     for (uint32_t i = 0; i < own; ++i) {
       const uint8_t *msg =
-          ep_p2p::local(a.buf + ep_dispatch_recv_msg(&c.lay, a.set, s, src_off + i));
+          ep_comm::local(a.buf + ep_dispatch_recv_msg(&c.lay, a.set, s, src_off + i));
       const uint64_t row = static_cast<uint64_t>(le) * c.rows + begin + i;
       if (lane == 0) {
         const int2 hdr = *reinterpret_cast<const int2 *>(msg);
@@ -571,11 +627,15 @@ __device__ void combine_send(const ep_ll_args_t &a) {
   const int32_t *slot_k = reinterpret_cast<const int32_t *>(a.recv_topk_slot);
   const uint8_t *out = reinterpret_cast<const uint8_t *>(a.x);
   constexpr uint64_t kRowBytes = static_cast<uint64_t>(H) * 2;
+  // The expert outputs are this set's combine_send region (get_next_low_latency_combine_buffer).
+  const bool zero_copy = out == ep_comm::local(a.buf + ep_combine_send_row(&c.lay, a.set, 0, 0));
 
   for (uint32_t u = blockIdx.x; u < c.R * parts; u += gridDim.x) {
     const uint32_t s = (c.me + 1 + u / parts) % c.R;
     const uint32_t part = u % parts;
     if (masked(c, s)) continue;  // block-uniform
+    // s's mapped heap (P2P, or this PE), or nullptr: its queue (IBGDA).
+    uint8_t *const peer = ep_comm::peer_ptr(static_cast<int32_t>(s), a.buf);
     if (threadIdx.x == 0) s_rows = 0;
     __syncthreads();
     uint32_t mine = 0;
@@ -599,9 +659,25 @@ __device__ void combine_send(const ep_ll_args_t &a) {
             config_fail("EP combine: handle row outside [0, N) x [0, K) (wrong handle?)",
                         row, static_cast<uint64_t>(static_cast<uint32_t>(t)) << 32 |
                                  static_cast<uint32_t>(k));
-          uint8_t *dst = ep_p2p::peer(static_cast<int32_t>(s),
-                                      a.buf + ep_combine_recv_row(&c.lay, a.set, t, k));
-          warp_copy16(dst, out + row * kRowBytes, kRowBytes);
+          const uint64_t at = a.buf + ep_combine_recv_row(&c.lay, a.set, t, k);
+          const uint8_t *src = out + row * kRowBytes;
+          if (peer != nullptr) {
+            warp_copy16(peer + (at - a.buf), src, kRowBytes);
+          } else {
+            // IBGDA: a WRITE from the heap. The zero-copy region is this set's staging
+            // area already; any other source is copied there first (its row's own
+            // place), so the caller may reuse it when the kernel ends. The staging is
+            // rewritten only after every PE credited this call (wait_credits, two calls
+            // later). __syncwarp orders the lanes' copies before lane 0's post (whose
+            // fence.sc.sys publishes them to the queue's reader).
+            if (!zero_copy) {
+              uint8_t *stage = ep_comm::local(a.buf + ep_combine_send_row(&c.lay, a.set, le, begin + j));
+              warp_copy16(stage, src, kRowBytes);
+              __syncwarp();
+              src = stage;
+            }
+            rshmem_putmem_nbi_warp(ep_comm::local(at), src, kRowBytes, static_cast<int>(s));
+          }
         }
         flat += count;
       }
@@ -609,10 +685,8 @@ __device__ void combine_send(const ep_ll_args_t &a) {
     if (arrive_last(&c.ctl->dest_done[a.set][1][s], parts)) {
       if (threadIdx.x == 0) {
         const uint64_t low = fault != 0 ? (fault & 0xffffffffu) : (s_rows & 0xffffffffu);
-        ep_p2p::st_release(
-            reinterpret_cast<uint64_t *>(ep_p2p::peer(
-                static_cast<int32_t>(s), a.buf + ep_combine_flag_word(&c.lay, a.set, c.me))),
-            c.tag << 32 | low);
+        ep_comm::signal(static_cast<int32_t>(s), a.buf + ep_combine_flag_word(&c.lay, a.set, c.me),
+                        c.tag << 32 | low);
       }
     }
     __syncthreads();
@@ -631,7 +705,7 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
     s_expected[p] = 0;
     s_low[p] = 0;
     if (masked(c, p)) continue;
-    const uint64_t w = ep_p2p::wait_tag(local_word(a, ep_combine_flag_word(&c.lay, a.set, p)),
+    const uint64_t w = ep_comm::wait_tag(local_word(a, ep_combine_flag_word(&c.lay, a.set, p)),
                                         c.tag, static_cast<int32_t>(p), -1,
                                         "EP combine: waiting for the expert outputs of PE's "
                                         "experts (its combine flag)");
@@ -678,7 +752,7 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
         if (!s_use[k]) continue;
         const float w = s_w[k];
         const uint4 q = *reinterpret_cast<const uint4 *>(
-            ep_p2p::local(a.buf + ep_combine_recv_row(&c.lay, a.set, t, k)) + v * 16);
+            ep_comm::local(a.buf + ep_combine_recv_row(&c.lay, a.set, t, k)) + v * 16);
         const uint32_t bits[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -703,6 +777,10 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
 // ------------------------------------------------------------------------- entry points
 
 #define EP_LL_DISPATCH(H, NAME, FP8)                                                        \
+  extern "C" __global__ void __launch_bounds__(EP_LL_THREADS, 1)                               \
+      ep_ll_dispatch_stage_h##H##_##NAME(const ep_ll_args_t a) {                            \
+    dispatch_stage<H, FP8>(a);                                                              \
+  }                                                                                         \
   extern "C" __global__ void __launch_bounds__(EP_LL_THREADS, 1)                               \
       ep_ll_dispatch_send_h##H##_##NAME(const ep_ll_args_t a) {                             \
     dispatch_send<H, FP8>(a);                                                               \

@@ -23,6 +23,9 @@ use std::sync::OnceLock;
 
 use rshmem::ep::{bf16, check, fp8, Buffer, Config, Layout, RecvX};
 
+#[allow(dead_code)] // device_emu.rs uses other parts
+mod emu_ibgda;
+
 fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -63,16 +66,18 @@ fn compile(src: &str) -> PathBuf {
 /// Runs `bin` with `input` on stdin (through a file: no pipe deadlock) and returns its
 /// stdout lines.
 fn run(bin: &Path, input: &str) -> Vec<String> {
-    run_args(bin, &[], input)
+    run_args(bin, &[], &[], input)
 }
 
-fn run_args(bin: &Path, args: &[&str], input: &str) -> Vec<String> {
+fn run_args(bin: &Path, args: &[&str], env: &[(&str, String)], input: &str) -> Vec<String> {
     // Unique per call: concurrent tests run the same binary.
     static N: AtomicUsize = AtomicUsize::new(0);
     let path = bin.with_extension(format!("{}.in", N.fetch_add(1, Ordering::Relaxed)));
     std::fs::write(&path, input).unwrap();
     let r = Command::new(bin)
         .args(args)
+        .env_remove("RSHMEM_EMU_SHM")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::from(std::fs::File::open(&path).unwrap()))
         .output()
         .expect("run parity program");
@@ -503,19 +508,24 @@ fn emulator() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let dir = manifest_dir().join("tests/ep-cuda");
+        let emu = manifest_dir().join("tests/device-emu/emu");
         let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("ep-ll-emulator-{}.bin", std::process::id()));
         let r = Command::new("g++")
             .args([
-                "-std=c++20",
+                "-std=c++17",
                 "-O1",
-                "-pthread",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-Wno-unknown-pragmas", // #pragma unroll
                 "-ffp-contract=off",
+                "-D__CUDACC__",
                 "-include",
             ])
-            .arg(dir.join("emu/cuda_emu.h"))
+            .arg(emu.join("cuda_emu.h"))
             .arg("-I")
-            .arg(dir.join("emu"))
+            .arg(&emu)
             .arg("-I")
             .arg(manifest_dir().join("../device-kernels/include"))
             .arg(dir.join("ll_emulator.cpp"))
@@ -558,6 +568,18 @@ struct PeOut {
     status_full: Vec<(u32, i64, u64, u64)>,
 }
 
+/// How the emulated PEs reach each other.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Net {
+    /// Stores through the mapped heaps.
+    P2p,
+    /// Every other PE through its IBGDA queue pair, executed by a soft HCA engine in this
+    /// process (what GPU PEs over `--transport proxy` do).
+    Ibgda,
+    /// "Nodes" of two PEs (p / 2): P2P inside a node, IBGDA between nodes.
+    Mixed,
+}
+
 #[derive(Clone)]
 struct KCase {
     cfg: Config,
@@ -571,6 +593,7 @@ struct KCase {
     dispatch_only: bool,
     /// `--concurrent`: every PE and every block a process, all at once (ll_emulator.cpp).
     concurrent: bool,
+    net: Net,
 }
 
 fn routing(c: &KCase) -> Vec<check::Routing> {
@@ -611,11 +634,44 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
         }
         input.push('\n');
     }
+    // Over IBGDA: heaps, queues and states in a memfd that a soft HCA engine serves.
+    let shared = (c.net != Net::P2p).then(|| {
+        let heap = (64 << 10) + Layout::new(cfg, c.pes).unwrap().total_bytes;
+        let p2p = |p: usize, q: usize| c.net == Net::Mixed && p / 2 == q / 2;
+        emu_ibgda::Shared::with(
+            c.pes,
+            64 << 30,
+            false,
+            20_000,
+            rshmem::gpu::ibgda::WQE_CNT,
+            heap.next_multiple_of(4096),
+            &p2p,
+        )
+    });
     let lines = run_args(
         emulator(),
         if c.concurrent { &["--concurrent"] } else { &[] },
+        &shared.as_ref().map(|s| s.shm.env()).unwrap_or_default(),
         &input,
     );
+    // Every queue between two live PEs that do not share a mapping carried work (at least
+    // the credits), and no other queue did: the calls really went through the soft HCA
+    // (whose execution the outputs check).
+    if let Some(sh) = &shared {
+        let live = |p: usize| c.masked_pe != Some(p);
+        for p in (0..c.pes).filter(|&p| live(p)) {
+            for q in (0..c.pes).filter(|&q| live(q) && q != p) {
+                let queued = c.net == Net::Ibgda || p / 2 != q / 2;
+                let posted = sh.published(p, q);
+                assert_eq!(
+                    posted > 0,
+                    queued,
+                    "{:?}: PE {p} published {posted} WQEBBs on its queue to PE {q}",
+                    c.net
+                );
+            }
+        }
+    }
     let l = cfg.num_experts / c.pes;
     let mut out: Vec<Vec<PeOut>> = vec![Vec::new(); c.repeats];
     let mut cur: Option<(usize, PeOut)> = None;
@@ -856,6 +912,7 @@ fn kcase(
         repeats: 2,
         dispatch_only: false,
         concurrent: false,
+        net: Net::P2p,
     }
 }
 
@@ -968,5 +1025,52 @@ fn kernels_emulated_concurrently_match_the_oracle() {
 fn kernels_emulated_concurrently_poison_every_pe() {
     let mut c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 3]);
     c.concurrent = true;
+    check_poisoned(c, 1, (1 << 31) | (2 << 24) | 5, |r| r.topk_idx[5] = 6);
+}
+
+/// The kernels over IBGDA queues against the soft HCA (every peer, and "nodes" of two PEs
+/// with P2P inside), sequential and concurrent: the stage kernel, the WRITEs of messages
+/// and rows from the heap's staging areas, the fenced signal WRITEs of counts, flags and
+/// credits, and the loopback queue for each PE's own signals, against the same oracle.
+#[test]
+fn kernels_emulated_over_ibgda_match_the_oracle() {
+    let mut masked = kcase(3, 4, 5120, 6, 3, false, 6, &[4, 4, 4]);
+    masked.masked_pe = Some(2);
+    let mut idle = kcase(4, 4, 2560, 16, 8, true, 9, &[4, 4, 2, 1]);
+    idle.cfg.round_scale = true;
+    idle.experts = Some(vec![0, 1, 2, 3, 4, 5, 12]);
+    let cases = [
+        (
+            kcase(2, 4, 2048, 8, 4, false, 2, &[4, 3]),
+            Net::Ibgda,
+            false,
+        ),
+        (
+            kcase(3, 3, 7168, 9, 3, true, 1, &[3, 3, 0]),
+            Net::Ibgda,
+            false,
+        ),
+        (idle.clone(), Net::Mixed, false),
+        (masked, Net::Ibgda, true),
+        (idle, Net::Ibgda, true),
+        (
+            kcase(3, 16, 8192, 33, 11, true, 4, &[16, 13, 9]),
+            Net::Mixed,
+            true,
+        ),
+    ];
+    for (mut c, net, concurrent) in cases {
+        c.net = net;
+        c.concurrent = concurrent;
+        c.repeats = 3;
+        check_kernels(c);
+    }
+}
+
+#[test]
+fn kernels_emulated_over_ibgda_poison_every_pe() {
+    let mut c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 3]);
+    c.concurrent = true;
+    c.net = Net::Ibgda;
     check_poisoned(c, 1, (1 << 31) | (2 << 24) | 5, |r| r.topk_idx[5] = 6);
 }

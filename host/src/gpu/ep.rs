@@ -107,6 +107,7 @@ pub struct LlCtl {
     pub status: [LlStatus; 2],
     pub grid_done: [[u32; 4]; 2],
     pub dest_done: [[[u32; MAX_PES]; 2]; 2],
+    pub staged: [u64; 2],
 }
 
 // The static_asserts of ll.cuh, repeated here (the C++ oracle test checks every field).
@@ -117,7 +118,8 @@ const _: () = assert!(size_of::<LlStatus>() == 48);
 const _: () = assert!(offset_of!(LlCtl, status) == 16);
 const _: () = assert!(offset_of!(LlCtl, grid_done) == 112);
 const _: () = assert!(offset_of!(LlCtl, dest_done) == 144);
-const _: () = assert!(size_of::<LlCtl>() == 144 + 2 * 2 * MAX_PES * 4);
+const _: () = assert!(offset_of!(LlCtl, staged) == 144 + 2 * 2 * MAX_PES * 4);
+const _: () = assert!(size_of::<LlCtl>() == 144 + 2 * 2 * MAX_PES * 4 + 16);
 
 /// (name, value) of every size and offset mirrored here, named as the C++ oracle prints
 /// them (`sizeof.T`, `T.field`).
@@ -169,6 +171,7 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         ("ep_ll_ctl_t.status", offset_of!(LlCtl, status)),
         ("ep_ll_ctl_t.grid_done", offset_of!(LlCtl, grid_done)),
         ("ep_ll_ctl_t.dest_done", offset_of!(LlCtl, dest_done)),
+        ("ep_ll_ctl_t.staged", offset_of!(LlCtl, staged)),
     ]
 }
 
@@ -208,13 +211,36 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
     ]
 }
 
-/// The four kernels of an LL call pair (values = ll.cuh's kernel kinds).
+/// The kernels of an LL call pair (values 0..=3 = ll.cuh's kernel kinds; the stage
+/// kernel has no kind: it keeps no completion counter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     DispatchSend = 0,
     DispatchRecv = 1,
     CombineSend = 2,
     CombineRecv = 3,
+    /// Casts the tokens into the staging area before `DispatchSend`; launched only on a PE
+    /// with an IBGDA peer (its WRITEs need a registered source).
+    DispatchStage = 4,
+}
+
+/// Every kernel, in `Kernel as usize` order.
+pub const KERNELS: [Kernel; 5] = [
+    Kernel::DispatchSend,
+    Kernel::DispatchRecv,
+    Kernel::CombineSend,
+    Kernel::CombineRecv,
+    Kernel::DispatchStage,
+];
+
+/// Whether a PE with this peer table needs the stage kernel before each dispatch: some
+/// other PE is not reached by stores through a mapping (ep_ll.cu puts to it from the
+/// heap's staging area).
+pub fn needs_stage(me: usize, peers: &[super::state::DevicePeer]) -> bool {
+    peers
+        .iter()
+        .enumerate()
+        .any(|(q, p)| q != me && p.transport != super::state::TRANSPORT_P2P)
 }
 
 /// The name of `kind`'s instance for `hidden` and the dispatch format, or a clear error
@@ -226,6 +252,7 @@ pub fn kernel_name(kind: Kernel, hidden: usize, fp8: bool) -> Result<String> {
     let f = if fp8 { "fp8" } else { "bf16" };
     Ok(match kind {
         Kernel::DispatchSend => format!("ep_ll_dispatch_send_h{hidden}_{f}"),
+        Kernel::DispatchStage => format!("ep_ll_dispatch_stage_h{hidden}_{f}"),
         Kernel::DispatchRecv => format!("ep_ll_dispatch_recv_h{hidden}_{f}"),
         Kernel::CombineSend => format!("ep_ll_combine_send_h{hidden}"),
         Kernel::CombineRecv => format!("ep_ll_combine_recv_h{hidden}"),
@@ -932,9 +959,12 @@ pub struct GpuBuffer<'g> {
     cfg: Config,
     layout: Layout,
     module: ModRef<'g>,
-    names: [String; 4],
-    /// The four kernels of `module`, looked up once.
-    funcs: [sys::CUfunction; 4],
+    names: [String; 5],
+    /// The kernels of `module` (in `KERNELS` order), looked up once.
+    funcs: [sys::CUfunction; 5],
+    /// Some peer is reached through a queue (IBGDA / proxy): dispatches run the stage
+    /// kernel first.
+    stage: bool,
     grid: u32,
     base: SymPtr<u8>,
     ctl: DevBuf,
@@ -1003,7 +1033,7 @@ impl<'g> GpuBuffer<'g> {
         Self::build(g, cfg, grid, layout, names, ModRef::Shared(m))
     }
 
-    fn prepare(g: &GpuPe, cfg: &Config) -> Result<(Layout, [String; 4])> {
+    fn prepare(g: &GpuPe, cfg: &Config) -> Result<(Layout, [String; 5])> {
         let pe = g.pe();
         let team = pe.world().clone();
         pe.agree_in(
@@ -1020,12 +1050,10 @@ impl<'g> GpuBuffer<'g> {
             |w| format!("{w:?} (N, H, E, K, fp8, round_scale)"),
         )?;
         let layout = check_config(cfg, g.n_pes())?;
-        let names = [
-            kernel_name(Kernel::DispatchSend, cfg.hidden, cfg.use_fp8)?,
-            kernel_name(Kernel::DispatchRecv, cfg.hidden, cfg.use_fp8)?,
-            kernel_name(Kernel::CombineSend, cfg.hidden, cfg.use_fp8)?,
-            kernel_name(Kernel::CombineRecv, cfg.hidden, cfg.use_fp8)?,
-        ];
+        let mut names: [String; 5] = Default::default();
+        for (n, k) in names.iter_mut().zip(KERNELS) {
+            *n = kernel_name(k, cfg.hidden, cfg.use_fp8)?;
+        }
         Ok((layout, names))
     }
 
@@ -1034,13 +1062,13 @@ impl<'g> GpuBuffer<'g> {
         cfg: Config,
         grid: u32,
         layout: Layout,
-        names: [String; 4],
+        names: [String; 5],
         module: ModRef<'g>,
     ) -> Result<GpuBuffer<'g>> {
         let pe = g.pe();
         let n = g.n_pes();
         let mut share = u32::MAX;
-        let mut funcs = [std::ptr::null_mut(); 4];
+        let mut funcs = [std::ptr::null_mut(); 5];
         for (f, k) in funcs.iter_mut().zip(&names) {
             share = share.min(g.collective_grid(&module, k, THREADS, grid)?.0);
             *f = module.function(k)?;
@@ -1094,6 +1122,7 @@ impl<'g> GpuBuffer<'g> {
             module,
             names,
             funcs,
+            stage: needs_stage(g.my_pe(), g.peer_table()),
             grid: share,
             base,
             ctl,
@@ -1275,6 +1304,9 @@ impl<'g> GpuBuffer<'g> {
             num_tokens,
             fault,
         );
+        if self.stage {
+            self.launch(Kernel::DispatchStage, &args)?;
+        }
         self.launch(Kernel::DispatchSend, &args)?;
         if !return_recv_hook {
             self.launch(Kernel::DispatchRecv, &args)?;
@@ -1704,6 +1736,31 @@ mod tests {
     }
 
     #[test]
+    fn stage_only_when_a_peer_is_not_mapped() {
+        use crate::gpu::state::{DevicePeer, TRANSPORT_IBGDA, TRANSPORT_NONE, TRANSPORT_P2P};
+        let peer = |transport| DevicePeer {
+            transport,
+            ..Default::default()
+        };
+        let p2p = [
+            peer(TRANSPORT_P2P),
+            peer(TRANSPORT_P2P),
+            peer(TRANSPORT_P2P),
+        ];
+        assert!(!needs_stage(1, &p2p));
+        // The PE's own entry never decides: it is never a destination over the network.
+        let mut own = p2p;
+        own[1] = peer(TRANSPORT_NONE);
+        assert!(!needs_stage(1, &own));
+        let mut one = p2p;
+        one[2] = peer(TRANSPORT_IBGDA);
+        assert!(needs_stage(0, &one));
+        assert!(needs_stage(1, &one));
+        assert!(!needs_stage(2, &one));
+        assert!(!needs_stage(0, &[]));
+    }
+
+    #[test]
     fn kernel_names_follow_ep_ll_cu() {
         assert_eq!(
             kernel_name(Kernel::DispatchSend, 7168, true).unwrap(),
@@ -1721,17 +1778,16 @@ mod tests {
             kernel_name(Kernel::CombineRecv, 8192, false).unwrap(),
             "ep_ll_combine_recv_h8192"
         );
+        assert_eq!(
+            kernel_name(Kernel::DispatchStage, 4096, true).unwrap(),
+            "ep_ll_dispatch_stage_h4096_fp8"
+        );
         // Every instance exists in the committed PTX.
         let ptx = crate::gpu::module::ptx_source(MODULE, None).unwrap();
         let mut n = 0;
         for h in HIDDEN_SIZES {
             for fp8 in [true, false] {
-                for k in [
-                    Kernel::DispatchSend,
-                    Kernel::DispatchRecv,
-                    Kernel::CombineSend,
-                    Kernel::CombineRecv,
-                ] {
+                for k in KERNELS {
                     let name = kernel_name(k, h, fp8).unwrap();
                     assert!(
                         ptx.contains(&format!(".entry {name}(")),
@@ -1741,8 +1797,9 @@ mod tests {
                 }
             }
         }
-        assert_eq!(n, 48);
-        assert_eq!(ptx.matches(".entry ep_ll_").count(), 36);
+        assert_eq!(n, 60);
+        // Per hidden size: stage, send and receive per format, and the two combine kernels.
+        assert_eq!(ptx.matches(".entry ep_ll_").count(), 48);
     }
 
     #[test]

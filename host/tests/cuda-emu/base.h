@@ -1,5 +1,6 @@
-// cuda-emu/base.h — what both CPU emulations of CUDA share (host/tests/ep-cuda/emu/ for
-// the EP kernels, host/tests/device-emu/emu/ for the device API's kernels): the CUDA
+// cuda-emu/base.h — the generic part of the CPU emulation of CUDA
+// (host/tests/device-emu/emu/cuda_emu.h builds the block model on it; the EP kernels'
+// emulator host/tests/ep-cuda/ll_emulator.cpp uses the same): the CUDA
 // keywords, the built-in index variables, vector types, the plain intrinsics and atomics,
 // and the fiber scheduler (each GPU thread a ucontext fiber on one OS thread, switched
 // round-robin at the emulation's yield points) with its reusable barrier. Each emulation

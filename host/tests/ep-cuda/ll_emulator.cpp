@@ -1,12 +1,20 @@
-// Runs the GPU EP kernels (device-kernels/src/ep_ll.cu, unchanged) on the host CPU with
-// the CUDA emulation of emu/cuda_emu.h, for host/tests/ep_cuda_parity.rs to compare with
-// the CPU oracle. R PEs share this process; each kernel launch runs its blocks one after
-// another, and every PE's send kernel runs before any receive kernel, so no wait blocks.
-// With --concurrent, each PE is a process that runs its own sequence of launches, and
-// each launch's blocks are processes too (every buffer lives in one shared mapping), so
-// PEs and blocks run at once as on a GPU: a receive kernel may start before its peers'
-// send kernels, the waits and credits between calls are real, and only the order of
-// each PE's own launches (its stream) is fixed. The output is the same.
+// Runs the GPU EP kernels (device-kernels/src/ep_ll.cu, unchanged, on the real device API)
+// on the host CPU with the CUDA emulation of host/tests/device-emu/emu/ (the device API's
+// one emulation: GPU threads as fibers, PTX primitives as host atomics), for
+// host/tests/ep_cuda_parity.rs to compare with the CPU oracle. R PEs share this process;
+// each kernel launch runs its blocks one after another, and every PE's send kernel runs
+// before any receive kernel, so no wait blocks. With --concurrent, each PE is a process
+// that runs its own sequence of launches, and each launch's blocks are processes too
+// (every buffer lives in one shared mapping), so PEs and blocks run at once as on a GPU:
+// a receive kernel may start before its peers' send kernels, the waits and credits
+// between calls are real, and only the order of each PE's own launches (its stream) is
+// fixed. The output is the same.
+//
+// Transports. By default every peer is P2P (stores through the mapped heaps). With
+// RSHMEM_EMU_SHM (host/tests/emu_ibgda: the same variables as device_emulator.cpp) the
+// heaps, queues, peer tables and states come from a memfd that the test's soft HCA
+// engine serves: peers the table marks IBGDA get WQEs on their queue pair, and each
+// dispatch first runs the stage kernel, as the Rust launcher does (gpu::ep::needs_stage).
 //
 // stdin:  R N H E K FP8 ROUND GRID REPEATS MASKED_PE(-1 = none) MODE (0 = dispatch +
 //         combine, 1 = dispatch only: for inputs that poison the call)
@@ -15,6 +23,8 @@
 //         and per row src_info, recv_topk_slot and an FNV-1a hash of the row's bytes
 //         (recv_x row, then its scales), per token the FNV-1a hash of combined_x's row,
 //         the status of both sets.
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,15 +40,17 @@ namespace {
 using Kernel = void (*)(const ep_ll_args_t);
 
 struct Kernels {
-  Kernel dsend, drecv, csend, crecv;
+  Kernel dstage, dsend, drecv, csend, crecv;
 };
 
 #define EMU_K(H)                                                                            \
   case H:                                                                                   \
-    return fp8 ? Kernels{ep_ll_dispatch_send_h##H##_fp8, ep_ll_dispatch_recv_h##H##_fp8,     \
-                         ep_ll_combine_send_h##H, ep_ll_combine_recv_h##H}                   \
-               : Kernels{ep_ll_dispatch_send_h##H##_bf16, ep_ll_dispatch_recv_h##H##_bf16,   \
-                         ep_ll_combine_send_h##H, ep_ll_combine_recv_h##H};
+    return fp8 ? Kernels{ep_ll_dispatch_stage_h##H##_fp8, ep_ll_dispatch_send_h##H##_fp8,    \
+                         ep_ll_dispatch_recv_h##H##_fp8, ep_ll_combine_send_h##H,            \
+                         ep_ll_combine_recv_h##H}                                            \
+               : Kernels{ep_ll_dispatch_stage_h##H##_bf16, ep_ll_dispatch_send_h##H##_bf16,  \
+                         ep_ll_dispatch_recv_h##H##_bf16, ep_ll_combine_send_h##H,           \
+                         ep_ll_combine_recv_h##H};
 
 Kernels kernels(unsigned h, bool fp8) {
   switch (h) {
@@ -73,16 +85,24 @@ void fiber_main() {
 bool g_concurrent = false;
 
 // Runs block b of the current launch (g_kernel, g_args) to completion: its threads as
-// fibers on this OS thread.
+// fibers on this OS thread, with fresh block and warp barriers.
 void run_block(unsigned b) {
   static std::vector<EmuFiber> fibers(EP_LL_THREADS);
+  static EmuBarrier warp_bars[EP_LL_THREADS / 32];
+  static uint64_t warp_vals[EP_LL_THREADS];
   static bool stacks = false;
   if (!stacks) {
     for (auto &f : fibers) f.stack = static_cast<char *>(malloc(kStack));
     stacks = true;
   }
-  EmuBlock block(EP_LL_THREADS);
-  emu_block = &block;
+  emu_block_bar = EmuBarrier{};
+  emu_block_bar.n = EP_LL_THREADS;
+  for (auto &w : warp_bars) {
+    w = EmuBarrier{};
+    w.n = 32;
+  }
+  emu_warp_bars = warp_bars;
+  emu_warp_vals = warp_vals;
   blockIdx.x = b;
   for (unsigned t = 0; t < EP_LL_THREADS; ++t) {
     EmuFiber &f = fibers[t];
@@ -103,7 +123,6 @@ void run_block(unsigned b) {
       fprintf(stderr, "emulator: block %u ended with unfinished threads\n", b);
       exit(4);
     }
-  emu_block = nullptr;
 }
 
 // Waits for every child; exits 5 (after saying which) if one did not exit 0.
@@ -208,9 +227,42 @@ int main(int argc, char **argv) {
   ep_layout_t lay;
   if (ep_layout_init(&lay, N, H, E, K, fp8 != 0, R) != EP_LAYOUT_OK) return 3;
   const unsigned L = E / R;
-  const uint64_t rows = uint64_t(R) * N, buf = 65536, heap_size = buf + lay.total_bytes;
+  const uint64_t rows = uint64_t(R) * N, buf = 65536;
+  uint64_t heap_size = buf + lay.total_bytes;
   std::vector<Pe> pes(R);
   std::vector<rshmem_peer_t> peers(R);
+  // IBGDA mode: the heaps and states the test built in its memfd (see the header).
+  std::vector<rshmem_device_state_t> shm_states;
+  if (const char *shm = getenv("RSHMEM_EMU_SHM")) {
+    const uint64_t at = strtoull(getenv("RSHMEM_EMU_SHM_AT"), nullptr, 0);
+    const uint64_t len = strtoull(getenv("RSHMEM_EMU_SHM_LEN"), nullptr, 0);
+    const uint64_t st = strtoull(getenv("RSHMEM_EMU_STATES"), nullptr, 0);
+    const int fd = open(shm, O_RDWR);
+    void *m = fd < 0 ? MAP_FAILED
+                     : mmap(reinterpret_cast<void *>(at), len, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+    if (m != reinterpret_cast<void *>(at)) {
+      fprintf(stderr, "cannot map %s at 0x%llx (%llu bytes): %s\n", shm, (unsigned long long)at,
+              (unsigned long long)len, strerror(errno));
+      return 4;
+    }
+    for (unsigned p = 0; p < R; ++p) {
+      shm_states.push_back(reinterpret_cast<const rshmem_device_state_t *>(st)[p]);
+      if (shm_states[p].n_pes != int32_t(R) || shm_states[p].heap_size < heap_size) {
+        fprintf(stderr, "PE %u's state: %d PEs, heap %llu bytes (need %u PEs, %llu bytes)\n", p,
+                shm_states[p].n_pes, (unsigned long long)shm_states[p].heap_size, R,
+                (unsigned long long)heap_size);
+        return 4;
+      }
+    }
+    heap_size = shm_states[0].heap_size;
+    // A producer that backs off in a queue wait lets the other fibers of its block run.
+    rshmem::ibgda::hooks().relax = [](void *) -> int {
+      emu_yield();
+      return 1;
+    };
+  }
+  const bool ibgda = !shm_states.empty();
   for (unsigned p = 0; p < R; ++p) {
     Pe &pe = pes[p];
     if (scanf("%u", &pe.T) != 1) return 2;
@@ -220,7 +272,7 @@ int main(int argc, char **argv) {
       if (scanf("%lld", reinterpret_cast<long long *>(&v)) != 1) return 2;
     for (auto &v : pe.w)
       if (scanf("%x", &v) != 1) return 2;
-    pe.heap = dev_alloc<uint8_t>(heap_size);
+    pe.heap = ibgda ? reinterpret_cast<uint8_t *>(shm_states[p].heap_base) : dev_alloc<uint8_t>(heap_size);
     pe.ctl = dev_alloc<ep_ll_ctl_t>(1);
     pe.x = dev_alloc<uint16_t>(size_t(pe.T) * H);
     // origin_x: row t of PE p = p - 128, last 128 columns = t (host/src/ep/check.rs).
@@ -246,6 +298,10 @@ int main(int argc, char **argv) {
   }
   for (unsigned p = 0; p < R; ++p) {
     rshmem_device_state_t &s = pes[p].state;
+    if (ibgda) {
+      s = shm_states[p];
+      continue;
+    }
     memset(&s, 0, sizeof s);
     s.magic = RSHMEM_STATE_MAGIC;
     s.version = RSHMEM_STATE_VERSION;
@@ -255,7 +311,15 @@ int main(int argc, char **argv) {
     s.heap_size = heap_size;
     s.peers = reinterpret_cast<uint64_t>(peers.data());
     s.timeout_ns = 5000000000ull;
+    s.flags = RSHMEM_STATE_CHECKS;
   }
+  // Whether PE p's dispatches need the stage kernel (gpu::ep::needs_stage).
+  auto needs_stage = [&](unsigned p) {
+    const rshmem_peer_t *t = reinterpret_cast<const rshmem_peer_t *>(pes[p].state.peers);
+    for (unsigned q = 0; q < R; ++q)
+      if (q != p && t[q].transport != RSHMEM_TRANSPORT_P2P) return true;
+    return false;
+  };
   const Kernels k = kernels(H, fp8 != 0);
   auto args = [&](unsigned p, uint64_t x, uint64_t out, unsigned set) {
     Pe &pe = pes[p];
@@ -336,7 +400,9 @@ int main(int argc, char **argv) {
   };
   auto dsend = [&](unsigned p, unsigned set) {
     rshmemi_device_state = pes[p].state;
-    launch(k.dsend, args(p, reinterpret_cast<uint64_t>(pes[p].x), 0, set), grid);
+    const ep_ll_args_t a = args(p, reinterpret_cast<uint64_t>(pes[p].x), 0, set);
+    if (needs_stage(p)) launch(k.dstage, a, grid);
+    launch(k.dsend, a, grid);
   };
   auto drecv = [&](unsigned p, unsigned set) {
     rshmemi_device_state = pes[p].state;

@@ -46,6 +46,7 @@ int main() {
   OFF(ep_ll_ctl_t, status);
   OFF(ep_ll_ctl_t, grid_done);
   OFF(ep_ll_ctl_t, dest_done);
+  OFF(ep_ll_ctl_t, staged);
   K(EP_LL_THREADS);
   K(EP_LL_MAX_PES);
   K(EP_LL_MAX_LOCAL_EXPERTS);

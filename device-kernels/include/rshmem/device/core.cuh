@@ -38,9 +38,6 @@
 // device API is compiled to its own module (whole-program compilation, the default for
 // -ptx and NVRTC). Relocatable device code (-rdc) linking several such TUs is not
 // supported: they would define the symbol twice.
-// rshmem/ep/p2p.cuh (the EP kernels' interim header) defines the same global unless this
-// macro says it exists already.
-#define RSHMEM_DEVICE_STATE_DEFINED 1
 extern "C" {
 __constant__ rshmem_device_state_t rshmemi_device_state;
 }

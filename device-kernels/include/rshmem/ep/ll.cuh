@@ -93,12 +93,14 @@ typedef struct ep_ll_status {
 
 // Per-buffer control block in this PE's device memory (not symmetric; zeroed once). It
 // holds what must survive between launches without the host: the call counter of each
-// set (so a CUDA graph replays with fresh tags), completion counters, the status.
+// set (so a CUDA graph replays with fresh tags), completion counters, the status, and
+// which call's stage kernel last ran (for IBGDA destinations).
 typedef struct ep_ll_ctl {
   uint64_t set_calls[2];            // LL calls completed (received) on each set
   ep_ll_status_t status[2];         // per set
   uint32_t grid_done[2][4];         // blocks finished, per set and kernel kind (reset by the last)
   uint32_t dest_done[2][2][EP_LL_MAX_PES];  // [set][dispatch/combine][dest]: units finished
+  uint64_t staged[2];               // tag of the call whose stage kernel last ran, per set
 } ep_ll_ctl_t;
 
 #ifdef __cplusplus
@@ -115,5 +117,8 @@ static_assert(__builtin_offsetof(ep_ll_ctl_t, status) == 16, "ep_ll_ctl_t layout
 static_assert(__builtin_offsetof(ep_ll_ctl_t, grid_done) == 112, "ep_ll_ctl_t layout");
 static_assert(__builtin_offsetof(ep_ll_ctl_t, dest_done) == 144, "ep_ll_ctl_t layout");
 #endif
-static_assert(sizeof(ep_ll_ctl_t) == 144 + 2 * 2 * EP_LL_MAX_PES * 4, "ep_ll_ctl_t layout");
+#if !defined(__CUDACC_RTC__)
+static_assert(__builtin_offsetof(ep_ll_ctl_t, staged) == 144 + 2 * 2 * EP_LL_MAX_PES * 4, "ep_ll_ctl_t layout");
+#endif
+static_assert(sizeof(ep_ll_ctl_t) == 144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16, "ep_ll_ctl_t layout");
 #endif

@@ -36,18 +36,55 @@ inline unsigned __activemask() {
   return n == 32 ? 0xffffffffu : (1u << n) - 1u;
 }
 inline int __ffs(unsigned v) { return __builtin_ffs(static_cast<int>(v)); }
-template <class T>
-inline T __shfl_sync(unsigned, T v, int src) {
+// Every lane of the warp publishes `mine`; `all` gets the warp's values (lanes past a
+// partial warp's end read as 0).
+inline void emu_warp_all(uint64_t mine, uint64_t all[32]) {
   const unsigned w = threadIdx.x / 32;
+  emu_warp_vals[32 * w + threadIdx.x % 32] = mine;
+  emu_warp_bars[w].wait();
+  for (unsigned i = 0; i < 32; ++i) all[i] = i < emu_warp_bars[w].n ? emu_warp_vals[32 * w + i] : 0;
+  emu_warp_bars[w].wait();
+}
+template <class T>
+inline uint64_t emu_bits(T v) {
   uint64_t b = 0;
   memcpy(&b, &v, sizeof(T));
-  emu_warp_vals[32 * w + threadIdx.x % 32] = b;
-  emu_warp_bars[w].wait();
-  const uint64_t r = emu_warp_vals[32 * w + static_cast<unsigned>(src)];
-  emu_warp_bars[w].wait();
+  return b;
+}
+template <class T>
+inline T emu_lane_value(T v, unsigned src) {
+  uint64_t all[32];
+  emu_warp_all(emu_bits(v), all);
   T out;
-  memcpy(&out, &r, sizeof(T));
+  memcpy(&out, &all[src % 32], sizeof(T));
   return out;
+}
+template <class T>
+inline T __shfl_sync(unsigned, T v, int src) {
+  return emu_lane_value(v, static_cast<unsigned>(src));
+}
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int o) {
+  return emu_lane_value(v, emu_lane() ^ static_cast<unsigned>(o));
+}
+template <class T>
+inline T __shfl_up_sync(unsigned, T v, int o) {
+  const unsigned lane = emu_lane();
+  return emu_lane_value(v, lane >= static_cast<unsigned>(o) ? lane - o : lane);
+}
+inline unsigned __ballot_sync(unsigned, int pred) {
+  uint64_t all[32];
+  emu_warp_all(pred != 0, all);
+  unsigned m = 0;
+  for (unsigned i = 0; i < 32; ++i) m |= (all[i] ? 1u : 0u) << i;
+  return m & __activemask();
+}
+inline unsigned __match_any_sync(unsigned, int value) {
+  uint64_t all[32];
+  emu_warp_all(emu_bits(value), all);
+  unsigned m = 0;
+  for (unsigned i = 0; i < 32; ++i) m |= (all[i] == emu_bits(value) ? 1u : 0u) << i;
+  return m & __activemask();
 }
 
 // ---- the IBGDA arms -----------------------------------------------------------------------
