@@ -88,17 +88,34 @@ pub enum Transport {
 }
 
 impl Transport {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Transport::P2p => "p2p",
             Transport::Proxy => "proxy",
         }
     }
-    fn mode(self) -> TransportMode {
+    pub(crate) fn mode(self) -> TransportMode {
         match self {
             Transport::P2p => TransportMode::P2p,
             Transport::Proxy => TransportMode::Proxy,
         }
+    }
+
+    /// Under a launcher the PEs' environment chose the transport: refuses a `--transport`
+    /// that differs (`auto` counts as p2p: node-local peers take p2p under it).
+    pub(crate) fn check_launched(self, settings: &Settings) -> Result<()> {
+        if settings.transport == self.mode()
+            || (settings.transport == TransportMode::Auto && self == Transport::P2p)
+        {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "--transport {} but RSHMEM_TRANSPORT={}: under a launcher, export \
+             RSHMEM_TRANSPORT={} to every PE",
+            self.name(),
+            settings.transport.name(),
+            self.name()
+        )))
     }
 }
 
@@ -271,18 +288,7 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         ));
     }
     if LaunchInfo::from_env()?.is_some() {
-        let settings = Settings::from_env()?;
-        if settings.transport != args.transport.mode()
-            && !(settings.transport == TransportMode::Auto && args.transport == Transport::P2p)
-        {
-            return Err(Error::InvalidArgument(format!(
-                "--transport {} but RSHMEM_TRANSPORT={}: under a launcher, export \
-                 RSHMEM_TRANSPORT={} to every PE",
-                args.transport.name(),
-                settings.transport.name(),
-                args.transport.name()
-            )));
-        }
+        args.transport.check_launched(&Settings::from_env()?)?;
         let pe = Pe::init()?;
         if pe.n_pes() < 2 && args.kind != Kind::Barrier {
             return Err(Error::InvalidArgument(format!(

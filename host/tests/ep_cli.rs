@@ -57,8 +57,73 @@ fn bench_ep_threads_json_hooks_zero_copy() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     check_json(&v, 2);
+    assert_eq!(v["transport"], "p2p", "{v}");
     assert!(v["dispatch_send_us_median"].as_f64().unwrap() > 0.0);
     assert_eq!(v["points"].as_array().unwrap().len(), 1);
+}
+
+/// `--transport proxy`: every peer through the soft HCA (the message path), validated, and
+/// named in the report; under a launcher it must match the PEs' RSHMEM_TRANSPORT.
+#[test]
+fn bench_ep_transport_proxy() {
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "ep",
+            "--pes",
+            "3",
+            "--json",
+            "--transport",
+            "proxy",
+        ])
+        .args(["--experts", "6"])
+        .args(&SMALL[..4])
+        .args(&SMALL[6..])
+        .env_remove("RSHMEM_TRANSPORT")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["validated"], true, "{v}");
+    assert_eq!(v["pes"], 3);
+    assert_eq!(v["experts"], 6);
+    assert_eq!(v["transport"], "proxy", "{v}");
+    assert!(v["combine_calc_diff"].as_f64().unwrap() < 9e-4, "{v}");
+
+    let o = Command::new(BIN)
+        .args([
+            "run",
+            "-n",
+            "2",
+            "--",
+            BIN,
+            "bench",
+            "ep",
+            "--transport",
+            "proxy",
+        ])
+        .args(SMALL)
+        .env_remove("RSHMEM_TRANSPORT")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--transport proxy but RSHMEM_TRANSPORT=auto: under a launcher, export RSHMEM_TRANSPORT=proxy"),
+        "{err}"
+    );
+
+    let o = Command::new(BIN)
+        .args(["bench", "ep", "--transport", "tcp"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("invalid value 'tcp' for '--transport <TRANSPORT>'")
+            && err.contains("[possible values: p2p, proxy]"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -189,6 +254,15 @@ fn bench_ep_gpu_errors_are_clear() {
     for args in [
         &["--device", "gpu", "--hidden", "2048"][..],
         &["--device", "gpu", "--hidden", "2048", "--check"][..],
+        &[
+            "--device",
+            "gpu",
+            "--hidden",
+            "2048",
+            "--check",
+            "--transport",
+            "proxy",
+        ][..],
     ] {
         let (rc, err) = run(args);
         assert_eq!(rc, Some(1), "{args:?}: {err}");

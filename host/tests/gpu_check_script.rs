@@ -136,14 +136,17 @@ fn runs_every_step_and_ends_with_the_table() {
                 || l.starts_with("traps ")
                 || l.starts_with("example-ring ")
                 || l.starts_with("ep ")
+                || l.starts_with("ep-proxy ")
                 || l.starts_with("ibgda-")
         })
         .collect();
     // doctor, 3 selftests, traps, example-ring, 5 ops x 3 scopes, copy, ep,
-    // selftest-proxy-2, ibgda-rate.
-    assert_eq!(rows.len(), 1 + 3 + 2 + 15 + 1 + 1 + 2, "{summary}");
+    // selftest-proxy-2, ibgda-rate, ep-proxy.
+    assert_eq!(rows.len(), 1 + 3 + 2 + 15 + 1 + 1 + 3, "{summary}");
     assert!(
-        summary.contains("selftest-proxy-2") && summary.contains("ibgda-rate"),
+        summary.contains("selftest-proxy-2")
+            && summary.contains("ibgda-rate")
+            && summary.contains("ep-proxy"),
         "{summary}"
     );
     let row = |prefix: &str| {
@@ -228,6 +231,16 @@ fn runs_every_step_and_ends_with_the_table() {
     );
     assert!(
         log.contains("rshmem bench ep: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    // ep-proxy: the suite over the proxy transport, refused at the driver check likewise.
+    let log = std::fs::read_to_string(root.join("out/ep-proxy.log")).unwrap();
+    assert!(
+        log.contains("bench ep --device gpu --check --pes 2 --transport proxy")
+            && log.contains(
+                "rshmem bench ep --check: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"
+            ),
         "{log}"
     );
     assert!(!log.contains("panicked"), "{log}");

@@ -55,6 +55,13 @@ pub struct EpBenchArgs {
     /// when a CUDA device is visible, else cpu).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Transport between the PEs: p2p (loads and stores into node-local peers' heaps;
+    /// GPU: CUDA VMM mappings) or proxy (mlx5 WQEs executed by the soft HCA; GPU: the
+    /// device-side IBGDA producer, heaps in host memory). Default: RSHMEM_TRANSPORT (auto:
+    /// p2p on the node, the soft HCA over libfabric to other nodes). Under a launcher it
+    /// must match the PEs' RSHMEM_TRANSPORT.
+    #[arg(long, value_enum)]
+    pub transport: Option<crate::bench::Transport>,
     /// GPU: instead of timing, run the correctness suite (every output against this CPU
     /// implementation on identical inputs, hooks, zero-copy, faults, CUDA-graph replay)
     /// for each --pes count.
@@ -77,6 +84,9 @@ pub struct EpPoint {
     pub bench: &'static str,
     pub validated: bool,
     pub device: &'static str,
+    /// How PE 0 reaches the other PEs: the distinct transports, joined by "+" (e.g. "p2p",
+    /// "proxy", "p2p+proxy-fabric"; GPU: "p2p" or "proxy").
+    pub transport: String,
     pub pes: usize,
     pub tokens: usize,
     pub hidden: usize,
@@ -165,6 +175,27 @@ pub(crate) fn config_of(a: &EpBenchArgs, tokens: usize) -> Config {
     }
 }
 
+/// The settings of the PEs a bench starts itself: the environment's, with `--transport`.
+pub(crate) fn settings_of(a: &EpBenchArgs) -> Result<Settings> {
+    let mut s = Settings::from_env()?;
+    if let Some(t) = a.transport {
+        s.transport = t.mode();
+    }
+    Ok(s)
+}
+
+/// The distinct transports from `pe` to the other PEs (to itself in a job of one).
+fn transports(pe: &Pe) -> String {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let mut v: Vec<&str> = (0..n)
+        .filter(|&q| q != me || n == 1)
+        .filter_map(|q| pe.transport_to(q))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v.join("+")
+}
+
 /// Runs every point; Some(report) where this process reports.
 pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
     let device = match a.device.as_str() {
@@ -204,6 +235,9 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
                 "--pes sweeps need the bench to start its own PEs (not under a launcher)".into(),
             ));
         }
+        if let Some(t) = a.transport {
+            t.check_launched(&Settings::from_env()?)?;
+        }
         let pe = Pe::init()?;
         for &t in &a.tokens {
             let p = point(&pe, a, t)?;
@@ -218,7 +252,7 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
             for &t in &a.tokens {
                 let cfg = config_of(a, t);
                 cfg.validate(n)?;
-                let mut s = Settings::from_env()?;
+                let mut s = settings_of(a)?;
                 let need = Layout::size_hint(&cfg, n)? + (16 << 20);
                 if s.symmetric_size < need {
                     s.symmetric_size = need.next_multiple_of(1 << 20);
@@ -411,6 +445,7 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
         bench: "ep",
         validated: errors.is_empty(),
         device: "cpu",
+        transport: transports(pe),
         pes: n,
         tokens,
         hidden: cfg.hidden,
@@ -452,9 +487,10 @@ pub(crate) fn print(r: &EpReport, json: bool) {
     }
     let p0 = &r.points[0];
     println!(
-        "rshmem bench ep: device {}, H={} K={} E={} {}{}{}, {} iterations after {} warm-up; \
-         latency = slowest PE per iteration",
+        "rshmem bench ep: device {}, transport {}, H={} K={} E={} {}{}{}, {} iterations after \
+         {} warm-up; latency = slowest PE per iteration",
         p0.device,
+        p0.transport,
         p0.hidden,
         p0.topk,
         p0.experts,

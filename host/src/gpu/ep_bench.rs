@@ -92,8 +92,8 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-fn settings_for(cfg: &Config, n: usize) -> Result<Settings> {
-    let mut s = Settings::from_env()?;
+/// `s` with a heap large enough for `cfg`'s buffer at `n` PEs.
+fn settings_for(mut s: Settings, cfg: &Config, n: usize) -> Result<Settings> {
     let need = crate::heap::RESERVED_BYTES + Layout::size_hint(cfg, n)? + (8 << 20);
     if s.symmetric_size < need {
         s.symmetric_size = need.next_multiple_of(2 << 20);
@@ -215,7 +215,7 @@ type Oracle = Vec<(DispatchOutput, Vec<bf16>)>;
 /// The CPU implementation on CPU PEs (threads) with the case's inputs.
 fn oracle(c: &Case, n: usize) -> Result<Oracle> {
     let cfg = c.cfg;
-    let out = crate::pe::run_threads(n, settings_for(&cfg, n)?, |pe| {
+    let out = crate::pe::run_threads(n, settings_for(Settings::from_env()?, &cfg, n)?, |pe| {
         let team = pe.world().clone();
         let me = pe.my_pe();
         let mut buf = Buffer::new(pe, &team, cfg)?;
@@ -642,11 +642,9 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
         for c in &cs {
             oracles.push(oracle(c, n));
         }
-        let mut s = Settings::from_env()?;
+        let mut s = crate::ep::bench::settings_of(a)?;
         for c in &cs {
-            s.symmetric_size = s
-                .symmetric_size
-                .max(settings_for(&c.cfg, n)?.symmetric_size);
+            s = settings_for(s, &c.cfg, n)?;
         }
         let names: Vec<String> = cs
             .iter()
@@ -905,7 +903,11 @@ pub fn run(a: &EpBenchArgs) -> Result<EpReport> {
             let cfg = config_of(a, t);
             super::ep::check_config(&cfg, n)?;
             let gate = AtomicU64::new(0);
-            let out = run_gpu_threads(n, settings_for(&cfg, n)?, |g| point(g, a, t, &gate))?;
+            let out = run_gpu_threads(
+                n,
+                settings_for(crate::ep::bench::settings_of(a)?, &cfg, n)?,
+                |g| point(g, a, t, &gate),
+            )?;
             let mut first = None;
             for (pe, r) in out.into_iter().enumerate() {
                 match r {
@@ -1150,6 +1152,7 @@ fn point(
         bench: "ep",
         validated: errors.is_empty(),
         device: "gpu",
+        transport: if g.is_proxy() { "proxy" } else { "p2p" }.into(),
         pes: n,
         tokens,
         hidden: cfg.hidden,
