@@ -22,8 +22,6 @@
 // (BIND=0 leaves it zero: an unbound module). Then one process per (PE, block) runs that
 // block's threads as fibers.
 #include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -188,26 +186,11 @@ int main(int argc, char **argv) {
   std::vector<rshmem_device_error_t *> errors(npes);
   std::vector<uint64_t> heap_bases(npes);  // each PE's heap (also for an unbound module)
   uint64_t heap_bytes = kHeapBytes;
-  const char *shm = getenv("RSHMEM_EMU_SHM");
-  if (shm) {
+  if (const uint64_t st = emu_map_shm()) {
     // The IBGDA mode (host/tests/device_emu.rs): the test built everything — heaps,
-    // queues, descriptors, tables, peer tables and each PE's state — in a memfd that its
-    // soft HCA engine serves, at "device" addresses RSHMEM_EMU_SHM_AT.. (the host's
-    // mapping plus an offset, as a GPU's addresses differ from the host's). Map it there
-    // and take the states and result records from it.
-    const uint64_t at = strtoull(getenv("RSHMEM_EMU_SHM_AT"), nullptr, 0);
-    const uint64_t len = strtoull(getenv("RSHMEM_EMU_SHM_LEN"), nullptr, 0);
-    const uint64_t st = strtoull(getenv("RSHMEM_EMU_STATES"), nullptr, 0);
+    // queues, descriptors, tables, peer tables and each PE's state — in the memfd
+    // emu_map_shm mapped; take the states and result records from it.
     const uint64_t rs = strtoull(getenv("RSHMEM_EMU_RESULTS"), nullptr, 0);
-    const int fd = open(shm, O_RDWR);
-    void *m = fd < 0 ? MAP_FAILED
-                     : mmap(reinterpret_cast<void *>(at), len, PROT_READ | PROT_WRITE,
-                            MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
-    if (m != reinterpret_cast<void *>(at)) {
-      fprintf(stderr, "cannot map %s at 0x%llx (%llu bytes): %s\n", shm, (unsigned long long)at,
-              (unsigned long long)len, strerror(errno));
-      return 4;
-    }
     for (int pe = 0; pe < npes; ++pe) {
       states[pe] = reinterpret_cast<const rshmem_device_state_t *>(st)[pe];
       results[pe] = reinterpret_cast<rshmem_test_result_t *>(rs + 64 * pe);

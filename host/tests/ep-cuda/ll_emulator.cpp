@@ -23,8 +23,6 @@
 //         and per row src_info, recv_topk_slot and an FNV-1a hash of the row's bytes
 //         (recv_x row, then its scales), per token the FNV-1a hash of combined_x's row,
 //         the status of both sets.
-#include <errno.h>
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -233,19 +231,7 @@ int main(int argc, char **argv) {
   std::vector<rshmem_peer_t> peers(R);
   // IBGDA mode: the heaps and states the test built in its memfd (see the header).
   std::vector<rshmem_device_state_t> shm_states;
-  if (const char *shm = getenv("RSHMEM_EMU_SHM")) {
-    const uint64_t at = strtoull(getenv("RSHMEM_EMU_SHM_AT"), nullptr, 0);
-    const uint64_t len = strtoull(getenv("RSHMEM_EMU_SHM_LEN"), nullptr, 0);
-    const uint64_t st = strtoull(getenv("RSHMEM_EMU_STATES"), nullptr, 0);
-    const int fd = open(shm, O_RDWR);
-    void *m = fd < 0 ? MAP_FAILED
-                     : mmap(reinterpret_cast<void *>(at), len, PROT_READ | PROT_WRITE,
-                            MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
-    if (m != reinterpret_cast<void *>(at)) {
-      fprintf(stderr, "cannot map %s at 0x%llx (%llu bytes): %s\n", shm, (unsigned long long)at,
-              (unsigned long long)len, strerror(errno));
-      return 4;
-    }
+  if (const uint64_t st = emu_map_shm()) {
     for (unsigned p = 0; p < R; ++p) {
       shm_states.push_back(reinterpret_cast<const rshmem_device_state_t *>(st)[p]);
       if (shm_states[p].n_pes != int32_t(R) || shm_states[p].heap_size < heap_size) {

@@ -18,6 +18,10 @@
 // does not: GPU memory ordering (x86 is stronger than PTX), warp divergence, timing.
 #pragma once
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+
 #include "../../cuda-emu/base.h"
 
 inline EmuBarrier emu_block_bar;
@@ -85,6 +89,29 @@ inline unsigned __match_any_sync(unsigned, int value) {
   unsigned m = 0;
   for (unsigned i = 0; i < 32; ++i) m |= (all[i] == emu_bits(value) ? 1u : 0u) << i;
   return m & __activemask();
+}
+
+// ---- the IBGDA mode's memory (host/tests/emu_ibgda) ----------------------------------------
+// The test built every PE's heap, queues, tables and state in a memfd that its soft HCA
+// engine serves, at "device" addresses (the host's mapping plus an offset, as a GPU's
+// addresses differ from the host's). Maps the memfd RSHMEM_EMU_SHM at RSHMEM_EMU_SHM_AT
+// and returns the address of the PEs' states (RSHMEM_EMU_STATES), or 0 when
+// RSHMEM_EMU_SHM is unset (P2P mode); exits 4 when it cannot be mapped there.
+inline uint64_t emu_map_shm() {
+  const char *shm = getenv("RSHMEM_EMU_SHM");
+  if (shm == nullptr) return 0;
+  const uint64_t at = strtoull(getenv("RSHMEM_EMU_SHM_AT"), nullptr, 0);
+  const uint64_t len = strtoull(getenv("RSHMEM_EMU_SHM_LEN"), nullptr, 0);
+  const int fd = open(shm, O_RDWR);
+  void *m = fd < 0 ? MAP_FAILED
+                   : mmap(reinterpret_cast<void *>(at), len, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+  if (m != reinterpret_cast<void *>(at)) {
+    fprintf(stderr, "cannot map %s at 0x%llx (%llu bytes): %s\n", shm, (unsigned long long)at,
+            (unsigned long long)len, strerror(errno));
+    exit(4);
+  }
+  return strtoull(getenv("RSHMEM_EMU_STATES"), nullptr, 0);
 }
 
 // ---- the IBGDA arms -----------------------------------------------------------------------
