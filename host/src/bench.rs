@@ -890,12 +890,19 @@ fn barrier_row(pe: &Pe, a: &BenchArgs) -> Result<Row> {
 /// short to time against thread wake-ups and the host's jitter.
 const ENGINE_MIN_OPS: u64 = 200_000;
 
+/// Round trips of the cross-core probe `bench softhca` runs before and after its rows
+/// (about 10–100 ms each).
+const CORE_RTT_ROUNDS: u64 = 100_000;
+
 /// `rshmem bench softhca`: the engine microbenchmark (see
 /// [`crate::softhca::engine::bench_writes`]); sizes from --min-size to --max-size, `--iters`
 /// WRITEs per size (at least [`ENGINE_MIN_OPS`], so that a run lasts long enough to time,
 /// and at most 1 GiB moved, but never under 1000), plus 8-byte inline WRITEs.
 fn engine_bench(a: &BenchArgs) -> Result<()> {
     validate(a)?;
+    // The cost that bounds the rate on this machine, before and after the rows (it can
+    // change during a run on a VM; see core_round_trip_ns).
+    let rtt_before = crate::softhca::engine::core_round_trip_ns(CORE_RTT_ROUNDS);
     let mut rows = Vec::new();
     let ops8 = (a.iters as u64).max(ENGINE_MIN_OPS);
     rows.push(crate::softhca::engine::bench_writes(8, ops8, true)?);
@@ -906,12 +913,22 @@ fn engine_bench(a: &BenchArgs) -> Result<()> {
         rows.push(crate::softhca::engine::bench_writes(s, ops, false)?);
         s *= 2;
     }
+    let rtt_after = crate::softhca::engine::core_round_trip_ns(CORE_RTT_ROUNDS);
     if a.json {
-        let v = serde_json::json!({"bench": "softhca", "engine_threads": 1, "rows": rows});
+        let v = serde_json::json!({
+            "bench": "softhca",
+            "engine_threads": 1,
+            "core_round_trip_ns": {"before": rtt_before, "after": rtt_after},
+            "rows": rows,
+        });
         println!("{v}");
     } else {
         println!(
             "rshmem bench softhca: RDMA WRITE, queue -> engine (1 thread) -> memory, 1 producer"
+        );
+        println!(
+            "cross-core round trip (the handover each WRITE pays): {rtt_before:.0} ns before, \
+             {rtt_after:.0} ns after"
         );
         println!(
             "{:>10} {:>8} {:>10} {:>14} {:>10}",

@@ -157,6 +157,14 @@ fn bench_softhca_rows_ops_and_rates() {
     );
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["bench"], "softhca");
+    // The cross-core probe ran before and after the rows and timed real round trips.
+    for when in ["before", "after"] {
+        let ns = v["core_round_trip_ns"][when].as_f64();
+        assert!(
+            ns.is_some_and(|x| x.is_finite() && x > 0.0),
+            "core_round_trip_ns.{when}: {v}"
+        );
+    }
     let rows = v["rows"].as_array().unwrap();
     let shape: Vec<(u64, &str, u64)> = rows
         .iter()

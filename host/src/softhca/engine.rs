@@ -1049,6 +1049,80 @@ pub fn opcode_name(op: u8) -> &'static str {
     opcode::name(op).unwrap_or("unknown")
 }
 
+/// The machine's cross-core handover latency, as `bench softhca` reports it next to its
+/// rates: the mean round trip, in ns, of a value bounced between this thread and a
+/// spawned one through two atomics on separate cache lines (each hop a store the other
+/// thread spins on), over `rounds` round trips (after `rounds / 4` untimed ones) or 200
+/// ms, whichever ends first; NaN if not one timed round trip completed. Every
+/// soft-HCA WRITE moves at least one cache line between the producer's and the engine's
+/// cores, so this is the cost that bounds it: on the 2-vCPU VMs of this project it takes
+/// three values (about 60, 130 and 550 ns) that change within seconds, and the WRITE rate
+/// follows it (docs/soft-hca.md, "session 9").
+pub fn core_round_trip_ns(rounds: u64) -> f64 {
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let ping = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (p2, s2) = (ping.clone(), stop.clone());
+    let echo = std::thread::spawn(move || {
+        let mut seen = 0;
+        let mut spins = 0u32;
+        while !s2.load(Ordering::Relaxed) {
+            // Acquire/Release: only the value matters; the orderings keep each hop a
+            // plain load and store on x86 (no fence), as the producer/engine handover is.
+            let v = p2.0 .0.load(Ordering::Acquire);
+            if v != seen {
+                seen = v;
+                p2.1 .0.store(v, Ordering::Release);
+                spins = 0;
+            } else {
+                spins += 1;
+                if spins > 1 << 16 {
+                    // Sharing a core with the prober: let it run.
+                    std::thread::yield_now();
+                    spins = 0;
+                }
+                std::hint::spin_loop();
+            }
+        }
+    });
+    let deadline = Duration::from_millis(200);
+    let mut t0 = Instant::now();
+    let mut done = 0u64;
+    // The first `warm` round trips are not timed: they wake the other core (an idle vCPU
+    // takes microseconds to answer) and bring both lines into play.
+    let warm = (rounds / 4).max(1);
+    'outer: for i in 1..=rounds.max(1) + warm {
+        if i == warm + 1 {
+            t0 = Instant::now();
+        }
+        ping.0 .0.store(i, Ordering::Release);
+        let mut spins = 0u32;
+        while ping.1 .0.load(Ordering::Acquire) != i {
+            spins += 1;
+            if spins > 1 << 16 {
+                if t0.elapsed() > deadline {
+                    break 'outer;
+                }
+                std::thread::yield_now();
+                spins = 0;
+            }
+            std::hint::spin_loop();
+        }
+        done = i.saturating_sub(warm);
+        if i % 4096 == 0 && t0.elapsed() > deadline {
+            break;
+        }
+    }
+    let dt = t0.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let _ = echo.join();
+    if done == 0 {
+        return f64::NAN; // not one round trip in 200 ms (JSON null)
+    }
+    dt.as_nanos() as f64 / done as f64
+}
+
 /// One row of the engine microbenchmark.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct EngineBenchRow {
