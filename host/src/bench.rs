@@ -742,7 +742,7 @@ where
 {
     let me = pe.my_pe();
     let tag =
-        |it: usize| -> T { salt | T::try_from(it as u64 + 1 & 0x7FFF_FFFF).unwrap_or_default() };
+        |it: usize| -> T { salt | T::try_from((it as u64 + 1) & 0x7FFF_FFFF).unwrap_or_default() };
     pe.atomic_set(w, T::default(), me)?;
     pe.barrier_all()?;
     let iters = lat_iters(a, size);

@@ -285,6 +285,11 @@ fn check_shm_space(path: &str, len: usize) -> Result<()> {
 ///
 /// It is deterministic: the same sequence of calls gives the same offsets, which is what
 /// makes collective allocation symmetric once all PEs agree on the arguments.
+/// [`Allocator::free`] of an offset that is not the start of a live allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("offset {0:#x} is not the start of a live symmetric allocation")]
+pub struct NotAllocated(pub usize);
+
 #[derive(Debug, Clone)]
 pub struct Allocator {
     start: usize,
@@ -332,9 +337,10 @@ impl Allocator {
         Some(off)
     }
 
-    /// Returns the block at `offset` to the free list. Err(()) if `offset` was not allocated.
-    pub fn free(&mut self, offset: usize) -> std::result::Result<(), ()> {
-        let (mut b, mut l) = self.used.remove(&offset).ok_or(())?;
+    /// Returns the block at `offset` to the free list; fails if `offset` is not the start
+    /// of a live allocation (nothing changes then).
+    pub fn free(&mut self, offset: usize) -> std::result::Result<(), NotAllocated> {
+        let (mut b, mut l) = self.used.remove(&offset).ok_or(NotAllocated(offset))?;
         // Merge with the following free block.
         if let Some(nl) = self.free.remove(&(b + l)) {
             l += nl;
@@ -414,9 +420,9 @@ mod tests {
     fn double_free_and_foreign_offsets_are_rejected() {
         let mut a = Allocator::new(0, 1 << 20);
         let x = a.alloc(64, 16).unwrap();
-        assert_eq!(a.free(x + 16), Err(()));
+        assert_eq!(a.free(x + 16), Err(NotAllocated(x + 16)));
         a.free(x).unwrap();
-        assert_eq!(a.free(x), Err(()));
+        assert_eq!(a.free(x), Err(NotAllocated(x)));
     }
 
     #[test]

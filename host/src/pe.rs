@@ -700,12 +700,8 @@ impl Pe {
             return Ok(()); // the empty allocation
         }
         let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
-        a.free(ptr.offset()).map_err(|()| {
-            Error::InvalidArgument(format!(
-                "free: offset {:#x} is not the start of a live symmetric allocation",
-                ptr.offset()
-            ))
-        })
+        a.free(ptr.offset())
+            .map_err(|e| Error::InvalidArgument(format!("free: {e}")))
     }
 
     /// Bytes still free in the symmetric heap, and the largest free block.

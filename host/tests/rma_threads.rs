@@ -135,3 +135,41 @@ fn heap_exhaustion_reports_requested_and_free_bytes() {
         }
     }
 }
+
+#[test]
+fn freeing_what_is_not_an_allocation_is_refused_and_changes_nothing() {
+    let out = run_threads(2, settings(), |pe| {
+        let before = pe.heap_free();
+        let a = pe.malloc(4096)?;
+        let inside = rshmem::SymPtr::<u8>::from_raw(a.offset() + 64, 1);
+        let e1 = pe.free(inside).unwrap_err();
+        pe.free(a)?;
+        let e2 = pe.free(a).unwrap_err(); // twice
+        Ok((
+            e1.to_string(),
+            e2.to_string(),
+            a.offset(),
+            before,
+            pe.heap_free(),
+        ))
+    })
+    .unwrap();
+    for r in out {
+        let (e1, e2, off, before, after) = r.unwrap();
+        assert_eq!(
+            e1,
+            format!(
+                "invalid argument: free: offset {:#x} is not the start of a live symmetric allocation",
+                off + 64
+            )
+        );
+        assert_eq!(
+            e2,
+            format!(
+                "invalid argument: free: offset {off:#x} is not the start of a live symmetric allocation"
+            )
+        );
+        // The refused frees lost nothing: the heap is whole again.
+        assert_eq!(after, before);
+    }
+}

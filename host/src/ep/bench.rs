@@ -576,6 +576,9 @@ const FONTS: [&str; 3] = [
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
 ];
 
+/// One line of the plot: its name, colour and the value it draws.
+type Series = (&'static str, plotters::style::RGBColor, fn(&EpPoint) -> f64);
+
 /// Latency (median, and p99 dashed) of dispatch and combine against PEs or tokens.
 fn plot(points: &[EpPoint], path: &std::path::Path) -> std::result::Result<(), String> {
     use plotters::prelude::*;
@@ -628,7 +631,7 @@ fn plot(points: &[EpPoint], path: &std::path::Path) -> std::result::Result<(), S
         .y_desc("latency (us)")
         .draw()
         .map_err(|e| e.to_string())?;
-    let series: [(&str, RGBColor, fn(&EpPoint) -> f64); 4] = [
+    let series: [Series; 4] = [
         ("dispatch median", BLUE, |p| p.dispatch_us_median),
         ("dispatch p99", CYAN, |p| p.dispatch_us_p99),
         ("combine median", RED, |p| p.combine_us_median),

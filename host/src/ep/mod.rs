@@ -649,9 +649,7 @@ impl<'p> Buffer<'p> {
             num_tokens: t_count,
             fault: fault.map(|(_, e)| e),
         };
-        if let Err(e) = sent {
-            return Err(e);
-        }
+        sent?;
         if return_recv_hook {
             Ok(Dispatch::Pending(hook))
         } else {
@@ -1120,9 +1118,9 @@ impl DispatchHook<'_> {
         let mut slot = vec![0usize; r];
         let mut peer_fault: Option<(usize, u64)> = None;
         let mut corrupt: Option<String> = None;
-        for s in 0..r {
+        for (s, next) in next_le.iter_mut().enumerate() {
             if self.masked[s] {
-                next_le[s] = l;
+                *next = l;
             }
         }
         let start = Instant::now();

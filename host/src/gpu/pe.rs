@@ -673,7 +673,7 @@ impl GpuPe {
             return Ok(());
         }
         let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
-        a.free(ptr.offset()).map_err(|()| {
+        a.free(ptr.offset()).map_err(|_| {
             Error::InvalidArgument(format!(
                 "gpu free: offset {:#x} is not the start of a live GPU allocation",
                 ptr.offset()
