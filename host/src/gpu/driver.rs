@@ -256,6 +256,22 @@ pub fn ck(rc: sys::CUresult, call: &'static str, what: impl FnOnce() -> String) 
     }
 }
 
+/// Waits until the synchronous copies and memsets issued so far in the current context
+/// have landed. `cuMemcpyHtoD` from pageable memory may return before its DMA completes,
+/// and `cuMemsetD8` on device memory is asynchronous to the host (CUDA's "API
+/// synchronization behavior"); both run on the legacy default stream, which the PEs'
+/// non-blocking streams do not wait for, so without this a kernel enqueued next, or a
+/// peer that reads the memory after a host barrier, could see the old bytes. Only the
+/// legacy stream is waited for, never the PEs' streams (a context-wide sync could wait
+/// for a kernel that waits for this PE).
+pub fn settle_sync_copies(what: impl FnOnce() -> String) -> Result<()> {
+    // SAFETY: the null stream is the current context's legacy default stream.
+    let rc = unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) };
+    ck(rc, "cuStreamSynchronize", || {
+        format!("waiting for the upload of {} to land", what())
+    })
+}
+
 /// The text of an NVRTC status.
 pub fn nvrtc_result_name(rc: nvrtc_sys::nvrtcResult) -> String {
     // SAFETY: nvrtcGetErrorString returns a static string for any status; NVRTC is loaded

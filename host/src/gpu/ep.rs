@@ -21,7 +21,7 @@
 //!
 //! Every CUDA path here is unverified until scripts/gpu-check has run on a GPU.
 
-use super::driver::ck;
+use super::driver::{ck, settle_sync_copies};
 use super::module::{Ctx, Module};
 use super::pe::{DevBuf, GpuPe};
 use crate::ep::{bf16, Config, DispatchOutput, Fault, Handle, Layout, RecvX};
@@ -976,18 +976,12 @@ pub struct GpuBuffer<'g> {
     hook_args: [Option<LlArgs>; 2],
 }
 
-/// Waits until host-to-device copies made with the synchronous driver calls
-/// (`cuMemcpyHtoD`, which may return before the DMA from a pageable buffer has landed) are
-/// complete: they run on the legacy default stream, which the PE's non-blocking stream
-/// does not wait for, so kernels enqueued afterwards could otherwise read stale data.
-pub fn settle_uploads(g: &GpuPe, what: &str) -> Result<()> {
+/// Waits until the zeroing memsets of `dev` (asynchronous to the host, on the legacy
+/// stream) have landed; see [`settle_sync_copies`]. Uploads need no call: `DevBuf::write`
+/// and `GpuPe::write_local` settle themselves.
+fn settle_memsets(g: &GpuPe, what: &str) -> Result<()> {
     g.enter()?;
-    // SAFETY: the legacy default stream (null) of the current context.
-    ck(
-        unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) },
-        "cuStreamSynchronize",
-        || format!("PE {}: waiting for uploads ({what})", g.my_pe()),
-    )
+    settle_sync_copies(|| format!("PE {}: {what}", g.my_pe()))
 }
 
 fn dev(g: &GpuPe, bytes: usize, what: &str) -> Result<DevBuf> {
@@ -1112,7 +1106,7 @@ impl<'g> GpuBuffer<'g> {
         let outs = [out(0)?, out(1)?];
         // The zeroing memsets above run on the legacy stream, asynchronously to the host:
         // finished before any kernel of the PE's stream reads the control block.
-        settle_uploads(g, "zeroing the EP control block and outputs")?;
+        settle_memsets(g, "zeros into the EP control block and outputs")?;
         pe.barrier_all()?;
         Ok(GpuBuffer {
             g,
@@ -1239,8 +1233,7 @@ impl<'g> GpuBuffer<'g> {
             .iter()
             .flat_map(|&m| (m as i32).to_le_bytes())
             .collect();
-        self.mask_dev.write(&b)?;
-        settle_uploads(self.g, "the EP mask")
+        self.mask_dev.write(&b)
     }
 
     // ------------------------------------------------------------ calls

@@ -22,7 +22,7 @@
 //! per second (twice its copied bytes). Unverified on a GPU until gpu-check has run.
 
 use super::driver::{ck, driver};
-use super::ep::{load_module, settle_uploads, GpuBuffer, IdxType, Replayed};
+use super::ep::{load_module, GpuBuffer, IdxType, Replayed};
 use super::module::Module;
 use super::pe::{DevBuf, GpuPe};
 use super::run_gpu_threads;
@@ -345,7 +345,6 @@ fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
     )?;
     let idx = upload(g, &idx_bytes(&r.topk_idx, c.idx), "topk_idx")?;
     let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
-    settle_uploads(g, "EP inputs")?;
     let l = cfg.num_experts / n;
     let mut first: Option<(u64, u64)> = None;
     let mut problem: Option<Error> = None;
@@ -377,7 +376,6 @@ fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
             keep = Some(b);
             Some(p)
         };
-        settle_uploads(g, "expert outputs")?;
         let mut cmb = buf.low_latency_combine(src, idx.ptr(), c.idx, w.ptr(), &h, c.hook)?;
         if c.hook {
             buf.combine_recv_hook(&mut cmb)?;
@@ -428,7 +426,6 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
         bad_idx[0] = cfg.num_experts as i64;
     }
     let idx = upload(g, &idx_bytes(&bad_idx, IdxType::I64), "topk_idx")?;
-    settle_uploads(g, "EP inputs")?;
     let expect = |r: Result<DispatchOutput>, culprit: usize, text: &str| -> Result<()> {
         match r {
             Ok(_) => Err(Error::Verification(format!(
@@ -453,7 +450,6 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
     let mut long_idx = good.topk_idx.clone();
     long_idx.resize(t_max * 2, -1);
     let idx_long = upload(g, &idx_bytes(&long_idx, IdxType::I64), "topk_idx")?;
-    settle_uploads(g, "EP inputs")?;
     let (p, t) = if me == 0 {
         (idx_long.ptr(), t_max)
     } else {
@@ -498,7 +494,6 @@ fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
         let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
         let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
         let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
-        settle_uploads(g, "EP inputs")?;
         let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
         let d = buf.read_dispatch(&h)?;
         if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &d) {
@@ -508,7 +503,6 @@ fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
         let mut eo = vec![bf16::ZERO; l * n * 32 * cfg.hidden];
         check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
         let eo = upload(g, bf16_bytes(&eo), "expert outputs")?;
-        settle_uploads(g, "expert outputs")?;
         let c =
             buf.low_latency_combine(Some(eo.ptr()), idx.ptr(), IdxType::I64, w.ptr(), &h, false)?;
         let comb = buf.read_combined(&c)?;
@@ -555,7 +549,6 @@ fn graph_case(g: &GpuPe, m: &Module, replays: usize) -> Result<()> {
     let r0 = check::random_routing(100, me, t, &cfg, None, 4);
     idx.write(&idx_bytes(&r0.topk_idx, IdxType::I64))?;
     w.write(&f32_bytes(&r0.topk_weights))?;
-    settle_uploads(g, "EP inputs")?;
     let (graph, ()) = buf.capture(|b| {
         let h = b.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, t, false)?;
         let recv_x = b.dispatch_outputs(&h)?.recv_x;
@@ -575,7 +568,6 @@ fn graph_case(g: &GpuPe, m: &Module, replays: usize) -> Result<()> {
         let r = check::random_routing(101 + rep as u64, me, t, &cfg, None, 4 + rep);
         idx.write(&idx_bytes(&r.topk_idx, IdxType::I64))?;
         w.write(&f32_bytes(&r.topk_weights))?;
-        settle_uploads(g, "EP inputs")?;
         let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
         let calls = buf.replay(&graph)?;
         for call in calls {
@@ -950,7 +942,6 @@ fn point(
     let x = upload(g, bf16_bytes(&check::origin_x(me, tokens, cfg.hidden)), "x")?;
     let idx = upload(g, &idx_bytes(&routing.topk_idx, IdxType::I64), "topk_idx")?;
     let w = upload(g, &f32_bytes(&routing.topk_weights), "topk_weights")?;
-    settle_uploads(g, "EP inputs")?;
     let ty = IdxType::I64;
     let identity = |_e: usize| 1.0f32;
     let mut problem: Option<String> = None;
@@ -976,7 +967,6 @@ fn point(
         Some(upload(g, bf16_bytes(&eo), "expert outputs")?)
     };
     drop(eo);
-    settle_uploads(g, "expert outputs")?;
     let eo_ptr = expert_out.as_ref().map(|b| b.ptr());
     let c = buf.low_latency_combine(eo_ptr, idx.ptr(), ty, w.ptr(), &h, false)?;
     let comb0 = buf.read_combined(&c)?;
@@ -996,7 +986,6 @@ fn point(
     let gate_buf = if me == 0 {
         let b = DevBuf::new(g.ctx(), 4, "EP bench gate")?;
         b.write(&[0u8; 4])?;
-        settle_uploads(g, "EP bench gate")?;
         gate_at.store(b.ptr(), Ordering::Release);
         Some(b)
     } else {

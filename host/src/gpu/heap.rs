@@ -19,7 +19,7 @@
 //! Layout (the same as CPU heaps): `[0, 32 KiB)` team psync (host barriers), `[32 KiB,
 //! 64 KiB)` device sync scratch (zeroed at creation), user allocations from 64 KiB.
 
-use super::driver::{ck, driver};
+use super::driver::{ck, driver, settle_sync_copies};
 use crate::error::Result;
 use crate::heap::{PSYNC_WORDS, RESERVED_BYTES, TEAM_SLOTS};
 use cudarc::driver::sys;
@@ -113,6 +113,9 @@ impl VmmMapping {
         ck(rc, "cuMemsetD8", || {
             "zeroing the heap's runtime region".into()
         })?;
+        // Zero before the heap is exported: a peer's first barrier signal must not be
+        // overwritten by a memset still in flight.
+        settle_sync_copies(|| "zeros into the heap's runtime region".into())?;
         Ok(m)
     }
 

@@ -16,7 +16,7 @@
 //! Threads: every method first makes the context current on the calling thread, so a
 //! `GpuPe` may be used from any thread; collectives follow the rules of [`Pe`].
 
-use super::driver::{ck, driver};
+use super::driver::{ck, driver, settle_sync_copies};
 use super::harness::HarnessArgs;
 use super::heap::{VmmMapping, SYNC_BYTES, SYNC_OFFSET};
 use super::module::{Ctx, Module, SIGNAL_PTX};
@@ -90,7 +90,8 @@ impl DevBuf {
         self.ptr
     }
 
-    /// Synchronous host → device copy into the buffer.
+    /// Synchronous host → device copy into the buffer: the bytes are in device memory
+    /// when it returns ([`settle_sync_copies`]).
     pub fn write(&self, data: &[u8]) -> Result<()> {
         assert!(data.len() <= self.bytes);
         self.ctx.enter()?;
@@ -99,7 +100,8 @@ impl DevBuf {
             unsafe { sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len()) },
             "cuMemcpyHtoD",
             || "writing a device buffer".into(),
-        )
+        )?;
+        settle_sync_copies(|| format!("{} bytes into a device buffer", data.len()))
     }
 
     /// Synchronous device → host copy.
@@ -695,22 +697,25 @@ impl GpuPe {
         self.sync("memset")
     }
 
-    /// Copies host bytes into this PE's heap at `offset` (synchronous).
+    /// Copies host bytes into this PE's heap at `offset` (synchronous: after the PE's
+    /// earlier stream work, and landed when it returns).
     pub fn write_local(&self, offset: usize, data: &[u8]) -> Result<()> {
         let p = self.target(self.my_pe(), offset, data.len())?;
         self.sync("write_local (ordering after earlier stream work)")?;
+        let what = || {
+            format!(
+                "PE {}: writing {} bytes at {offset:#x}",
+                self.my_pe(),
+                data.len()
+            )
+        };
         // SAFETY: validated range; host slice readable.
         ck(
             unsafe { sys::cuMemcpyHtoD_v2(p, data.as_ptr().cast(), data.len()) },
             "cuMemcpyHtoD",
-            || {
-                format!(
-                    "PE {}: writing {} bytes at {offset:#x}",
-                    self.my_pe(),
-                    data.len()
-                )
-            },
-        )
+            what,
+        )?;
+        settle_sync_copies(what)
     }
 
     /// Copies this PE's heap bytes at `offset` to the host (synchronous).
@@ -939,6 +944,8 @@ impl GpuPe {
             "cuMemcpyHtoD",
             || format!("binding module {} to PE {}", m.name, self.my_pe()),
         )?;
+        // Landed before the caller launches a kernel of the module on its stream.
+        settle_sync_copies(|| format!("PE {}'s state into module {}", self.my_pe(), m.name))?;
         m.bound = Some(self.my_pe());
         Ok(())
     }
