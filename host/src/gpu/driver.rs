@@ -37,6 +37,7 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
+    "cuCtxSynchronize",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamQuery",
@@ -49,12 +50,17 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuModuleUnload",
     "cuModuleGetGlobal_v2",
     "cuModuleGetFunction",
+    "cuModuleGetFunctionCount",
+    "cuModuleEnumerateFunctions",
+    "cuFuncLoad",
     "cuLaunchKernel",
     "cuLaunchCooperativeKernel",
     "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
     "cuMemHostAlloc",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
     "cuMemHostGetDevicePointer_v2",
     "cuMemFreeHost",
     "cuMemcpyHtoD_v2",
@@ -287,6 +293,44 @@ pub fn nvrtc_result_name(rc: nvrtc_sys::nvrtcResult) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Every driver function the sources call through cudarc's `sys` is in
+    /// DRIVER_SYMBOLS (checked up front), so a driver that lacks one is an error naming it
+    /// rather than a panic inside cudarc at the first call.
+    #[test]
+    fn every_called_driver_function_is_checked_up_front() {
+        fn scan(dir: &std::path::Path, out: &mut Vec<(String, String)>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    scan(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    for (k, _) in text.match_indices("sys::cu") {
+                        let name: String = text[k + 5..]
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        let called = text[k + 5 + name.len()..].starts_with('(');
+                        if called && !name.starts_with("culib") {
+                            out.push((name, p.display().to_string()));
+                        }
+                    }
+                }
+            }
+        }
+        let mut used = Vec::new();
+        scan(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut used,
+        );
+        assert!(used.len() > 50, "the scan found only {} calls", used.len());
+        let missing: Vec<_> = used
+            .iter()
+            .filter(|(n, _)| !DRIVER_SYMBOLS.contains(&n.as_str()))
+            .collect();
+        assert!(missing.is_empty(), "not in DRIVER_SYMBOLS: {missing:?}");
+    }
+
     use super::*;
 
     /// This machine has no NVIDIA driver: the gate must say so, naming the library and the

@@ -20,6 +20,12 @@
 //! each returned row reads `2H` from the expert outputs and writes `2H` into the source's
 //! receive rows), summed over PEs, per second, divided by the copy's read + written bytes
 //! per second (twice its copied bytes). Unverified on a GPU until gpu-check has run.
+//!
+//! **No allocation between LL calls.** Every device buffer a case uses is allocated before
+//! its first dispatch and freed after its buffer's collective `destroy`. `cuMemFree` may
+//! synchronise the device (cuda.h), and `cuMemAlloc` is not promised not to; with the PEs
+//! sharing one context, a PE blocked in either while a peer's kernel waits for this PE's
+//! next launch would deadlock until the device wait bound traps.
 
 use super::driver::{ck, driver};
 use super::ep::{load_module, GpuBuffer, IdxType, Replayed};
@@ -346,6 +352,13 @@ fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
     let idx = upload(g, &idx_bytes(&r.topk_idx, c.idx), "topk_idx")?;
     let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
     let l = cfg.num_experts / n;
+    let eo_len = l * n * cfg.num_max_dispatch_tokens_per_rank * cfg.hidden;
+    // Allocated before the first LL call (module docs: no allocation between LL calls).
+    let eo_buf = if c.zero_copy {
+        None
+    } else {
+        Some(DevBuf::new(g.ctx(), eo_len * 2, "expert outputs")?)
+    };
     let mut first: Option<(u64, u64)> = None;
     let mut problem: Option<Error> = None;
     let mut note = |r: Result<()>| {
@@ -361,27 +374,27 @@ fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
         let d = buf.read_dispatch(&h)?;
         note(check::validate_dispatch(&cfg, me, &all, &masked, &d));
         note(compare_dispatch(&cfg, n, me, &d, &oracle[me].0));
-        let mut eo = vec![bf16::ZERO; l * n * cfg.num_max_dispatch_tokens_per_rank * cfg.hidden];
+        let mut eo = vec![bf16::ZERO; eo_len];
         check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
         let eo = bf16_bytes(&eo);
-        let mut keep = None;
-        let src = if c.zero_copy {
-            buf.get_next_low_latency_combine_buffer(&h)?;
-            let set = (buf.calls() % 2) as usize;
-            g.write_local(buf.zero_copy_offset(set), eo)?;
-            None
-        } else {
-            let b = upload(g, eo, "expert outputs")?;
-            let p = b.ptr();
-            keep = Some(b);
-            Some(p)
+        let src = match &eo_buf {
+            None => {
+                buf.get_next_low_latency_combine_buffer(&h)?;
+                let set = (buf.calls() % 2) as usize;
+                g.write_local(buf.zero_copy_offset(set), eo)?;
+                None
+            }
+            // This PE's previous combine, which read the buffer, finished (read_combined).
+            Some(b) => {
+                b.write(eo)?;
+                Some(b.ptr())
+            }
         };
         let mut cmb = buf.low_latency_combine(src, idx.ptr(), c.idx, w.ptr(), &h, c.hook)?;
         if c.hook {
             buf.combine_recv_hook(&mut cmb)?;
         }
         let combined = buf.read_combined(&cmb)?;
-        drop(keep);
         note(check::validate_combine(&cfg, n, me, &r, &masked, &scale, &combined).map(|_| ()));
         note(compare_combined(me, cfg.hidden, &combined, &oracle[me].1));
         let hashes = (
@@ -426,6 +439,11 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
         bad_idx[0] = cfg.num_experts as i64;
     }
     let idx = upload(g, &idx_bytes(&bad_idx, IdxType::I64), "topk_idx")?;
+    // Every input of the three calls is uploaded before the first (module docs).
+    let idx_ok = upload(g, &idx_bytes(&good.topk_idx, IdxType::I64), "topk_idx")?;
+    let mut long_idx = good.topk_idx.clone();
+    long_idx.resize(t_max * 2, -1);
+    let idx_long = upload(g, &idx_bytes(&long_idx, IdxType::I64), "topk_idx")?;
     let expect = |r: Result<DispatchOutput>, culprit: usize, text: &str| -> Result<()> {
         match r {
             Ok(_) => Err(Error::Verification(format!(
@@ -446,10 +464,6 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
     let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 16, false)?;
     expect(buf.read_dispatch(&h), 1 % n, "is outside [-1,")?;
     // 2: T = N + 1 on PE 0 (others pass valid input).
-    let idx_ok = upload(g, &idx_bytes(&good.topk_idx, IdxType::I64), "topk_idx")?;
-    let mut long_idx = good.topk_idx.clone();
-    long_idx.resize(t_max * 2, -1);
-    let idx_long = upload(g, &idx_bytes(&long_idx, IdxType::I64), "topk_idx")?;
     let (p, t) = if me == 0 {
         (idx_long.ptr(), t_max)
     } else {
@@ -494,15 +508,18 @@ fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
         let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
         let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
         let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
+        let l = cfg.num_experts / n;
+        // Before the first LL call (module docs: no allocation between LL calls).
+        let eo_buf = DevBuf::new(g.ctx(), l * n * 32 * cfg.hidden * 2, "expert outputs")?;
         let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
         let d = buf.read_dispatch(&h)?;
         if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &d) {
             problem.get_or_insert(e);
         }
-        let l = cfg.num_experts / n;
         let mut eo = vec![bf16::ZERO; l * n * 32 * cfg.hidden];
         check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
-        let eo = upload(g, bf16_bytes(&eo), "expert outputs")?;
+        eo_buf.write(bf16_bytes(&eo))?;
+        let eo = eo_buf;
         let c =
             buf.low_latency_combine(Some(eo.ptr()), idx.ptr(), IdxType::I64, w.ptr(), &h, false)?;
         let comb = buf.read_combined(&c)?;
@@ -945,6 +962,17 @@ fn point(
     let ty = IdxType::I64;
     let identity = |_e: usize| 1.0f32;
     let mut problem: Option<String> = None;
+    let l = cfg.num_experts / n;
+    // Before the first LL call (module docs: no allocation between LL calls).
+    let expert_out = if a.zero_copy {
+        None
+    } else {
+        Some(DevBuf::new(
+            g.ctx(),
+            l * n * tokens * cfg.hidden * 2,
+            "expert outputs",
+        )?)
+    };
 
     // Validated call pair (untimed); its expert outputs serve every timed iteration (the
     // GPU's packing is deterministic, so the layout is the same for the same routing).
@@ -953,19 +981,18 @@ fn point(
     if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &d0) {
         problem = Some(e.to_string());
     }
-    let l = cfg.num_experts / n;
     let mut eo = vec![bf16::ZERO; l * n * tokens * cfg.hidden];
     check::expert_forward(&cfg, n, me, &d0, &identity, &mut eo);
-    let expert_out = if a.zero_copy {
-        buf.get_next_low_latency_combine_buffer(&h)?;
-        g.write_local(
-            buf.zero_copy_offset((buf.calls() % 2) as usize),
-            bf16_bytes(&eo),
-        )?;
-        None
-    } else {
-        Some(upload(g, bf16_bytes(&eo), "expert outputs")?)
-    };
+    match &expert_out {
+        None => {
+            buf.get_next_low_latency_combine_buffer(&h)?;
+            g.write_local(
+                buf.zero_copy_offset((buf.calls() % 2) as usize),
+                bf16_bytes(&eo),
+            )?;
+        }
+        Some(b) => b.write(bf16_bytes(&eo))?,
+    }
     drop(eo);
     let eo_ptr = expert_out.as_ref().map(|b| b.ptr());
     let c = buf.low_latency_combine(eo_ptr, idx.ptr(), ty, w.ptr(), &h, false)?;

@@ -161,12 +161,44 @@ impl Module {
         ck(rc, "cuModuleLoadData", || {
             format!("loading module {name} (PTX for sm_90, ISA 9.0: needs driver 580 / CUDA 13.0 or newer)")
         })?;
-        Ok(Module {
+        let m = Module {
             raw,
             ctx: ctx.clone(),
             name: name.into(),
             bound: None,
-        })
+        };
+        m.load_functions()?;
+        Ok(m)
+    }
+
+    /// Loads every kernel of the module now. Under lazy loading (CUDA's default since 12.2)
+    /// a kernel is loaded at its first `cuModuleGetFunction`, and that load may wait for
+    /// the context's running kernels to finish (CUDA Programming Guide, "Lazy Loading",
+    /// concurrent execution). PEs of one process share a context and their kernels wait
+    /// for each other, so a PE looking up a kernel while a peer's kernel waits for this
+    /// PE would deadlock. Loading modules and kernels before the launches keeps every
+    /// later lookup a table read.
+    fn load_functions(&self) -> Result<()> {
+        let mut n: std::ffi::c_uint = 0;
+        // SAFETY: valid out-pointer and module; context current (load entered it).
+        let rc = unsafe { sys::cuModuleGetFunctionCount(&mut n, self.raw) };
+        ck(rc, "cuModuleGetFunctionCount", || {
+            format!("listing the kernels of module {}", self.name)
+        })?;
+        let mut fs: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); n as usize];
+        // SAFETY: room for exactly n handles; valid module.
+        let rc = unsafe { sys::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, self.raw) };
+        ck(rc, "cuModuleEnumerateFunctions", || {
+            format!("listing the kernels of module {}", self.name)
+        })?;
+        for f in fs {
+            // SAFETY: a handle the driver just returned for this module.
+            let rc = unsafe { sys::cuFuncLoad(f) };
+            ck(rc, "cuFuncLoad", || {
+                format!("loading the kernels of module {} eagerly", self.name)
+            })?;
+        }
+        Ok(())
     }
 
     /// A kernel of the module by its `extern "C"` name.
