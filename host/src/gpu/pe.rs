@@ -1147,14 +1147,19 @@ impl GpuPe {
         }
     }
 
-    /// Leaves the job: waits for the stream, releases the GPU resources, then finalizes
-    /// the CPU-side PE (a barrier with every PE).
+    /// Leaves the job: waits for the stream, a barrier with every PE, releases the GPU
+    /// resources, then finalizes the CPU-side PE (another barrier).
     pub fn finalize(self) -> Result<()> {
         let q = self.sync("finalize");
+        // Every PE's kernels have finished before anyone unmaps or frees: those calls may
+        // wait for the shared context's work, and a peer's kernel may still wait for this
+        // PE (docs/gpu-design.md). Called whatever `q` says, so every PE makes the same
+        // number of collective calls; the barrier is bounded and names a dead peer.
+        let b = self.pe.barrier_all();
         let GpuPe { cuda, pe, .. } = self;
         drop(cuda);
         let r = pe.finalize();
-        q.and(r)
+        q.and(b).and(r)
     }
 }
 
