@@ -31,6 +31,7 @@ fn run(root: &Path, envs: &[(&str, &str)]) -> Output {
     let mut c = Command::new("bash");
     c.arg(root.join("scripts/gpu-check")).arg(root.join("out"));
     c.env_remove("LD_LIBRARY_PATH");
+    c.env_remove("CUDA_DEVICE_MAX_CONNECTIONS");
     for (k, v) in envs {
         c.env(k, v);
     }
@@ -85,8 +86,18 @@ fn refuses_without_libcuda() {
 
 const FAKE_CUDA_C: &str = r#"
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-int cuInit(unsigned int f) { return 0; }
+/* Appends what CUDA would read at init to $FAKE_CUDA_ENV_LOG (when set). */
+int cuInit(unsigned int f) {
+  const char *log = getenv("FAKE_CUDA_ENV_LOG");
+  if (log) {
+    FILE *o = fopen(log, "a");
+    const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    if (o) { fprintf(o, "%s\n", v ? v : "(unset)"); fclose(o); }
+  }
+  return 0;
+}
 int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 int cuDeviceGetCount(int *n) { *n = 1; return 0; }
 int cuDeviceGet(int *d, int o) { *d = o; return o == 0 ? 0 : 101; }
@@ -96,12 +107,8 @@ int cuDeviceGetAttribute(int *v, int a, int d) { *v = 1; return 0; }
 int cuGetErrorName(int rc, const char **s) { *s = "CUDA_ERROR_FAKE"; return 0; }
 "#;
 
-#[test]
-fn runs_every_step_and_ends_with_the_table() {
-    if libcuda_present() {
-        return;
-    }
-    let root = repo("fake", true);
+/// Builds the stand-in libcuda.so.1 into `root`/fakelib and returns that folder.
+fn fake_libcuda(root: &Path) -> PathBuf {
     let lib = root.join("fakelib");
     std::fs::create_dir_all(&lib).unwrap();
     std::fs::write(lib.join("fake.c"), FAKE_CUDA_C).unwrap();
@@ -112,12 +119,62 @@ fn runs_every_step_and_ends_with_the_table() {
         .output()
         .expect("cc");
     assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    lib
+}
+
+/// The rshmem binary gives CUDA 32 hardware queues unless the user chose a number: GPU
+/// PEs of one process wait for each other across their streams, and CUDA's default of 8
+/// would serialise the ninth stream behind another.
+#[test]
+fn the_binary_gives_cuda_enough_connections() {
+    if libcuda_present() {
+        return;
+    }
+    let root = repo("conns", false);
+    let lib = fake_libcuda(&root);
+    let log = root.join("env.log");
+    for (set, want) in [(None, "32"), (Some("16"), "16")] {
+        let _ = std::fs::remove_file(&log);
+        let mut c = Command::new(BIN);
+        c.args(["doctor", "--json"])
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("FAKE_CUDA_ENV_LOG", &log)
+            .env_remove("CUDA_DEVICE_MAX_CONNECTIONS");
+        if let Some(v) = set {
+            c.env("CUDA_DEVICE_MAX_CONNECTIONS", v);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let seen = std::fs::read_to_string(&log).expect("the stand-in cuInit ran");
+        assert_eq!(
+            seen.lines().collect::<Vec<_>>(),
+            [want],
+            "exported: {set:?}"
+        );
+    }
+}
+
+#[test]
+fn runs_every_step_and_ends_with_the_table() {
+    if libcuda_present() {
+        return;
+    }
+    let root = repo("fake", true);
+    let lib = fake_libcuda(&root);
+    let env_log = root.join("env.log");
     let o = run(
         &root,
         &[
             ("LD_LIBRARY_PATH", lib.to_str().unwrap()),
             ("RSHMEM_NVRTC_LIB", "/nonexistent/libnvrtc.so.13"),
+            ("FAKE_CUDA_ENV_LOG", env_log.to_str().unwrap()),
         ],
+    );
+    // Every process that started CUDA saw the script's 32 hardware queues.
+    let seen = std::fs::read_to_string(&env_log).expect("a stand-in cuInit ran");
+    assert!(
+        !seen.is_empty() && seen.lines().all(|l| l == "32"),
+        "CUDA_DEVICE_MAX_CONNECTIONS seen at cuInit: {seen}"
     );
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
