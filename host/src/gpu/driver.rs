@@ -78,6 +78,7 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemSetAccess",
     "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle",
+    "cuMemRetainAllocationHandle",
     // EP: CUDA graphs of LL calls (gpu/ep.rs) and the bench's start gate (gpu/ep_bench.rs).
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",

@@ -155,6 +155,39 @@ impl VmmMapping {
         Ok(m)
     }
 
+    /// Maps a heap of this process, another PE's, through the address it is mapped at:
+    /// `cuMemRetainAllocationHandle` takes a new reference to the allocation behind
+    /// `peer_va` (released on drop, as an imported handle). The fallback for PEs of one
+    /// process when importing the exporter's fd is refused: CUDA documents fd import
+    /// between processes; within one process it is not documented either way.
+    pub fn retain(peer_va: u64, size: usize, ordinal: i32, peer: usize) -> Result<VmmMapping> {
+        driver()?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer; peer_va is the start of PE `peer`'s heap mapping in
+        // this process, which stays mapped until that PE finalizes (after a barrier).
+        let rc = unsafe {
+            sys::cuMemRetainAllocationHandle(&mut handle, peer_va as usize as *mut std::ffi::c_void)
+        };
+        ck(rc, "cuMemRetainAllocationHandle", || {
+            format!("taking a reference to PE {peer}'s GPU heap at {peer_va:#x} in this process")
+        })?;
+        let mut m = VmmMapping {
+            handle,
+            va: 0,
+            size,
+            mapped: false,
+            reserved: false,
+        };
+        m.map(ordinal).map_err(|e| match e {
+            crate::Error::Cuda { call, detail } => crate::Error::Cuda {
+                call,
+                detail: format!("{detail} (mapping PE {peer}'s heap by its address)"),
+            },
+            e => e,
+        })?;
+        Ok(m)
+    }
+
     fn map(&mut self, ordinal: i32) -> Result<()> {
         let size = self.size;
         let gran = granularity(ordinal)?;

@@ -359,6 +359,23 @@ impl GpuPe {
             });
         }
 
+        // Where each heap lives (process id, address): PEs of this process can fall back
+        // to mapping a peer's heap through its address (VmmMapping::retain).
+        let mut place = Vec::with_capacity(16);
+        place.extend_from_slice(&(std::process::id() as u64).to_le_bytes());
+        place.extend_from_slice(&mine.va().to_le_bytes());
+        let places = boot.allgather(&world, &place)?;
+        let place_of = |r: usize| -> Result<(u64, u64)> {
+            let p = &places[r];
+            if p.len() != 16 {
+                return Err(Error::InvalidArgument(format!(
+                    "PE {r} sent a malformed heap location ({} bytes)",
+                    p.len()
+                )));
+            }
+            Ok((crate::pe::le_u64(&p[..8]), crate::pe::le_u64(&p[8..])))
+        };
+
         // Exchange handles with the node's PEs: serve ours, barrier, fetch theirs.
         let others: BTreeSet<usize> = node.iter().copied().filter(|&r| r != rank).collect();
         let ex = super::fdpass::FdExchange {
@@ -409,7 +426,18 @@ impl GpuPe {
                 None => false,
             };
             if reachable {
-                heaps[r] = Some(VmmMapping::import(fd, heap_size, ordinal, r)?);
+                let (pid, va) = place_of(r)?;
+                heaps[r] = Some(match VmmMapping::import(fd, heap_size, ordinal, r) {
+                    Ok(m) => m,
+                    Err(e) if pid == std::process::id() as u64 => {
+                        eprintln!(
+                            "rshmem: PE {rank}: importing PE {r}'s heap fd failed ({e}); \
+                             mapping it through its address in this process instead"
+                        );
+                        VmmMapping::retain(va, heap_size, ordinal, r)?
+                    }
+                    Err(e) => return Err(e),
+                });
             }
             Ok(())
         });
