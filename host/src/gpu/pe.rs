@@ -90,10 +90,20 @@ impl DevBuf {
         self.ptr
     }
 
+    fn check_len(&self, len: usize, op: &str) -> Result<()> {
+        if len > self.bytes {
+            return Err(Error::InvalidArgument(format!(
+                "device buffer {op} of {len} bytes: the buffer holds {}",
+                self.bytes
+            )));
+        }
+        Ok(())
+    }
+
     /// Synchronous host → device copy into the buffer: the bytes are in device memory
     /// when it returns ([`settle_sync_copies`]).
     pub fn write(&self, data: &[u8]) -> Result<()> {
-        assert!(data.len() <= self.bytes);
+        self.check_len(data.len(), "write")?;
         self.ctx.enter()?;
         // SAFETY: data.len() <= bytes of a live allocation.
         ck(
@@ -106,7 +116,7 @@ impl DevBuf {
 
     /// Synchronous device → host copy.
     pub fn read(&self, out: &mut [u8]) -> Result<()> {
-        assert!(out.len() <= self.bytes);
+        self.check_len(out.len(), "read")?;
         self.ctx.enter()?;
         // SAFETY: out.len() <= bytes of a live allocation.
         ck(
