@@ -920,6 +920,8 @@ fn load_image(g: &GpuPe) -> Result<Module> {
                     name: MODULE.into(),
                     bound: None,
                 };
+                // Every kernel now, as Module::load does (no lazy load during the calls).
+                m.load_functions()?;
                 g.bind_module(&mut m)?;
                 return Ok(m);
             }

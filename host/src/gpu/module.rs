@@ -178,7 +178,7 @@ impl Module {
     /// for each other, so a PE looking up a kernel while a peer's kernel waits for this
     /// PE would deadlock. Loading modules and kernels before the launches keeps every
     /// later lookup a table read.
-    fn load_functions(&self) -> Result<()> {
+    pub(crate) fn load_functions(&self) -> Result<()> {
         let mut n: std::ffi::c_uint = 0;
         // SAFETY: valid out-pointer and module; context current (load entered it).
         let rc = unsafe { sys::cuModuleGetFunctionCount(&mut n, self.raw) };
