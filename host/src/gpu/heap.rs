@@ -93,10 +93,21 @@ impl VmmMapping {
     /// `ordinal`, maps it and zeroes the runtime region. The caller's context is current.
     pub fn create(ordinal: i32, size: usize, rdma: bool) -> Result<VmmMapping> {
         driver()?;
-        let p = prop(ordinal, rdma);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and property struct; flags must be 0.
-        let rc = unsafe { sys::cuMemCreate(&mut handle, size, &p, 0) };
+        let mut rc = unsafe { sys::cuMemCreate(&mut handle, size, &prop(ordinal, rdma), 0) };
+        if rdma && rc != sys::CUresult::CUDA_SUCCESS {
+            // The device reports GPUDirect RDMA with VMM, but a virtual machine (or a
+            // driver without peer memory) may still refuse the flag. Only a NIC needs it,
+            // and no NIC path is wired into GPU PEs yet: keep going without, and say so.
+            eprintln!(
+                "rshmem: GPU {ordinal}: an RDMA-capable heap was refused ({}); \
+                 allocating it without gpuDirectRDMACapable",
+                super::driver::result_name(rc)
+            );
+            // SAFETY: as above.
+            rc = unsafe { sys::cuMemCreate(&mut handle, size, &prop(ordinal, false), 0) };
+        }
         ck(rc, "cuMemCreate", || {
             format!("allocating a {size}-byte symmetric heap on GPU {ordinal} (POSIX-fd shareable, RDMA {rdma}); lower RSHMEM_SYMMETRIC_SIZE if the GPU is full")
         })?;
