@@ -149,21 +149,7 @@ impl VmmMapping {
             format!("importing PE {peer}'s GPU heap")
         })?;
         drop(fd);
-        let mut m = VmmMapping {
-            handle,
-            va: 0,
-            size,
-            mapped: false,
-            reserved: false,
-        };
-        m.map(ordinal).map_err(|e| match e {
-            crate::Error::Cuda { call, detail } => crate::Error::Cuda {
-                call,
-                detail: format!("{detail} (mapping PE {peer}'s heap)"),
-            },
-            e => e,
-        })?;
-        Ok(m)
+        Self::map_peer(handle, size, ordinal, format!("mapping PE {peer}'s heap"))
     }
 
     /// Maps a heap of this process, another PE's, through the address it is mapped at:
@@ -182,6 +168,22 @@ impl VmmMapping {
         ck(rc, "cuMemRetainAllocationHandle", || {
             format!("taking a reference to PE {peer}'s GPU heap at {peer_va:#x} in this process")
         })?;
+        Self::map_peer(
+            handle,
+            size,
+            ordinal,
+            format!("mapping PE {peer}'s heap by its address"),
+        )
+    }
+
+    /// Maps a peer's allocation `handle` (owned: released on drop, also when mapping
+    /// fails); `what` is added to a driver error.
+    fn map_peer(
+        handle: sys::CUmemGenericAllocationHandle,
+        size: usize,
+        ordinal: i32,
+        what: String,
+    ) -> Result<VmmMapping> {
         let mut m = VmmMapping {
             handle,
             va: 0,
@@ -192,7 +194,7 @@ impl VmmMapping {
         m.map(ordinal).map_err(|e| match e {
             crate::Error::Cuda { call, detail } => crate::Error::Cuda {
                 call,
-                detail: format!("{detail} (mapping PE {peer}'s heap by its address)"),
+                detail: format!("{detail} ({what})"),
             },
             e => e,
         })?;
