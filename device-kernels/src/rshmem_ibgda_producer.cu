@@ -36,6 +36,12 @@ rshmem_ibgda_post_writes(rshmem_ibgda_qp_t *qp, uint64_t raddr,
   const uint64_t dst = raddr + tid * bytes;
   if (threadIdx.x == 0 && times) times[2 * blockIdx.x] = ib::now_ns();
   for (uint32_t i = 0; i < iters; ++i) {
+    // post_write_warp batches the lanes __activemask() names; a warp need not be
+    // converged here (lane 0 just ran the timestamp branch, and each round ends in
+    // divergent checks), so converge it first or a round may split into several
+    // reservations and skew the rate. Every lane runs every round; lanes past blockDim
+    // do not exist and count as exited.
+    if (warp_batch) __syncwarp();
     int st = warp_batch ? ib::post_write_warp(qp, dst, rkey, laddr, lkey, bytes)
                         : ib::post_write(qp, dst, rkey, laddr, lkey, bytes);
     ib::check(qp, st, err, -1);
