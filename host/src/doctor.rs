@@ -310,6 +310,9 @@ fn render_table(r: &Report) -> String {
     if let Some(why) = &r.cuda.p2p_detail {
         lines.push(kv("P2P", why.clone()));
     }
+    if let Some(q) = &r.cuda.hardware_queues_detail {
+        lines.push(kv("HW queues", q.clone()));
+    }
     for p in &r.cuda.p2p {
         let v = match (p.access, &p.error) {
             (Some(true), _) => "yes".to_string(),
@@ -436,6 +439,8 @@ mod tests {
                 .collect(),
             p2p: Vec::new(),
             p2p_detail: None,
+            hardware_queues: Some(32),
+            hardware_queues_detail: None,
         }
     }
 

@@ -381,6 +381,8 @@ fn fake_cuda_driver_is_reported_device_by_device() {
     assert_eq!(p2p[0]["access"], Value::Bool(true));
     assert!(p2p[0]["error"].is_null());
     assert!(p2p[1]["access"].is_null());
+    // The rshmem binary gives CUDA 32 hardware queues unless the user exported a number.
+    assert_eq!(cuda["hardware_queues"], 32);
     assert_eq!(
         p2p[1]["error"],
         "cuDeviceCanAccessPeer failed: CUDA_ERROR_INVALID_DEVICE (101)"
@@ -408,6 +410,10 @@ fn fake_cuda_driver_is_reported_device_by_device() {
         "{text}"
     );
     assert!(text.contains("P2P 0 -> 1"), "{text}");
+    assert!(
+        text.contains("HW queues              32 per GPU (CUDA_DEVICE_MAX_CONNECTIONS): up to 31 GPU PEs per process"),
+        "{text}"
+    );
     assert!(
         text.contains("cuDeviceCanAccessPeer failed: CUDA_ERROR_INVALID_DEVICE (101)"),
         "{text}"

@@ -107,6 +107,46 @@ pub struct CudaReport {
     /// Why `p2p` is empty when there are several devices (e.g. the symbol is missing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p2p_detail: Option<String>,
+    /// Hardware work queues per GPU that CUDA gives this process
+    /// (`CUDA_DEVICE_MAX_CONNECTIONS`, which the `rshmem` binary sets to 32 when unset;
+    /// CUDA's default is 8). GPU PEs of one process wait for each other across their
+    /// streams, so they need more queues than PEs. Null when libcuda is absent.
+    pub hardware_queues: Option<u32>,
+    /// One line on `hardware_queues` (the source, and how many PEs per process fit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hardware_queues_detail: Option<String>,
+}
+
+/// CUDA's number of hardware queues per device when `CUDA_DEVICE_MAX_CONNECTIONS` is unset.
+const CUDA_DEFAULT_CONNECTIONS: u32 = 8;
+/// The largest value CUDA accepts.
+const CUDA_MAX_CONNECTIONS: u32 = 32;
+
+/// (queues, line) from `CUDA_DEVICE_MAX_CONNECTIONS` as this process holds it.
+fn hardware_queues(var: Option<&str>) -> (u32, String) {
+    let fits = |q: u32| format!("up to {} GPU PEs per process", q.saturating_sub(1));
+    match var.map(str::trim) {
+        None => (
+            CUDA_DEFAULT_CONNECTIONS,
+            format!(
+                "{CUDA_DEFAULT_CONNECTIONS} per GPU (CUDA's default; CUDA_DEVICE_MAX_CONNECTIONS unset): {}",
+                fits(CUDA_DEFAULT_CONNECTIONS)
+            ),
+        ),
+        Some(v) => match v.parse::<u32>() {
+            Ok(q) if (1..=CUDA_MAX_CONNECTIONS).contains(&q) => (
+                q,
+                format!("{q} per GPU (CUDA_DEVICE_MAX_CONNECTIONS): {}", fits(q)),
+            ),
+            _ => (
+                CUDA_DEFAULT_CONNECTIONS,
+                format!(
+                    "CUDA_DEVICE_MAX_CONNECTIONS={v:?} is not in 1..=32: CUDA uses its default {CUDA_DEFAULT_CONNECTIONS}, {}",
+                    fits(CUDA_DEFAULT_CONNECTIONS)
+                ),
+            ),
+        },
+    }
 }
 
 /// Whether device `from` can access device `to`'s memory.
@@ -156,6 +196,8 @@ pub(super) fn probe() -> CudaReport {
                 devices: Vec::new(),
                 p2p: Vec::new(),
                 p2p_detail: None,
+                hardware_queues: None,
+                hardware_queues_detail: None,
             }
         }
     };
@@ -181,6 +223,8 @@ pub(super) fn probe() -> CudaReport {
             devices: Vec::new(),
             p2p: Vec::new(),
             p2p_detail: None,
+            hardware_queues: None,
+            hardware_queues_detail: None,
         };
     }
     let mut count: c_int = 0;
@@ -198,10 +242,14 @@ pub(super) fn probe() -> CudaReport {
             devices: Vec::new(),
             p2p: Vec::new(),
             p2p_detail: None,
+            hardware_queues: None,
+            hardware_queues_detail: None,
         };
     }
     let devices: Vec<CudaDevice> = (0..count).map(|i| device(drv, i)).collect();
     let (p2p, p2p_detail) = p2p_matrix(drv, count);
+    let var = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok();
+    let (queues, queues_line) = hardware_queues(var.as_deref());
     CudaReport {
         present: true,
         detail: format!("{} loaded, {version_text}, {count} device(s)", drv.soname),
@@ -209,6 +257,8 @@ pub(super) fn probe() -> CudaReport {
         devices,
         p2p,
         p2p_detail,
+        hardware_queues: Some(queues),
+        hardware_queues_detail: Some(queues_line),
     }
 }
 
@@ -346,6 +396,30 @@ fn error_name(drv: &Driver, rc: CuResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hardware_queues_follow_cuda_device_max_connections() {
+        assert_eq!(
+            hardware_queues(None),
+            (
+                8,
+                "8 per GPU (CUDA's default; CUDA_DEVICE_MAX_CONNECTIONS unset): up to 7 GPU PEs per process"
+                    .into()
+            )
+        );
+        assert_eq!(
+            hardware_queues(Some("32")),
+            (
+                32,
+                "32 per GPU (CUDA_DEVICE_MAX_CONNECTIONS): up to 31 GPU PEs per process".into()
+            )
+        );
+        for bad in ["0", "33", "many"] {
+            let (q, line) = hardware_queues(Some(bad));
+            assert_eq!(q, 8, "{bad}");
+            assert!(line.contains("is not in 1..=32"), "{line}");
+        }
+    }
 
     #[test]
     fn driver_versions_print_as_major_minor() {
