@@ -411,7 +411,7 @@ fn fake_cuda_driver_is_reported_device_by_device() {
     );
     assert!(text.contains("P2P 0 -> 1"), "{text}");
     assert!(
-        text.contains("HW queues              32 per GPU (CUDA_DEVICE_MAX_CONNECTIONS): up to 31 GPU PEs per process"),
+        text.contains("HW queues              32 per GPU (CUDA_DEVICE_MAX_CONNECTIONS): up to 30 GPU PEs per GPU per process"),
         "{text}"
     );
     assert!(

@@ -117,36 +117,21 @@ pub struct CudaReport {
     pub hardware_queues_detail: Option<String>,
 }
 
-/// CUDA's number of hardware queues per device when `CUDA_DEVICE_MAX_CONNECTIONS` is unset.
-const CUDA_DEFAULT_CONNECTIONS: u32 = 8;
-/// The largest value CUDA accepts.
-const CUDA_MAX_CONNECTIONS: u32 = 32;
-
 /// (queues, line) from `CUDA_DEVICE_MAX_CONNECTIONS` as this process holds it.
 fn hardware_queues(var: Option<&str>) -> (u32, String) {
-    let fits = |q: u32| format!("up to {} GPU PEs per process", q.saturating_sub(1));
-    match var.map(str::trim) {
-        None => (
-            CUDA_DEFAULT_CONNECTIONS,
-            format!(
-                "{CUDA_DEFAULT_CONNECTIONS} per GPU (CUDA's default; CUDA_DEVICE_MAX_CONNECTIONS unset): {}",
-                fits(CUDA_DEFAULT_CONNECTIONS)
-            ),
+    let (q, usable) = crate::gpu::launch::cuda_connections(var);
+    // The same bound run_gpu_threads enforces (launch::check_pes_fit_queues).
+    let fits = format!("up to {} GPU PEs per GPU per process", q.saturating_sub(2));
+    let line = match (var, usable) {
+        (None, _) => {
+            format!("{q} per GPU (CUDA's default; CUDA_DEVICE_MAX_CONNECTIONS unset): {fits}")
+        }
+        (Some(_), true) => format!("{q} per GPU (CUDA_DEVICE_MAX_CONNECTIONS): {fits}"),
+        (Some(v), false) => format!(
+            "CUDA_DEVICE_MAX_CONNECTIONS={v:?} is not in 1..=32: CUDA uses its default {q}, {fits}"
         ),
-        Some(v) => match v.parse::<u32>() {
-            Ok(q) if (1..=CUDA_MAX_CONNECTIONS).contains(&q) => (
-                q,
-                format!("{q} per GPU (CUDA_DEVICE_MAX_CONNECTIONS): {}", fits(q)),
-            ),
-            _ => (
-                CUDA_DEFAULT_CONNECTIONS,
-                format!(
-                    "CUDA_DEVICE_MAX_CONNECTIONS={v:?} is not in 1..=32: CUDA uses its default {CUDA_DEFAULT_CONNECTIONS}, {}",
-                    fits(CUDA_DEFAULT_CONNECTIONS)
-                ),
-            ),
-        },
-    }
+    };
+    (q, line)
 }
 
 /// Whether device `from` can access device `to`'s memory.
@@ -403,7 +388,7 @@ mod tests {
             hardware_queues(None),
             (
                 8,
-                "8 per GPU (CUDA's default; CUDA_DEVICE_MAX_CONNECTIONS unset): up to 7 GPU PEs per process"
+                "8 per GPU (CUDA's default; CUDA_DEVICE_MAX_CONNECTIONS unset): up to 6 GPU PEs per GPU per process"
                     .into()
             )
         );
@@ -411,7 +396,8 @@ mod tests {
             hardware_queues(Some("32")),
             (
                 32,
-                "32 per GPU (CUDA_DEVICE_MAX_CONNECTIONS): up to 31 GPU PEs per process".into()
+                "32 per GPU (CUDA_DEVICE_MAX_CONNECTIONS): up to 30 GPU PEs per GPU per process"
+                    .into()
             )
         );
         for bad in ["0", "33", "many"] {

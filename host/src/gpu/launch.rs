@@ -56,6 +56,42 @@ pub fn use_cooperative(pes_sharing: u32, device_supports: bool) -> bool {
     pes_sharing <= 1 && device_supports
 }
 
+/// CUDA's hardware work queues per device when `CUDA_DEVICE_MAX_CONNECTIONS` is unset or
+/// not in 1..=32.
+pub const CUDA_DEFAULT_CONNECTIONS: u32 = 8;
+
+/// The hardware queues per device CUDA gives a process whose `CUDA_DEVICE_MAX_CONNECTIONS`
+/// is `var`, and whether `var` was usable (unset counts as usable: CUDA's default).
+pub fn cuda_connections(var: Option<&str>) -> (u32, bool) {
+    match var.map(str::trim) {
+        None => (CUDA_DEFAULT_CONNECTIONS, true),
+        Some(v) => match v.parse::<u32>() {
+            Ok(q) if (1..=32).contains(&q) => (q, true),
+            _ => (CUDA_DEFAULT_CONNECTIONS, false),
+        },
+    }
+}
+
+/// Refuses more GPU PEs on one GPU in one process than its hardware queues carry. Each PE
+/// has a stream, and the PEs' kernels wait for each other; streams beyond the queues share
+/// one and run in submission order, so a kernel could wait behind a peer's kernel that
+/// waits for it. Two queues are kept for the legacy stream and one side stream (the EP
+/// bench's start gate).
+pub fn check_pes_fit_queues(pes_per_gpu: usize, var: Option<&str>) -> Result<()> {
+    let (queues, _) = cuda_connections(var);
+    let most = (queues as usize).saturating_sub(2);
+    if pes_per_gpu > most {
+        return Err(Error::InvalidArgument(format!(
+            "{pes_per_gpu} GPU PEs of this process would share one GPU, which CUDA gives {queues} \
+             hardware queues (CUDA_DEVICE_MAX_CONNECTIONS={}): at most {most} PEs per GPU per \
+             process, or export CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts (the rshmem \
+             command does)",
+            var.unwrap_or("unset")
+        )));
+    }
+    Ok(())
+}
+
 /// The CUDA device ordinal for this PE: `RSHMEM_DEVICE` (`env`) when set, else
 /// `local_rank % count`.
 pub fn pick_device(env: Option<&str>, local_rank: usize, count: usize) -> Result<i32> {
@@ -106,6 +142,31 @@ pub fn round_to_granularity(requested: usize, granularity: usize) -> Result<usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cuda_connections_parse_as_cuda_does() {
+        assert_eq!(cuda_connections(None), (8, true));
+        assert_eq!(cuda_connections(Some("32")), (32, true));
+        assert_eq!(cuda_connections(Some(" 4 ")), (4, true));
+        for bad in ["0", "33", "x", ""] {
+            assert_eq!(cuda_connections(Some(bad)), (8, false), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn pes_per_gpu_must_fit_the_hardware_queues() {
+        check_pes_fit_queues(6, None).unwrap();
+        check_pes_fit_queues(30, Some("32")).unwrap();
+        let e = check_pes_fit_queues(8, None).unwrap_err().to_string();
+        assert!(
+            e.contains("8 GPU PEs of this process would share one GPU, which CUDA gives 8 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS=unset): at most 6"),
+            "{e}"
+        );
+        let e = check_pes_fit_queues(31, Some("32"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 30 PEs per GPU"), "{e}");
+    }
 
     #[test]
     fn collective_grids_split_the_gpu() {

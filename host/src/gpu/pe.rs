@@ -1330,6 +1330,14 @@ pub fn run_gpu_threads<R: Send>(
     if n == 0 {
         return Err(Error::InvalidArgument("run_gpu_threads: 0 PEs".into()));
     }
+    // PEs of this process on one GPU: all of them with RSHMEM_DEVICE, else spread by rank.
+    let per_gpu = if std::env::var_os("RSHMEM_DEVICE").is_some() {
+        n
+    } else {
+        n.div_ceil(device_count()?.max(1))
+    };
+    let conns = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok();
+    super::launch::check_pes_fit_queues(per_gpu, conns.as_deref())?;
     let token = random_token()?;
     let root = crate::bootstrap::Root::bind("127.0.0.1:0", n, &token)?;
     let addr = root.local_addr().to_string();
