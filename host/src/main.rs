@@ -187,16 +187,19 @@ fn selftest(a: SelftestArgs) -> i32 {
 const CUDA_CONNECTIONS: &str = "32";
 
 fn main() {
+    let cli = Cli::parse();
     // GPU PEs of one process each have a stream, and their kernels wait for each other.
     // Streams beyond the driver's connections share one and then run in submission order
     // ("false dependencies"), so a PE's kernel queued behind a peer's waiting kernel would
     // never start: with the default 8, `--pes 8` plus the EP bench's gate stream is
     // already one too many. Set before any thread exists and before cuInit reads it; a
-    // value the user exported wins.
-    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+    // value the user exported wins. Not for `run`: the programs it starts get the
+    // environment the user gave them.
+    if !matches!(cli.command, Command::Run(_))
+        && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none()
+    {
         std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", CUDA_CONNECTIONS);
     }
-    let cli = Cli::parse();
     let code = match cli.command {
         Command::Run(args) => rshmem::launcher::run_cli(args),
         Command::Doctor(args) => rshmem::doctor::run_cli(args),

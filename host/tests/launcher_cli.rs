@@ -133,6 +133,41 @@ fn sets_pe_environment_and_prefixes_lines() {
     assert_eq!(err, ["[pe 0] err", "[pe 1] err", "[pe 2] err"]);
 }
 
+/// `rshmem run` passes the user's environment through: the CUDA queue count the rshmem
+/// command sets for its own GPU PEs (CUDA_DEVICE_MAX_CONNECTIONS) is not forced on the
+/// programs it starts.
+#[test]
+fn run_leaves_cuda_device_max_connections_alone() {
+    for (set, want) in [(None, "unset"), (Some("4"), "4")] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rshmem"));
+        c.args([
+            "run",
+            "-n",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo conns=${CUDA_DEVICE_MAX_CONNECTIONS:-unset}",
+        ])
+        .env_remove("CUDA_DEVICE_MAX_CONNECTIONS");
+        if let Some(v) = set {
+            c.env("CUDA_DEVICE_MAX_CONNECTIONS", v);
+        }
+        let o = c.output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(
+            out.trim(),
+            format!("[pe 0] conns={want}"),
+            "exported: {set:?}"
+        );
+    }
+}
+
 #[test]
 fn token_port_addr_and_job_id_are_shared() {
     let out = run(&[
