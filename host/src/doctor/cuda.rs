@@ -120,8 +120,11 @@ pub struct CudaReport {
 /// (queues, line) from `CUDA_DEVICE_MAX_CONNECTIONS` as this process holds it.
 fn hardware_queues(var: Option<&str>) -> (u32, String) {
     let (q, usable) = crate::gpu::launch::cuda_connections(var);
-    // The same bound run_gpu_threads enforces (launch::check_pes_fit_queues).
-    let fits = format!("up to {} GPU PEs per GPU per process", q.saturating_sub(2));
+    // The bound run_gpu_threads enforces (launch::check_pes_fit_queues).
+    let fits = format!(
+        "up to {} GPU PEs per GPU per process",
+        crate::gpu::launch::max_pes_per_gpu(q)
+    );
     let line = match (var, usable) {
         (None, _) => {
             format!("{q} per GPU (CUDA's default; CUDA_DEVICE_MAX_CONNECTIONS unset): {fits}")

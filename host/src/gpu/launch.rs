@@ -72,6 +72,12 @@ pub fn cuda_connections(var: Option<&str>) -> (u32, bool) {
     }
 }
 
+/// The most GPU PEs one process may put on a GPU with `queues` hardware queues: two are
+/// kept for the legacy stream and one side stream (see [`check_pes_fit_queues`]).
+pub fn max_pes_per_gpu(queues: u32) -> usize {
+    (queues as usize).saturating_sub(2)
+}
+
 /// Refuses more GPU PEs on one GPU in one process than its hardware queues carry. Each PE
 /// has a stream, and the PEs' kernels wait for each other; streams beyond the queues share
 /// one and run in submission order, so a kernel could wait behind a peer's kernel that
@@ -79,7 +85,7 @@ pub fn cuda_connections(var: Option<&str>) -> (u32, bool) {
 /// bench's start gate).
 pub fn check_pes_fit_queues(pes_per_gpu: usize, var: Option<&str>) -> Result<()> {
     let (queues, _) = cuda_connections(var);
-    let most = (queues as usize).saturating_sub(2);
+    let most = max_pes_per_gpu(queues);
     if pes_per_gpu > most {
         return Err(Error::InvalidArgument(format!(
             "{pes_per_gpu} GPU PEs of this process would share one GPU, which CUDA gives {queues} \
