@@ -342,3 +342,19 @@ fn selective_signalling_cqe_every_32_wqebbs_and_quiet_adds_a_nop_only_when_neede
     assert_eq!(t.words[0], 64 + N);
     drop(rig);
 }
+
+#[test]
+fn prefetch_for_write_is_only_a_hint() {
+    // The producers' prefetch (SendQueue::prefetch_ahead) may name any address: it must
+    // never fault and never change memory, mapped or not.
+    use rshmem::softhca::queue::prefetch_for_write;
+    let buf = vec![0x5au8; 4096];
+    for off in (0..buf.len()).step_by(64) {
+        prefetch_for_write(buf[off..].as_ptr());
+    }
+    assert!(buf.iter().all(|&b| b == 0x5a));
+    prefetch_for_write(std::ptr::null());
+    // An address no process maps on Linux (the top of the lower canonical half).
+    prefetch_for_write(0x7fff_ffff_f000usize as *const u8);
+    prefetch_for_write(usize::MAX as *const u8);
+}
