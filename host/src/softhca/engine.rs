@@ -38,6 +38,9 @@ use std::time::{Duration, Instant};
 /// WQEBBs processed per QP before the engine moves on to the next QP.
 const BATCH: u64 = 64;
 
+/// Rounds the engine thread runs per take of the core lock while they find work.
+const ENGINE_ROUNDS_PER_LOCK: u32 = 64;
+
 /// What the engine needs to serve one queue pair.
 pub struct QpConfig<P> {
     pub mem: Arc<QueueMemory>,
@@ -214,7 +217,10 @@ impl<B: Backend> EngineCore<B> {
         } = self;
         let r = &mut qps[i];
         let mut work = retire(r);
-        let mem = r.qp.cfg.mem.clone();
+        // SAFETY: qps[i] holds its Arc<EngineQp> (and so the queue memory) for this whole
+        // call; a borrow instead of a clone keeps the Arc's count line, which producers
+        // read on every post, out of the engine's cache.
+        let mem: &QueueMemory = unsafe { &*Arc::as_ptr(&r.qp.cfg.mem) };
         let cnt = mem.layout().wqe_cnt;
         // Acquire: pairs with the producer's Release store of the record, so the WQE bytes
         // it covers are visible.
@@ -229,7 +235,7 @@ impl<B: Backend> EngineCore<B> {
         let mut budget = BATCH;
         let mut processed = 0u64;
         while avail > 0 && budget > 0 {
-            if !cq_has_room(r, &mem) {
+            if !cq_has_room(r, mem) {
                 break; // the consumer is behind: stall rather than overrun its CQ
             }
             let off = slot_offset(r.ci as u32, cnt);
@@ -308,7 +314,7 @@ impl<B: Backend> EngineCore<B> {
             };
             if let Some((op, bc, s)) = status {
                 if r.inflight.is_empty() {
-                    complete(r, &mem, index, op, bc, ce, s);
+                    complete(r, mem, index, op, bc, ce, s);
                 } else {
                     r.inflight.push_back(Pending {
                         token: u64::MAX,
@@ -329,8 +335,10 @@ impl<B: Backend> EngineCore<B> {
         if avail > 0 {
             *backlog = true;
         }
-        // Relaxed: a statistic; one RMW per batch, not per WQE.
-        r.qp.wqes.fetch_add(processed, Ordering::Relaxed);
+        // Relaxed load + store, not an RMW: a statistic only the engine (under its lock)
+        // writes; a locked add would wait for this core's pending stores every batch.
+        let q = &r.qp.wqes;
+        q.store(q.load(Ordering::Relaxed) + processed, Ordering::Relaxed);
         work += retire(r);
         work
     }
@@ -339,17 +347,18 @@ impl<B: Backend> EngineCore<B> {
 /// Writes the CQEs of in-flight operations that finished, in WQE order.
 fn retire<P, C>(r: &mut QpRun<P, C>) -> usize {
     let mut n = 0;
-    let mem = r.qp.cfg.mem.clone();
+    // SAFETY: as in `serve`: `r` holds the Arc for this whole call.
+    let mem: &QueueMemory = unsafe { &*Arc::as_ptr(&r.qp.cfg.mem) };
     while let Some(p) = r.inflight.front() {
         let Some(mut s) = p.status else { break };
-        if !cq_has_room(r, &mem) {
+        if !cq_has_room(r, mem) {
             break;
         }
         let p = r.inflight.pop_front().expect("front exists");
         if r.error && s.is_ok() {
             s = Err(Syndrome::WrFlush);
         }
-        complete(r, &mem, p.index, p.opcode, p.byte_cnt, p.ce, s);
+        complete(r, mem, p.index, p.opcode, p.byte_cnt, p.ce, s);
         n += 1;
     }
     n
@@ -783,8 +792,27 @@ impl<B: Backend> Shared<B> {
     /// One round under the core lock: sync the QP list, then progress. None when another
     /// thread holds the engine.
     fn round(&self) -> Option<usize> {
+        self.rounds(1)
+    }
+
+    /// Up to `max` rounds under one take of the core lock, stopping after a round without
+    /// work or when a driver appears. Returns the work of all of them.
+    fn rounds(&self, max: u32) -> Option<usize> {
         let mut g = self.core.try_lock().ok()?;
-        let (core, seen) = &mut *g;
+        let mut total = 0;
+        for k in 0..max {
+            let work = self.round_locked(&mut g);
+            total += work;
+            // Relaxed: a hint; a driver that registers later runs rounds once we release.
+            if work == 0 || k + 1 == max || self.waker.drivers.load(Ordering::Relaxed) > 0 {
+                break;
+            }
+        }
+        Some(total)
+    }
+
+    fn round_locked(&self, g: &mut (EngineCore<B>, u64)) -> usize {
+        let (core, seen) = g;
         let gen = self.generation.load(Ordering::Acquire);
         if gen != *seen {
             let list = self.qps.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -815,10 +843,12 @@ impl<B: Backend> Shared<B> {
             // SeqCst: read by a leaving driver after its decrement (step 3).
             w.served.fetch_max(rings, Ordering::SeqCst);
         }
-        // Relaxed: a progress counter only the engine thread compares (under no ordering).
-        w.rounds.fetch_add(1, Ordering::Relaxed);
+        // Relaxed load + store: a progress counter written only under the core lock, which
+        // the engine thread compares (under no ordering).
+        w.rounds
+            .store(w.rounds.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         self.note_backend(core.backend());
-        Some(work)
+        work
     }
 
     /// Caches the backend's idle bound and whether its callers drive (Relaxed: hints the
@@ -1007,7 +1037,7 @@ fn run<B: Backend>(shared: Arc<Shared<B>>) {
         // the endpoint itself, and the engine thread backing off instead of competing for
         // the two cores cut the 8 B put's p99 from ~300 µs to ~55 µs between namespaces
         // (docs/multinode.md).
-        let r = shared.round();
+        let r = shared.rounds(ENGINE_ROUNDS_PER_LOCK);
         if r.is_some_and(|n| n > 0) || (r.is_none() && !callers_drive) {
             idle = 0;
             continue;
