@@ -298,7 +298,7 @@ impl Pe {
             let off = c as usize * CHUNK;
             let len = CHUNK.min(body - off);
             // SAFETY: off + len <= body < n: inside both ranges (the caller's contract).
-            unsafe { std::ptr::copy_nonoverlapping(src.add(off), dst.add(off), len) };
+            unsafe { crate::copy::copy_bytes(src.add(off), dst.add(off), len) };
             mine += 1;
             mine_bytes += len;
         }
@@ -391,7 +391,7 @@ impl Pe {
                 // SAFETY: off + n <= len and both ranges were validated inside their live
                 // mappings; src is another PE's heap and dst ours, so they do not overlap.
                 // The claim makes this chunk ours alone until it is counted.
-                unsafe { std::ptr::copy_nonoverlapping(src.add(off), dst.add(off), n) };
+                unsafe { crate::copy::copy_bytes(src.add(off), dst.add(off), n) };
                 count_done(slot.w(DONE), gen);
                 a.given.fetch_add(n as u64, Ordering::Relaxed);
                 helped = true;

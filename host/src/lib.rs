@@ -13,6 +13,7 @@ pub mod atomic;
 pub mod bench;
 pub mod bootstrap;
 pub mod config;
+pub mod copy;
 pub mod doctor;
 pub mod ep;
 pub mod error;

@@ -39,6 +39,7 @@
 //!   may see torn values; rshmem never does this for its own words.
 
 use crate::atomic::AtomicInt;
+use crate::copy::copy_bytes;
 use crate::error::{Error, Result};
 use crate::pe::{ms_since, Pe, Route};
 use crate::softhca::proxy::Amo;
@@ -67,7 +68,7 @@ impl Pe {
         match self.route(pe, dest.offset(), bytes)? {
             // SAFETY: d..d+bytes is inside PE `pe`'s mapped heap (validated); src is a
             // valid slice of `bytes` bytes; the two cannot overlap unless the caller passes
-            // a slice of the mapping itself, which ptr::copy tolerates.
+            // a slice of the mapping itself, which copy_bytes (memmove semantics) tolerates.
             Route::P2p(d) => unsafe {
                 self.p2p_put_bytes(pe, d, dest.offset(), src.as_ptr().cast(), bytes, true)?
             },
@@ -88,7 +89,7 @@ impl Pe {
         match self.route(pe, src.offset(), bytes)? {
             // SAFETY: s..s+bytes is inside the mapped heap; dst is a valid exclusive slice
             // of `bytes` bytes; T accepts any bit pattern (Element).
-            Route::P2p(s) => unsafe { std::ptr::copy(s, dst.as_mut_ptr().cast::<u8>(), bytes) },
+            Route::P2p(s) => unsafe { copy_bytes(s, dst.as_mut_ptr().cast::<u8>(), bytes) },
             Route::Proxy => self
                 .proxy()
                 .get(pe, src.offset(), as_bytes_mut(dst), "get")?,
@@ -554,7 +555,7 @@ impl Pe {
             if release_last {
                 copy_last_word_release(dst, src, n);
             } else {
-                std::ptr::copy(src, dst, n);
+                copy_bytes(src, dst, n);
             }
         }
         Ok(())
@@ -805,7 +806,7 @@ pub(crate) unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usi
     unsafe {
         if n >= 8 && (dst as usize + n) % 8 == 0 {
             if n > 8 {
-                std::ptr::copy(src, dst, n - 8);
+                copy_bytes(src, dst, n - 8);
             }
             let last = std::ptr::read_unaligned(src.add(n - 8).cast::<u64>());
             // Release: the bytes copied above are visible to whoever acquires this word.
@@ -815,7 +816,7 @@ pub(crate) unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usi
             // Release: orders this PE's earlier stores before the word.
             AtomicU32::from_ptr(dst.cast()).store(v, Ordering::Release);
         } else {
-            std::ptr::copy(src, dst, n);
+            copy_bytes(src, dst, n);
             // Release fence: later stores (e.g. a flag) are not seen before this copy.
             fence(Ordering::Release);
         }

@@ -275,7 +275,7 @@ impl Backend for LocalBackend {
                                     if i == last {
                                         copy_last_word_release(dst.add(off), b.ptr, b.len);
                                     } else {
-                                        std::ptr::copy(b.ptr, dst.add(off), b.len);
+                                        crate::copy::copy_bytes(b.ptr, dst.add(off), b.len);
                                     }
                                     off += b.len;
                                 }
@@ -321,7 +321,7 @@ impl Backend for LocalBackend {
                         } else {
                             let mut off = 0usize;
                             for b in dst {
-                                std::ptr::copy(src.add(off), b.ptr, b.len);
+                                crate::copy::copy_bytes(src.add(off), b.ptr, b.len);
                                 off += b.len;
                             }
                             // Later reads of the result are not hoisted above the copy.

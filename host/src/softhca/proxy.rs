@@ -540,7 +540,7 @@ impl Proxy {
                     let c = q.chunk(idx);
                     // SAFETY: the chunk of a reserved slot whose previous WQE completed:
                     // only this producer touches it until the WQE completes.
-                    unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), c, chunk.len()) };
+                    unsafe { crate::copy::copy_bytes(chunk.as_ptr(), c, chunk.len()) };
                     seg_ref[0] = DataSeg::new(chunk.len() as u32, q.staging_key, c as u64);
                     let seg: &[DataSeg] = seg_ref;
                     WqeOp::RdmaWrite {
@@ -576,7 +576,7 @@ impl Proxy {
             let r = q.sq.wait_posted(p);
             if r.is_ok() {
                 // SAFETY: the READ completed into the chunk of a slot we still hold.
-                unsafe { std::ptr::copy_nonoverlapping(q.chunk(p.index), dst.as_mut_ptr(), len) };
+                unsafe { crate::copy::copy_bytes(q.chunk(p.index), dst.as_mut_ptr(), len) };
             }
             q.sq.release(p);
             return r.map_err(|e| self.err(pe, op, e));
@@ -619,7 +619,7 @@ impl Proxy {
                         // SAFETY: the READ completed into the chunk of a slot we still hold
                         // (posted with hold), so nobody else writes it.
                         unsafe {
-                            std::ptr::copy_nonoverlapping(q.chunk(p.index), c.as_mut_ptr(), c.len())
+                            crate::copy::copy_bytes(q.chunk(p.index), c.as_mut_ptr(), c.len())
                         };
                     }
                 }
