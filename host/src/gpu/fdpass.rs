@@ -62,18 +62,35 @@ pub fn socket_name(job: &str, rank: usize) -> String {
 }
 
 /// A running server: serves this PE's fd to each expected client once.
+///
+/// Dropping it without [`Server::join`] (this PE's setup failed, or a peer died) stops the
+/// thread at its next poll and waits for it, so the socket and the duplicate of the heap
+/// handle are closed on return instead of when the timeout runs out.
 pub struct Server {
-    handle: std::thread::JoinHandle<Result<()>>,
+    handle: Option<std::thread::JoinHandle<Result<()>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Server {
     /// Waits until every expected client was served (or the timeout passed).
-    pub fn join(self) -> Result<()> {
-        self.handle.join().unwrap_or_else(|_| {
+    pub fn join(mut self) -> Result<()> {
+        let h = self.handle.take().expect("joined once");
+        h.join().unwrap_or_else(|_| {
             Err(Error::Verification(
                 "the fd-passing server thread panicked".into(),
             ))
         })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            // Relaxed: the thread only needs to see the flag eventually; the join below
+            // orders everything it did before exiting.
+            self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = h.join();
+        }
     }
 }
 
@@ -109,11 +126,16 @@ impl FdExchange {
         // SAFETY: `dup` is a fresh descriptor nobody else owns.
         let owned = unsafe { OwnedFd::from_raw_fd(dup) };
         let me = self.clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name(format!("pe{}-fdpass", self.rank))
-            .spawn(move || me.serve_loop(listener, owned, clients))
+            .spawn(move || me.serve_loop(listener, owned, clients, &flag))
             .map_err(|e| Error::io("spawning the fd-passing thread", e))?;
-        Ok(Server { handle })
+        Ok(Server {
+            handle: Some(handle),
+            stop,
+        })
     }
 
     fn serve_loop(
@@ -121,10 +143,12 @@ impl FdExchange {
         listener: UnixListener,
         fd: OwnedFd,
         mut pending: BTreeSet<usize>,
+        stop: &std::sync::atomic::AtomicBool,
     ) -> Result<()> {
         let deadline = Instant::now() + self.timeout;
         let mut refused: Vec<String> = Vec::new();
-        while !pending.is_empty() {
+        // Relaxed: see Server::drop.
+        while !pending.is_empty() && !stop.load(std::sync::atomic::Ordering::Relaxed) {
             match listener.accept() {
                 Ok((conn, _)) => match self.serve_one(&conn, fd.as_raw_fd(), &pending, deadline) {
                     Ok(Some(r)) => {
@@ -618,6 +642,36 @@ mod tests {
         let fd = memfd_with(1 << 16, 4242);
         let e = ex(&job, 1, [9u8; 16], 1 << 16, 10_000);
         e.serve(fd.as_raw_fd(), [0].into()).unwrap().join().unwrap();
+    }
+
+    /// A server dropped before its clients came (this PE's setup failed) closes its
+    /// socket and its duplicate of the handle at once, not when the timeout runs out.
+    #[test]
+    fn a_dropped_server_stops_and_closes_its_handle() {
+        let job = job("dropped");
+        let fd = memfd_with(1 << 12, 1);
+        let e = ex(&job, 0, [3u8; 16], 1 << 12, 600_000);
+        let server = e.serve(fd.as_raw_fd(), [1, 2].into()).unwrap();
+        // The name is taken while the server runs.
+        let name = socket_name(&job, 0);
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        assert!(
+            UnixListener::bind_addr(&addr).is_err(),
+            "the server's socket is bound"
+        );
+        // Dropped on another thread so that a drop that waited out the 600 s timeout
+        // fails this test (after 20 s) instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(server);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("dropping the server returned (its thread stopped)");
+        // The thread owned the listener and the duplicate and dropped both when it
+        // returned; Drop joined it, so the name is free now (an abstract name is released
+        // with its last descriptor).
+        UnixListener::bind_addr(&addr).expect("the name is free after the drop");
     }
 
     #[test]
