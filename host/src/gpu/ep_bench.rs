@@ -821,6 +821,19 @@ fn wait_event(g: &GpuPe, e: sys::CUevent, what: &str) -> Result<()> {
     }
 }
 
+/// PE 0's stream that opens the start gate; destroyed on drop (the context is current:
+/// the bench runs on the PE's thread, which entered it).
+struct SideStream(sys::CUstream);
+
+impl Drop for SideStream {
+    fn drop(&mut self) {
+        // SAFETY: created by cuStreamCreate in this context and destroyed only here, once.
+        // cuStreamDestroy returns at once and releases the stream when its work is done,
+        // so gate writes already queued still complete.
+        unsafe { sys::cuStreamDestroy_v2(self.0) };
+    }
+}
+
 fn wait_gate(g: &GpuPe, gate: u64, value: u32) -> Result<()> {
     // SAFETY: `gate` is 4 bytes of device memory of this context (PE 0's allocation, alive
     // until the last barrier); the PE's stream.
@@ -1018,7 +1031,8 @@ fn point(
     } else {
         None
     };
-    let side = if me == 0 {
+    // Destroyed when this function returns, on error paths too.
+    let side_stream = if me == 0 {
         g.enter()?;
         let mut s: sys::CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointer; non-blocking stream in the current context.
@@ -1027,10 +1041,11 @@ fn point(
             "cuStreamCreate",
             || "EP bench gate stream".into(),
         )?;
-        Some(s)
+        Some(SideStream(s))
     } else {
         None
     };
+    let side = side_stream.as_ref().map(|s| s.0);
     pe.barrier_all()?;
     let gate = gate_at.load(Ordering::Acquire);
     let ev = events(g, 6)?;
@@ -1088,10 +1103,7 @@ fn point(
         Ok(())
     })();
     destroy_events(g, &ev);
-    if let Some(s) = side {
-        // SAFETY: created above, destroyed once (after its writes: the events waited).
-        unsafe { sys::cuStreamDestroy_v2(s) };
-    }
+    drop(side_stream);
     r?;
     if let Some((h, c)) = last {
         let d = buf.read_dispatch(&h)?;
