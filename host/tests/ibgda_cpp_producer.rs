@@ -858,8 +858,9 @@ fn descriptor_layout_matches_gxx() {
 
 #[test]
 fn one_producer_normal_cq() {
-    // 64 WQEBBs, 16 CQEs: the CQ wraps ~1000 times.
-    run_plan(1, 12_000, 64, 16, CqMode::Normal, 1);
+    // 64 WQEBBs, 64 CQEs (the CUDA producer asks a CQE of every WQE, so a smaller CQ
+    // would overrun, on a ConnectX as on the soft HCA): the CQ wraps ~200 times.
+    run_plan(1, 12_000, 64, 64, CqMode::Normal, 1);
 }
 
 #[test]
@@ -869,9 +870,9 @@ fn four_producers_collapsed_cq() {
 
 #[test]
 fn sixteen_producers_small_ring_wrap_the_wqe_index() {
-    // A 16-WQEBB ring and a 4-entry CQ: producers wait for free slots all the time; the
+    // A 16-WQEBB ring and a 16-entry CQ: producers wait for free slots all the time; the
     // 16-bit WQE index wraps and the CQ owner bit flips thousands of times.
-    let wqebbs = run_plan(16, 4_200, 16, 4, CqMode::Normal, 3);
+    let wqebbs = run_plan(16, 4_200, 16, 16, CqMode::Normal, 3);
     assert!(
         wqebbs > 0x1_0000,
         "the 16-bit WQE index wrapped ({wqebbs} WQEBBs)"

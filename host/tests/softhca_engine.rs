@@ -8,6 +8,7 @@ use rshmem::mlx5::wqe::{
 };
 use rshmem::mlx5::{Be32, WireStruct};
 use rshmem::softhca::backend::{Backend, Op};
+use rshmem::softhca::queue::{EVENT_CQ_ERR, EVENT_QP_FATAL};
 use rshmem::softhca::{
     Access, CqMode, EngineCore, EngineQp, LocalBackend, LocalPeer, MrTable, QpConfig, QueueLayout,
     QueueMemory, SendQueue,
@@ -203,26 +204,39 @@ fn normal_and_collapsed_cq() {
         for _ in 0..5 {
             r.post(&WqeOp::Nop);
         }
-        // Normal mode: a CQ of 4 holds 4 CQEs; the fifth waits until the consumer frees
-        // an entry (the engine stalls rather than overrun).
+        // Normal mode: a CQ of 4 holds 4 CQEs; the fifth completion finds it full and
+        // overruns it, as on a ConnectX: no fifth CQE, the QP in error, CQ_ERR + QP_FATAL.
         r.run();
         match mode {
             CqMode::Normal => {
                 for i in 0..4u32 {
                     assert_eq!(cqe(&r.mem, i), (REQ, 0, opcode::NOP, i as u16, 0));
                 }
-                assert_eq!(r.qp.wqes.load(std::sync::atomic::Ordering::Relaxed), 4);
-                // The stalled WQE is backlog: no round may claim its doorbell served.
-                assert!(!r.core.drained(), "a CQ-full stall leaves work");
-                // Consume two: the engine writes the fifth into slot 0 with owner 1.
+                assert_eq!(r.qp.wqes.load(std::sync::atomic::Ordering::Relaxed), 5);
+                assert!(r.qp.in_error.load(std::sync::atomic::Ordering::Acquire));
+                let events = |m: &QueueMemory| {
+                    m.async_events()
+                        .unwrap()
+                        .load(std::sync::atomic::Ordering::Acquire)
+                };
+                assert_eq!(events(&r.mem), EVENT_CQ_ERR | EVENT_QP_FATAL);
+                // Nothing is left for a later round: an overrun is not a stall.
+                assert!(r.core.drained());
+                // The CQ takes nothing more even after the consumer frees entries, and the
+                // QP executes nothing more: a WRITE after the overrun is flushed, silently.
                 r.mem.cq_dbrec_ci().store(
-                    u32::from_ne_bytes(rshmem::mlx5::doorbell::cq_consumer_index(2).to_bytes()),
+                    u32::from_ne_bytes(rshmem::mlx5::doorbell::cq_consumer_index(4).to_bytes()),
                     std::sync::atomic::Ordering::Release,
                 );
+                let w = r.write(0, &[0x5a; 8]);
+                r.post(&w);
                 r.run();
-                assert!(r.core.drained());
-                assert_eq!(cqe(&r.mem, 0), (REQ, 0, opcode::NOP, 4, 1));
-                assert_eq!(cqe(&r.mem, 1), (REQ, 0, opcode::NOP, 1, 0));
+                assert_eq!(&r.rbytes()[..8], &[0u8; 8], "a WRITE after the overrun ran");
+                for i in 0..4u32 {
+                    assert_eq!(cqe(&r.mem, i), (REQ, 0, opcode::NOP, i as u16, 0));
+                }
+                assert_eq!(r.qp.wqes.load(std::sync::atomic::Ordering::Relaxed), 6);
+                assert_eq!(events(&r.mem), EVENT_CQ_ERR | EVENT_QP_FATAL);
             }
             CqMode::Collapsed => {
                 // Always entry 0; owner alternates per write (5th write: index 4 → 0).

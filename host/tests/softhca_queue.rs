@@ -4,9 +4,10 @@
 use rshmem::mlx5::cqe::{owner_bit, sw_owns, CqeOpcode};
 use rshmem::mlx5::wqe::{opcode, CtrlSeg, RaddrSeg, Sge8, WqeOp};
 use rshmem::mlx5::WireStruct;
+use rshmem::softhca::queue::{EVENT_CQ_ERR, EVENT_QP_FATAL};
 use rshmem::softhca::{
     Access, CqMode, LocalBackend, LocalPeer, MrTable, QpConfig, QpHandle, QueueMemory, SendQueue,
-    SoftHca,
+    SoftHca, SqError,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,8 +79,11 @@ fn rig(t: &Target, wqe_cnt: u32, cqe_cnt: u32, mode: CqMode) -> Rig {
 }
 
 fn wrap_run(mode: CqMode) {
+    const CQ: u32 = 8;
     let t = target(4, 4);
-    let rig = rig(&t, 8, 4, mode);
+    // Every WQE of an 8-WQEBB ring asks for a CQE, so the CQ needs 8 entries: a smaller
+    // one overruns (on a ConnectX as on the soft HCA; see cq_overrun_is_reported).
+    let rig = rig(&t, 8, CQ, mode);
     let Rig { sq, mem, .. } = &rig;
     let remote = RaddrSeg::new(t.words.as_ptr() as u64, t.rkey);
     let result = Sge8 {
@@ -129,11 +133,11 @@ fn wrap_run(mode: CqMode) {
     let c = mem.read_cqe(0);
     match mode {
         CqMode::Normal => {
-            // N CQEs over a ring of 4: entry s last held CQE n with n % 4 == s.
-            for s in 0..4u32 {
-                let n = (N as u32 - 1) - ((N as u32 - 1 + 4 - s) % 4);
-                assert!(sw_owns(mem.cqe_op_own(s), n, 4), "slot {s}");
-                assert_eq!(mem.cqe_op_own(s) & 1, owner_bit(n, 4));
+            // N CQEs over a ring of CQ: entry s last held CQE n with n % CQ == s.
+            for s in 0..CQ {
+                let n = (N as u32 - 1) - ((N as u32 - 1 + CQ - s) % CQ);
+                assert!(sw_owns(mem.cqe_op_own(s), n, CQ), "slot {s}");
+                assert_eq!(mem.cqe_op_own(s) & 1, owner_bit(n, CQ));
             }
         }
         CqMode::Collapsed => {
@@ -234,6 +238,75 @@ fn timeout_reports_qp_index_and_last_cqe() {
     // The queue is unusable afterwards, and says so at once.
     let e = sq.post(&WqeOp::Nop).unwrap_err().to_string();
     assert!(e.contains("unusable"), "{e}");
+}
+
+#[test]
+fn cq_overrun_is_reported() {
+    // An 8-WQEBB ring asks a CQE of every WQE; a CQ of 2 cannot hold them while the
+    // producer posts without polling. The engine overruns the CQ as a ConnectX does (QP
+    // to error, CQ_ERR + QP_FATAL) and the producer's wait reports that, not a timeout.
+    let t = target(8, 1);
+    let rig = rig(&t, 8, 2, CqMode::Normal);
+    let Rig { sq, mem, qp, .. } = &rig;
+    for i in 0..8u64 {
+        let _ = sq
+            .post(&WqeOp::RdmaWrite {
+                remote: RaddrSeg::new(t.words.as_ptr() as u64 + 8 * i, t.rkey),
+                payload: rshmem::mlx5::wqe::Payload::Inline(&[0x11; 8]),
+            })
+            .unwrap();
+    }
+    // Let the engine take all eight before anyone polls (a poll that freed entries
+    // first would avoid the overrun).
+    let t0 = std::time::Instant::now();
+    while qp.qp().wqes.load(std::sync::atomic::Ordering::Relaxed) < 8 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the engine did not take 8 WQEs"
+        );
+        std::thread::yield_now();
+    }
+    let e = sq.quiet().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            SqError::CqOverrun {
+                qpn,
+                events: 3,
+                cqe_cnt: 2,
+                wqe_cnt: 8
+            } if qpn == qp.qpn()
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("IBV_EVENT_CQ_ERR") && msg.contains("at least as many entries"),
+        "{msg}"
+    );
+    assert!(qp.qp().in_error.load(std::sync::atomic::Ordering::Acquire));
+    assert_eq!(
+        mem.async_events()
+            .unwrap()
+            .load(std::sync::atomic::Ordering::Acquire),
+        EVENT_CQ_ERR | EVENT_QP_FATAL
+    );
+    // The CQ holds the two completions it had room for, nothing else.
+    for s in 0..2u32 {
+        assert!(sw_owns(mem.cqe_op_own(s), s, 2), "slot {s}");
+        assert_eq!(mem.read_cqe(s).wqe_counter.get(), s as u16);
+    }
+    // The queue refuses further posts at once.
+    let e = sq.post(&WqeOp::Nop).unwrap_err().to_string();
+    assert!(e.contains("unusable"), "{e}");
+    // At most the WQEs up to the overrun wrote their words (the third WQE's completion
+    // overran: it executed, later ones were flushed).
+    let written = t
+        .words
+        .iter()
+        .filter(|&&w| w == u64::from_ne_bytes([0x11; 8]))
+        .count();
+    assert_eq!(written, 3, "{:x?}", t.words);
 }
 
 #[test]

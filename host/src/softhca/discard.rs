@@ -4,7 +4,8 @@
 //! [`DiscardEngine::progress`] reads the QP doorbell record like the real engine, walks
 //! the published WQEs by their control segments' ds (only the 16-byte control segment of
 //! each WQE is read; nothing is parsed or checked), and writes success CQEs: one per WQE
-//! in a normal CQ (stalling, never overrunning, when the consumer is behind), or one
+//! in a normal CQ (stalling when the consumer is behind: a benchmark tool, unlike the
+//! engine, which overruns as a ConnectX would), or one
 //! collapsed CQE for the last WQE of the round. Memory regions are never touched, so any
 //! keys and addresses do. Single-threaded: whoever owns it calls `progress` (a host
 //! thread next to a GPU kernel, or a test).

@@ -14,7 +14,10 @@
 //!   0x13, REMOTE_INVAL_REQ 0x12 for a misaligned atomic);
 //! - writes a CQE when the WQE asks for one (CE = always) or failed, in WQE order; the
 //!   first failure puts the QP in the error state and every later WQE completes with
-//!   WR_FLUSH (0x05), like a ConnectX.
+//!   WR_FLUSH (0x05), like a ConnectX;
+//! - never overwrites an unconsumed CQE: a completion due when a normal-mode CQ is full
+//!   is a CQ overrun, which (like a ConnectX) puts the CQ and the QP in the error state
+//!   and raises the asynchronous events CQ_ERR and QP_FATAL in the queue memory.
 //!
 //! Never trusted: anything in the rings. Every read of queue memory is bounded by the ring
 //! (a ds that runs past what the doorbell published is a parse error, not a read past it),
@@ -22,7 +25,7 @@
 
 use super::backend::{AtomicOp, Backend, Gather, LocalBuf, Op};
 use super::mr::{Access, MrSnapshot, MrTable};
-use super::queue::{CqMode, QueueMemory};
+use super::queue::{CqMode, QueueMemory, EVENT_CQ_ERR, EVENT_QP_FATAL};
 use crate::mlx5::cqe::{owner_bit, Cqe64, CqeInfo, CqeOpcode};
 use crate::mlx5::ring::slot_offset;
 use crate::mlx5::wqe::{
@@ -110,6 +113,8 @@ struct QpRun<P, C> {
     /// again only when this says the CQ is full, not once per WQE.
     cq_ci_seen: u32,
     error: bool,
+    /// The CQ overran: no completion is written any more (see `complete`).
+    cq_error: bool,
     lkeys: MrSnapshot,
     inflight: VecDeque<Pending>,
     seq: u32,
@@ -123,7 +128,7 @@ pub struct EngineCore<B: Backend> {
     bufs: Vec<LocalBuf>,
     wrap: Box<[u8; MAX_WQEBBS * WQEBB]>,
     done: Vec<(u64, Result<(), Syndrome>)>,
-    /// The last round left published WQEBBs unprocessed (batch budget, a full CQ, or a
+    /// The last round left published WQEBBs unprocessed (batch budget, or a
     /// FENCE waiting for earlier WQEs).
     backlog: bool,
 }
@@ -161,6 +166,7 @@ impl<B: Backend> EngineCore<B> {
             cq_pi: 0,
             cq_ci_seen: 0,
             error: false,
+            cq_error: false,
             lkeys,
             inflight: VecDeque::new(),
             seq: 0,
@@ -235,9 +241,6 @@ impl<B: Backend> EngineCore<B> {
         let mut budget = BATCH;
         let mut processed = 0u64;
         while avail > 0 && budget > 0 {
-            if !cq_has_room(r, mem) {
-                break; // the consumer is behind: stall rather than overrun its CQ
-            }
             let off = slot_offset(r.ci as u32, cnt);
             // SAFETY: off + 16 <= ring length (slots are 64 B); the slot was published by
             // the doorbell record (acquired above) and is not reused before its CQE.
@@ -351,9 +354,6 @@ fn retire<P, C>(r: &mut QpRun<P, C>) -> usize {
     let mem: &QueueMemory = unsafe { &*Arc::as_ptr(&r.qp.cfg.mem) };
     while let Some(p) = r.inflight.front() {
         let Some(mut s) = p.status else { break };
-        if !cq_has_room(r, mem) {
-            break;
-        }
         let p = r.inflight.pop_front().expect("front exists");
         if r.error && s.is_ok() {
             s = Err(Syndrome::WrFlush);
@@ -391,6 +391,25 @@ fn complete<P, C>(
         r.qp.in_error.store(true, Ordering::Release);
     }
     if s.is_ok() && !ce {
+        return;
+    }
+    if r.cq_error {
+        return; // the CQ overran earlier: it takes no more completions
+    }
+    if !cq_has_room(r, mem) {
+        // CQ overrun, as a ConnectX handles it (IBTA C11-37, C9-218): the CQ goes to the
+        // error state and takes no more completions, the QP goes to the error state (its
+        // later WQEs are flushed without completions), and the owner gets the
+        // asynchronous events CQ_ERR and QP_FATAL.
+        r.cq_error = true;
+        r.error = true;
+        // Release: whoever sees the QP in error (status, the event below) sees the
+        // engine's earlier writes.
+        r.qp.in_error.store(true, Ordering::Release);
+        if let Some(ev) = mem.async_events() {
+            // Release: pairs with the producer's Acquire load in its waits.
+            ev.fetch_or(EVENT_CQ_ERR | EVENT_QP_FATAL, Ordering::Release);
+        }
         return;
     }
     let cqe_cnt = mem.layout().cqe_cnt;

@@ -48,6 +48,9 @@ pub struct QueueLayout {
     pub cq_offset: usize,
     /// CQ doorbell record: 2 × BE32 (`[0]` consumer index, `[1]` arm).
     pub cq_dbrec_offset: usize,
+    /// The soft HCA's asynchronous events of this QP (u32 of `EVENT_*` bits): where a
+    /// verbs program would read `ibv_get_async_event`. Not part of mlx5's layout.
+    pub event_offset: usize,
     /// Total bytes, a multiple of the page size.
     pub size: usize,
 }
@@ -77,7 +80,8 @@ impl QueueLayout {
         let doorbell_offset = qp_dbrec_offset + 64;
         let cq_offset = doorbell_offset + 64;
         let cq_dbrec_offset = cq_offset + cqe_cnt as usize * CQE_SIZE;
-        let size = (cq_dbrec_offset + 64).next_multiple_of(crate::config::page_size());
+        let event_offset = cq_dbrec_offset + 64;
+        let size = (event_offset + 64).next_multiple_of(crate::config::page_size());
         Ok(QueueLayout {
             wqe_cnt,
             cqe_cnt,
@@ -86,10 +90,18 @@ impl QueueLayout {
             doorbell_offset,
             cq_offset,
             cq_dbrec_offset,
+            event_offset,
             size,
         })
     }
 }
+
+/// Asynchronous event bit: the CQ overran (`IBV_EVENT_CQ_ERR`): a completion was due and
+/// every entry was unconsumed. The CQ takes no more completions.
+pub const EVENT_CQ_ERR: u32 = 1;
+/// Asynchronous event bit: the QP hit an error that prevents completions
+/// (`IBV_EVENT_QP_FATAL`; raised with [`EVENT_CQ_ERR`]). The QP is in the error state.
+pub const EVENT_QP_FATAL: u32 = 2;
 
 /// The memory of one queue pair: page-aligned host memory laid out by [`QueueLayout`]
 /// ([`QueueMemory::new`]), or the queues of a real NIC QP ([`QueueMemory::from_parts`],
@@ -193,6 +205,7 @@ impl QueueMemory {
                 doorbell_offset: 0,
                 cq_offset: 0,
                 cq_dbrec_offset: 0,
+                event_offset: 0,
                 size: 0,
             },
             parts,
@@ -235,6 +248,15 @@ impl QueueMemory {
     /// The consumer index, `[0]` of the CQ doorbell record.
     pub fn cq_dbrec_ci(&self) -> &AtomicU32 {
         self.word32(self.parts.cq_dbrec)
+    }
+    /// The soft HCA's asynchronous event word (`EVENT_*` bits); None for a NIC's queues
+    /// ([`QueueMemory::from_parts`]), whose events come through verbs.
+    pub fn async_events(&self) -> Option<&AtomicU32> {
+        if self.owner.is_some() {
+            return None;
+        }
+        // SAFETY: event_offset + 4 <= size: inside the allocation made by new().
+        Some(self.word32(unsafe { self.base.add(self.layout.event_offset) }))
     }
     #[inline]
     fn cqe_word(&self, slot: u32, w: usize) -> &AtomicU64 {
@@ -379,10 +401,25 @@ pub enum SqError {
     /// A WQE could not be built (a caller error).
     #[error("QP {qpn:#x}: cannot build the WQE: {source}")]
     Build { qpn: u32, source: BuildError },
-    /// An earlier wait timed out with slots reserved but never published: the queue
-    /// cannot make progress any more.
-    #[error("QP {qpn:#x} is unusable after an earlier timeout")]
+    /// An earlier wait failed (timed out with slots reserved but never published, or
+    /// found the CQ overrun): the queue cannot make progress any more.
+    #[error("QP {qpn:#x} is unusable after an earlier failed wait (timeout or CQ overrun)")]
     Broken { qpn: u32 },
+    /// The engine raised an asynchronous event: the CQ overran (a normal-mode CQ needs as
+    /// many entries as completions can be outstanding: at least the SQ's WQEBBs), which
+    /// put the QP in the error state; completions will not come.
+    #[error(
+        "QP {qpn:#x}: the CQ overran (IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL; events {events:#x}): \
+         a completion was due with all {cqe_cnt} entries unconsumed, so the QP is in the error \
+         state and posts no more completions; give the CQ at least as many entries as the \
+         send queue has WQEBBs ({wqe_cnt}) and poll it"
+    )]
+    CqOverrun {
+        qpn: u32,
+        events: u32,
+        cqe_cnt: u32,
+        wqe_cnt: u32,
+    },
     /// The producer's abort check (see [`SendQueue::set_abort`]) said stop waiting: the
     /// job is failing (a peer died).
     #[error("QP {qpn:#x}: wait abandoned, the job is failing")]
@@ -838,6 +875,20 @@ impl SendQueue {
             }
             if self.abort.as_ref().is_some_and(|a| (a.0)()) {
                 return Err(SqError::Aborted { qpn: self.qpn });
+            }
+            // Acquire: pairs with the engine's Release when it raised the event.
+            if let Some(e) = self.mem.async_events().map(|w| w.load(Ordering::Acquire)) {
+                if e != 0 {
+                    // Reservations after the overrun can never complete.
+                    self.broken.store(true, Ordering::Release);
+                    let l = self.mem.layout();
+                    return Err(SqError::CqOverrun {
+                        qpn: self.qpn,
+                        events: e,
+                        cqe_cnt: l.cqe_cnt,
+                        wqe_cnt: l.wqe_cnt,
+                    });
+                }
             }
             // Run an engine round here if the engine is free (no context switch needed);
             // otherwise give the core away.
