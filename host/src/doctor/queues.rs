@@ -113,7 +113,9 @@ pub fn render(all: &[Published]) -> String {
             snap.qps.len()
         ));
         for q in &snap.qps {
-            let state = if q.error_state || q.first_error.is_some() {
+            let state = if q.async_events & crate::softhca::queue::EVENT_CQ_ERR != 0 {
+                "ERROR (CQ overrun)"
+            } else if q.error_state || q.first_error.is_some() {
                 "ERROR"
             } else if q.broken {
                 "BROKEN"

@@ -86,6 +86,10 @@ pub struct QpStatus {
     pub engine_wqes: u64,
     /// The engine moved the QP to the error state.
     pub error_state: bool,
+    /// Asynchronous events the engine raised (`softhca::queue::EVENT_*` bits: 1 CQ
+    /// overrun, 2 QP fatal); 0 in files written before the field existed.
+    #[serde(default)]
+    pub async_events: u32,
     /// The first error CQE the producer saw, described.
     pub first_error: Option<String>,
     /// The CQE at the consumer index is written and not consumed yet.
@@ -271,6 +275,8 @@ pub(crate) fn qp_status(
         // Relaxed: a statistic; it orders nothing else read here.
         engine_wqes: qp.wqes.load(Ordering::Relaxed),
         error_state: qp.in_error.load(Ordering::Acquire),
+        // Acquire: as for the records above.
+        async_events: mem.async_events().map_or(0, |w| w.load(Ordering::Acquire)),
         first_error: sq.error().map(|c| c.describe()),
         cqe_pending,
         last_cqe: last
@@ -351,6 +357,10 @@ mod tests {
         assert_eq!((st.doorbell_qpn, st.cq_ci, st.engine_wqes), (0x77, 3, 3));
         assert!(st.error_state && !st.cqe_pending && !st.broken);
         assert_eq!(
+            st.async_events, 0,
+            "an error CQE is not an asynchronous event"
+        );
+        assert_eq!(
             st.first_error.as_deref(),
             Some("REQ_ERR syndrome REMOTE_ACCESS (0x13) vendor 0x00 for WQE RDMA_WRITE (0x08) at index 0x0001")
         );
@@ -364,5 +374,42 @@ mod tests {
         assert_eq!(st.last_cqe_hex.unwrap().len(), 128);
         drop(core);
         drop(rbuf);
+    }
+
+    /// A CQ overrun shows as asynchronous events 3 (CQ_ERR | QP_FATAL) and the error state,
+    /// and a status file from before the field existed still parses (events 0).
+    #[test]
+    fn cq_overrun_is_in_the_status() {
+        use crate::mlx5::wqe::WqeOp;
+        use crate::softhca::backend::LocalPeer;
+        use crate::softhca::engine::{EngineCore, QpConfig};
+        use crate::softhca::mr::MrTable;
+        use crate::softhca::proxy::ProxyBackend;
+        use crate::softhca::queue::{CqMode, QueueMemory};
+        let mem = Arc::new(QueueMemory::new(8, 2).unwrap());
+        let qp = EngineQp::new(
+            0x78,
+            QpConfig::new(
+                mem.clone(),
+                Arc::new(MrTable::new()),
+                PeerKind::Local(LocalPeer::new(Arc::new(MrTable::new()))),
+                CqMode::Normal,
+            ),
+        );
+        let mut core = EngineCore::new(ProxyBackend::default());
+        core.attach(qp.clone());
+        let sq = SendQueue::new(mem, 0x78, CqMode::Normal, Duration::from_secs(5), None);
+        for _ in 0..3 {
+            let _ = sq.post(&WqeOp::Nop).unwrap();
+        }
+        sq.ring();
+        core.progress();
+        let st = qp_status(0, 1, &sq, &qp);
+        assert_eq!(st.async_events, 3);
+        assert!(st.error_state);
+        let mut v = serde_json::to_value(&st).unwrap();
+        v.as_object_mut().unwrap().remove("async_events");
+        let old: QpStatus = serde_json::from_value(v).unwrap();
+        assert_eq!(old.async_events, 0);
     }
 }
