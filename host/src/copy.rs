@@ -21,6 +21,7 @@ pub const VECTOR_MIN: usize = 2048;
 pub const VECTOR_MAX: usize = 1 << 20;
 
 /// Whether [`copy_bytes`] takes the vector loop for these arguments.
+#[inline]
 pub fn takes_vector_loop(dst: *const u8, src: *const u8, n: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -45,17 +46,35 @@ pub fn takes_vector_loop(dst: *const u8, src: *const u8, n: usize) -> bool {
 /// # Safety
 /// As for [`std::ptr::copy`]: `src` valid for `n` bytes of reads, `dst` for `n` bytes of
 /// writes, and no one else writing either range non-atomically meanwhile.
-#[inline]
+#[inline(always)]
 pub unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
+    // Inline: one compare in front of memmove, so small copies (8-byte puts) and the
+    // callers' inlining stay as they were; the rest is out of line.
     #[cfg(target_arch = "x86_64")]
-    if takes_vector_loop(dst, src, n) {
-        // SAFETY: the caller's contract; the ranges are disjoint, n >= VECTOR_MIN >= 256,
-        // and the CPU has AVX2 (all checked by takes_vector_loop).
-        unsafe { copy_avx2(dst, src, n) };
+    if n >= VECTOR_MIN {
+        // SAFETY: the caller's contract.
+        unsafe { copy_large(src, dst, n) };
         return;
     }
     // SAFETY: the caller's contract.
     unsafe { std::ptr::copy(src, dst, n) }
+}
+
+/// [`copy_bytes`] from [`VECTOR_MIN`] bytes on.
+///
+/// # Safety
+/// As for [`copy_bytes`].
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+unsafe fn copy_large(src: *const u8, dst: *mut u8, n: usize) {
+    if takes_vector_loop(dst, src, n) {
+        // SAFETY: the caller's contract; the ranges are disjoint, n >= VECTOR_MIN >= 256,
+        // and the CPU has AVX2 (all checked by takes_vector_loop).
+        unsafe { copy_avx2(dst, src, n) };
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy(src, dst, n) }
+    }
 }
 
 /// The vector loop: the first 32 bytes unaligned, then 128-byte blocks with 32-byte
