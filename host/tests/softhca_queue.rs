@@ -310,6 +310,48 @@ fn cq_overrun_is_reported() {
 }
 
 #[test]
+fn an_error_before_the_overrun_is_what_quiet_reports() {
+    // A WRITE with a bad rkey, then flushes that overrun a 2-entry CQ: the overrun is a
+    // consequence; quiet reports the first error (REMOTE_ACCESS at index 1).
+    let t = target(8, 1);
+    let rig = rig(&t, 8, 2, CqMode::Normal);
+    let Rig { sq, mem, qp, .. } = &rig;
+    for i in 0..8u64 {
+        let rkey = if i == 1 { t.rkey ^ 0x55 } else { t.rkey };
+        let _ = sq
+            .post(&WqeOp::RdmaWrite {
+                remote: RaddrSeg::new(t.words.as_ptr() as u64 + 8 * i, rkey),
+                payload: rshmem::mlx5::wqe::Payload::Inline(&[0x22; 8]),
+            })
+            .unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    while qp.qp().wqes.load(std::sync::atomic::Ordering::Relaxed) < 8 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the engine did not take 8 WQEs"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        mem.async_events()
+            .unwrap()
+            .load(std::sync::atomic::Ordering::Acquire),
+        EVENT_CQ_ERR | EVENT_QP_FATAL
+    );
+    let e = sq.quiet().unwrap_err();
+    match &e {
+        SqError::Completion { first, .. } => {
+            assert_eq!((first.index, first.syndrome), (1, 0x13), "{e}");
+        }
+        other => panic!("expected the REMOTE_ACCESS completion, got {other:?}"),
+    }
+    // Only the first WRITE reached memory.
+    assert_eq!(t.words[0], u64::from_ne_bytes([0x22; 8]));
+    assert!(t.words[1..].iter().all(|&w| w == 0), "{:x?}", t.words);
+}
+
+#[test]
 fn error_cqe_becomes_an_error_naming_opcode_and_syndrome() {
     // 16 WQEBBs: every WQE asks for a CQE; 256: none of these does (selective
     // signalling), and the failing one must still be reported.

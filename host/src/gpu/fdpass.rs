@@ -29,6 +29,9 @@ const MAGIC: &[u8; 8] = b"RSHFD001";
 const HELLO_LEN: usize = 40;
 const REPLY_LEN: usize = 24;
 
+/// How long one read of a hello waits before the server checks whether it was stopped.
+const HELLO_SLICE: Duration = Duration::from_millis(50);
+
 const ST_OK: u32 = 0;
 const ST_BAD_TOKEN: u32 = 1;
 const ST_BAD_RANK: u32 = 2;
@@ -150,13 +153,15 @@ impl FdExchange {
         // Relaxed: see Server::drop.
         while !pending.is_empty() && !stop.load(std::sync::atomic::Ordering::Relaxed) {
             match listener.accept() {
-                Ok((conn, _)) => match self.serve_one(&conn, fd.as_raw_fd(), &pending, deadline) {
-                    Ok(Some(r)) => {
-                        pending.remove(&r);
+                Ok((conn, _)) => {
+                    match self.serve_one(&conn, fd.as_raw_fd(), &pending, deadline, stop) {
+                        Ok(Some(r)) => {
+                            pending.remove(&r);
+                        }
+                        Ok(None) => {}
+                        Err(e) => refused.push(e.to_string()),
                     }
-                    Ok(None) => {}
-                    Err(e) => refused.push(e.to_string()),
-                },
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
                         let mut what = format!(
@@ -196,13 +201,16 @@ impl FdExchange {
         fd: RawFd,
         pending: &BTreeSet<usize>,
         deadline: Instant,
+        stop: &std::sync::atomic::AtomicBool,
     ) -> Result<Option<usize>> {
         conn.set_nonblocking(false)
             .map_err(|e| Error::io("fd-passing socket", e))?;
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(10));
-        conn.set_read_timeout(Some(left))
+        // Reads wait in slices, so a client that connects and stays silent holds a
+        // dropped server (Server::drop) for one slice, not until the deadline.
+        conn.set_read_timeout(Some(left.min(HELLO_SLICE)))
             .map_err(|e| Error::io("fd-passing socket", e))?;
         conn.set_write_timeout(Some(left))
             .map_err(|e| Error::io("fd-passing socket", e))?;
@@ -210,9 +218,33 @@ impl FdExchange {
             return Ok(None); // another user: drop silently
         }
         let mut hello = [0u8; HELLO_LEN];
-        (&*conn)
-            .read_exact(&mut hello)
-            .map_err(|e| Error::io(format!("PE {}: reading a fd-passing hello", self.rank), e))?;
+        let mut got = 0;
+        let hello_err = |e: std::io::Error| {
+            Error::io(format!("PE {}: reading a fd-passing hello", self.rank), e)
+        };
+        while got < HELLO_LEN {
+            match (&*conn).read(&mut hello[got..]) {
+                Ok(0) => return Err(hello_err(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(k) => got += k,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    // Relaxed: see Server::drop.
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Ok(None);
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(hello_err(e));
+                    }
+                }
+                Err(e) => return Err(hello_err(e)),
+            }
+        }
         if &hello[..8] != MAGIC {
             return Ok(None);
         }
@@ -659,6 +691,9 @@ mod tests {
             UnixListener::bind_addr(&addr).is_err(),
             "the server's socket is bound"
         );
+        // A client that connects and never says hello must not hold the drop either.
+        let silent = UnixStream::connect_addr(&addr).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
         // Dropped on another thread so that a drop that waited out the 600 s timeout
         // fails this test (after 20 s) instead of hanging it.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -672,6 +707,7 @@ mod tests {
         // returned; Drop joined it, so the name is free now (an abstract name is released
         // with its last descriptor).
         UnixListener::bind_addr(&addr).expect("the name is free after the drop");
+        drop(silent);
     }
 
     #[test]

@@ -879,8 +879,21 @@ impl SendQueue {
             // Acquire: pairs with the engine's Release when it raised the event.
             if let Some(e) = self.mem.async_events().map(|w| w.load(Ordering::Acquire)) {
                 if e != 0 {
+                    // What we wait for may have completed just before another WQE
+                    // overran the CQ: look once more.
+                    if done() {
+                        return Ok(());
+                    }
                     // Reservations after the overrun can never complete.
                     self.broken.store(true, Ordering::Release);
+                    // An error CQE at or before what we wait for is the real cause (the
+                    // overrun came from the flush after it).
+                    if let Some(first) = self.error().filter(|f| f.index <= index) {
+                        return Err(SqError::Completion {
+                            qpn: self.qpn,
+                            first,
+                        });
+                    }
                     let l = self.mem.layout();
                     return Err(SqError::CqOverrun {
                         qpn: self.qpn,
