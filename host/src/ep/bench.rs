@@ -328,6 +328,10 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
         let t_send = t0.elapsed();
         let out = d.wait()?;
         let t_disp = t0.elapsed();
+        // Every PE's dispatch ends before any PE's untimed work (checks, the simulated
+        // expert) starts: with more PEs than cores that work would otherwise run inside
+        // other PEs' timed phases. scripts/ep_mpi_alltoallv.c does the same.
+        pe.sync_all()?;
         if check_now && problem.is_none() {
             if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &out) {
                 problem = Some(e.to_string());
@@ -357,6 +361,7 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
         let c_send = t1.elapsed();
         let combined = c.wait()?;
         let t_comb = t1.elapsed();
+        pe.sync_all()?; // likewise before the untimed checks
         if check_now && problem.is_none() {
             match check::validate_combine(&cfg, n, me, &routing, &masked, &identity, &combined) {
                 Ok(dv) => diff = dv,
