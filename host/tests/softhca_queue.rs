@@ -240,6 +240,34 @@ fn timeout_reports_qp_index_and_last_cqe() {
     assert!(e.contains("unusable"), "{e}");
 }
 
+/// Posts eight 8-byte inline WRITEs of `byte` to words 0..8 of `t` (the one at `bad_key`
+/// with a wrong rkey) and waits (bounded) until the engine has taken all eight, before
+/// anyone polls the CQ (a poll that freed entries first would avoid an overrun).
+fn post_eight_writes_unpolled(t: &Target, rig: &Rig, byte: u8, bad_key: Option<u64>) {
+    for i in 0..8u64 {
+        let rkey = if bad_key == Some(i) {
+            t.rkey ^ 0x55
+        } else {
+            t.rkey
+        };
+        let _ = rig
+            .sq
+            .post(&WqeOp::RdmaWrite {
+                remote: RaddrSeg::new(t.words.as_ptr() as u64 + 8 * i, rkey),
+                payload: rshmem::mlx5::wqe::Payload::Inline(&[byte; 8]),
+            })
+            .unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    while rig.qp.qp().wqes.load(std::sync::atomic::Ordering::Relaxed) < 8 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the engine did not take 8 WQEs"
+        );
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn cq_overrun_is_reported() {
     // An 8-WQEBB ring asks a CQE of every WQE; a CQ of 2 cannot hold them while the
@@ -248,24 +276,7 @@ fn cq_overrun_is_reported() {
     let t = target(8, 1);
     let rig = rig(&t, 8, 2, CqMode::Normal);
     let Rig { sq, mem, qp, .. } = &rig;
-    for i in 0..8u64 {
-        let _ = sq
-            .post(&WqeOp::RdmaWrite {
-                remote: RaddrSeg::new(t.words.as_ptr() as u64 + 8 * i, t.rkey),
-                payload: rshmem::mlx5::wqe::Payload::Inline(&[0x11; 8]),
-            })
-            .unwrap();
-    }
-    // Let the engine take all eight before anyone polls (a poll that freed entries
-    // first would avoid the overrun).
-    let t0 = std::time::Instant::now();
-    while qp.qp().wqes.load(std::sync::atomic::Ordering::Relaxed) < 8 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the engine did not take 8 WQEs"
-        );
-        std::thread::yield_now();
-    }
+    post_eight_writes_unpolled(&t, &rig, 0x11, None);
     let e = sq.quiet().unwrap_err();
     assert!(
         matches!(
@@ -315,24 +326,8 @@ fn an_error_before_the_overrun_is_what_quiet_reports() {
     // consequence; quiet reports the first error (REMOTE_ACCESS at index 1).
     let t = target(8, 1);
     let rig = rig(&t, 8, 2, CqMode::Normal);
-    let Rig { sq, mem, qp, .. } = &rig;
-    for i in 0..8u64 {
-        let rkey = if i == 1 { t.rkey ^ 0x55 } else { t.rkey };
-        let _ = sq
-            .post(&WqeOp::RdmaWrite {
-                remote: RaddrSeg::new(t.words.as_ptr() as u64 + 8 * i, rkey),
-                payload: rshmem::mlx5::wqe::Payload::Inline(&[0x22; 8]),
-            })
-            .unwrap();
-    }
-    let t0 = std::time::Instant::now();
-    while qp.qp().wqes.load(std::sync::atomic::Ordering::Relaxed) < 8 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the engine did not take 8 WQEs"
-        );
-        std::thread::yield_now();
-    }
+    let Rig { sq, mem, .. } = &rig;
+    post_eight_writes_unpolled(&t, &rig, 0x22, Some(1));
     assert_eq!(
         mem.async_events()
             .unwrap()
