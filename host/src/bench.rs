@@ -34,8 +34,9 @@ pub enum Kind {
     Signal,
     Barrier,
     /// The soft HCA engine alone: RDMA WRITEs through queue → engine → memory on one
-    /// engine thread (no PEs), into a pre-touched 1 MiB destination, after a warm-up; at
-    /// least 200 000 WRITEs per size (more with --iters), at most 1 GiB moved.
+    /// engine thread (no PEs), into a pre-touched 1 MiB destination, after a discarded 8 B
+    /// row and a warm-up per row; at least 200 000 WRITEs per size (more with --iters), at
+    /// most 1 GiB moved.
     Softhca,
     /// GPU only (`--device gpu`): device-to-device copy bandwidth (the rshmem_copy kernel
     /// and cuMemcpyDtoD) next to device put bandwidth.

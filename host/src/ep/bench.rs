@@ -1,7 +1,9 @@
 //! `rshmem bench ep`: LL dispatch + combine latency with DeepEP's test checks on every run.
 //!
 //! Per iteration every PE: sync, time dispatch (send + receive), sync, simulated expert
-//! (identity, untimed), sync, time combine. Reported per iteration is the slowest PE's
+//! and checks (identity, untimed), sync, time combine, sync, checks (untimed). The syncs
+//! after the timed phases keep one PE's untimed work out of another's timed phase when PEs
+//! outnumber cores. Reported per iteration is the slowest PE's
 //! time; median and p99 over the measured iterations. The first and last iterations are
 //! checked exactly (check.rs); every iteration's outputs are hashed and must be
 //! bit-identical to the first's.
