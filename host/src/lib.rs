@@ -27,6 +27,8 @@ mod rma;
 pub mod selftest;
 pub mod softhca;
 pub mod team;
+#[cfg(test)]
+mod test_child;
 pub mod types;
 pub mod verbs;
 

@@ -12,7 +12,7 @@ const LIBFABRIC: &str = "/usr/lib/x86_64-linux-gnu/libfabric.so.1";
 
 fn doctor(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
-    cmd.arg("doctor").args(args);
+    cmd.arg("doctor").args(args).env_remove("RSHMEM_CUDA_LIB");
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -340,6 +340,35 @@ fn fake_library(dir_name: &str, soname: &str, source: &str) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     dir
+}
+
+/// RSHMEM_CUDA_LIB names the driver file for the doctor as for the runtime: a file that
+/// is not there is "absent" on any machine; the stand-in is found off the loader path.
+#[test]
+fn the_doctor_loads_the_driver_file_rshmem_cuda_lib_names() {
+    let j = parse(&doctor(
+        &["--json"],
+        &[("RSHMEM_CUDA_LIB", "/nonexistent/libcuda.so.1")],
+    ));
+    assert_eq!(j["cuda"]["present"], Value::Bool(false));
+    assert_eq!(
+        j["cuda"]["detail"],
+        "absent: /nonexistent/libcuda.so.1 not found (install the NVIDIA driver)"
+    );
+    let dir = fake_library("fake-cuda-chosen", "libcuda.so.1", FAKE_CUDA_C);
+    let lib = dir.join("libcuda.so.1");
+    let j = parse(&doctor(
+        &["--json"],
+        &[
+            ("RSHMEM_CUDA_LIB", lib.to_str().unwrap()),
+            ("LD_LIBRARY_PATH", "/nonexistent"),
+        ],
+    ));
+    assert_eq!(j["cuda"]["present"], Value::Bool(true));
+    assert_eq!(
+        j["cuda"]["detail"],
+        format!("{} loaded, driver API 13.0, 2 device(s)", lib.display())
+    );
 }
 
 #[test]

@@ -30,26 +30,15 @@ fn no_panic(o: &Output) {
     assert!(!t.contains("panicked"), "{t}");
 }
 
-fn libcuda_present() -> bool {
-    // The same names cudarc tries first.
-    ["libcuda.so", "libcuda.so.1"].iter().any(|n| {
-        let c = std::ffi::CString::new(*n).unwrap();
-        // SAFETY: dlopen/dlclose of a system library name.
-        unsafe {
-            let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
-            if !h.is_null() {
-                libc::dlclose(h);
-            }
-            !h.is_null()
-        }
-    })
-}
+/// "No driver" on any machine: the runtime loads the file RSHMEM_CUDA_LIB names instead of
+/// searching, and this one is not there.
+const NO_DRIVER: (&str, &str) = ("RSHMEM_CUDA_LIB", "/nonexistent/libcuda.so.1");
+/// What every GPU path then says.
+const NO_DRIVER_ERR: &str =
+    "libcuda.so.1 not found at RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1: install the NVIDIA driver";
 
 #[test]
 fn without_libcuda_the_gpu_commands_say_so() {
-    if libcuda_present() {
-        return; // GPU machines: scripts/gpu-check runs these commands for real
-    }
     for args in [
         &["selftest", "--device", "gpu", "--case", "host_heap_mapping"][..],
         &[
@@ -63,13 +52,9 @@ fn without_libcuda_the_gpu_commands_say_so() {
             "1",
         ][..],
     ] {
-        let o = run(args, &[]);
+        let o = run(args, &[NO_DRIVER]);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
-        assert!(
-            text(&o).contains("libcuda.so.1 not found: install the NVIDIA driver"),
-            "{args:?}: {}",
-            text(&o)
-        );
+        assert!(text(&o).contains(NO_DRIVER_ERR), "{args:?}: {}", text(&o));
         no_panic(&o);
     }
 }
@@ -162,21 +147,22 @@ fn gpu_list_names_the_host_cases_and_the_manifest_cases() {
 /// missing entry point instead of panicking inside cudarc.
 #[test]
 fn a_driver_missing_entry_points_is_named() {
-    if libcuda_present() {
-        return;
-    }
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gpu-cli-old-cuda");
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("old.c");
     std::fs::write(&src, "int cuInit(unsigned f) { return 0; }\nint cuDriverGetVersion(int *v) { *v = 11000; return 0; }\n").unwrap();
     let lib: PathBuf = dir.join("libcuda.so.1");
     let b = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
+        .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
         .arg(&lib)
         .arg(&src)
         .output()
         .expect("cc");
     assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    // cudarc tries libcuda.so first: this folder has it too, so that no real driver of the
+    // machine is found before the stand-in.
+    let _ = std::fs::remove_file(dir.join("libcuda.so"));
+    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).unwrap();
     let o = run(
         &["selftest", "--device", "gpu", "--case", "host_heap_mapping"],
         &[("LD_LIBRARY_PATH", dir.to_str().unwrap())],
@@ -195,9 +181,6 @@ fn a_driver_missing_entry_points_is_named() {
 /// case's failure (exit 1), never as a pass.
 #[test]
 fn trap_cases_without_libcuda_fail_naming_the_driver() {
-    if libcuda_present() {
-        return; // GPU machines: scripts/gpu-check's `traps` step runs them for real
-    }
     let o = run(
         &[
             "selftest",
@@ -208,7 +191,7 @@ fn trap_cases_without_libcuda_fail_naming_the_driver() {
             "--trap",
             "rshmem_trap_unbound",
         ],
-        &[],
+        &[NO_DRIVER],
     );
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
@@ -224,8 +207,7 @@ fn trap_cases_without_libcuda_fail_naming_the_driver() {
     );
     for v in verdicts {
         assert!(
-            v.contains("the child ran no trap (exit 1)")
-                && v.contains("libcuda.so.1 not found: install the NVIDIA driver"),
+            v.contains("the child ran no trap (exit 1)") && v.contains(NO_DRIVER_ERR),
             "{v}"
         );
     }
@@ -235,7 +217,7 @@ fn trap_cases_without_libcuda_fail_naming_the_driver() {
     );
     no_panic(&o);
     // --traps: every case of the manifest (7), each failing the same way.
-    let o = run(&["selftest", "--device", "gpu", "--traps"], &[]);
+    let o = run(&["selftest", "--device", "gpu", "--traps"], &[NO_DRIVER]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(

@@ -1,5 +1,6 @@
 //! The CUDA section of the doctor: is the driver library there, which driver version,
-//! which GPUs. Everything goes through `libcuda.so.1` opened at run time.
+//! which GPUs. Everything goes through `libcuda.so.1` opened at run time (or the file
+//! `RSHMEM_CUDA_LIB` names, as for the runtime).
 
 use super::dl::{self, Opened};
 use crate::error::Error;
@@ -69,7 +70,15 @@ fn driver() -> Result<&'static Driver, &'static Error> {
     static DRIVER: OnceLock<Result<Driver, Error>> = OnceLock::new();
     DRIVER
         .get_or_init(|| {
-            let opened = dl::open(SONAMES, PACKAGE)?;
+            // The runtime's choice of driver file (gpu::driver) is the doctor's too.
+            let chosen = std::env::var(crate::gpu::driver::CUDA_LIB_ENV)
+                .ok()
+                .filter(|p| !p.is_empty());
+            let opened = match chosen {
+                // Leaked once per process (the doctor's driver lives as long as it).
+                Some(path) => dl::open(&[&*Box::leak(path.into_boxed_str())], PACKAGE)?,
+                None => dl::open(SONAMES, PACKAGE)?,
+            };
             // SAFETY: each type above is the signature in cuda.h for that symbol, and the
             // pointers live in `Driver` next to the library that keeps them valid.
             unsafe {

@@ -104,48 +104,95 @@ pub const NVRTC_SYMBOLS: &[&str] = &[
     "nvrtcGetErrorString",
 ];
 
+/// Names the driver library file to load instead of the linker's lookup (as NVSHMEM's
+/// `NVSHMEM_CUDA_PATH`): a driver outside the loader path, CUDA's forward-compatibility
+/// `libcuda.so.1`, or, in tests, a library that is not there.
+pub const CUDA_LIB_ENV: &str = "RSHMEM_CUDA_LIB";
+
+/// Why the driver gate failed (kept as data so every caller gets the same error).
+#[derive(Clone, Debug)]
+enum Refusal {
+    /// The library is absent, too old, or `RSHMEM_CUDA_LIB` is unusable.
+    Library(String),
+    /// `cuInit(0)` failed.
+    Init(String),
+}
+
+/// Loads `RSHMEM_CUDA_LIB` (when set) so that cudarc's lookup by soname finds it, and
+/// checks that cudarc's library is that one. Leaks the handle: the driver stays loaded.
+fn load_chosen_driver() -> std::result::Result<Option<*const ()>, String> {
+    let Some(path) = std::env::var_os(CUDA_LIB_ENV).filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    let shown = std::path::Path::new(&path).display().to_string();
+    if !std::path::Path::new(&path).exists() {
+        return Err(format!("libcuda.so.1 not found at {CUDA_LIB_ENV}={shown}"));
+    }
+    // SAFETY: loading the NVIDIA driver library runs its initialisers, which only set up
+    // the driver's own state.
+    let lib = unsafe { libloading::Library::new(&path) }
+        .map_err(|e| format!("{CUDA_LIB_ENV}={shown} could not be loaded ({e})"))?;
+    // SAFETY: a symbol lookup; the address is only compared, never called.
+    let init = unsafe { lib.get::<*const ()>(b"cuInit") }
+        .map(|s| *s)
+        .map_err(|_| format!("{CUDA_LIB_ENV}={shown} lacks cuInit: it is not a CUDA driver"))?;
+    std::mem::forget(lib);
+    Ok(Some(init))
+}
+
 /// The driver library is loaded, exports every symbol in [`DRIVER_SYMBOLS`] and `cuInit(0)`
 /// succeeded. Checked once per process; the error is returned to every caller.
 pub fn driver() -> Result<()> {
-    static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    static READY: OnceLock<std::result::Result<(), Refusal>> = OnceLock::new();
     READY
         .get_or_init(|| {
+            let chosen = load_chosen_driver().map_err(Refusal::Library)?;
             // SAFETY: is_culib_present only tries to dlopen candidate names.
             if !unsafe { sys::is_culib_present() } {
-                return Err(String::from("libcuda.so.1 not found"));
+                return Err(Refusal::Library("libcuda.so.1 not found".into()));
             }
             // SAFETY: present (checked above), so culib() does not panic; get() only looks
             // a symbol up.
             let lib = unsafe { sys::culib() };
+            if let Some(chosen) = chosen {
+                // cudarc tries `libcuda.so` before `libcuda.so.1`: a `libcuda.so` on the
+                // loader path is a different library from the one the user chose.
+                // SAFETY: a symbol lookup; the address is only compared.
+                let used = unsafe { lib.get::<*const ()>(b"cuInit") }.map(|s| *s).ok();
+                if used != Some(chosen) {
+                    return Err(Refusal::Library(format!(
+                        "{CUDA_LIB_ENV} names one driver library, but another one (libcuda.so on \
+                         the loader path) was found first: put the folder of {CUDA_LIB_ENV} \
+                         first on LD_LIBRARY_PATH instead"
+                    )));
+                }
+            }
             for s in DRIVER_SYMBOLS {
                 // SAFETY: looking up a symbol address; it is not called here.
                 if unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err() {
-                    return Err(format!(
+                    return Err(Refusal::Library(format!(
                         "libcuda.so.1 lacks {s}: the driver is too old (rshmem needs CUDA 13.0, driver 580 or newer)"
-                    ));
+                    )));
                 }
             }
             // SAFETY: every symbol is present; cuInit(0) is the documented first call.
             let rc = unsafe { sys::cuInit(0) };
             if rc != sys::CUresult::CUDA_SUCCESS {
-                return Err(format!("cuInit failed: {}", result_name(rc)));
+                return Err(Refusal::Init(format!("cuInit failed: {}", result_name(rc))));
             }
             Ok(())
         })
         .clone()
-        .map_err(|detail| {
-            if detail.contains("not found") || detail.contains("lacks") {
-                Error::LibraryMissing {
-                    library: "libcuda.so.1".into(),
-                    package: DRIVER_PACKAGE.into(),
-                    detail: format!("{detail}: install the NVIDIA driver"),
-                }
-            } else {
-                Error::Cuda {
-                    call: "cuInit",
-                    detail,
-                }
-            }
+        .map_err(|refusal| match refusal {
+            Refusal::Library(detail) => Error::LibraryMissing {
+                library: "libcuda.so.1".into(),
+                package: DRIVER_PACKAGE.into(),
+                detail: format!("{detail}: install the NVIDIA driver"),
+            },
+            Refusal::Init(detail) => Error::Cuda {
+                call: "cuInit",
+                detail,
+            },
         })
 }
 
@@ -334,40 +381,179 @@ mod tests {
 
     use super::*;
 
-    /// This machine has no NVIDIA driver: the gate must say so, naming the library and the
-    /// package, and must not panic. (On a machine with a driver this test is not
-    /// meaningful and checks the opposite: that the gate opens.)
+    use crate::test_child::{run_in_child, run_without_cuda};
+    use std::path::{Path, PathBuf};
+
+    /// No driver (RSHMEM_CUDA_LIB at a file that is not there, in a child process, so the
+    /// same on every machine): the gate says so, naming the library, the variable and the
+    /// package, and does not panic.
     #[test]
     fn absent_driver_is_an_error_naming_the_library() {
-        // SAFETY: only dlopen attempts.
-        let present = unsafe { sys::is_culib_present() };
-        match driver() {
-            Err(e) => {
-                assert!(!present, "driver present but gate failed: {e}");
-                let s = e.to_string();
-                assert!(s.contains("libcuda.so.1 not found"), "{s}");
-                assert!(s.contains("install the NVIDIA driver"), "{s}");
-            }
-            Ok(()) => assert!(present),
+        if !run_without_cuda(
+            module_path!(),
+            "absent_driver_is_an_error_naming_the_library",
+        ) {
+            return;
         }
+        let s = driver().unwrap_err().to_string();
+        assert_eq!(
+            s,
+            "libcuda.so.1 could not be loaded (libcuda.so.1 not found at \
+             RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1: install the NVIDIA driver); install \
+             the NVIDIA driver (it provides libcuda.so.1)"
+        );
+        // Every caller gets the same error.
+        assert_eq!(driver().unwrap_err().to_string(), s);
     }
 
     #[test]
     fn absent_nvrtc_is_an_error_naming_the_wheel() {
-        if std::env::var_os("RSHMEM_NVRTC_LIB").is_some() {
-            return; // the environment chose a library: the gate then checks that one
+        if !run_without_cuda(module_path!(), "absent_nvrtc_is_an_error_naming_the_wheel") {
+            return;
         }
-        // SAFETY: only dlopen attempts.
-        let present = unsafe { nvrtc_sys::is_culib_present() };
-        match nvrtc() {
-            Err(e) => {
-                assert!(!present);
-                let s = e.to_string();
-                assert!(s.contains("libnvrtc"), "{s}");
-                assert!(s.contains("nvidia-cuda-nvrtc"), "{s}");
-                assert!(s.contains("CUDA 13 toolkit"), "{s}");
-            }
-            Ok(()) => assert!(present),
+        let s = nvrtc().unwrap_err().to_string();
+        assert!(
+            s.contains("RSHMEM_NVRTC_LIB=/nonexistent/libnvrtc.so.13 could not be loaded"),
+            "{s}"
+        );
+        assert!(s.contains("nvidia-cuda-nvrtc"), "{s}");
+        assert!(s.contains("CUDA 13 toolkit"), "{s}");
+    }
+
+    /// Stand-in drivers for the RSHMEM_CUDA_LIB tests live beside the test binary, so the
+    /// parent (which builds them) and its child (which loads them) name the same files.
+    fn fakes(tag: &str) -> PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        exe.parent().unwrap().join(format!("fake-cuda-{tag}"))
+    }
+
+    /// Builds `dir`/`file`: a library with soname libcuda.so.1 that exports every entry
+    /// point of DRIVER_SYMBOLS (returning CUDA_SUCCESS) except `skip`.
+    fn build_fake(dir: &Path, file: &str, skip: &[&str]) -> PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut c = String::new();
+        for s in DRIVER_SYMBOLS.iter().filter(|s| !skip.contains(s)) {
+            c.push_str(&format!("int {s}(void) {{ return 0; }}\n"));
         }
+        let src = dir.join(format!("{file}.c"));
+        std::fs::write(&src, c).unwrap();
+        let out = dir.join(file);
+        let o = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .output()
+            .expect("cc (the tests need a C compiler)");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        out
+    }
+
+    fn in_child() -> bool {
+        std::env::var_os("RSHMEM_TEST_CHILD").is_some()
+    }
+
+    /// RSHMEM_CUDA_LIB names the driver file: the gate loads it, cudarc uses it (found by
+    /// soname; libcuda.so beside it on LD_LIBRARY_PATH is the same file) and cuInit runs.
+    #[test]
+    fn the_chosen_driver_file_is_the_one_used() {
+        let dir = fakes("chosen");
+        if !in_child() {
+            let lib = build_fake(&dir, "libcuda.so.1", &[]);
+            let _ = std::fs::remove_file(dir.join("libcuda.so"));
+            std::os::unix::fs::symlink(&lib, dir.join("libcuda.so")).unwrap();
+        }
+        let lib = dir.join("libcuda.so.1");
+        if !run_in_child(
+            module_path!(),
+            "the_chosen_driver_file_is_the_one_used",
+            &[
+                ("RSHMEM_CUDA_LIB", lib.to_str().unwrap()),
+                ("LD_LIBRARY_PATH", dir.to_str().unwrap()),
+            ],
+        ) {
+            return;
+        }
+        driver().unwrap();
+    }
+
+    /// RSHMEM_CUDA_LIB names one library but cudarc's lookup (libcuda.so first) finds
+    /// another: refused, saying what to do, instead of running with two drivers.
+    #[test]
+    fn a_different_driver_found_first_is_refused() {
+        let dir = fakes("other");
+        if !in_child() {
+            build_fake(&dir.join("chosen"), "libcuda.so.1", &[]);
+            build_fake(&dir.join("found"), "libcuda.so", &[]);
+        }
+        let chosen = dir.join("chosen/libcuda.so.1");
+        let found = dir.join("found");
+        if !run_in_child(
+            module_path!(),
+            "a_different_driver_found_first_is_refused",
+            &[
+                ("RSHMEM_CUDA_LIB", chosen.to_str().unwrap()),
+                ("LD_LIBRARY_PATH", found.to_str().unwrap()),
+            ],
+        ) {
+            return;
+        }
+        let s = driver().unwrap_err().to_string();
+        assert!(
+            s.contains(
+                "RSHMEM_CUDA_LIB names one driver library, but another one (libcuda.so on \
+                 the loader path) was found first: put the folder of RSHMEM_CUDA_LIB first \
+                 on LD_LIBRARY_PATH instead"
+            ),
+            "{s}"
+        );
+    }
+
+    /// RSHMEM_CUDA_LIB at a file that is not a library.
+    #[test]
+    fn a_chosen_file_that_is_not_a_library_is_refused() {
+        let path = fakes("text").join("libcuda.so.1");
+        if !in_child() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, "not an ELF file\n").unwrap();
+        }
+        let p = path.to_str().unwrap();
+        if !run_in_child(
+            module_path!(),
+            "a_chosen_file_that_is_not_a_library_is_refused",
+            &[("RSHMEM_CUDA_LIB", p)],
+        ) {
+            return;
+        }
+        let s = driver().unwrap_err().to_string();
+        assert!(
+            s.contains(&format!("RSHMEM_CUDA_LIB={p} could not be loaded (")),
+            "{s}"
+        );
+        assert!(s.contains("install the NVIDIA driver"), "{s}");
+    }
+
+    /// RSHMEM_CUDA_LIB at a library that has no cuInit.
+    #[test]
+    fn a_chosen_library_that_is_not_a_driver_is_refused() {
+        let dir = fakes("noinit");
+        if !in_child() {
+            build_fake(&dir, "libcuda.so.1", &["cuInit"]);
+        }
+        let path = dir.join("libcuda.so.1");
+        let p = path.to_str().unwrap();
+        if !run_in_child(
+            module_path!(),
+            "a_chosen_library_that_is_not_a_driver_is_refused",
+            &[("RSHMEM_CUDA_LIB", p)],
+        ) {
+            return;
+        }
+        let s = driver().unwrap_err().to_string();
+        assert!(
+            s.contains(&format!(
+                "RSHMEM_CUDA_LIB={p} lacks cuInit: it is not a CUDA driver"
+            )),
+            "{s}"
+        );
     }
 }

@@ -2181,8 +2181,10 @@ mod tests {
     /// Without libcuda, an EP buffer on GPU PEs is an error naming the library.
     #[test]
     fn gpu_ep_without_a_driver_fails_cleanly() {
-        // SAFETY: dlopen attempts only.
-        if unsafe { sys::is_culib_present() } {
+        if !crate::test_child::run_without_cuda(
+            module_path!(),
+            "gpu_ep_without_a_driver_fails_cleanly",
+        ) {
             return;
         }
         let s = crate::config::Settings::from_lookup(|_| None).unwrap();

@@ -435,8 +435,10 @@ mod tests {
 
     #[test]
     fn without_a_driver_the_bench_names_libcuda() {
-        // SAFETY: dlopen attempts only.
-        if unsafe { sys::is_culib_present() } {
+        if !crate::test_child::run_without_cuda(
+            module_path!(),
+            "without_a_driver_the_bench_names_libcuda",
+        ) {
             return;
         }
         let e = run(&args()).unwrap_err().to_string();

@@ -1386,15 +1386,20 @@ mod tests {
     /// bootstrap or thread is started.
     #[test]
     fn gpu_pes_without_a_driver_fail_cleanly() {
-        // SAFETY: dlopen attempts only.
-        if unsafe { sys::is_culib_present() } {
-            return; // GPU machines exercise the real path in gpu-check
+        if !crate::test_child::run_without_cuda(
+            module_path!(),
+            "gpu_pes_without_a_driver_fail_cleanly",
+        ) {
+            return;
         }
         let e = run_gpu_threads(2, Settings::from_lookup(|_| None).unwrap(), |_| Ok(()))
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("libcuda.so.1 not found: install the NVIDIA driver"),
+            e.contains(
+                "libcuda.so.1 not found at RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1: \
+                 install the NVIDIA driver"
+            ),
             "{e}"
         );
         let e = GpuPe::init().unwrap_err().to_string();

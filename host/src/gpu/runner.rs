@@ -1305,8 +1305,10 @@ mod tests {
 
     #[test]
     fn host_cases_without_a_driver_fail_cleanly() {
-        // SAFETY: dlopen attempts only.
-        if unsafe { sys::is_culib_present() } {
+        if !crate::test_child::run_without_cuda(
+            module_path!(),
+            "host_cases_without_a_driver_fail_cleanly",
+        ) {
             return;
         }
         let o = SelftestOpts {
