@@ -489,6 +489,16 @@ mod tests {
         assert_eq!(u32_at(320 + 48), WQE_CNT);
         assert_eq!(u32_at(320 + 56), 0x101);
         assert!(b[64..320].iter().all(|&x| x == 0), "counters start at 0");
+        // A NIC's doorbell register: doorbell_mode (line 1, offset 72) says MMIO, nothing
+        // else changes.
+        let nic = descriptor(&mems[0], delta, 0x100, Duration::from_millis(1500));
+        let m = descriptor_bytes(&[nic.with_mmio_doorbell()]);
+        assert_eq!(
+            u32::from_le_bytes(m[72..76].try_into().unwrap()),
+            crate::softhca::ibgda_table::IBGDA_DOORBELL_MMIO
+        );
+        assert_eq!(&m[..72], &b[..72]);
+        assert_eq!(&m[76..320], &b[76..320]);
         assert_eq!(
             to_device(0x7f00_0000_1000, 0u64.wrapping_sub(0x1000)),
             0x7f00_0000_0000

@@ -462,6 +462,46 @@ mod tests {
         );
     }
 
+    /// The IBGDA producer rings a NIC's doorbell register with a system-scope fence and an
+    /// MMIO store, and the soft HCA's doorbell word with a release store (queue.cuh,
+    /// `ring`): every module that rings has both, and no MMIO store goes out without the
+    /// fence right before it (ordering.cuh, `st_release_mmio_sys_u64`).
+    #[test]
+    fn doorbell_registers_get_a_fenced_mmio_store() {
+        let mut ringing = Vec::new();
+        for (name, ptx) in EMBEDDED_PTX {
+            let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+            let mut mmio = 0;
+            for (i, l) in lines.iter().enumerate() {
+                if l.starts_with("st.mmio") || l.starts_with("ld.mmio") {
+                    assert!(
+                        l.starts_with("st.mmio.relaxed.sys.u64 "),
+                        "{name}: unexpected MMIO access {l}"
+                    );
+                    assert_eq!(lines[i - 1], "fence.acq_rel.sys;", "{name}: line {}", i + 1);
+                    mmio += 1;
+                }
+            }
+            let release_u64 = lines
+                .iter()
+                .filter(|l| l.starts_with("st.release.sys.u64 "))
+                .count();
+            if mmio > 0 {
+                assert!(
+                    release_u64 >= mmio,
+                    "{name}: {mmio} MMIO, {release_u64} release"
+                );
+                ringing.push(*name);
+            }
+        }
+        ringing.sort();
+        assert_eq!(
+            ringing,
+            ["ep_ll", "rshmem_device_tests", "rshmem_ibgda_producer"],
+            "the modules built on rshmem/ibgda/queue.cuh"
+        );
+    }
+
     #[test]
     fn ptx_dir_overrides_the_embedded_copy() {
         let d = std::env::temp_dir().join(format!("rshmem-ptxdir-{}", std::process::id()));

@@ -21,10 +21,15 @@ use std::time::Duration;
 /// `RSHMEM_IBGDA_TABLE_MAGIC` ("ibgq" little-endian).
 pub const IBGDA_TABLE_MAGIC: u32 = 0x7167_6269;
 /// `RSHMEM_IBGDA_VERSION`.
-pub const IBGDA_VERSION: u32 = 1;
+pub const IBGDA_VERSION: u32 = 2;
 /// `RSHMEM_IBGDA_CQ_NORMAL` / `RSHMEM_IBGDA_CQ_COLLAPSED`.
 pub const IBGDA_CQ_NORMAL: u32 = 0;
 pub const IBGDA_CQ_COLLAPSED: u32 = 1;
+/// `RSHMEM_IBGDA_DOORBELL_MEMORY` / `RSHMEM_IBGDA_DOORBELL_MMIO`: the doorbell is a word in
+/// memory (the soft HCA's), or a NIC register mapped into the GPU, which producers ring
+/// with a fence and an MMIO store.
+pub const IBGDA_DOORBELL_MEMORY: u32 = 0;
+pub const IBGDA_DOORBELL_MMIO: u32 = 1;
 
 /// Status codes the device producer returns (`RSHMEM_IBGDA_*`).
 pub mod status {
@@ -91,9 +96,11 @@ pub struct IbgdaQp {
     pub cqe_cnt: u32,
     pub qpn: u32,
     pub cq_mode: u32,
-    // Line 1.
+    // Line 1 (`doorbell_mode` is configuration, read-only for producers).
     pub reserved: AtomicU64,
-    pad1: [u64; 7],
+    pub doorbell_mode: u32,
+    pad1a: u32,
+    pad1: [u64; 6],
     // Line 2.
     pub ready: AtomicU64,
     pub rung: AtomicU64,
@@ -125,6 +132,7 @@ const _: () = {
     assert!(offset_of!(IbgdaQp, timeout_ns) == 40);
     assert!(offset_of!(IbgdaQp, cq_mode) == 60);
     assert!(offset_of!(IbgdaQp, reserved) == 64);
+    assert!(offset_of!(IbgdaQp, doorbell_mode) == 72);
     assert!(offset_of!(IbgdaQp, ready) == 128);
     assert!(offset_of!(IbgdaQp, fence_next) == 148);
     assert!(offset_of!(IbgdaQp, completed) == 192);
@@ -175,7 +183,9 @@ impl IbgdaQp {
                 CqMode::Collapsed => IBGDA_CQ_COLLAPSED,
             },
             reserved: AtomicU64::new(0),
-            pad1: [0; 7],
+            doorbell_mode: IBGDA_DOORBELL_MEMORY,
+            pad1a: 0,
+            pad1: [0; 6],
             ready: AtomicU64::new(0),
             rung: AtomicU64::new(0),
             ring_lock: AtomicU32::new(0),
@@ -196,6 +206,13 @@ impl IbgdaQp {
             cqes: AtomicU64::new(0),
             pad4: [0; 5],
         }
+    }
+
+    /// The same descriptor for a doorbell that is a NIC register (the UAR's BlueFlame
+    /// mapped into the GPU): producers ring it with a fence and an MMIO store.
+    pub fn with_mmio_doorbell(mut self) -> IbgdaQp {
+        self.doorbell_mode = IBGDA_DOORBELL_MMIO;
+        self
     }
 
     /// A descriptor of `mem` for producers in this process (host addresses).
@@ -324,6 +341,7 @@ pub fn layout_facts() -> Vec<u64> {
         o!(IbgdaQp, qpn),
         o!(IbgdaQp, cq_mode),
         o!(IbgdaQp, reserved),
+        o!(IbgdaQp, doorbell_mode),
         o!(IbgdaQp, ready),
         o!(IbgdaQp, rung),
         o!(IbgdaQp, ring_lock),
@@ -353,6 +371,8 @@ pub fn layout_facts() -> Vec<u64> {
         IBGDA_VERSION as u64,
         IBGDA_CQ_NORMAL as u64,
         IBGDA_CQ_COLLAPSED as u64,
+        IBGDA_DOORBELL_MEMORY as u64,
+        IBGDA_DOORBELL_MMIO as u64,
         status::OK as u64,
         status::TIMEOUT as u64,
         status::CQE as u64,

@@ -206,7 +206,8 @@ size_t ibgda_layout(uint64_t *out, size_t cap) {
       OFF(rshmem_ibgda_qp_t, cq_dbrec), OFF(rshmem_ibgda_qp_t, timeout_ns),
       OFF(rshmem_ibgda_qp_t, wqe_cnt), OFF(rshmem_ibgda_qp_t, cqe_cnt),
       OFF(rshmem_ibgda_qp_t, qpn), OFF(rshmem_ibgda_qp_t, cq_mode),
-      OFF(rshmem_ibgda_qp_t, reserved), OFF(rshmem_ibgda_qp_t, ready),
+      OFF(rshmem_ibgda_qp_t, reserved), OFF(rshmem_ibgda_qp_t, doorbell_mode),
+      OFF(rshmem_ibgda_qp_t, ready),
       OFF(rshmem_ibgda_qp_t, rung), OFF(rshmem_ibgda_qp_t, ring_lock),
       OFF(rshmem_ibgda_qp_t, fence_next), OFF(rshmem_ibgda_qp_t, completed),
       OFF(rshmem_ibgda_qp_t, cq_ci), OFF(rshmem_ibgda_qp_t, cq_lock),
@@ -220,7 +221,8 @@ size_t ibgda_layout(uint64_t *out, size_t cap) {
       OFF(rshmem_ibgda_table_t, results), OFF(rshmem_ibgda_table_t, result_locks),
       OFF(rshmem_ibgda_table_t, n_results), OFF(rshmem_ibgda_table_t, results_lkey),
       RSHMEM_IBGDA_TABLE_MAGIC, RSHMEM_IBGDA_VERSION, RSHMEM_IBGDA_CQ_NORMAL,
-      RSHMEM_IBGDA_CQ_COLLAPSED, RSHMEM_IBGDA_OK, RSHMEM_IBGDA_ERR_TIMEOUT,
+      RSHMEM_IBGDA_CQ_COLLAPSED, RSHMEM_IBGDA_DOORBELL_MEMORY, RSHMEM_IBGDA_DOORBELL_MMIO,
+      RSHMEM_IBGDA_OK, RSHMEM_IBGDA_ERR_TIMEOUT,
       RSHMEM_IBGDA_ERR_CQE, RSHMEM_IBGDA_ERR_BROKEN, RSHMEM_IBGDA_ERR_TOO_BIG,
   };
 #undef OFF

@@ -82,9 +82,16 @@ RSHMEM_DEVICE rshmem_device_error_t *rshmemi_ibgda_errrec() {
   return reinterpret_cast<rshmem_device_error_t *>(rshmemi_device_state.error);
 }
 
-// Traps with the queue's error record unless st is RSHMEM_IBGDA_OK.
+// Traps with the queue's error record unless st is RSHMEM_IBGDA_OK. The record is claimed
+// through the same word as rshmemi_fail's, so simultaneous failures never mix fields.
 RSHMEM_DEVICE void rshmemi_ibgda_check(rshmem_ibgda_qp_t *qp, int st, int pe) {
-  rshmem::ibgda::check(qp, st, rshmemi_ibgda_errrec(), pe);
+  if (st == RSHMEM_IBGDA_OK) return;
+  const rshmem_device_state_t &s = rshmemi_device_state;
+  uint32_t *claim =
+      s.sync_bytes > RSHMEMI_SYNC_ERROR_CLAIM
+          ? reinterpret_cast<uint32_t *>(rshmemi_sync_base() + RSHMEMI_SYNC_ERROR_CLAIM)
+          : nullptr;
+  rshmem::ibgda::fail(qp, st, rshmemi_ibgda_errrec(), pe, claim);
 }
 
 // The queue, remote address and key for the symmetric `addr` on `pe`. The peer table and

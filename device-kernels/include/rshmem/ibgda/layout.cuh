@@ -30,12 +30,17 @@ extern "C" {
 
 // "ibgq" little-endian.
 #define RSHMEM_IBGDA_TABLE_MAGIC 0x71676269u
-// Bumped whenever a field changes meaning or place.
-#define RSHMEM_IBGDA_VERSION 1u
+// Bumped whenever a field changes meaning or place (2: doorbell_mode).
+#define RSHMEM_IBGDA_VERSION 2u
 
 // rshmem_ibgda_qp_t.cq_mode
 #define RSHMEM_IBGDA_CQ_NORMAL 0u     // a ring of cqe_cnt CQEs with owner bits
 #define RSHMEM_IBGDA_CQ_COLLAPSED 1u  // always CQE 0; wqe_counter tells how far the QP got
+
+// rshmem_ibgda_qp_t.doorbell_mode: what `doorbell` points at, which decides how it is
+// stored to (rshmem/ibgda/queue.cuh, ring).
+#define RSHMEM_IBGDA_DOORBELL_MEMORY 0u  // a word in memory (the soft HCA's doorbell word)
+#define RSHMEM_IBGDA_DOORBELL_MMIO 1u    // a NIC register (the UAR's BlueFlame) mapped into the GPU
 
 // Status of every producer operation (0 = success). On the device the caller turns a
 // non-zero status into the device error record and a trap (rshmem::ibgda::fail); host
@@ -60,8 +65,12 @@ typedef struct rshmem_ibgda_qp {
   uint32_t qpn;         // 24-bit QP number
   uint32_t cq_mode;     // RSHMEM_IBGDA_CQ_*
   // Line 1 — the reservation head: WQEBBs reserved so far (unwrapped), atomic fetch-add.
+  // `doorbell_mode` (RSHMEM_IBGDA_DOORBELL_*) is host-written configuration that did not
+  // fit line 0: read-only for producers, read only when ringing.
   uint64_t reserved;
-  uint64_t pad1[7];
+  uint32_t doorbell_mode;
+  uint32_t pad1a;
+  uint64_t pad1[6];
   // Line 2 — publication: `ready` = WQEBBs published in order; `rung` = the value the
   // doorbell record was last set to; `ring_lock` serialises ringers (the record never
   // moves backwards); `fence_next` = the next reservation's first WQE carries FENCE.
@@ -122,6 +131,7 @@ static_assert(sizeof(rshmem_ibgda_table_t) == 64, "rshmem_ibgda_table_t layout")
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, timeout_ns) == 40, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, cq_mode) == 60, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, reserved) == 64, "layout");
+static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, doorbell_mode) == 72, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, ready) == 128, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, fence_next) == 148, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, completed) == 192, "layout");

@@ -56,6 +56,16 @@ RSHMEM_DEVICE void st_release_sys_u32(uint32_t *p, uint32_t v) {
 RSHMEM_DEVICE void st_release_sys_u64(uint64_t *p, uint64_t v) {
   asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+// A release store to a device register (a NIC's UAR page mapped into the GPU). PTX gives
+// ordinary loads and stores no defined effect on I/O space; `st.mmio` is performed exactly
+// once and uncached, and the system-scope fence before it orders every earlier access of
+// this thread (and, cumulatively, what it acquired: the WQEs) before the register write,
+// which a plain relaxed MMIO store would not. This is how DOCA GPUNetIO rings mlx5
+// doorbells; `.mmio` needs PTX 8.2 and sm_70.
+RSHMEM_DEVICE void st_release_mmio_sys_u64(uint64_t *p, uint64_t v) {
+  asm volatile("fence.acq_rel.sys;\n\tst.mmio.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v)
+               : "memory");
+}
 RSHMEM_DEVICE uint64_t ld_acquire_gpu_u64(const uint64_t *p) {
   uint64_t v;
   asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -124,6 +134,10 @@ inline uint64_t ld_relaxed_sys_u64(const uint64_t *p) { return __atomic_load_n(p
 inline uint32_t ld_relaxed_sys_u32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 inline void st_release_sys_u32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 inline void st_release_sys_u64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+// Host builds drive soft-HCA queues only (a CPU rings a real NIC from Rust, not from here).
+inline void st_release_mmio_sys_u64(uint64_t *p, uint64_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
 inline uint64_t ld_acquire_gpu_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline uint32_t ld_acquire_gpu_u32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline uint64_t ld_relaxed_gpu_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }

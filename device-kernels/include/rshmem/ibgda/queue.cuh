@@ -26,7 +26,8 @@
 //    idx + n (release). The producer that finds no later reservation rings (batching: a
 //    later producer rings for us; every waiter rings before it waits).
 // 4. ring: under ring_lock, doorbell record [1] = BE32(ready & 0xffff) (release, system
-//    scope), then the 8-byte doorbell word (release, system scope).
+//    scope), then the 8-byte doorbell word (release, system scope; an MMIO store after a
+//    fence when the doorbell is a NIC register, doorbell_mode).
 // 5. poll_cq (one poller at a time, try-lock): consume CQEs (owner bit per pass in normal
 //    mode; CQE 0 in collapsed mode), unwrap each CQE's 16-bit wqe_counter against
 //    `completed`, add the WQE's size (read from its ds in the slot, which cannot have been
@@ -154,10 +155,15 @@ RSHMEM_HOST_DEVICE void ring(rshmem_ibgda_qp_t *qp) {
         // so every WQE store up to `ready` must be visible system-wide before it.
         st_release_sys_u32((uint32_t *)(uintptr_t)(qp->qp_dbrec + 4),
                            mlx5::send_counter((uint32_t)ready).raw);
-        // Release, system scope: the doorbell (a UAR MMIO write on a NIC) comes after the
-        // record it announces.
-        st_release_sys_u64((uint64_t *)(uintptr_t)qp->doorbell,
-                           mlx5::doorbell_word((uint16_t)ready, qp->qpn));
+        // Release, system scope: the doorbell comes after the record it announces. On a
+        // NIC it is a UAR register, which takes an MMIO store (ordering.cuh); the soft
+        // HCA's doorbell word is memory.
+        uint64_t *db = (uint64_t *)(uintptr_t)qp->doorbell;
+        const uint64_t word = mlx5::doorbell_word((uint16_t)ready, qp->qpn);
+        if (qp->doorbell_mode == RSHMEM_IBGDA_DOORBELL_MMIO)
+          st_release_mmio_sys_u64(db, word);
+        else
+          st_release_sys_u64(db, word);
         // Release: whoever sees `rung` >= x knows the record holds at least x.
         st_release_gpu_u64(&qp->rung, ready);
       }
@@ -631,18 +637,27 @@ RSHMEM_DEVICE int post_write_warp(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_
 // wait fields are reused: addr = the descriptor, expected = the WQE index concerned (the
 // failed WQE for an error CQE, else the reservation head), observed = completed, cmp =
 // status | syndrome << 8 | WQE opcode << 16 | CQE opcode << 24.
+// `claim` (may be null) is the word that makes one failing thread the record's only
+// writer: the device API passes the one rshmemi_fail uses, so a queue failure and, say, a
+// bad-PE trap at the same moment never mix their fields. Without it, the first reporter
+// that sees the record empty fills it (two at once may mix fields; the trap ends the
+// kernel either way).
 // Out of line and noreturn: the cold path (printf's call ABI) costs the hot loop nothing.
 inline __device__ __noinline__ __attribute__((noreturn)) void fail(rshmem_ibgda_qp_t *qp, int status,
-                                                           rshmem_device_error_t *rec, int pe) {
+                                                           rshmem_device_error_t *rec, int pe,
+                                                           uint32_t *claim = nullptr) {
   const bool cqe = status == RSHMEM_IBGDA_ERR_CQE;
   const uint64_t expected = cqe ? qp->first_error_index : ld_relaxed_gpu_u64(&qp->reserved);
   const uint64_t observed = ld_relaxed_gpu_u64(&qp->completed);
   const uint32_t detail = (uint32_t)status | (uint32_t)qp->first_error_syndrome << 8 |
                           (uint32_t)qp->first_error_wqe_opcode << 16 |
                           (uint32_t)qp->first_error_cqe_opcode << 24;
-  // The first reporter fills the record (a simultaneous second one may mix fields; the
-  // trap ends the kernel either way).
-  if (rec && *(volatile uint32_t *)&rec->code == RSHMEM_DEVICE_ERR_NONE) {
+  // Acquire, GPU scope: every contender is a thread of this PE's kernels on this GPU (the
+  // claim word is in this PE's sync region); the winner fills the record after winning,
+  // and the claim is never released (the kernel traps).
+  const bool mine = rec && (claim ? cas_acquire_gpu_u32(claim, 0, 1)
+                                  : *(volatile uint32_t *)&rec->code == RSHMEM_DEVICE_ERR_NONE);
+  if (mine) {
     rec->pe = pe;
     rec->addr = (uint64_t)(uintptr_t)qp;
     rec->expected = expected;
@@ -665,8 +680,9 @@ inline __device__ __noinline__ __attribute__((noreturn)) void fail(rshmem_ibgda_
 }
 
 // Traps (with the error record) unless status is RSHMEM_IBGDA_OK.
-RSHMEM_DEVICE void check(rshmem_ibgda_qp_t *qp, int status, rshmem_device_error_t *rec, int pe) {
-  if (status != RSHMEM_IBGDA_OK) fail(qp, status, rec, pe);
+RSHMEM_DEVICE void check(rshmem_ibgda_qp_t *qp, int status, rshmem_device_error_t *rec, int pe,
+                         uint32_t *claim = nullptr) {
+  if (status != RSHMEM_IBGDA_OK) fail(qp, status, rec, pe, claim);
 }
 #endif
 
