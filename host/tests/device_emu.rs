@@ -525,8 +525,7 @@ fn every_test_kernel_passes_over_ibgda_against_the_soft_hca() {
     // slots and the ring wraps constantly (put_signal's two-WQEBB and the inline puts'
     // five-WQEBB reservations across the end of the ring too).
     for (pes, ring) in [(2usize, WQE_CNT), (3, WQE_CNT), (3, 32), (2, 8), (5, 16)] {
-        // The emulator maps the memfd 64 GiB below the host mapping.
-        let sh = Shared::new(pes, 64 << 30, false, TIMEOUT_MS, ring);
+        let sh = Shared::new(pes, false, TIMEOUT_MS, ring);
         for t in &m.tests {
             if pes < t.min_pes || rshmem::gpu::runner::P2P_KERNEL_CASES.contains(&t.name.as_str()) {
                 continue;
@@ -582,7 +581,7 @@ fn a_bad_rkey_over_ibgda_traps_with_the_queue_error() {
         .iter()
         .find(|t| t.name == "rshmem_test_put_thread")
         .unwrap();
-    let sh = Shared::new(2, 64 << 30, true, 2000, WQE_CNT);
+    let sh = Shared::new(2, true, 2000, WQE_CNT);
     sh.reset(t.scratch_bytes as usize);
     let l = launch(
         emulator(Kernels::Tests),
@@ -666,7 +665,7 @@ impl ProducerJob {
         let map = Mapping::new(len);
         let host = map.host;
         let r = host as u64;
-        let dev = r.wrapping_sub(64 << 30);
+        let dev = emu_ibgda::EMU_DEVICE_BASE;
         let at = |off: usize| map.at(off);
         // Local buffers (source, result slots) by device address; the remote region by
         // host address, in the peer's table.
@@ -873,7 +872,7 @@ fn the_gpu_ring_example_kernel_passes_over_p2p_and_ibgda() {
     const ROUNDS: u64 = 5;
     for pes in [2usize, 3, 4] {
         let scratch = 2 * WORDS * 8 + 64;
-        let sh = Shared::new(pes, 64 << 30, false, TIMEOUT_MS, WQE_CNT);
+        let sh = Shared::new(pes, false, TIMEOUT_MS, WQE_CNT);
         sh.reset(scratch as usize);
         for (how, shared) in [("p2p", None), ("ibgda", Some(&sh))] {
             let l = launch(

@@ -640,7 +640,6 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
         let p2p = |p: usize, q: usize| c.net == Net::Mixed && p / 2 == q / 2;
         emu_ibgda::Shared::with(
             c.pes,
-            64 << 30,
             false,
             20_000,
             rshmem::gpu::ibgda::WQE_CNT,

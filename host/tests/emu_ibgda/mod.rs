@@ -152,6 +152,15 @@ impl Drop for Mapping {
     }
 }
 
+/// Where an emulator maps a job's memfd: its "device" addresses (a GPU's addresses differ
+/// from the host's too). A fixed 16 TiB, not an offset from the test's own mapping: the
+/// emulator is another process, whose libraries, stacks and fiber stacks Linux places at
+/// random near the top of the address space, so an address near the test's mapping could
+/// be taken there (the emulator's MAP_FIXED_NOREPLACE then fails and the run with it).
+/// Nothing is mapped this low by default (mmaps grow down from ~127 TiB; PIE executables
+/// and their heaps sit at ~85 TiB).
+pub const EMU_DEVICE_BASE: u64 = 0x1000_0000_0000;
+
 /// A memfd as the emulator sees it: where it maps it and where the PEs' states and
 /// result records are (offsets into the memfd).
 pub struct Shm {
@@ -205,16 +214,8 @@ impl Shared {
     /// every remote operation completes with REMOTE_ACCESS (0x13), as on a NIC.
     /// `timeout_ms`: the device-side bound of waits and of the queues. `ring`: WQEBBs (and
     /// CQEs) per queue; gpu::ibgda's WQE_CNT in production.
-    pub fn new(pes: usize, dev_offset: u64, bad_rkeys: bool, timeout_ms: u64, ring: u32) -> Shared {
-        Self::with(
-            pes,
-            dev_offset,
-            bad_rkeys,
-            timeout_ms,
-            ring,
-            IBGDA_HEAP,
-            &|_, _| false,
-        )
+    pub fn new(pes: usize, bad_rkeys: bool, timeout_ms: u64, ring: u32) -> Shared {
+        Self::with(pes, bad_rkeys, timeout_ms, ring, IBGDA_HEAP, &|_, _| false)
     }
 
     /// As [`Shared::new`], with heaps of `heap_bytes` and PE p's entry for PE q != p a P2P
@@ -222,7 +223,6 @@ impl Shared {
     /// peers by stores and the others through their queues (every queue exists either way).
     pub fn with(
         pes: usize,
-        dev_offset: u64,
         bad_rkeys: bool,
         timeout_ms: u64,
         ring: u32,
@@ -256,7 +256,7 @@ impl Shared {
         let map = Mapping::new(len);
         let host = map.host;
         let r = host as u64;
-        let dev = r.wrapping_sub(dev_offset);
+        let dev = EMU_DEVICE_BASE;
         let delta = dev.wrapping_sub(r);
         let at = |off: usize| map.at(off);
         let timeout = Duration::from_millis(timeout_ms);
