@@ -59,6 +59,38 @@ fn refuses_without_a_bundle() {
     );
 }
 
+/// A bundle whose binary the machine's loader refuses (built against a newer glibc): one
+/// clear message with what the bundle needs, no steps run.
+#[test]
+fn a_bundle_that_does_not_start_stops_the_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = repo("nostart", true);
+    let bin = root.join(".gpu/rshmem");
+    std::fs::write(
+        &bin,
+        "#!/bin/sh\necho \"./rshmem: /lib/x86_64-linux-gnu/libc.so.6: version \\`GLIBC_2.34' not found\" >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(root.join(".gpu/BUILD-INFO"), "commit x\nneeds glibc 2.34\n").unwrap();
+    let o = run(&root, &[]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("gpu-check: .gpu/rshmem does not start on this machine: ./rshmem: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.34' not found"),
+        "{t}"
+    );
+    assert!(
+        t.contains("gpu-check: the bundle needs glibc 2.34; this machine: ldd"),
+        "{t}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("out/summary.txt")).unwrap(),
+        "gpu-check: no GPU check ran (the bundle does not start here)\n"
+    );
+    assert!(!root.join("out/doctor.log").exists(), "no step ran");
+}
+
 #[test]
 fn refuses_without_libcuda() {
     // RSHMEM_CUDA_LIB at a file that is not there: the same on a machine with a driver.
