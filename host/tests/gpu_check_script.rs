@@ -180,6 +180,50 @@ fn the_binary_gives_cuda_enough_connections() {
     }
 }
 
+/// The bundle's cubins travel xz-compressed: gpu-check unpacks them with their PTX hashes
+/// into a temporary folder, points RSHMEM_PTX_DIR there for every step, and removes it.
+#[test]
+fn the_bundles_cubins_are_unpacked_for_the_run() {
+    let root = repo("cubins", true);
+    let lib = fake_libcuda(&root);
+    let ptx = root.join(".gpu/ptx");
+    std::fs::write(ptx.join("m.sm_90.cubin"), b"not really a cubin\n").unwrap();
+    let z = Command::new("xz")
+        .arg(ptx.join("m.sm_90.cubin"))
+        .output()
+        .expect("xz (xz-utils)");
+    assert!(z.status.success(), "{}", text(&z));
+    std::fs::write(ptx.join("m.sm_90.cubin.fnv"), "0123456789abcdef\n").unwrap();
+    let o = run(
+        &root,
+        &[
+            ("LD_LIBRARY_PATH", lib.to_str().unwrap()),
+            ("RSHMEM_NVRTC_LIB", "/nonexistent/libnvrtc.so.13"),
+            ("RSHMEM_GPU_CHECK_BUDGET_S", "15"),
+        ],
+    );
+    let t = text(&o);
+    assert!(
+        t.contains("gpu-check: modules from the bundle's cubins: m.sm_90.cubin \n"),
+        "{t}"
+    );
+    let doctor = std::fs::read_to_string(root.join("out/doctor.log")).unwrap();
+    // The doctor's JSON lists the RSHMEM_* variables it saw.
+    let key = r#"{"name":"RSHMEM_PTX_DIR","value":""#;
+    let dir = doctor
+        .split(key)
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_else(|| panic!("the doctor saw no RSHMEM_PTX_DIR:\n{doctor}"))
+        .to_string();
+    assert!(dir.starts_with('/'), "{dir}");
+    assert!(!dir.contains(".gpu/ptx"), "{dir}");
+    assert!(
+        !Path::new(&dir).exists(),
+        "the unpacked cubins ({dir}) are removed at the end"
+    );
+}
+
 #[test]
 fn runs_every_step_and_ends_with_the_table() {
     let root = repo("fake", true);

@@ -888,46 +888,12 @@ pub fn load_module(g: &GpuPe) -> Result<Module> {
     Ok(m)
 }
 
-/// Whether a cubin's sidecar (`<cubin>.fnv`: FNV-1a 64 of the PTX it was compiled from,
-/// 16 hex digits, written by scripts/build-gpu-bundle) names exactly `ptx`.
-pub fn cubin_matches(ptx: &str, sidecar: &str) -> bool {
-    sidecar.trim() == format!("{:016x}", crate::pe::fnv(ptx.as_bytes()))
-}
-
 /// This PE's `ep_ll` module: the cubin scripts/build-gpu-bundle compiled for this GPU's
 /// architecture when `RSHMEM_PTX_DIR` has one made from the very PTX in use (no JIT of
-/// 2 MB of PTX at run time), else the PTX (JIT-compiled by the driver).
+/// megabytes of PTX at run time), else the PTX (JIT-compiled by the driver).
 fn load_image(g: &GpuPe) -> Result<Module> {
     let ptx = super::module::ptx_source(MODULE, None)?;
-    if let Some(dir) = std::env::var_os(super::module::PTX_DIR_ENV) {
-        let (maj, min) = g.device().cc;
-        let cubin = std::path::Path::new(&dir).join(format!("{MODULE}.sm_{maj}{min}.cubin"));
-        let sidecar = cubin.with_extension("cubin.fnv");
-        if let (Ok(bin), Ok(h)) = (std::fs::read(&cubin), std::fs::read_to_string(&sidecar)) {
-            if cubin_matches(&ptx, &h) {
-                g.enter()?;
-                let mut raw: sys::CUmodule = std::ptr::null_mut();
-                // SAFETY: a complete cubin image read from the file (the driver parses its
-                // ELF header for the size); valid out-pointer; context current.
-                ck(
-                    unsafe { sys::cuModuleLoadData(&mut raw, bin.as_ptr().cast()) },
-                    "cuModuleLoadData",
-                    || format!("loading {}", cubin.display()),
-                )?;
-                let mut m = Module {
-                    raw,
-                    ctx: g.ctx().clone(),
-                    name: MODULE.into(),
-                    bound: None,
-                };
-                // Every kernel now, as Module::load does (no lazy load during the calls).
-                m.load_functions()?;
-                g.bind_module(&mut m)?;
-                return Ok(m);
-            }
-        }
-    }
-    let mut m = g.load_module(MODULE, &ptx)?;
+    let mut m = Module::load_library(g.ctx(), MODULE, &ptx, None, g.device().cc)?;
     g.bind_module(&mut m)?;
     Ok(m)
 }
@@ -2155,27 +2121,6 @@ mod tests {
         b.record(Op::Combine, 9, 8, None, true);
         assert!(b.begin_capture().is_err());
         assert!(b.can_replay(1).is_err());
-    }
-
-    #[test]
-    fn cubins_are_used_only_for_the_ptx_they_came_from() {
-        let ptx = crate::gpu::module::ptx_source(MODULE, None).unwrap();
-        let h = format!("{:016x}\n", crate::pe::fnv(ptx.as_bytes()));
-        assert!(cubin_matches(&ptx, &h));
-        assert!(!cubin_matches(&format!("{ptx} "), &h));
-        assert!(!cubin_matches(&ptx, ""));
-        // The bundle script's FNV-1a (python) agrees with this one on a known input.
-        assert_eq!(crate::pe::fnv(b"ep_ll"), fnv_reference(b"ep_ll"));
-        assert_eq!(format!("{:016x}", crate::pe::fnv(b"")), "cbf29ce484222325");
-    }
-
-    fn fnv_reference(b: &[u8]) -> u64 {
-        let mut h: u64 = 0xcbf29ce484222325;
-        for &x in b {
-            h ^= x as u64;
-            h = h.wrapping_mul(0x100000001b3);
-        }
-        h
     }
 
     /// Without libcuda, an EP buffer on GPU PEs is an error naming the library.

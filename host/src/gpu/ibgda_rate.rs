@@ -174,7 +174,7 @@ pub fn run(a: &IbgdaRateArgs) -> Result<RateReport> {
     let info = super::pe::device_info(ordinal)?;
     let dir = std::env::var_os(super::module::PTX_DIR_ENV).map(std::path::PathBuf::from);
     let src = super::module::ptx_source("rshmem_ibgda_producer", dir.as_deref())?;
-    let m = Module::load(&ctx, "rshmem_ibgda_producer", &src)?;
+    let m = Module::load_library(&ctx, "rshmem_ibgda_producer", &src, dir.as_deref(), info.cc)?;
     let mut rows = Vec::new();
     for engine in &a.engines {
         for warp in [false, true] {

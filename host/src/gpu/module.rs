@@ -44,6 +44,35 @@ pub fn ptx_source(name: &str, dir: Option<&std::path::Path>) -> Result<String> {
         })
 }
 
+/// True when `sidecar` (a `.cubin.fnv` file's text) names the FNV-1a hash of `ptx`.
+pub fn cubin_matches(ptx: &str, sidecar: &str) -> bool {
+    sidecar.trim() == format!("{:016x}", crate::pe::fnv(ptx.as_bytes()))
+}
+
+/// The cubin scripts/build-gpu-bundle compiled from exactly `ptx` for compute capability
+/// `cc`: `<dir>/<name>.sm_<major><minor>.cubin`, whose sidecar `<...>.cubin.fnv` holds the
+/// FNV-1a hash of that PTX (`dir`: the argument, else `RSHMEM_PTX_DIR`). None when there
+/// is none or it was made from other PTX, so a stale image is never loaded. Loading a
+/// cubin spares the driver's JIT of megabytes of PTX (about 50 s for
+/// rshmem_device_tests) in every process whose compute cache lacks it.
+pub fn prebuilt_cubin(
+    name: &str,
+    ptx: &str,
+    dir: Option<&std::path::Path>,
+    cc: (i32, i32),
+) -> Option<(std::path::PathBuf, Vec<u8>)> {
+    let d = dir
+        .map(|d| d.to_path_buf())
+        .or_else(|| std::env::var_os(PTX_DIR_ENV).map(std::path::PathBuf::from))?;
+    let cubin = d.join(format!("{name}.sm_{}{}.cubin", cc.0, cc.1));
+    let sidecar = std::fs::read_to_string(cubin.with_extension("cubin.fnv")).ok()?;
+    if !cubin_matches(ptx, &sidecar) {
+        return None;
+    }
+    let bin = std::fs::read(&cubin).ok()?;
+    Some((cubin, bin))
+}
+
 /// A hand-written kernel behind `GpuPe::signal_on_stream`: one thread updates a signal
 /// word with release semantics at system scope (`op` 0 = SET: `st.release.sys`, 1 = ADD:
 /// `red.release.sys.add`). Checked with the pinned ptxas by host/tests/gpu_ptx.rs.
@@ -169,6 +198,47 @@ impl Module {
         };
         m.load_functions()?;
         Ok(m)
+    }
+
+    /// Loads a cubin image (from [`prebuilt_cubin`]; `path` names it in errors).
+    pub fn load_cubin(
+        ctx: &Arc<Ctx>,
+        name: &str,
+        image: &[u8],
+        path: &std::path::Path,
+    ) -> Result<Module> {
+        ctx.enter()?;
+        let mut raw: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: a complete cubin image (the driver reads its size from the ELF header);
+        // valid out-pointer; context current.
+        let rc = unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr().cast()) };
+        ck(rc, "cuModuleLoadData", || {
+            format!("loading module {name} from {}", path.display())
+        })?;
+        let m = Module {
+            raw,
+            ctx: ctx.clone(),
+            name: name.into(),
+            bound: None,
+        };
+        m.load_functions()?;
+        Ok(m)
+    }
+
+    /// Loads module `name`, whose PTX is `ptx`: the prebuilt cubin for compute capability
+    /// `cc` when `dir` (or `RSHMEM_PTX_DIR`) has one made from this very PTX, else the PTX
+    /// itself (JIT-compiled by the driver).
+    pub fn load_library(
+        ctx: &Arc<Ctx>,
+        name: &str,
+        ptx: &str,
+        dir: Option<&std::path::Path>,
+        cc: (i32, i32),
+    ) -> Result<Module> {
+        match prebuilt_cubin(name, ptx, dir, cc) {
+            Some((path, image)) => Module::load_cubin(ctx, name, &image, &path),
+            None => Module::load(ctx, name, ptx),
+        }
     }
 
     /// Loads every kernel of the module now. Under lazy loading (CUDA's default since 12.2)
@@ -460,6 +530,59 @@ mod tests {
             e.contains("no PTX module \"no_such_module\"") && e.contains("rshmem_kernels"),
             "{e}"
         );
+    }
+
+    fn fnv_reference(b: &[u8]) -> u64 {
+        let mut h: u64 = 0xcbf29ce484222325;
+        for &x in b {
+            h ^= x as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h
+    }
+
+    #[test]
+    fn cubins_are_used_only_for_the_ptx_they_came_from() {
+        let ptx = ptx_source("ep_ll", None).unwrap();
+        let h = format!("{:016x}\n", crate::pe::fnv(ptx.as_bytes()));
+        assert!(cubin_matches(&ptx, &h));
+        assert!(!cubin_matches(&format!("{ptx} "), &h));
+        assert!(!cubin_matches(&ptx, ""));
+        // The bundle script's FNV-1a (python) agrees with this one on a known input.
+        assert_eq!(crate::pe::fnv(b"ep_ll"), fnv_reference(b"ep_ll"));
+        assert_eq!(format!("{:016x}", crate::pe::fnv(b"")), "cbf29ce484222325");
+
+        // prebuilt_cubin: the file for this compute capability, only with a matching
+        // sidecar.
+        let d = std::env::temp_dir().join(format!("rshmem-cubins-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let src = ".version 9.0\n// module m\n";
+        std::fs::write(d.join("m.sm_90.cubin"), b"\x7fELF-cubin").unwrap();
+        assert!(
+            prebuilt_cubin("m", src, Some(&d), (9, 0)).is_none(),
+            "no sidecar"
+        );
+        std::fs::write(
+            d.join("m.sm_90.cubin.fnv"),
+            format!("{:016x}\n", crate::pe::fnv(src.as_bytes())),
+        )
+        .unwrap();
+        let (path, image) = prebuilt_cubin("m", src, Some(&d), (9, 0)).unwrap();
+        assert_eq!(path, d.join("m.sm_90.cubin"));
+        assert_eq!(image, b"\x7fELF-cubin");
+        assert!(
+            prebuilt_cubin("m", "other PTX", Some(&d), (9, 0)).is_none(),
+            "stale"
+        );
+        assert!(
+            prebuilt_cubin("m", src, Some(&d), (10, 0)).is_none(),
+            "other GPU"
+        );
+        assert!(
+            prebuilt_cubin("n", src, Some(&d), (9, 0)).is_none(),
+            "other module"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     /// The IBGDA producer rings a NIC's doorbell register with a system-scope fence and an

@@ -912,14 +912,15 @@ impl GpuPe {
         Module::load(self.ctx(), name, image)
     }
 
-    /// Loads library module `name` (embedded PTX, or RSHMEM_PTX_DIR) and binds it.
+    /// Loads library module `name` (embedded PTX, or RSHMEM_PTX_DIR; a prebuilt cubin of
+    /// that PTX when the directory has one) and binds it.
     pub fn load_library_module(
         &self,
         name: &str,
         ptx_dir: Option<&std::path::Path>,
     ) -> Result<Module> {
         let src = super::module::ptx_source(name, ptx_dir)?;
-        let mut m = self.load_module(name, &src)?;
+        let mut m = Module::load_library(self.ctx(), name, &src, ptx_dir, self.info.cc)?;
         if m.global(state::STATE_SYMBOL)?.is_some() {
             self.bind_module(&mut m)?;
         }

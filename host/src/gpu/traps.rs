@@ -443,7 +443,13 @@ fn trap_child(name: &str, sources: &Sources) -> Result<()> {
             g.load_library_module(&t.module, ptx_dir.as_deref())?
         } else {
             let src = super::module::ptx_source(&t.module, ptx_dir.as_deref())?;
-            g.load_module(&t.module, &src)?
+            super::module::Module::load_library(
+                g.ctx(),
+                &t.module,
+                &src,
+                ptx_dir.as_deref(),
+                g.device().cc,
+            )?
         };
         let result = DevBuf::new(g.ctx(), 64, "the test result record")?;
         result.write(&[0u8; 64])?;
