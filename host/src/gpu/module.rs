@@ -178,26 +178,17 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 impl Module {
-    /// Loads PTX (or a cubin image) into `ctx`.
+    /// Loads PTX into `ctx`.
     pub fn load(ctx: &Arc<Ctx>, name: &str, image: &str) -> Result<Module> {
-        ctx.enter()?;
         let c = CString::new(image).map_err(|_| {
             Error::InvalidArgument(format!("module {name}: PTX contains a NUL byte"))
         })?;
-        let mut raw: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: NUL-terminated PTX image; valid out-pointer; context current.
-        let rc = unsafe { sys::cuModuleLoadData(&mut raw, c.as_ptr().cast()) };
-        ck(rc, "cuModuleLoadData", || {
-            format!("loading module {name} (PTX for sm_90, ISA 9.0: needs driver 580 / CUDA 13.0 or newer)")
-        })?;
-        let m = Module {
-            raw,
-            ctx: ctx.clone(),
-            name: name.into(),
-            bound: None,
-        };
-        m.load_functions()?;
-        Ok(m)
+        // SAFETY: a NUL-terminated PTX image that outlives the call.
+        unsafe {
+            Module::load_data(ctx, name, c.as_ptr().cast(), || {
+                format!("loading module {name} (PTX for sm_90, ISA 9.0: needs driver 580 / CUDA 13.0 or newer)")
+            })
+        }
     }
 
     /// Loads a cubin image (from [`prebuilt_cubin`]; `path` names it in errors).
@@ -207,14 +198,31 @@ impl Module {
         image: &[u8],
         path: &std::path::Path,
     ) -> Result<Module> {
+        // SAFETY: a complete cubin image (the driver reads its size from the ELF header)
+        // that outlives the call.
+        unsafe {
+            Module::load_data(ctx, name, image.as_ptr().cast(), || {
+                format!("loading module {name} from {}", path.display())
+            })
+        }
+    }
+
+    /// `cuModuleLoadData` of `image`, then every kernel loaded.
+    ///
+    /// # Safety
+    /// `image` points at a complete PTX (NUL-terminated) or cubin image that stays valid
+    /// for the call.
+    unsafe fn load_data(
+        ctx: &Arc<Ctx>,
+        name: &str,
+        image: *const std::ffi::c_void,
+        what: impl FnOnce() -> String,
+    ) -> Result<Module> {
         ctx.enter()?;
         let mut raw: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: a complete cubin image (the driver reads its size from the ELF header);
-        // valid out-pointer; context current.
-        let rc = unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr().cast()) };
-        ck(rc, "cuModuleLoadData", || {
-            format!("loading module {name} from {}", path.display())
-        })?;
+        // SAFETY: the caller's image; valid out-pointer; context current.
+        let rc = unsafe { sys::cuModuleLoadData(&mut raw, image) };
+        ck(rc, "cuModuleLoadData", what)?;
         let m = Module {
             raw,
             ctx: ctx.clone(),
