@@ -8,7 +8,12 @@
 //! `RSHMEM_NVRTC_LIB` at files that are not there, asserts that the child ran it and it
 //! passed, and returns false; in the child it returns true and the body runs.
 
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a child may run before it is killed and the test fails.
+const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The variable that marks the child (its value is the test's path).
 const CHILD_ENV: &str = "RSHMEM_TEST_CHILD";
@@ -43,18 +48,57 @@ pub fn run_in_child(module: &str, name: &str, env: &[(&str, &str)]) -> bool {
         return true;
     }
     let exe = std::env::current_exe().expect("the test binary's path");
-    let out = Command::new(exe)
+    let mut child = Command::new(exe)
         .args([path.as_str(), "--exact", "--test-threads=1", "--nocapture"])
         .env(CHILD_ENV, &path)
         .envs(env.iter().copied())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("start the test binary again");
+    // Readers on their own threads, so a child that writes much never blocks on a pipe.
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + CHILD_TIMEOUT;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for the child") {
+            break Some(st);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let text = format!(
         "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.join().unwrap_or_default()),
+        String::from_utf8_lossy(&err.join().unwrap_or_default())
     );
-    assert!(out.status.success(), "{path} failed in its child:\n{text}");
+    let Some(status) = status else {
+        panic!("{path} did not finish in its child within {CHILD_TIMEOUT:?} (killed):\n{text}");
+    };
+    assert!(status.success(), "{path} failed in its child:\n{text}");
     assert!(
         text.contains("test result: ok. 1 passed"),
         "{path} did not run in its child:\n{text}"

@@ -329,7 +329,7 @@ fn fake_library(dir_name: &str, soname: &str, source: &str) -> PathBuf {
     let src = dir.join("fake.c");
     std::fs::write(&src, source).unwrap();
     let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
+        .args(["-shared", "-fPIC", &format!("-Wl,-soname,{soname}"), "-o"])
         .arg(dir.join(soname))
         .arg(&src)
         .output()
@@ -353,7 +353,9 @@ fn the_doctor_loads_the_driver_file_rshmem_cuda_lib_names() {
     assert_eq!(j["cuda"]["present"], Value::Bool(false));
     assert_eq!(
         j["cuda"]["detail"],
-        "absent: /nonexistent/libcuda.so.1 not found (install the NVIDIA driver)"
+        "absent: libcuda.so.1 could not be loaded: libcuda.so.1 not found at \
+         RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1 (install the NVIDIA driver and point \
+         RSHMEM_CUDA_LIB at its libcuda.so.1, or unset RSHMEM_CUDA_LIB)"
     );
     let dir = fake_library("fake-cuda-chosen", "libcuda.so.1", FAKE_CUDA_C);
     let lib = dir.join("libcuda.so.1");
@@ -368,6 +370,25 @@ fn the_doctor_loads_the_driver_file_rshmem_cuda_lib_names() {
     assert_eq!(
         j["cuda"]["detail"],
         format!("{} loaded, driver API 13.0, 2 device(s)", lib.display())
+    );
+    // Another libcuda.so found first on the loader path: the runtime refuses the chosen
+    // file (gpu::driver), and the doctor says the same rather than "loaded".
+    let other = fake_library("fake-cuda-other", "libcuda.so", FAKE_CUDA_C);
+    let j = parse(&doctor(
+        &["--json"],
+        &[
+            ("RSHMEM_CUDA_LIB", lib.to_str().unwrap()),
+            ("LD_LIBRARY_PATH", other.to_str().unwrap()),
+        ],
+    ));
+    assert_eq!(j["cuda"]["present"], Value::Bool(false));
+    let detail = j["cuda"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!(
+            "RSHMEM_CUDA_LIB={} is not the library the loader finds first as libcuda.so",
+            lib.display()
+        )),
+        "{detail}"
     );
 }
 

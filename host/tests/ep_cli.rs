@@ -258,8 +258,8 @@ fn bench_ep_gpu_errors_are_clear() {
         assert_eq!(rc, Some(1), "{args:?}: {err}");
         assert!(
             err.contains(
-                "libcuda.so.1 not found at RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1: \
-                 install the NVIDIA driver"
+                "libcuda.so.1 not found at RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1); \
+                 install the NVIDIA driver and point RSHMEM_CUDA_LIB at its libcuda.so.1"
             ),
             "{args:?}: {err}"
         );

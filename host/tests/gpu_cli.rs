@@ -10,7 +10,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_rshmem");
 
 fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut c = Command::new(BIN);
-    c.args(args);
+    // The tests say which driver each run sees; not the developer's environment.
+    c.args(args).env_remove("RSHMEM_CUDA_LIB");
     for (k, v) in envs {
         c.env(k, v);
     }
@@ -34,8 +35,8 @@ fn no_panic(o: &Output) {
 /// searching, and this one is not there.
 const NO_DRIVER: (&str, &str) = ("RSHMEM_CUDA_LIB", "/nonexistent/libcuda.so.1");
 /// What every GPU path then says.
-const NO_DRIVER_ERR: &str =
-    "libcuda.so.1 not found at RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1: install the NVIDIA driver";
+const NO_DRIVER_ERR: &str = "libcuda.so.1 not found at RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1); \
+     install the NVIDIA driver and point RSHMEM_CUDA_LIB at its libcuda.so.1, or unset RSHMEM_CUDA_LIB";
 
 #[test]
 fn without_libcuda_the_gpu_commands_say_so() {

@@ -43,7 +43,7 @@ fn selftest_over_proxy_without_cuda_names_libcuda() {
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(
         t.contains("transport proxy")
-            && t.contains("rshmem selftest --device gpu: libcuda.so.1 could not be loaded (libcuda.so.1 not found at RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1: install the NVIDIA driver)"),
+            && t.contains("rshmem selftest --device gpu: libcuda.so.1 could not be loaded (libcuda.so.1 not found at RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1); install the NVIDIA driver and point RSHMEM_CUDA_LIB at its libcuda.so.1, or unset RSHMEM_CUDA_LIB"),
         "{t}"
     );
     assert!(!t.contains("panicked"), "{t}");

@@ -70,14 +70,19 @@ fn driver() -> Result<&'static Driver, &'static Error> {
     static DRIVER: OnceLock<Result<Driver, Error>> = OnceLock::new();
     DRIVER
         .get_or_init(|| {
-            // The runtime's choice of driver file (gpu::driver) is the doctor's too.
-            let chosen = std::env::var(crate::gpu::driver::CUDA_LIB_ENV)
-                .ok()
-                .filter(|p| !p.is_empty());
-            let opened = match chosen {
+            // The runtime's choice of driver file, with the runtime's checks (gpu::driver),
+            // so that the doctor and the runtime agree.
+            let opened = match crate::gpu::driver::load_chosen_driver() {
+                Err(detail) => {
+                    return Err(Error::LibraryMissing {
+                        library: "libcuda.so.1".into(),
+                        package: crate::gpu::driver::CHOSEN_ADVICE.into(),
+                        detail,
+                    })
+                }
                 // Leaked once per process (the doctor's driver lives as long as it).
-                Some(path) => dl::open(&[&*Box::leak(path.into_boxed_str())], PACKAGE)?,
-                None => dl::open(SONAMES, PACKAGE)?,
+                Ok(Some(path)) => dl::open(&[&*Box::leak(path.into_boxed_str())], PACKAGE)?,
+                Ok(None) => dl::open(SONAMES, PACKAGE)?,
             };
             // SAFETY: each type above is the signature in cuda.h for that symbol, and the
             // pointers live in `Driver` next to the library that keeps them valid.

@@ -109,23 +109,42 @@ pub const NVRTC_SYMBOLS: &[&str] = &[
 /// `libcuda.so.1`, or, in tests, a library that is not there.
 pub const CUDA_LIB_ENV: &str = "RSHMEM_CUDA_LIB";
 
+/// What to do when `RSHMEM_CUDA_LIB` is the problem (after "install ").
+pub const CHOSEN_ADVICE: &str =
+    "the NVIDIA driver and point RSHMEM_CUDA_LIB at its libcuda.so.1, or unset RSHMEM_CUDA_LIB";
+
 /// Why the driver gate failed (kept as data so every caller gets the same error).
 #[derive(Clone, Debug)]
 enum Refusal {
-    /// The library is absent, too old, or `RSHMEM_CUDA_LIB` is unusable.
+    /// The library is absent or too old.
     Library(String),
+    /// `RSHMEM_CUDA_LIB` names a file that cannot be the driver cudarc uses.
+    Chosen(String),
     /// `cuInit(0)` failed.
     Init(String),
 }
 
-/// Loads `RSHMEM_CUDA_LIB` (when set) so that cudarc's lookup by soname finds it, and
-/// checks that cudarc's library is that one. Leaks the handle: the driver stays loaded.
-fn load_chosen_driver() -> std::result::Result<Option<*const ()>, String> {
+/// The driver names cudarc tries, in its order (the first that loads is the one it uses).
+pub fn cudarc_driver_names() -> Vec<String> {
+    ["cuda", "nvcuda"]
+        .iter()
+        .flat_map(|l| cudarc::get_lib_name_candidates(l))
+        .collect()
+}
+
+/// Loads the file `RSHMEM_CUDA_LIB` names (Ok(None) when unset) and checks that it is the
+/// library cudarc will use: cudarc opens the first of [`cudarc_driver_names`] that loads,
+/// and a name resolves to an already loaded library only through its soname
+/// (libcuda.so.1), so a `libcuda.so` or `libcuda.so.13` elsewhere on the loader path
+/// would win. Ok(Some(path)) when it is the one. Handles are leaked: drivers stay loaded.
+/// The doctor calls this too, so both report the same.
+pub fn load_chosen_driver() -> std::result::Result<Option<String>, String> {
     let Some(path) = std::env::var_os(CUDA_LIB_ENV).filter(|p| !p.is_empty()) else {
         return Ok(None);
     };
     let shown = std::path::Path::new(&path).display().to_string();
-    if !std::path::Path::new(&path).exists() {
+    // A bare name is the loader's to search (as dlopen does); a path must exist.
+    if shown.contains('/') && !std::path::Path::new(&path).exists() {
         return Err(format!("libcuda.so.1 not found at {CUDA_LIB_ENV}={shown}"));
     }
     // SAFETY: loading the NVIDIA driver library runs its initialisers, which only set up
@@ -137,7 +156,30 @@ fn load_chosen_driver() -> std::result::Result<Option<*const ()>, String> {
         .map(|s| *s)
         .map_err(|_| format!("{CUDA_LIB_ENV}={shown} lacks cuInit: it is not a CUDA driver"))?;
     std::mem::forget(lib);
-    Ok(Some(init))
+    for name in cudarc_driver_names() {
+        // SAFETY: as above (a driver library, or the one already loaded).
+        let Ok(found) = (unsafe { libloading::Library::new(&name) }) else {
+            continue;
+        };
+        // SAFETY: a symbol lookup; the address is only compared.
+        let same = unsafe { found.get::<*const ()>(b"cuInit") }
+            .map(|s| *s)
+            .ok()
+            == Some(init);
+        std::mem::forget(found);
+        if same {
+            return Ok(Some(shown));
+        }
+        return Err(format!(
+            "{CUDA_LIB_ENV}={shown} is not the library the loader finds first as {name}, \
+             which rshmem's CUDA layer opens (it tries libcuda.so, libcuda.so.13, ... and \
+             then libcuda.so.1): put the folder of {CUDA_LIB_ENV} first on LD_LIBRARY_PATH"
+        ));
+    }
+    Err(format!(
+        "{CUDA_LIB_ENV}={shown} loads, but no libcuda name resolves to it: its soname must \
+         be libcuda.so.1"
+    ))
 }
 
 /// The driver library is loaded, exports every symbol in [`DRIVER_SYMBOLS`] and `cuInit(0)`
@@ -146,7 +188,7 @@ pub fn driver() -> Result<()> {
     static READY: OnceLock<std::result::Result<(), Refusal>> = OnceLock::new();
     READY
         .get_or_init(|| {
-            let chosen = load_chosen_driver().map_err(Refusal::Library)?;
+            load_chosen_driver().map_err(Refusal::Chosen)?;
             // SAFETY: is_culib_present only tries to dlopen candidate names.
             if !unsafe { sys::is_culib_present() } {
                 return Err(Refusal::Library("libcuda.so.1 not found".into()));
@@ -154,19 +196,6 @@ pub fn driver() -> Result<()> {
             // SAFETY: present (checked above), so culib() does not panic; get() only looks
             // a symbol up.
             let lib = unsafe { sys::culib() };
-            if let Some(chosen) = chosen {
-                // cudarc tries `libcuda.so` before `libcuda.so.1`: a `libcuda.so` on the
-                // loader path is a different library from the one the user chose.
-                // SAFETY: a symbol lookup; the address is only compared.
-                let used = unsafe { lib.get::<*const ()>(b"cuInit") }.map(|s| *s).ok();
-                if used != Some(chosen) {
-                    return Err(Refusal::Library(format!(
-                        "{CUDA_LIB_ENV} names one driver library, but another one (libcuda.so on \
-                         the loader path) was found first: put the folder of {CUDA_LIB_ENV} \
-                         first on LD_LIBRARY_PATH instead"
-                    )));
-                }
-            }
             for s in DRIVER_SYMBOLS {
                 // SAFETY: looking up a symbol address; it is not called here.
                 if unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err() {
@@ -188,6 +217,11 @@ pub fn driver() -> Result<()> {
                 library: "libcuda.so.1".into(),
                 package: DRIVER_PACKAGE.into(),
                 detail: format!("{detail}: install the NVIDIA driver"),
+            },
+            Refusal::Chosen(detail) => Error::LibraryMissing {
+                library: "libcuda.so.1".into(),
+                package: CHOSEN_ADVICE.into(),
+                detail,
             },
             Refusal::Init(detail) => Error::Cuda {
                 call: "cuInit",
@@ -399,8 +433,8 @@ mod tests {
         assert_eq!(
             s,
             "libcuda.so.1 could not be loaded (libcuda.so.1 not found at \
-             RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1: install the NVIDIA driver); install \
-             the NVIDIA driver (it provides libcuda.so.1)"
+             RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1); install the NVIDIA driver and point \
+             RSHMEM_CUDA_LIB at its libcuda.so.1, or unset RSHMEM_CUDA_LIB"
         );
         // Every caller gets the same error.
         assert_eq!(driver().unwrap_err().to_string(), s);
@@ -430,6 +464,10 @@ mod tests {
     /// Builds `dir`/`file`: a library with soname libcuda.so.1 that exports every entry
     /// point of DRIVER_SYMBOLS (returning CUDA_SUCCESS) except `skip`.
     fn build_fake(dir: &Path, file: &str, skip: &[&str]) -> PathBuf {
+        build_fake_named(dir, file, skip, "libcuda.so.1")
+    }
+
+    fn build_fake_named(dir: &Path, file: &str, skip: &[&str], soname: &str) -> PathBuf {
         std::fs::create_dir_all(dir).unwrap();
         let mut c = String::new();
         for s in DRIVER_SYMBOLS.iter().filter(|s| !skip.contains(s)) {
@@ -439,7 +477,7 @@ mod tests {
         std::fs::write(&src, c).unwrap();
         let out = dir.join(file);
         let o = std::process::Command::new("cc")
-            .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
+            .args(["-shared", "-fPIC", &format!("-Wl,-soname,{soname}"), "-o"])
             .arg(&out)
             .arg(&src)
             .output()
@@ -450,6 +488,17 @@ mod tests {
 
     fn in_child() -> bool {
         std::env::var_os("RSHMEM_TEST_CHILD").is_some()
+    }
+
+    /// `dir` in front of the parent's loader path (the test binary may need it); in the
+    /// child, the path the parent gave it.
+    fn ld_path_with(dir: &Path) -> String {
+        let now = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+        match (in_child(), now.is_empty()) {
+            (true, _) => now,
+            (false, true) => dir.display().to_string(),
+            (false, false) => format!("{}:{now}", dir.display()),
+        }
     }
 
     /// RSHMEM_CUDA_LIB names the driver file: the gate loads it, cudarc uses it (found by
@@ -463,12 +512,13 @@ mod tests {
             std::os::unix::fs::symlink(&lib, dir.join("libcuda.so")).unwrap();
         }
         let lib = dir.join("libcuda.so.1");
+        let ld = ld_path_with(&dir);
         if !run_in_child(
             module_path!(),
             "the_chosen_driver_file_is_the_one_used",
             &[
                 ("RSHMEM_CUDA_LIB", lib.to_str().unwrap()),
-                ("LD_LIBRARY_PATH", dir.to_str().unwrap()),
+                ("LD_LIBRARY_PATH", &ld),
             ],
         ) {
             return;
@@ -487,24 +537,27 @@ mod tests {
         }
         let chosen = dir.join("chosen/libcuda.so.1");
         let found = dir.join("found");
+        let ld = ld_path_with(&found);
         if !run_in_child(
             module_path!(),
             "a_different_driver_found_first_is_refused",
             &[
                 ("RSHMEM_CUDA_LIB", chosen.to_str().unwrap()),
-                ("LD_LIBRARY_PATH", found.to_str().unwrap()),
+                ("LD_LIBRARY_PATH", &ld),
             ],
         ) {
             return;
         }
         let s = driver().unwrap_err().to_string();
-        assert!(
-            s.contains(
-                "RSHMEM_CUDA_LIB names one driver library, but another one (libcuda.so on \
-                 the loader path) was found first: put the folder of RSHMEM_CUDA_LIB first \
-                 on LD_LIBRARY_PATH instead"
-            ),
-            "{s}"
+        assert_eq!(
+            s,
+            format!(
+                "libcuda.so.1 could not be loaded (RSHMEM_CUDA_LIB={} is not the library the \
+                 loader finds first as libcuda.so, which rshmem's CUDA layer opens (it tries \
+                 libcuda.so, libcuda.so.13, ... and then libcuda.so.1): put the folder of \
+                 RSHMEM_CUDA_LIB first on LD_LIBRARY_PATH); install {CHOSEN_ADVICE}",
+                chosen.display()
+            )
         );
     }
 
@@ -555,5 +608,32 @@ mod tests {
             )),
             "{s}"
         );
+    }
+
+    /// A driver file whose soname is not libcuda.so.1: no name cudarc tries reaches it.
+    #[test]
+    fn a_chosen_library_under_another_soname_is_refused() {
+        let dir = fakes("soname");
+        if !in_child() {
+            build_fake_named(&dir, "libcuda.so.1", &[], "libnotcuda.so.1");
+        }
+        let path = dir.join("libcuda.so.1");
+        let p = path.to_str().unwrap();
+        // Refused either way: where no driver is installed no name resolves to the file;
+        // where one is, its libcuda.so is found first (nothing can hide it from dlopen).
+        if !run_in_child(
+            module_path!(),
+            "a_chosen_library_under_another_soname_is_refused",
+            &[("RSHMEM_CUDA_LIB", p)],
+        ) {
+            return;
+        }
+        let s = driver().unwrap_err().to_string();
+        let no_name = format!(
+            "RSHMEM_CUDA_LIB={p} loads, but no libcuda name resolves to it: its soname must be \
+             libcuda.so.1"
+        );
+        let other = format!("RSHMEM_CUDA_LIB={p} is not the library the loader finds first as");
+        assert!(s.contains(&no_name) || s.contains(&other), "{s}");
     }
 }

@@ -1398,8 +1398,8 @@ mod tests {
             .to_string();
         assert!(
             e.contains(
-                "libcuda.so.1 not found at RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1: \
-                 install the NVIDIA driver"
+                "libcuda.so.1 not found at RSHMEM_CUDA_LIB=/nonexistent/libcuda.so.1); \
+                 install the NVIDIA driver and point RSHMEM_CUDA_LIB at its libcuda.so.1"
             ),
             "{e}"
         );
