@@ -194,6 +194,9 @@ fn the_bundles_cubins_are_unpacked_for_the_run() {
         .expect("xz (xz-utils)");
     assert!(z.status.success(), "{}", text(&z));
     std::fs::write(ptx.join("m.sm_90.cubin.fnv"), "0123456789abcdef\n").unwrap();
+    // A cut-off archive: left out (its module is JIT-compiled), never half unpacked.
+    let whole = std::fs::read(ptx.join("m.sm_90.cubin.xz")).unwrap();
+    std::fs::write(ptx.join("t.sm_90.cubin.xz"), &whole[..whole.len() / 2]).unwrap();
     let o = run(
         &root,
         &[
@@ -205,6 +208,10 @@ fn the_bundles_cubins_are_unpacked_for_the_run() {
     let t = text(&o);
     assert!(
         t.contains("gpu-check: modules from the bundle's cubins: m.sm_90.cubin \n"),
+        "{t}"
+    );
+    assert!(
+        t.contains(".gpu/ptx/t.sm_90.cubin.xz: its module will be JIT-compiled"),
         "{t}"
     );
     let doctor = std::fs::read_to_string(root.join("out/doctor.log")).unwrap();

@@ -54,3 +54,36 @@ fn signal_kernel_assembles_for_sm90() {
         "{log}"
     );
 }
+
+/// The check that stands between a bundled cubin and `cuModuleLoadData` (which trusts the
+/// ELF offsets and takes no length): a cubin ptxas just made passes; every truncation of
+/// it, and a file whose ELF machine is not CUDA, fail with a reason.
+#[test]
+fn cubin_check_accepts_ptxas_output_and_refuses_truncations() {
+    use rshmem::gpu::module::cubin_check;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ptx/rshmem_kernels.ptx");
+    let out = dir.join(format!("kernels-{}.cubin", std::process::id()));
+    let r = Command::new(ptxas())
+        .args(["-arch=sm_90", "-O3"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .expect("run ptxas");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let image = std::fs::read(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(cubin_check(&image), Ok(()));
+    let n = image.len();
+    for cut in [0, 4, 63, 64, 200, n / 3, n / 2, n - 100, n - 1] {
+        let e = cubin_check(&image[..cut]).unwrap_err();
+        assert!(
+            e.contains("not a 64-bit") || e.contains("ends past") || e.contains("end past"),
+            "cut at {cut}: {e}"
+        );
+    }
+    let mut x86 = image.clone();
+    x86[18] = 62; // EM_X86_64
+    assert!(cubin_check(&x86).unwrap_err().contains("not CUDA (190)"));
+}

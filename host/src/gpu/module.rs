@@ -73,6 +73,64 @@ pub fn prebuilt_cubin(
     Some((cubin, bin))
 }
 
+/// Why `image` is not a complete CUDA ELF image (64-bit little-endian ELF for EM_CUDA whose
+/// program headers, section headers and sections all lie inside it), or Ok. The driver's
+/// `cuModuleLoadData` takes no length and trusts these offsets, so a truncated file (an
+/// interrupted unpack) must never reach it.
+pub fn cubin_check(image: &[u8]) -> std::result::Result<(), String> {
+    const EM_CUDA: u16 = 190;
+    const SHT_NOBITS: u32 = 8;
+    let n = image.len() as u64;
+    let u16_at = |o: usize| {
+        image
+            .get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64)
+    };
+    let u32_at = |o: usize| {
+        image
+            .get(o..o + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let u64_at = |o: usize| {
+        image
+            .get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    if image.len() < 64 || &image[..4] != b"\x7fELF" || image[4] != 2 || image[5] != 1 {
+        return Err(format!("not a 64-bit little-endian ELF file ({n} bytes)"));
+    }
+    if u16_at(18) != Some(EM_CUDA as u64) {
+        return Err(format!(
+            "ELF machine {:?}, not CUDA ({EM_CUDA})",
+            u16_at(18)
+        ));
+    }
+    let table = |off: Option<u64>, num: Option<u64>, size: Option<u64>, what: &str| {
+        let (off, num, size) = (off.unwrap_or(0), num.unwrap_or(0), size.unwrap_or(0));
+        match num.checked_mul(size).and_then(|b| b.checked_add(off)) {
+            Some(end) if end <= n => Ok((off, num, size)),
+            _ => Err(format!(
+                "its {what} ({num} x {size} bytes at {off}) end past its {n} bytes"
+            )),
+        }
+    };
+    table(u64_at(32), u16_at(56), u16_at(54), "program headers")?;
+    let (shoff, shnum, shsize) = table(u64_at(40), u16_at(60), u16_at(58), "section headers")?;
+    for i in 0..shnum {
+        let h = (shoff + i * shsize) as usize;
+        let (Some(ty), Some(off), Some(size)) = (u32_at(h + 4), u64_at(h + 24), u64_at(h + 32))
+        else {
+            return Err(format!("section header {i} is cut short"));
+        };
+        if ty != SHT_NOBITS && off.checked_add(size).is_none_or(|end| end > n) {
+            return Err(format!(
+                "section {i} ({size} bytes at {off}) ends past its {n} bytes"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A hand-written kernel behind `GpuPe::signal_on_stream`: one thread updates a signal
 /// word with release semantics at system scope (`op` 0 = SET: `st.release.sys`, 1 = ADD:
 /// `red.release.sys.add`). Checked with the pinned ptxas by host/tests/gpu_ptx.rs.
@@ -191,15 +249,19 @@ impl Module {
         }
     }
 
-    /// Loads a cubin image (from [`prebuilt_cubin`]; `path` names it in errors).
+    /// Loads a cubin image (from [`prebuilt_cubin`]; `path` names it in errors). Refuses an
+    /// image that [`cubin_check`] finds incomplete.
     pub fn load_cubin(
         ctx: &Arc<Ctx>,
         name: &str,
         image: &[u8],
         path: &std::path::Path,
     ) -> Result<Module> {
-        // SAFETY: a complete cubin image (the driver reads its size from the ELF header)
-        // that outlives the call.
+        cubin_check(image).map_err(|why| {
+            Error::InvalidArgument(format!("module {name}: {}: {why}", path.display()))
+        })?;
+        // SAFETY: a complete cubin image (checked above: the driver reads its extent from
+        // the ELF headers) that outlives the call.
         unsafe {
             Module::load_data(ctx, name, image.as_ptr().cast(), || {
                 format!("loading module {name} from {}", path.display())
@@ -243,10 +305,21 @@ impl Module {
         dir: Option<&std::path::Path>,
         cc: (i32, i32),
     ) -> Result<Module> {
-        match prebuilt_cubin(name, ptx, dir, cc) {
-            Some((path, image)) => Module::load_cubin(ctx, name, &image, &path),
-            None => Module::load(ctx, name, ptx),
+        if let Some((path, image)) = prebuilt_cubin(name, ptx, dir, cc) {
+            // A damaged or refused cubin costs the JIT only, never the run.
+            let why = match cubin_check(&image) {
+                Ok(()) => match Module::load_cubin(ctx, name, &image, &path) {
+                    Ok(m) => return Ok(m),
+                    Err(e) => e.to_string(),
+                },
+                Err(why) => why,
+            };
+            eprintln!(
+                "rshmem: GPU: {} not used ({why}); JIT-compiling module {name}'s PTX instead",
+                path.display()
+            );
         }
+        Module::load(ctx, name, ptx)
     }
 
     /// Loads every kernel of the module now. Under lazy loading (CUDA's default since 12.2)
