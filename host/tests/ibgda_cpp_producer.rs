@@ -253,10 +253,12 @@ fn run(
     timeout: Duration,
     plan: &[Vec<TestOp>],
 ) -> Outcome {
-    run_with(env, mem, desc, mode, engine, timeout, plan, false)
+    run_with(env, mem, desc, mode, engine, timeout, plan, false, false)
 }
 
-/// As [`run`]; with `skip_quiet` the threads end without a final quiet.
+/// As [`run`]; with `skip_quiet` the threads end without a final quiet; with `mmio` a
+/// fresh descriptor says its doorbell is a NIC register (doorbell_mode MMIO: the device
+/// build rings it with an MMIO store; the host build stores the same word).
 #[allow(clippy::too_many_arguments)]
 fn run_with(
     env: &Env,
@@ -267,6 +269,7 @@ fn run_with(
     timeout: Duration,
     plan: &[Vec<TestOp>],
     skip_quiet: bool,
+    mmio: bool,
 ) -> Outcome {
     run_engine(
         env,
@@ -277,6 +280,7 @@ fn run_with(
         timeout,
         plan,
         skip_quiet,
+        mmio,
     )
 }
 
@@ -301,6 +305,7 @@ fn run_engine(
     timeout: Duration,
     plan: &[Vec<TestOp>],
     skip_quiet: bool,
+    mmio: bool,
 ) -> Outcome {
     let _g = RUN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let p = producer();
@@ -328,7 +333,10 @@ fn run_engine(
             e.wqes()
         })
     });
-    let desc = desc.unwrap_or_else(|| Box::new(IbgdaQp::for_host(mem, qpn, mode, timeout)));
+    let desc = desc.unwrap_or_else(|| {
+        let d = IbgdaQp::for_host(mem, qpn, mode, timeout);
+        Box::new(if mmio { d.with_mmio_doorbell() } else { d })
+    });
     let desc = Box::into_raw(desc);
     let waker = hca.waker();
     let mut ops = Vec::new();
@@ -1049,28 +1057,34 @@ fn the_last_publisher_rings_the_doorbell() {
                 .collect()
         })
         .collect();
-    let mem = Arc::new(QueueMemory::new(64, 64).unwrap());
-    let out = run_with(
-        &env,
-        &mem,
-        None,
-        CqMode::Normal,
-        true,
-        Duration::from_secs(60),
-        &plan,
-        true,
-    );
-    assert_eq!(out.status, vec![status::OK; THREADS]);
-    let total = (THREADS * PER) as u64;
-    assert_eq!(out.desc.reserved(), total);
-    assert_eq!(out.desc.ready(), total);
-    let rec = mem.qp_dbrec_send().load(Ordering::Acquire);
-    assert_eq!(
-        u32::from_be_bytes(rec.to_ne_bytes()),
-        (total & 0xffff) as u32
-    );
-    let db = mem.doorbell().load(Ordering::Acquire);
-    assert_eq!(db, doorbell_word(total as u16, out.desc.qpn));
+    // Both doorbell modes: a word in memory, and a NIC register (the branch a GPU rings
+    // with an MMIO store; in this host build the same store).
+    for mmio in [false, true] {
+        let mem = Arc::new(QueueMemory::new(64, 64).unwrap());
+        let out = run_with(
+            &env,
+            &mem,
+            None,
+            CqMode::Normal,
+            true,
+            Duration::from_secs(60),
+            &plan,
+            true,
+            mmio,
+        );
+        assert_eq!(out.desc.doorbell_mode, u32::from(mmio), "mmio {mmio}");
+        assert_eq!(out.status, vec![status::OK; THREADS]);
+        let total = (THREADS * PER) as u64;
+        assert_eq!(out.desc.reserved(), total);
+        assert_eq!(out.desc.ready(), total);
+        let rec = mem.qp_dbrec_send().load(Ordering::Acquire);
+        assert_eq!(
+            u32::from_be_bytes(rec.to_ne_bytes()),
+            (total & 0xffff) as u32
+        );
+        let db = mem.doorbell().load(Ordering::Acquire);
+        assert_eq!(db, doorbell_word(total as u16, out.desc.qpn), "mmio {mmio}");
+    }
 }
 
 #[test]
@@ -1156,6 +1170,7 @@ fn discard_run(mode: CqMode, wqe_cnt: u32, cqe_cnt: u32) {
         Engine::Discard,
         Duration::from_secs(60),
         &plan,
+        false,
         false,
     );
     assert_eq!(out.status, vec![status::OK; THREADS]);

@@ -93,8 +93,8 @@ inline unsigned __match_any_sync(unsigned, int value) {
 
 // ---- the IBGDA mode's memory (host/tests/emu_ibgda) ----------------------------------------
 // The test built every PE's heap, queues, tables and state in a memfd that its soft HCA
-// engine serves, at "device" addresses (the host's mapping plus an offset, as a GPU's
-// addresses differ from the host's). Maps the memfd RSHMEM_EMU_SHM at RSHMEM_EMU_SHM_AT
+// engine serves, at "device" addresses (a fixed base, host/tests/emu_ibgda EMU_DEVICE_BASE,
+// as a GPU's addresses differ from the host's). Maps the memfd RSHMEM_EMU_SHM at RSHMEM_EMU_SHM_AT
 // and returns the address of the PEs' states (RSHMEM_EMU_STATES), or 0 when
 // RSHMEM_EMU_SHM is unset (P2P mode); exits 4 when it cannot be mapped there.
 inline uint64_t emu_map_shm() {
