@@ -313,6 +313,9 @@ fn render_table(r: &Report) -> String {
     if let Some(q) = &r.cuda.hardware_queues_detail {
         lines.push(kv("HW queues", q.clone()));
     }
+    for m in &r.cuda.modules {
+        lines.push(kv(&format!("module {}", m.module), m.load.clone()));
+    }
     for p in &r.cuda.p2p {
         let v = match (p.access, &p.error) {
             (Some(true), _) => "yes".to_string(),
@@ -441,6 +444,7 @@ mod tests {
             p2p_detail: None,
             hardware_queues: Some(32),
             hardware_queues_detail: None,
+            modules: Vec::new(),
         }
     }
 

@@ -12,7 +12,10 @@ const LIBFABRIC: &str = "/usr/lib/x86_64-linux-gnu/libfabric.so.1";
 
 fn doctor(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
-    cmd.arg("doctor").args(args).env_remove("RSHMEM_CUDA_LIB");
+    cmd.arg("doctor")
+        .args(args)
+        .env_remove("RSHMEM_CUDA_LIB")
+        .env_remove("RSHMEM_PTX_DIR");
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -438,6 +441,34 @@ fn fake_cuda_driver_is_reported_device_by_device() {
         "cuDeviceCanAccessPeer failed: CUDA_ERROR_INVALID_DEVICE (101)"
     );
 
+    // How each library module would load on GPU 0 (compute capability 9.0).
+    let modules = cuda["modules"].as_array().unwrap();
+    assert_eq!(modules.len(), 5, "{modules:?}");
+    assert!(
+        modules
+            .iter()
+            .all(|m| m["load"] == "PTX (no RSHMEM_PTX_DIR)"),
+        "{modules:?}"
+    );
+    let j = parse(&doctor(
+        &["--json"],
+        &[
+            ("LD_LIBRARY_PATH", path),
+            ("RSHMEM_PTX_DIR", "/nonexistent"),
+        ],
+    ));
+    let m = j["cuda"]["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["module"] == "rshmem_kernels")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        m["load"],
+        "PTX (no /nonexistent/rshmem_kernels.sm_90.cubin)"
+    );
+
     let j = parse(&doctor(
         &["--json"],
         &[("LD_LIBRARY_PATH", path), ("FAKE_CUDA_INIT_RC", "100")],
@@ -453,6 +484,12 @@ fn fake_cuda_driver_is_reported_device_by_device() {
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(
         text.contains("GPU 0                  Fake H200 0, 140.4 GiB, compute capability 9.0"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("module rshmem_kernels")
+                && l.ends_with(" PTX (no RSHMEM_PTX_DIR)")),
         "{text}"
     );
     assert!(

@@ -75,6 +75,24 @@ fn cubin_check_accepts_ptxas_output_and_refuses_truncations() {
     let image = std::fs::read(&out).unwrap();
     let _ = std::fs::remove_file(&out);
     assert_eq!(cubin_check(&image), Ok(()));
+    // With its sidecar in a folder, it is what the doctor says the module loads from.
+    let d = dir.join(format!("cubins-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let c = d.join("rshmem_kernels.sm_90.cubin");
+    std::fs::write(&c, &image).unwrap();
+    let ptx = std::fs::read(&src).unwrap();
+    std::fs::write(
+        d.join("rshmem_kernels.sm_90.cubin.fnv"),
+        format!("{:016x}\n", fnv1a64(&ptx)),
+    )
+    .unwrap();
+    let load = rshmem::gpu::module::module_sources_in(Some(&d), (9, 0))
+        .into_iter()
+        .find(|(m, _)| *m == "rshmem_kernels")
+        .unwrap()
+        .1;
+    assert_eq!(load, format!("cubin {}", c.display()));
+    std::fs::remove_dir_all(&d).unwrap();
     let n = image.len();
     for cut in [0, 4, 63, 64, 200, n / 3, n / 2, n - 100, n - 1] {
         let e = cubin_check(&image[..cut]).unwrap_err();
@@ -86,4 +104,11 @@ fn cubin_check_accepts_ptxas_output_and_refuses_truncations() {
     let mut x86 = image.clone();
     x86[18] = 62; // EM_X86_64
     assert!(cubin_check(&x86).unwrap_err().contains("not CUDA (190)"));
+}
+
+/// FNV-1a 64, as scripts/build-gpu-bundle writes it into the `.cubin.fnv` sidecars.
+fn fnv1a64(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
 }

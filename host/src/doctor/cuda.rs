@@ -129,6 +129,17 @@ pub struct CudaReport {
     /// One line on `hardware_queues` (the source, and how many PEs per process fit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hardware_queues_detail: Option<String>,
+    /// How each library module loads on the first GPU: a prebuilt cubin from
+    /// `RSHMEM_PTX_DIR` (the GPU bundle's), or its PTX, JIT-compiled, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub modules: Vec<ModuleSource>,
+}
+
+/// One library module and how it loads.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModuleSource {
+    pub module: String,
+    pub load: String,
 }
 
 /// (queues, line) from `CUDA_DEVICE_MAX_CONNECTIONS` as this process holds it.
@@ -200,6 +211,7 @@ pub(super) fn probe() -> CudaReport {
                 p2p_detail: None,
                 hardware_queues: None,
                 hardware_queues_detail: None,
+                modules: Vec::new(),
             }
         }
     };
@@ -227,6 +239,7 @@ pub(super) fn probe() -> CudaReport {
             p2p_detail: None,
             hardware_queues: None,
             hardware_queues_detail: None,
+            modules: Vec::new(),
         };
     }
     let mut count: c_int = 0;
@@ -246,12 +259,28 @@ pub(super) fn probe() -> CudaReport {
             p2p_detail: None,
             hardware_queues: None,
             hardware_queues_detail: None,
+            modules: Vec::new(),
         };
     }
     let devices: Vec<CudaDevice> = (0..count).map(|i| device(drv, i)).collect();
     let (p2p, p2p_detail) = p2p_matrix(drv, count);
     let var = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok();
     let (queues, queues_line) = hardware_queues(var.as_deref());
+    let modules = devices
+        .first()
+        .and_then(|d| d.compute_capability.as_deref())
+        .and_then(|cc| cc.split_once('.'))
+        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+        .map(|cc| {
+            crate::gpu::module::module_sources(cc)
+                .into_iter()
+                .map(|(module, load)| ModuleSource {
+                    module: module.to_string(),
+                    load,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     CudaReport {
         present: true,
         detail: format!("{} loaded, {version_text}, {count} device(s)", drv.soname),
@@ -261,6 +290,7 @@ pub(super) fn probe() -> CudaReport {
         p2p_detail,
         hardware_queues: Some(queues),
         hardware_queues_detail: Some(queues_line),
+        modules,
     }
 }
 

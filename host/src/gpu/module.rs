@@ -73,6 +73,46 @@ pub fn prebuilt_cubin(
     Some((cubin, bin))
 }
 
+/// How each embedded library module would load on a GPU of compute capability `cc`:
+/// (module, "cubin <path>" | "PTX: <why no cubin>"), as [`Module::load_library`] decides
+/// (the doctor reports it, so a GPU run's log says whether the bundle's cubins are used).
+pub fn module_sources(cc: (i32, i32)) -> Vec<(&'static str, String)> {
+    let dir = std::env::var_os(PTX_DIR_ENV).map(std::path::PathBuf::from);
+    module_sources_in(dir.as_deref(), cc)
+}
+
+/// [`module_sources`] for cubins in `dir` (None: no `RSHMEM_PTX_DIR`).
+pub fn module_sources_in(
+    dir: Option<&std::path::Path>,
+    cc: (i32, i32),
+) -> Vec<(&'static str, String)> {
+    EMBEDDED_PTX
+        .iter()
+        .map(|(name, _)| {
+            let how = match (dir, ptx_source(name, dir)) {
+                (_, Err(e)) => format!("unavailable: {e}"),
+                (None, Ok(_)) => format!("PTX (no {PTX_DIR_ENV})"),
+                (Some(d), Ok(ptx)) => {
+                    let cubin = d.join(format!("{name}.sm_{}{}.cubin", cc.0, cc.1));
+                    let sidecar = std::fs::read_to_string(cubin.with_extension("cubin.fnv"));
+                    match (std::fs::read(&cubin), sidecar) {
+                        (Err(_), _) => format!("PTX (no {})", cubin.display()),
+                        (Ok(_), Err(_)) => format!("PTX ({} has no .fnv sidecar)", cubin.display()),
+                        (Ok(_), Ok(h)) if !cubin_matches(&ptx, &h) => {
+                            format!("PTX ({} was made from other PTX)", cubin.display())
+                        }
+                        (Ok(image), Ok(_)) => match cubin_check(&image) {
+                            Ok(()) => format!("cubin {}", cubin.display()),
+                            Err(why) => format!("PTX ({} is damaged: {why})", cubin.display()),
+                        },
+                    }
+                }
+            };
+            (*name, how)
+        })
+        .collect()
+}
+
 /// Why `image` is not a complete CUDA ELF image (64-bit little-endian ELF for EM_CUDA whose
 /// program headers, section headers and sections all lie inside it), or Ok. The driver's
 /// `cuModuleLoadData` takes no length and trusts these offsets, so a truncated file (an
@@ -662,6 +702,57 @@ mod tests {
         assert!(
             prebuilt_cubin("n", src, Some(&d), (9, 0)).is_none(),
             "other module"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// What the doctor reports per module: every reason a cubin is not used.
+    #[test]
+    fn module_sources_name_why_a_cubin_is_not_used() {
+        let all = module_sources_in(None, (9, 0));
+        assert_eq!(all.len(), EMBEDDED_PTX.len());
+        assert!(
+            all.iter().all(|(_, h)| h == "PTX (no RSHMEM_PTX_DIR)"),
+            "{all:?}"
+        );
+        let d = std::env::temp_dir().join(format!("rshmem-sources-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let state = |m: &str| {
+            module_sources_in(Some(&d), (9, 0))
+                .into_iter()
+                .find(|(n, _)| *n == m)
+                .unwrap()
+                .1
+        };
+        let c = d.join("rshmem_kernels.sm_90.cubin");
+        assert_eq!(state("rshmem_kernels"), format!("PTX (no {})", c.display()));
+        std::fs::write(&c, b"\x7fELF").unwrap();
+        assert_eq!(
+            state("rshmem_kernels"),
+            format!("PTX ({} has no .fnv sidecar)", c.display())
+        );
+        std::fs::write(
+            d.join("rshmem_kernels.sm_90.cubin.fnv"),
+            "0000000000000000\n",
+        )
+        .unwrap();
+        assert_eq!(
+            state("rshmem_kernels"),
+            format!("PTX ({} was made from other PTX)", c.display())
+        );
+        let ptx = ptx_source("rshmem_kernels", None).unwrap();
+        std::fs::write(
+            d.join("rshmem_kernels.sm_90.cubin.fnv"),
+            format!("{:016x}\n", crate::pe::fnv(ptx.as_bytes())),
+        )
+        .unwrap();
+        assert!(
+            state("rshmem_kernels").starts_with(&format!(
+                "PTX ({} is damaged: not a 64-bit little-endian ELF file",
+                c.display()
+            )),
+            "{}",
+            state("rshmem_kernels")
         );
         std::fs::remove_dir_all(&d).unwrap();
     }
