@@ -1102,6 +1102,13 @@ fn point(
         }
         Ok(())
     })();
+    if r.is_err() {
+        // Every PE's stream may be parked on the gate (cuStreamWaitValue32 never times
+        // out), and a free while a stream is parked can wait for it: open the gate for
+        // good before anything is freed. A PE's error reaches PE 0 through the bounded
+        // host barriers, so PE 0 gets here on every failure.
+        let _ = open(u32::MAX);
+    }
     destroy_events(g, &ev);
     drop(side_stream);
     r?;

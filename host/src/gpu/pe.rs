@@ -173,11 +173,28 @@ impl Drop for CudaSide {
             return;
         }
         let until = Instant::now() + Duration::from_secs(2);
-        // SAFETY: the stream belongs to this context.
-        while unsafe { sys::cuStreamQuery(self.stream.raw) } == sys::CUresult::CUDA_ERROR_NOT_READY
-            && Instant::now() < until
-        {
+        let stream = self.stream.raw;
+        let busy = || {
+            // SAFETY: the stream belongs to this context.
+            let rc = unsafe { sys::cuStreamQuery(stream) };
+            rc == sys::CUresult::CUDA_ERROR_NOT_READY
+        };
+        while busy() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
+        }
+        if busy() {
+            // A kernel still runs (a wait that has not timed out yet). Unmapping the heaps
+            // under it would fault, and the fault is sticky in the context every PE of
+            // this process shares: leave the mappings to the process's exit instead.
+            // (Frees of plain device memory wait for the kernel; they stay.)
+            eprintln!(
+                "rshmem: GPU {}: work still running on a PE's stream 2 s after it ended; \
+                 its heap mappings are left in place until the process exits",
+                self.ctx.ordinal
+            );
+            for m in std::mem::take(&mut self.heaps) {
+                std::mem::forget(m);
+            }
         }
     }
 }
@@ -1268,11 +1285,46 @@ fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, usize)>
     exchange_status(boot, &world, "set up its GPU", &setup)?;
     let setup = setup?;
     let ids = boot.allgather(&world, setup.2.pci_bus_id.as_bytes())?;
+    let pids = boot.allgather(&world, &std::process::id().to_le_bytes())?;
     let node_ids = boot.node_ids();
     let sharing = (0..pe.n_pes())
         .filter(|&r| node_ids[r] == node_ids[rank] && ids[r] == ids[rank])
         .count();
+    if let Some(w) = cross_process_warning(node_ids, &ids, &pids, rank) {
+        eprintln!("{w}");
+    }
     Ok((setup, ids, sharing))
+}
+
+/// The warning one PE per process prints when the PEs on its GPU live in more than one
+/// process: kernels of different processes (contexts) time-slice instead of running
+/// together (unless MPS runs), so device-side waits between them crawl or time out.
+/// None when every PE on this GPU is in this process, or another PE of this process on
+/// it has the lower rank (it prints).
+fn cross_process_warning<N: PartialEq, B: PartialEq + AsRef<[u8]>>(
+    node_ids: &[N],
+    bus_ids: &[B],
+    pids: &[Vec<u8>],
+    rank: usize,
+) -> Option<String> {
+    let here: Vec<usize> = (0..bus_ids.len())
+        .filter(|&r| node_ids[r] == node_ids[rank] && bus_ids[r] == bus_ids[rank])
+        .collect();
+    let mut procs: Vec<&[u8]> = here.iter().map(|&r| pids[r].as_slice()).collect();
+    procs.sort();
+    procs.dedup();
+    let first_here = here.iter().find(|&&r| pids[r] == pids[rank]) == Some(&rank);
+    if procs.len() < 2 || !first_here {
+        return None;
+    }
+    Some(format!(
+        "rshmem: GPU {}: PEs {here:?} share it from {} processes; kernels of different \
+         processes take turns on a GPU rather than run together (unless MPS runs), so \
+         device-side waits between them can crawl or time out: run a GPU's PEs in one \
+         process (run_gpu_threads) or under MPS",
+        String::from_utf8_lossy(bus_ids[rank].as_ref()),
+        procs.len()
+    ))
 }
 
 fn device_setup(ordinal: i32, vmm: bool) -> Result<DeviceSetup> {
@@ -1382,6 +1434,42 @@ pub fn run_gpu_threads<R: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One warning per process when a GPU's PEs span processes; none otherwise.
+    #[test]
+    fn pes_of_several_processes_on_one_gpu_are_warned_about() {
+        let p = |v: u32| v.to_le_bytes().to_vec();
+        let node = ["n0"; 4];
+        let gpu = ["0000:01:00.0".as_bytes(); 4];
+        // Ranks 0, 1 in process 10; ranks 2, 3 in process 20; one GPU.
+        let pids = [p(10), p(10), p(20), p(20)];
+        let w: Vec<Option<String>> = (0..4)
+            .map(|r| cross_process_warning(&node, &gpu, &pids, r))
+            .collect();
+        assert!(w[1].is_none() && w[3].is_none(), "{w:?}");
+        for r in [0, 2] {
+            let s = w[r].as_deref().unwrap();
+            assert!(
+                s.starts_with(
+                    "rshmem: GPU 0000:01:00.0: PEs [0, 1, 2, 3] share it from 2 processes"
+                ),
+                "{s}"
+            );
+            assert!(s.contains("run a GPU's PEs in one process"), "{s}");
+        }
+        // One process per GPU (two GPUs), or all in one process, or other nodes: silent.
+        let two = [
+            "0000:01:00.0".as_bytes(),
+            "0000:01:00.0".as_bytes(),
+            "0000:02:00.0".as_bytes(),
+            "0000:02:00.0".as_bytes(),
+        ];
+        assert!((0..4).all(|r| cross_process_warning(&node, &two, &pids, r).is_none()));
+        let one = [p(7), p(7), p(7), p(7)];
+        assert!((0..4).all(|r| cross_process_warning(&node, &gpu, &one, r).is_none()));
+        let nodes = ["n0", "n0", "n1", "n1"];
+        assert!((0..4).all(|r| cross_process_warning(&nodes, &gpu, &pids, r).is_none()));
+    }
 
     /// Without libcuda, starting GPU PEs is an error that names the library, before any
     /// bootstrap or thread is started.
