@@ -49,6 +49,31 @@ pub fn cubin_matches(ptx: &str, sidecar: &str) -> bool {
     sidecar.trim() == format!("{:016x}", crate::pe::fnv(ptx.as_bytes()))
 }
 
+/// What `<dir>/<name>.sm_<major><minor>.cubin` is for the PTX in use.
+enum Cubin {
+    Missing(std::path::PathBuf),
+    NoSidecar(std::path::PathBuf),
+    /// Its sidecar names other PTX: never loaded.
+    Stale(std::path::PathBuf),
+    /// Made from this PTX (not yet checked by [`cubin_check`]).
+    Matching(std::path::PathBuf, Vec<u8>),
+}
+
+/// Looks up module `name`'s cubin for compute capability `cc` in `d`: the file and its
+/// `.cubin.fnv` sidecar (the FNV-1a hash of the PTX it was compiled from, written by
+/// scripts/build-gpu-bundle).
+fn find_cubin(name: &str, ptx: &str, d: &std::path::Path, cc: (i32, i32)) -> Cubin {
+    let cubin = d.join(format!("{name}.sm_{}{}.cubin", cc.0, cc.1));
+    let Ok(image) = std::fs::read(&cubin) else {
+        return Cubin::Missing(cubin);
+    };
+    match std::fs::read_to_string(cubin.with_extension("cubin.fnv")) {
+        Err(_) => Cubin::NoSidecar(cubin),
+        Ok(h) if !cubin_matches(ptx, &h) => Cubin::Stale(cubin),
+        Ok(_) => Cubin::Matching(cubin, image),
+    }
+}
+
 /// The cubin scripts/build-gpu-bundle compiled from exactly `ptx` for compute capability
 /// `cc`: `<dir>/<name>.sm_<major><minor>.cubin`, whose sidecar `<...>.cubin.fnv` holds the
 /// FNV-1a hash of that PTX (`dir`: the argument, else `RSHMEM_PTX_DIR`). None when there
@@ -64,13 +89,10 @@ pub fn prebuilt_cubin(
     let d = dir
         .map(|d| d.to_path_buf())
         .or_else(|| std::env::var_os(PTX_DIR_ENV).map(std::path::PathBuf::from))?;
-    let cubin = d.join(format!("{name}.sm_{}{}.cubin", cc.0, cc.1));
-    let sidecar = std::fs::read_to_string(cubin.with_extension("cubin.fnv")).ok()?;
-    if !cubin_matches(ptx, &sidecar) {
-        return None;
+    match find_cubin(name, ptx, &d, cc) {
+        Cubin::Matching(path, image) => Some((path, image)),
+        _ => None,
     }
-    let bin = std::fs::read(&cubin).ok()?;
-    Some((cubin, bin))
 }
 
 /// How each embedded library module would load on a GPU of compute capability `cc`:
@@ -92,21 +114,15 @@ pub fn module_sources_in(
             let how = match (dir, ptx_source(name, dir)) {
                 (_, Err(e)) => format!("unavailable: {e}"),
                 (None, Ok(_)) => format!("PTX (no {PTX_DIR_ENV})"),
-                (Some(d), Ok(ptx)) => {
-                    let cubin = d.join(format!("{name}.sm_{}{}.cubin", cc.0, cc.1));
-                    let sidecar = std::fs::read_to_string(cubin.with_extension("cubin.fnv"));
-                    match (std::fs::read(&cubin), sidecar) {
-                        (Err(_), _) => format!("PTX (no {})", cubin.display()),
-                        (Ok(_), Err(_)) => format!("PTX ({} has no .fnv sidecar)", cubin.display()),
-                        (Ok(_), Ok(h)) if !cubin_matches(&ptx, &h) => {
-                            format!("PTX ({} was made from other PTX)", cubin.display())
-                        }
-                        (Ok(image), Ok(_)) => match cubin_check(&image) {
-                            Ok(()) => format!("cubin {}", cubin.display()),
-                            Err(why) => format!("PTX ({} is damaged: {why})", cubin.display()),
-                        },
-                    }
-                }
+                (Some(d), Ok(ptx)) => match find_cubin(name, &ptx, d, cc) {
+                    Cubin::Missing(c) => format!("PTX (no {})", c.display()),
+                    Cubin::NoSidecar(c) => format!("PTX ({} has no .fnv sidecar)", c.display()),
+                    Cubin::Stale(c) => format!("PTX ({} was made from other PTX)", c.display()),
+                    Cubin::Matching(c, image) => match cubin_check(&image) {
+                        Ok(()) => format!("cubin {}", c.display()),
+                        Err(why) => format!("PTX ({} is damaged: {why})", c.display()),
+                    },
+                },
             };
             (*name, how)
         })
@@ -346,18 +362,15 @@ impl Module {
         cc: (i32, i32),
     ) -> Result<Module> {
         if let Some((path, image)) = prebuilt_cubin(name, ptx, dir, cc) {
-            // A damaged or refused cubin costs the JIT only, never the run.
-            let why = match cubin_check(&image) {
-                Ok(()) => match Module::load_cubin(ctx, name, &image, &path) {
-                    Ok(m) => return Ok(m),
-                    Err(e) => e.to_string(),
-                },
-                Err(why) => why,
-            };
-            eprintln!(
-                "rshmem: GPU: {} not used ({why}); JIT-compiling module {name}'s PTX instead",
-                path.display()
-            );
+            // A damaged (cubin_check, in load_cubin) or refused cubin costs the JIT only,
+            // never the run.
+            match Module::load_cubin(ctx, name, &image, &path) {
+                Ok(m) => return Ok(m),
+                Err(e) => eprintln!(
+                    "rshmem: GPU: {} not used ({e}); JIT-compiling module {name}'s PTX instead",
+                    path.display()
+                ),
+            }
         }
         Module::load(ctx, name, ptx)
     }
