@@ -24,6 +24,12 @@ pub const NO_CUDA_ENV: &[(&str, &str)] = &[
     ("RSHMEM_NVRTC_LIB", "/nonexistent/libnvrtc.so.13"),
 ];
 
+/// True in a child started by [`run_in_child`] (for work only the parent should do, such
+/// as building files the child then reads).
+pub fn in_child() -> bool {
+    std::env::var_os(CHILD_ENV).is_some()
+}
+
 /// See the module doc. `module` is `module_path!()` of the test, `name` its function.
 pub fn run_without_cuda(module: &str, name: &str) -> bool {
     run_in_child(module, name, NO_CUDA_ENV)

@@ -125,7 +125,7 @@ enum Refusal {
 }
 
 /// The driver names cudarc tries, in its order (the first that loads is the one it uses).
-pub fn cudarc_driver_names() -> Vec<String> {
+fn cudarc_driver_names() -> Vec<String> {
     ["cuda", "nvcuda"]
         .iter()
         .flat_map(|l| cudarc::get_lib_name_candidates(l))
@@ -415,7 +415,7 @@ mod tests {
 
     use super::*;
 
-    use crate::test_child::{run_in_child, run_without_cuda};
+    use crate::test_child::{in_child, run_in_child, run_without_cuda};
     use std::path::{Path, PathBuf};
 
     /// No driver (RSHMEM_CUDA_LIB at a file that is not there, in a child process, so the
@@ -486,8 +486,15 @@ mod tests {
         out
     }
 
-    fn in_child() -> bool {
-        std::env::var_os("RSHMEM_TEST_CHILD").is_some()
+    /// The gate's refusal with `RSHMEM_CUDA_LIB=path`, in a child process: None in the
+    /// parent (which re-ran `test` in the child and saw it pass), the error text in the
+    /// child.
+    fn refusal_in_child(test: &str, path: &Path) -> Option<String> {
+        let p = path.to_str().unwrap();
+        if !run_in_child(module_path!(), test, &[("RSHMEM_CUDA_LIB", p)]) {
+            return None;
+        }
+        Some(driver().unwrap_err().to_string())
     }
 
     /// `dir` in front of the parent's loader path (the test binary may need it); in the
@@ -569,15 +576,11 @@ mod tests {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(&path, "not an ELF file\n").unwrap();
         }
-        let p = path.to_str().unwrap();
-        if !run_in_child(
-            module_path!(),
-            "a_chosen_file_that_is_not_a_library_is_refused",
-            &[("RSHMEM_CUDA_LIB", p)],
-        ) {
+        let Some(s) = refusal_in_child("a_chosen_file_that_is_not_a_library_is_refused", &path)
+        else {
             return;
-        }
-        let s = driver().unwrap_err().to_string();
+        };
+        let p = path.display();
         assert!(
             s.contains(&format!("RSHMEM_CUDA_LIB={p} could not be loaded (")),
             "{s}"
@@ -593,15 +596,11 @@ mod tests {
             build_fake(&dir, "libcuda.so.1", &["cuInit"]);
         }
         let path = dir.join("libcuda.so.1");
-        let p = path.to_str().unwrap();
-        if !run_in_child(
-            module_path!(),
-            "a_chosen_library_that_is_not_a_driver_is_refused",
-            &[("RSHMEM_CUDA_LIB", p)],
-        ) {
+        let Some(s) = refusal_in_child("a_chosen_library_that_is_not_a_driver_is_refused", &path)
+        else {
             return;
-        }
-        let s = driver().unwrap_err().to_string();
+        };
+        let p = path.display();
         assert!(
             s.contains(&format!(
                 "RSHMEM_CUDA_LIB={p} lacks cuInit: it is not a CUDA driver"
@@ -618,17 +617,13 @@ mod tests {
             build_fake_named(&dir, "libcuda.so.1", &[], "libnotcuda.so.1");
         }
         let path = dir.join("libcuda.so.1");
-        let p = path.to_str().unwrap();
         // Refused either way: where no driver is installed no name resolves to the file;
         // where one is, its libcuda.so is found first (nothing can hide it from dlopen).
-        if !run_in_child(
-            module_path!(),
-            "a_chosen_library_under_another_soname_is_refused",
-            &[("RSHMEM_CUDA_LIB", p)],
-        ) {
+        let Some(s) = refusal_in_child("a_chosen_library_under_another_soname_is_refused", &path)
+        else {
             return;
-        }
-        let s = driver().unwrap_err().to_string();
+        };
+        let p = path.display();
         let no_name = format!(
             "RSHMEM_CUDA_LIB={p} loads, but no libcuda name resolves to it: its soname must be \
              libcuda.so.1"
