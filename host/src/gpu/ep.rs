@@ -867,14 +867,16 @@ impl EpGraph {
 }
 
 /// Collective: loads and binds this PE's instance of the `ep_ll` module. PE 0 loads
-/// first: the driver JIT-compiles the 2 MB PTX once and caches it (CUDA's compute cache),
-/// the other PEs then load from the cache instead of compiling it concurrently.
+/// first: without a prebuilt cubin the driver JIT-compiles the PTX once and caches it
+/// (CUDA's compute cache), the other PEs then load from the cache instead of compiling it
+/// concurrently.
 pub fn load_module(g: &GpuPe) -> Result<Module> {
     let pe = g.pe();
     if g.my_pe() != 0 {
         pe.barrier_all()?;
     }
-    let loaded = load_image(g);
+    // The bundle's cubin of this very PTX when RSHMEM_PTX_DIR has one, else the PTX.
+    let loaded = g.load_library_module(MODULE, None);
     if g.my_pe() == 0 {
         pe.barrier_all()?;
     }
@@ -885,16 +887,6 @@ pub fn load_module(g: &GpuPe) -> Result<Module> {
              p2p header?)"
         )));
     }
-    Ok(m)
-}
-
-/// This PE's `ep_ll` module: the cubin scripts/build-gpu-bundle compiled for this GPU's
-/// architecture when `RSHMEM_PTX_DIR` has one made from the very PTX in use (no JIT of
-/// megabytes of PTX at run time), else the PTX (JIT-compiled by the driver).
-fn load_image(g: &GpuPe) -> Result<Module> {
-    let ptx = super::module::ptx_source(MODULE, None)?;
-    let mut m = Module::load_library(g.ctx(), MODULE, &ptx, None, g.device().cc)?;
-    g.bind_module(&mut m)?;
     Ok(m)
 }
 

@@ -1287,13 +1287,19 @@ fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, usize)>
     let ids = boot.allgather(&world, setup.2.pci_bus_id.as_bytes())?;
     let pids = boot.allgather(&world, &std::process::id().to_le_bytes())?;
     let node_ids = boot.node_ids();
-    let sharing = (0..pe.n_pes())
-        .filter(|&r| node_ids[r] == node_ids[rank] && ids[r] == ids[rank])
-        .count();
-    if let Some(w) = cross_process_warning(node_ids, &ids, &pids, rank) {
+    let here = sharers(node_ids, &ids, rank);
+    if let Some(w) = cross_process_warning(&here, &ids[rank], &pids, rank) {
         eprintln!("{w}");
     }
-    Ok((setup, ids, sharing))
+    Ok((setup, ids, here.len()))
+}
+
+/// The ranks whose heap is on the same GPU as `rank`'s: same node, same PCI bus id
+/// (`rank` included).
+fn sharers<N: PartialEq, B: PartialEq>(node_ids: &[N], bus_ids: &[B], rank: usize) -> Vec<usize> {
+    (0..bus_ids.len())
+        .filter(|&r| node_ids[r] == node_ids[rank] && bus_ids[r] == bus_ids[rank])
+        .collect()
 }
 
 /// The warning one PE per process prints when the PEs on its GPU live in more than one
@@ -1301,15 +1307,13 @@ fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, usize)>
 /// together (unless MPS runs), so device-side waits between them crawl or time out.
 /// None when every PE on this GPU is in this process, or another PE of this process on
 /// it has the lower rank (it prints).
-fn cross_process_warning<N: PartialEq, B: PartialEq + AsRef<[u8]>>(
-    node_ids: &[N],
-    bus_ids: &[B],
+/// `here`: the [`sharers`] of `rank`'s GPU, whose PCI bus id is `bus_id`.
+fn cross_process_warning(
+    here: &[usize],
+    bus_id: &[u8],
     pids: &[Vec<u8>],
     rank: usize,
 ) -> Option<String> {
-    let here: Vec<usize> = (0..bus_ids.len())
-        .filter(|&r| node_ids[r] == node_ids[rank] && bus_ids[r] == bus_ids[rank])
-        .collect();
     let mut procs: Vec<&[u8]> = here.iter().map(|&r| pids[r].as_slice()).collect();
     procs.sort();
     procs.dedup();
@@ -1322,7 +1326,7 @@ fn cross_process_warning<N: PartialEq, B: PartialEq + AsRef<[u8]>>(
          processes take turns on a GPU rather than run together (unless MPS runs), so \
          device-side waits between them can crawl or time out: run a GPU's PEs in one \
          process (run_gpu_threads) or under MPS",
-        String::from_utf8_lossy(bus_ids[rank].as_ref()),
+        String::from_utf8_lossy(bus_id),
         procs.len()
     ))
 }
@@ -1443,9 +1447,10 @@ mod tests {
         let gpu = ["0000:01:00.0".as_bytes(); 4];
         // Ranks 0, 1 in process 10; ranks 2, 3 in process 20; one GPU.
         let pids = [p(10), p(10), p(20), p(20)];
-        let w: Vec<Option<String>> = (0..4)
-            .map(|r| cross_process_warning(&node, &gpu, &pids, r))
-            .collect();
+        let warn = |node: &[&str], gpu: &[&[u8]], pids: &[Vec<u8>], r: usize| {
+            cross_process_warning(&sharers(node, gpu, r), gpu[r], pids, r)
+        };
+        let w: Vec<Option<String>> = (0..4).map(|r| warn(&node, &gpu, &pids, r)).collect();
         assert!(w[1].is_none() && w[3].is_none(), "{w:?}");
         for r in [0, 2] {
             let s = w[r].as_deref().unwrap();
@@ -1464,11 +1469,11 @@ mod tests {
             "0000:02:00.0".as_bytes(),
             "0000:02:00.0".as_bytes(),
         ];
-        assert!((0..4).all(|r| cross_process_warning(&node, &two, &pids, r).is_none()));
+        assert!((0..4).all(|r| warn(&node, &two, &pids, r).is_none()));
         let one = [p(7), p(7), p(7), p(7)];
-        assert!((0..4).all(|r| cross_process_warning(&node, &gpu, &one, r).is_none()));
+        assert!((0..4).all(|r| warn(&node, &gpu, &one, r).is_none()));
         let nodes = ["n0", "n0", "n1", "n1"];
-        assert!((0..4).all(|r| cross_process_warning(&nodes, &gpu, &pids, r).is_none()));
+        assert!((0..4).all(|r| warn(&nodes, &gpu, &pids, r).is_none()));
     }
 
     /// Without libcuda, starting GPU PEs is an error that names the library, before any
