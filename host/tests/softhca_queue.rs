@@ -468,3 +468,92 @@ fn prefetch_for_write_is_only_a_hint() {
     prefetch_for_write(0x7fff_ffff_f000usize as *const u8);
     prefetch_for_write(usize::MAX as *const u8);
 }
+
+/// A register that records what the CPU doorbell relay stores (no NIC register exists
+/// here).
+struct Recorder(Arc<std::sync::Mutex<Vec<u64>>>);
+impl rshmem::verbs::relay::DoorbellRegister for Recorder {
+    fn store(&mut self, value: u64) {
+        self.0.lock().unwrap().push(value);
+    }
+}
+
+#[test]
+fn doorbell_relay_follows_many_producers_past_the_index_wrap() {
+    // The queue's own doorbell word is the shadow a relay watches (what a GPU producer
+    // rings when the UAR cannot be mapped into the GPU); its register records. 80 000
+    // one-WQEBB writes take the 16-bit producer index around once.
+    use rshmem::mlx5::doorbell::parse_doorbell;
+    use rshmem::verbs::relay::{DoorbellRelay, Relayed};
+    const THREADS: usize = 4;
+    const PER: u64 = 20_000;
+    let t = target(THREADS, 1);
+    let rig = rig(&t, 64, 64, CqMode::Normal);
+    let log: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
+    // SAFETY: the doorbell word lives in rig.mem, which outlives the relay (dropped first
+    // below); it starts at 0.
+    let q = unsafe {
+        Relayed::new(
+            rig.mem.parts().doorbell.cast::<u64>(),
+            Box::new(Recorder(log.clone())),
+        )
+    };
+    let relay = DoorbellRelay::new(vec![q], "test-relay").unwrap();
+    let base = t.words.as_ptr() as u64;
+    std::thread::scope(|s| {
+        for th in 0..THREADS {
+            let sq = &rig.sq;
+            s.spawn(move || {
+                for i in 0..PER {
+                    let v = ((th as u64) << 32) | i;
+                    let _ = sq
+                        .post(&WqeOp::RdmaWrite {
+                            remote: RaddrSeg::new(base + 8 * th as u64, t.rkey),
+                            payload: rshmem::mlx5::wqe::Payload::Inline(&v.to_ne_bytes()),
+                        })
+                        .unwrap();
+                }
+            });
+        }
+    });
+    rig.sq.quiet().unwrap();
+    let total = rig.sq.reserved();
+    assert_eq!(total, THREADS as u64 * PER + rig.sq.signal_nops());
+    assert!(total > 0x1_0000, "the index wraps");
+    let last = rig
+        .mem
+        .doorbell()
+        .load(std::sync::atomic::Ordering::Acquire);
+    assert_eq!(
+        parse_doorbell(last.to_ne_bytes()),
+        ((total & 0xffff) as u16, rig.qp.qpn())
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while log.lock().unwrap().last() != Some(&last) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the relay never passed the last doorbell on"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(relay);
+    let log = log.lock().unwrap();
+    // Each store is a new doorbell of this QP, later than the one before (modulo 2^16).
+    let mut prev = 0u16;
+    for (i, v) in log.iter().enumerate() {
+        let (pi, qpn) = parse_doorbell(v.to_ne_bytes());
+        assert_eq!(qpn, rig.qp.qpn(), "store {i}");
+        let step = pi.wrapping_sub(prev);
+        assert!(
+            step > 0 && step < 0x8000,
+            "store {i}: index {pi:#x} after {prev:#x}"
+        );
+        prev = pi;
+    }
+    assert_eq!(log.last(), Some(&last));
+    for th in 0..THREADS {
+        assert_eq!(t.words[th], ((th as u64) << 32) | (PER - 1), "thread {th}");
+    }
+    drop(log);
+    drop(rig);
+}

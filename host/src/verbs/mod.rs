@@ -10,6 +10,8 @@
 //! - safe RAII types: [`Context`] → [`ProtectionDomain`] → [`MemoryRegion`],
 //!   [`CompletionQueue`], [`QueuePair`] (parents held by `Arc`).
 //!
+//! [`relay`]: the CPU doorbell relay, for GPU producers whose driver cannot map the UAR.
+//!
 //! Pure pieces (unit-tested on any machine): QP state-transition attributes ([`qp`]),
 //! the address record exchanged over the bootstrap ([`addr`]), the check of the queues
 //! mlx5dv reports ([`dv::NicQueues::validate`]), and the path planner ([`plan`]).
@@ -26,6 +28,7 @@ pub mod dv;
 pub mod loader;
 pub mod plan;
 pub mod qp;
+pub mod relay;
 pub(crate) mod result;
 #[rustfmt::skip]
 pub mod sys;
