@@ -391,19 +391,32 @@ pub fn connect_all(
     salt: u64,
     exchange: impl FnOnce(&[u8]) -> Result<Vec<Vec<u8>>>,
 ) -> Result<Connected> {
-    let gid = choose_gid(port)
-        .map_err(|e| Error::InvalidArgument(format!("{}: {e}", pd.context().name())))?;
     let ctx = pd.context().clone();
-    let mut qps = Vec::with_capacity(n_pes);
-    let mut entries = Vec::with_capacity(n_pes);
     let access = super::device::HEAP_ACCESS;
-    for j in 0..n_pes {
-        let cq = CompletionQueue::new(&ctx, caps.max_send_wr)?;
-        let qp = QueuePair::new_rc(pd, &cq, caps)?;
-        qp.modify(&to_init(port.port, access))?;
-        entries.push((qp.qpn(), initial_psn(rank as u32, j as u32, salt)));
-        qps.push(qp);
-    }
+    // Everything that can fail before the exchange: a PE that fails here still takes part
+    // in it (with an empty record, so the others fail at once naming it, instead of
+    // waiting for a record that never comes), then reports its own error.
+    let setup = (|| -> Result<_> {
+        let gid = choose_gid(port)
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", pd.context().name())))?;
+        let mut qps = Vec::with_capacity(n_pes);
+        let mut entries = Vec::with_capacity(n_pes);
+        for j in 0..n_pes {
+            let cq = CompletionQueue::new(&ctx, caps.max_send_wr)?;
+            let qp = QueuePair::new_rc(pd, &cq, caps)?;
+            qp.modify(&to_init(port.port, access))?;
+            entries.push((qp.qpn(), initial_psn(rank as u32, j as u32, salt)));
+            qps.push(qp);
+        }
+        Ok((gid, qps, entries))
+    })();
+    let (gid, qps, entries) = match setup {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = exchange(&[]);
+            return Err(e);
+        }
+    };
     let mine = AddressRecord {
         lid: port.lid,
         port: port.port,
@@ -416,14 +429,7 @@ pub fn connect_all(
         qps: entries.clone(),
     };
     let all = exchange(&mine.encode())?;
-    if all.len() != n_pes {
-        return Err(Error::InvalidArgument(format!(
-            "address exchange returned {} records for {n_pes} PEs",
-            all.len()
-        )));
-    }
-    let peers =
-        decode_all(&all).map_err(|e| Error::InvalidArgument(format!("address exchange: {e}")))?;
+    let peers = check_exchange(&all, n_pes)?;
     let local = LocalPath {
         port: port.port,
         active_mtu: port.active_mtu,
@@ -437,6 +443,24 @@ pub fn connect_all(
         qp.modify(&to_rts(entries[j].1, params))?;
     }
     Ok(Connected { qps, peers })
+}
+
+/// Every PE's address record from the exchange's bytes; an empty record is a PE that
+/// failed to set up its queue pairs.
+pub fn check_exchange(all: &[Vec<u8>], n_pes: usize) -> Result<Vec<AddressRecord>> {
+    if all.len() != n_pes {
+        return Err(Error::InvalidArgument(format!(
+            "address exchange returned {} records for {n_pes} PEs",
+            all.len()
+        )));
+    }
+    if let Some(pe) = all.iter().position(|r| r.is_empty()) {
+        return Err(Error::PeerDied {
+            pe,
+            detail: format!("PE {pe} could not set up its queue pairs (its own error says why)"),
+        });
+    }
+    decode_all(all).map_err(|e| Error::InvalidArgument(format!("address exchange: {e}")))
 }
 
 #[cfg(test)]
@@ -465,6 +489,37 @@ mod tests {
             lid: 7,
             gids,
         }
+    }
+
+    #[test]
+    fn the_exchange_names_a_pe_that_failed_before_it() {
+        let rec = |heap_base: u64| AddressRecord {
+            lid: 1,
+            port: 1,
+            mtu: 5,
+            link_layer: 1,
+            gid: None,
+            heap_base,
+            heap_len: 1 << 20,
+            heap_rkey: 7,
+            qps: vec![(0x10, 1), (0x11, 2)],
+        };
+        let ok = vec![rec(0x1000).encode(), rec(0x2000).encode()];
+        let peers = check_exchange(&ok, 2).unwrap();
+        assert_eq!(peers[1].heap_base, 0x2000);
+        let e = check_exchange(&[ok[0].clone(), Vec::new()], 2).unwrap_err();
+        assert!(matches!(e, Error::PeerDied { pe: 1, .. }), "{e}");
+        assert!(
+            e.to_string()
+                .contains("PE 1 could not set up its queue pairs"),
+            "{e}"
+        );
+        let e = check_exchange(&ok[..1], 2).unwrap_err().to_string();
+        assert!(e.contains("1 records for 2 PEs"), "{e}");
+        let e = check_exchange(&[ok[0].clone(), vec![1, 2, 3]], 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("address exchange"), "{e}");
     }
 
     #[test]
