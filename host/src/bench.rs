@@ -86,6 +86,9 @@ pub enum Transport {
     P2p,
     /// mlx5 WQEs executed by the soft HCA (RSHMEM_TRANSPORT=proxy).
     Proxy,
+    /// GPU PEs only: mlx5 WQEs that GPU threads write into a ConnectX NIC's queues
+    /// (RSHMEM_TRANSPORT=ibgda).
+    Ibgda,
 }
 
 impl Transport {
@@ -93,12 +96,14 @@ impl Transport {
         match self {
             Transport::P2p => "p2p",
             Transport::Proxy => "proxy",
+            Transport::Ibgda => "ibgda",
         }
     }
     pub(crate) fn mode(self) -> TransportMode {
         match self {
             Transport::P2p => TransportMode::P2p,
             Transport::Proxy => TransportMode::Proxy,
+            Transport::Ibgda => TransportMode::Ibgda,
         }
     }
 
@@ -286,6 +291,13 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     if args.kind == Kind::Softhca {
         return Err(Error::InvalidArgument(
             "bench softhca has no PEs: run it from the command line".into(),
+        ));
+    }
+    if args.transport == Transport::Ibgda {
+        return Err(Error::InvalidArgument(
+            "--transport ibgda is for GPU PEs (GPU threads write the NIC's queues); CPU PEs \
+             use p2p or proxy"
+                .into(),
         ));
     }
     if LaunchInfo::from_env()?.is_some() {

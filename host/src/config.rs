@@ -226,6 +226,9 @@ pub enum TransportMode {
     P2p,
     /// Everything, node-local peers and this PE itself included, through the soft HCA.
     Proxy,
+    /// GPU PEs only: every peer (this PE's own atomics too) through a ConnectX NIC's
+    /// queues that GPU threads write (IBGDA on real hardware; docs/ibgda.md).
+    Ibgda,
 }
 
 impl TransportMode {
@@ -234,6 +237,7 @@ impl TransportMode {
             TransportMode::Auto => "auto",
             TransportMode::P2p => "p2p",
             TransportMode::Proxy => "proxy",
+            TransportMode::Ibgda => "ibgda",
         }
     }
 }
@@ -270,6 +274,13 @@ pub struct Settings {
     /// other PEs make into its heap (`assist.rs`): `auto` (default: on unless the node's
     /// PEs outnumber its cores), `1` on, `0` off.
     pub p2p_assist: crate::assist::AssistMode,
+    /// RSHMEM_HCA: the NIC of `RSHMEM_TRANSPORT=ibgda` (`mlx5_0` or `mlx5_0:1`); unset, the
+    /// first mlx5 device with an active port.
+    pub hca: Option<String>,
+    /// RSHMEM_IBGDA_DOORBELL: `auto` (default: GPU threads ring the NIC's doorbell; a CPU
+    /// thread relays it when the driver cannot map the doorbell page into the GPU) or
+    /// `cpu` (always the CPU thread).
+    pub ibgda_cpu_doorbell: bool,
 }
 
 /// The libfabric backend's switches.
@@ -388,11 +399,13 @@ impl Settings {
                 "auto" => TransportMode::Auto,
                 "p2p" => TransportMode::P2p,
                 "proxy" => TransportMode::Proxy,
+                "ibgda" => TransportMode::Ibgda,
                 _ => return Err(env_err(
                     "RSHMEM_TRANSPORT",
                     &v,
-                    "expected \"auto\" (p2p to node-local peers, proxy to the others), \"p2p\" \
-                         or \"proxy\" (everything through the soft HCA)",
+                    "expected \"auto\" (p2p to node-local peers, proxy to the others), \"p2p\", \
+                         \"proxy\" (everything through the soft HCA) or \"ibgda\" (GPU PEs: \
+                         everything through a ConnectX NIC)",
                 )),
             },
         };
@@ -457,7 +470,14 @@ impl Settings {
             "0" => crate::assist::AssistMode::Off,
             _ => crate::assist::AssistMode::Auto,
         };
+        let hca = get("RSHMEM_HCA")
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty());
+        let ibgda_cpu_doorbell =
+            choice(&get, "RSHMEM_IBGDA_DOORBELL", &["auto", "cpu"], "auto")? == "cpu";
         Ok(Settings {
+            hca,
+            ibgda_cpu_doorbell,
             p2p_assist,
             debug_queues,
             fabric_chunk,
@@ -836,9 +856,26 @@ mod tests {
             ("auto", TransportMode::Auto),
             ("p2p", TransportMode::P2p),
             (" proxy ", TransportMode::Proxy),
+            ("ibgda", TransportMode::Ibgda),
         ] {
             assert_eq!(settings(&[("RSHMEM_TRANSPORT", v)]).unwrap().transport, m);
         }
+        let s = settings(&[]).unwrap();
+        assert_eq!((s.hca, s.ibgda_cpu_doorbell), (None, false));
+        let s = settings(&[
+            ("RSHMEM_HCA", " mlx5_1:1 "),
+            ("RSHMEM_IBGDA_DOORBELL", "cpu"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (s.hca.as_deref(), s.ibgda_cpu_doorbell),
+            (Some("mlx5_1:1"), true)
+        );
+        assert!(
+            !settings(&[("RSHMEM_IBGDA_DOORBELL", "auto")])
+                .unwrap()
+                .ibgda_cpu_doorbell
+        );
         assert_eq!(settings(&[]).unwrap().debug_queues, None);
         assert_eq!(
             settings(&[("RSHMEM_DEBUG_QUEUES", "0")])
@@ -867,8 +904,13 @@ mod tests {
                 "{e}"
             );
         }
-        let e = settings(&[("RSHMEM_TRANSPORT", "ibgda")]).unwrap_err();
-        assert!(e.to_string().contains("RSHMEM_TRANSPORT"), "{e}");
+        let e = settings(&[("RSHMEM_TRANSPORT", "ibverbs")]).unwrap_err();
+        assert!(
+            e.to_string().contains("RSHMEM_TRANSPORT") && e.to_string().contains("\"ibgda\""),
+            "{e}"
+        );
+        let e = settings(&[("RSHMEM_IBGDA_DOORBELL", "gpu")]).unwrap_err();
+        assert!(e.to_string().contains("RSHMEM_IBGDA_DOORBELL"), "{e}");
     }
 
     #[test]

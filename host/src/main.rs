@@ -54,9 +54,9 @@ struct SelftestArgs {
     #[arg(long)]
     manifest: Option<std::path::PathBuf>,
     /// GPU: how the PEs reach each other (overrides RSHMEM_TRANSPORT): p2p (GPU heaps
-    /// mapped into each other) or proxy (host heaps, the device API's IBGDA queues drained
-    /// by the soft HCA).
-    #[arg(long, value_parser = ["p2p", "proxy"])]
+    /// mapped into each other), proxy (host heaps, the device API's IBGDA queues drained
+    /// by the soft HCA) or ibgda (GPU heaps, the queues of a ConnectX NIC).
+    #[arg(long, value_parser = ["p2p", "proxy", "ibgda"])]
     transport: Option<String>,
     /// GPU: run these negative cases (manifest `traps`, full or short name; repeatable)
     /// instead of the self-test, each in a child process (a trap destroys the CUDA
@@ -112,6 +112,7 @@ fn selftest(a: SelftestArgs) -> i32 {
             sources,
             transport: a.transport.as_deref().map(|t| match t {
                 "proxy" => rshmem::config::TransportMode::Proxy,
+                "ibgda" => rshmem::config::TransportMode::Ibgda,
                 _ => rshmem::config::TransportMode::P2p,
             }),
         });

@@ -190,6 +190,15 @@ impl Pe {
     /// Starts a PE with explicit parameters. `root`, if given, is kept alive by this PE.
     pub fn init_with(cfg: PeConfig, root: Option<Root>) -> Result<Pe> {
         let settings = cfg.settings;
+        if settings.transport == TransportMode::Ibgda {
+            return Err(Error::Env {
+                var: "RSHMEM_TRANSPORT".into(),
+                value: "ibgda".into(),
+                reason: "ibgda is for GPU PEs (GPU threads write the NIC's queues); CPU PEs \
+                         reach peers with \"auto\", \"p2p\" or \"proxy\""
+                    .into(),
+            });
+        }
         let boot = Bootstrap::join(&JoinParams {
             rank: cfg.rank,
             world_size: cfg.world_size,

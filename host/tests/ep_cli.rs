@@ -121,7 +121,7 @@ fn bench_ep_transport_proxy() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
         err.contains("invalid value 'tcp' for '--transport <TRANSPORT>'")
-            && err.contains("[possible values: p2p, proxy]"),
+            && err.contains("[possible values: p2p, proxy, ibgda]"),
         "{err}"
     );
 }

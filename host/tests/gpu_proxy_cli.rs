@@ -50,6 +50,60 @@ fn selftest_over_proxy_without_cuda_names_libcuda() {
 }
 
 #[test]
+fn selftest_over_ibgda_without_cuda_names_libcuda() {
+    // The NIC path (docs/ibgda.md) starts with the GPU: without a driver that is the error.
+    let o = run(&[
+        "selftest",
+        "--device",
+        "gpu",
+        "--pes",
+        "2",
+        "--transport",
+        "ibgda",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("transport ibgda")
+            && t.contains("rshmem selftest --device gpu: libcuda.so.1 could not be loaded"),
+        "{t}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+}
+
+#[test]
+fn cpu_pes_refuse_the_ibgda_transport() {
+    // From the environment (any CPU PE) and from --transport (the benches), each saying
+    // that ibgda is for GPU PEs.
+    let o = Command::new(BIN)
+        .args(["selftest", "--pes", "2"])
+        .env("RSHMEM_TRANSPORT", "ibgda")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("RSHMEM_TRANSPORT=\"ibgda\": ibgda is for GPU PEs"),
+        "{t}"
+    );
+    for (args, says) in [
+        (
+            vec!["bench", "put", "--transport", "ibgda", "--iters", "10"],
+            "rshmem bench: invalid argument: --transport ibgda is for GPU PEs",
+        ),
+        (
+            vec!["bench", "ep", "--transport", "ibgda", "--tokens", "4"],
+            "--transport ibgda is for GPU PEs (GPU threads write the NIC's queues): add --device gpu",
+        ),
+    ] {
+        let o = run(&args);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {t}");
+        assert!(t.contains(says), "{args:?}: {t}");
+    }
+}
+
+#[test]
 fn selftest_refuses_an_unknown_transport() {
     let o = run(&["selftest", "--device", "gpu", "--transport", "verbs"]);
     let t = text(&o);

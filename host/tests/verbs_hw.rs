@@ -7,6 +7,9 @@
 //! RSHMEM_TEST_RDMA_DEVICE=mlx5_0 scripts/test --rdma    # mlx5: also the SendQueue path
 //! ```
 //!
+//! The `gpu_selftest_over_ibgda_*` tests also need a GPU with its driver: they run the GPU
+//! self-test over `--transport ibgda` (docs/ibgda.md, step 10).
+//!
 //! A run with `--ignored` but without the variable fails (a skipped test must not look
 //! like a passing one); the mlx5 test fails on a device that is not mlx5.
 
@@ -142,4 +145,52 @@ fn loopback_rdma_write_through_send_queue_on_mlx5_queues() {
     drop(sq);
     drop(conn);
     drop(mr);
+}
+
+/// The GPU selftest over a real NIC (`--transport ibgda`: GPU heaps registered with the
+/// NIC, the device API writing its queues), 2 PEs as threads on GPU 0, with the doorbell
+/// `mode` (`auto`: GPU threads ring the UAR if the driver maps it; `cpu`: the relay
+/// thread). Needs a GPU and an mlx5 device: never run on this project's machines.
+fn gpu_selftest_over_ibgda(mode: &str) {
+    let name = device();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_rshmem"))
+        .args([
+            "selftest",
+            "--device",
+            "gpu",
+            "--pes",
+            "2",
+            "--transport",
+            "ibgda",
+        ])
+        .env("RSHMEM_HCA", &name)
+        .env("RSHMEM_IBGDA_DOORBELL", mode)
+        .env("RSHMEM_TIMEOUT_MS", "20000")
+        .output()
+        .expect("run rshmem");
+    let t = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("transport ibgda") && t.contains("GPU PEs over ibgda:"),
+        "{t}"
+    );
+    if mode == "cpu" {
+        assert!(t.contains("a CPU thread rings the NIC"), "{t}");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU and an mlx5 device: RSHMEM_TEST_RDMA_DEVICE=mlx5_N scripts/test --rdma"]
+fn gpu_selftest_over_ibgda_gpu_doorbell() {
+    gpu_selftest_over_ibgda("auto");
+}
+
+#[test]
+#[ignore = "needs a GPU and an mlx5 device: RSHMEM_TEST_RDMA_DEVICE=mlx5_N scripts/test --rdma"]
+fn gpu_selftest_over_ibgda_cpu_doorbell() {
+    gpu_selftest_over_ibgda("cpu");
 }

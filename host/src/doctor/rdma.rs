@@ -313,7 +313,13 @@ pub(super) fn ibgda(r: &RdmaReport, gpus: usize) -> IbgdaReport {
         peermem,
         doorbell_mapping,
         caps,
-        gpu_pe_path: plan.summary(),
+        gpu_pe_path: match plan.path {
+            verbs::Path::Proxy => plan.summary(),
+            _ => format!(
+                "{} (opt-in: RSHMEM_TRANSPORT=ibgda; never run on a NIC yet, docs/ibgda.md)",
+                plan.summary()
+            ),
+        },
         plan,
     }
 }
@@ -417,6 +423,12 @@ mod tests {
         assert_eq!(r.mlx5_device, cap(Some(true), "mlx5_1"));
         assert_eq!(r.plan.path, verbs::Path::Ibgda);
         assert_eq!(r.plan.heap, Some(verbs::HeapRegistration::DmaBuf));
+        assert!(
+            r.gpu_pe_path.starts_with("ibgda: ")
+                && r.gpu_pe_path.contains("(opt-in: RSHMEM_TRANSPORT=ibgda;"),
+            "{}",
+            r.gpu_pe_path
+        );
         assert_eq!(r.doorbell_mapping.state, "unknown");
         assert!(r
             .doorbell_mapping

@@ -228,6 +228,13 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
             "--iters, --pes and --tokens must be at least 1".into(),
         ));
     }
+    if a.transport == Some(crate::bench::Transport::Ibgda) {
+        return Err(Error::InvalidArgument(
+            "--transport ibgda is for GPU PEs (GPU threads write the NIC's queues): add \
+             --device gpu, or use p2p or proxy on CPU PEs"
+                .into(),
+        ));
+    }
     let launched = LaunchInfo::from_env()?.is_some();
     let mut points = Vec::new();
     let total_points = a.pes.len() * a.tokens.len();

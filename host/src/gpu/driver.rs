@@ -79,6 +79,8 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle",
     "cuMemRetainAllocationHandle",
+    // RSHMEM_TRANSPORT=ibgda: a dma-buf of the GPU heap for the NIC (gpu/nic.rs).
+    "cuMemGetHandleForAddressRange",
     // EP: CUDA graphs of LL calls (gpu/ep.rs) and the bench's start gate (gpu/ep_bench.rs).
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",

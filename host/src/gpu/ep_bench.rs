@@ -1187,7 +1187,7 @@ fn point(
         bench: "ep",
         validated: errors.is_empty(),
         device: "gpu",
-        transport: if g.is_proxy() { "proxy" } else { "p2p" }.into(),
+        transport: g.transport().name().into(),
         pes: n,
         tokens,
         hidden: cfg.hidden,

@@ -91,15 +91,28 @@ unsafe impl Sync for VmmMapping {}
 impl VmmMapping {
     /// Creates this PE's heap of `size` bytes (a multiple of the granularity) on device
     /// `ordinal`, maps it and zeroes the runtime region. The caller's context is current.
-    pub fn create(ordinal: i32, size: usize, rdma: bool) -> Result<VmmMapping> {
+    ///
+    /// `rdma`: ask for a GPUDirect-RDMA-capable allocation. `require_rdma`: fail rather
+    /// than fall back to a plain one when that is refused (a NIC must register the heap:
+    /// `RSHMEM_TRANSPORT=ibgda`).
+    pub fn create(ordinal: i32, size: usize, rdma: bool, require_rdma: bool) -> Result<VmmMapping> {
         driver()?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and property struct; flags must be 0.
         let mut rc = unsafe { sys::cuMemCreate(&mut handle, size, &prop(ordinal, rdma), 0) };
-        if rdma && rc != sys::CUresult::CUDA_SUCCESS {
+        if rdma && require_rdma {
+            ck(rc, "cuMemCreate", || {
+                format!(
+                    "allocating a {size}-byte GPUDirect-RDMA-capable heap on GPU {ordinal} \
+                     (RSHMEM_TRANSPORT=ibgda registers it with the NIC); lower \
+                     RSHMEM_SYMMETRIC_SIZE if the GPU is full, or use RSHMEM_TRANSPORT=proxy"
+                )
+            })?;
+        } else if rdma && rc != sys::CUresult::CUDA_SUCCESS {
             // The device reports GPUDirect RDMA with VMM, but a virtual machine (or a
-            // driver without peer memory) may still refuse the flag. Only a NIC needs it,
-            // and no NIC path is wired into GPU PEs yet: keep going without, and say so.
+            // driver without peer memory) may still refuse the flag. Only the NIC path
+            // (RSHMEM_TRANSPORT=ibgda, which requires it) needs it: keep going without,
+            // and say so.
             eprintln!(
                 "rshmem: GPU {ordinal}: an RDMA-capable heap was refused ({}); \
                  allocating it without gpuDirectRDMACapable",

@@ -158,16 +158,34 @@ impl HostRegistration {
     /// # Safety
     /// The memory must stay allocated until the registration drops.
     pub unsafe fn new(ctx: &Arc<Ctx>, host: *mut u8, len: usize, what: &str) -> Result<Self> {
+        // SAFETY: the caller's guarantee, passed on.
+        unsafe {
+            Self::with_flags(
+                ctx,
+                host,
+                len,
+                sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+                what,
+            )
+        }
+    }
+
+    /// [`HostRegistration::new`] with explicit `CU_MEMHOSTREGISTER_*` flags (DEVICEMAP
+    /// among them; IOMEMORY for a device's register page).
+    ///
+    /// # Safety
+    /// As for `new`.
+    pub unsafe fn with_flags(
+        ctx: &Arc<Ctx>,
+        host: *mut u8,
+        len: usize,
+        flags: u32,
+        what: &str,
+    ) -> Result<Self> {
         ctx.enter()?;
         // SAFETY: the caller guarantees the range is allocated; flags are valid.
         ck(
-            unsafe {
-                sys::cuMemHostRegister_v2(
-                    host.cast(),
-                    len,
-                    sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
-                )
-            },
+            unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) },
             "cuMemHostRegister",
             || format!("registering {what} ({len} bytes of host memory) with the GPU"),
         )?;

@@ -28,6 +28,7 @@ pub mod ibgda_rate;
 pub mod launch;
 pub mod manifest;
 pub mod module;
+pub mod nic;
 pub mod pe;
 pub mod runner;
 pub mod state;

@@ -150,12 +150,65 @@ impl Drop for Stream {
     }
 }
 
+/// The device API's IBGDA queues of a GPU PE: soft-HCA queues (`RSHMEM_TRANSPORT=proxy`)
+/// or a NIC's (`RSHMEM_TRANSPORT=ibgda`).
+enum Queues {
+    Proxy(super::ibgda::ProxyGpu),
+    Nic(super::nic::NicGpu),
+}
+
+impl Queues {
+    fn heap_dev(&self) -> u64 {
+        match self {
+            Queues::Proxy(q) => q.heap_dev(),
+            Queues::Nic(q) => q.heap_dev(),
+        }
+    }
+    fn lkey(&self) -> u32 {
+        match self {
+            Queues::Proxy(q) => q.lkey(),
+            Queues::Nic(q) => q.lkey(),
+        }
+    }
+    fn table_dev(&self) -> u64 {
+        match self {
+            Queues::Proxy(q) => q.table_dev(),
+            Queues::Nic(q) => q.table_dev(),
+        }
+    }
+}
+
+/// The CPU-side PE's settings of a GPU PE: a small host heap unless the proxy transport
+/// uses it as the symmetric heap; under ibgda the CPU side only needs the bootstrap
+/// (node-local p2p, which maps nothing the GPU uses).
+fn cpu_settings(settings: &Settings) -> Settings {
+    let mut cpu = settings.clone();
+    match settings.transport {
+        TransportMode::Proxy => {}
+        TransportMode::Ibgda => {
+            cpu.transport = TransportMode::P2p;
+            cpu.symmetric_size = CPU_HEAP_BYTES;
+        }
+        TransportMode::Auto | TransportMode::P2p => cpu.symmetric_size = CPU_HEAP_BYTES,
+    }
+    cpu
+}
+
+/// A per-job value for the QPs' initial packet sequence numbers (FNV-1a of the job id),
+/// so a stale packet of another job is unlikely to fall in a new QP's window.
+fn job_salt(job: &str) -> u64 {
+    job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Everything CUDA a GpuPe owns, in drop order (fields drop top to bottom; the context
 /// goes last, after everything allocated in it).
 struct CudaSide {
-    /// Proxy transport only: the queues, table and registrations of the IBGDA path
-    /// (dropped first: the engine detaches the queues before anything they name goes).
-    ibgda: Option<super::ibgda::ProxyGpu>,
+    /// Proxy and ibgda transports: the queues, table and registrations of the IBGDA path
+    /// (dropped first: the engine or the NIC lets go of the queues before anything they
+    /// name goes; the heap's NIC registration goes before `heaps`).
+    ibgda: Option<Queues>,
     signal: Module,
     err: Pinned,
     peers_table: DevBuf,
@@ -320,11 +373,7 @@ impl GpuPe {
     pub fn init() -> Result<GpuPe> {
         driver()?;
         let settings = Settings::from_env()?;
-        let mut cpu = settings.clone();
-        if settings.transport != TransportMode::Proxy {
-            cpu.symmetric_size = CPU_HEAP_BYTES;
-        }
-        let pe = Pe::init_from_settings(cpu)?;
+        let pe = Pe::init_from_settings(cpu_settings(&settings))?;
         GpuPe::from_pe(pe, settings)
     }
 
@@ -334,16 +383,16 @@ impl GpuPe {
         driver()?;
         let settings = cfg.settings.clone();
         let mut cpu_cfg = cfg;
-        if settings.transport != TransportMode::Proxy {
-            cpu_cfg.settings.symmetric_size = CPU_HEAP_BYTES;
-        }
+        cpu_cfg.settings = cpu_settings(&settings);
         let pe = Pe::init_with(cpu_cfg, root)?;
         GpuPe::from_pe(pe, settings)
     }
 
     fn from_pe(pe: Pe, settings: Settings) -> Result<GpuPe> {
-        if settings.transport == TransportMode::Proxy {
-            return GpuPe::from_pe_proxy(pe, settings);
+        match settings.transport {
+            TransportMode::Proxy => return GpuPe::from_pe_proxy(pe, settings),
+            TransportMode::Ibgda => return GpuPe::from_pe_ibgda(pe, settings),
+            TransportMode::Auto | TransportMode::P2p => {}
         }
         let world = pe.world().group();
         let boot = pe.boot();
@@ -368,7 +417,7 @@ impl GpuPe {
         // The heap.
         let heap = super::heap::granularity(ordinal)
             .and_then(|g| super::launch::round_to_granularity(settings.symmetric_size, g))
-            .and_then(|size| VmmMapping::create(ordinal, size, rdma));
+            .and_then(|size| VmmMapping::create(ordinal, size, rdma, false));
         exchange_status(boot, &world, "create its GPU heap", &heap)?;
         let mine = heap?;
         let heap_size = mine.size();
@@ -559,11 +608,97 @@ impl GpuPe {
         boot.barrier(&world)?;
         Ok(GpuPe {
             cuda: CudaSide {
-                ibgda: Some(ibgda),
+                ibgda: Some(Queues::Proxy(ibgda)),
                 signal,
                 err,
                 peers_table,
                 heaps: (0..pe.n_pes()).map(|_| None).collect(),
+                stream,
+                ctx,
+            },
+            info,
+            heap_size,
+            sharing,
+            peer_table,
+            flags: checks | state::STATE_SELF_IBGDA,
+            timeout: settings.timeout,
+            alloc: Mutex::new(Allocator::new(RESERVED_BYTES, heap_size)),
+            pe,
+        })
+    }
+
+    /// A GPU PE over a ConnectX NIC (`RSHMEM_TRANSPORT=ibgda`, docs/ibgda.md): the heap is
+    /// GPU memory registered with the NIC, and every peer (this PE's own atomics too) is
+    /// reached through the NIC's queues, which GPU threads write (`gpu::nic`).
+    fn from_pe_ibgda(pe: Pe, settings: Settings) -> Result<GpuPe> {
+        let world = pe.world().group();
+        let boot = pe.boot();
+        let ((ctx, stream, info, rdma), _, sharing) = open_device(&pe, true)?;
+        let ordinal = info.ordinal;
+        let heap = if rdma {
+            super::heap::granularity(ordinal)
+                .and_then(|g| super::launch::round_to_granularity(settings.symmetric_size, g))
+                .and_then(|size| VmmMapping::create(ordinal, size, true, true))
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "GPU {ordinal} ({}) does not support GPUDirect RDMA on CUDA VMM memory \
+                 (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0), which \
+                 RSHMEM_TRANSPORT=ibgda needs for its heap; use RSHMEM_TRANSPORT=proxy",
+                info.name
+            )))
+        };
+        exchange_status(boot, &world, "create its GPU heap", &heap)?;
+        let mine = heap?;
+        let heap_size = mine.size();
+        let sizes = boot.allgather(&world, &(heap_size as u64).to_le_bytes())?;
+        if sizes.iter().any(|s| *s != sizes[0]) {
+            return Err(Error::CollectiveMismatch {
+                op: "GPU heap size (RSHMEM_SYMMETRIC_SIZE rounded to each GPU's granularity)",
+                detail: sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(r, s)| format!("PE {r}: {} bytes", crate::pe::le_u64(s)))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        }
+        let nic = super::nic::NicGpu::new(
+            super::nic::NicSetup {
+                ctx: &ctx,
+                rank: pe.my_pe(),
+                n_pes: pe.n_pes(),
+                heap_va: mine.va(),
+                heap_size,
+                timeout: settings.timeout,
+                salt: job_salt(pe.job_id()),
+                hca: settings.hca.clone(),
+                cpu_doorbell: settings.ibgda_cpu_doorbell,
+            },
+            boot,
+            &world,
+        )?;
+        let rest = device_parts(&ctx, nic.peer_table());
+        exchange_status(boot, &world, "set up its device state", &rest)?;
+        let (peers_table, err, signal) = rest?;
+        let peer_table = nic.peer_table().to_vec();
+        if pe.my_pe() == 0 {
+            eprintln!("rshmem: GPU PEs over ibgda: {}", nic.summary);
+        }
+        let checks = if std::env::var("RSHMEM_DEVICE_CHECKS").is_ok_and(|v| v.trim() == "0") {
+            0
+        } else {
+            state::STATE_CHECKS
+        };
+        let mut heaps: Vec<Option<VmmMapping>> = (0..pe.n_pes()).map(|_| None).collect();
+        heaps[pe.my_pe()] = Some(mine);
+        boot.barrier(&world)?;
+        Ok(GpuPe {
+            cuda: CudaSide {
+                ibgda: Some(Queues::Nic(nic)),
+                signal,
+                err,
+                peers_table,
+                heaps,
                 stream,
                 ctx,
             },
@@ -615,7 +750,15 @@ impl GpuPe {
     /// Whether this PE reaches its peers through the soft HCA (`RSHMEM_TRANSPORT=proxy`:
     /// host heap, IBGDA queues; no peer heap is mapped here).
     pub fn is_proxy(&self) -> bool {
-        self.cuda.ibgda.is_some()
+        matches!(self.cuda.ibgda, Some(Queues::Proxy(_)))
+    }
+    /// How this PE reaches its peers: `p2p`, `proxy` or `ibgda`.
+    pub fn transport(&self) -> TransportMode {
+        match self.cuda.ibgda {
+            None => TransportMode::P2p,
+            Some(Queues::Proxy(_)) => TransportMode::Proxy,
+            Some(Queues::Nic(_)) => TransportMode::Ibgda,
+        }
     }
     /// The raw stream (for user launches; ordered with the `*_on_stream` calls).
     pub fn stream(&self) -> sys::CUstream {
@@ -649,7 +792,10 @@ impl GpuPe {
                 return Err(Error::Unreachable {
                     pe,
                     from: self.my_pe(),
-                    reason: "the proxy transport maps no peer heap here (the device API reaches it through the soft HCA)".into(),
+                    reason: format!(
+                        "the {} transport maps no peer heap here (the device API reaches it through its queues)",
+                        self.transport().name()
+                    ),
                 })
             }
             (None, Some(m)) => m.va(),

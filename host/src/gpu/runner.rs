@@ -70,12 +70,13 @@ pub struct SelftestOpts {
     pub cases: Vec<String>,
     pub sources: Sources,
     /// `--transport`: overrides RSHMEM_TRANSPORT (proxy: host heap + IBGDA queues drained
-    /// by the soft HCA; docs/ibgda-device.md).
+    /// by the soft HCA, docs/ibgda-device.md; ibgda: GPU heap + a NIC's queues,
+    /// docs/ibgda.md).
     pub transport: Option<crate::config::TransportMode>,
 }
 
 /// Host-layer cases that need the peers' heaps mapped here (p2p): skipped over the proxy
-/// transport, which maps none.
+/// and ibgda transports, which map none.
 const P2P_HOST_CASES: &[&str] = &[
     "host_heap_mapping",
     "host_put_get_on_stream",
@@ -83,7 +84,7 @@ const P2P_HOST_CASES: &[&str] = &[
 ];
 
 /// Manifest cases that need a load/store path to peers (`rshmem_ptr` non-null): skipped
-/// over the proxy transport.
+/// over the proxy and ibgda transports.
 pub const P2P_KERNEL_CASES: &[&str] = &["rshmem_test_ptr"];
 
 /// Entry point: the process exit code.
@@ -159,7 +160,12 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
     if let Some(t) = o.transport {
         settings.transport = t;
     }
-    let proxy = settings.transport == crate::config::TransportMode::Proxy;
+    // Proxy and ibgda map no peer heap here: the cases that need one are skipped.
+    let queues = matches!(
+        settings.transport,
+        crate::config::TransportMode::Proxy | crate::config::TransportMode::Ibgda
+    );
+    let transport = settings.transport.name();
     let need = crate::heap::RESERVED_BYTES + max_scratch.next_multiple_of(1 << 20) + (1 << 20);
     settings.symmetric_size = settings.symmetric_size.max(need);
     let n = o.pes;
@@ -208,13 +214,13 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
         let result = DevBuf::new(g.ctx(), 64, "the test result record")?;
         for (i, name) in names.iter().enumerate() {
             current.lock().unwrap()[me] = Some(i);
-            let out = if proxy
+            let out = if queues
                 && (P2P_HOST_CASES.contains(&name.as_str())
                     || P2P_KERNEL_CASES.contains(&name.as_str()))
             {
-                PeOutcome::Skipped(
-                    "needs peer heaps mapped here; the proxy transport maps none".into(),
-                )
+                PeOutcome::Skipped(format!(
+                    "needs peer heaps mapped here; the {transport} transport maps none"
+                ))
             } else if i < host.len() {
                 host_case(g, name, &kernels, scratch.offset())?
             } else {

@@ -392,6 +392,13 @@ pub const HEAP_ACCESS: u32 = sys::IBV_ACCESS_LOCAL_WRITE
 pub enum HeapMemory {
     /// Host memory (or GPU memory when nvidia-peermem is loaded): `ibv_reg_mr`.
     Virtual { addr: *mut u8, len: usize },
+    /// Host memory that WQEs name by another address (`iova`: e.g. the GPU's address of
+    /// host memory registered into CUDA): `ibv_reg_mr_iova2`.
+    VirtualAt {
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+    },
     /// GPU memory exported as a dma-buf (`cuMemGetHandleForAddressRange`):
     /// `ibv_reg_dmabuf_mr(pd, offset, len, iova, fd)`; `iova` is the address WQEs name
     /// (the GPU virtual address of the heap).
@@ -434,6 +441,16 @@ impl MemoryRegion {
                 // ibv_reg_mr macro does.
                 let p = unsafe { f(pd.ptr, addr.cast(), len, addr as u64, access) };
                 check_ptr("ibv_reg_mr", p, &format!("{what}: {len} bytes at {addr:p}"))?
+            }
+            HeapMemory::VirtualAt { addr, len, iova } => {
+                let f = verbs_fn!(ibv_reg_mr_iova2)?;
+                // SAFETY: live PD; the caller keeps the range mapped.
+                let p = unsafe { f(pd.ptr, addr.cast(), len, iova, access) };
+                check_ptr(
+                    "ibv_reg_mr_iova2",
+                    p,
+                    &format!("{what}: {len} bytes at {addr:p}, iova {iova:#x}"),
+                )?
             }
             HeapMemory::DmaBuf {
                 fd,

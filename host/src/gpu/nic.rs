@@ -1,0 +1,831 @@
+//! GPU PEs over a real ConnectX NIC (`RSHMEM_TRANSPORT=ibgda`): the device API's IBGDA
+//! path (`rshmem/device/ibgda.cuh`, the same code the proxy transport runs against the
+//! soft HCA) writing WQEs into the NIC's own send queues (docs/ibgda.md, step 10).
+//!
+//! Set-up, per PE:
+//! 1. pick the NIC: `RSHMEM_HCA` (`mlx5_0` or `mlx5_0:1`), else the first mlx5 device
+//!    with an active port ([`choose_port`]);
+//! 2. register the GPU heap: `ibv_reg_dmabuf_mr` on a dma-buf of it
+//!    (`cuMemGetHandleForAddressRange`), else `ibv_reg_mr` on its address (needs
+//!    nvidia-peermem); either way the MR's iova is the heap's GPU address, which is what
+//!    the device API names in WQEs;
+//! 3. one RC QP per PE (this one included: the loopback queue of its own atomics),
+//!    connected over the bootstrap ([`crate::verbs::connect_all`]);
+//! 4. `mlx5dv_init_obj` gives each QP's SQ, CQ and doorbell records (host memory libmlx5
+//!    allocated) and BlueFlame register (a UAR page); the host memory is registered into
+//!    CUDA page by page ([`page_ranges`]) and the descriptors carry its device addresses;
+//! 5. the UAR pages are registered with `CU_MEMHOSTREGISTER_IOMEMORY`; if the driver
+//!    refuses (it needs `NVreg_RegistryDwords="PeerMappingOverride=1"`) or
+//!    `RSHMEM_IBGDA_DOORBELL=cpu` asks for it, the GPU rings a shadow word in host memory
+//!    instead and a CPU thread ([`crate::verbs::relay`]) stores it into the register.
+//!
+//! Status: compiled, and unit-tested where pure (HCA choice, page ranges, address
+//! translation, descriptors). No NIC exists on the build machine and none on the lent
+//! GPU machine, so none of the CUDA or verbs calls here has run: see docs/ibgda.md.
+
+use super::driver::ck;
+use super::ibgda::{descriptor_bytes, peer_table, table_bytes, HostBuf, HostRegistration};
+use super::module::Ctx;
+use super::pe::DevBuf;
+use super::state::DevicePeer;
+use crate::error::{Error, Result};
+use crate::softhca::ibgda_table::{IbgdaQp, IbgdaTable, QueueAddrs};
+use crate::softhca::CqMode;
+use crate::verbs::device::HEAP_ACCESS;
+use crate::verbs::relay::{DoorbellRelay, MmioRegister, Relayed};
+use crate::verbs::{
+    connect_all, Connected, Context, DeviceInfo, HeapKey, HeapMemory, MemoryRegion, NicQueues,
+    ProtectionDomain, QpCaps, RcParams,
+};
+use cudarc::driver::sys;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Send WQEs per QP asked of libmlx5 (it sizes the ring for the largest WQE the caps
+/// allow, so the ring holds at least this many WQEBBs).
+pub const SEND_WR: u32 = 512;
+/// Result slots of fetching operations (as for the proxy transport).
+pub const RESULT_SLOTS: u32 = super::ibgda::RESULT_SLOTS;
+
+/// The (device, port) a PE's QPs use. `want` is `RSHMEM_HCA`: `name` or `name:port`.
+pub fn choose_port(devices: &[DeviceInfo], want: Option<&str>) -> Result<(String, u8)> {
+    use crate::verbs::device::PORT_ACTIVE;
+    let listing = || {
+        if devices.is_empty() {
+            return "no RDMA devices".to_string();
+        }
+        devices
+            .iter()
+            .map(|d| {
+                let ports = d
+                    .ports
+                    .iter()
+                    .map(|p| {
+                        let s = if p.state == PORT_ACTIVE {
+                            "active"
+                        } else {
+                            "down"
+                        };
+                        format!("{}:{} {s}", d.name, p.port)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                format!(
+                    "{} ({}{})",
+                    d.name,
+                    if d.mlx5 { "mlx5" } else { "not mlx5" },
+                    if ports.is_empty() {
+                        d.error.as_ref().map_or(String::new(), |e| format!("; {e}"))
+                    } else {
+                        format!("; {ports}")
+                    }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let Some(want) = want.map(str::trim).filter(|w| !w.is_empty()) else {
+        for d in devices.iter().filter(|d| d.mlx5) {
+            if let Some(p) = d.ports.iter().find(|p| p.state == PORT_ACTIVE) {
+                return Ok((d.name.clone(), p.port));
+            }
+        }
+        return Err(Error::InvalidArgument(format!(
+            "RSHMEM_TRANSPORT=ibgda needs an mlx5 (ConnectX) device with an active port; \
+             found: {}. Use RSHMEM_TRANSPORT=proxy where there is none (`rshmem doctor` \
+             lists what it sees)",
+            listing()
+        )));
+    };
+    let (name, port) = match want.split_once(':') {
+        Some((n, p)) => match p.parse::<u8>() {
+            Ok(p) if p >= 1 => (n, Some(p)),
+            _ => return Err(Error::Env {
+                var: "RSHMEM_HCA".into(),
+                value: want.to_string(),
+                reason:
+                    "expected a device name or name:port with port >= 1 (e.g. mlx5_0 or mlx5_0:1)"
+                        .into(),
+            }),
+        },
+        None => (want, None),
+    };
+    let bad = |reason: String| Error::Env {
+        var: "RSHMEM_HCA".into(),
+        value: want.to_string(),
+        reason: format!("{reason}; found: {}", listing()),
+    };
+    let d = devices
+        .iter()
+        .find(|d| d.name == name)
+        .ok_or_else(|| bad(format!("no RDMA device {name}")))?;
+    if !d.mlx5 {
+        return Err(bad(format!(
+            "{name} is not an mlx5 device (IBGDA writes ConnectX work queues)"
+        )));
+    }
+    let p = match port {
+        Some(p) => d
+            .ports
+            .iter()
+            .find(|x| x.port == p)
+            .ok_or_else(|| bad(format!("{name} has no port {p}")))?,
+        None => d
+            .ports
+            .iter()
+            .find(|x| x.state == PORT_ACTIVE)
+            .ok_or_else(|| bad(format!("{name} has no active port")))?,
+    };
+    if p.state != PORT_ACTIVE {
+        return Err(bad(format!("port {name}:{} is not active", p.port)));
+    }
+    Ok((d.name.clone(), p.port))
+}
+
+/// The page-aligned ranges `(start, len)` covering `pieces` (`(addr, len)`), merged where
+/// they touch or overlap, in address order: each is registered with CUDA once
+/// (`cuMemHostRegister` refuses a page registered twice, and libmlx5 keeps several
+/// queues' doorbell records in one page).
+pub fn page_ranges(pieces: &[(u64, u64)], page: u64) -> Vec<(u64, u64)> {
+    debug_assert!(page.is_power_of_two());
+    let mut r: Vec<(u64, u64)> = pieces
+        .iter()
+        .filter(|&&(_, len)| len > 0)
+        .map(|&(a, len)| {
+            let start = a & !(page - 1);
+            (start, (a + len).next_multiple_of(page))
+        })
+        .collect();
+    r.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(r.len());
+    for (s, e) in r {
+        match out.last_mut() {
+            Some((_, end)) if s <= *end => *end = (*end).max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out.into_iter().map(|(s, e)| (s, e - s)).collect()
+}
+
+/// Host ranges registered with CUDA: `(host start, len, device start)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Translation(pub Vec<(u64, u64, u64)>);
+
+impl Translation {
+    /// The device address of `[addr, addr + len)`, which must lie inside one range.
+    pub fn device(&self, addr: u64, len: u64, what: &str) -> Result<u64> {
+        self.0
+            .iter()
+            .find(|&&(h, l, _)| addr >= h && addr + len <= h + l)
+            .map(|&(h, _, d)| d + (addr - h))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{what} ({len} bytes at {addr:#x}) lies outside the memory registered \
+                     with the GPU"
+                ))
+            })
+    }
+}
+
+/// How the GPU rings one QP's doorbell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Doorbell {
+    /// The BlueFlame register, mapped into the GPU at this device address.
+    Mmio(u64),
+    /// A shadow word in host memory at this device address, relayed by a CPU thread.
+    Relayed(u64),
+}
+
+/// The descriptor of NIC queues `q` for a GPU that reaches their host memory through `tr`.
+pub fn nic_descriptor(
+    q: &NicQueues,
+    tr: &Translation,
+    doorbell: Doorbell,
+    timeout: Duration,
+) -> Result<IbgdaQp> {
+    let what = |p: &str| format!("QP {:#x}'s {p}", q.qpn);
+    let addrs = QueueAddrs {
+        sq: tr.device(
+            q.sq_buf as u64,
+            q.sq_wqe_cnt as u64 * 64,
+            &what("send queue"),
+        )?,
+        qp_dbrec: tr.device(q.dbrec as u64, 8, &what("doorbell record"))?,
+        doorbell: match doorbell {
+            Doorbell::Mmio(a) | Doorbell::Relayed(a) => a,
+        },
+        cq: tr.device(
+            q.cq_buf as u64,
+            q.cqe_cnt as u64 * 64,
+            &what("completion queue"),
+        )?,
+        cq_dbrec: tr.device(q.cq_dbrec as u64, 8, &what("CQ doorbell record"))?,
+    };
+    let d = IbgdaQp::new(
+        addrs,
+        q.sq_wqe_cnt,
+        q.cqe_cnt,
+        q.qpn,
+        CqMode::Normal,
+        timeout,
+    );
+    Ok(match doorbell {
+        Doorbell::Mmio(_) => d.with_mmio_doorbell(),
+        Doorbell::Relayed(_) => d,
+    })
+}
+
+/// A dma-buf of `[va, va + len)` of GPU memory (`cuMemGetHandleForAddressRange`).
+fn dmabuf_of(ctx: &Arc<Ctx>, va: u64, len: usize) -> Result<OwnedFd> {
+    ctx.enter()?;
+    let mut fd: i32 = -1;
+    // SAFETY: valid out-pointer (an int for DMA_BUF_FD); the range is a mapped allocation
+    // of this context; flags 0.
+    ck(
+        unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut i32).cast(),
+                va,
+                len,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        },
+        "cuMemGetHandleForAddressRange",
+        || format!("a dma-buf of the {len}-byte GPU heap at {va:#x}"),
+    )?;
+    // SAFETY: a fresh fd the driver returned; owned from here on.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// What a GPU PE over a NIC owns. Field order is drop order: the relay stops before the
+/// registers it writes go, the CUDA registrations go before the memory libmlx5 frees with
+/// the QPs, and the heap's MR before the heap (which the GpuPe drops after this).
+pub(crate) struct NicGpu {
+    _relay: Option<DoorbellRelay>,
+    table: DevBuf,
+    _descs: DevBuf,
+    _locks: DevBuf,
+    _uar_regs: Vec<HostRegistration>,
+    _queue_regs: Vec<HostRegistration>,
+    _shadow_reg: Option<HostRegistration>,
+    _shadows: Option<HostBuf>,
+    _connected: Connected,
+    _results_mr: MemoryRegion,
+    _results_reg: HostRegistration,
+    _results: HostBuf,
+    heap_mr: MemoryRegion,
+    _dmabuf: Option<OwnedFd>,
+    _pd: Arc<ProtectionDomain>,
+    heap_va: u64,
+    peer_table: Vec<DevicePeer>,
+    /// The NIC port and how the heap and the doorbells were set up (for logs and doctor).
+    pub(crate) summary: String,
+}
+
+// SAFETY: raw pointers inside are host memory owned by this value or libmlx5's for the
+// QPs it owns; CUDA handles are used with the context made current.
+unsafe impl Send for NicGpu {}
+// SAFETY: as above; nothing is mutated through &self.
+unsafe impl Sync for NicGpu {}
+
+/// What [`NicGpu::new`] needs of the PE.
+pub(crate) struct NicSetup<'a> {
+    pub ctx: &'a Arc<Ctx>,
+    pub rank: usize,
+    pub n_pes: usize,
+    pub heap_va: u64,
+    pub heap_size: usize,
+    pub timeout: Duration,
+    /// Distinct per job (initial PSNs).
+    pub salt: u64,
+    pub hca: Option<String>,
+    pub cpu_doorbell: bool,
+}
+
+/// The NIC opened and the memory registered: what [`NicGpu::new`] does before the
+/// connection exchange.
+struct Opened {
+    name: String,
+    port: u8,
+    port_info: crate::verbs::PortInfo,
+    max_rd_atom: i32,
+    pd: Arc<ProtectionDomain>,
+    heap_mr: MemoryRegion,
+    dmabuf: Option<OwnedFd>,
+    heap_how: &'static str,
+    results_mr: MemoryRegion,
+    results_reg: HostRegistration,
+    results: HostBuf,
+}
+
+fn open_nic(s: &NicSetup<'_>) -> Result<Opened> {
+    let devices = crate::verbs::list_devices()?;
+    let (name, port) = choose_port(&devices, s.hca.as_deref())?;
+    let max_rd_atom = devices
+        .iter()
+        .find(|d| d.name == name)
+        .map_or(1, |d| d.max_qp_rd_atom);
+    let vctx = Context::open(&name)?;
+    let port_info = vctx.port_info(port)?;
+    let pd = ProtectionDomain::new(&vctx)?;
+
+    // The heap: dma-buf first, then peer memory.
+    let (heap_mr, dmabuf, heap_how) = match dmabuf_of(s.ctx, s.heap_va, s.heap_size) {
+        Ok(fd) => {
+            use std::os::fd::AsRawFd;
+            let mem = HeapMemory::DmaBuf {
+                fd: fd.as_raw_fd(),
+                offset: 0,
+                len: s.heap_size,
+                iova: s.heap_va,
+            };
+            // SAFETY: the heap stays mapped and the fd open until the NicGpu drops
+            // (fields: heap_mr before _dmabuf; the GpuPe drops the heap after it).
+            match unsafe { MemoryRegion::register(&pd, mem, HEAP_ACCESS) } {
+                Ok(mr) => (mr, Some(fd), "dma-buf"),
+                Err(e) => (peer_mem(&pd, s, &e.to_string())?, None, "peer memory"),
+            }
+        }
+        Err(e) => (peer_mem(&pd, s, &e.to_string())?, None, "peer memory"),
+    };
+
+    // Result slots: host memory the GPU addresses by device address; the MR's iova is
+    // that address, because WQEs name local buffers as the GPU does.
+    let results = HostBuf::new((RESULT_SLOTS as usize + 1) * 8)?;
+    // SAFETY: `results` is kept next to this registration and dropped after it.
+    let results_reg = unsafe {
+        HostRegistration::new(
+            s.ctx,
+            results.ptr,
+            results.layout.size(),
+            "the IBGDA result slots",
+        )?
+    };
+    // SAFETY: as above; the MR drops before `results`.
+    let results_mr = unsafe {
+        MemoryRegion::register(
+            &pd,
+            HeapMemory::VirtualAt {
+                addr: results.ptr,
+                len: results.layout.size(),
+                iova: results_reg.dev(),
+            },
+            crate::verbs::sys::IBV_ACCESS_LOCAL_WRITE,
+        )?
+    };
+    Ok(Opened {
+        name,
+        port,
+        port_info,
+        max_rd_atom,
+        pd,
+        heap_mr,
+        dmabuf,
+        heap_how,
+        results_mr,
+        results_reg,
+        results,
+    })
+}
+
+impl NicGpu {
+    /// Opens the NIC, registers the heap, connects a QP to every PE of `world` over the
+    /// bootstrap and builds the device-side table. Collective: every step that can fail
+    /// is followed by an exchange of status, so a PE that fails makes the others fail at
+    /// once, naming it.
+    pub(crate) fn new(
+        s: NicSetup<'_>,
+        boot: &crate::bootstrap::Bootstrap,
+        world: &crate::bootstrap::Group,
+    ) -> Result<NicGpu> {
+        use crate::pe::exchange_status;
+        let opened = open_nic(&s);
+        exchange_status(
+            boot,
+            world,
+            "open its NIC and register its GPU heap",
+            &opened,
+        )?;
+        let o = opened?;
+        let caps = QpCaps {
+            max_send_wr: SEND_WR,
+            max_send_sge: 1,
+            max_inline_data: 256,
+        };
+        let params = RcParams {
+            rd_atomic: o.max_rd_atom.clamp(1, 16) as u8,
+            ..RcParams::default()
+        };
+        let heap_key = HeapKey {
+            base: s.heap_va,
+            len: s.heap_size as u64,
+            rkey: o.heap_mr.rkey(),
+        };
+        let connected = connect_all(
+            &o.pd,
+            &o.port_info,
+            s.rank,
+            s.n_pes,
+            heap_key,
+            caps,
+            &params,
+            s.salt,
+            |b| boot.allgather(world, b),
+        )?;
+        let built = Self::finish(&s, o, connected);
+        exchange_status(boot, world, "map its NIC queues into the GPU", &built)?;
+        built
+    }
+
+    fn finish(s: &NicSetup<'_>, o: Opened, connected: Connected) -> Result<NicGpu> {
+        let queues = connected
+            .qps
+            .iter()
+            .map(|qp| {
+                let q = crate::verbs::dv::init_obj(qp)?;
+                q.validate()
+                    .map_err(|e| Error::InvalidArgument(format!("QP {:#x}: {e}", q.qpn)))?;
+                Ok(q)
+            })
+            .collect::<Result<Vec<NicQueues>>>()?;
+
+        // Queue memory into the GPU, page range by page range.
+        let page = crate::config::page_size() as u64;
+        let pieces: Vec<(u64, u64)> = queues
+            .iter()
+            .flat_map(|q| {
+                [
+                    (q.sq_buf as u64, q.sq_wqe_cnt as u64 * 64),
+                    (q.dbrec as u64, 8),
+                    (q.cq_buf as u64, q.cqe_cnt as u64 * 64),
+                    (q.cq_dbrec as u64, 8),
+                ]
+            })
+            .collect();
+        let mut queue_regs = Vec::new();
+        let mut tr = Translation::default();
+        for (start, len) in page_ranges(&pieces, page) {
+            // SAFETY: libmlx5's queue memory, alive while `connected` (dropped after these
+            // registrations, field order) holds the QPs and CQs.
+            let r = unsafe {
+                HostRegistration::new(s.ctx, start as *mut u8, len as usize, "NIC queue memory")?
+            };
+            tr.0.push((start, len, r.dev()));
+            queue_regs.push(r);
+        }
+
+        // Doorbells: the UAR pages into the GPU, or a relay.
+        let mut uar_regs = Vec::new();
+        let mut uar_tr = Translation::default();
+        let mut refused = None;
+        if s.cpu_doorbell {
+            refused = Some("RSHMEM_IBGDA_DOORBELL=cpu".to_string());
+        } else {
+            let bfs: Vec<(u64, u64)> = queues.iter().map(|q| (q.bf_reg as u64, 8)).collect();
+            for (start, len) in page_ranges(&bfs, page) {
+                // SAFETY: the UAR pages libmlx5 mapped for these QPs, unmapped only when
+                // the device context closes, after these registrations drop.
+                match unsafe {
+                    HostRegistration::with_flags(
+                        s.ctx,
+                        start as *mut u8,
+                        len as usize,
+                        sys::CU_MEMHOSTREGISTER_PORTABLE
+                            | sys::CU_MEMHOSTREGISTER_DEVICEMAP
+                            | sys::CU_MEMHOSTREGISTER_IOMEMORY,
+                        "the NIC's doorbell (UAR) page",
+                    )
+                } {
+                    Ok(r) => {
+                        uar_tr.0.push((start, len, r.dev()));
+                        uar_regs.push(r);
+                    }
+                    Err(e) => {
+                        refused = Some(e.to_string());
+                        uar_regs.clear();
+                        break;
+                    }
+                }
+            }
+        }
+        let (doorbells, shadows, shadow_reg, relay, bell_how) = match refused {
+            None => {
+                let d = queues
+                    .iter()
+                    .map(|q| {
+                        uar_tr
+                            .device(q.bf_reg as u64, 8, "a doorbell register")
+                            .map(Doorbell::Mmio)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (d, None, None, None, "GPU threads ring the NIC".to_string())
+            }
+            Some(why) => {
+                let buf = HostBuf::new(queues.len().max(1) * 8)?;
+                // SAFETY: `buf` is kept in the value returned and dropped after this.
+                let reg = unsafe {
+                    HostRegistration::new(
+                        s.ctx,
+                        buf.ptr,
+                        buf.layout.size(),
+                        "the doorbell shadows",
+                    )?
+                };
+                let relayed = queues
+                    .iter()
+                    .enumerate()
+                    .map(|(i, q)| {
+                        // SAFETY: the shadow word is in `buf` (zeroed, 8-byte aligned),
+                        // which outlives the relay (field order); the register is the
+                        // QP's BlueFlame register, mapped while the QP lives, rung only by
+                        // the relay (the GPU rings the shadow).
+                        unsafe {
+                            Relayed::new(
+                                buf.ptr.add(i * 8).cast::<u64>(),
+                                Box::new(MmioRegister::new(q.bf_reg as *mut u64)),
+                            )
+                        }
+                    })
+                    .collect();
+                let relay =
+                    DoorbellRelay::new(relayed, &format!("rshmem-db-{}", s.rank)).map_err(|e| {
+                        Error::InvalidArgument(format!("starting the doorbell relay thread: {e}"))
+                    })?;
+                let d = (0..queues.len())
+                    .map(|i| Doorbell::Relayed(reg.dev() + i as u64 * 8))
+                    .collect();
+                (
+                    d,
+                    Some(buf),
+                    Some(reg),
+                    Some(relay),
+                    format!("a CPU thread rings the NIC ({why})"),
+                )
+            }
+        };
+
+        let descs: Vec<IbgdaQp> = queues
+            .iter()
+            .zip(&doorbells)
+            .map(|(q, &d)| nic_descriptor(q, &tr, d, s.timeout))
+            .collect::<Result<_>>()?;
+        let (peer_table, _) = peer_table(
+            &connected
+                .peers
+                .iter()
+                .map(|a| Some((a.heap_base, a.heap_rkey)))
+                .collect::<Vec<_>>(),
+        );
+        let table = DevBuf::new(s.ctx, 64, "the IBGDA table")?;
+        let descs_buf = DevBuf::new(
+            s.ctx,
+            descs.len().max(1) * std::mem::size_of::<IbgdaQp>(),
+            "the IBGDA descriptors",
+        )?;
+        let locks = DevBuf::new(
+            s.ctx,
+            RESULT_SLOTS as usize * 4,
+            "the IBGDA result-slot locks",
+        )?;
+        descs_buf.write(&descriptor_bytes(&descs))?;
+        locks.write(&vec![0u8; RESULT_SLOTS as usize * 4])?;
+        let t = IbgdaTable::new(descs_buf.ptr(), descs.len() as u32).with_results(
+            o.results_reg.dev(),
+            locks.ptr(),
+            RESULT_SLOTS,
+            o.results_mr.lkey(),
+        );
+        table.write(&table_bytes(&t))?;
+        Ok(NicGpu {
+            _relay: relay,
+            table,
+            _descs: descs_buf,
+            _locks: locks,
+            _uar_regs: uar_regs,
+            _queue_regs: queue_regs,
+            _shadow_reg: shadow_reg,
+            _shadows: shadows,
+            _connected: connected,
+            _results_mr: o.results_mr,
+            _results_reg: o.results_reg,
+            _results: o.results,
+            heap_mr: o.heap_mr,
+            _dmabuf: o.dmabuf,
+            _pd: o.pd,
+            heap_va: s.heap_va,
+            peer_table,
+            summary: format!("{}:{}, heap by {}, {bell_how}", o.name, o.port, o.heap_how),
+        })
+    }
+
+    pub(crate) fn heap_dev(&self) -> u64 {
+        self.heap_va
+    }
+    pub(crate) fn lkey(&self) -> u32 {
+        self.heap_mr.lkey()
+    }
+    pub(crate) fn table_dev(&self) -> u64 {
+        self.table.ptr()
+    }
+    pub(crate) fn peer_table(&self) -> &[DevicePeer] {
+        &self.peer_table
+    }
+}
+
+/// The heap through `ibv_reg_mr` at its GPU address (nvidia-peermem resolves it), after
+/// the dma-buf registration failed with `dmabuf_err`.
+fn peer_mem(
+    pd: &Arc<ProtectionDomain>,
+    s: &NicSetup<'_>,
+    dmabuf_err: &str,
+) -> Result<MemoryRegion> {
+    // SAFETY: the heap stays mapped until this MR drops (the GpuPe drops it first).
+    unsafe {
+        MemoryRegion::register(
+            pd,
+            HeapMemory::Virtual {
+                addr: s.heap_va as *mut u8,
+                len: s.heap_size,
+            },
+            HEAP_ACCESS,
+        )
+    }
+    .map_err(|e| {
+        Error::InvalidArgument(format!(
+            "registering the GPU heap with the NIC failed both ways: dma-buf: {dmabuf_err}; \
+             peer memory (needs the nvidia_peermem module): {e}. `rshmem doctor` shows \
+             which the machine offers; RSHMEM_TRANSPORT=proxy needs neither"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::device::PORT_ACTIVE;
+    use crate::verbs::PortInfo;
+
+    fn dev(name: &str, mlx5: bool, ports: &[(u8, bool)]) -> DeviceInfo {
+        DeviceInfo {
+            name: name.into(),
+            mlx5,
+            fw_ver: String::new(),
+            max_qp_rd_atom: 16,
+            ports: ports
+                .iter()
+                .map(|&(port, up)| PortInfo {
+                    port,
+                    state: if up { PORT_ACTIVE } else { 1 },
+                    link_layer: 1,
+                    active_mtu: 5,
+                    lid: 3,
+                    gids: Vec::new(),
+                })
+                .collect(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_hca_is_the_first_active_mlx5_port_or_the_one_named() {
+        let devs = [
+            dev("rxe0", false, &[(1, true)]),
+            dev("mlx5_0", true, &[(1, false)]),
+            dev("mlx5_1", true, &[(1, false), (2, true)]),
+        ];
+        assert_eq!(choose_port(&devs, None).unwrap(), ("mlx5_1".into(), 2));
+        assert_eq!(
+            choose_port(&devs, Some("mlx5_1")).unwrap(),
+            ("mlx5_1".into(), 2)
+        );
+        assert_eq!(
+            choose_port(&devs, Some(" mlx5_1:2 ")).unwrap(),
+            ("mlx5_1".into(), 2)
+        );
+        for (want, says) in [
+            ("mlx5_9", "no RDMA device mlx5_9"),
+            ("rxe0", "rxe0 is not an mlx5 device"),
+            ("mlx5_0", "mlx5_0 has no active port"),
+            ("mlx5_1:1", "port mlx5_1:1 is not active"),
+            ("mlx5_1:3", "mlx5_1 has no port 3"),
+            ("mlx5_1:0", "port >= 1"),
+            ("mlx5_1:x", "port >= 1"),
+        ] {
+            let e = choose_port(&devs, Some(want)).unwrap_err().to_string();
+            assert!(e.contains("RSHMEM_HCA") && e.contains(says), "{want}: {e}");
+        }
+        // What was found is listed.
+        let e = choose_port(&devs, Some("mlx5_9")).unwrap_err().to_string();
+        assert!(
+            e.contains("mlx5_1:2 active") && e.contains("rxe0 (not mlx5"),
+            "{e}"
+        );
+        let e = choose_port(&devs[..2], None).unwrap_err().to_string();
+        assert!(
+            e.contains("RSHMEM_TRANSPORT=ibgda") && e.contains("RSHMEM_TRANSPORT=proxy"),
+            "{e}"
+        );
+        let e = choose_port(&[], None).unwrap_err().to_string();
+        assert!(e.contains("found: no RDMA devices"), "{e}");
+    }
+
+    #[test]
+    fn page_ranges_merge_shared_and_touching_pages() {
+        let p = 4096;
+        assert_eq!(
+            page_ranges(
+                &[
+                    (0x10_0000, 0x4000), // SQ: 4 pages
+                    (0x20_0010, 8),      // dbrec of QP 0
+                    (0x20_0018, 8),      // CQ dbrec, same page
+                    (0x10_4000, 0x2000), // CQ right after the SQ: merges
+                    (0x30_0ff8, 16),     // straddles a page boundary
+                    (0x40_0000, 0),      // empty: ignored
+                ],
+                p
+            ),
+            vec![
+                (0x10_0000, 0x6000),
+                (0x20_0000, 0x1000),
+                (0x30_0000, 0x2000)
+            ]
+        );
+        assert_eq!(page_ranges(&[], p), vec![]);
+    }
+
+    #[test]
+    fn translation_maps_inside_one_range_only() {
+        let t = Translation(vec![
+            (0x10_0000, 0x6000, 0x7f00_0000_0000),
+            (0x20_0000, 0x1000, 0x100),
+        ]);
+        assert_eq!(t.device(0x10_0000, 64, "x").unwrap(), 0x7f00_0000_0000);
+        assert_eq!(t.device(0x10_5fc0, 64, "x").unwrap(), 0x7f00_0000_5fc0);
+        assert_eq!(t.device(0x20_0018, 8, "x").unwrap(), 0x118);
+        let e = t
+            .device(0x10_5fc8, 64, "QP 0x5's send queue")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("QP 0x5's send queue") && e.contains("0x105fc8"),
+            "{e}"
+        );
+        assert!(t.device(0x1f_fff8, 8, "x").is_err());
+    }
+
+    #[test]
+    fn nic_descriptors_use_translated_addresses_and_the_doorbell_asked_for() {
+        let q = NicQueues {
+            qpn: 0x1234,
+            sq_buf: 0x10_0000,
+            sq_wqe_cnt: 1024,
+            sq_stride: 64,
+            dbrec: 0x20_0010,
+            bf_reg: 0x50_0800,
+            bf_size: 256,
+            cq_buf: 0x14_0000,
+            cqe_cnt: 2048,
+            cqe_size: 64,
+            cq_dbrec: 0x20_0040,
+        };
+        let dev = 0x7f00_0000_0000u64;
+        let tr = Translation(
+            page_ranges(&[(0x10_0000, 0x6_0000), (0x20_0000, 64)], 4096)
+                .into_iter()
+                .scan(0, |off, (h, l)| {
+                    let r = (h, l, dev + *off);
+                    *off += l;
+                    Some(r)
+                })
+                .collect(),
+        );
+        let t = Duration::from_secs(3);
+        let d = nic_descriptor(&q, &tr, Doorbell::Mmio(0x9000_0800), t).unwrap();
+        assert_eq!(d.sq, dev);
+        assert_eq!(d.cq, dev + 0x4_0000);
+        assert_eq!(d.qp_dbrec, dev + 0x6_0010);
+        assert_eq!(d.cq_dbrec, dev + 0x6_0040);
+        assert_eq!(d.doorbell, 0x9000_0800);
+        assert_eq!((d.wqe_cnt, d.cqe_cnt, d.qpn), (1024, 2048, 0x1234));
+        assert_eq!(
+            d.doorbell_mode,
+            crate::softhca::ibgda_table::IBGDA_DOORBELL_MMIO
+        );
+        assert_eq!(d.cq_mode, crate::softhca::ibgda_table::IBGDA_CQ_NORMAL);
+        assert_eq!(d.timeout_ns, 3_000_000_000);
+        let r = nic_descriptor(&q, &tr, Doorbell::Relayed(0x5000), t).unwrap();
+        assert_eq!(r.doorbell, 0x5000);
+        assert_eq!(
+            r.doorbell_mode,
+            crate::softhca::ibgda_table::IBGDA_DOORBELL_MEMORY
+        );
+        // A piece outside the registered memory is an error naming it, not a bad address.
+        let short = Translation(vec![(0x10_0000, 0x1000, dev)]);
+        let e = nic_descriptor(&q, &short, Doorbell::Relayed(0x5000), t)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("QP 0x1234's send queue"), "{e}");
+    }
+}
