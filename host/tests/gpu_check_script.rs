@@ -107,6 +107,37 @@ fn refuses_without_libcuda() {
     assert!(std::fs::read_to_string(root.join("out/summary.txt"))
         .unwrap()
         .contains("no GPU check ran"));
+    // A bare name is searched for as the loader would (LD_LIBRARY_PATH, ldconfig, the
+    // usual folders), not looked up in the current folder.
+    let o = run(&root, &[("RSHMEM_CUDA_LIB", "libcuda-absent.so.1")]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("libcuda.so.1 not found at RSHMEM_CUDA_LIB=libcuda-absent.so.1"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_bare_driver_name_is_found_on_the_loader_path() {
+    let root = repo("barename", true);
+    let lib = fake_libcuda(&root);
+    let o = run(
+        &root,
+        &[
+            ("RSHMEM_CUDA_LIB", "libcuda.so.1"),
+            ("LD_LIBRARY_PATH", lib.to_str().unwrap()),
+            ("RSHMEM_NVRTC_LIB", "/nonexistent/libnvrtc.so.13"),
+        ],
+    );
+    let t = text(&o);
+    assert!(!t.contains("not found at RSHMEM_CUDA_LIB"), "{t}");
+    // Past the driver check, the steps ran against the stand-in driver.
+    let summary = std::fs::read_to_string(root.join("out/summary.txt")).unwrap();
+    assert!(
+        summary.contains("GPU: Fake GPU  driver: 13000"),
+        "{summary}"
+    );
 }
 
 const FAKE_CUDA_C: &str = r#"
