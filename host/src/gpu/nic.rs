@@ -42,9 +42,11 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Send WQEs per QP asked of libmlx5 (it sizes the ring for the largest WQE the caps
-/// allow, so the ring holds at least this many WQEBBs).
-pub const SEND_WR: u32 = 512;
+/// Send WQEs per QP asked of libmlx5. It sizes the ring for the largest WQE the caps
+/// allow (512 B with 256 B of inline data on RC), so the ring holds at least this many
+/// WQEBBs and usually 8 times as many; the CQ is sized to hold a full ring
+/// ([`QpCaps::cqe`]).
+pub const SEND_WR: u32 = 256;
 /// Result slots of fetching operations (as for the proxy transport).
 pub const RESULT_SLOTS: u32 = super::ibgda::RESULT_SLOTS;
 
@@ -166,6 +168,15 @@ pub fn page_ranges(pieces: &[(u64, u64)], page: u64) -> Vec<(u64, u64)> {
         }
     }
     out.into_iter().map(|(s, e)| (s, e - s)).collect()
+}
+
+/// The distinct pages `(start, page)` holding the doorbell registers `regs`, in address
+/// order, never merged.
+pub fn uar_pages(regs: impl Iterator<Item = u64>, page: u64) -> Vec<(u64, u64)> {
+    let mut p: Vec<u64> = regs.map(|r| r & !(page - 1)).collect();
+    p.sort_unstable();
+    p.dedup();
+    p.into_iter().map(|s| (s, page)).collect()
 }
 
 /// Host ranges registered with CUDA: `(host start, len, device start)`.
@@ -423,6 +434,8 @@ impl NicGpu {
             len: s.heap_size as u64,
             rkey: o.heap_mr.rkey(),
         };
+        // connect_all makes exactly one allgather on every path; what fails after it (a
+        // QP that will not reach RTR or RTS on one PE) is exchanged here.
         let connected = connect_all(
             &o.pd,
             &o.port_info,
@@ -433,8 +446,9 @@ impl NicGpu {
             &params,
             s.salt,
             |b| boot.allgather(world, b),
-        )?;
-        let built = Self::finish(&s, o, connected);
+        );
+        exchange_status(boot, world, "connect its queue pairs", &connected)?;
+        let built = Self::finish(&s, o, connected?);
         exchange_status(boot, world, "map its NIC queues into the GPU", &built)?;
         built
     }
@@ -483,8 +497,10 @@ impl NicGpu {
         if s.cpu_doorbell {
             refused = Some("RSHMEM_IBGDA_DOORBELL=cpu".to_string());
         } else {
-            let bfs: Vec<(u64, u64)> = queues.iter().map(|q| (q.bf_reg as u64, 8)).collect();
-            for (start, len) in page_ranges(&bfs, page) {
+            // One registration per distinct UAR page: QPs share pages, but pages that sit
+            // next to each other in virtual memory are separate mappings of device memory,
+            // not one physically contiguous range as IOMEMORY expects.
+            for (start, len) in uar_pages(queues.iter().map(|q| q.bf_reg as u64), page) {
                 // SAFETY: the UAR pages libmlx5 mapped for these QPs, unmapped only when
                 // the device context closes, after these registrations drop.
                 match unsafe {
@@ -753,6 +769,21 @@ mod tests {
             ]
         );
         assert_eq!(page_ranges(&[], p), vec![]);
+    }
+
+    #[test]
+    fn uar_pages_are_deduplicated_never_merged() {
+        assert_eq!(
+            uar_pages(
+                [0x9000_1800u64, 0x9000_0800, 0x9000_0a00, 0x9000_2800].into_iter(),
+                4096
+            ),
+            vec![
+                (0x9000_0000, 4096),
+                (0x9000_1000, 4096),
+                (0x9000_2000, 4096)
+            ]
+        );
     }
 
     #[test]

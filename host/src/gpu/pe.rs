@@ -248,6 +248,12 @@ impl Drop for CudaSide {
             for m in std::mem::take(&mut self.heaps) {
                 std::mem::forget(m);
             }
+            // Likewise a NIC's queues, registrations and MRs: the kernel may still post
+            // (the NIC then still reads and writes them). The soft HCA's queues are let
+            // go as usual: their engine must stop before the host heap goes.
+            if matches!(self.ibgda, Some(Queues::Nic(_))) {
+                std::mem::forget(self.ibgda.take());
+            }
         }
     }
 }
@@ -635,17 +641,35 @@ impl GpuPe {
         let boot = pe.boot();
         let ((ctx, stream, info, rdma), _, sharing) = open_device(&pe, true)?;
         let ordinal = info.ordinal;
-        let heap = if rdma {
-            super::heap::granularity(ordinal)
-                .and_then(|g| super::launch::round_to_granularity(settings.symmetric_size, g))
-                .and_then(|size| VmmMapping::create(ordinal, size, true, true))
-        } else {
-            Err(Error::InvalidArgument(format!(
+        use sys::CUdevice_attribute as A;
+        let ordering = attr(
+            ctx.dev,
+            A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
+            "GPUDirect RDMA write ordering",
+        );
+        const OWNER: i32 =
+            sys::CUGPUDirectRDMAWritesOrdering::CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER as i32;
+        let heap = match ordering {
+            Err(e) => Err(e),
+            // A get's data lands in GPU memory and its CQE in host memory: unless the GPU
+            // sees the NIC's writes in order, a thread could see the CQE and read stale
+            // data.
+            Ok(o) if o < OWNER => Err(Error::InvalidArgument(format!(
+                "GPU {ordinal} ({}) does not order GPUDirect RDMA writes for its own threads \
+                 (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING is {o}, below OWNER), \
+                 which RSHMEM_TRANSPORT=ibgda relies on to read fetched data after its \
+                 completion; use RSHMEM_TRANSPORT=proxy",
+                info.name
+            ))),
+            Ok(_) if !rdma => Err(Error::InvalidArgument(format!(
                 "GPU {ordinal} ({}) does not support GPUDirect RDMA on CUDA VMM memory \
                  (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0), which \
                  RSHMEM_TRANSPORT=ibgda needs for its heap; use RSHMEM_TRANSPORT=proxy",
                 info.name
-            )))
+            ))),
+            Ok(_) => super::heap::granularity(ordinal)
+                .and_then(|g| super::launch::round_to_granularity(settings.symmetric_size, g))
+                .and_then(|size| VmmMapping::create(ordinal, size, true, true)),
         };
         exchange_status(boot, &world, "create its GPU heap", &heap)?;
         let mine = heap?;
@@ -662,12 +686,17 @@ impl GpuPe {
                     .join("; "),
             });
         }
+        // `heaps` is declared before `nic`, so on every error path below the NIC's
+        // registration of the heap goes before the heap is unmapped.
+        let heap_va = mine.va();
+        let mut heaps: Vec<Option<VmmMapping>> = (0..pe.n_pes()).map(|_| None).collect();
+        heaps[pe.my_pe()] = Some(mine);
         let nic = super::nic::NicGpu::new(
             super::nic::NicSetup {
                 ctx: &ctx,
                 rank: pe.my_pe(),
                 n_pes: pe.n_pes(),
-                heap_va: mine.va(),
+                heap_va,
                 heap_size,
                 timeout: settings.timeout,
                 salt: job_salt(pe.job_id()),
@@ -689,8 +718,6 @@ impl GpuPe {
         } else {
             state::STATE_CHECKS
         };
-        let mut heaps: Vec<Option<VmmMapping>> = (0..pe.n_pes()).map(|_| None).collect();
-        heaps[pe.my_pe()] = Some(mine);
         boot.barrier(&world)?;
         Ok(GpuPe {
             cuda: CudaSide {

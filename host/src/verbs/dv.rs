@@ -42,8 +42,13 @@ pub enum NicQueueError {
     CqeSize(u32),
     #[error("CQ of {0} entries: must be a power of two in 1..={MAX_CQE_CNT}")]
     CqeCnt(u32),
-    #[error("no BlueFlame/doorbell register (bf.reg is null or bf.size is 0)")]
+    #[error("no doorbell register (bf.reg is null)")]
     NoDoorbell,
+    #[error(
+        "CQ of {cqe_cnt} entries for an SQ of {wqe_cnt} WQEBBs: the device-side producer asks \
+         a CQE of every WQE, so the CQ must hold a full SQ"
+    )]
+    CqSmallerThanSq { cqe_cnt: u32, wqe_cnt: u32 },
     #[error("{what} at {addr:#x} is not {align}-byte aligned")]
     Align {
         what: &'static str,
@@ -67,8 +72,16 @@ impl NicQueues {
         if !self.cqe_cnt.is_power_of_two() || self.cqe_cnt > MAX_CQE_CNT {
             return Err(NicQueueError::CqeCnt(self.cqe_cnt));
         }
-        if self.bf_reg == 0 || self.bf_size == 0 {
+        // bf.size is 0 for a QP on the UAR's non-BlueFlame register (bfreg 0): its bf.reg
+        // still takes an 8-byte doorbell, all rshmem writes there.
+        if self.bf_reg == 0 {
             return Err(NicQueueError::NoDoorbell);
+        }
+        if self.cqe_cnt < self.sq_wqe_cnt {
+            return Err(NicQueueError::CqSmallerThanSq {
+                cqe_cnt: self.cqe_cnt,
+                wqe_cnt: self.sq_wqe_cnt,
+            });
         }
         for (what, addr, align) in [
             ("SQ buffer", self.sq_buf, 64),
@@ -195,7 +208,19 @@ mod tests {
         );
         assert_eq!(v(&|q| q.cqe_size = 128), Err(NicQueueError::CqeSize(128)));
         assert_eq!(v(&|q| q.cqe_cnt = 0), Err(NicQueueError::CqeCnt(0)));
-        assert_eq!(v(&|q| q.bf_size = 0), Err(NicQueueError::NoDoorbell));
+        assert_eq!(v(&|q| q.bf_reg = 0), Err(NicQueueError::NoDoorbell));
+        assert_eq!(
+            v(&|q| q.bf_size = 0),
+            Ok(()),
+            "a doorbell without BlueFlame"
+        );
+        assert_eq!(
+            v(&|q| q.cqe_cnt = q.sq_wqe_cnt / 2),
+            Err(NicQueueError::CqSmallerThanSq {
+                cqe_cnt: good().sq_wqe_cnt / 2,
+                wqe_cnt: good().sq_wqe_cnt
+            })
+        );
         assert_eq!(
             v(&|q| q.dbrec += 4),
             Err(NicQueueError::Align {

@@ -216,6 +216,24 @@ pub struct QpCaps {
     pub max_inline_data: u32,
 }
 
+/// The most WQEBBs one mlx5 send WQE spans (1 KiB).
+pub const MAX_WQEBBS_PER_WQE: u32 = 16;
+
+impl QpCaps {
+    /// The `cqe` to create a QP's CQ with: at least as many entries as the SQ libmlx5
+    /// builds for these caps can hold WQEBBs (at most `roundup_pow2(max_send_wr × WQE
+    /// size) / 64` ≤ `roundup_pow2(max_send_wr) × 16`; libmlx5 rounds `cqe + 1` up to a
+    /// power of two). The device-side producer asks a CQE of every WQE and bounds what is
+    /// in flight by the SQ alone, so a smaller CQ would overrun.
+    pub fn cqe(&self) -> u32 {
+        self.max_send_wr
+            .max(1)
+            .next_power_of_two()
+            .saturating_mul(MAX_WQEBBS_PER_WQE)
+            - 1
+    }
+}
+
 impl Default for QpCaps {
     fn default() -> Self {
         QpCaps {
@@ -402,7 +420,7 @@ pub fn connect_all(
         let mut qps = Vec::with_capacity(n_pes);
         let mut entries = Vec::with_capacity(n_pes);
         for j in 0..n_pes {
-            let cq = CompletionQueue::new(&ctx, caps.max_send_wr)?;
+            let cq = CompletionQueue::new(&ctx, caps.cqe())?;
             let qp = QueuePair::new_rc(pd, &cq, caps)?;
             qp.modify(&to_init(port.port, access))?;
             entries.push((qp.qpn(), initial_psn(rank as u32, j as u32, salt)));
@@ -488,6 +506,24 @@ mod tests {
             active_mtu: 5,
             lid: 7,
             gids,
+        }
+    }
+
+    #[test]
+    fn the_cq_holds_a_full_send_queue() {
+        let c = |wr| QpCaps {
+            max_send_wr: wr,
+            ..QpCaps::default()
+        };
+        assert_eq!(c(128).cqe(), 2047);
+        assert_eq!(c(129).cqe(), 4095);
+        assert_eq!(c(256).cqe(), 4095);
+        assert_eq!(c(0).cqe(), 15);
+        // Worst case: every WQE 1 KiB, the ring rounded up to a power of two.
+        for wr in [1u32, 3, 100, 129, 500, 512, 1000] {
+            let sq_wqebbs = (wr as u64 * 1024).next_power_of_two() / 64;
+            let cq = (c(wr).cqe() as u64 + 1).next_power_of_two();
+            assert!(cq >= sq_wqebbs, "{wr} WRs: CQ {cq} < SQ {sq_wqebbs}");
         }
     }
 

@@ -8,19 +8,23 @@
 //! doorbell value with release ordering at system scope). One thread watches every shadow
 //! and, when one changes, stores the new value into that queue pair's register.
 //!
-//! Why a changed value is never missed: the value is `{BE32(pi << 8), BE32(qpn << 8)}`
-//! with the 16-bit producer index `pi`; it could only come back to the value last relayed
-//! after producers published 65 536 more WQEBBs, but they cannot get more than `wqe_cnt`
-//! (at most 32 768) WQEBBs past what the NIC completed, and the NIC completes nothing past
-//! the last doorbell it got. So between two relays the index moves by less than 2^16.
+//! A changed value could look unchanged: the value is `{BE32(pi << 8), BE32(qpn << 8)}`
+//! with the 16-bit producer index `pi`, so it repeats after 65 536 WQEBBs. Producers cannot
+//! get more than `wqe_cnt` (at most 16 384) WQEBBs past what the NIC completed, so that
+//! needs a NIC that went on by itself (ConnectX may read the doorbell record while busy)
+//! through 65 536 WQEBBs between two polls of the relay, then stopped. To make even that
+//! harmless, the relay rings every queue's last value again when it has relayed nothing
+//! for [`RERING`]: a doorbell with the index the NIC already has is a no-op.
 //!
 //! Ordering: the producer's doorbell-record store happens before its shadow store
 //! (release); the relay loads the shadow with acquire, so the record is visible in host
 //! memory (which the NIC reads by DMA, coherently) before the relay's register store. The
-//! register store itself is a volatile 8-byte store bracketed by full fences: the first
-//! keeps it after the acquire load (and everything before it), the second flushes it out
-//! of the CPU's write-combining buffer (the BlueFlame page is mapped write-combining on
-//! x86; `mfence` drains WC buffers, as rdma-core's `mmio_flush_writes` does with `sfence`).
+//! register store is a volatile 8-byte store between two barriers, as rdma-core brackets
+//! its doorbell writes: before it, one that orders every earlier access before a device
+//! store (`dmb osh` on aarch64; on x86 a full `mfence`, stronger than needed); after it,
+//! one that pushes the store out of the write-combining buffer now (the BlueFlame page is
+//! mapped write-combining; `mfence` on x86 drains it, `dsb st` on aarch64, as
+//! `mmio_flush_writes`).
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -50,17 +54,40 @@ impl MmioRegister {
     }
 }
 
+/// Orders every earlier memory access before a later store to a device mapping.
+#[inline(always)]
+fn before_device_store() {
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: a barrier instruction; no memory is touched.
+    unsafe {
+        std::arch::asm!("dmb osh", options(nostack, preserves_flags))
+    };
+    // x86: mfence (SeqCst) orders everything; the compiler fence part keeps the store
+    // below in place on every target.
+    #[cfg(not(target_arch = "aarch64"))]
+    fence(Ordering::SeqCst);
+}
+
+/// Completes an earlier store to a (write-combining) device mapping now.
+#[inline(always)]
+fn flush_device_store() {
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: a barrier instruction; no memory is touched.
+    unsafe {
+        std::arch::asm!("dsb st", options(nostack, preserves_flags))
+    };
+    // x86: mfence drains the write-combining buffers.
+    #[cfg(not(target_arch = "aarch64"))]
+    fence(Ordering::SeqCst);
+}
+
 impl DoorbellRegister for MmioRegister {
     fn store(&mut self, value: u64) {
-        // SeqCst fence: the store below stays after the shadow load (acquire) and the
-        // doorbell record it published.
-        fence(Ordering::SeqCst);
+        before_device_store();
         // SAFETY: valid aligned register (MmioRegister::new's contract); volatile because
         // a device register is not memory the compiler may merge or drop stores to.
         unsafe { std::ptr::write_volatile(self.addr, value) };
-        // SeqCst fence (mfence on x86): drains the write-combining buffer so the NIC gets
-        // the doorbell now, not when the buffer happens to flush.
-        fence(Ordering::SeqCst);
+        flush_device_store();
     }
 }
 
@@ -87,6 +114,13 @@ impl Relayed {
         }
     }
 
+    /// Rings the last value again (see the module comment), if there was one.
+    fn rering(&mut self) {
+        if self.last != 0 {
+            self.register.store(self.last);
+        }
+    }
+
     /// Relays a changed shadow; whether it changed.
     fn poll(&mut self) -> bool {
         // SAFETY: valid aligned word (Relayed::new's contract), accessed atomically here
@@ -103,8 +137,11 @@ impl Relayed {
 
 /// Idle rounds the relay spins before it starts sleeping between rounds.
 const SPIN_ROUNDS: u32 = 2048;
-/// Its sleep when idle (a doorbell waits at most about this long, plus timer slack).
+/// Its sleep when idle (a doorbell waits at most about this long, plus timer slack, which
+/// the thread sets to 1 µs).
 const IDLE_SLEEP: Duration = Duration::from_micros(20);
+/// Idle time after which every queue's last doorbell is rung again.
+pub const RERING: Duration = Duration::from_millis(1);
 
 /// The relay thread; stopped and joined on drop.
 pub struct DoorbellRelay {
@@ -123,7 +160,11 @@ impl DoorbellRelay {
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
+                // SAFETY: prctl on the calling thread with an integer argument. The
+                // default 50 µs slack would more than triple the idle sleep.
+                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
                 let mut idle = 0u32;
+                let mut quiet_since = std::time::Instant::now();
                 // Relaxed: the flag only ends the loop; Drop joins the thread, which orders
                 // everything after.
                 while !s.load(Ordering::Relaxed) {
@@ -135,10 +176,17 @@ impl DoorbellRelay {
                         // Relaxed: a statistic.
                         r.fetch_add(n, Ordering::Relaxed);
                         idle = 0;
+                        quiet_since = std::time::Instant::now();
                     } else if idle < SPIN_ROUNDS {
                         idle += 1;
                         std::hint::spin_loop();
                     } else {
+                        if quiet_since.elapsed() >= RERING {
+                            for q in queues.iter_mut() {
+                                q.rering();
+                            }
+                            quiet_since = std::time::Instant::now();
+                        }
                         std::thread::sleep(IDLE_SLEEP);
                     }
                 }
@@ -219,19 +267,49 @@ mod tests {
             });
         }
         shadows[2].store(doorbell_word(7, 0x43), Ordering::Release);
-        wait_for("queue 2's doorbell", || logs[2].lock().unwrap().len() == 1);
+        wait_for("queue 2's doorbell", || !logs[2].lock().unwrap().is_empty());
         drop(relay);
+        // Each change once, in order; the same value again only as a re-ring (the relay
+        // was idle for RERING), never an older one.
+        let mut l1 = logs[1].lock().unwrap().clone();
+        l1.dedup();
         assert_eq!(
-            *logs[1].lock().unwrap(),
+            l1,
             (1..=5)
                 .map(|pi| doorbell_word(pi, 0x42))
                 .collect::<Vec<_>>()
         );
-        assert_eq!(*logs[2].lock().unwrap(), vec![doorbell_word(7, 0x43)]);
+        let mut l2 = logs[2].lock().unwrap().clone();
+        l2.dedup();
+        assert_eq!(l2, vec![doorbell_word(7, 0x43)]);
         assert!(
             logs[0].lock().unwrap().is_empty(),
             "an unrung queue is left alone"
         );
+    }
+
+    #[test]
+    fn an_idle_relay_rings_the_last_doorbell_again() {
+        let shadow = Box::new(AtomicU64::new(0));
+        let log: Arc<Mutex<Vec<u64>>> = Arc::default();
+        // SAFETY: `shadow` outlives the relay.
+        let q = unsafe {
+            Relayed::new(
+                (&*shadow as *const AtomicU64).cast(),
+                Box::new(Recorder(log.clone())),
+            )
+        };
+        let relay = DoorbellRelay::new(vec![q], "test-relay").unwrap();
+        std::thread::sleep(RERING * 3);
+        assert!(log.lock().unwrap().is_empty(), "nothing to ring again yet");
+        shadow.store(doorbell_word(3, 5), Ordering::Release);
+        wait_for("two re-rings", || log.lock().unwrap().len() >= 3);
+        drop(relay);
+        assert!(log
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|&v| v == doorbell_word(3, 5)));
     }
 
     #[test]
