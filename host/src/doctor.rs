@@ -299,11 +299,13 @@ fn render_table(r: &Report) -> String {
         lines.push(kv(
             "",
             format!(
-                "VMM {}, POSIX-fd handles {}, GPUDirect RDMA with VMM {}, dma-buf {}",
+                "VMM {}, POSIX-fd handles {}, GPUDirect RDMA with VMM {}, dma-buf {}, \
+                 RDMA write ordering {}",
                 yn(d.vmm),
                 yn(d.posix_fd_handles),
                 yn(d.gpudirect_rdma_vmm),
-                yn(d.dma_buf)
+                yn(d.dma_buf),
+                d.gpudirect_rdma_writes_ordering.as_deref().unwrap_or("?")
             ),
         ));
     }
@@ -438,6 +440,7 @@ mod tests {
                     posix_fd_handles: Some(true),
                     gpudirect_rdma_vmm: Some(true),
                     dma_buf: Some(true),
+                    gpudirect_rdma_writes_ordering: Some("owner".into()),
                 })
                 .collect(),
             p2p: Vec::new(),

@@ -294,6 +294,7 @@ int cuDeviceGetAttribute(int *v, int attr, int d) {
     if (attr == 76) { *v = 0; return 0; }
     if (attr == 102 || attr == 103) { *v = 1; return 0; }  /* VMM, POSIX-fd handles */
     if (attr == 110) { *v = d == 0; return 0; }            /* GPUDirect RDMA with VMM */
+    if (attr == 118) { *v = d == 0 ? 100 : 0; return 0; }  /* RDMA writes ordering */
     return 1;                                              /* dma-buf (124): unknown */
 }
 int cuDeviceCanAccessPeer(int *ok, int d, int peer) {
@@ -425,6 +426,8 @@ fn fake_cuda_driver_is_reported_device_by_device() {
     assert_eq!(devs[0]["gpudirect_rdma_vmm"], Value::Bool(true));
     assert_eq!(devs[1]["gpudirect_rdma_vmm"], Value::Bool(false));
     assert!(devs[0]["dma_buf"].is_null(), "unknown attribute: null");
+    assert_eq!(devs[0]["gpudirect_rdma_writes_ordering"], "owner");
+    assert_eq!(devs[1]["gpudirect_rdma_writes_ordering"], "none");
     let p2p = cuda["p2p"].as_array().unwrap();
     assert_eq!(p2p.len(), 2);
     assert_eq!(
@@ -493,7 +496,10 @@ fn fake_cuda_driver_is_reported_device_by_device() {
         "{text}"
     );
     assert!(
-        text.contains("VMM yes, POSIX-fd handles yes, GPUDirect RDMA with VMM yes, dma-buf ?"),
+        text.contains(
+            "VMM yes, POSIX-fd handles yes, GPUDirect RDMA with VMM yes, dma-buf ?, \
+             RDMA write ordering owner"
+        ),
         "{text}"
     );
     assert!(text.contains("P2P 0 -> 1"), "{text}");

@@ -38,6 +38,20 @@ const ATTR_POSIX_FD: c_int = 103;
 const ATTR_GDR_VMM: c_int = 110;
 /// CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (CUDA 11.7+).
 const ATTR_DMA_BUF: c_int = 124;
+/// CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING (CUDA 11.3+).
+const ATTR_GDR_WRITES_ORDERING: c_int = 118;
+
+/// `CUGPUDirectRDMAWritesOrdering` by name: `none` (0), `owner` (100: the GPU's own
+/// threads see a NIC's writes in order, what `RSHMEM_TRANSPORT=ibgda` needs),
+/// `all-devices` (200); another value as its number.
+pub(super) fn writes_ordering_name(v: i32) -> String {
+    match v {
+        0 => "none".into(),
+        100 => "owner".into(),
+        200 => "all-devices".into(),
+        v => v.to_string(),
+    }
+}
 
 type CuInit = unsafe extern "C" fn(c_uint) -> CuResult;
 type CuDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> CuResult;
@@ -191,6 +205,9 @@ pub struct CudaDevice {
     pub gpudirect_rdma_vmm: Option<bool>,
     /// dma-buf export of device memory.
     pub dma_buf: Option<bool>,
+    /// Which consumers see GPUDirect RDMA writes into this GPU in order
+    /// ([`writes_ordering_name`]); `ibgda` needs at least `owner`.
+    pub gpudirect_rdma_writes_ordering: Option<String>,
 }
 
 /// `"13.0"` for 13000.
@@ -305,6 +322,7 @@ fn device(drv: &Driver, ordinal: c_int) -> CudaDevice {
         posix_fd_handles: None,
         gpudirect_rdma_vmm: None,
         dma_buf: None,
+        gpudirect_rdma_writes_ordering: None,
     };
     let fail = |out: &mut CudaDevice, call: &str, rc: CuResult| {
         out.error
@@ -364,6 +382,10 @@ fn device(drv: &Driver, ordinal: c_int) -> CudaDevice {
     out.posix_fd_handles = flag(ATTR_POSIX_FD);
     out.gpudirect_rdma_vmm = flag(ATTR_GDR_VMM);
     out.dma_buf = flag(ATTR_DMA_BUF);
+    let mut v: c_int = 0;
+    // SAFETY: writable int; an attribute the driver does not know returns an error.
+    let rc = unsafe { (drv.device_get_attribute)(&mut v, ATTR_GDR_WRITES_ORDERING, dev) };
+    out.gpudirect_rdma_writes_ordering = (rc == CUDA_SUCCESS).then(|| writes_ordering_name(v));
     out
 }
 
@@ -428,6 +450,14 @@ fn error_name(drv: &Driver, rc: CuResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_ordering_names() {
+        assert_eq!(writes_ordering_name(0), "none");
+        assert_eq!(writes_ordering_name(100), "owner");
+        assert_eq!(writes_ordering_name(200), "all-devices");
+        assert_eq!(writes_ordering_name(7), "7");
+    }
 
     #[test]
     fn hardware_queues_follow_cuda_device_max_connections() {
