@@ -31,6 +31,7 @@ int main(void) {
     O(ibv_qp_init_attr, cap); O(ibv_qp_init_attr, qp_type); O(ibv_qp_init_attr, sq_sig_all);
     O(ibv_qp, qp_num); O(ibv_mr, lkey); O(ibv_mr, rkey);
     S(ibv_device_attr); O(ibv_device_attr, fw_ver); O(ibv_device_attr, max_qp_rd_atom);
+    O(ibv_device_attr, max_qp_init_rd_atom);
     O(ibv_device_attr, phys_port_cnt);
     S(mlx5dv_qp); O(mlx5dv_qp, dbrec); O(mlx5dv_qp, sq); O(mlx5dv_qp, bf);
     S(mlx5dv_cq); O(mlx5dv_cq, buf); O(mlx5dv_cq, dbrec); O(mlx5dv_cq, cqe_cnt); O(mlx5dv_cq, cqe_size);
@@ -133,6 +134,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
     s!(m, ibv_device_attr);
     o!(m, ibv_device_attr, fw_ver);
     o!(m, ibv_device_attr, max_qp_rd_atom);
+    o!(m, ibv_device_attr, max_qp_init_rd_atom);
     o!(m, ibv_device_attr, phys_port_cnt);
     s!(m, mlx5dv_qp);
     o!(m, mlx5dv_qp, dbrec);

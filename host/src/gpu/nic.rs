@@ -321,7 +321,8 @@ struct Opened {
     name: String,
     port: u8,
     port_info: crate::verbs::PortInfo,
-    max_rd_atom: i32,
+    /// The device's (initiator, responder) limits of outstanding READs/atomics per QP.
+    rd_atom: (i32, i32),
     pd: Arc<ProtectionDomain>,
     heap_mr: MemoryRegion,
     dmabuf: Option<OwnedFd>,
@@ -334,10 +335,10 @@ struct Opened {
 fn open_nic(s: &NicSetup<'_>) -> Result<Opened> {
     let devices = crate::verbs::list_devices()?;
     let (name, port) = choose_port(&devices, s.hca.as_deref())?;
-    let max_rd_atom = devices
+    let rd_atom = devices
         .iter()
         .find(|d| d.name == name)
-        .map_or(1, |d| d.max_qp_rd_atom);
+        .map_or((1, 1), |d| (d.max_qp_init_rd_atom, d.max_qp_rd_atom));
     let vctx = Context::open(&name)?;
     let port_info = vctx.port_info(port)?;
     let pd = ProtectionDomain::new(&vctx)?;
@@ -390,7 +391,7 @@ fn open_nic(s: &NicSetup<'_>) -> Result<Opened> {
         name,
         port,
         port_info,
-        max_rd_atom,
+        rd_atom,
         pd,
         heap_mr,
         dmabuf,
@@ -426,7 +427,10 @@ impl NicGpu {
             max_inline_data: 256,
         };
         let params = RcParams {
-            rd_atomic: o.max_rd_atom.clamp(1, 16) as u8,
+            // Initiator depth toward each peer is lowered further to what that peer
+            // offers as responder (connect_all, address record).
+            rd_atomic: o.rd_atom.0.clamp(1, 16) as u8,
+            dest_rd_atomic: o.rd_atom.1.clamp(1, 16) as u8,
             ..RcParams::default()
         };
         let heap_key = HeapKey {
@@ -689,6 +693,7 @@ mod tests {
             mlx5,
             fw_ver: String::new(),
             max_qp_rd_atom: 16,
+            max_qp_init_rd_atom: 16,
             ports: ports
                 .iter()
                 .map(|&(port, up)| PortInfo {

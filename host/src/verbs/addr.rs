@@ -8,7 +8,7 @@
 //! | off | size | field |
 //! |---:|---:|---|
 //! | 0 | 4 | magic `b"RSQA"` |
-//! | 4 | 2 | version (1) |
+//! | 4 | 2 | version (2) |
 //! | 6 | 2 | number of QP entries `n` |
 //! | 8 | 2 | LID |
 //! | 10 | 1 | port number |
@@ -20,13 +20,14 @@
 //! | 32 | 8 | heap base (virtual address or iova) |
 //! | 40 | 8 | heap length |
 //! | 48 | 4 | heap rkey |
-//! | 52 | 4 | reserved (0) |
+//! | 52 | 1 | responder resources: outstanding READs/atomics this PE accepts per QP (≥ 1) |
+//! | 53 | 3 | reserved (0) |
 //! | 56 | 8·n | per peer: QP number (u32, 24 bits), PSN (u32, 24 bits) |
 
 /// `b"RSQA"`.
 pub const MAGIC: [u8; 4] = *b"RSQA";
-/// The version this build writes and reads.
-pub const VERSION: u16 = 1;
+/// The version this build writes and reads (2: responder resources at byte 52).
+pub const VERSION: u16 = 2;
 /// Bytes before the per-peer entries.
 pub const HEADER_LEN: usize = 56;
 
@@ -44,6 +45,9 @@ pub struct AddressRecord {
     pub heap_base: u64,
     pub heap_len: u64,
     pub heap_rkey: u32,
+    /// RDMA READs/atomics this PE accepts outstanding as target on each QP
+    /// (`max_dest_rd_atomic`): peers' initiator depth toward it stays within.
+    pub responder_resources: u8,
     /// `qps[j]` = (QP number, first PSN) of this PE's QP connected to PE `j`.
     pub qps: Vec<(u32, u32)>,
 }
@@ -87,7 +91,8 @@ impl AddressRecord {
         b.extend_from_slice(&self.heap_base.to_le_bytes());
         b.extend_from_slice(&self.heap_len.to_le_bytes());
         b.extend_from_slice(&self.heap_rkey.to_le_bytes());
-        b.extend_from_slice(&[0; 4]);
+        b.push(self.responder_resources);
+        b.extend_from_slice(&[0; 3]);
         for &(qpn, psn) in &self.qps {
             b.extend_from_slice(&qpn.to_le_bytes());
             b.extend_from_slice(&psn.to_le_bytes());
@@ -135,6 +140,9 @@ impl AddressRecord {
         if port == 0 {
             return Err(field("port", 0));
         }
+        if b[52] == 0 {
+            return Err(field("responder_resources", 0));
+        }
         let gid = match has_gid {
             0 => None,
             1 => Some((u16_at(14), b[16..32].try_into().expect("16 bytes"))),
@@ -160,6 +168,7 @@ impl AddressRecord {
             heap_base: u64_at(32),
             heap_len: u64_at(40),
             heap_rkey: u32_at(48),
+            responder_resources: b[52],
             qps,
         })
     }
@@ -195,6 +204,7 @@ mod tests {
             heap_base: 0x7f00_1122_3344_5566,
             heap_len: 1 << 30,
             heap_rkey: 0xdead_beef,
+            responder_resources: 16,
             qps: vec![(0x00_0101, 0x00_abcd), (0xff_ffff, 0x12_3456)],
         }
     }
@@ -205,7 +215,7 @@ mod tests {
         assert_eq!(b.len(), HEADER_LEN + 16);
         assert_eq!(
             &b[0..16],
-            b"RSQA\x01\x00\x02\x00\x34\x12\x01\x05\x02\x01\x03\x00"
+            b"RSQA\x02\x00\x02\x00\x34\x12\x01\x05\x02\x01\x03\x00"
         );
         assert_eq!(
             &b[16..32],
@@ -213,7 +223,7 @@ mod tests {
         );
         assert_eq!(&b[32..40], &0x7f00_1122_3344_5566u64.to_le_bytes());
         assert_eq!(&b[40..48], &[0, 0, 0, 0x40, 0, 0, 0, 0]);
-        assert_eq!(&b[48..56], &[0xef, 0xbe, 0xad, 0xde, 0, 0, 0, 0]);
+        assert_eq!(&b[48..56], &[0xef, 0xbe, 0xad, 0xde, 16, 0, 0, 0]);
         assert_eq!(&b[56..64], &[1, 1, 0, 0, 0xcd, 0xab, 0, 0]);
         assert_eq!(&b[64..72], &[0xff, 0xff, 0xff, 0, 0x56, 0x34, 0x12, 0]);
         assert_eq!(AddressRecord::decode(&b), Ok(sample()));
@@ -246,7 +256,14 @@ mod tests {
             AddressRecord::decode(&b)
         };
         assert_eq!(with(0, b'X'), Err(AddrError::Magic { found: *b"XSQA" }));
-        assert_eq!(with(4, 2), Err(AddrError::Version { found: 2 }));
+        assert_eq!(with(4, 1), Err(AddrError::Version { found: 1 }));
+        assert_eq!(
+            with(52, 0),
+            Err(AddrError::Field {
+                field: "responder_resources",
+                value: 0
+            })
+        );
         assert_eq!(
             with(11, 6),
             Err(AddrError::Field {

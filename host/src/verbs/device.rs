@@ -69,7 +69,10 @@ pub struct DeviceInfo {
     /// `mlx5dv_is_supported`: a device the mlx5 provider drives (what IBGDA needs).
     pub mlx5: bool,
     pub fw_ver: String,
+    /// Outstanding RDMA READs/atomics a QP accepts as target (responder resources).
     pub max_qp_rd_atom: i32,
+    /// Outstanding RDMA READs/atomics a QP may issue as initiator.
+    pub max_qp_init_rd_atom: i32,
     pub ports: Vec<PortInfo>,
     /// Why ports could not be read (opening or querying failed), if so.
     pub error: Option<String>,
@@ -157,6 +160,7 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>> {
             mlx5,
             fw_ver: String::new(),
             max_qp_rd_atom: 0,
+            max_qp_init_rd_atom: 0,
             ports: Vec::new(),
             error: None,
         };
@@ -174,6 +178,7 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>> {
                     .to_string_lossy()
                     .into_owned();
                 info.max_qp_rd_atom = attr.max_qp_rd_atom;
+                info.max_qp_init_rd_atom = attr.max_qp_init_rd_atom;
                 info.ports = ports;
             }
             Err(e) => info.error = Some(e.to_string()),

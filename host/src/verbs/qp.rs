@@ -22,9 +22,14 @@ pub struct RcParams {
     pub rnr_retry: u8,
     /// Minimum RNR NAK timer (12 = 0.64 ms).
     pub min_rnr_timer: u8,
-    /// Outstanding RDMA READs/atomics as initiator and as target (capped by the device's
-    /// `max_qp_rd_atom`).
+    /// Outstanding RDMA READs/atomics as initiator (`max_rd_atomic`; at most the device's
+    /// `max_qp_init_rd_atom`). `connect_all` lowers it per peer to what the peer offers
+    /// as target.
     pub rd_atomic: u8,
+    /// Outstanding RDMA READs/atomics this PE accepts as target (`max_dest_rd_atomic`,
+    /// the responder resources; at most the device's `max_qp_rd_atom`), sent to the
+    /// peers in the address record.
+    pub dest_rd_atomic: u8,
     /// GRH hop limit for RoCE / routed IB.
     pub hop_limit: u8,
     /// Service level / traffic class.
@@ -40,6 +45,7 @@ impl Default for RcParams {
             rnr_retry: 7,
             min_rnr_timer: 12,
             rd_atomic: 16,
+            dest_rd_atomic: 16,
             hop_limit: 64,
             sl: 0,
             traffic_class: 0,
@@ -138,7 +144,7 @@ pub fn to_rtr(
     a.path_mtu = path_mtu(local.active_mtu, remote.mtu) as u32;
     a.dest_qp_num = remote_qpn & 0xff_ffff;
     a.rq_psn = remote_psn & 0xff_ffff;
-    a.max_dest_rd_atomic = p.rd_atomic;
+    a.max_dest_rd_atomic = p.dest_rd_atomic;
     a.min_rnr_timer = p.min_rnr_timer;
     a.ah_attr.dlid = remote.lid;
     a.ah_attr.sl = p.sl;
@@ -174,6 +180,16 @@ pub fn to_rtr(
             | sys::IBV_QP_MIN_RNR_TIMER,
         name: "INIT->RTR",
     })
+}
+
+/// The parameters of the QP to a peer that offers `peer_responder` outstanding
+/// READs/atomics as target: the initiator depth never exceeds them (a requester that
+/// sends more than the responder has resources for gets its QP broken).
+pub fn toward(p: &RcParams, peer_responder: u8) -> RcParams {
+    RcParams {
+        rd_atomic: p.rd_atomic.min(peer_responder),
+        ..*p
+    }
 }
 
 /// RTR → RTS: our first PSN, ACK timeout, retries, initiator depth.
@@ -444,6 +460,7 @@ pub fn connect_all(
         heap_base: heap.base,
         heap_len: heap.len,
         heap_rkey: heap.rkey,
+        responder_resources: params.dest_rd_atomic,
         qps: entries.clone(),
     };
     let all = exchange(&mine.encode())?;
@@ -458,7 +475,10 @@ pub fn connect_all(
         let rtr = to_rtr(&local, &peers[j], rqpn, rpsn, params)
             .map_err(|e| Error::InvalidArgument(format!("QP to PE {j}: {e}")))?;
         qp.modify(&rtr)?;
-        qp.modify(&to_rts(entries[j].1, params))?;
+        qp.modify(&to_rts(
+            entries[j].1,
+            &toward(params, peers[j].responder_resources),
+        ))?;
     }
     Ok(Connected { qps, peers })
 }
@@ -538,6 +558,7 @@ mod tests {
             heap_base,
             heap_len: 1 << 20,
             heap_rkey: 7,
+            responder_resources: 16,
             qps: vec![(0x10, 1), (0x11, 2)],
         };
         let ok = vec![rec(0x1000).encode(), rec(0x2000).encode()];
@@ -629,6 +650,7 @@ mod tests {
             heap_base: 0,
             heap_len: 0,
             heap_rkey: 0,
+            responder_resources: 16,
             qps: vec![],
         }
     }
@@ -731,6 +753,26 @@ mod tests {
             ),
             (14, 7, 7, 16)
         );
+    }
+
+    #[test]
+    fn initiator_depth_stays_within_the_peers_responder_resources() {
+        let p = RcParams {
+            rd_atomic: 16,
+            dest_rd_atomic: 8,
+            ..RcParams::default()
+        };
+        assert_eq!(toward(&p, 4).rd_atomic, 4);
+        assert_eq!(toward(&p, 32).rd_atomic, 16);
+        assert_eq!(toward(&p, 4).dest_rd_atomic, 8, "what we offer is ours");
+        assert_eq!(to_rts(1, &toward(&p, 4)).attr.max_rd_atomic, 4);
+        let local = LocalPath {
+            port: 1,
+            active_mtu: 5,
+            sgid_index: None,
+        };
+        let t = to_rtr(&local, &remote(5, None), 1, 2, &p).unwrap();
+        assert_eq!(t.attr.max_dest_rd_atomic, 8);
     }
 
     #[test]
