@@ -208,6 +208,17 @@ pub enum Doorbell {
     Relayed(u64),
 }
 
+/// The host memory of NIC queues `q` the GPU must reach, `(what, address, length)`: SQ,
+/// QP doorbell record, CQ, CQ doorbell record (the doorbell register is separate).
+pub fn host_pieces(q: &NicQueues) -> [(&'static str, u64, u64); 4] {
+    [
+        ("send queue", q.sq_buf as u64, q.sq_wqe_cnt as u64 * 64),
+        ("doorbell record", q.dbrec as u64, 8),
+        ("completion queue", q.cq_buf as u64, q.cqe_cnt as u64 * 64),
+        ("CQ doorbell record", q.cq_dbrec as u64, 8),
+    ]
+}
+
 /// The descriptor of NIC queues `q` for a GPU that reaches their host memory through `tr`.
 pub fn nic_descriptor(
     q: &NicQueues,
@@ -215,23 +226,18 @@ pub fn nic_descriptor(
     doorbell: Doorbell,
     timeout: Duration,
 ) -> Result<IbgdaQp> {
-    let what = |p: &str| format!("QP {:#x}'s {p}", q.qpn);
+    let mut dev = [0u64; 4];
+    for (d, (what, addr, len)) in dev.iter_mut().zip(host_pieces(q)) {
+        *d = tr.device(addr, len, &format!("QP {:#x}'s {what}", q.qpn))?;
+    }
     let addrs = QueueAddrs {
-        sq: tr.device(
-            q.sq_buf as u64,
-            q.sq_wqe_cnt as u64 * 64,
-            &what("send queue"),
-        )?,
-        qp_dbrec: tr.device(q.dbrec as u64, 8, &what("doorbell record"))?,
+        sq: dev[0],
+        qp_dbrec: dev[1],
         doorbell: match doorbell {
             Doorbell::Mmio(a) | Doorbell::Relayed(a) => a,
         },
-        cq: tr.device(
-            q.cq_buf as u64,
-            q.cqe_cnt as u64 * 64,
-            &what("completion queue"),
-        )?,
-        cq_dbrec: tr.device(q.cq_dbrec as u64, 8, &what("CQ doorbell record"))?,
+        cq: dev[2],
+        cq_dbrec: dev[3],
     };
     let d = IbgdaQp::new(
         addrs,
@@ -473,14 +479,8 @@ impl NicGpu {
         let page = crate::config::page_size() as u64;
         let pieces: Vec<(u64, u64)> = queues
             .iter()
-            .flat_map(|q| {
-                [
-                    (q.sq_buf as u64, q.sq_wqe_cnt as u64 * 64),
-                    (q.dbrec as u64, 8),
-                    (q.cq_buf as u64, q.cqe_cnt as u64 * 64),
-                    (q.cq_dbrec as u64, 8),
-                ]
-            })
+            .flat_map(host_pieces)
+            .map(|(_, addr, len)| (addr, len))
             .collect();
         let mut queue_regs = Vec::new();
         let mut tr = Translation::default();

@@ -194,6 +194,37 @@ fn cpu_settings(settings: &Settings) -> Settings {
     cpu
 }
 
+/// `rshmem_device_state_t.flags`' device-side checks: on unless `RSHMEM_DEVICE_CHECKS=0`.
+fn checks_flag() -> u32 {
+    if std::env::var("RSHMEM_DEVICE_CHECKS").is_ok_and(|v| v.trim() == "0") {
+        0
+    } else {
+        state::STATE_CHECKS
+    }
+}
+
+/// Collective: every PE's GPU heap must have the same size (RSHMEM_SYMMETRIC_SIZE is
+/// rounded to each GPU's granularity, which could differ across GPUs).
+fn same_heap_size(
+    boot: &crate::bootstrap::Bootstrap,
+    world: &crate::bootstrap::Group,
+    heap_size: usize,
+) -> Result<()> {
+    let sizes = boot.allgather(world, &(heap_size as u64).to_le_bytes())?;
+    if sizes.iter().any(|s| *s != sizes[0]) {
+        return Err(Error::CollectiveMismatch {
+            op: "GPU heap size (RSHMEM_SYMMETRIC_SIZE rounded to each GPU's granularity)",
+            detail: sizes
+                .iter()
+                .enumerate()
+                .map(|(r, s)| format!("PE {r}: {} bytes", crate::pe::le_u64(s)))
+                .collect::<Vec<_>>()
+                .join("; "),
+        });
+    }
+    Ok(())
+}
+
 /// A per-job value for the QPs' initial packet sequence numbers (FNV-1a of the job id),
 /// so a stale packet of another job is unlikely to fall in a new QP's window.
 fn job_salt(job: &str) -> u64 {
@@ -427,19 +458,7 @@ impl GpuPe {
         exchange_status(boot, &world, "create its GPU heap", &heap)?;
         let mine = heap?;
         let heap_size = mine.size();
-        // Every PE must have the same heap size (granularities could differ across GPUs).
-        let sizes = boot.allgather(&world, &(heap_size as u64).to_le_bytes())?;
-        if sizes.iter().any(|s| *s != sizes[0]) {
-            return Err(Error::CollectiveMismatch {
-                op: "GPU heap size (RSHMEM_SYMMETRIC_SIZE rounded to each GPU's granularity)",
-                detail: sizes
-                    .iter()
-                    .enumerate()
-                    .map(|(r, s)| format!("PE {r}: {} bytes", crate::pe::le_u64(s)))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            });
-        }
+        same_heap_size(boot, &world, heap_size)?;
 
         // Where each heap lives (process id, address): PEs of this process can fall back
         // to mapping a peer's heap through its address (VmmMapping::retain).
@@ -544,11 +563,7 @@ impl GpuPe {
         let rest = device_parts(&ctx, &peer_table);
         exchange_status(boot, &world, "set up its device state", &rest)?;
         let (peers_table, err, signal) = rest?;
-        let flags = if std::env::var("RSHMEM_DEVICE_CHECKS").is_ok_and(|v| v.trim() == "0") {
-            0
-        } else {
-            state::STATE_CHECKS
-        };
+        let flags = checks_flag();
         boot.barrier(&world)?;
         Ok(GpuPe {
             cuda: CudaSide {
@@ -606,11 +621,7 @@ impl GpuPe {
         )?;
         let (ibgda, peers_table, err, signal) = built?;
         let peer_table = ibgda.peer_table().to_vec();
-        let checks = if std::env::var("RSHMEM_DEVICE_CHECKS").is_ok_and(|v| v.trim() == "0") {
-            0
-        } else {
-            state::STATE_CHECKS
-        };
+        let checks = checks_flag();
         boot.barrier(&world)?;
         Ok(GpuPe {
             cuda: CudaSide {
@@ -674,18 +685,7 @@ impl GpuPe {
         exchange_status(boot, &world, "create its GPU heap", &heap)?;
         let mine = heap?;
         let heap_size = mine.size();
-        let sizes = boot.allgather(&world, &(heap_size as u64).to_le_bytes())?;
-        if sizes.iter().any(|s| *s != sizes[0]) {
-            return Err(Error::CollectiveMismatch {
-                op: "GPU heap size (RSHMEM_SYMMETRIC_SIZE rounded to each GPU's granularity)",
-                detail: sizes
-                    .iter()
-                    .enumerate()
-                    .map(|(r, s)| format!("PE {r}: {} bytes", crate::pe::le_u64(s)))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            });
-        }
+        same_heap_size(boot, &world, heap_size)?;
         // `heaps` is declared before `nic`, so on every error path below the NIC's
         // registration of the heap goes before the heap is unmapped.
         let heap_va = mine.va();
@@ -713,11 +713,7 @@ impl GpuPe {
         if pe.my_pe() == 0 {
             eprintln!("rshmem: GPU PEs over ibgda: {}", nic.summary);
         }
-        let checks = if std::env::var("RSHMEM_DEVICE_CHECKS").is_ok_and(|v| v.trim() == "0") {
-            0
-        } else {
-            state::STATE_CHECKS
-        };
+        let checks = checks_flag();
         boot.barrier(&world)?;
         Ok(GpuPe {
             cuda: CudaSide {
