@@ -91,6 +91,20 @@ pub enum Transport {
     Ibgda,
 }
 
+/// `bench KIND --transport`: the transports these benchmarks run over.
+fn kind_transport(s: &str) -> std::result::Result<Transport, String> {
+    match s {
+        "p2p" => Ok(Transport::P2p),
+        "proxy" => Ok(Transport::Proxy),
+        "ibgda" => Err(
+            "bench KIND runs over p2p or proxy; ibgda (GPU PEs over a ConnectX NIC) \
+                        runs through `bench ep --device gpu` and `selftest --device gpu`"
+                .into(),
+        ),
+        _ => Err("expected p2p or proxy".into()),
+    }
+}
+
 impl Transport {
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -161,8 +175,9 @@ pub struct BenchArgs {
     /// (device-kernels/src/rshmem_device_tests.json; also RSHMEM_GPU_MANIFEST).
     #[arg(long)]
     pub manifest: Option<std::path::PathBuf>,
-    /// Transport between the PEs.
-    #[arg(long, value_enum, default_value_t = Transport::P2p)]
+    /// Transport between the PEs: p2p or proxy (GPU: p2p only; ibgda runs through
+    /// `bench ep --device gpu` and `selftest --device gpu`).
+    #[arg(long, default_value = "p2p", value_parser = kind_transport)]
     pub transport: Transport,
     /// put and signal: where the source buffer lives — `heap` (a symmetric allocation, as
     /// in NVSHMEM's perftest and the OSU OpenSHMEM benchmarks; large p2p puts may then be
@@ -291,13 +306,6 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     if args.kind == Kind::Softhca {
         return Err(Error::InvalidArgument(
             "bench softhca has no PEs: run it from the command line".into(),
-        ));
-    }
-    if args.transport == Transport::Ibgda {
-        return Err(Error::InvalidArgument(
-            "--transport ibgda is for GPU PEs (GPU threads write the NIC's queues); CPU PEs \
-             use p2p or proxy"
-                .into(),
         ));
     }
     if LaunchInfo::from_env()?.is_some() {

@@ -121,6 +121,13 @@ fn selftest(a: SelftestArgs) -> i32 {
         eprintln!("rshmem selftest: --trap/--traps are GPU cases: add --device gpu");
         return 2;
     }
+    if let Some(t) = &a.transport {
+        eprintln!(
+            "rshmem selftest: --transport {t} is a GPU option (add --device gpu); CPU PEs \
+             take RSHMEM_TRANSPORT from their environment (export it to every PE)"
+        );
+        return 2;
+    }
     if a.list {
         for c in rshmem::selftest::CASES {
             println!("{}", c.name);

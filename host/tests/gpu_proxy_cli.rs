@@ -76,19 +76,28 @@ fn cpu_pes_refuse_the_ibgda_transport() {
         t.contains("RSHMEM_TRANSPORT=\"ibgda\": ibgda is for GPU PEs"),
         "{t}"
     );
-    for (args, says) in [
+    for (args, code, says) in [
         (
             vec!["bench", "put", "--transport", "ibgda", "--iters", "10"],
-            "rshmem bench: invalid argument: --transport ibgda is for GPU PEs",
+            2,
+            "invalid value 'ibgda' for '--transport <TRANSPORT>': bench KIND runs over p2p or \
+             proxy; ibgda (GPU PEs over a ConnectX NIC) runs through `bench ep --device gpu`",
         ),
         (
             vec!["bench", "ep", "--transport", "ibgda", "--tokens", "4"],
+            1,
             "--transport ibgda is for GPU PEs (GPU threads write the NIC's queues): add --device gpu",
+        ),
+        (
+            vec!["selftest", "--transport", "ibgda"],
+            2,
+            "rshmem selftest: --transport ibgda is a GPU option (add --device gpu); CPU PEs \
+             take RSHMEM_TRANSPORT",
         ),
     ] {
         let o = run(&args);
         let t = text(&o);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {t}");
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {t}");
         assert!(t.contains(says), "{args:?}: {t}");
     }
 }

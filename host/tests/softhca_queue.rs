@@ -481,13 +481,15 @@ impl rshmem::verbs::relay::DoorbellRegister for Recorder {
 #[test]
 fn doorbell_relay_follows_many_producers_past_the_index_wrap() {
     // The queue's own doorbell word is the shadow a relay watches (what a GPU producer
-    // rings when the UAR cannot be mapped into the GPU); its register records. 80 000
-    // one-WQEBB writes take the 16-bit producer index around once.
+    // rings when the UAR cannot be mapped into the GPU); its register records. 2 × 17 000
+    // two-WQEBB writes (32 bytes inline) take the 16-bit producer index around once; few
+    // posts and two producers keep it short on a loaded 2-core machine.
     use rshmem::mlx5::doorbell::parse_doorbell;
     use rshmem::verbs::relay::{DoorbellRelay, Relayed};
-    const THREADS: usize = 4;
-    const PER: u64 = 20_000;
-    let t = target(THREADS, 1);
+    const THREADS: usize = 2;
+    const PER: u64 = 17_000;
+    const WORDS: usize = 4; // 32 bytes per write: 2 WQEBBs
+    let t = target(THREADS * WORDS, 1);
     let rig = rig(&t, 64, 64, CqMode::Normal);
     let log: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
     // SAFETY: the doorbell word lives in rig.mem, which outlives the relay (dropped first
@@ -506,10 +508,14 @@ fn doorbell_relay_follows_many_producers_past_the_index_wrap() {
             s.spawn(move || {
                 for i in 0..PER {
                     let v = ((th as u64) << 32) | i;
+                    let mut bytes = [0u8; 8 * WORDS];
+                    for w in 0..WORDS {
+                        bytes[8 * w..8 * w + 8].copy_from_slice(&(v + w as u64).to_ne_bytes());
+                    }
                     let _ = sq
                         .post(&WqeOp::RdmaWrite {
-                            remote: RaddrSeg::new(base + 8 * th as u64, t.rkey),
-                            payload: rshmem::mlx5::wqe::Payload::Inline(&v.to_ne_bytes()),
+                            remote: RaddrSeg::new(base + (8 * WORDS * th) as u64, t.rkey),
+                            payload: rshmem::mlx5::wqe::Payload::Inline(&bytes),
                         })
                         .unwrap();
                 }
@@ -518,7 +524,7 @@ fn doorbell_relay_follows_many_producers_past_the_index_wrap() {
     });
     rig.sq.quiet().unwrap();
     let total = rig.sq.reserved();
-    assert_eq!(total, THREADS as u64 * PER + rig.sq.signal_nops());
+    assert_eq!(total, 2 * THREADS as u64 * PER + rig.sq.signal_nops());
     assert!(total > 0x1_0000, "the index wraps");
     let last = rig
         .mem
@@ -550,7 +556,13 @@ fn doorbell_relay_follows_many_producers_past_the_index_wrap() {
     }
     assert_eq!(log.last(), Some(&last));
     for th in 0..THREADS {
-        assert_eq!(t.words[th], ((th as u64) << 32) | (PER - 1), "thread {th}");
+        for w in 0..WORDS {
+            assert_eq!(
+                t.words[WORDS * th + w],
+                ((th as u64) << 32) + PER - 1 + w as u64,
+                "thread {th} word {w}"
+            );
+        }
     }
     drop(log);
     drop(rig);

@@ -58,8 +58,9 @@ pub struct EpBenchArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Transport between the PEs: p2p (loads and stores into node-local peers' heaps;
-    /// GPU: CUDA VMM mappings) or proxy (mlx5 WQEs executed by the soft HCA; GPU: the
-    /// device-side IBGDA producer, heaps in host memory). Default: RSHMEM_TRANSPORT (auto:
+    /// GPU: CUDA VMM mappings), proxy (mlx5 WQEs executed by the soft HCA; GPU: the
+    /// device-side IBGDA producer, heaps in host memory) or ibgda (GPU only: the same
+    /// producer writing a ConnectX NIC's queues, heaps in GPU memory). Default: RSHMEM_TRANSPORT (auto:
     /// p2p on the node, the soft HCA over libfabric to other nodes). Under a launcher it
     /// must match the PEs' RSHMEM_TRANSPORT.
     #[arg(long, value_enum)]

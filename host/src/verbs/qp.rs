@@ -244,8 +244,8 @@ impl QpCaps {
     pub fn cqe(&self) -> u32 {
         self.max_send_wr
             .max(1)
-            .next_power_of_two()
-            .saturating_mul(MAX_WQEBBS_PER_WQE)
+            .checked_next_power_of_two()
+            .map_or(u32::MAX, |n| n.saturating_mul(MAX_WQEBBS_PER_WQE))
             - 1
     }
 }
@@ -539,6 +539,7 @@ mod tests {
         assert_eq!(c(129).cqe(), 4095);
         assert_eq!(c(256).cqe(), 4095);
         assert_eq!(c(0).cqe(), 15);
+        assert_eq!(c(u32::MAX).cqe(), u32::MAX - 1, "saturates, no wrap");
         // Worst case: every WQE 1 KiB, the ring rounded up to a power of two.
         for wr in [1u32, 3, 100, 129, 500, 512, 1000] {
             let sq_wqebbs = (wr as u64 * 1024).next_power_of_two() / 64;
