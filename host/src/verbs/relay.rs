@@ -143,8 +143,10 @@ impl Relayed {
     }
 }
 
-/// Idle rounds the relay spins before it starts sleeping between rounds.
-const SPIN_ROUNDS: u32 = 2048;
+/// How long after its last relayed doorbell the relay keeps spinning before it sleeps
+/// between rounds: doorbells of a burst (a kernel's posts) get through in well under a
+/// microsecond, and an idle relay costs no CPU.
+pub const SPIN: Duration = Duration::from_micros(200);
 /// Its sleep when idle (a doorbell waits at most about this long, plus timer slack, which
 /// the thread sets to 1 µs).
 const IDLE_SLEEP: Duration = Duration::from_micros(20);
@@ -171,8 +173,7 @@ impl DoorbellRelay {
                 // SAFETY: prctl on the calling thread with an integer argument. The
                 // default 50 µs slack would more than triple the idle sleep.
                 unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
-                let mut idle = 0u32;
-                let mut quiet_since = std::time::Instant::now();
+                let mut last_change = std::time::Instant::now();
                 // Acquire, paired with Drop's release store: the last round below sees
                 // every shadow store made before the relay was dropped.
                 while !s.load(Ordering::Acquire) {
@@ -183,17 +184,18 @@ impl DoorbellRelay {
                     if n > 0 {
                         // Relaxed: a statistic.
                         r.fetch_add(n, Ordering::Relaxed);
-                        idle = 0;
-                        quiet_since = std::time::Instant::now();
-                    } else if idle < SPIN_ROUNDS {
-                        idle += 1;
+                        last_change = std::time::Instant::now();
+                        continue;
+                    }
+                    let quiet = last_change.elapsed();
+                    if quiet < SPIN {
                         std::hint::spin_loop();
                     } else {
-                        if quiet_since.elapsed() >= RERING {
+                        if quiet >= RERING {
+                            // Each queue re-rings once per value (Relayed::rering).
                             for q in queues.iter_mut() {
                                 q.rering();
                             }
-                            quiet_since = std::time::Instant::now();
                         }
                         std::thread::sleep(IDLE_SLEEP);
                     }
