@@ -13,8 +13,10 @@
 //!    connected over the bootstrap ([`crate::verbs::connect_all`]);
 //! 4. `mlx5dv_init_obj` gives each QP's SQ, CQ and doorbell records (host memory libmlx5
 //!    allocated) and BlueFlame register (a UAR page); the host memory is registered into
-//!    CUDA page by page ([`page_ranges`]) and the descriptors carry its device addresses;
-//! 5. the UAR pages are registered with `CU_MEMHOSTREGISTER_IOMEMORY`; if the driver
+//!    CUDA in page ranges merged where they touch ([`page_ranges`]) and the descriptors
+//!    carry its device addresses;
+//! 5. the UAR pages are registered with `CU_MEMHOSTREGISTER_IOMEMORY`, one registration
+//!    per distinct page ([`uar_pages`]); if the driver
 //!    refuses (it needs `NVreg_RegistryDwords="PeerMappingOverride=1"`) or
 //!    `RSHMEM_IBGDA_DOORBELL=cpu` asks for it, the GPU rings a shadow word in host memory
 //!    instead and a CPU thread ([`crate::verbs::relay`]) stores it into the register.
