@@ -206,7 +206,7 @@ pub struct CudaDevice {
     /// dma-buf export of device memory.
     pub dma_buf: Option<bool>,
     /// Which consumers see GPUDirect RDMA writes into this GPU in order
-    /// ([`writes_ordering_name`]); `ibgda` needs at least `owner`.
+    /// (`none`, `owner`, `all-devices`, else the number); `ibgda` needs at least `owner`.
     pub gpudirect_rdma_writes_ordering: Option<String>,
 }
 
