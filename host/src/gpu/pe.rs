@@ -770,11 +770,6 @@ impl GpuPe {
         }
         self.cuda.heaps[self.my_pe()].as_ref().map_or(0, |m| m.va())
     }
-    /// Whether this PE reaches its peers through the soft HCA (`RSHMEM_TRANSPORT=proxy`:
-    /// host heap, IBGDA queues; no peer heap is mapped here).
-    pub fn is_proxy(&self) -> bool {
-        matches!(self.cuda.ibgda, Some(Queues::Proxy(_)))
-    }
     /// How this PE reaches its peers: `p2p`, `proxy` or `ibgda`.
     pub fn transport(&self) -> TransportMode {
         match self.cuda.ibgda {
