@@ -277,7 +277,8 @@ impl Pe {
         )
     }
 
-    /// Waits until at least one element satisfies `cmp value`; returns all that do.
+    /// Waits until at least one non-excluded element satisfies `cmp value`; returns the
+    /// indices of all that did in the scan that found one (never empty).
     pub fn wait_until_some<T: AtomicInt>(
         &self,
         ivars: SymPtr<T>,
@@ -285,8 +286,28 @@ impl Pe {
         cmp: Cmp,
         value: T,
     ) -> Result<Vec<usize>> {
-        self.wait_until_any(ivars, status, cmp, value)?;
-        self.test_some(ivars, status, cmp, value)
+        let words = self.ivar_words(ivars, status, "wait_until_some")?;
+        if words.is_empty() {
+            return Err(Error::InvalidArgument(
+                "wait_until_some: every element is excluded by status".into(),
+            ));
+        }
+        self.poll(
+            || {
+                let hits: Vec<usize> = words
+                    .iter()
+                    // SAFETY: validated words; atomic-only access.
+                    .filter(|&&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
+                    .map(|&(i, _)| i)
+                    .collect();
+                if hits.is_empty() {
+                    Err((words[0].0, words[0].1))
+                } else {
+                    Ok(hits)
+                }
+            },
+            |&(i, p)| self.wait_error("wait_until_some", ivars, i, p, cmp, value),
+        )
     }
 
     /// True if every non-excluded element satisfies `cmp value` now.

@@ -91,6 +91,55 @@ fn wait_timeout_reports_pe_address_comparison_and_last_value() {
 }
 
 #[test]
+fn array_waits_name_the_element_and_refuse_an_empty_set() {
+    let mut s = settings();
+    s.timeout = std::time::Duration::from_millis(200);
+    let out = run_threads(1, s, |pe| {
+        let iv = pe.calloc::<u32>(4)?;
+        let me = pe.my_pe();
+        pe.atomic_set(iv.at(0), 3u32, me)?;
+        pe.atomic_set(iv.at(2), 3u32, me)?;
+        let eq = rshmem::Cmp::Eq;
+        let some = pe.wait_until_some(iv, None, eq, 3)?;
+        let any = pe.wait_until_any(iv, Some(&[1, 0, 0, 0]), eq, 3)?;
+        let all_out = [1, 1, 1, 1];
+        let errs = [
+            pe.wait_until_any(iv, Some(&all_out), eq, 3).unwrap_err(),
+            pe.wait_until_some(iv, Some(&all_out), eq, 3).unwrap_err(),
+            pe.wait_until_all(iv, Some(&[0, 0]), eq, 3).unwrap_err(),
+            // [1] is never set: the timeout names it.
+            pe.wait_until_all(iv, Some(&[0, 0, 0, 1]), eq, 3)
+                .unwrap_err(),
+        ];
+        let empty_all = pe.wait_until_all(iv, Some(&all_out), eq, 3).is_ok();
+        Ok((some, any, errs.map(|e| e.to_string()), empty_all))
+    })
+    .unwrap();
+    let (some, any, errs, empty_all) = out.into_iter().next().unwrap().unwrap();
+    assert_eq!((some, any, empty_all), (vec![0, 2], 2, true));
+    assert!(
+        errs[0].contains("wait_until_any: every element is excluded by status"),
+        "{}",
+        errs[0]
+    );
+    assert!(
+        errs[1].contains("wait_until_some: every element is excluded by status"),
+        "{}",
+        errs[1]
+    );
+    assert!(
+        errs[2].contains("wait_until_all: status has 2 entries for 4 variables"),
+        "{}",
+        errs[2]
+    );
+    assert!(
+        errs[3].contains("wait_until_all") && errs[3].contains("element 1 of 4"),
+        "{}",
+        errs[3]
+    );
+}
+
+#[test]
 fn a_pe_that_leaves_without_finalize_fails_the_others_barrier() {
     let t0 = std::time::Instant::now();
     let out = run_threads(3, settings(), |pe| {
