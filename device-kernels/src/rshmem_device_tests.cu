@@ -458,6 +458,149 @@ extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_wait_typed(rshme
   }
   c.flush();
 }
+
+// ---- wait_until / test on arrays (all, any, some, and their _vector forms) -------------
+// grid 1 x block 32, thread 0. Each PE writes 8 uint64 words of its right neighbour's
+// array (scratch + 4096, zero at launch) in three stages and checks its own array as the
+// left neighbour fills it; status {0,1,0,0,1,0,0,0} excludes elements 1 and 4. Between
+// stages the reader acknowledges to its writer (signal ADD on the writer's ack word), so
+// every check sees exactly the stage it names.
+//   before:  all zero: test_{all,any,some} on the set and on empty sets (nelems 0, every
+//            element excluded: test_all 1, _any SIZE_MAX, _some 0, wait_until_all returns)
+//   stage 1: [5] = 7                 -> wait_until_any, _all on {5}, _some, test_any
+//   stage 2: [1] = [2] = 9           -> _any skips the excluded [1], then sees it unmasked;
+//                                       _some / test_some with and without status
+//   stage 3: [i] = 10 + i, i in {0,3,4,6,7} -> the _vector forms with per-element operands
+// checks/PE = 9 + 4 + 10 + 12 = 35.
+extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_wait_set(rshmem_harness_args_t a) {
+  if (threadIdx.x != 0) return;
+  Checker c(a);
+  unsigned char *s = scratch(a);
+  uint64_t *ack = reinterpret_cast<uint64_t *>(s);
+  uint64_t *ready = reinterpret_cast<uint64_t *>(s + 64);
+  uint64_t *iv = reinterpret_cast<uint64_t *>(s + 4096);
+  const int right = right_pe(), left = left_pe();
+  const uint64_t none = ~static_cast<size_t>(0);
+  const int st[8] = {0, 1, 0, 0, 1, 0, 0, 0};
+  const int all_out[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  size_t idx[8];
+  size_t n;
+
+  c.eq(0, 1, rshmem_uint64_test_all(iv, 8, st, RSHMEM_CMP_EQ, 0));
+  c.eq(1, 0, rshmem_uint64_test_all(iv, 8, nullptr, RSHMEM_CMP_NE, 0));
+  c.eq(2, none, rshmem_uint64_test_any(iv, 8, st, RSHMEM_CMP_NE, 0));
+  c.eq(3, 0, rshmem_uint64_test_some(iv, 8, idx, st, RSHMEM_CMP_NE, 0));
+  c.eq(4, 1, rshmem_uint64_test_all(iv, 0, nullptr, RSHMEM_CMP_NE, 0));
+  c.eq(5, 1, rshmem_uint64_test_all(iv, 8, all_out, RSHMEM_CMP_NE, 0));
+  c.eq(6, none, rshmem_uint64_test_any(iv, 8, all_out, RSHMEM_CMP_EQ, 0));
+  rshmem_uint64_wait_until_all(iv, 8, all_out, RSHMEM_CMP_NE, 0);
+  c.eq(7, none, rshmem_uint64_wait_until_any(iv, 8, all_out, RSHMEM_CMP_NE, 0));
+  c.eq(8, 0, rshmem_uint64_wait_until_some(iv, 0, idx, nullptr, RSHMEM_CMP_NE, 0));
+  rshmem_signal_op(ready, 1, RSHMEM_SIGNAL_SET, left);
+  rshmem_signal_wait_until(ready, RSHMEM_CMP_EQ, 1);
+
+  // Stage 1.
+  rshmem_uint64_p(iv + 5, 7, right);
+  c.eq(10, 5, rshmem_uint64_wait_until_any(iv, 8, st, RSHMEM_CMP_NE, 0));
+  const int only5[8] = {1, 1, 1, 1, 1, 0, 1, 1};
+  rshmem_uint64_wait_until_all(iv, 8, only5, RSHMEM_CMP_EQ, 7);
+  n = rshmem_uint64_wait_until_some(iv, 8, idx, st, RSHMEM_CMP_NE, 0);
+  c.eq(11, 1, n);
+  c.eq(12, 5, idx[0]);
+  c.eq(13, 5, rshmem_uint64_test_any(iv, 8, nullptr, RSHMEM_CMP_EQ, 7));
+  rshmem_signal_op(ack, 1, RSHMEM_SIGNAL_ADD, left);
+  rshmem_signal_wait_until(ack, RSHMEM_CMP_EQ, 1);
+
+  // Stage 2 (the two puts may land in either order: wait for both before the unmasked checks).
+  rshmem_uint64_p(iv + 1, 9, right);
+  rshmem_uint64_p(iv + 2, 9, right);
+  c.eq(20, 2, rshmem_uint64_wait_until_any(iv, 8, st, RSHMEM_CMP_EQ, 9));
+  const int only12[8] = {1, 0, 0, 1, 1, 1, 1, 1};
+  rshmem_uint64_wait_until_all(iv, 8, only12, RSHMEM_CMP_EQ, 9);
+  c.eq(21, 1, rshmem_uint64_wait_until_any(iv, 8, nullptr, RSHMEM_CMP_EQ, 9));
+  n = rshmem_uint64_wait_until_some(iv, 8, idx, st, RSHMEM_CMP_NE, 0);
+  c.eq(22, 2, n);
+  c.eq(23, 2, idx[0]);
+  c.eq(24, 5, idx[1]);
+  n = rshmem_uint64_test_some(iv, 8, idx, nullptr, RSHMEM_CMP_NE, 0);
+  c.eq(25, 3, n);
+  c.eq(26, 1, idx[0]);
+  c.eq(27, 2, idx[1]);
+  c.eq(28, 5, idx[2]);
+  c.eq(29, 0, rshmem_uint64_test_all(iv, 8, st, RSHMEM_CMP_NE, 0));
+  rshmem_signal_op(ack, 1, RSHMEM_SIGNAL_ADD, left);
+  rshmem_signal_wait_until(ack, RSHMEM_CMP_EQ, 2);
+
+  // Stage 3: iv = {10, 9, 9, 13, 14, 7, 16, 17}.
+  const uint64_t fill[5] = {0, 3, 4, 6, 7};
+  for (int k = 0; k < 5; ++k) rshmem_uint64_p(iv + fill[k], 10 + fill[k], right);
+  rshmem_uint64_wait_until_all(iv, 8, nullptr, RSHMEM_CMP_NE, 0);
+  const uint64_t exact[8] = {10, 9, 9, 13, 14, 7, 16, 17};
+  const uint64_t gt[8] = {10, 9, 9, 13, 14, 7, 15, 17};  // only [6] is greater
+  const uint64_t le[8] = {9, 8, 8, 13, 14, 6, 15, 16};   // only [3] and [4] are <=
+  rshmem_uint64_wait_until_all_vector(iv, 8, nullptr, RSHMEM_CMP_EQ, exact);
+  c.eq(30, 1, rshmem_uint64_test_all_vector(iv, 8, nullptr, RSHMEM_CMP_EQ, exact));
+  c.eq(31, 1, rshmem_uint64_test_all(iv, 8, st, RSHMEM_CMP_GE, 7));
+  c.eq(32, 0, rshmem_uint64_test_all(iv, 8, nullptr, RSHMEM_CMP_GT, 7));
+  c.eq(33, 6, rshmem_uint64_test_any_vector(iv, 8, nullptr, RSHMEM_CMP_GT, gt));
+  c.eq(34, 6, rshmem_uint64_wait_until_any_vector(iv, 8, nullptr, RSHMEM_CMP_GT, gt));
+  n = rshmem_uint64_test_some_vector(iv, 8, idx, st, RSHMEM_CMP_LE, le);
+  c.eq(35, 1, n);
+  c.eq(36, 3, idx[0]);
+  n = rshmem_uint64_wait_until_some_vector(iv, 8, idx, nullptr, RSHMEM_CMP_LE, le);
+  c.eq(37, 2, n);
+  c.eq(38, 3, idx[0]);
+  c.eq(39, 4, idx[1]);
+  c.eq(40, none, rshmem_uint64_test_any_vector(iv, 8, st, RSHMEM_CMP_LT, exact));
+  c.eq(41, 1, rshmem_uint64_test_all_vector(iv, 8, all_out, RSHMEM_CMP_LT, exact));
+  c.flush();
+}
+
+// The typed wrappers of the array wait/test family, one per AMO type, on 4 words of this
+// PE's own heap (no peer involved): thread 0 stores {1, 2, 3, 4} (plain stores: the same
+// thread reads them back) and status {0, 0, 1, 0} excludes [2]. Every wait is already
+// satisfied, so this checks results, not waiting. grid 1 x block 32.
+// checks/PE = 12 * 12 = 144.
+#define RSHMEMI_TEST_TYPED_WAIT_SET(NAME, TYPE)                                            \
+  {                                                                                        \
+    TYPE *iv = reinterpret_cast<TYPE *>(s + 4096 + 64 * t);                                \
+    for (int j = 0; j < 4; ++j) iv[j] = static_cast<TYPE>(j + 1);                          \
+    const TYPE v[4] = {1, 2, 3, 4};                                                        \
+    const TYPE w[4] = {5, 5, 5, 4};                                                        \
+    const uint64_t b = 20 * t;                                                             \
+    c.eq(b, 1, rshmem_##NAME##_test_all(iv, 4, nullptr, RSHMEM_CMP_GE, 1));                \
+    c.eq(b + 1, 3, rshmem_##NAME##_test_any(iv, 4, st, RSHMEM_CMP_GT, 2));                 \
+    n = rshmem_##NAME##_test_some(iv, 4, idx, st, RSHMEM_CMP_LE, 2);                        \
+    c.eq(b + 2, 2, n);                                                                     \
+    c.eq(b + 3, 1, idx[1]);                                                                \
+    rshmem_##NAME##_wait_until_all(iv, 4, st, RSHMEM_CMP_NE, 0);                           \
+    c.eq(b + 4, 0, rshmem_##NAME##_wait_until_any(iv, 4, nullptr, RSHMEM_CMP_EQ, 1));      \
+    n = rshmem_##NAME##_wait_until_some(iv, 4, idx, nullptr, RSHMEM_CMP_GE, 3);            \
+    c.eq(b + 5, 2, n);                                                                     \
+    c.eq(b + 6, 3, idx[1]);                                                                \
+    rshmem_##NAME##_wait_until_all_vector(iv, 4, nullptr, RSHMEM_CMP_EQ, v);               \
+    c.eq(b + 7, 1, rshmem_##NAME##_test_all_vector(iv, 4, nullptr, RSHMEM_CMP_EQ, v));     \
+    c.eq(b + 8, 3, rshmem_##NAME##_wait_until_any_vector(iv, 4, st, RSHMEM_CMP_GE, w));    \
+    c.eq(b + 9, 3, rshmem_##NAME##_wait_until_some_vector(iv, 4, idx, nullptr, RSHMEM_CMP_NE, w)); \
+    c.eq(b + 10, none, rshmem_##NAME##_test_any_vector(iv, 4, nullptr, RSHMEM_CMP_GT, v));  \
+    c.eq(b + 11, 3, rshmem_##NAME##_test_some_vector(iv, 4, idx, st, RSHMEM_CMP_EQ, v));    \
+    ++t;                                                                                   \
+  }
+
+extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_wait_set_typed(rshmem_harness_args_t a) {
+  Checker c(a);
+  unsigned char *s = scratch(a);
+  const uint64_t none = ~static_cast<size_t>(0);
+  const int st[4] = {0, 0, 1, 0};
+  size_t idx[4];
+  size_t n;
+  if (threadIdx.x == 0) {
+    int t = 0;
+    RSHMEM_AMO_TYPES(RSHMEMI_TEST_TYPED_WAIT_SET)
+  }
+  c.flush();
+}
+#undef RSHMEMI_TEST_TYPED_WAIT_SET
 #undef RSHMEMI_TEST_TYPED_WAIT
 
 // ---- atomics -----------------------------------------------------------------------------
@@ -704,6 +847,39 @@ extern "C" __global__ void __launch_bounds__(128, 1) rshmem_test_sync_all_block(
   c.flush();
 }
 
+// barrier_all_warp / sync_all_warp (grid 1 x block 64, not collective), param0 = R rounds:
+// as the _block cases with one warp per PE, the block's second warp (lanes 32..63; the
+// first warp returns at once), each lane one word. checks/PE = R * 32.
+extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_barrier_all_warp(rshmem_harness_args_t a) {
+  if (threadIdx.x < 32) return;
+  Checker c(a);
+  uint64_t *buf = reinterpret_cast<uint64_t *>(scratch(a) + 4096);
+  const uint32_t g = threadIdx.x - 32;
+  const int right = right_pe(), left = left_pe();
+  for (uint64_t r = 0; r < a.param0; ++r) {
+    uint64_t *b = buf + 32 * (r % 2);
+    rshmem_uint64_p(b + g, pat(a, rshmem_my_pe(), 32 * r + g), right);
+    rshmem_barrier_all_warp();
+    c.eq(32 * r + g, pat(a, left, 32 * r + g), b[g]);
+  }
+  c.flush();
+}
+
+extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_sync_all_warp(rshmem_harness_args_t a) {
+  if (threadIdx.x < 32) return;
+  Checker c(a);
+  uint64_t *buf = reinterpret_cast<uint64_t *>(scratch(a) + 4096);
+  const uint32_t g = threadIdx.x - 32;
+  const int left = left_pe();
+  for (uint64_t r = 0; r < a.param0; ++r) {
+    uint64_t *b = buf + 32 * (r % 2);
+    b[g] = pat(a, rshmem_my_pe(), 32 * r + g);
+    rshmem_sync_all_warp();
+    c.eq(32 * r + g, pat(a, left, 32 * r + g), rshmem_uint64_g(b + g, left));
+  }
+  c.flush();
+}
+
 // ---- rshmem_ptr --------------------------------------------------------------------------
 // grid 1 x block 64. Every thread stores word i of its pattern into its own buffer; after
 // quiet, thread 0 signals the right neighbour and waits for the left's signal. Checks:
@@ -776,4 +952,14 @@ extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_wait_timeout(rshm
 // A comparison operator that is not a rshmem_cmp_t (17): BAD_ARG, record.cmp = 17.
 extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_bad_cmp(rshmem_harness_args_t a) {
   rshmem_uint64_wait_until(reinterpret_cast<uint64_t *>(scratch(a)), 17, 1);
+}
+
+// wait_until_all on 4 scratch words, [0] and [1] set to 1 first, [3] excluded: [2] keeps
+// the wait going: WAIT_TIMEOUT, record.addr = scratch + 16, expected = 1, observed = 0.
+extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_wait_all_timeout(rshmem_harness_args_t a) {
+  uint64_t *iv = reinterpret_cast<uint64_t *>(scratch(a));
+  iv[0] = 1;
+  iv[1] = 1;
+  const int status[4] = {0, 0, 0, 1};
+  rshmem_uint64_wait_until_all(iv, 4, status, RSHMEM_CMP_EQ, 1);
 }

@@ -362,7 +362,7 @@ fn runs_every_step_and_ends_with_the_table() {
         "{log}"
     );
     let fails: Vec<&str> = log.lines().filter(|l| l.starts_with("gpu trap ")).collect();
-    assert_eq!(fails.len(), 7, "{log}");
+    assert_eq!(fails.len(), 8, "{log}");
     for l in &fails {
         assert!(
             l.contains(": FAIL (")
@@ -372,7 +372,7 @@ fn runs_every_step_and_ends_with_the_table() {
         );
     }
     assert!(
-        log.contains("gpu traps: 0 passed, 7 failed, of 7 case(s)"),
+        log.contains("gpu traps: 0 passed, 8 failed, of 8 case(s)"),
         "{log}"
     );
     assert!(!log.contains("panicked"), "{log}");

@@ -217,12 +217,12 @@ fn trap_cases_without_libcuda_fail_naming_the_driver() {
         "{t}"
     );
     no_panic(&o);
-    // --traps: every case of the manifest (7), each failing the same way.
+    // --traps: every case of the manifest (8), each failing the same way.
     let o = run(&["selftest", "--device", "gpu", "--traps"], &[NO_DRIVER]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(
-        t.contains("gpu traps: 0 passed, 7 failed, of 7 case(s)"),
+        t.contains("gpu traps: 0 passed, 8 failed, of 8 case(s)"),
         "{t}"
     );
     no_panic(&o);

@@ -634,7 +634,8 @@ mod tests {
                 "rshmem_trap_not_heap",
                 "rshmem_trap_wait_timeout",
                 "rshmem_trap_bad_cmp",
-                "rshmem_trap_unbound"
+                "rshmem_trap_unbound",
+                "rshmem_trap_wait_all_timeout"
             ]
         );
         let ev = |t: &TrapCase| {
@@ -689,6 +690,14 @@ mod tests {
         assert_eq!((u.kernel(), u.bind), ("rshmem_trap_bad_pe", false));
         assert_eq!(ev(u), (1, Some(-1), Some(0), Some(0), None, None, false));
         assert!(m.traps[..6].iter().all(|t| t.bind && t.kernel() == t.name));
+        // The array wait names the element that kept it going ([2] of 4 u64 words).
+        let w = &m.traps[7];
+        assert_eq!(
+            ev(w),
+            (4, Some(0), Some(s + 16), Some(1), Some(0), Some(0), true)
+        );
+        assert_eq!(w.timeout_ms, Some(500));
+        assert!(w.bind && w.kernel() == w.name);
     }
 
     #[test]

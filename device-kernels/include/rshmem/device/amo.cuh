@@ -1,8 +1,9 @@
 // rshmem/device/amo.cuh — remote atomics and the point-to-point wait/test family.
 //
 // Owns: rshmem_<type>_atomic_{fetch,set,swap,compare_swap,fetch_add,add,fetch_inc,inc,
-// fetch_and,and,fetch_or,or,fetch_xor,xor} on 32/64-bit integers, and
-// rshmem_<type>_wait_until / rshmem_<type>_test (+ the templates behind them).
+// fetch_and,and,fetch_or,or,fetch_xor,xor} on 32/64-bit integers,
+// rshmem_<type>_wait_until / rshmem_<type>_test, their array forms
+// rshmem_<type>_{wait_until,test}_{all,any,some}[_vector] (+ the templates behind them).
 // Must not: be included by host C++ (device-only; rshmem/rshmem.cuh includes it under nvcc).
 //
 // rshmem-check: device-only (device function bodies; see rshmem/rshmem.cuh)
@@ -173,6 +174,163 @@ RSHMEM_DEVICE int rshmem_test(const T *ivar, int cmp, T value) {
   return rshmemi_cmp_holds(v, cmp, value) ? 1 : 0;
 }
 
+// ---- wait / test on arrays ----------------------------------------------------------------
+// OpenSHMEM 1.5 / NVSHMEM point-to-point synchronisation on a set of words: the set is
+// ivars[0, nelems) without the elements whose status entry is non-zero (status may be
+// null: nothing excluded; it is local memory, ivars is symmetric on this PE). The _vector
+// forms compare element i with cmp_values[i] instead of one value. Loads are acquire at
+// system scope, as rshmem_wait_until's; waits are bounded the same way, and a timeout
+// reports the first element of the set that kept the wait going (its address, operand and
+// last value). An invalid cmp traps (BAD_ARG) even when the set is empty. Results for an
+// empty set (nelems 0 or everything excluded), as OpenSHMEM 1.5 says: wait_until_all and
+// test_all return at once (test_all: 1), wait_until_any and test_any return SIZE_MAX,
+// wait_until_some and test_some return 0. _any returns the lowest index that holds;
+// _some writes the indices that hold in increasing order and returns their count.
+
+// What one pass over the set looks for.
+enum rshmemi_set_mode { RSHMEMI_SET_ALL = 0, RSHMEMI_SET_ANY = 1, RSHMEMI_SET_SOME = 2 };
+
+// One pass over the set. ALL: SIZE_MAX when every element holds, else the first that does
+// not. ANY: the first that holds, else SIZE_MAX. SOME: writes every index that holds to
+// `indices` and returns the count. `*pending` gets the first element of the set that does
+// not hold (SIZE_MAX: none) and `*seen` its value: what a timeout reports.
+template <int Mode, typename T>
+RSHMEM_DEVICE size_t rshmemi_scan_set(const T *ivars, size_t nelems, size_t *indices, const int *status,
+                                      int cmp, T value, const T *cmp_values, size_t *pending, T *seen) {
+  typedef rshmemi_word_t<T> W;
+  const size_t none = ~static_cast<size_t>(0);
+  size_t found = 0;
+  *pending = none;
+  for (size_t i = 0; i < nelems; ++i) {
+    if (status != nullptr && status[i] != 0) continue;
+    const T v = static_cast<T>(rshmemi_ld_acquire_sys(reinterpret_cast<const W *>(ivars + i)));
+    const bool holds = rshmemi_cmp_holds(v, cmp, cmp_values != nullptr ? cmp_values[i] : value);
+    if (!holds && *pending == none) {
+      *pending = i;
+      *seen = v;
+      if (Mode == RSHMEMI_SET_ALL) return i;
+    }
+    if (holds && Mode == RSHMEMI_SET_ANY) return i;
+    if (holds && Mode == RSHMEMI_SET_SOME) indices[found++] = i;
+  }
+  return Mode == RSHMEMI_SET_SOME ? found : none;
+}
+
+// The checks every set operation makes first: ivars inside this PE's heap, a valid cmp.
+template <typename T>
+RSHMEM_DEVICE void rshmemi_check_set(const T *ivars, size_t nelems, int cmp, T value, const char *what) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "rshmem waits take 32- or 64-bit integers");
+  rshmemi_check_local(ivars, static_cast<uint64_t>(nelems) * sizeof(T), rshmemi_device_state.my_pe, what);
+  if (!rshmemi_cmp_valid(cmp)) rshmemi_wait_failed(ivars, cmp, static_cast<uint64_t>(value), 0, what);
+}
+
+// The bounded wait behind wait_until_{all,any,some}[_vector]: scans until the set
+// satisfies Mode (ALL: every element holds; ANY and SOME: one does, or the set is empty)
+// and returns what the last scan returned. The clock starts after the first scan fails.
+// Out of line (as is rshmemi_test_set): one copy per (Mode, T) however many call sites,
+// where inlining a loop per call made the typed self-test's PTX 600 KB; a call costs
+// little next to a scan of memory.
+template <int Mode, typename T>
+__device__ __noinline__ size_t rshmemi_wait_set(const T *ivars, size_t nelems, size_t *indices, const int *status,
+                                      int cmp, T value, const T *cmp_values, const char *what) {
+  rshmemi_check_set(ivars, nelems, cmp, value, what);
+  const size_t none = ~static_cast<size_t>(0);
+  size_t pending;
+  T seen = T();
+  size_t r = rshmemi_scan_set<Mode, T>(ivars, nelems, indices, status, cmp, value, cmp_values, &pending, &seen);
+  const uint64_t limit = rshmemi_effective_timeout(rshmemi_device_state.timeout_ns);
+  const uint64_t t0 = rshmemi_globaltimer();
+  for (;;) {
+    // ALL is done when nothing is pending; ANY/SOME when something holds or the set is
+    // empty (then nothing is pending either).
+    if (Mode == RSHMEMI_SET_ALL ? r == none
+                                : (Mode == RSHMEMI_SET_ANY ? r != none : r != 0) || pending == none)
+      return r;
+    if (rshmemi_globaltimer() - t0 > limit) {
+      const T operand = cmp_values != nullptr ? cmp_values[pending] : value;
+      rshmemi_wait_failed(ivars + pending, cmp, static_cast<uint64_t>(operand), static_cast<uint64_t>(seen), what);
+    }
+    r = rshmemi_scan_set<Mode, T>(ivars, nelems, indices, status, cmp, value, cmp_values, &pending, &seen);
+  }
+}
+
+// One pass behind test_{all,any,some}[_vector].
+template <int Mode, typename T>
+__device__ __noinline__ size_t rshmemi_test_set(const T *ivars, size_t nelems, size_t *indices, const int *status,
+                                      int cmp, T value, const T *cmp_values, const char *what) {
+  rshmemi_check_set(ivars, nelems, cmp, value, what);
+  size_t pending;
+  T seen = T();
+  return rshmemi_scan_set<Mode, T>(ivars, nelems, indices, status, cmp, value, cmp_values, &pending, &seen);
+}
+
+template <typename T>
+RSHMEM_DEVICE void rshmem_wait_until_all(const T *ivars, size_t nelems, const int *status, int cmp, T value) {
+  rshmemi_wait_set<RSHMEMI_SET_ALL, T>(ivars, nelems, nullptr, status, cmp, value, nullptr, "rshmem_wait_until_all");
+}
+template <typename T>
+RSHMEM_DEVICE size_t rshmem_wait_until_any(const T *ivars, size_t nelems, const int *status, int cmp, T value) {
+  return rshmemi_wait_set<RSHMEMI_SET_ANY, T>(ivars, nelems, nullptr, status, cmp, value, nullptr,
+                                           "rshmem_wait_until_any");
+}
+template <typename T>
+RSHMEM_DEVICE size_t rshmem_wait_until_some(const T *ivars, size_t nelems, size_t *indices, const int *status,
+                                            int cmp, T value) {
+  return rshmemi_wait_set<RSHMEMI_SET_SOME, T>(ivars, nelems, indices, status, cmp, value, nullptr,
+                                            "rshmem_wait_until_some");
+}
+template <typename T>
+RSHMEM_DEVICE void rshmem_wait_until_all_vector(const T *ivars, size_t nelems, const int *status, int cmp,
+                                                const T *cmp_values) {
+  rshmemi_wait_set<RSHMEMI_SET_ALL, T>(ivars, nelems, nullptr, status, cmp, T(), cmp_values,
+                                    "rshmem_wait_until_all_vector");
+}
+template <typename T>
+RSHMEM_DEVICE size_t rshmem_wait_until_any_vector(const T *ivars, size_t nelems, const int *status, int cmp,
+                                                  const T *cmp_values) {
+  return rshmemi_wait_set<RSHMEMI_SET_ANY, T>(ivars, nelems, nullptr, status, cmp, T(), cmp_values,
+                                           "rshmem_wait_until_any_vector");
+}
+template <typename T>
+RSHMEM_DEVICE size_t rshmem_wait_until_some_vector(const T *ivars, size_t nelems, size_t *indices,
+                                                   const int *status, int cmp, const T *cmp_values) {
+  return rshmemi_wait_set<RSHMEMI_SET_SOME, T>(ivars, nelems, indices, status, cmp, T(), cmp_values,
+                                            "rshmem_wait_until_some_vector");
+}
+template <typename T>
+RSHMEM_DEVICE int rshmem_test_all(const T *ivars, size_t nelems, const int *status, int cmp, T value) {
+  return rshmemi_test_set<RSHMEMI_SET_ALL, T>(ivars, nelems, nullptr, status, cmp, value, nullptr,
+                                           "rshmem_test_all") == ~static_cast<size_t>(0);
+}
+template <typename T>
+RSHMEM_DEVICE size_t rshmem_test_any(const T *ivars, size_t nelems, const int *status, int cmp, T value) {
+  return rshmemi_test_set<RSHMEMI_SET_ANY, T>(ivars, nelems, nullptr, status, cmp, value, nullptr, "rshmem_test_any");
+}
+template <typename T>
+RSHMEM_DEVICE size_t rshmem_test_some(const T *ivars, size_t nelems, size_t *indices, const int *status, int cmp,
+                                      T value) {
+  return rshmemi_test_set<RSHMEMI_SET_SOME, T>(ivars, nelems, indices, status, cmp, value, nullptr,
+                                            "rshmem_test_some");
+}
+template <typename T>
+RSHMEM_DEVICE int rshmem_test_all_vector(const T *ivars, size_t nelems, const int *status, int cmp,
+                                         const T *cmp_values) {
+  return rshmemi_test_set<RSHMEMI_SET_ALL, T>(ivars, nelems, nullptr, status, cmp, T(), cmp_values,
+                                           "rshmem_test_all_vector") == ~static_cast<size_t>(0);
+}
+template <typename T>
+RSHMEM_DEVICE size_t rshmem_test_any_vector(const T *ivars, size_t nelems, const int *status, int cmp,
+                                            const T *cmp_values) {
+  return rshmemi_test_set<RSHMEMI_SET_ANY, T>(ivars, nelems, nullptr, status, cmp, T(), cmp_values,
+                                           "rshmem_test_any_vector");
+}
+template <typename T>
+RSHMEM_DEVICE size_t rshmem_test_some_vector(const T *ivars, size_t nelems, size_t *indices, const int *status,
+                                             int cmp, const T *cmp_values) {
+  return rshmemi_test_set<RSHMEMI_SET_SOME, T>(ivars, nelems, indices, status, cmp, T(), cmp_values,
+                                            "rshmem_test_some_vector");
+}
+
 #undef RSHMEMI_W
 
 // The standard AMO / point-to-point synchronisation types: (NAME, TYPE).
@@ -239,6 +397,55 @@ RSHMEM_DEVICE int rshmem_test(const T *ivar, int cmp, T value) {
   }                                                                                             \
   RSHMEM_DEVICE int rshmem_##NAME##_test(const TYPE *ivar, int cmp, TYPE value) {               \
     return rshmem_test<TYPE>(ivar, cmp, value);                                                 \
+  }                                                                                             \
+  RSHMEM_DEVICE void rshmem_##NAME##_wait_until_all(const TYPE *ivars, size_t nelems,           \
+      const int *status, int cmp, TYPE value) {                                                 \
+    rshmem_wait_until_all<TYPE>(ivars, nelems, status, cmp, value);                             \
+  }                                                                                             \
+  RSHMEM_DEVICE size_t rshmem_##NAME##_wait_until_any(const TYPE *ivars, size_t nelems,         \
+      const int *status, int cmp, TYPE value) {                                                 \
+    return rshmem_wait_until_any<TYPE>(ivars, nelems, status, cmp, value);                      \
+  }                                                                                             \
+  RSHMEM_DEVICE size_t rshmem_##NAME##_wait_until_some(const TYPE *ivars, size_t nelems,        \
+      size_t *indices, const int *status, int cmp, TYPE value) {                                \
+    return rshmem_wait_until_some<TYPE>(ivars, nelems, indices, status, cmp, value);            \
+  }                                                                                             \
+  RSHMEM_DEVICE void rshmem_##NAME##_wait_until_all_vector(const TYPE *ivars, size_t nelems,    \
+      const int *status, int cmp, const TYPE *cmp_values) {                                     \
+    rshmem_wait_until_all_vector<TYPE>(ivars, nelems, status, cmp, cmp_values);                 \
+  }                                                                                             \
+  RSHMEM_DEVICE size_t rshmem_##NAME##_wait_until_any_vector(const TYPE *ivars, size_t nelems,  \
+      const int *status, int cmp, const TYPE *cmp_values) {                                     \
+    return rshmem_wait_until_any_vector<TYPE>(ivars, nelems, status, cmp, cmp_values);          \
+  }                                                                                             \
+  RSHMEM_DEVICE size_t rshmem_##NAME##_wait_until_some_vector(const TYPE *ivars, size_t nelems, \
+      size_t *indices, const int *status, int cmp, const TYPE *cmp_values) {                    \
+    return rshmem_wait_until_some_vector<TYPE>(ivars, nelems,                                   \
+                                               indices, status, cmp, cmp_values);               \
+  }                                                                                             \
+  RSHMEM_DEVICE int rshmem_##NAME##_test_all(const TYPE *ivars, size_t nelems,                  \
+      const int *status, int cmp, TYPE value) {                                                 \
+    return rshmem_test_all<TYPE>(ivars, nelems, status, cmp, value);                            \
+  }                                                                                             \
+  RSHMEM_DEVICE size_t rshmem_##NAME##_test_any(const TYPE *ivars, size_t nelems,               \
+      const int *status, int cmp, TYPE value) {                                                 \
+    return rshmem_test_any<TYPE>(ivars, nelems, status, cmp, value);                            \
+  }                                                                                             \
+  RSHMEM_DEVICE size_t rshmem_##NAME##_test_some(const TYPE *ivars, size_t nelems,              \
+      size_t *indices, const int *status, int cmp, TYPE value) {                                \
+    return rshmem_test_some<TYPE>(ivars, nelems, indices, status, cmp, value);                  \
+  }                                                                                             \
+  RSHMEM_DEVICE int rshmem_##NAME##_test_all_vector(const TYPE *ivars, size_t nelems,           \
+      const int *status, int cmp, const TYPE *cmp_values) {                                     \
+    return rshmem_test_all_vector<TYPE>(ivars, nelems, status, cmp, cmp_values);                \
+  }                                                                                             \
+  RSHMEM_DEVICE size_t rshmem_##NAME##_test_any_vector(const TYPE *ivars, size_t nelems,        \
+      const int *status, int cmp, const TYPE *cmp_values) {                                     \
+    return rshmem_test_any_vector<TYPE>(ivars, nelems, status, cmp, cmp_values);                \
+  }                                                                                             \
+  RSHMEM_DEVICE size_t rshmem_##NAME##_test_some_vector(const TYPE *ivars, size_t nelems,       \
+      size_t *indices, const int *status, int cmp, const TYPE *cmp_values) {                    \
+    return rshmem_test_some_vector<TYPE>(ivars, nelems, indices, status, cmp, cmp_values);      \
   }
 RSHMEM_AMO_TYPES(RSHMEMI_TYPED_AMO)
 #undef RSHMEMI_TYPED_AMO

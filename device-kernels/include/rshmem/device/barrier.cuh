@@ -2,8 +2,9 @@
 //
 // Owns: rshmem_barrier_all / rshmem_sync_all (device-wide: every thread of every block of
 // the launch on every PE calls them; needs a co-resident grid, i.e. a collective launch)
-// and rshmem_barrier_all_block / rshmem_sync_all_block (exactly one block per PE calls
-// them, all of its threads). The words they use live in the device sync scratch; the
+// rshmem_barrier_all_block / rshmem_sync_all_block (exactly one block per PE calls them,
+// all of its threads) and rshmem_barrier_all_warp / rshmem_sync_all_warp (exactly one
+// warp per PE, all 32 lanes). The words they use live in the device sync scratch; the
 // layout is in rshmem/device/layout.cuh.
 // Must not: be included by host C++ (device-only; rshmem/rshmem.cuh includes it under nvcc).
 //
@@ -17,10 +18,11 @@
 // a PE that never arrives, traps with the word it waited for instead of hanging.
 //
 // Algorithm.
-//  PE level (one block): thread 0 takes the next epoch e (pe_epoch + 1); thread i announces
-//  e to PEs i, i + blockDim, ... (release store of e into arrival[my_pe] in that PE's
-//  scratch, system scope) and then waits for arrival[i] >= e in its own scratch (acquire,
-//  system scope); a __syncthreads ends it. Arrival words only grow: no reset, no race
+//  PE level (one block, or one warp): thread 0 takes the next epoch e (pe_epoch + 1) and
+//  the group gets it; thread i announces e to PEs i, i + group size, ... (release store of
+//  e into arrival[my_pe] in that PE's scratch, system scope) and then waits for
+//  arrival[i] >= e in its own scratch (acquire, system scope); a __syncthreads
+//  (__syncwarp) ends it. Arrival words only grow: no reset, no race
 //  between consecutive barriers.
 //  Device-wide: each block's thread 0 reads grid_gen, then adds 1 to grid_arrive (acq_rel,
 //  .gpu: only this PE's blocks touch these words and they share the GPU's L2). The block
@@ -37,33 +39,32 @@
 
 #if defined(__CUDACC__)
 
-// One block synchronises with one block of every other PE (see above). All threads of the
-// block call it.
-RSHMEM_DEVICE void rshmemi_pe_sync_block(const char *what) {
-  __shared__ uint64_t rshmemi_epoch;
-  rshmemi_require_bound(what);
+// Takes this PE's next barrier epoch (one thread of the one group per PE that runs the
+// PE-level step). Only one group per PE runs it at a time (it is collective), so the
+// increment is uncontended; atomic so that its value carries over to whichever block or
+// warp runs the next barrier (another one, or the next kernel launch).
+RSHMEM_DEVICE uint64_t rshmemi_take_epoch(uint64_t base, const char *what) {
   const rshmem_device_state_t &s = rshmemi_device_state;
-  const uint32_t tid = rshmemi_block_thread();
-  const uint32_t nthreads = rshmemi_block_threads();
-  const uint64_t base = rshmemi_sync_base();
-  if (tid == 0) {
-    if (static_cast<uint64_t>(s.n_pes) > rshmemi_sync_max_pes(s.sync_bytes))
-      rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, s.n_pes, base, s.sync_bytes, 0, 0, what,
-                   "too many PEs for the device sync scratch");
-    // Only one block per PE runs this at a time (it is collective), so the increment is
-    // uncontended; atomic so that its value carries over to whichever block runs the
-    // next barrier (another block, or the next kernel launch).
-    rshmemi_epoch = rshmemi_atom_add(reinterpret_cast<uint64_t *>(base + RSHMEMI_SYNC_PE_EPOCH), 1ull) + 1;
-  }
-  __syncthreads();
-  const uint64_t e = rshmemi_epoch;
-  for (uint32_t p = tid; p < static_cast<uint32_t>(s.n_pes); p += nthreads) {
+  if (static_cast<uint64_t>(s.n_pes) > rshmemi_sync_max_pes(s.sync_bytes))
+    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, s.n_pes, base, s.sync_bytes, 0, 0, what,
+                 "too many PEs for the device sync scratch");
+  return rshmemi_atom_add(reinterpret_cast<uint64_t *>(base + RSHMEMI_SYNC_PE_EPOCH), 1ull) + 1;
+}
+
+// The PE-level exchange (see above): thread `rank` of the `size` threads of the group
+// announces epoch e to PEs rank, rank + size, ... and then waits for their arrival words.
+// The group has synchronised before (its earlier stores are ordered before each
+// thread's release) and synchronises after.
+RSHMEM_DEVICE void rshmemi_pe_exchange(uint64_t base, uint64_t e, uint32_t rank, uint32_t size, const char *what) {
+  const rshmem_device_state_t &s = rshmemi_device_state;
+  for (uint32_t p = rank; p < static_cast<uint32_t>(s.n_pes); p += size) {
     uint64_t *slot = reinterpret_cast<uint64_t *>(base + rshmemi_sync_arrival_offset(s.my_pe));
     const rshmemi_target_t t = rshmemi_resolve(slot, 8, static_cast<int>(p), what);
     switch (t.transport) {
       case RSHMEM_TRANSPORT_P2P:
         // Release: this thread's earlier stores, and everything it synchronised with
-        // (the block barrier, the grid counters), are visible to PE p once it sees e.
+        // (the block or warp barrier, the grid counters), are visible to PE p once it
+        // sees e.
         rshmemi_st_release_sys(reinterpret_cast<uint64_t *>(t.addr), e);
         break;
       case RSHMEM_TRANSPORT_IBGDA:
@@ -80,11 +81,38 @@ RSHMEM_DEVICE void rshmemi_pe_sync_block(const char *what) {
         rshmemi_no_transport(t.transport, static_cast<int>(p), reinterpret_cast<uint64_t>(slot), 8, what);
     }
   }
-  for (uint32_t p = tid; p < static_cast<uint32_t>(s.n_pes); p += nthreads) {
+  for (uint32_t p = rank; p < static_cast<uint32_t>(s.n_pes); p += size) {
     const uint64_t *mine = reinterpret_cast<const uint64_t *>(base + rshmemi_sync_arrival_offset(static_cast<int>(p)));
     rshmemi_poll<uint64_t>(mine, RSHMEM_CMP_GE, e, [mine] { return rshmemi_ld_acquire_sys(mine); }, what);
   }
+}
+
+// One block synchronises with one block of every other PE (see above). All threads of the
+// block call it.
+RSHMEM_DEVICE void rshmemi_pe_sync_block(const char *what) {
+  __shared__ uint64_t rshmemi_epoch;
+  rshmemi_require_bound(what);
+  const uint32_t tid = rshmemi_block_thread();
+  const uint64_t base = rshmemi_sync_base();
+  if (tid == 0) rshmemi_epoch = rshmemi_take_epoch(base, what);
   __syncthreads();
+  rshmemi_pe_exchange(base, rshmemi_epoch, tid, rshmemi_block_threads(), what);
+  __syncthreads();
+}
+
+// One warp synchronises with one warp of every other PE: as the block step, with
+// __syncwarp (which orders memory among the warp's lanes, as __syncthreads does for a
+// block) and the epoch passed by a shuffle. All 32 lanes call it.
+RSHMEM_DEVICE void rshmemi_pe_sync_warp(const char *what) {
+  rshmemi_require_bound(what);
+  const uint32_t lane = rshmemi_lane();
+  const uint64_t base = rshmemi_sync_base();
+  __syncwarp();
+  uint64_t e = 0;
+  if (lane == 0) e = rshmemi_take_epoch(base, what);
+  e = __shfl_sync(0xffffffffu, e, 0);
+  rshmemi_pe_exchange(base, e, lane, 32u, what);
+  __syncwarp();
 }
 
 // All threads of all blocks of the launch (co-resident grid) call it.
@@ -137,5 +165,14 @@ RSHMEM_DEVICE void rshmem_sync_all_block() {
   __syncthreads();
   rshmemi_pe_sync_block("rshmem_sync_all_block");
 }
+
+// quiet + sync of one warp per PE (all 32 lanes of that warp call; no other warp or block
+// of the launch may call a barrier at the same time).
+RSHMEM_DEVICE void rshmem_barrier_all_warp() {
+  rshmem_quiet();
+  rshmemi_pe_sync_warp("rshmem_barrier_all_warp");
+}
+
+RSHMEM_DEVICE void rshmem_sync_all_warp() { rshmemi_pe_sync_warp("rshmem_sync_all_warp"); }
 
 #endif  // __CUDACC__
