@@ -24,6 +24,19 @@
 
 #include "../../cuda-emu/base.h"
 
+// Stand-ins for the storage classes of cuda_fp16.h / cuda_bf16.h (not on g++'s path): the
+// device API only moves their bits (rshmem_half_*, rshmem_bfloat16_*), so two bytes each
+// and the headers' "types exist" macros are all it needs.
+struct __half {
+  unsigned short x;
+};
+typedef __half half;
+struct __nv_bfloat16 {
+  unsigned short x;
+};
+#define __CUDA_FP16_TYPES_EXIST__
+#define __CUDA_BF16_TYPES_EXIST__
+
 inline EmuBarrier emu_block_bar;
 inline EmuBarrier *emu_warp_bars = nullptr;  // one per warp (the last may be partial)
 
