@@ -56,6 +56,36 @@ const SPIN_POLLS_OVERSUBSCRIBED: u64 = 16;
 /// Polls between checks of the clock and of peer liveness.
 const CHECK_EVERY: u64 = 256;
 
+/// What a wait on a set of words waits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SetWait {
+    All,
+    Any,
+    Some,
+}
+
+/// The comparison operand of a set operation: one value, or one per element (`_vector`).
+enum Operand<'a, T> {
+    One(T),
+    Each(&'a [T]),
+}
+
+impl<T: Copy> Operand<'_, T> {
+    fn at(&self, i: usize) -> T {
+        match self {
+            Operand::One(v) => *v,
+            Operand::Each(v) => v[i],
+        }
+    }
+
+    fn len(&self) -> Option<usize> {
+        match self {
+            Operand::One(_) => None,
+            Operand::Each(v) => Some(v.len()),
+        }
+    }
+}
+
 impl Pe {
     // ------------------------------------------------------------------ put / get
 
@@ -237,17 +267,15 @@ impl Pe {
         cmp: Cmp,
         value: T,
     ) -> Result<()> {
-        let words = self.ivar_words(ivars, status, "wait_until_all")?;
-        self.poll(
-            || {
-                words
-                    .iter()
-                    // SAFETY: each word was validated by ivar_words; atomic-only access.
-                    .find(|&&(_, p)| !cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
-                    .map_or(Ok(()), |&(i, p)| Err((i, p)))
-            },
-            |&(i, p)| self.wait_error("wait_until_all", ivars, i, p, cmp, value),
+        self.wait_set(
+            ivars,
+            status,
+            cmp,
+            Operand::One(value),
+            SetWait::All,
+            "wait_until_all",
         )
+        .map(|_| ())
     }
 
     /// Waits until some element of `ivars` not excluded by `status` satisfies `cmp value`;
@@ -259,22 +287,15 @@ impl Pe {
         cmp: Cmp,
         value: T,
     ) -> Result<usize> {
-        let words = self.ivar_words(ivars, status, "wait_until_any")?;
-        if words.is_empty() {
-            return Err(Error::InvalidArgument(
-                "wait_until_any: every element is excluded by status".into(),
-            ));
-        }
-        self.poll(
-            || {
-                words
-                    .iter()
-                    // SAFETY: validated words; atomic-only access.
-                    .find(|&&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
-                    .map_or(Err((words[0].0, words[0].1)), |&(i, _)| Ok(i))
-            },
-            |&(i, p)| self.wait_error("wait_until_any", ivars, i, p, cmp, value),
+        self.wait_set(
+            ivars,
+            status,
+            cmp,
+            Operand::One(value),
+            SetWait::Any,
+            "wait_until_any",
         )
+        .map(|hits| hits[0])
     }
 
     /// Waits until at least one non-excluded element satisfies `cmp value`; returns the
@@ -286,28 +307,52 @@ impl Pe {
         cmp: Cmp,
         value: T,
     ) -> Result<Vec<usize>> {
-        let words = self.ivar_words(ivars, status, "wait_until_some")?;
-        if words.is_empty() {
-            return Err(Error::InvalidArgument(
-                "wait_until_some: every element is excluded by status".into(),
-            ));
-        }
-        self.poll(
-            || {
-                let hits: Vec<usize> = words
-                    .iter()
-                    // SAFETY: validated words; atomic-only access.
-                    .filter(|&&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
-                    .map(|&(i, _)| i)
-                    .collect();
-                if hits.is_empty() {
-                    Err((words[0].0, words[0].1))
-                } else {
-                    Ok(hits)
-                }
-            },
-            |&(i, p)| self.wait_error("wait_until_some", ivars, i, p, cmp, value),
+        self.wait_set(
+            ivars,
+            status,
+            cmp,
+            Operand::One(value),
+            SetWait::Some,
+            "wait_until_some",
         )
+    }
+
+    /// As [`Pe::wait_until_all`], element `i` compared with `values[i]`.
+    pub fn wait_until_all_vector<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        values: &[T],
+    ) -> Result<()> {
+        let op = "wait_until_all_vector";
+        self.wait_set(ivars, status, cmp, Operand::Each(values), SetWait::All, op)
+            .map(|_| ())
+    }
+
+    /// As [`Pe::wait_until_any`], element `i` compared with `values[i]`.
+    pub fn wait_until_any_vector<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        values: &[T],
+    ) -> Result<usize> {
+        let op = "wait_until_any_vector";
+        self.wait_set(ivars, status, cmp, Operand::Each(values), SetWait::Any, op)
+            .map(|hits| hits[0])
+    }
+
+    /// As [`Pe::wait_until_some`], element `i` compared with `values[i]`.
+    pub fn wait_until_some_vector<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        values: &[T],
+    ) -> Result<Vec<usize>> {
+        let op = "wait_until_some_vector";
+        self.wait_set(ivars, status, cmp, Operand::Each(values), SetWait::Some, op)
     }
 
     /// True if every non-excluded element satisfies `cmp value` now.
@@ -318,11 +363,8 @@ impl Pe {
         cmp: Cmp,
         value: T,
     ) -> Result<bool> {
-        let words = self.ivar_words(ivars, status, "test_all")?;
-        // SAFETY: validated words; atomic-only access.
-        Ok(words
-            .iter()
-            .all(|&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value)))
+        let (hits, set) = self.test_set(ivars, status, cmp, Operand::One(value), "test_all")?;
+        Ok(hits.len() == set)
     }
 
     /// Index of a non-excluded element that satisfies `cmp value` now, if any.
@@ -333,12 +375,8 @@ impl Pe {
         cmp: Cmp,
         value: T,
     ) -> Result<Option<usize>> {
-        let words = self.ivar_words(ivars, status, "test_any")?;
-        Ok(words
-            .iter()
-            // SAFETY: validated words; atomic-only access.
-            .find(|&&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
-            .map(|&(i, _)| i))
+        let (hits, _) = self.test_set(ivars, status, cmp, Operand::One(value), "test_any")?;
+        Ok(hits.first().copied())
     }
 
     /// Indices of all non-excluded elements that satisfy `cmp value` now.
@@ -349,13 +387,49 @@ impl Pe {
         cmp: Cmp,
         value: T,
     ) -> Result<Vec<usize>> {
-        let words = self.ivar_words(ivars, status, "test_some")?;
-        Ok(words
-            .iter()
-            // SAFETY: validated words; atomic-only access.
-            .filter(|&&(_, p)| cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
-            .map(|&(i, _)| i)
-            .collect())
+        Ok(self
+            .test_set(ivars, status, cmp, Operand::One(value), "test_some")?
+            .0)
+    }
+
+    /// As [`Pe::test_all`], element `i` compared with `values[i]`.
+    pub fn test_all_vector<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        values: &[T],
+    ) -> Result<bool> {
+        let op = "test_all_vector";
+        let (hits, set) = self.test_set(ivars, status, cmp, Operand::Each(values), op)?;
+        Ok(hits.len() == set)
+    }
+
+    /// As [`Pe::test_any`], element `i` compared with `values[i]`.
+    pub fn test_any_vector<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        values: &[T],
+    ) -> Result<Option<usize>> {
+        let op = "test_any_vector";
+        let (hits, _) = self.test_set(ivars, status, cmp, Operand::Each(values), op)?;
+        Ok(hits.first().copied())
+    }
+
+    /// As [`Pe::test_some`], element `i` compared with `values[i]`.
+    pub fn test_some_vector<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        values: &[T],
+    ) -> Result<Vec<usize>> {
+        let op = "test_some_vector";
+        Ok(self
+            .test_set(ivars, status, cmp, Operand::Each(values), op)?
+            .0)
     }
 
     // ------------------------------------------------------------------ atomics
@@ -645,17 +719,24 @@ impl Pe {
         }
     }
 
-    fn ivar_words<T>(
+    /// The words of the set: `ivars` without the elements `status` excludes (non-zero),
+    /// each checked to be in this PE's heap; `Operand::Each` must have one value per
+    /// element.
+    fn ivar_words<T: AtomicInt>(
         &self,
         ivars: SymPtr<T>,
         status: Option<&[i32]>,
+        operand: &Operand<'_, T>,
         op: &'static str,
     ) -> Result<Vec<(usize, *mut T)>> {
-        if let Some(s) = status {
-            if s.len() != ivars.len() {
+        let sizes = [
+            ("status", status.map(|s| s.len())),
+            ("cmp_values", operand.len()),
+        ];
+        for (what, len) in sizes {
+            if let Some(len) = len.filter(|&l| l != ivars.len()) {
                 return Err(Error::InvalidArgument(format!(
-                    "{op}: status has {} entries for {} variables",
-                    s.len(),
+                    "{op}: {what} has {len} entries for {} variables",
                     ivars.len()
                 )));
             }
@@ -664,6 +745,73 @@ impl Pe {
             .filter(|&i| status.is_none_or(|s| s[i] == 0))
             .map(|i| Ok((i, self.sync_word(ivars.at(i), self.my_pe(), op)?)))
             .collect()
+    }
+
+    /// One scan of the set: the indices whose element satisfies `cmp`, and the first that
+    /// does not (what a timeout names).
+    fn scan_set<T: AtomicInt>(
+        words: &[(usize, *mut T)],
+        cmp: Cmp,
+        operand: &Operand<'_, T>,
+    ) -> (Vec<usize>, Option<(usize, *mut T)>) {
+        let mut hits = Vec::new();
+        let mut pending = None;
+        for &(i, p) in words {
+            // SAFETY: every word was validated by ivar_words; atomic-only access.
+            if cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, operand.at(i)) {
+                hits.push(i);
+            } else if pending.is_none() {
+                pending = Some((i, p));
+            }
+        }
+        (hits, pending)
+    }
+
+    /// The waits on a set of words (OpenSHMEM 1.5 wait_until_{all,any,some}[_vector]):
+    /// polls until `mode` is satisfied and returns the indices that held in that scan.
+    /// An empty set satisfies `All` and is an error for `Any` and `Some` (they could never
+    /// return).
+    fn wait_set<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        operand: Operand<'_, T>,
+        mode: SetWait,
+        op: &'static str,
+    ) -> Result<Vec<usize>> {
+        let words = self.ivar_words(ivars, status, &operand, op)?;
+        if words.is_empty() && mode != SetWait::All {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: every element is excluded by status"
+            )));
+        }
+        self.poll(
+            || {
+                let (hits, pending) = Self::scan_set(&words, cmp, &operand);
+                match (mode, pending) {
+                    (SetWait::All, Some(p)) => Err(p),
+                    (SetWait::All, None) => Ok(hits),
+                    _ if !hits.is_empty() => Ok(hits),
+                    // No element holds, so the first one is pending.
+                    _ => Err(pending.unwrap_or(words[0])),
+                }
+            },
+            |&(i, p)| self.wait_error(op, ivars, i, p, cmp, operand.at(i)),
+        )
+    }
+
+    /// One scan for test_{all,any,some}[_vector]: the indices that hold and the set's size.
+    fn test_set<T: AtomicInt>(
+        &self,
+        ivars: SymPtr<T>,
+        status: Option<&[i32]>,
+        cmp: Cmp,
+        operand: Operand<'_, T>,
+        op: &'static str,
+    ) -> Result<(Vec<usize>, usize)> {
+        let words = self.ivar_words(ivars, status, &operand, op)?;
+        Ok((Self::scan_set(&words, cmp, &operand).0, words.len()))
     }
 
     fn wait_error<T: AtomicInt>(

@@ -610,6 +610,38 @@ fn wait(pe: &Pe) -> Result<()> {
         pe.test_all(uv, Some(&[0]), Cmp::Eq, 9),
         |e| matches!(e, Error::InvalidArgument(_)),
     )?;
+    // The _vector forms: element i against values[i]; uv is [0, 9, 0, 9].
+    pe.wait_until_all_vector(uv, None, Cmp::Eq, &[0, 9, 0, 9])?;
+    check(
+        || "test_all_vector (element 2 excluded)".into(),
+        pe.test_all_vector(uv, Some(&[0, 0, 1, 0]), Cmp::Eq, &[0, 9, 5, 9])?,
+        true,
+    )?;
+    check(
+        || "wait_until_any_vector".into(),
+        pe.wait_until_any_vector(uv, None, Cmp::Gt, &[0, 9, 0, 8])?,
+        3,
+    )?;
+    check(
+        || "test_any_vector".into(),
+        pe.test_any_vector(uv, None, Cmp::Lt, &[0, 9, 0, 9])?,
+        None,
+    )?;
+    check(
+        || "wait_until_some_vector".into(),
+        pe.wait_until_some_vector(uv, Some(&[0, 1, 0, 0]), Cmp::Ge, &[0, 10, 1, 9])?,
+        vec![0, 3],
+    )?;
+    check(
+        || "test_some_vector".into(),
+        pe.test_some_vector(uv, None, Cmp::Ne, &[1, 9, 0, 9])?,
+        vec![0],
+    )?;
+    expect_err(
+        "cmp_values length",
+        pe.test_any_vector(uv, None, Cmp::Eq, &[9, 9]),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("cmp_values has 2 entries")),
+    )?;
     let _ = (n, prev);
     pe.barrier_all()?;
     pe.free(uv)?;

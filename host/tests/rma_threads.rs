@@ -110,6 +110,9 @@ fn array_waits_name_the_element_and_refuse_an_empty_set() {
             // [1] is never set: the timeout names it.
             pe.wait_until_all(iv, Some(&[0, 0, 0, 1]), eq, 3)
                 .unwrap_err(),
+            // [3] holds 0, not its operand 1.
+            pe.wait_until_all_vector(iv, None, eq, &[3, 0, 3, 1])
+                .unwrap_err(),
         ];
         let empty_all = pe.wait_until_all(iv, Some(&all_out), eq, 3).is_ok();
         Ok((some, any, errs.map(|e| e.to_string()), empty_all))
@@ -136,6 +139,13 @@ fn array_waits_name_the_element_and_refuse_an_empty_set() {
         errs[3].contains("wait_until_all") && errs[3].contains("element 1 of 4"),
         "{}",
         errs[3]
+    );
+    assert!(
+        errs[4].contains("wait_until_all_vector")
+            && errs[4].contains("element 3 of 4")
+            && errs[4].contains("== 1"),
+        "{}",
+        errs[4]
     );
 }
 
