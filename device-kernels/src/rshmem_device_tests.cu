@@ -302,14 +302,13 @@ extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_types(rshmem_har
   RSHMEM_RMA_TYPES(RSHMEMI_TEST_TYPED_CHECK)
   c.flush();
 }
-#undef RSHMEMI_TEST_TYPED_SEND
-#undef RSHMEMI_TEST_TYPED_CHECK
 
 // ---- the 16-bit float RMA types (half, bfloat16) -----------------------------------------
 // As rshmem_test_types for rshmem_half_* and rshmem_bfloat16_*, the values made from bits
 // (element i of type t holds the low 16 bits of pattern(seed + pe, 8t + i): NaNs and
 // infinities included, all moved bit-exactly). checks/PE = 2 * 12 = 24. A build whose
 // compiler had no cuda_fp16.h / cuda_bf16.h makes one failing check instead.
+#if defined(__CUDA_FP16_TYPES_EXIST__) && defined(__CUDA_BF16_TYPES_EXIST__)
 namespace rshmem_device_tests_detail {
 
 template <typename T>
@@ -319,32 +318,18 @@ __device__ __forceinline__ T f16_value(const rshmem_harness_args_t &a, int pe, i
   memcpy(&v, &b, 2);
   return v;
 }
+template <>
+__device__ __forceinline__ __half typed_value<__half>(const rshmem_harness_args_t &a, int pe, int t, int i) {
+  return f16_value<__half>(a, pe, t, i);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 typed_value<__nv_bfloat16>(const rshmem_harness_args_t &a, int pe,
+                                                                    int t, int i) {
+  return f16_value<__nv_bfloat16>(a, pe, t, i);
+}
 
 }  // namespace
-
-#define RSHMEMI_TEST_F16_SEND(NAME, TYPE)                                                \
-  {                                                                                      \
-    TYPE *src = reinterpret_cast<TYPE *>(srcs + 64 * t);                                 \
-    TYPE *dst = reinterpret_cast<TYPE *>(dsts + 64 * t);                                 \
-    for (int i = 0; i < 4; ++i) src[i] = f16_value<TYPE>(a, me, t, i);                   \
-    rshmem_##NAME##_put(dst, src, 3, right);                                             \
-    rshmem_##NAME##_p(dst + 3, src[3], right);                                           \
-    ++t;                                                                                 \
-  }
-#define RSHMEMI_TEST_F16_CHECK(NAME, TYPE)                                               \
-  {                                                                                      \
-    TYPE *src = reinterpret_cast<TYPE *>(srcs + 64 * t);                                 \
-    TYPE *dst = reinterpret_cast<TYPE *>(dsts + 64 * t);                                 \
-    TYPE *got = reinterpret_cast<TYPE *>(gots + 64 * t);                                 \
-    rshmem_##NAME##_get(got, src, 4, left);                                              \
-    for (int i = 0; i < 4; ++i) {                                                        \
-      const uint64_t want = bits_of<TYPE>(f16_value<TYPE>(a, left, t, i));               \
-      c.eq(100 * t + i, want, bits_of<TYPE>(dst[i]));                                    \
-      c.eq(100 * t + 10 + i, want, bits_of<TYPE>(rshmem_##NAME##_g(src + i, left)));     \
-      c.eq(100 * t + 20 + i, want, bits_of<TYPE>(got[i]));                               \
-    }                                                                                    \
-    ++t;                                                                                 \
-  }
+#endif
 
 extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_types_f16(rshmem_harness_args_t a) {
   Checker c(a);
@@ -355,21 +340,21 @@ extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_types_f16(rshmem
   unsigned char *srcs = s + 4096, *dsts = srcs + 4096, *gots = dsts + 4096;
   const int me = rshmem_my_pe(), right = right_pe(), left = left_pe();
   int t = 0;
-  RSHMEMI_TEST_F16_SEND(half, __half)
-  RSHMEMI_TEST_F16_SEND(bfloat16, __nv_bfloat16)
+  RSHMEMI_TEST_TYPED_SEND(half, __half)
+  RSHMEMI_TEST_TYPED_SEND(bfloat16, __nv_bfloat16)
   rshmem_quiet();
   rshmem_signal_op(ctr, 1, RSHMEM_SIGNAL_ADD, right);
   rshmem_signal_wait_until(ctr, RSHMEM_CMP_EQ, 1);
   t = 0;
-  RSHMEMI_TEST_F16_CHECK(half, __half)
-  RSHMEMI_TEST_F16_CHECK(bfloat16, __nv_bfloat16)
+  RSHMEMI_TEST_TYPED_CHECK(half, __half)
+  RSHMEMI_TEST_TYPED_CHECK(bfloat16, __nv_bfloat16)
 #else
   c.eq(0, 1, 0);  // built without cuda_fp16.h / cuda_bf16.h: no half / bfloat16 names
 #endif
   c.flush();
 }
-#undef RSHMEMI_TEST_F16_SEND
-#undef RSHMEMI_TEST_F16_CHECK
+#undef RSHMEMI_TEST_TYPED_SEND
+#undef RSHMEMI_TEST_TYPED_CHECK
 
 // ---- put_signal at every scope, SET and ADD ----------------------------------------------
 // Units as in the putmem cases; U = number of units (thread: 2 x 64 = 128; warp:
