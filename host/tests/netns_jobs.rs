@@ -157,16 +157,24 @@ fn pe_main(mode: &str) -> rshmem::Result<()> {
                 pe.barrier_all()?;
             }
             println!("NETNS-READY pid {}", std::process::id());
-            let end = Instant::now() + Duration::from_secs(25);
-            while Instant::now() < end {
-                pe.put(buf, &src, remote)?;
-                pe.get(&mut dst, buf, remote)?;
-                pe.atomic_fetch_add(word, 1, remote)?;
-                pe.try_quiet()?;
-            }
-            Err(Error::InvalidArgument(
-                "no failure was reported within 25 s".into(),
-            ))
+            let ready = Instant::now();
+            let end = ready + Duration::from_secs(25);
+            let failed = (|| {
+                while Instant::now() < end {
+                    pe.put(buf, &src, remote)?;
+                    pe.get(&mut dst, buf, remote)?;
+                    pe.atomic_fetch_add(word, 1, remote)?;
+                    pe.try_quiet()?;
+                }
+                Err(Error::InvalidArgument(
+                    "no failure was reported within 25 s".into(),
+                ))
+            })();
+            // When the RMA path failed, before the Pe is dropped (PE-ERROR comes after the
+            // drop): the test tells a late failure from a slow teardown by this line.
+            println!("RMA-FAILED {} ms after ready", ready.elapsed().as_millis());
+            let _ = std::io::stdout().flush();
+            failed
         }
         other => panic!("unknown NETNS_PE_MODE {other}"),
     }
@@ -951,6 +959,7 @@ fn link_down_during_rma_is_reported() {
     const TIMEOUT_MS: u64 = 6000;
     let job = start_job(2, 2, "rma-fail", TIMEOUT_MS, 20_000, &[]);
     job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
+    let t_ready = Instant::now();
     std::thread::sleep(Duration::from_millis(200));
     let st = Command::new(SCRIPT)
         .args(["link-down", "1", "--prefix", &job.prefix])
@@ -975,9 +984,30 @@ fn link_down_during_rma_is_reported() {
             "PE {r} should name a PE of the other host: {err}\n{text}"
         );
     }
+    // Each PE's RMA path failed within the bound (counted from link-down; a PE's clock
+    // started at its READY line, at most the time to t_ready before it)...
+    let down_ms = (t_down - t_ready).as_millis() as u64;
+    for r in 0..4 {
+        let line = lines_of(&text, r)
+            .into_iter()
+            .find(|l| l.contains("RMA-FAILED"))
+            .unwrap_or_else(|| panic!("PE {r} printed no RMA-FAILED line:\n{text}"));
+        let ms: u64 = line
+            .split("RMA-FAILED ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("unreadable line {line:?}"));
+        assert!(
+            ms < down_ms + TIMEOUT_MS + 4000,
+            "PE {r}'s RMA failed {ms} ms after ready, link down at {down_ms} ms:\n{text}"
+        );
+    }
+    // ...and the job then ended (teardown and exit included) within the same bound.
     assert!(
         took < Duration::from_millis(TIMEOUT_MS + 4000),
-        "detection took {took:?}:\n{text}"
+        "every PE failed in time, but the job ended {took:?} after link-down (slow \
+         teardown or exit):\n{text}"
     );
     eprintln!("link down during RMA noticed, job ended after {took:?}:\n{text}");
 }
