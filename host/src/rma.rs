@@ -363,8 +363,15 @@ impl Pe {
         cmp: Cmp,
         value: T,
     ) -> Result<bool> {
-        let (hits, set) = self.test_set(ivars, status, cmp, Operand::One(value), "test_all")?;
-        Ok(hits.len() == set)
+        let miss = self.test_set(
+            ivars,
+            status,
+            cmp,
+            Operand::One(value),
+            SetWait::All,
+            "test_all",
+        )?;
+        Ok(miss.is_empty())
     }
 
     /// Index of a non-excluded element that satisfies `cmp value` now, if any.
@@ -375,8 +382,15 @@ impl Pe {
         cmp: Cmp,
         value: T,
     ) -> Result<Option<usize>> {
-        let (hits, _) = self.test_set(ivars, status, cmp, Operand::One(value), "test_any")?;
-        Ok(hits.first().copied())
+        let hit = self.test_set(
+            ivars,
+            status,
+            cmp,
+            Operand::One(value),
+            SetWait::Any,
+            "test_any",
+        )?;
+        Ok(hit.first().copied())
     }
 
     /// Indices of all non-excluded elements that satisfy `cmp value` now.
@@ -387,9 +401,14 @@ impl Pe {
         cmp: Cmp,
         value: T,
     ) -> Result<Vec<usize>> {
-        Ok(self
-            .test_set(ivars, status, cmp, Operand::One(value), "test_some")?
-            .0)
+        self.test_set(
+            ivars,
+            status,
+            cmp,
+            Operand::One(value),
+            SetWait::Some,
+            "test_some",
+        )
     }
 
     /// As [`Pe::test_all`], element `i` compared with `values[i]`.
@@ -401,8 +420,8 @@ impl Pe {
         values: &[T],
     ) -> Result<bool> {
         let op = "test_all_vector";
-        let (hits, set) = self.test_set(ivars, status, cmp, Operand::Each(values), op)?;
-        Ok(hits.len() == set)
+        let miss = self.test_set(ivars, status, cmp, Operand::Each(values), SetWait::All, op)?;
+        Ok(miss.is_empty())
     }
 
     /// As [`Pe::test_any`], element `i` compared with `values[i]`.
@@ -414,8 +433,8 @@ impl Pe {
         values: &[T],
     ) -> Result<Option<usize>> {
         let op = "test_any_vector";
-        let (hits, _) = self.test_set(ivars, status, cmp, Operand::Each(values), op)?;
-        Ok(hits.first().copied())
+        let hit = self.test_set(ivars, status, cmp, Operand::Each(values), SetWait::Any, op)?;
+        Ok(hit.first().copied())
     }
 
     /// As [`Pe::test_some`], element `i` compared with `values[i]`.
@@ -427,9 +446,7 @@ impl Pe {
         values: &[T],
     ) -> Result<Vec<usize>> {
         let op = "test_some_vector";
-        Ok(self
-            .test_set(ivars, status, cmp, Operand::Each(values), op)?
-            .0)
+        self.test_set(ivars, status, cmp, Operand::Each(values), SetWait::Some, op)
     }
 
     // ------------------------------------------------------------------ atomics
@@ -747,30 +764,17 @@ impl Pe {
             .collect()
     }
 
-    /// One scan of the set: the indices whose element satisfies `cmp`, and the first that
-    /// does not (what a timeout names).
-    fn scan_set<T: AtomicInt>(
-        words: &[(usize, *mut T)],
-        cmp: Cmp,
-        operand: &Operand<'_, T>,
-    ) -> (Vec<usize>, Option<(usize, *mut T)>) {
-        let mut hits = Vec::new();
-        let mut pending = None;
-        for &(i, p) in words {
-            // SAFETY: every word was validated by ivar_words; atomic-only access.
-            if cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, operand.at(i)) {
-                hits.push(i);
-            } else if pending.is_none() {
-                pending = Some((i, p));
-            }
-        }
-        (hits, pending)
+    /// Whether the set's element `(i, p)` satisfies `cmp` now (one Acquire load).
+    fn holds_now<T: AtomicInt>(w: (usize, *mut T), cmp: Cmp, operand: &Operand<'_, T>) -> bool {
+        // SAFETY: every word was validated by ivar_words; atomic-only access.
+        cmp.holds(unsafe { T::load(w.1, Ordering::Acquire) }, operand.at(w.0))
     }
 
-    /// The waits on a set of words (OpenSHMEM 1.5 wait_until_{all,any,some}[_vector]):
-    /// polls until `mode` is satisfied and returns the indices that held in that scan.
-    /// An empty set satisfies `All` and is an error for `Any` and `Some` (they could never
-    /// return).
+    /// The waits on a set of words (OpenSHMEM 1.5 wait_until_{all,any,some}[_vector]).
+    /// `All` returns once every element has satisfied `cmp` (an element that held is not
+    /// read again, as OpenSHMEM's "until all have satisfied" allows), `Any` the lowest
+    /// index that holds, `Some` every index that held in the scan that found one. An empty
+    /// set satisfies `All` and is an error for `Any` and `Some` (they could never return).
     fn wait_set<T: AtomicInt>(
         &self,
         ivars: SymPtr<T>,
@@ -783,35 +787,74 @@ impl Pe {
         let words = self.ivar_words(ivars, status, &operand, op)?;
         if words.is_empty() && mode != SetWait::All {
             return Err(Error::InvalidArgument(format!(
-                "{op}: every element is excluded by status"
+                "{op}: the wait set is empty (no elements, or every one excluded by status)"
             )));
         }
+        let holds = |w| Self::holds_now(w, cmp, &operand);
+        let mut done = 0; // All: words[..done] have held
         self.poll(
-            || {
-                let (hits, pending) = Self::scan_set(&words, cmp, &operand);
-                match (mode, pending) {
-                    (SetWait::All, Some(p)) => Err(p),
-                    (SetWait::All, None) => Ok(hits),
-                    _ if !hits.is_empty() => Ok(hits),
-                    // No element holds, so the first one is pending.
-                    _ => Err(pending.unwrap_or(words[0])),
+            || match mode {
+                SetWait::All => {
+                    while let Some(&w) = words.get(done) {
+                        if !holds(w) {
+                            return Err(w);
+                        }
+                        done += 1;
+                    }
+                    Ok(Vec::new())
+                }
+                SetWait::Any => words
+                    .iter()
+                    .find(|&&w| holds(w))
+                    .map(|&(i, _)| vec![i])
+                    .ok_or(words[0]),
+                SetWait::Some => {
+                    let hits: Vec<usize> = words
+                        .iter()
+                        .filter(|&&w| holds(w))
+                        .map(|&(i, _)| i)
+                        .collect();
+                    if hits.is_empty() {
+                        Err(words[0])
+                    } else {
+                        Ok(hits)
+                    }
                 }
             },
             |&(i, p)| self.wait_error(op, ivars, i, p, cmp, operand.at(i)),
         )
     }
 
-    /// One scan for test_{all,any,some}[_vector]: the indices that hold and the set's size.
+    /// One scan for test_{all,any,some}[_vector]. `All`: the first index that does not
+    /// hold (empty: all do); `Any`: the lowest index that holds; `Some`: every index that
+    /// holds.
     fn test_set<T: AtomicInt>(
         &self,
         ivars: SymPtr<T>,
         status: Option<&[i32]>,
         cmp: Cmp,
         operand: Operand<'_, T>,
+        mode: SetWait,
         op: &'static str,
-    ) -> Result<(Vec<usize>, usize)> {
+    ) -> Result<Vec<usize>> {
         let words = self.ivar_words(ivars, status, &operand, op)?;
-        Ok((Self::scan_set(&words, cmp, &operand).0, words.len()))
+        let holds = |w| Self::holds_now(w, cmp, &operand);
+        Ok(match mode {
+            SetWait::All => match words.iter().find(|&&w| !holds(w)) {
+                Some(&(i, _)) => vec![i],
+                None => Vec::new(),
+            },
+            SetWait::Any => words
+                .iter()
+                .find(|&&w| holds(w))
+                .map(|&(i, _)| vec![i])
+                .unwrap_or_default(),
+            SetWait::Some => words
+                .iter()
+                .filter(|&&w| holds(w))
+                .map(|&(i, _)| i)
+                .collect(),
+        })
     }
 
     fn wait_error<T: AtomicInt>(

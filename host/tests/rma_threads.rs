@@ -121,12 +121,12 @@ fn array_waits_name_the_element_and_refuse_an_empty_set() {
     let (some, any, errs, empty_all) = out.into_iter().next().unwrap().unwrap();
     assert_eq!((some, any, empty_all), (vec![0, 2], 2, true));
     assert!(
-        errs[0].contains("wait_until_any: every element is excluded by status"),
+        errs[0].contains("wait_until_any: the wait set is empty"),
         "{}",
         errs[0]
     );
     assert!(
-        errs[1].contains("wait_until_some: every element is excluded by status"),
+        errs[1].contains("wait_until_some: the wait set is empty"),
         "{}",
         errs[1]
     );

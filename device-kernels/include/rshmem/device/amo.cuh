@@ -177,8 +177,11 @@ RSHMEM_DEVICE int rshmem_test(const T *ivar, int cmp, T value) {
 // ---- wait / test on arrays ----------------------------------------------------------------
 // OpenSHMEM 1.5 / NVSHMEM point-to-point synchronisation on a set of words: the set is
 // ivars[0, nelems) without the elements whose status entry is non-zero (status may be
-// null: nothing excluded; it is local memory, ivars is symmetric on this PE). The _vector
-// forms compare element i with cmp_values[i] instead of one value. Loads are acquire at
+// null: nothing excluded; it is local memory, ivars is symmetric on this PE).
+// wait_until_all returns once every element of the set has satisfied the comparison (an
+// element that held is done and not read again, as OpenSHMEM's "until all entries have
+// satisfied" allows). The _vector forms compare element i with cmp_values[i] instead of
+// one value. Loads are acquire at
 // system scope, as rshmem_wait_until's; waits are bounded the same way, and a timeout
 // reports the first element of the set that kept the wait going (its address, operand and
 // last value). An invalid cmp traps (BAD_ARG) even when the set is empty. Results for an
@@ -192,16 +195,20 @@ enum rshmemi_set_mode { RSHMEMI_SET_ALL = 0, RSHMEMI_SET_ANY = 1, RSHMEMI_SET_SO
 
 // One pass over the set. ALL: SIZE_MAX when every element holds, else the first that does
 // not. ANY: the first that holds, else SIZE_MAX. SOME: writes every index that holds to
-// `indices` and returns the count. `*pending` gets the first element of the set that does
-// not hold (SIZE_MAX: none) and `*seen` its value: what a timeout reports.
+// `indices` and returns the count. The scan starts at element `from` (ALL resumes where
+// its last scan stopped: an element that held once counts as satisfied, as OpenSHMEM's
+// "until all have satisfied" means; 0 otherwise). `*pending` gets the first element of
+// the set that does not hold (SIZE_MAX: none) and `*seen` its value: what a timeout
+// reports.
 template <int Mode, typename T>
-RSHMEM_DEVICE size_t rshmemi_scan_set(const T *ivars, size_t nelems, size_t *indices, const int *status,
-                                      int cmp, T value, const T *cmp_values, size_t *pending, T *seen) {
+RSHMEM_DEVICE size_t rshmemi_scan_set(const T *ivars, size_t nelems, size_t from, size_t *indices,
+                                      const int *status, int cmp, T value, const T *cmp_values,
+                                      size_t *pending, T *seen) {
   typedef rshmemi_word_t<T> W;
   const size_t none = ~static_cast<size_t>(0);
   size_t found = 0;
   *pending = none;
-  for (size_t i = 0; i < nelems; ++i) {
+  for (size_t i = from; i < nelems; ++i) {
     if (status != nullptr && status[i] != 0) continue;
     const T v = static_cast<T>(rshmemi_ld_acquire_sys(reinterpret_cast<const W *>(ivars + i)));
     const bool holds = rshmemi_cmp_holds(v, cmp, cmp_values != nullptr ? cmp_values[i] : value);
@@ -217,16 +224,20 @@ RSHMEM_DEVICE size_t rshmemi_scan_set(const T *ivars, size_t nelems, size_t *ind
 }
 
 // The checks every set operation makes first: ivars inside this PE's heap, a valid cmp.
+// The length saturates, so an nelems whose byte count would wrap is refused too.
 template <typename T>
 RSHMEM_DEVICE void rshmemi_check_set(const T *ivars, size_t nelems, int cmp, T value, const char *what) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "rshmem waits take 32- or 64-bit integers");
-  rshmemi_check_local(ivars, static_cast<uint64_t>(nelems) * sizeof(T), rshmemi_device_state.my_pe, what);
+  const uint64_t n = static_cast<uint64_t>(nelems);
+  const uint64_t len = n > ~0ull / sizeof(T) ? ~0ull : n * sizeof(T);
+  rshmemi_check_local(ivars, len, rshmemi_device_state.my_pe, what);
   if (!rshmemi_cmp_valid(cmp)) rshmemi_wait_failed(ivars, cmp, static_cast<uint64_t>(value), 0, what);
 }
 
 // The bounded wait behind wait_until_{all,any,some}[_vector]: scans until the set
-// satisfies Mode (ALL: every element holds; ANY and SOME: one does, or the set is empty)
-// and returns what the last scan returned. The clock starts after the first scan fails.
+// satisfies Mode (ALL: every element has held; ANY and SOME: one holds, or the set is
+// empty) and returns what the last scan returned. The clock starts after the first scan
+// fails.
 // Out of line (as is rshmemi_test_set): one copy per (Mode, T) however many call sites,
 // where inlining a loop per call made the typed self-test's PTX 600 KB; a call costs
 // little next to a scan of memory.
@@ -237,20 +248,26 @@ __device__ __noinline__ size_t rshmemi_wait_set(const T *ivars, size_t nelems, s
   const size_t none = ~static_cast<size_t>(0);
   size_t pending;
   T seen = T();
-  size_t r = rshmemi_scan_set<Mode, T>(ivars, nelems, indices, status, cmp, value, cmp_values, &pending, &seen);
-  const uint64_t limit = rshmemi_effective_timeout(rshmemi_device_state.timeout_ns);
-  const uint64_t t0 = rshmemi_globaltimer();
+  bool started = false;
+  uint64_t limit = 0, t0 = 0;
   for (;;) {
+    // ALL resumes at its pending element (those before it held); ANY and SOME rescan all.
+    const size_t from = Mode == RSHMEMI_SET_ALL && started ? pending : 0;
+    const size_t r =
+        rshmemi_scan_set<Mode, T>(ivars, nelems, from, indices, status, cmp, value, cmp_values, &pending, &seen);
     // ALL is done when nothing is pending; ANY/SOME when something holds or the set is
     // empty (then nothing is pending either).
     if (Mode == RSHMEMI_SET_ALL ? r == none
                                 : (Mode == RSHMEMI_SET_ANY ? r != none : r != 0) || pending == none)
       return r;
-    if (rshmemi_globaltimer() - t0 > limit) {
+    if (!started) {  // the clock starts after the first scan fails, as rshmemi_poll's
+      started = true;
+      limit = rshmemi_effective_timeout(rshmemi_device_state.timeout_ns);
+      t0 = rshmemi_globaltimer();
+    } else if (rshmemi_globaltimer() - t0 > limit) {
       const T operand = cmp_values != nullptr ? cmp_values[pending] : value;
       rshmemi_wait_failed(ivars + pending, cmp, static_cast<uint64_t>(operand), static_cast<uint64_t>(seen), what);
     }
-    r = rshmemi_scan_set<Mode, T>(ivars, nelems, indices, status, cmp, value, cmp_values, &pending, &seen);
   }
 }
 
@@ -261,7 +278,7 @@ __device__ __noinline__ size_t rshmemi_test_set(const T *ivars, size_t nelems, s
   rshmemi_check_set(ivars, nelems, cmp, value, what);
   size_t pending;
   T seen = T();
-  return rshmemi_scan_set<Mode, T>(ivars, nelems, indices, status, cmp, value, cmp_values, &pending, &seen);
+  return rshmemi_scan_set<Mode, T>(ivars, nelems, 0, indices, status, cmp, value, cmp_values, &pending, &seen);
 }
 
 template <typename T>

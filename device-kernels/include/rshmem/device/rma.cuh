@@ -40,7 +40,7 @@
 // NVSHMEM's `half` and `bfloat16` RMA types come from the CUDA headers. They are included
 // where the compiler finds them (nvcc; NVRTC when given the CUDA include directory), and
 // the typed names below exist whenever the types do (also when the kernel source included
-// the headers itself). RSHMEM_NO_FP16_TYPES keeps them out.
+// the headers itself). RSHMEM_NO_FP16_TYPES keeps the headers and the names out.
 #if !defined(RSHMEM_NO_FP16_TYPES) && defined(__has_include)
 #if __has_include(<cuda_fp16.h>)
 #include <cuda_fp16.h>
@@ -159,38 +159,48 @@ RSHMEM_DEVICE void rshmemi_getmem(void *dest, const void *source, size_t bytes, 
   rshmemi_scope_sync<S>();
 }
 
-// The volatile access of one element. Arithmetic types are accessed as themselves; the
-// 16-bit float classes (whose volatile assignment and copy the CUDA headers do not all
-// define) through their bits, with the same 2-byte access.
+// The volatile access of one element. Scalars (arithmetic types, enums, pointers) are
+// accessed as themselves; classes (__half, __nv_bfloat16, __half2, float2, ...: their
+// volatile assignment and copy are not all defined) through an unsigned integer of their
+// size, the same 1/2/4/8-byte access.
+template <int N>
+struct rshmemi_uint_n;
+template <>
+struct rshmemi_uint_n<1> {
+  typedef uint8_t type;
+};
+template <>
+struct rshmemi_uint_n<2> {
+  typedef uint16_t type;
+};
+template <>
+struct rshmemi_uint_n<4> {
+  typedef uint32_t type;
+};
+template <>
+struct rshmemi_uint_n<8> {
+  typedef uint64_t type;
+};
+template <typename T, bool Class = __is_class(T)>
+struct rshmemi_volatile {
+  static RSHMEM_DEVICE void store(uint64_t addr, T v) { *reinterpret_cast<volatile T *>(addr) = v; }
+  static RSHMEM_DEVICE T load(uint64_t addr) { return *reinterpret_cast<const volatile T *>(addr); }
+};
 template <typename T>
-RSHMEM_DEVICE void rshmemi_store_volatile(uint64_t addr, T v) {
-  *reinterpret_cast<volatile T *>(addr) = v;
-}
-template <typename T>
-RSHMEM_DEVICE T rshmemi_load_volatile(uint64_t addr) {
-  return *reinterpret_cast<const volatile T *>(addr);
-}
-#define RSHMEMI_VOLATILE_BITS(TYPE)                                                          \
-  template <>                                                                                \
-  RSHMEM_DEVICE void rshmemi_store_volatile<TYPE>(uint64_t addr, TYPE v) {                   \
-    uint16_t b;                                                                              \
-    memcpy(&b, &v, 2);                                                                       \
-    *reinterpret_cast<volatile uint16_t *>(addr) = b;                                        \
-  }                                                                                          \
-  template <>                                                                                \
-  RSHMEM_DEVICE TYPE rshmemi_load_volatile<TYPE>(uint64_t addr) {                            \
-    const uint16_t b = *reinterpret_cast<const volatile uint16_t *>(addr);                   \
-    TYPE v;                                                                                  \
-    memcpy(&v, &b, 2);                                                                       \
-    return v;                                                                                \
+struct rshmemi_volatile<T, true> {
+  typedef typename rshmemi_uint_n<sizeof(T)>::type U;
+  static RSHMEM_DEVICE void store(uint64_t addr, T v) {
+    U b;
+    memcpy(&b, &v, sizeof(T));
+    *reinterpret_cast<volatile U *>(addr) = b;
   }
-#if defined(__CUDA_FP16_TYPES_EXIST__)
-RSHMEMI_VOLATILE_BITS(__half)
-#endif
-#if defined(__CUDA_BF16_TYPES_EXIST__)
-RSHMEMI_VOLATILE_BITS(__nv_bfloat16)
-#endif
-#undef RSHMEMI_VOLATILE_BITS
+  static RSHMEM_DEVICE T load(uint64_t addr) {
+    const U b = *reinterpret_cast<const volatile U *>(addr);
+    T v;
+    memcpy(&v, &b, sizeof(T));
+    return v;
+  }
+};
 
 // One element, thread scope. A volatile access is a strong relaxed access at system scope
 // (never torn for naturally aligned 1/2/4/8-byte types), so a p can serve as the flag
@@ -199,7 +209,7 @@ template <typename T>
 RSHMEM_DEVICE void rshmem_p(T *dest, T value, int pe) {
   const rshmemi_target_t t = rshmemi_resolve(dest, sizeof(T), pe, "rshmem_p");
   switch (t.transport) {
-    case RSHMEM_TRANSPORT_P2P: rshmemi_store_volatile<T>(t.addr, value); break;
+    case RSHMEM_TRANSPORT_P2P: rshmemi_volatile<T>::store(t.addr, value); break;
     case RSHMEM_TRANSPORT_IBGDA:
       if (RSHMEMI_IBGDA_ENABLED) {
         static_assert(sizeof(T) <= 8, "rshmem_p takes types of at most 8 bytes");
@@ -217,7 +227,7 @@ template <typename T>
 RSHMEM_DEVICE T rshmem_g(const T *source, int pe) {
   const rshmemi_target_t t = rshmemi_resolve(source, sizeof(T), pe, "rshmem_g");
   switch (t.transport) {
-    case RSHMEM_TRANSPORT_P2P: return rshmemi_load_volatile<T>(t.addr);
+    case RSHMEM_TRANSPORT_P2P: return rshmemi_volatile<T>::load(t.addr);
     case RSHMEM_TRANSPORT_IBGDA:
       if (RSHMEMI_IBGDA_ENABLED) {
         static_assert(sizeof(T) <= 8, "rshmem_g takes types of at most 8 bytes");
@@ -442,10 +452,10 @@ RSHMEMI_DEF_SIG(_nbi_block, RSHMEMI_BLOCK, true)
   }
 RSHMEM_RMA_TYPES(RSHMEMI_TYPED_RMA)
 // NVSHMEM's 16-bit float RMA types, where the CUDA headers define them (see the top).
-#if defined(__CUDA_FP16_TYPES_EXIST__)
+#if defined(__CUDA_FP16_TYPES_EXIST__) && !defined(RSHMEM_NO_FP16_TYPES)
 RSHMEMI_TYPED_RMA(half, __half)
 #endif
-#if defined(__CUDA_BF16_TYPES_EXIST__)
+#if defined(__CUDA_BF16_TYPES_EXIST__) && !defined(RSHMEM_NO_FP16_TYPES)
 RSHMEMI_TYPED_RMA(bfloat16, __nv_bfloat16)
 #endif
 #undef RSHMEMI_TYPED_RMA
