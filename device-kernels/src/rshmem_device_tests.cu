@@ -786,6 +786,37 @@ extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_atomics_typed(rs
 }
 #undef RSHMEMI_TEST_TYPED_AMO
 
+// The extended AMO types: rshmem_float_ / rshmem_double_atomic_{set,fetch,swap} on the right
+// neighbour's word (only this PE touches it), with ordinary values and a NaN with a
+// payload, compared bit-exactly. grid 1 x block 32, thread 0. checks/PE = 2 * 5 = 10.
+#define RSHMEMI_TEST_FLOAT_AMO(TYPE, A, B, NAN_BITS)                                        \
+  {                                                                                         \
+    TYPE *w = reinterpret_cast<TYPE *>(s + 4096 + 64 * t);                                  \
+    rshmem_##TYPE##_atomic_set(w, A, right);                                                \
+    c.eq(10 * t, bits_of<TYPE>(A), bits_of<TYPE>(rshmem_##TYPE##_atomic_fetch(w, right)));  \
+    c.eq(10 * t + 1, bits_of<TYPE>(A), bits_of<TYPE>(rshmem_##TYPE##_atomic_swap(w, B, right))); \
+    c.eq(10 * t + 2, bits_of<TYPE>(B), bits_of<TYPE>(rshmem_##TYPE##_atomic_fetch(w, right))); \
+    TYPE nan;                                                                               \
+    const rshmemi_word_t<TYPE> nb = NAN_BITS;                                               \
+    memcpy(&nan, &nb, sizeof(TYPE));                                                        \
+    c.eq(10 * t + 3, bits_of<TYPE>(B), bits_of<TYPE>(rshmem_atomic_swap<TYPE>(w, nan, right))); \
+    c.eq(10 * t + 4, static_cast<uint64_t>(nb), bits_of<TYPE>(rshmem_atomic_fetch<TYPE>(w, right))); \
+    ++t;                                                                                    \
+  }
+
+extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_atomics_float(rshmem_harness_args_t a) {
+  Checker c(a);
+  unsigned char *s = scratch(a);
+  const int right = right_pe();
+  if (threadIdx.x == 0) {
+    int t = 0;
+    RSHMEMI_TEST_FLOAT_AMO(float, 1.5f, -2.25f, 0x7fc00123u)
+    RSHMEMI_TEST_FLOAT_AMO(double, 1.5, -0.0, 0x7ff8000000000abcull)
+  }
+  c.flush();
+}
+#undef RSHMEMI_TEST_FLOAT_AMO
+
 // ---- fence ordering ----------------------------------------------------------------------
 // grid 1 x block 64, param0 = N rounds. Thread 0 (sender) for i = 1..N: puts chunk i (8
 // pattern words) to the right neighbour, rshmem_fence(), rshmem_uint64_p(flag, i). Thread

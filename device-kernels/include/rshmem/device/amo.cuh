@@ -1,7 +1,8 @@
 // rshmem/device/amo.cuh — remote atomics and the point-to-point wait/test family.
 //
 // Owns: rshmem_<type>_atomic_{fetch,set,swap,compare_swap,fetch_add,add,fetch_inc,inc,
-// fetch_and,and,fetch_or,or,fetch_xor,xor} on 32/64-bit integers,
+// fetch_and,and,fetch_or,or,fetch_xor,xor} on 32/64-bit integers, fetch/set/swap on float
+// and double (the extended AMO types),
 // rshmem_<type>_wait_until / rshmem_<type>_test, their array forms
 // rshmem_<type>_{wait_until,test}_{all,any,some}[_vector] (+ the templates behind them).
 // Must not: be included by host C++ (device-only; rshmem/rshmem.cuh includes it under nvcc).
@@ -48,6 +49,9 @@ template <int Op, bool Fetch, typename T>
 RSHMEM_DEVICE T rshmemi_amo(const T *dest, rshmemi_word_t<T> a, rshmemi_word_t<T> b, int pe,
                             const char *what) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "rshmem atomics take 32- or 64-bit integers");
+  static_assert(static_cast<T>(0.5) == static_cast<T>(0),
+                "rshmem atomics on float/double: only fetch, set and swap (rshmem_float_atomic_*, "
+                "rshmem_double_atomic_*)");
   typedef rshmemi_word_t<T> W;
   const rshmemi_target_t t = rshmemi_resolve(dest, sizeof(T), pe, what, true);
   switch (t.transport) {
@@ -100,6 +104,53 @@ template <typename T>
 RSHMEM_DEVICE T rshmem_atomic_swap(T *dest, T value, int pe) {
   return rshmemi_amo<RSHMEMI_AMO_SWAP, true>(dest, RSHMEMI_W(value), 0, pe, "rshmem_atomic_swap");
 }
+// The extended AMO types of OpenSHMEM 1.5 (float, double) for fetch, set and swap: the
+// integer atomic of the same size on the value's bits (the word is read, written or
+// exchanged whole; no arithmetic), so NaN payloads and -0.0 pass unchanged.
+template <typename F>
+RSHMEM_DEVICE rshmemi_word_t<F> rshmemi_bits(F v) {
+  rshmemi_word_t<F> b;
+  memcpy(&b, &v, sizeof(F));
+  return b;
+}
+template <typename F>
+RSHMEM_DEVICE F rshmemi_from_bits(rshmemi_word_t<F> b) {
+  F v;
+  memcpy(&v, &b, sizeof(F));
+  return v;
+}
+#define RSHMEMI_EXTENDED_AMO(F)                                                                  \
+  template <>                                                                                    \
+  RSHMEM_DEVICE F rshmem_atomic_fetch<F>(const F *source, int pe) {                              \
+    typedef rshmemi_word_t<F> W;                                                                 \
+    return rshmemi_from_bits<F>(rshmemi_amo<RSHMEMI_AMO_FETCH, true, W>(                         \
+        reinterpret_cast<const W *>(source), 0, 0, pe, "rshmem_atomic_fetch"));                  \
+  }                                                                                              \
+  template <>                                                                                    \
+  RSHMEM_DEVICE void rshmem_atomic_set<F>(F *dest, F value, int pe) {                            \
+    typedef rshmemi_word_t<F> W;                                                                 \
+    rshmemi_amo<RSHMEMI_AMO_SET, false, W>(reinterpret_cast<W *>(dest), rshmemi_bits(value), 0,  \
+                                           pe, "rshmem_atomic_set");                             \
+  }                                                                                              \
+  template <>                                                                                    \
+  RSHMEM_DEVICE F rshmem_atomic_swap<F>(F *dest, F value, int pe) {                              \
+    typedef rshmemi_word_t<F> W;                                                                 \
+    return rshmemi_from_bits<F>(rshmemi_amo<RSHMEMI_AMO_SWAP, true, W>(                          \
+        reinterpret_cast<W *>(dest), rshmemi_bits(value), 0, pe, "rshmem_atomic_swap"));         \
+  }                                                                                              \
+  RSHMEM_DEVICE F rshmem_##F##_atomic_fetch(const F *source, int pe) {                           \
+    return rshmem_atomic_fetch<F>(source, pe);                                                   \
+  }                                                                                              \
+  RSHMEM_DEVICE void rshmem_##F##_atomic_set(F *dest, F value, int pe) {                         \
+    rshmem_atomic_set<F>(dest, value, pe);                                                       \
+  }                                                                                              \
+  RSHMEM_DEVICE F rshmem_##F##_atomic_swap(F *dest, F value, int pe) {                           \
+    return rshmem_atomic_swap<F>(dest, value, pe);                                               \
+  }
+RSHMEMI_EXTENDED_AMO(float)
+RSHMEMI_EXTENDED_AMO(double)
+#undef RSHMEMI_EXTENDED_AMO
+
 // Stores value when *dest == cond; returns the previous *dest either way.
 template <typename T>
 RSHMEM_DEVICE T rshmem_atomic_compare_swap(T *dest, T cond, T value, int pe) {
