@@ -33,7 +33,7 @@ pub mod types;
 pub mod verbs;
 
 pub use assist::{AssistMode, AssistStats};
-pub use atomic::AtomicInt;
+pub use atomic::{AtomicInt, AtomicWord};
 pub use config::Settings;
 pub use error::{Error, Result};
 pub use pe::{run_threads, Pe, PeConfig};

@@ -38,7 +38,7 @@
 //!   reads a buffer while another PE writes it without synchronisation has a data race and
 //!   may see torn values; rshmem never does this for its own words.
 
-use crate::atomic::AtomicInt;
+use crate::atomic::{AtomicInt, AtomicWord};
 use crate::copy::copy_bytes;
 use crate::error::{Error, Result};
 use crate::pe::{ms_since, Pe, Route};
@@ -452,7 +452,7 @@ impl Pe {
     // ------------------------------------------------------------------ atomics
 
     /// Atomically reads `src` on PE `pe` (Acquire).
-    pub fn atomic_fetch<T: AtomicInt>(&self, src: SymPtr<T>, pe: usize) -> Result<T> {
+    pub fn atomic_fetch<T: AtomicWord>(&self, src: SymPtr<T>, pe: usize) -> Result<T> {
         match self.sync_route(src, pe, "atomic_fetch")? {
             // SAFETY: validated aligned word, atomic-only access.
             Route::P2p(p) => Ok(unsafe { T::load(p.cast(), Ordering::Acquire) }),
@@ -461,7 +461,7 @@ impl Pe {
     }
 
     /// Atomically writes `value` to `dest` on PE `pe` (Release).
-    pub fn atomic_set<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
+    pub fn atomic_set<T: AtomicWord>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
         match self.sync_route(dest, pe, "atomic_set")? {
             // SAFETY: validated aligned word, atomic-only access.
             Route::P2p(p) => unsafe { T::store(p.cast(), value, Ordering::Release) },
@@ -473,7 +473,7 @@ impl Pe {
     }
 
     /// Atomically replaces `dest` on PE `pe` with `value`; returns the old value (AcqRel).
-    pub fn atomic_swap<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
+    pub fn atomic_swap<T: AtomicWord>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
         match self.sync_route(dest, pe, "atomic_swap")? {
             // SAFETY: validated aligned word, atomic-only access.
             Route::P2p(p) => Ok(unsafe { T::swap(p.cast(), value, Ordering::AcqRel) }),
@@ -703,7 +703,7 @@ impl Pe {
         self.route(pe, sym.offset(), size)
     }
 
-    fn proxy_amo<T: AtomicInt>(
+    fn proxy_amo<T: AtomicWord>(
         &self,
         sym: SymPtr<T>,
         pe: usize,
@@ -1089,24 +1089,11 @@ fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
 }
 
-/// An atomic integer's bits, zero-extended to 64.
-fn to_bits<T: AtomicInt>(v: T) -> u64 {
-    if std::mem::size_of::<T>() == 4 {
-        // SAFETY: T is a 4-byte integer (AtomicInt: u32/i32).
-        unsafe { std::mem::transmute_copy::<T, u32>(&v) as u64 }
-    } else {
-        // SAFETY: T is an 8-byte integer (AtomicInt: u64/i64).
-        unsafe { std::mem::transmute_copy::<T, u64>(&v) }
-    }
+fn to_bits<T: AtomicWord>(v: T) -> u64 {
+    v.to_bits64()
 }
 
 /// The inverse of [`to_bits`] (truncating to T's size).
-fn from_bits<T: AtomicInt>(b: u64) -> T {
-    if std::mem::size_of::<T>() == 4 {
-        // SAFETY: T is a 4-byte integer; every bit pattern is valid.
-        unsafe { std::mem::transmute_copy::<u32, T>(&(b as u32)) }
-    } else {
-        // SAFETY: T is an 8-byte integer; every bit pattern is valid.
-        unsafe { std::mem::transmute_copy::<u64, T>(&b) }
-    }
+fn from_bits<T: AtomicWord>(b: u64) -> T {
+    T::from_bits64(b)
 }

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::heap::RESERVED_BYTES;
 use crate::pe::Pe;
 use crate::types::{Cmp, SignalOp, SymPtr};
-use crate::AtomicInt;
+use crate::{AtomicInt, AtomicWord};
 
 /// A self-test case.
 pub struct Case {
@@ -738,6 +738,41 @@ fn atomics(pe: &Pe) -> Result<()> {
     pe.atomic_set(w, u32::MAX, me)?;
     pe.atomic_add(w, 2u32, me)?;
     check(|| "u32 add wraps".into(), pe.atomic_fetch(w, me)?, 1)?;
+    pe.barrier_all()?;
+    pe.free(w)?;
+    atomics_float(pe, 1.5f32, -2.25f32, f32::from_bits(0x7fc0_0123))?;
+    atomics_float(pe, 1.5f64, -0.0f64, f64::from_bits(0x7ff8_0000_0000_0abc))
+}
+
+/// The extended AMO types: fetch, set and swap on the successor's f32/f64 word, compared
+/// bit-exactly (`b` is -0.0 or another value `==` cannot tell apart; `nan` has a payload).
+fn atomics_float<T: AtomicWord>(pe: &Pe, a: T, b: T, nan: T) -> Result<()> {
+    let (next, _) = neighbours(pe);
+    let name = std::any::type_name::<T>();
+    let w = pe.calloc::<T>(1)?;
+    pe.atomic_set(w, a, next)?;
+    check(
+        || format!("{name} fetch"),
+        pe.atomic_fetch(w, next)?.to_bits64(),
+        a.to_bits64(),
+    )?;
+    check(
+        || format!("{name} swap"),
+        pe.atomic_swap(w, b, next)?.to_bits64(),
+        a.to_bits64(),
+    )?;
+    check(
+        || format!("{name} swap in a NaN"),
+        pe.atomic_swap(w, nan, next)?.to_bits64(),
+        b.to_bits64(),
+    )?;
+    pe.barrier_all()?;
+    // The owner reads its own word: the predecessor's NaN, payload intact.
+    check(
+        || format!("{name} NaN payload"),
+        pe.atomic_fetch(w, pe.my_pe())?.to_bits64(),
+        nan.to_bits64(),
+    )?;
     pe.barrier_all()?;
     pe.free(w)
 }

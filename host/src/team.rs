@@ -7,7 +7,7 @@
 //! over those counters (p2p atomics); teams with members on other nodes fall back to the
 //! bootstrap.
 
-use crate::atomic::AtomicInt;
+use crate::atomic::AtomicWord;
 use crate::bootstrap::Group;
 use crate::error::{Error, Result};
 use crate::heap::{psync_offset, PSYNC_WORDS, TEAM_SLOTS};
