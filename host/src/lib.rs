@@ -12,6 +12,7 @@ pub mod assist;
 pub mod atomic;
 pub mod bench;
 pub mod bootstrap;
+pub mod collectives;
 pub mod config;
 pub mod copy;
 pub mod doctor;
@@ -34,6 +35,7 @@ pub mod verbs;
 
 pub use assist::{AssistMode, AssistStats};
 pub use atomic::{AtomicInt, AtomicWord};
+pub use collectives::{ReduceOp, Reducible};
 pub use config::Settings;
 pub use error::{Error, Result};
 pub use pe::{run_threads, Pe, PeConfig};

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::heap::RESERVED_BYTES;
 use crate::pe::Pe;
 use crate::types::{Cmp, SignalOp, SymPtr};
-use crate::{AtomicInt, AtomicWord};
+use crate::{AtomicInt, AtomicWord, ReduceOp};
 
 /// A self-test case.
 pub struct Case {
@@ -58,6 +58,10 @@ pub const CASES: &[Case] = &[
     Case {
         name: "teams",
         run: teams,
+    },
+    Case {
+        name: "collectives",
+        run: collectives,
     },
     Case {
         name: "bad-input",
@@ -775,6 +779,123 @@ fn atomics_float<T: AtomicWord>(pe: &Pe, a: T, b: T, nan: T) -> Result<()> {
     )?;
     pe.barrier_all()?;
     pe.free(w)
+}
+
+/// Team collectives with exact values, on the world team and on the even PEs: broadcast
+/// (root included), fcollect, alltoall, reductions (integer sum/max/xor in place, f64 sum);
+/// mismatched counts, a bitwise float reduction and a short dest are refused on every
+/// member.
+fn collectives(pe: &Pe) -> Result<()> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let world = pe.world().clone();
+    let v = |p: usize, i: usize| (p * 1000 + i) as u64;
+    let src = pe.calloc::<u64>(2 * n + 8)?;
+    let dst = pe.calloc::<u64>(3 * n + 8)?;
+    let mine: Vec<u64> = (0..2 * n + 8).map(|i| v(me, i)).collect();
+    pe.put(src, &mine, me)?;
+    let read = |len: usize| -> Result<Vec<u64>> {
+        let mut out = vec![0u64; len];
+        pe.get(&mut out, dst.slice(0..len), me)?;
+        Ok(out)
+    };
+
+    let root = n - 1;
+    pe.broadcast(&world, dst, src, 5, root)?;
+    check(
+        || format!("broadcast from {root}"),
+        read(5)?,
+        (0..5).map(|i| v(root, i)).collect::<Vec<_>>(),
+    )?;
+    pe.fcollect(&world, dst, src, 3)?;
+    let want: Vec<u64> = (0..n).flat_map(|p| (0..3).map(move |i| v(p, i))).collect();
+    check(|| "fcollect".into(), read(3 * n)?, want)?;
+    // alltoall: member j's block for me is its source block `me`: words 2me, 2me + 1.
+    pe.alltoall(&world, dst, src, 2)?;
+    let want: Vec<u64> = (0..n)
+        .flat_map(|p| (0..2).map(move |i| v(p, 2 * me + i)))
+        .collect();
+    check(|| "alltoall".into(), read(2 * n)?, want)?;
+
+    let isrc = src.cast::<i64>();
+    let idst = dst.cast::<i64>();
+    pe.reduce(&world, idst, isrc, 4, ReduceOp::Sum)?;
+    let sum = |i: usize| (1000 * n * (n - 1) / 2 + n * i) as u64;
+    check(
+        || "sum reduce".into(),
+        read(4)?,
+        (0..4).map(sum).collect::<Vec<_>>(),
+    )?;
+    pe.reduce(&world, idst, isrc, 4, ReduceOp::Max)?;
+    check(
+        || "max reduce".into(),
+        read(4)?,
+        (0..4).map(|i| v(n - 1, i)).collect::<Vec<_>>(),
+    )?;
+    // In place (dest == source), on u32 words: xor of every PE's p * 1000 + i.
+    let x = pe.calloc::<u32>(4)?;
+    let xs: Vec<u32> = (0..4).map(|i| v(me, i) as u32).collect();
+    pe.put(x, &xs, me)?;
+    pe.reduce(&world, x, x, 4, ReduceOp::Xor)?;
+    let mut got = vec![0u32; 4];
+    pe.get(&mut got, x, me)?;
+    let want: Vec<u32> = (0..4)
+        .map(|i| (0..n).fold(0u32, |a, p| a ^ v(p, i) as u32))
+        .collect();
+    check(|| "xor reduce in place".into(), got, want)?;
+    // f64 sum of p + 0.5 (exact in binary).
+    let f = pe.calloc::<f64>(1)?;
+    pe.put(f, &[me as f64 + 0.5], me)?;
+    pe.reduce(&world, f, f, 1, ReduceOp::Sum)?;
+    let mut fs = [0f64];
+    pe.get(&mut fs, f, me)?;
+    check(
+        || "f64 sum reduce".into(),
+        fs[0],
+        (n * (n - 1)) as f64 / 2.0 + 0.5 * n as f64,
+    )?;
+
+    // On a sub-team: the even PEs fcollect their first word.
+    let evens = pe.team_split_strided(&world, 0, 2, n.div_ceil(2))?;
+    if let Some(t) = &evens {
+        pe.fcollect(t, dst, src, 1)?;
+        let want: Vec<u64> = (0..t.n_pes()).map(|j| v(2 * j, 0)).collect();
+        check(|| "fcollect on the even PEs".into(), read(t.n_pes())?, want)?;
+    }
+    pe.barrier_all()?;
+    if let Some(t) = evens {
+        pe.team_destroy(t)?;
+    }
+
+    // Bad input, refused alike on every member (and nothing left half done).
+    let count = if me == 0 { 2 } else { 3 };
+    let r = pe.fcollect(&world, dst, src, count);
+    if n > 1 {
+        expect_err("fcollect with different counts", r, |e| {
+            matches!(e, Error::CollectiveMismatch { op: "fcollect", .. })
+        })?;
+    } else {
+        r?;
+    }
+    expect_err(
+        "bitwise reduce on f64",
+        pe.reduce(&world, f, f, 1, ReduceOp::And),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("and is not defined on f64")),
+    )?;
+    expect_err(
+        "fcollect into a short dest",
+        pe.fcollect(&world, dst.slice(0..n), src, 2),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("dest has")),
+    )?;
+    expect_err(
+        "broadcast from a root outside the team",
+        pe.broadcast(&world, dst, src, 1, n),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("root")),
+    )?;
+    pe.barrier_all()?;
+    pe.free(f)?;
+    pe.free(x)?;
+    pe.free(dst)?;
+    pe.free(src)
 }
 
 fn atomics_concurrent(pe: &Pe) -> Result<()> {
