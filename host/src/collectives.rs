@@ -1,15 +1,26 @@
 //! OpenSHMEM 1.5 team collectives on CPU PEs: broadcast, fcollect, alltoall and the
 //! reductions (`shmem_TYPE_OP_reduce`).
 //!
-//! Every call first runs `agree_in` over the team: each member must pass the same
-//! arguments (operation, element size, counts, root, reduction, and the symmetric offsets
-//! of dest and source), else every member gets the same `CollectiveMismatch` error naming
-//! each PE's arguments. That exchange also synchronises the team, so every member's source
-//! is ready and its dest is free before any data moves. Data moves with the RMA layer
-//! (p2p, proxy or fabric, whatever reaches each peer), and the call ends with a
-//! `team_barrier` (quiet + sync): on return dest holds the result on every member, and the
-//! sources may be reused. Simple push (or, for reductions, pull) algorithms: correct on
-//! any transport, not tuned.
+//! Every call has the same frame, so that an error anywhere reaches every member and no
+//! member is left waiting:
+//! 1. Prepare locally (take a copy of this member's source, so a dest that overlaps the
+//!    source cannot be overwritten before it is read) and quiet (puts made before the
+//!    call, a put to itself through the proxy included, complete first).
+//! 2. Agree over the team (`agree_in`, a bootstrap allgather, which also synchronises):
+//!    the operation, element type, counts, root, operator, the symmetric offsets of dest
+//!    and source, whether each is long enough, and whether step 1 succeeded. A difference
+//!    is a `CollectiveMismatch` on every member naming each PE's arguments; then every
+//!    member alike refuses short buffers, a root outside the team, a bitwise reduction on
+//!    floats. After this step every member's source is ready and its dest free.
+//! 3. Move the data with the RMA layer (p2p, proxy or fabric, whatever reaches each
+//!    peer): the root pushes (broadcast), every member pushes its blocks (fcollect,
+//!    alltoall), every member pulls all sources (reduce).
+//! 4. Quiet and exchange each member's outcome (another allgather): on success dest holds
+//!    the result on every member and sources may be reused; a member that failed returns
+//!    its error and the others a `CollectiveMismatch` naming it.
+//!
+//! Simple algorithms (O(n) messages per member), correct on any transport, not tuned;
+//! two bootstrap exchanges per call (three for reduce).
 use crate::error::{Error, Result};
 use crate::pe::Pe;
 use crate::team::Team;
@@ -100,6 +111,16 @@ enum Coll {
 }
 
 impl Coll {
+    fn from_code(c: u64) -> &'static str {
+        match c {
+            1 => "broadcast",
+            2 => "fcollect",
+            3 => "alltoall",
+            4 => "reduce",
+            _ => "another call",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Coll::Broadcast => "broadcast",
@@ -117,10 +138,10 @@ fn zeroed<T: Element>(n: usize) -> Vec<T> {
 }
 
 impl Pe {
-    /// The common prologue: agreement on the arguments (and so a synchronisation of the
-    /// team), then the length checks, which every member makes alike.
+    /// Step 2 of the frame (module comment): agreement, then the checks every member makes
+    /// alike. `ready` is step 1's outcome.
     #[allow(clippy::too_many_arguments)]
-    fn coll_begin<T: Element>(
+    fn coll_agree<T: Element>(
         &self,
         team: &Team,
         coll: Coll,
@@ -130,12 +151,15 @@ impl Pe {
         source_need: usize,
         root: usize,
         op: u64,
+        ready: Result<()>,
     ) -> Result<()> {
+        let ready = ready.and(self.try_quiet());
         // The element type by name (FNV-1a), so that i32 and f32 differ too.
-        let ty = std::any::type_name::<T>();
-        let ty_code = ty.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
+        let ty_code = std::any::type_name::<T>()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+            });
         let args = [
             coll as u64,
             ty_code,
@@ -145,19 +169,33 @@ impl Pe {
             root as u64,
             op,
             dest.offset() as u64,
-            dest.len() as u64,
+            (dest.len() >= dest_need) as u64,
             source.offset() as u64,
-            source.len() as u64,
+            (source.len() >= source_need) as u64,
+            ready.is_ok() as u64,
         ];
-        self.agree_in(team, coll.name(), &args, |v| {
+        let agreed = self.agree_in(team, coll.name(), &args, |v| {
+            let a = |i: usize| v.get(i).copied().unwrap_or(u64::MAX);
             format!(
-                "type {:#x} ({} B), count {} / {}, root {}, op {}, dest {} elems at {:#x}, \
-                 source {} elems at {:#x}",
-                v[1], v[2], v[3], v[4], v[5], v[6], v[8], v[7], v[10], v[9]
+                "{} of type {:#x} ({} B), counts {} / {}, root {}, op {}, dest at {:#x} \
+                 (long enough: {}), source at {:#x} (long enough: {}), ready: {}",
+                Coll::from_code(a(0)),
+                a(1),
+                a(2),
+                a(3),
+                a(4),
+                a(5),
+                a(6),
+                a(7),
+                a(8) == 1,
+                a(9),
+                a(10) == 1,
+                a(11) == 1
             )
-        })?;
-        // Every member passed the same lengths (agreed above), so these errors are the
-        // same on every member.
+        });
+        // A member whose own step 1 failed reports that; the others the mismatch.
+        ready?;
+        agreed?;
         let short = |what: &str, have: usize, need: usize| {
             Error::InvalidArgument(format!(
                 "{}: {what} has {have} elements, the call needs {need}",
@@ -170,7 +208,54 @@ impl Pe {
         if source.len() < source_need {
             return Err(short("source", source.len(), source_need));
         }
+        if root >= team.n_pes() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: root {root} is not a member index of a team of {} PEs",
+                coll.name(),
+                team.n_pes()
+            )));
+        }
         Ok(())
+    }
+
+    /// Step 4 (and reduce's middle step): quiet, then every member's outcome exchanged.
+    fn coll_status(&self, team: &Team, stage: &'static str, done: Result<()>) -> Result<()> {
+        let done = done.and(self.try_quiet());
+        let agreed = self.agree_in(team, stage, &[done.is_ok() as u64], |v| {
+            match v.first() {
+                Some(1) => "completed",
+                _ => "failed",
+            }
+            .to_string()
+        });
+        done?;
+        agreed
+    }
+
+    /// This member's first `n` elements of `source`, read before any peer may write
+    /// (step 1); on failure an empty copy and the error, which step 2 reports.
+    fn snapshot<T: Element>(
+        &self,
+        coll: Coll,
+        source: SymPtr<T>,
+        n: usize,
+    ) -> (Vec<T>, Result<()>) {
+        if n == 0 {
+            return (Vec::new(), Ok(()));
+        }
+        if source.len() < n {
+            let e = Error::InvalidArgument(format!(
+                "{}: source has {} elements, the call needs {n}",
+                coll.name(),
+                source.len()
+            ));
+            return (Vec::new(), Err(e));
+        }
+        let mut data = zeroed::<T>(n);
+        match self.get(&mut data, source.slice(0..n), self.my_pe()) {
+            Ok(()) => (data, Ok(())),
+            Err(e) => (Vec::new(), Err(e)),
+        }
     }
 
     /// Copies `nelems` elements of `source` on team member `root` to `dest` on every
@@ -183,22 +268,30 @@ impl Pe {
         nelems: usize,
         root: usize,
     ) -> Result<()> {
-        self.coll_begin(team, Coll::Broadcast, dest, nelems, source, nelems, root, 0)?;
-        let n = team.n_pes();
-        if root >= n {
-            return Err(Error::InvalidArgument(format!(
-                "broadcast: root {root} is not a member index of a team of {n} PEs"
-            )));
-        }
-        if team.my_pe() == root && nelems > 0 {
-            let mut data = zeroed::<T>(nelems);
-            self.get(&mut data, source.slice(0..nelems), self.my_pe())?;
-            for i in 0..n {
-                let pe = team.world_pe(i).expect("member index below n_pes");
-                self.put_nbi(dest.slice(0..nelems), &data, pe)?;
+        let is_root = team.my_pe() == root;
+        let (data, ready) =
+            self.snapshot(Coll::Broadcast, source, if is_root { nelems } else { 0 });
+        self.coll_agree(
+            team,
+            Coll::Broadcast,
+            dest,
+            nelems,
+            source,
+            nelems,
+            root,
+            0,
+            ready,
+        )?;
+        let moved = (|| {
+            if is_root && nelems > 0 {
+                for i in 0..team.n_pes() {
+                    let pe = team.world_pe(i).expect("member index below n_pes");
+                    self.put_nbi(dest.slice(0..nelems), &data, pe)?;
+                }
             }
-        }
-        self.team_barrier(team)
+            Ok(())
+        })();
+        self.coll_status(team, "broadcast (completion)", moved)
     }
 
     /// Concatenates every member's `nelems`-element `source` into `dest` on every member,
@@ -211,20 +304,33 @@ impl Pe {
         nelems: usize,
     ) -> Result<()> {
         let n = team.n_pes();
-        let total = n.checked_mul(nelems).ok_or_else(|| {
-            Error::InvalidArgument(format!("fcollect: {n} x {nelems} elements overflow"))
-        })?;
-        self.coll_begin(team, Coll::Fcollect, dest, total, source, nelems, 0, 0)?;
-        if nelems > 0 {
-            let mut data = zeroed::<T>(nelems);
-            self.get(&mut data, source.slice(0..nelems), self.my_pe())?;
-            let at = team.my_pe() * nelems;
-            for i in 0..n {
-                let pe = team.world_pe(i).expect("member index below n_pes");
-                self.put_nbi(dest.slice(at..at + nelems), &data, pe)?;
+        let total = n.saturating_mul(nelems);
+        let (data, ready) = self.snapshot(Coll::Fcollect, source, nelems);
+        self.coll_agree(
+            team,
+            Coll::Fcollect,
+            dest,
+            total,
+            source,
+            nelems,
+            0,
+            0,
+            ready,
+        )?;
+        let moved = (|| {
+            if nelems > 0 {
+                let at = team.my_pe() * nelems;
+                // Start with the next member, so the members do not all write to member 0
+                // first.
+                for k in 1..=n {
+                    let j = (team.my_pe() + k) % n;
+                    let pe = team.world_pe(j).expect("member index below n_pes");
+                    self.put_nbi(dest.slice(at..at + nelems), &data, pe)?;
+                }
             }
-        }
-        self.team_barrier(team)
+            Ok(())
+        })();
+        self.coll_status(team, "fcollect (completion)", moved)
     }
 
     /// Block `j` (of `nelems` elements) of `source` goes to member `j`'s `dest` at block
@@ -237,29 +343,40 @@ impl Pe {
         nelems: usize,
     ) -> Result<()> {
         let n = team.n_pes();
-        let total = n.checked_mul(nelems).ok_or_else(|| {
-            Error::InvalidArgument(format!("alltoall: {n} x {nelems} elements overflow"))
-        })?;
-        self.coll_begin(team, Coll::Alltoall, dest, total, source, total, 0, 0)?;
-        if nelems > 0 {
-            let mut data = zeroed::<T>(total);
-            self.get(&mut data, source.slice(0..total), self.my_pe())?;
-            let at = team.my_pe() * nelems;
-            // Start with the next member, so the members do not all write to member 0 first.
-            for k in 1..=n {
-                let j = (team.my_pe() + k) % n;
-                let pe = team.world_pe(j).expect("member index below n_pes");
-                let block = &data[j * nelems..(j + 1) * nelems];
-                self.put_nbi(dest.slice(at..at + nelems), block, pe)?;
+        let total = n.saturating_mul(nelems);
+        let (data, ready) =
+            self.snapshot(Coll::Alltoall, source, if nelems > 0 { total } else { 0 });
+        self.coll_agree(
+            team,
+            Coll::Alltoall,
+            dest,
+            total,
+            source,
+            total,
+            0,
+            0,
+            ready,
+        )?;
+        let moved = (|| {
+            if nelems > 0 {
+                let at = team.my_pe() * nelems;
+                for k in 1..=n {
+                    let j = (team.my_pe() + k) % n;
+                    let pe = team.world_pe(j).expect("member index below n_pes");
+                    let block = &data[j * nelems..(j + 1) * nelems];
+                    self.put_nbi(dest.slice(at..at + nelems), block, pe)?;
+                }
             }
-        }
-        self.team_barrier(team)
+            Ok(())
+        })();
+        self.coll_status(team, "alltoall (completion)", moved)
     }
 
     /// `dest[i] = source[i] op source[i] op ...` over every member's `source`, on every
     /// member (OpenSHMEM `shmem_TYPE_OP_reduce`). `dest` and `source` may be the same
-    /// array. Integer sum and prod wrap; floats are combined in team order, so every
-    /// member gets the same bits.
+    /// array. Integer sum and prod wrap. Floats are combined in team order, so every
+    /// member computes the same bits; max/min follow Rust's `f64::max` (a NaN operand is
+    /// ignored unless both are NaN), which OpenSHMEM leaves unspecified.
     pub fn reduce<T: Reducible>(
         &self,
         team: &Team,
@@ -268,17 +385,31 @@ impl Pe {
         nreduce: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        self.coll_begin(team, Coll::Reduce, dest, nreduce, source, nreduce, 0, op.code())?;
-        let type_name = std::any::type_name::<T>();
+        let code = op.code();
+        self.coll_agree(
+            team,
+            Coll::Reduce,
+            dest,
+            nreduce,
+            source,
+            nreduce,
+            0,
+            code,
+            Ok(()),
+        )?;
         let zero = zeroed::<T>(1)[0];
         if T::combine(zero, zero, op).is_none() {
             return Err(Error::InvalidArgument(format!(
-                "reduce: {} is not defined on {type_name} (bitwise reductions take integer types)",
-                op.name()
+                "reduce: {} is not defined on {} (bitwise reductions take integer types)",
+                op.name(),
+                std::any::type_name::<T>()
             )));
         }
         let mut acc = zeroed::<T>(nreduce);
-        if nreduce > 0 {
+        let read = (|| {
+            if nreduce == 0 {
+                return Ok(());
+            }
             let mut theirs = zeroed::<T>(nreduce);
             for i in 0..team.n_pes() {
                 let pe = team.world_pe(i).expect("member index below n_pes");
@@ -290,13 +421,16 @@ impl Pe {
                     }
                 }
             }
-        }
+            Ok(())
+        })();
         // Every member has read every source before any dest (which may be a source) is
         // written.
-        self.sync_team(team)?;
-        if nreduce > 0 {
-            self.put(dest.slice(0..nreduce), &acc, self.my_pe())?;
-        }
-        self.team_barrier(team)
+        self.coll_status(team, "reduce (reads)", read)?;
+        let written = if nreduce > 0 {
+            self.put(dest.slice(0..nreduce), &acc, self.my_pe())
+        } else {
+            Ok(())
+        };
+        self.coll_status(team, "reduce (completion)", written)
     }
 }
