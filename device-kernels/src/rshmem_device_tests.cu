@@ -962,6 +962,66 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_sync_all_warp(rs
   c.flush();
 }
 
+// ---- collectives (block scope, world team) -----------------------------------------------
+// grid 1 x block 64, every thread calls each collective; thread 0 fills the sources first
+// and checks afterwards (a fixed set of elements, so the count does not depend on the PE
+// count): fcollect of 5 words (the blocks of the left, right and own PE: 15), broadcast of
+// 7 words from PE n - 1 (7), alltoall of 3 words (left, right, own: 9), a wrapping u64
+// sum (4), an int64 max (4), a uint32 xor in place (dest == source: 4), a double sum of
+// p + 0.5 (exact: 1). Values are pattern words of each PE. checks/PE = 44.
+extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_collectives_block(rshmem_harness_args_t a) {
+  Checker c(a);
+  unsigned char *s = scratch(a);
+  uint64_t *src = reinterpret_cast<uint64_t *>(s + 4096);     // 64 words
+  uint64_t *fc = reinterpret_cast<uint64_t *>(s + 8192);      // 5 * n words
+  uint64_t *bc = reinterpret_cast<uint64_t *>(s + 65536);     // 7 words
+  uint64_t *a2a_src = reinterpret_cast<uint64_t *>(s + 69632);  // 3 * n words
+  uint64_t *a2a = reinterpret_cast<uint64_t *>(s + 131072);     // 3 * n words
+  uint64_t *sum = reinterpret_cast<uint64_t *>(s + 196608);     // 4 words
+  int64_t *mx = reinterpret_cast<int64_t *>(s + 196672);        // 4 words
+  uint32_t *xr = reinterpret_cast<uint32_t *>(s + 196736);      // 4 words, in place
+  double *ds = reinterpret_cast<double *>(s + 196800);          // 2 doubles: source, dest
+  const int me = rshmem_my_pe(), n = rshmem_n_pes(), left = left_pe(), right = right_pe();
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 64; ++i) src[i] = pat(a, me, i);
+    for (int i = 0; i < 3 * n; ++i) a2a_src[i] = pat(a, me, 100 + i);
+    for (int i = 0; i < 4; ++i) xr[i] = static_cast<uint32_t>(pat(a, me, 200 + i));
+    ds[0] = me + 0.5;
+  }
+  rshmem_uint64_fcollect_block(RSHMEM_TEAM_WORLD, fc, src, 5);
+  rshmem_uint64_broadcast_block(RSHMEM_TEAM_WORLD, bc, src + 8, 7, n - 1);
+  rshmem_uint64_alltoall_block(RSHMEM_TEAM_WORLD, a2a, a2a_src, 3);
+  rshmem_uint64_sum_reduce_block(RSHMEM_TEAM_WORLD, sum, src + 16, 4);
+  rshmem_int64_max_reduce_block(RSHMEM_TEAM_WORLD, mx, reinterpret_cast<const int64_t *>(src + 24), 4);
+  rshmem_uint32_xor_reduce_block(RSHMEM_TEAM_WORLD, xr, xr, 4);
+  rshmem_double_sum_reduce_block(RSHMEM_TEAM_WORLD, ds + 1, ds, 1);
+  if (threadIdx.x == 0) {
+    const int who[3] = {left, right, me};
+    for (int k = 0; k < 3; ++k)
+      for (int i = 0; i < 5; ++i) c.eq(10 * k + i, pat(a, who[k], i), fc[5 * who[k] + i]);
+    for (int i = 0; i < 7; ++i) c.eq(100 + i, pat(a, n - 1, 8 + i), bc[i]);
+    for (int k = 0; k < 3; ++k)
+      for (int i = 0; i < 3; ++i) c.eq(200 + 10 * k + i, pat(a, who[k], 100 + 3 * me + i), a2a[3 * who[k] + i]);
+    for (int i = 0; i < 4; ++i) {
+      uint64_t sw = 0;
+      int64_t mw = static_cast<int64_t>(pat(a, 0, 24 + i));
+      uint32_t xw = 0;
+      for (int p = 0; p < n; ++p) {
+        sw += pat(a, p, 16 + i);
+        const int64_t m = static_cast<int64_t>(pat(a, p, 24 + i));
+        mw = m > mw ? m : mw;
+        xw ^= static_cast<uint32_t>(pat(a, p, 200 + i));
+      }
+      c.eq(300 + i, sw, sum[i]);
+      c.eq(310 + i, static_cast<uint64_t>(mw), static_cast<uint64_t>(mx[i]));
+      c.eq(320 + i, xw, xr[i]);
+    }
+    const double want = n * (n - 1) / 2.0 + 0.5 * n;
+    c.eq(400, bits_of<double>(want), bits_of<double>(ds[1]));
+  }
+  c.flush();
+}
+
 // ---- rshmem_ptr --------------------------------------------------------------------------
 // grid 1 x block 64. Every thread stores word i of its pattern into its own buffer; after
 // quiet, thread 0 signals the right neighbour and waits for the left's signal. Checks:

@@ -6,7 +6,8 @@
 //   rshmem/device/rma.cuh      my_pe, n_pes, ptr, put/get/p/g (+_nbi, _warp, _block),
 //                              put_signal, signal_op/fetch/wait_until, quiet, fence
 //   rshmem/device/amo.cuh      atomics, wait_until, test
-//   rshmem/device/barrier.cuh  barrier_all, sync_all (device-wide), _block forms
+//   rshmem/device/barrier.cuh  barrier_all, sync_all (device-wide), _block and _warp forms
+//   rshmem/device/coll.cuh     broadcast, fcollect, alltoall, reductions (_block forms)
 // As plain host C++ it provides the shared types (state.cuh, types.cuh) and the pure
 // helpers (device/layout.cuh, device/copy.cuh), so host code can include it too.
 // Must not: contain device code itself (it lives in rshmem/device/*.cuh).
@@ -25,6 +26,7 @@
 #if defined(__CUDACC__)
 #include "rshmem/device/amo.cuh"
 #include "rshmem/device/barrier.cuh"
+#include "rshmem/device/coll.cuh"
 #include "rshmem/device/core.cuh"
 #include "rshmem/device/rma.cuh"
 #endif

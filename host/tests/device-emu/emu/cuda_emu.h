@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <sys/mman.h>
 
 #include "../../cuda-emu/base.h"

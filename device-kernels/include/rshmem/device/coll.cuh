@@ -1,0 +1,201 @@
+// rshmem/device/coll.cuh — collectives over all PEs at block scope.
+//
+// Owns: rshmem_{broadcast,fcollect,alltoall}mem_block, their typed forms
+// rshmem_<type>_{broadcast,fcollect,alltoall}_block (the RMA types), and the reductions
+// rshmem_<type>_<op>_reduce_block (and, or, xor, max, min, sum, prod on the AMO integer
+// types; max, min, sum, prod on float and double), as NVSHMEM's nvshmemx_*_block forms.
+// Must not: be included by host C++ (device-only; rshmem/rshmem.cuh includes it under nvcc).
+//
+// rshmem-check: device-only (device function bodies; see rshmem/rshmem.cuh)
+//
+// Semantics: OpenSHMEM 1.5 team collectives (the host API's, host/src/collectives.rs,
+// which is their oracle). Exactly one block per PE calls, every thread of it, with the
+// same arguments on every PE; the only team on the device is RSHMEM_TEAM_WORLD (another
+// value traps, BAD_ARG). broadcast writes the root's dest too; fcollect puts every PE's
+// block in PE order; alltoall sends block j of source to PE j at block my_pe; a reduce
+// combines the PEs' sources in PE order (integer sum/prod wrap; float max/min ignore a
+// NaN operand, as fmax does), so every PE computes the same bits, and its dest may be its
+// source. On return dest holds the result on the calling PE and source may be reused.
+// For broadcast, fcollect and alltoall, dest must not overlap source.
+//
+// Algorithm: a sync_all_block first (every PE entered: sources written, dests free), then
+// the block's threads push with putmem_block (broadcast: the root; fcollect, alltoall:
+// every PE, starting with the next PE), then barrier_all_block (quiet + sync). A reduce
+// pulls instead: chunk by chunk of blockDim elements, each thread reads its element from
+// every PE (rshmem_g), a sync_all_block (everyone has read the chunk), then it writes
+// its result, so dest may be source; a final sync_all_block. Simple and correct on any
+// transport (p2p or IBGDA); not tuned.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rshmem/device/amo.cuh"
+#include "rshmem/device/barrier.cuh"
+#include "rshmem/device/core.cuh"
+#include "rshmem/device/rma.cuh"
+
+#if defined(__CUDACC__)
+
+// The teams of the device API: the world team only.
+typedef int rshmem_team_t;
+#define RSHMEM_TEAM_WORLD 0
+
+RSHMEM_DEVICE void rshmemi_check_team(rshmem_team_t team, const char *what) {
+  if (team != RSHMEM_TEAM_WORLD)
+    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, rshmemi_device_state.my_pe, 0, static_cast<uint64_t>(team), 0, 0,
+                 what, "only RSHMEM_TEAM_WORLD is a team on the device");
+}
+
+RSHMEM_DEVICE void rshmem_broadcastmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes,
+                                             int root) {
+  const char *what = "rshmem_broadcastmem_block";
+  rshmemi_check_team(team, what);
+  if (root < 0 || root >= rshmem_n_pes())
+    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_PE, root, reinterpret_cast<uint64_t>(dest), nbytes, 0, 0, what,
+                 "root PE out of range");
+  rshmem_sync_all_block();
+  if (rshmem_my_pe() == root && nbytes > 0) {
+    const int n = rshmem_n_pes();
+    for (int k = 1; k <= n; ++k) rshmem_putmem_nbi_block(dest, source, nbytes, (root + k) % n);
+  }
+  rshmem_barrier_all_block();
+}
+
+RSHMEM_DEVICE void rshmem_fcollectmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes) {
+  rshmemi_check_team(team, "rshmem_fcollectmem_block");
+  rshmem_sync_all_block();
+  const int n = rshmem_n_pes(), me = rshmem_my_pe();
+  unsigned char *d = static_cast<unsigned char *>(dest) + static_cast<size_t>(me) * nbytes;
+  if (nbytes > 0)
+    for (int k = 1; k <= n; ++k) rshmem_putmem_nbi_block(d, source, nbytes, (me + k) % n);
+  rshmem_barrier_all_block();
+}
+
+RSHMEM_DEVICE void rshmem_alltoallmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes) {
+  rshmemi_check_team(team, "rshmem_alltoallmem_block");
+  rshmem_sync_all_block();
+  const int n = rshmem_n_pes(), me = rshmem_my_pe();
+  unsigned char *d = static_cast<unsigned char *>(dest) + static_cast<size_t>(me) * nbytes;
+  const unsigned char *s = static_cast<const unsigned char *>(source);
+  if (nbytes > 0)
+    for (int k = 1; k <= n; ++k) {
+      const int j = (me + k) % n;
+      rshmem_putmem_nbi_block(d, s + static_cast<size_t>(j) * nbytes, nbytes, j);
+    }
+  rshmem_barrier_all_block();
+}
+
+// ---- reductions -------------------------------------------------------------------------
+
+enum { RSHMEMI_RED_AND, RSHMEMI_RED_OR, RSHMEMI_RED_XOR, RSHMEMI_RED_MAX, RSHMEMI_RED_MIN, RSHMEMI_RED_SUM,
+       RSHMEMI_RED_PROD };
+
+// How a reduce combines two values. Integers: sum and prod wrap (computed in the unsigned
+// type of the same size). Floats: no bitwise operators (their typed names do not exist);
+// max/min as fmax/fmin (a NaN operand is ignored, as the host's f64::max); sum and prod
+// are a single rounded operation each (nothing to contract into an FMA), so the bits
+// match the host's.
+template <int Op, typename T>
+struct rshmemi_reducer {
+  static RSHMEM_DEVICE T combine(T a, T b) {
+    typedef typename rshmemi_uint_n<sizeof(T)>::type U;
+    switch (Op) {
+      case RSHMEMI_RED_AND: return a & b;
+      case RSHMEMI_RED_OR: return a | b;
+      case RSHMEMI_RED_XOR: return a ^ b;
+      case RSHMEMI_RED_MAX: return a > b ? a : b;
+      case RSHMEMI_RED_MIN: return a < b ? a : b;
+      case RSHMEMI_RED_SUM: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+      default: return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+    }
+  }
+};
+template <int Op>
+struct rshmemi_reducer<Op, float> {
+  static RSHMEM_DEVICE float combine(float a, float b) {
+    switch (Op) {
+      case RSHMEMI_RED_MAX: return fmaxf(a, b);
+      case RSHMEMI_RED_MIN: return fminf(a, b);
+      case RSHMEMI_RED_SUM: return a + b;
+      default: return a * b;
+    }
+  }
+};
+template <int Op>
+struct rshmemi_reducer<Op, double> {
+  static RSHMEM_DEVICE double combine(double a, double b) {
+    switch (Op) {
+      case RSHMEMI_RED_MAX: return fmax(a, b);
+      case RSHMEMI_RED_MIN: return fmin(a, b);
+      case RSHMEMI_RED_SUM: return a + b;
+      default: return a * b;
+    }
+  }
+};
+
+template <int Op, typename T>
+RSHMEM_DEVICE int rshmemi_reduce_block(rshmem_team_t team, T *dest, const T *source, size_t nreduce,
+                                       const char *what) {
+  rshmemi_check_team(team, what);
+  rshmem_sync_all_block();  // every PE's source is written
+  const int n = rshmem_n_pes();
+  const size_t tid = rshmemi_block_thread(), nt = rshmemi_block_threads();
+  for (size_t base = 0; base < nreduce; base += nt) {
+    const size_t i = base + tid;
+    T acc = T();
+    if (i < nreduce) {
+      acc = rshmem_g<T>(source + i, 0);
+      for (int p = 1; p < n; ++p) acc = rshmemi_reducer<Op, T>::combine(acc, rshmem_g<T>(source + i, p));
+    }
+    rshmem_sync_all_block();  // every PE has read this chunk of every source
+    if (i < nreduce) dest[i] = acc;
+  }
+  rshmem_sync_all_block();  // dest complete on every PE before any PE's next collective
+  return 0;
+}
+// ---- typed names ------------------------------------------------------------------------
+
+#define RSHMEMI_TYPED_COLL(NAME, TYPE)                                                           \
+  RSHMEM_DEVICE void rshmem_##NAME##_broadcast_block(rshmem_team_t team, TYPE *dest, const TYPE *source, \
+                                                     size_t nelems, int root) {                  \
+    rshmem_broadcastmem_block(team, dest, source, nelems * sizeof(TYPE), root);                  \
+  }                                                                                              \
+  RSHMEM_DEVICE void rshmem_##NAME##_fcollect_block(rshmem_team_t team, TYPE *dest, const TYPE *source, \
+                                                    size_t nelems) {                             \
+    rshmem_fcollectmem_block(team, dest, source, nelems * sizeof(TYPE));                         \
+  }                                                                                              \
+  RSHMEM_DEVICE void rshmem_##NAME##_alltoall_block(rshmem_team_t team, TYPE *dest, const TYPE *source, \
+                                                    size_t nelems) {                             \
+    rshmem_alltoallmem_block(team, dest, source, nelems * sizeof(TYPE));                         \
+  }
+RSHMEM_RMA_TYPES(RSHMEMI_TYPED_COLL)
+#undef RSHMEMI_TYPED_COLL
+
+#define RSHMEMI_REDUCE(NAME, TYPE, OPNAME, OP)                                                   \
+  RSHMEM_DEVICE int rshmem_##NAME##_##OPNAME##_reduce_block(rshmem_team_t team, TYPE *dest,     \
+                                                            const TYPE *source, size_t nreduce) { \
+    return rshmemi_reduce_block<OP, TYPE>(team, dest, source, nreduce,                           \
+                                          "rshmem_" #NAME "_" #OPNAME "_reduce_block");           \
+  }
+#define RSHMEMI_REDUCE_INT(NAME, TYPE)                    \
+  RSHMEMI_REDUCE(NAME, TYPE, and, RSHMEMI_RED_AND)        \
+  RSHMEMI_REDUCE(NAME, TYPE, or, RSHMEMI_RED_OR)          \
+  RSHMEMI_REDUCE(NAME, TYPE, xor, RSHMEMI_RED_XOR)        \
+  RSHMEMI_REDUCE(NAME, TYPE, max, RSHMEMI_RED_MAX)        \
+  RSHMEMI_REDUCE(NAME, TYPE, min, RSHMEMI_RED_MIN)        \
+  RSHMEMI_REDUCE(NAME, TYPE, sum, RSHMEMI_RED_SUM)        \
+  RSHMEMI_REDUCE(NAME, TYPE, prod, RSHMEMI_RED_PROD)
+RSHMEM_AMO_TYPES(RSHMEMI_REDUCE_INT)
+#undef RSHMEMI_REDUCE_INT
+#define RSHMEMI_REDUCE_FLOAT(NAME, TYPE)                  \
+  RSHMEMI_REDUCE(NAME, TYPE, max, RSHMEMI_RED_MAX)        \
+  RSHMEMI_REDUCE(NAME, TYPE, min, RSHMEMI_RED_MIN)        \
+  RSHMEMI_REDUCE(NAME, TYPE, sum, RSHMEMI_RED_SUM)        \
+  RSHMEMI_REDUCE(NAME, TYPE, prod, RSHMEMI_RED_PROD)
+RSHMEMI_REDUCE_FLOAT(float, float)
+RSHMEMI_REDUCE_FLOAT(double, double)
+#undef RSHMEMI_REDUCE_FLOAT
+#undef RSHMEMI_REDUCE
+
+#endif  // __CUDACC__
