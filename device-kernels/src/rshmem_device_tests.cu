@@ -967,8 +967,11 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_sync_all_warp(rs
 // and checks afterwards (a fixed set of elements, so the count does not depend on the PE
 // count): fcollect of 5 words (the blocks of the left, right and own PE: 15), broadcast of
 // 7 words from PE n - 1 (7), alltoall of 3 words (left, right, own: 9), a wrapping u64
-// sum (4), an int64 max (4), a uint32 xor in place (dest == source: 4), a double sum of
-// p + 0.5 (exact: 1). Values are pattern words of each PE. checks/PE = 44.
+// sum (4), an int64 max (4), a uint32 xor in place (dest == source: 4), a double sum whose
+// result depends on the order (PE 0 adds 1e16, the others 1.0: in PE order each 1.0 is
+// rounded away; 1), then a u64 sum in place over 150 elements (three chunks of the 64
+// threads: 150) right after the others on a new buffer. Values are pattern words of each
+// PE. checks/PE = 44 + 150 = 194.
 extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_collectives_block(rshmem_harness_args_t a) {
   Checker c(a);
   unsigned char *s = scratch(a);
@@ -981,12 +984,14 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_collectives_bloc
   int64_t *mx = reinterpret_cast<int64_t *>(s + 196672);        // 4 words
   uint32_t *xr = reinterpret_cast<uint32_t *>(s + 196736);      // 4 words, in place
   double *ds = reinterpret_cast<double *>(s + 196800);          // 2 doubles: source, dest
+  uint64_t *big = reinterpret_cast<uint64_t *>(s + 262144);     // 150 words, in place
   const int me = rshmem_my_pe(), n = rshmem_n_pes(), left = left_pe(), right = right_pe();
   if (threadIdx.x == 0) {
     for (int i = 0; i < 64; ++i) src[i] = pat(a, me, i);
     for (int i = 0; i < 3 * n; ++i) a2a_src[i] = pat(a, me, 100 + i);
     for (int i = 0; i < 4; ++i) xr[i] = static_cast<uint32_t>(pat(a, me, 200 + i));
-    ds[0] = me + 0.5;
+    ds[0] = me == 0 ? 1e16 : 1.0;
+    for (int i = 0; i < 150; ++i) big[i] = pat(a, me, 300 + i);
   }
   rshmem_uint64_fcollect_block(RSHMEM_TEAM_WORLD, fc, src, 5);
   rshmem_uint64_broadcast_block(RSHMEM_TEAM_WORLD, bc, src + 8, 7, n - 1);
@@ -995,6 +1000,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_collectives_bloc
   rshmem_int64_max_reduce_block(RSHMEM_TEAM_WORLD, mx, reinterpret_cast<const int64_t *>(src + 24), 4);
   rshmem_uint32_xor_reduce_block(RSHMEM_TEAM_WORLD, xr, xr, 4);
   rshmem_double_sum_reduce_block(RSHMEM_TEAM_WORLD, ds + 1, ds, 1);
+  rshmem_uint64_sum_reduce_block(RSHMEM_TEAM_WORLD, big, big, 150);
   if (threadIdx.x == 0) {
     const int who[3] = {left, right, me};
     for (int k = 0; k < 3; ++k)
@@ -1016,8 +1022,14 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_collectives_bloc
       c.eq(310 + i, static_cast<uint64_t>(mw), static_cast<uint64_t>(mx[i]));
       c.eq(320 + i, xw, xr[i]);
     }
-    const double want = n * (n - 1) / 2.0 + 0.5 * n;
+    double want = 1e16;
+    for (int p = 1; p < n; ++p) want = want + 1.0;
     c.eq(400, bits_of<double>(want), bits_of<double>(ds[1]));
+    for (int i = 0; i < 150; ++i) {
+      uint64_t w = 0;
+      for (int p = 0; p < n; ++p) w += pat(a, p, 300 + i);
+      c.eq(500 + i, w, big[i]);
+    }
   }
   c.flush();
 }

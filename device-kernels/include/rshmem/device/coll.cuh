@@ -16,14 +16,17 @@
 // combines the PEs' sources in PE order (integer sum/prod wrap; float max/min ignore a
 // NaN operand, as fmax does), so every PE computes the same bits, and its dest may be its
 // source. On return dest holds the result on the calling PE and source may be reused.
-// For broadcast, fcollect and alltoall, dest must not overlap source.
+// For broadcast, fcollect and alltoall, dest must not overlap source; a reduce's dest is
+// its source or apart from it (a partial overlap is undefined, as in OpenSHMEM). Every PE
+// calls with the same block size (a reduce syncs once per blockDim elements).
 //
-// Algorithm: a sync_all_block first (every PE entered: sources written, dests free), then
-// the block's threads push with putmem_block (broadcast: the root; fcollect, alltoall:
-// every PE, starting with the next PE), then barrier_all_block (quiet + sync). A reduce
-// pulls instead: chunk by chunk of blockDim elements, each thread reads its element from
-// every PE (rshmem_g), a sync_all_block (everyone has read the chunk), then it writes
-// its result, so dest may be source; a final sync_all_block. Simple and correct on any
+// Algorithm: a barrier_all_block first (this PE's earlier puts complete, every PE entered:
+// sources written, dests free), then the block's threads push with putmem_nbi_block
+// (broadcast: the root; fcollect, alltoall: every PE, starting with the next PE), then
+// barrier_all_block (quiet + sync). A reduce pulls instead (after the same entry
+// barrier): chunk by chunk of blockDim elements, each thread reads its element from every
+// PE (rshmem_g), a sync_all_block (everyone has read the chunk), then it writes its
+// result, so dest may be source; a final sync_all_block. Simple and correct on any
 // transport (p2p or IBGDA); not tuned.
 #pragma once
 
@@ -54,7 +57,7 @@ RSHMEM_DEVICE void rshmem_broadcastmem_block(rshmem_team_t team, void *dest, con
   if (root < 0 || root >= rshmem_n_pes())
     rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_PE, root, reinterpret_cast<uint64_t>(dest), nbytes, 0, 0, what,
                  "root PE out of range");
-  rshmem_sync_all_block();
+  rshmem_barrier_all_block();
   if (rshmem_my_pe() == root && nbytes > 0) {
     const int n = rshmem_n_pes();
     for (int k = 1; k <= n; ++k) rshmem_putmem_nbi_block(dest, source, nbytes, (root + k) % n);
@@ -64,7 +67,7 @@ RSHMEM_DEVICE void rshmem_broadcastmem_block(rshmem_team_t team, void *dest, con
 
 RSHMEM_DEVICE void rshmem_fcollectmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes) {
   rshmemi_check_team(team, "rshmem_fcollectmem_block");
-  rshmem_sync_all_block();
+  rshmem_barrier_all_block();
   const int n = rshmem_n_pes(), me = rshmem_my_pe();
   unsigned char *d = static_cast<unsigned char *>(dest) + static_cast<size_t>(me) * nbytes;
   if (nbytes > 0)
@@ -74,7 +77,7 @@ RSHMEM_DEVICE void rshmem_fcollectmem_block(rshmem_team_t team, void *dest, cons
 
 RSHMEM_DEVICE void rshmem_alltoallmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes) {
   rshmemi_check_team(team, "rshmem_alltoallmem_block");
-  rshmem_sync_all_block();
+  rshmem_barrier_all_block();
   const int n = rshmem_n_pes(), me = rshmem_my_pe();
   unsigned char *d = static_cast<unsigned char *>(dest) + static_cast<size_t>(me) * nbytes;
   const unsigned char *s = static_cast<const unsigned char *>(source);
@@ -138,7 +141,7 @@ template <int Op, typename T>
 RSHMEM_DEVICE int rshmemi_reduce_block(rshmem_team_t team, T *dest, const T *source, size_t nreduce,
                                        const char *what) {
   rshmemi_check_team(team, what);
-  rshmem_sync_all_block();  // every PE's source is written
+  rshmem_barrier_all_block();  // this PE's earlier puts complete; every PE's source is written
   const int n = rshmem_n_pes();
   const size_t tid = rshmemi_block_thread(), nt = rshmemi_block_threads();
   for (size_t base = 0; base < nreduce; base += nt) {
