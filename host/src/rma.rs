@@ -790,30 +790,24 @@ impl Pe {
                 "{op}: the wait set is empty (no elements, or every one excluded by status)"
             )));
         }
-        let holds = |w| Self::holds_now(w, cmp, &operand);
         let mut done = 0; // All: words[..done] have held
         self.poll(
             || match mode {
                 SetWait::All => {
-                    while let Some(&w) = words.get(done) {
-                        if !holds(w) {
-                            return Err(w);
-                        }
-                        done += 1;
-                    }
-                    Ok(Vec::new())
-                }
-                SetWait::Any => words
-                    .iter()
-                    .find(|&&w| holds(w))
-                    .map(|&(i, _)| vec![i])
-                    .ok_or(words[0]),
-                SetWait::Some => {
-                    let hits: Vec<usize> = words
+                    let rest = &words[done..];
+                    match rest
                         .iter()
-                        .filter(|&&w| holds(w))
-                        .map(|&(i, _)| i)
-                        .collect();
+                        .position(|&w| !Self::holds_now(w, cmp, &operand))
+                    {
+                        Some(k) => {
+                            done += k;
+                            Err(rest[k])
+                        }
+                        None => Ok(Vec::new()),
+                    }
+                }
+                _ => {
+                    let hits = Self::scan_set(&words, cmp, &operand, mode);
                     if hits.is_empty() {
                         Err(words[0])
                     } else {
@@ -838,8 +832,18 @@ impl Pe {
         op: &'static str,
     ) -> Result<Vec<usize>> {
         let words = self.ivar_words(ivars, status, &operand, op)?;
-        let holds = |w| Self::holds_now(w, cmp, &operand);
-        Ok(match mode {
+        Ok(Self::scan_set(&words, cmp, &operand, mode))
+    }
+
+    /// One scan of the set (what each mode returns: as `test_set` says).
+    fn scan_set<T: AtomicInt>(
+        words: &[(usize, *mut T)],
+        cmp: Cmp,
+        operand: &Operand<'_, T>,
+        mode: SetWait,
+    ) -> Vec<usize> {
+        let holds = |w| Self::holds_now(w, cmp, operand);
+        match mode {
             SetWait::All => match words.iter().find(|&&w| !holds(w)) {
                 Some(&(i, _)) => vec![i],
                 None => Vec::new(),
@@ -854,7 +858,7 @@ impl Pe {
                 .filter(|&&w| holds(w))
                 .map(|&(i, _)| i)
                 .collect(),
-        })
+        }
     }
 
     fn wait_error<T: AtomicInt>(
