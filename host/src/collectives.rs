@@ -258,6 +258,29 @@ impl Pe {
         }
     }
 
+    /// Step 3 of fcollect and alltoall: `block(j)` (of `nelems` elements) goes to member
+    /// `j`'s `dest` at block `my index`, starting with the next member so that the members
+    /// do not all write to member 0 first.
+    fn push_blocks<'a, T: Element>(
+        &self,
+        team: &Team,
+        dest: SymPtr<T>,
+        nelems: usize,
+        block: impl Fn(usize) -> &'a [T],
+    ) -> Result<()> {
+        if nelems == 0 {
+            return Ok(());
+        }
+        let (n, me) = (team.n_pes(), team.my_pe());
+        let at = me * nelems;
+        for k in 1..=n {
+            let j = (me + k) % n;
+            let pe = team.world_pe(j).expect("member index below n_pes");
+            self.put_nbi(dest.slice(at..at + nelems), block(j), pe)?;
+        }
+        Ok(())
+    }
+
     /// Copies `nelems` elements of `source` on team member `root` to `dest` on every
     /// member, the root included (OpenSHMEM 1.5 `shmem_broadcast` on a team).
     pub fn broadcast<T: Element>(
@@ -317,19 +340,7 @@ impl Pe {
             0,
             ready,
         )?;
-        let moved = (|| {
-            if nelems > 0 {
-                let at = team.my_pe() * nelems;
-                // Start with the next member, so the members do not all write to member 0
-                // first.
-                for k in 1..=n {
-                    let j = (team.my_pe() + k) % n;
-                    let pe = team.world_pe(j).expect("member index below n_pes");
-                    self.put_nbi(dest.slice(at..at + nelems), &data, pe)?;
-                }
-            }
-            Ok(())
-        })();
+        let moved = self.push_blocks(team, dest, nelems, |_| &data[..]);
         self.coll_status(team, "fcollect (completion)", moved)
     }
 
@@ -357,18 +368,7 @@ impl Pe {
             0,
             ready,
         )?;
-        let moved = (|| {
-            if nelems > 0 {
-                let at = team.my_pe() * nelems;
-                for k in 1..=n {
-                    let j = (team.my_pe() + k) % n;
-                    let pe = team.world_pe(j).expect("member index below n_pes");
-                    let block = &data[j * nelems..(j + 1) * nelems];
-                    self.put_nbi(dest.slice(at..at + nelems), block, pe)?;
-                }
-            }
-            Ok(())
-        })();
+        let moved = self.push_blocks(team, dest, nelems, |j| &data[j * nelems..(j + 1) * nelems]);
         self.coll_status(team, "alltoall (completion)", moved)
     }
 
