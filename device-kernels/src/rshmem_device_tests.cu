@@ -1034,6 +1034,132 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_collectives_bloc
   c.flush();
 }
 
+// ---- teams -------------------------------------------------------------------------------
+// grid 1 x block 64, manifest "team": "parity": the runner makes the even and the odd PEs
+// device teams and passes each PE its own (a.team). T = that team, par = my_pe % 2, mt =
+// my number in T, ts = its size, members world(k) = par + 2k; lt/rt = the left/right
+// member. Checks:
+//  - queries (thread 0, 16): my_pe/n_pes of T, WORLD and SHARED; translate T -> WORLD,
+//    WORLD -> T (a member, and the right world neighbour, -1 when of the other parity),
+//    T -> SHARED; -1 for RSHMEM_TEAM_INVALID, an empty slot (63), slot 64, a PE number
+//    past the team's end;
+//  - team barrier_block, 3 rounds (192): every thread p's a pattern word to rt's buffer of
+//    the round, barrier_block(T), checks lt's word;
+//  - team sync_block (64): every thread stores its word locally, team_sync_block(T), reads
+//    lt's word with rshmem_g;
+//  - team barrier_warp (32): warp 0 p's to rt, barrier_warp(T), checks lt's word;
+//  - collectives on T (194): as rshmem_test_collectives_block, numbered in T (fcollect 5
+//    words, broadcast 7 from member ts - 1, alltoall 3, u64 sum, int64 max, u32 xor in
+//    place, an order-sensitive double sum, a 150-element u64 sum in place).
+// checks/PE = 16 + 192 + 64 + 32 + 194 = 498.
+extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_team_block(rshmem_harness_args_t a) {
+  Checker c(a);
+  unsigned char *s = scratch(a);
+  const rshmem_team_t T = static_cast<rshmem_team_t>(static_cast<int64_t>(a.team));
+  const int me = rshmem_my_pe(), n = rshmem_n_pes(), par = me % 2;
+  const int mt = rshmem_team_my_pe(T), ts = rshmem_team_n_pes(T);
+  const int lt = (mt + ts - 1) % ts, rt = (mt + 1) % ts;
+  auto world = [par](int k) { return par + 2 * k; };
+  const uint32_t tid = threadIdx.x;
+  if (tid == 0) {
+    c.eq(0, static_cast<uint64_t>(me / 2), static_cast<uint64_t>(mt));
+    c.eq(1, static_cast<uint64_t>((n - par + 1) / 2), static_cast<uint64_t>(ts));
+    c.eq(2, static_cast<uint64_t>(me), static_cast<uint64_t>(rshmem_team_my_pe(RSHMEM_TEAM_WORLD)));
+    c.eq(3, static_cast<uint64_t>(n), static_cast<uint64_t>(rshmem_team_n_pes(RSHMEM_TEAM_WORLD)));
+    c.eq(4, static_cast<uint64_t>(me), static_cast<uint64_t>(rshmem_team_my_pe(RSHMEM_TEAM_SHARED)));
+    c.eq(5, static_cast<uint64_t>(n), static_cast<uint64_t>(rshmem_team_n_pes(RSHMEM_TEAM_SHARED)));
+    c.eq(6, static_cast<uint64_t>(me), static_cast<uint64_t>(rshmem_team_translate_pe(T, mt, RSHMEM_TEAM_WORLD)));
+    c.eq(7, static_cast<uint64_t>(mt), static_cast<uint64_t>(rshmem_team_translate_pe(RSHMEM_TEAM_WORLD, me, T)));
+    const int nb = (me + 1) % n;
+    const int want_nb = nb % 2 == par ? nb / 2 : -1;
+    c.eq(8, static_cast<uint64_t>(want_nb), static_cast<uint64_t>(rshmem_team_translate_pe(RSHMEM_TEAM_WORLD, nb, T)));
+    const uint64_t none = static_cast<uint64_t>(-1);
+    c.eq(9, none, static_cast<uint64_t>(rshmem_team_my_pe(RSHMEM_TEAM_INVALID)));
+    c.eq(10, none, static_cast<uint64_t>(rshmem_team_n_pes(RSHMEM_TEAM_INVALID)));
+    c.eq(11, none, static_cast<uint64_t>(rshmem_team_my_pe(63)));
+    c.eq(12, none, static_cast<uint64_t>(rshmem_team_my_pe(64)));
+    c.eq(13, none, static_cast<uint64_t>(rshmem_team_translate_pe(RSHMEM_TEAM_INVALID, 0, RSHMEM_TEAM_WORLD)));
+    c.eq(14, none, static_cast<uint64_t>(rshmem_team_translate_pe(T, ts, RSHMEM_TEAM_WORLD)));
+    c.eq(15, static_cast<uint64_t>(par), static_cast<uint64_t>(rshmem_team_translate_pe(T, 0, RSHMEM_TEAM_SHARED)));
+  }
+  // Team barriers at block and warp scope.
+  uint64_t *rounds = reinterpret_cast<uint64_t *>(s);        // 3 x 64 words
+  uint64_t *loc = reinterpret_cast<uint64_t *>(s + 2048);    // 64 words
+  uint64_t *wbuf = reinterpret_cast<uint64_t *>(s + 3072);   // 32 words
+  for (int r = 0; r < 3; ++r) {
+    rshmem_uint64_p(rounds + 64 * r + tid, pat(a, me, 1000 * r + tid), world(rt));
+    rshmem_barrier_block(T);
+    c.eq(1000 * r + tid, pat(a, world(lt), 1000 * r + tid), rounds[64 * r + tid]);
+  }
+  loc[tid] = pat(a, me, 5000 + tid);
+  rshmem_team_sync_block(T);
+  c.eq(5000 + tid, pat(a, world(lt), 5000 + tid), rshmem_uint64_g(loc + tid, world(lt)));
+  if (tid < 32) {
+    rshmem_uint64_p(wbuf + tid, pat(a, me, 6000 + tid), world(rt));
+    rshmem_barrier_warp(T);
+    c.eq(6000 + tid, pat(a, world(lt), 6000 + tid), wbuf[tid]);
+  }
+  __syncthreads();
+  // Collectives on T.
+  uint64_t *src = reinterpret_cast<uint64_t *>(s + 4096);       // 64 words
+  uint64_t *fc = reinterpret_cast<uint64_t *>(s + 8192);        // 5 * ts words
+  uint64_t *bc = reinterpret_cast<uint64_t *>(s + 65536);       // 7 words
+  uint64_t *a2a_src = reinterpret_cast<uint64_t *>(s + 69632);  // 3 * ts words
+  uint64_t *a2a = reinterpret_cast<uint64_t *>(s + 131072);     // 3 * ts words
+  uint64_t *sum = reinterpret_cast<uint64_t *>(s + 196608);     // 4 words
+  int64_t *mx = reinterpret_cast<int64_t *>(s + 196672);        // 4 words
+  uint32_t *xr = reinterpret_cast<uint32_t *>(s + 196736);      // 4 words, in place
+  double *ds = reinterpret_cast<double *>(s + 196800);          // 2 doubles: source, dest
+  uint64_t *big = reinterpret_cast<uint64_t *>(s + 262144);     // 150 words, in place
+  if (tid == 0) {
+    for (int i = 0; i < 64; ++i) src[i] = pat(a, me, i);
+    for (int i = 0; i < 3 * ts; ++i) a2a_src[i] = pat(a, me, 100 + i);
+    for (int i = 0; i < 4; ++i) xr[i] = static_cast<uint32_t>(pat(a, me, 200 + i));
+    ds[0] = mt == 0 ? 1e16 : 1.0;
+    for (int i = 0; i < 150; ++i) big[i] = pat(a, me, 300 + i);
+  }
+  rshmem_uint64_fcollect_block(T, fc, src, 5);
+  rshmem_uint64_broadcast_block(T, bc, src + 8, 7, ts - 1);
+  rshmem_uint64_alltoall_block(T, a2a, a2a_src, 3);
+  rshmem_uint64_sum_reduce_block(T, sum, src + 16, 4);
+  rshmem_int64_max_reduce_block(T, mx, reinterpret_cast<const int64_t *>(src + 24), 4);
+  rshmem_uint32_xor_reduce_block(T, xr, xr, 4);
+  rshmem_double_sum_reduce_block(T, ds + 1, ds, 1);
+  rshmem_uint64_sum_reduce_block(T, big, big, 150);
+  if (tid == 0) {
+    const int who[3] = {lt, rt, mt};
+    for (int k = 0; k < 3; ++k)
+      for (int i = 0; i < 5; ++i) c.eq(7000 + 10 * k + i, pat(a, world(who[k]), i), fc[5 * who[k] + i]);
+    for (int i = 0; i < 7; ++i) c.eq(7100 + i, pat(a, world(ts - 1), 8 + i), bc[i]);
+    for (int k = 0; k < 3; ++k)
+      for (int i = 0; i < 3; ++i)
+        c.eq(7200 + 10 * k + i, pat(a, world(who[k]), 100 + 3 * mt + i), a2a[3 * who[k] + i]);
+    for (int i = 0; i < 4; ++i) {
+      uint64_t sw = 0;
+      int64_t mw = static_cast<int64_t>(pat(a, world(0), 24 + i));
+      uint32_t xw = 0;
+      for (int k = 0; k < ts; ++k) {
+        sw += pat(a, world(k), 16 + i);
+        const int64_t m = static_cast<int64_t>(pat(a, world(k), 24 + i));
+        mw = m > mw ? m : mw;
+        xw ^= static_cast<uint32_t>(pat(a, world(k), 200 + i));
+      }
+      c.eq(7300 + i, sw, sum[i]);
+      c.eq(7310 + i, static_cast<uint64_t>(mw), static_cast<uint64_t>(mx[i]));
+      c.eq(7320 + i, xw, xr[i]);
+    }
+    double want = 1e16;
+    for (int k = 1; k < ts; ++k) want = want + 1.0;
+    c.eq(7400, bits_of<double>(want), bits_of<double>(ds[1]));
+    for (int i = 0; i < 150; ++i) {
+      uint64_t w = 0;
+      for (int k = 0; k < ts; ++k) w += pat(a, world(k), 300 + i);
+      c.eq(7500 + i, w, big[i]);
+    }
+  }
+  c.flush();
+}
+
 // ---- rshmem_ptr --------------------------------------------------------------------------
 // grid 1 x block 64. Every thread stores word i of its pattern into its own buffer; after
 // quiet, thread 0 signals the right neighbour and waits for the left's signal. Checks:
@@ -1101,6 +1227,13 @@ extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_not_heap(rshmem_h
 // scratch word, cmp = EQ, expected = 1, observed = 0.
 extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_wait_timeout(rshmem_harness_args_t a) {
   rshmem_uint64_wait_until(reinterpret_cast<uint64_t *>(scratch(a)), RSHMEM_CMP_EQ, 1);
+}
+
+// A team barrier on a team slot that holds no team on this PE (5): BAD_ARG naming the
+// handle: record.pe = my_pe, addr = 0, expected = 5.
+extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_bad_team(rshmem_harness_args_t a) {
+  (void)a;
+  rshmem_team_sync_block(5);
 }
 
 // A comparison operator that is not a rshmem_cmp_t (17): BAD_ARG, record.cmp = 17.

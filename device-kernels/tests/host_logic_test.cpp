@@ -81,11 +81,30 @@ static void test_cmp() {
 }
 
 static void test_sync_layout() {
-  CHECK(rshmemi_sync_max_pes(32768) == 3968);
-  CHECK(rshmemi_sync_max_pes(1024) == 0);
+  CHECK(rshmemi_sync_max_pes(32768) == 2944);
+  CHECK(rshmemi_sync_max_pes(9216) == 0);
   CHECK(rshmemi_sync_max_pes(0) == 0);
-  CHECK(rshmemi_sync_arrival_offset(0) == 1024);
-  CHECK(rshmemi_sync_arrival_offset(3967) + 8 == 32768);
+  CHECK(rshmemi_sync_arrival_offset(0) == 9216);
+  CHECK(rshmemi_sync_arrival_offset(2943) + 8 == 32768);
+  // Team areas: after the error claim, before the arrival array, one per host team slot,
+  // each holding the entry, the epoch and RSHMEM_TEAM_MAX_ROUNDS round words.
+  CHECK(RSHMEMI_SYNC_ERROR_CLAIM + 4 <= rshmemi_team_area_offset(0));
+  CHECK(rshmemi_team_area_offset(1) == 1024 + 128);
+  CHECK(rshmemi_team_area_offset(RSHMEM_TEAM_SLOTS - 1) + RSHMEMI_TEAM_AREA_BYTES == RSHMEMI_SYNC_ARRIVAL);
+  CHECK(sizeof(rshmem_team_entry_t) <= RSHMEMI_TEAM_EPOCH);
+  CHECK(RSHMEMI_TEAM_EPOCH + 8 <= RSHMEMI_TEAM_ROUND);
+  CHECK(RSHMEMI_TEAM_ROUND + 8 * RSHMEM_TEAM_MAX_ROUNDS == RSHMEMI_TEAM_AREA_BYTES);
+  // Strided membership.
+  CHECK(rshmemi_team_world_pe(1, 2, 3) == 7);
+  CHECK(rshmemi_team_index_of(1, 2, 4, 7) == 3 && rshmemi_team_index_of(1, 2, 3, 7) == -1);
+  CHECK(rshmemi_team_index_of(1, 2, 4, 4) == -1 && rshmemi_team_index_of(1, 2, 4, 0) == -1);
+  CHECK(rshmemi_team_index_of(0, 1, 5, 4) == 4 && rshmemi_team_index_of(0, 0, 5, 0) == -1);
+  for (int size = 1; size <= 4096; ++size) {
+    const uint32_t r = rshmemi_team_rounds(size);
+    CHECK(r <= RSHMEM_TEAM_MAX_ROUNDS);
+    CHECK((1ll << r) >= size && (r == 0 || (1ll << (r - 1)) < size));
+  }
+  CHECK(rshmemi_team_rounds(4097) == RSHMEM_TEAM_MAX_ROUNDS + 1);
   // The grid words, the epoch and the arrival array do not overlap.
   CHECK(RSHMEMI_SYNC_GRID_GEN + 4 <= RSHMEMI_SYNC_PE_EPOCH);
   CHECK(RSHMEMI_SYNC_PE_EPOCH + 8 <= RSHMEMI_SYNC_ERROR_CLAIM);

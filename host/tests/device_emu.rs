@@ -185,6 +185,7 @@ fn launch(
         "RSHMEM_EMU_SHM_LEN",
         "RSHMEM_EMU_STATES",
         "RSHMEM_EMU_RESULTS",
+        "RSHMEM_EMU_TEAM",
     ] {
         cmd.env_remove(v);
     }
@@ -255,12 +256,19 @@ fn launch(
     l
 }
 
+/// The driver's RSHMEM_EMU_TEAM for a case with a manifest `team` (the teams the GPU
+/// runner creates for it).
+fn team_env(t: &TestCase) -> Vec<(&'static str, String)> {
+    t.team
+        .iter()
+        .map(|m| ("RSHMEM_EMU_TEAM", m.clone()))
+        .collect()
+}
+
 /// `fault`: RSHMEM_EMU_FAULT for the driver (a deliberately wrong setup).
 fn run_case(t: &TestCase, pes: usize, fault: Option<&str>) -> Launch {
-    let env: Vec<(&str, String)> = fault
-        .map(|f| ("RSHMEM_EMU_FAULT", f.to_string()))
-        .into_iter()
-        .collect();
+    let mut env = team_env(t);
+    env.extend(fault.map(|f| ("RSHMEM_EMU_FAULT", f.to_string())));
     let grid = if t.collective || t.grid == 0 {
         COLLECTIVE_GRID
     } else {
@@ -546,7 +554,7 @@ fn every_test_kernel_passes_over_ibgda_against_the_soft_hca() {
                 t.scratch_bytes,
                 TIMEOUT_MS,
                 true,
-                &[],
+                &team_env(t),
                 Some(&sh.shm),
             );
             bad.extend(

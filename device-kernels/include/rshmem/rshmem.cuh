@@ -7,7 +7,10 @@
 //                              put_signal, signal_op/fetch/wait_until, quiet, fence
 //   rshmem/device/amo.cuh      atomics, wait_until, test
 //   rshmem/device/barrier.cuh  barrier_all, sync_all (device-wide), _block and _warp forms
-//   rshmem/device/coll.cuh     broadcast, fcollect, alltoall, reductions (_block forms)
+//   rshmem/device/team.cuh     team_my_pe/n_pes/translate_pe, team sync and barrier
+//                              (_block and _warp forms)
+//   rshmem/device/coll.cuh     broadcast, fcollect, alltoall, reductions on a team
+//                              (_block forms)
 // As plain host C++ it provides the shared types (state.cuh, types.cuh) and the pure
 // helpers (device/layout.cuh, device/copy.cuh), so host code can include it too.
 // Must not: contain device code itself (it lives in rshmem/device/*.cuh).
@@ -29,4 +32,5 @@
 #include "rshmem/device/coll.cuh"
 #include "rshmem/device/core.cuh"
 #include "rshmem/device/rma.cuh"
+#include "rshmem/device/team.cuh"
 #endif

@@ -26,8 +26,9 @@ extern "C" {
 
 // "rshs" little-endian; a kernel whose module was never bound sees 0 and traps.
 #define RSHMEM_STATE_MAGIC 0x73687372u
-// Bumped whenever a field changes meaning or place.
-#define RSHMEM_STATE_VERSION 1u
+// Bumped whenever a field changes meaning or place (2: device teams in the sync scratch,
+// rshmem/device/layout.cuh).
+#define RSHMEM_STATE_VERSION 2u
 // Name of the __constant__ global in every module that includes the device API.
 #define RSHMEM_STATE_SYMBOL "rshmemi_device_state"
 
@@ -80,6 +81,24 @@ typedef struct rshmem_device_error {
 #define RSHMEM_DEVICE_ERR_QUEUE 5u         // IBGDA: error CQE / queue in error state
 #define RSHMEM_DEVICE_ERR_BAD_ARG 6u       // invalid rshmem_cmp_t / rshmem_signal_op_t, or too many PEs for the sync scratch
 
+// A team as the device sees it: one entry per team slot (the slot the host agreed for the
+// team, host/src/team.rs; the device handle rshmem_team_t is that slot) in the sync
+// scratch of every member (rshmem/device/layout.cuh, rshmemi_team_entry_offset). The host
+// writes it when the team is created (GpuPe::team_split_strided) and clears it when the
+// team is destroyed; size 0 = no team in this slot on this PE. Members are world ranks
+// start, start + stride, ... (strided teams, as NVSHMEM's). 16 bytes.
+typedef struct rshmem_team_entry {
+  int32_t start;   // world rank of team member 0
+  int32_t stride;  // world-rank distance between consecutive members (>= 1)
+  int32_t size;    // number of members; 0 = no team here
+  int32_t my_pe;   // this PE's number in the team
+} rshmem_team_entry_t;
+
+// Team slots (the host's TEAM_SLOTS); a device team handle is in [0, RSHMEM_TEAM_SLOTS).
+#define RSHMEM_TEAM_SLOTS 64u
+// Rounds of a team's dissemination barrier words: teams of up to 2^12 PEs.
+#define RSHMEM_TEAM_MAX_ROUNDS 12u
+
 // Everything a kernel needs. 128 bytes.
 typedef struct rshmem_device_state {
   uint32_t magic;         // RSHMEM_STATE_MAGIC
@@ -105,6 +124,7 @@ typedef struct rshmem_device_state {
 static_assert(sizeof(rshmem_peer_t) == 32, "rshmem_peer_t layout");
 static_assert(sizeof(rshmem_device_error_t) == 64, "rshmem_device_error_t layout");
 static_assert(sizeof(rshmem_device_state_t) == 128, "rshmem_device_state_t layout");
+static_assert(sizeof(rshmem_team_entry_t) == 16, "rshmem_team_entry_t layout");
 // Offsets: checked by nvcc and g++ (NVRTC has no __builtin_offsetof; the same
 // definitions compile there, and the sizes above still hold).
 #if !defined(__CUDACC_RTC__)

@@ -1,6 +1,6 @@
 // rshmem/types.cuh — plain types of the device API, shared with host C++.
 //
-// Owns: the enums the wait/test and signal families take. The numeric values are a
+// Owns: the enums the wait/test and signal families take, and the team handle type. The numeric values are a
 // contract with the Rust host API (host/src/types.rs: `Cmp`, `SignalOp`, in the same
 // order) — the host passes them to kernels by value.
 // Must not: include CUDA headers or declare device functions; this header compiles as
@@ -29,6 +29,14 @@ typedef enum rshmem_signal_op {
   RSHMEM_SIGNAL_SET = 0,
   RSHMEM_SIGNAL_ADD = 1,
 } rshmem_signal_op_t;
+
+// Device team handles (rshmem/device/team.cuh): a team's slot, the same on every member.
+// WORLD and SHARED (the PEs of this node, OpenSHMEM's SHMEM_TEAM_SHARED) always exist on
+// the device; other teams once the host created them with GpuPe::team_split_strided.
+typedef int rshmem_team_t;
+#define RSHMEM_TEAM_INVALID (-1)
+#define RSHMEM_TEAM_WORLD 0
+#define RSHMEM_TEAM_SHARED 1
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -17,7 +17,9 @@ pub struct HarnessArgs {
     pub param1: u64,
     pub param2: u64,
     pub seed: u64,
-    pub reserved: u64,
+    /// Test cases with a manifest `team`: this PE's device team handle (`rshmem_team_t`,
+    /// sign-extended); else 0 (`RSHMEM_TEAM_WORLD`).
+    pub team: u64,
 }
 
 /// `rshmem_test_result_t`. 64 bytes.
@@ -113,10 +115,7 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
             offset_of!(HarnessArgs, param2),
         ),
         ("rshmem_harness_args_t.seed", offset_of!(HarnessArgs, seed)),
-        (
-            "rshmem_harness_args_t.reserved",
-            offset_of!(HarnessArgs, reserved),
-        ),
+        ("rshmem_harness_args_t.team", offset_of!(HarnessArgs, team)),
         ("sizeof.rshmem_test_result_t", size_of::<TestResult>()),
         (
             "rshmem_test_result_t.checks",

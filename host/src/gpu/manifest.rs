@@ -23,6 +23,9 @@
 //!
 //! Unknown fields are ignored (the device side may add documentation); every field above
 //! is required except `doc`, `params` (default `[0, 0, 0]`) and `min_pes` (default 1).
+//! A test may also name `"team": "parity"`: the runner splits the world into the even and
+//! the odd PEs (two device teams, [`TEAM_PARITY`]) before the launch, passes each PE its
+//! team's handle in the harness's `team`, and destroys both after (needs `min_pes` >= 2).
 //!
 //! `traps` lists the negative cases: kernels that must trap on a device-side check. A trap
 //! destroys the CUDA context, so each runs in a child process of its own
@@ -286,8 +289,21 @@ pub struct TestCase {
     #[serde(default)]
     pub params: Vec<u64>,
     pub checks_per_pe: u64,
+    /// A device team the runner creates for the case ([`TEAM_PARITY`]), or None.
+    #[serde(default)]
+    pub team: Option<String>,
     #[serde(default)]
     pub doc: String,
+}
+
+/// `"team": "parity"`: the even PEs (0, 2, ...) and the odd PEs (1, 3, ...), each a strided
+/// team of the world; every PE gets the handle of the one it belongs to.
+pub const TEAM_PARITY: &str = "parity";
+
+/// The parity teams of `n_pes` PEs as `team_split_strided(world, start, 2, size)`
+/// arguments: (start, size) of the even and of the odd team.
+pub fn parity_teams(n_pes: usize) -> [(usize, usize); 2] {
+    [(0, n_pes.div_ceil(2)), (1, n_pes / 2)]
 }
 
 fn one() -> usize {
@@ -389,6 +405,22 @@ impl Manifest {
             }
             if t.min_pes == 0 {
                 return bad(&t.name, "min_pes is 0".into());
+            }
+            match t.team.as_deref() {
+                None => {}
+                Some(TEAM_PARITY) if t.min_pes >= 2 => {}
+                Some(TEAM_PARITY) => {
+                    return bad(
+                        &t.name,
+                        "team \"parity\" needs min_pes >= 2 (an odd PE)".into(),
+                    )
+                }
+                Some(other) => {
+                    return bad(
+                        &t.name,
+                        format!("unknown team {other:?} (known: \"{TEAM_PARITY}\")"),
+                    )
+                }
             }
             if t.params.len() > 3 {
                 return bad(
@@ -621,6 +653,30 @@ mod tests {
         );
     }
 
+    #[test]
+    fn parity_teams_cover_every_pe_once() {
+        assert_eq!(parity_teams(2), [(0, 1), (1, 1)]);
+        assert_eq!(parity_teams(5), [(0, 3), (1, 2)]);
+        for n in 2..20 {
+            let mut seen = vec![0; n];
+            for (start, size) in parity_teams(n) {
+                for i in 0..size {
+                    seen[start + 2 * i] += 1;
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "{n}: {seen:?}");
+        }
+        // A parity case must allow an odd PE.
+        let mut v: serde_json::Value = serde_json::from_str(SAMPLE).unwrap();
+        v["tests"][0]["team"] = "parity".into();
+        v["tests"][0]["min_pes"] = 1.into();
+        let e = Manifest::parse(&v.to_string()).unwrap_err().to_string();
+        assert!(e.contains("needs min_pes >= 2"), "{e}");
+        v["tests"][0]["min_pes"] = 2.into();
+        let m = Manifest::parse(&v.to_string()).unwrap();
+        assert_eq!(m.tests[0].team.as_deref(), Some(TEAM_PARITY));
+    }
+
     fn with(field: &str, value: &str) -> String {
         // Replaces the first occurrence of `"field": <old>` in the first test entry.
         let mut v: serde_json::Value = serde_json::from_str(SAMPLE).unwrap();
@@ -643,6 +699,11 @@ mod tests {
             ("params", "[1,2,3,4]", "4 params"),
             ("name", "\"put\"", "start with rshmem_test_"),
             ("name", "\"rshmem_test_barrier_all\"", "name appears twice"),
+            (
+                "team",
+                "\"halves\"",
+                "unknown team \"halves\" (known: \"parity\")",
+            ),
         ] {
             let e = Manifest::parse(&with(field, value))
                 .unwrap_err()

@@ -20,11 +20,12 @@ use super::driver::{ck, driver, settle_sync_copies};
 use super::harness::HarnessArgs;
 use super::heap::{VmmMapping, SYNC_BYTES, SYNC_OFFSET};
 use super::module::{Ctx, Module, SIGNAL_PTX};
-use super::state::{self, DeviceError, DevicePeer, DeviceState};
+use super::state::{self, DeviceError, DevicePeer, DeviceState, DeviceTeamEntry};
 use crate::config::{Settings, TransportMode};
 use crate::error::{Error, Result};
 use crate::heap::{Allocator, MAX_ALIGN, RESERVED_BYTES};
 use crate::pe::{exchange_status, random_token, Pe, PeConfig};
+use crate::team::Team;
 use crate::types::{SignalOp, SymPtr};
 use cudarc::driver::sys;
 use std::collections::BTreeSet;
@@ -426,11 +427,21 @@ impl GpuPe {
     }
 
     fn from_pe(pe: Pe, settings: Settings) -> Result<GpuPe> {
-        match settings.transport {
-            TransportMode::Proxy => return GpuPe::from_pe_proxy(pe, settings),
-            TransportMode::Ibgda => return GpuPe::from_pe_ibgda(pe, settings),
-            TransportMode::Auto | TransportMode::P2p => {}
-        }
+        let g = match settings.transport {
+            TransportMode::Proxy => GpuPe::from_pe_proxy(pe, settings),
+            TransportMode::Ibgda => GpuPe::from_pe_ibgda(pe, settings),
+            TransportMode::Auto | TransportMode::P2p => GpuPe::from_pe_p2p(pe, settings),
+        }?;
+        // The teams every kernel may name: RSHMEM_TEAM_WORLD (the device needs no entry
+        // for it; written so that the scratch describes every team it serves) and
+        // RSHMEM_TEAM_SHARED. A local write each; the next host barrier or kernel launch
+        // comes after it on this PE.
+        g.publish_team(g.pe.world())?;
+        g.publish_team(g.pe.node())?;
+        Ok(g)
+    }
+
+    fn from_pe_p2p(pe: Pe, settings: Settings) -> Result<GpuPe> {
         let world = pe.world().group();
         let boot = pe.boot();
         let rank = pe.my_pe();
@@ -952,6 +963,71 @@ impl GpuPe {
                     out.len()
                 )
             },
+        )
+    }
+
+    // ------------------------------------------------------------------ teams
+
+    /// Writes `team`'s device entry into this PE's sync scratch (slot `team.slot()`), so
+    /// that kernels can name it by its slot. A team whose members are not strided in world
+    /// ranks gets no entry (kernels naming it trap; [`GpuPe::device_team`] says why).
+    fn publish_team(&self, team: &Team) -> Result<()> {
+        match DeviceTeamEntry::strided(team.members(), team.my_pe()) {
+            Some(e) => self.write_local(
+                SYNC_OFFSET + state::team_area_offset(team.slot()),
+                &e.to_bytes(),
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// The device handle (`rshmem_team_t`) of `team`, to pass to kernels: its slot, the
+    /// same number on every member (`RSHMEM_TEAM_WORLD` is 0, `RSHMEM_TEAM_SHARED` 1).
+    /// Errors for a team the device cannot serve: members that are not `start, start +
+    /// stride, ...` in world ranks, or more than 4096 of them.
+    pub fn device_team(&self, team: &Team) -> Result<i32> {
+        if DeviceTeamEntry::strided(team.members(), team.my_pe()).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "team {:#x} ({} PEs: {:?}{}) is not a device team: the device API serves teams \
+                 whose world ranks are start, start + stride, ... with at most {} members",
+                team.uid(),
+                team.n_pes(),
+                &team.members()[..team.n_pes().min(8)],
+                if team.n_pes() > 8 { " ..." } else { "" },
+                1u32 << state::TEAM_MAX_ROUNDS
+            )));
+        }
+        Ok(team.slot() as i32)
+    }
+
+    /// [`Pe::team_split_strided`], and the new team is made visible to this PE's kernels
+    /// (its handle: [`GpuPe::device_team`]). Collective over `parent`.
+    pub fn team_split_strided(
+        &self,
+        parent: &Team,
+        start: usize,
+        stride: usize,
+        size: usize,
+    ) -> Result<Option<Team>> {
+        let team = self.pe.team_split_strided(parent, start, stride, size)?;
+        if let Some(t) = &team {
+            self.publish_team(t)?;
+        }
+        Ok(team)
+    }
+
+    /// [`Pe::team_destroy`] for a team made with [`GpuPe::team_split_strided`]: waits for
+    /// this PE's stream (its kernels are done with the team), destroys the team on the host
+    /// (a barrier of the members), then clears the team's device slot (entry, epoch,
+    /// barrier words) for the slot's next team. Collective over `team`.
+    pub fn team_destroy(&self, team: Team) -> Result<()> {
+        self.sync("team_destroy (kernels that may use the team)")?;
+        let slot = team.slot();
+        self.pe.team_destroy(team)?;
+        self.memset(
+            SYNC_OFFSET + state::team_area_offset(slot),
+            0,
+            state::TEAM_AREA_BYTES,
         )
     }
 

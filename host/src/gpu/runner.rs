@@ -338,6 +338,20 @@ fn kernel_case(
     let (grid, coop) = g.collective_grid(m, &t.name, t.block, t.grid)?;
     let coop = coop && t.collective;
     let p = t.params3();
+    // A team case: the even and the odd PEs, each a device team; this PE's handle goes to
+    // the kernel. Both splits are collective over the world (every PE makes both).
+    let mut team = None;
+    if t.team.is_some() {
+        for (start, size) in super::manifest::parity_teams(n) {
+            if let Some(tm) = g.team_split_strided(g.pe().world(), start, 2, size)? {
+                team = Some(tm);
+            }
+        }
+    }
+    let handle = match &team {
+        Some(tm) => g.device_team(tm)?,
+        None => 0,
+    };
     let args = HarnessArgs {
         scratch: scratch as u64,
         scratch_bytes: t.scratch_bytes,
@@ -346,12 +360,15 @@ fn kernel_case(
         param1: p[1],
         param2: p[2],
         seed: 0x5eed_0000 + crate::pe::fnv(t.name.as_bytes()) % 0x1_0000,
-        reserved: 0,
+        team: handle as i64 as u64,
     };
     // Scratch zeroed everywhere before anyone starts.
     g.pe().barrier_all()?;
     g.launch_harness(m, &t.name, grid, t.block, &args, coop)?;
     g.sync(&t.name)?;
+    if let Some(tm) = team {
+        g.team_destroy(tm)?;
+    }
     let mut b = [0u8; 64];
     result.read(&mut b)?;
     Ok(PeOutcome::Result(TestResult::from_bytes(&b)))
@@ -848,7 +865,7 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
                             param1: iters,
                             param2: if me == 0 { 1 } else { 0 },
                             seed: 0xbe9c_0000 + size as u64,
-                            reserved: 0,
+                            team: 0,
                         };
                         g.launch_harness(
                             &loaded[&case.module],
@@ -1144,7 +1161,7 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                                 param1: iters,
                                 param2: 1,
                                 seed: 0xc0 + size as u64,
-                                reserved: 0,
+                                team: 0,
                             };
                             g.launch_harness(pm, &p.name, p.grid, p.block, &args, false)?;
                             g.sync(&p.name)?;

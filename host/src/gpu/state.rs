@@ -9,8 +9,8 @@ use std::mem::{offset_of, size_of};
 
 /// `RSHMEM_STATE_MAGIC` ("rshs" little-endian).
 pub const STATE_MAGIC: u32 = 0x7368_7372;
-/// `RSHMEM_STATE_VERSION`.
-pub const STATE_VERSION: u32 = 1;
+/// `RSHMEM_STATE_VERSION` (2: device teams in the sync scratch).
+pub const STATE_VERSION: u32 = 2;
 /// `RSHMEM_STATE_SYMBOL`: the `__constant__` global every device-API module carries.
 pub const STATE_SYMBOL: &str = "rshmemi_device_state";
 /// `RSHMEM_STATE_CHECKS`: validate PE and heap range on every device call.
@@ -83,7 +83,81 @@ pub struct DeviceState {
     pub reserved: [u64; 5],
 }
 
+/// `RSHMEM_TEAM_SLOTS`: device team handles are team slots (`crate::heap::TEAM_SLOTS`).
+pub const TEAM_SLOTS: u32 = 64;
+/// `RSHMEM_TEAM_MAX_ROUNDS`: a device team barrier serves teams of up to 2^12 PEs.
+pub const TEAM_MAX_ROUNDS: u32 = 12;
+/// `RSHMEM_TEAM_INVALID`, `RSHMEM_TEAM_WORLD`, `RSHMEM_TEAM_SHARED` (types.cuh).
+pub const TEAM_INVALID: i32 = -1;
+pub const TEAM_WORLD: i32 = 0;
+pub const TEAM_SHARED: i32 = 1;
+/// Offset of team slot 0's area in the device sync scratch (`RSHMEMI_SYNC_TEAMS`), and the
+/// bytes of one slot's area (`RSHMEMI_TEAM_AREA_BYTES`; rshmem/device/layout.cuh): the
+/// [`DeviceTeamEntry`], the epoch, the dissemination round words. (layout.cuh is C++, so
+/// the C oracle cannot print these; device-kernels/tests/host_logic_test.cpp pins the same
+/// numbers, and the assert below the arrival array's 2944 PEs that it checks too.)
+pub const SYNC_TEAMS: usize = 1024;
+pub const TEAM_AREA_BYTES: usize = 128;
+
+/// Offset in the sync scratch of team slot `slot`'s area (`rshmemi_team_area_offset`).
+pub const fn team_area_offset(slot: usize) -> usize {
+    SYNC_TEAMS + TEAM_AREA_BYTES * slot
+}
+
+/// `rshmem_team_entry_t`: a strided team as the device sees it. 16 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceTeamEntry {
+    pub start: i32,
+    pub stride: i32,
+    /// 0: no team in this slot.
+    pub size: i32,
+    pub my_pe: i32,
+}
+
+impl DeviceTeamEntry {
+    /// The entry of a team whose members are the world ranks `members` (in team order) on
+    /// the member numbered `my_pe`; None unless they form `start, start + stride, ...`
+    /// (the device's strided teams) with stride >= 1, or when the team is larger than a
+    /// device team barrier serves.
+    pub fn strided(members: &[u32], my_pe: usize) -> Option<DeviceTeamEntry> {
+        let start = *members.first()?;
+        let stride = members.get(1).map_or(Some(1), |&m| m.checked_sub(start))?;
+        if stride == 0
+            || members.len() > 1 << TEAM_MAX_ROUNDS
+            || my_pe >= members.len()
+            || members
+                .iter()
+                .enumerate()
+                .any(|(i, &m)| m as u64 != start as u64 + stride as u64 * i as u64)
+        {
+            return None;
+        }
+        Some(DeviceTeamEntry {
+            start: start as i32,
+            stride: stride as i32,
+            size: members.len() as i32,
+            my_pe: my_pe as i32,
+        })
+    }
+
+    /// The 16 bytes the device reads (little-endian, as every supported GPU host).
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        for (i, v) in [self.start, self.stride, self.size, self.my_pe]
+            .into_iter()
+            .enumerate()
+        {
+            b[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+}
+
 const _: () = {
+    assert!(size_of::<DeviceTeamEntry>() == 16);
+    assert!(TEAM_SLOTS as usize == crate::heap::TEAM_SLOTS);
+    assert!(team_area_offset(TEAM_SLOTS as usize) + 8 * 2944 == 32 << 10);
     assert!(size_of::<DevicePeer>() == 32);
     assert!(size_of::<DeviceError>() == 64);
     assert!(size_of::<DeviceState>() == 128);
@@ -138,6 +212,23 @@ impl DeviceError {
 /// `<type>.<field>`.
 pub fn layout_table() -> Vec<(&'static str, usize)> {
     vec![
+        ("sizeof.rshmem_team_entry_t", size_of::<DeviceTeamEntry>()),
+        (
+            "rshmem_team_entry_t.start",
+            offset_of!(DeviceTeamEntry, start),
+        ),
+        (
+            "rshmem_team_entry_t.stride",
+            offset_of!(DeviceTeamEntry, stride),
+        ),
+        (
+            "rshmem_team_entry_t.size",
+            offset_of!(DeviceTeamEntry, size),
+        ),
+        (
+            "rshmem_team_entry_t.my_pe",
+            offset_of!(DeviceTeamEntry, my_pe),
+        ),
         ("sizeof.rshmem_peer_t", size_of::<DevicePeer>()),
         ("rshmem_peer_t.heap_base", offset_of!(DevicePeer, heap_base)),
         ("rshmem_peer_t.transport", offset_of!(DevicePeer, transport)),
@@ -248,6 +339,11 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("RSHMEM_DEVICE_ERR_WAIT_TIMEOUT", ERR_WAIT_TIMEOUT as u64),
         ("RSHMEM_DEVICE_ERR_QUEUE", ERR_QUEUE as u64),
         ("RSHMEM_DEVICE_ERR_BAD_ARG", ERR_BAD_ARG as u64),
+        ("RSHMEM_TEAM_SLOTS", TEAM_SLOTS as u64),
+        ("RSHMEM_TEAM_MAX_ROUNDS", TEAM_MAX_ROUNDS as u64),
+        ("RSHMEM_TEAM_INVALID", TEAM_INVALID as i64 as u64),
+        ("RSHMEM_TEAM_WORLD", TEAM_WORLD as u64),
+        ("RSHMEM_TEAM_SHARED", TEAM_SHARED as u64),
     ]
 }
 
@@ -306,6 +402,41 @@ mod tests {
              target PE 3, address 0x7f0000010040, waited for value EQ 1, last seen 0; block 2, thread 31); \
              the CUDA context is lost for every PE of this process"
         );
+    }
+
+    #[test]
+    fn team_entries_are_strided_teams_only() {
+        let e = DeviceTeamEntry::strided(&[1, 3, 5, 7], 2).unwrap();
+        assert_eq!(
+            e,
+            DeviceTeamEntry {
+                start: 1,
+                stride: 2,
+                size: 4,
+                my_pe: 2
+            }
+        );
+        assert_eq!(
+            e.to_bytes(),
+            [1, 0, 0, 0, 2, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0]
+        );
+        assert_eq!(
+            DeviceTeamEntry::strided(&[6], 0),
+            Some(DeviceTeamEntry {
+                start: 6,
+                stride: 1,
+                size: 1,
+                my_pe: 0
+            })
+        );
+        assert_eq!(DeviceTeamEntry::strided(&[0, 1, 3], 0), None); // not strided
+        assert_eq!(DeviceTeamEntry::strided(&[4, 2, 0], 0), None); // descending
+        assert_eq!(DeviceTeamEntry::strided(&[2, 2], 0), None); // stride 0
+        assert_eq!(DeviceTeamEntry::strided(&[], 0), None);
+        assert_eq!(DeviceTeamEntry::strided(&[0, 1], 2), None); // not a member
+        let big: Vec<u32> = (0..4097).collect();
+        assert_eq!(DeviceTeamEntry::strided(&big, 0), None); // over 2^12 members
+        assert!(DeviceTeamEntry::strided(&big[..4096], 4095).is_some());
     }
 
     #[test]

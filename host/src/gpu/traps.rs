@@ -470,7 +470,7 @@ fn trap_child(name: &str, sources: &Sources) -> Result<()> {
             param1: p[1],
             param2: p[2],
             seed: 0x7a_0000,
-            reserved: 0,
+            team: 0,
         };
         let mut params = [(&mut args as *mut HarnessArgs).cast::<c_void>()];
         // SAFETY: harness kernels take one rshmem_harness_args_t by value (harness.cuh),

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <vector>
 
+#include "rshmem/device/layout.cuh"
 #include "rshmem/ibgda/queue.cuh"
 #include "rshmem/internal/harness.cuh"
 #include "rshmem/state.cuh"
@@ -251,6 +252,25 @@ int main(int argc, char **argv) {
             (unsigned long long)scratch_bytes, (unsigned long long)heap_bytes);
     return 2;
   }
+  // Device teams, as GpuPe writes them into each bound PE's sync scratch: WORLD (slot 0)
+  // and SHARED (slot 1, every emulated PE is on this node); RSHMEM_EMU_TEAM=parity (a
+  // manifest "team") adds the even and the odd PEs in slot 2, the slot the host's team
+  // agreement gives the first split of a fresh job, and passes each PE that handle.
+  const char *team_mode = getenv("RSHMEM_EMU_TEAM");
+  const bool parity = team_mode && strcmp(team_mode, "parity") == 0;
+  if (team_mode && !parity) {
+    fprintf(stderr, "unknown RSHMEM_EMU_TEAM=%s (known: parity)\n", team_mode);
+    return 2;
+  }
+  for (int pe = 0; pe < npes && bind; ++pe) {
+    auto entry = [&](uint32_t slot) {
+      return reinterpret_cast<rshmem_team_entry_t *>(heap_bases[pe] + states[pe].sync_offset +
+                                                     rshmemi_team_area_offset(slot));
+    };
+    *entry(0) = rshmem_team_entry_t{0, 1, npes, pe};
+    *entry(1) = rshmem_team_entry_t{0, 1, npes, pe};
+    if (parity) *entry(2) = rshmem_team_entry_t{pe % 2, 2, (npes - pe % 2 + 1) / 2, pe / 2};
+  }
   auto result = [&](int pe) { return results[pe]; };
   auto error = [&](int pe) { return errors[pe]; };
   for (int pe = 0; pe < npes; ++pe)
@@ -288,6 +308,7 @@ int main(int argc, char **argv) {
         emu_args.param1 = arg(argv, 6);
         emu_args.param2 = arg(argv, 7);
         emu_args.seed = arg(argv, 8);
+        emu_args.team = parity ? 2 : 0;
         run_block(block);
         fflush(stdout);
         _exit(0);

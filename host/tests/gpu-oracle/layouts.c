@@ -5,12 +5,18 @@
 
 #include "rshmem/internal/harness.cuh"
 #include "rshmem/state.cuh"
+#include "rshmem/types.cuh"
 
 #define SZ(t) printf("sizeof.%s %zu\n", #t, sizeof(t))
 #define OFF(t, f) printf("%s.%s %zu\n", #t, #f, offsetof(t, f))
 #define K(c) printf("%s %llu\n", #c, (unsigned long long)(c))
 
 int main(void) {
+  SZ(rshmem_team_entry_t);
+  OFF(rshmem_team_entry_t, start);
+  OFF(rshmem_team_entry_t, stride);
+  OFF(rshmem_team_entry_t, size);
+  OFF(rshmem_team_entry_t, my_pe);
   SZ(rshmem_peer_t);
   OFF(rshmem_peer_t, heap_base);
   OFF(rshmem_peer_t, transport);
@@ -52,7 +58,7 @@ int main(void) {
   OFF(rshmem_harness_args_t, param1);
   OFF(rshmem_harness_args_t, param2);
   OFF(rshmem_harness_args_t, seed);
-  OFF(rshmem_harness_args_t, reserved);
+  OFF(rshmem_harness_args_t, team);
   SZ(rshmem_test_result_t);
   OFF(rshmem_test_result_t, checks);
   OFF(rshmem_test_result_t, failures);
@@ -81,6 +87,11 @@ int main(void) {
   K(RSHMEM_DEVICE_ERR_WAIT_TIMEOUT);
   K(RSHMEM_DEVICE_ERR_QUEUE);
   K(RSHMEM_DEVICE_ERR_BAD_ARG);
+  K(RSHMEM_TEAM_SLOTS);
+  K(RSHMEM_TEAM_MAX_ROUNDS);
+  K(RSHMEM_TEAM_INVALID);
+  K(RSHMEM_TEAM_WORLD);
+  K(RSHMEM_TEAM_SHARED);
   printf("RSHMEM_STATE_SYMBOL %s\n", RSHMEM_STATE_SYMBOL);
   return 0;
 }

@@ -51,40 +51,50 @@ RSHMEM_DEVICE uint64_t rshmemi_take_epoch(uint64_t base, const char *what) {
   return rshmemi_atom_add(reinterpret_cast<uint64_t *>(base + RSHMEMI_SYNC_PE_EPOCH), 1ull) + 1;
 }
 
+// Stores epoch e into the word at symmetric address `word` on PE `pe`, so that what this
+// thread stored or synchronised with before is visible to PE `pe` once it sees e. Used by
+// every barrier: one writer per word, values only grow.
+RSHMEM_DEVICE void rshmemi_announce(uint64_t *word, uint64_t e, int pe, const char *what) {
+  const rshmemi_target_t t = rshmemi_resolve(word, 8, pe, what);
+  switch (t.transport) {
+    case RSHMEM_TRANSPORT_P2P:
+      // Release: this thread's earlier stores, and everything it synchronised with (the
+      // block or warp barrier, the grid counters), are visible to PE `pe` once it sees e.
+      rshmemi_st_release_sys(reinterpret_cast<uint64_t *>(t.addr), e);
+      return;
+    case RSHMEM_TRANSPORT_IBGDA:
+      // An 8-byte inline RDMA WRITE of e. Publishing the WQE fences at system scope
+      // (queue.cuh publish), so what this thread stored or synchronised with before is
+      // visible before the engine executes the write; a barrier's quiet already
+      // completed the PE's earlier WQEs.
+      if (RSHMEMI_IBGDA_ENABLED) {
+        rshmemi_ibgda_p(pe, reinterpret_cast<uint64_t>(word), e, 8, what);
+        return;
+      }
+      [[fallthrough]];
+    default:
+      rshmemi_no_transport(t.transport, pe, reinterpret_cast<uint64_t>(word), 8, what);
+  }
+}
+
+// Waits (bounded) until this PE's word at `word` holds at least e. Acquire: pairs with
+// the announcing thread's release (or the engine's write after the fenced WQE).
+RSHMEM_DEVICE void rshmemi_await_epoch(const uint64_t *word, uint64_t e, const char *what) {
+  rshmemi_poll<uint64_t>(word, RSHMEM_CMP_GE, e, [word] { return rshmemi_ld_acquire_sys(word); }, what);
+}
+
 // The PE-level exchange (see above): thread `rank` of the `size` threads of the group
 // announces epoch e to PEs rank, rank + size, ... and then waits for their arrival words.
 // The group has synchronised before (its earlier stores are ordered before each
 // thread's release) and synchronises after.
 RSHMEM_DEVICE void rshmemi_pe_exchange(uint64_t base, uint64_t e, uint32_t rank, uint32_t size, const char *what) {
   const rshmem_device_state_t &s = rshmemi_device_state;
-  for (uint32_t p = rank; p < static_cast<uint32_t>(s.n_pes); p += size) {
-    uint64_t *slot = reinterpret_cast<uint64_t *>(base + rshmemi_sync_arrival_offset(s.my_pe));
-    const rshmemi_target_t t = rshmemi_resolve(slot, 8, static_cast<int>(p), what);
-    switch (t.transport) {
-      case RSHMEM_TRANSPORT_P2P:
-        // Release: this thread's earlier stores, and everything it synchronised with
-        // (the block or warp barrier, the grid counters), are visible to PE p once it
-        // sees e.
-        rshmemi_st_release_sys(reinterpret_cast<uint64_t *>(t.addr), e);
-        break;
-      case RSHMEM_TRANSPORT_IBGDA:
-        // An 8-byte inline RDMA WRITE of e. Publishing the WQE fences at system scope
-        // (queue.cuh publish), so what this thread stored or synchronised with before is
-        // visible before the engine executes the write; barrier_all's quiet already
-        // completed the PE's earlier WQEs.
-        if (RSHMEMI_IBGDA_ENABLED) {
-          rshmemi_ibgda_p(static_cast<int>(p), reinterpret_cast<uint64_t>(slot), e, 8, what);
-          break;
-        }
-        [[fallthrough]];
-      default:
-        rshmemi_no_transport(t.transport, static_cast<int>(p), reinterpret_cast<uint64_t>(slot), 8, what);
-    }
-  }
-  for (uint32_t p = rank; p < static_cast<uint32_t>(s.n_pes); p += size) {
-    const uint64_t *mine = reinterpret_cast<const uint64_t *>(base + rshmemi_sync_arrival_offset(static_cast<int>(p)));
-    rshmemi_poll<uint64_t>(mine, RSHMEM_CMP_GE, e, [mine] { return rshmemi_ld_acquire_sys(mine); }, what);
-  }
+  uint64_t *slot = reinterpret_cast<uint64_t *>(base + rshmemi_sync_arrival_offset(s.my_pe));
+  for (uint32_t p = rank; p < static_cast<uint32_t>(s.n_pes); p += size)
+    rshmemi_announce(slot, e, static_cast<int>(p), what);
+  for (uint32_t p = rank; p < static_cast<uint32_t>(s.n_pes); p += size)
+    rshmemi_await_epoch(reinterpret_cast<const uint64_t *>(base + rshmemi_sync_arrival_offset(static_cast<int>(p))),
+                        e, what);
 }
 
 // One block synchronises with one block of every other PE (see above). All threads of the

@@ -1,4 +1,4 @@
-// rshmem/device/coll.cuh — collectives over all PEs at block scope.
+// rshmem/device/coll.cuh — collectives over a team at block scope.
 //
 // Owns: rshmem_{broadcast,fcollect,alltoall}mem_block, their typed forms
 // rshmem_<type>_{broadcast,fcollect,alltoall}_block (the RMA types), and the reductions
@@ -9,25 +9,27 @@
 // rshmem-check: device-only (device function bodies; see rshmem/rshmem.cuh)
 //
 // Semantics: OpenSHMEM 1.5 team collectives (the host API's, host/src/collectives.rs,
-// which is their oracle). Exactly one block per PE calls, every thread of it, with the
-// same arguments on every PE; the only team on the device is RSHMEM_TEAM_WORLD (another
-// value traps, BAD_ARG). broadcast writes the root's dest too; fcollect puts every PE's
-// block in PE order; alltoall sends block j of source to PE j at block my_pe; a reduce
-// combines the PEs' sources in PE order (integer sum/prod wrap; float max/min ignore a
-// NaN operand, as fmax does), so every PE computes the same bits, and its dest may be its
-// source. On return dest holds the result on the calling PE and source may be reused.
+// which is their oracle). Exactly one block per member PE of the team calls, every thread
+// of it, with the same arguments on every member; a team this PE is not a member of traps
+// (BAD_ARG; teams: rshmem/device/team.cuh). PE numbers (root, block order) are team
+// numbers. broadcast writes the root's dest too; fcollect puts every member's block in
+// team order; alltoall sends block j of source to member j at block team_my_pe; a reduce
+// combines the members' sources in team order (integer sum/prod wrap; float max/min
+// ignore a NaN operand, as fmax does), so every member computes the same bits, and its
+// dest may be its source. On return dest holds the result on the calling PE and source
+// may be reused.
 // For broadcast, fcollect and alltoall, dest must not overlap source; a reduce's dest is
 // its source or apart from it (a partial overlap is undefined, as in OpenSHMEM). Every PE
 // calls with the same block size (a reduce syncs once per blockDim elements).
 //
-// Algorithm: a barrier_all_block first (this PE's earlier puts complete, every PE entered:
-// sources written, dests free), then the block's threads push with putmem_nbi_block
-// (broadcast: the root; fcollect, alltoall: every PE, starting with the next PE), then
-// barrier_all_block (quiet + sync). A reduce pulls instead (after the same entry
-// barrier): chunk by chunk of blockDim elements, each thread reads its element from every
-// PE (rshmem_g), a sync_all_block (everyone has read the chunk), then it writes its
-// result, so dest may be source; a final sync_all_block. Simple and correct on any
-// transport (p2p or IBGDA); not tuned.
+// Algorithm: a team barrier_block first (this PE's earlier puts complete, every member
+// entered: sources written, dests free), then the block's threads push with
+// putmem_nbi_block (broadcast: the root; fcollect, alltoall: every member, starting with
+// the next one), then a team barrier_block (quiet + sync). A reduce pulls instead (after
+// the same entry barrier): chunk by chunk of blockDim elements, each thread reads its
+// element from every member (rshmem_g), a team sync_block (everyone has read the chunk),
+// then it writes its result, so dest may be source; a final team sync_block. Simple and
+// correct on any transport (p2p or IBGDA); not tuned.
 #pragma once
 
 #include <stddef.h>
@@ -37,56 +39,51 @@
 #include "rshmem/device/barrier.cuh"
 #include "rshmem/device/core.cuh"
 #include "rshmem/device/rma.cuh"
+#include "rshmem/device/team.cuh"
 
 #if defined(__CUDACC__)
 
-// The teams of the device API: the world team only.
-typedef int rshmem_team_t;
-#define RSHMEM_TEAM_WORLD 0
-
-RSHMEM_DEVICE void rshmemi_check_team(rshmem_team_t team, const char *what) {
-  if (team != RSHMEM_TEAM_WORLD)
-    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, rshmemi_device_state.my_pe, 0, static_cast<uint64_t>(team), 0, 0,
-                 what, "only RSHMEM_TEAM_WORLD is a team on the device");
+// Entry and exit of a collective: quiet + sync of the team's one block per member.
+RSHMEM_DEVICE void rshmemi_coll_barrier(rshmem_team_t team, const char *what) {
+  rshmem_quiet();
+  rshmemi_team_sync_block(team, what);
 }
 
 RSHMEM_DEVICE void rshmem_broadcastmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes,
                                              int root) {
   const char *what = "rshmem_broadcastmem_block";
-  rshmemi_check_team(team, what);
-  if (root < 0 || root >= rshmem_n_pes())
+  const rshmemi_team_view v = rshmemi_team_get(team, what);
+  if (root < 0 || root >= v.size)
     rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_PE, root, reinterpret_cast<uint64_t>(dest), nbytes, 0, 0, what,
-                 "root PE out of range");
-  rshmem_barrier_all_block();
-  if (rshmem_my_pe() == root && nbytes > 0) {
-    const int n = rshmem_n_pes();
-    for (int k = 1; k <= n; ++k) rshmem_putmem_nbi_block(dest, source, nbytes, (root + k) % n);
-  }
-  rshmem_barrier_all_block();
+                 "root out of range (a PE number in the team)");
+  rshmemi_coll_barrier(team, what);
+  if (v.my == root && nbytes > 0)
+    for (int k = 1; k <= v.size; ++k) rshmem_putmem_nbi_block(dest, source, nbytes, v.world((root + k) % v.size));
+  rshmemi_coll_barrier(team, what);
 }
 
 RSHMEM_DEVICE void rshmem_fcollectmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes) {
-  rshmemi_check_team(team, "rshmem_fcollectmem_block");
-  rshmem_barrier_all_block();
-  const int n = rshmem_n_pes(), me = rshmem_my_pe();
-  unsigned char *d = static_cast<unsigned char *>(dest) + static_cast<size_t>(me) * nbytes;
+  const char *what = "rshmem_fcollectmem_block";
+  const rshmemi_team_view v = rshmemi_team_get(team, what);
+  rshmemi_coll_barrier(team, what);
+  unsigned char *d = static_cast<unsigned char *>(dest) + static_cast<size_t>(v.my) * nbytes;
   if (nbytes > 0)
-    for (int k = 1; k <= n; ++k) rshmem_putmem_nbi_block(d, source, nbytes, (me + k) % n);
-  rshmem_barrier_all_block();
+    for (int k = 1; k <= v.size; ++k) rshmem_putmem_nbi_block(d, source, nbytes, v.world((v.my + k) % v.size));
+  rshmemi_coll_barrier(team, what);
 }
 
 RSHMEM_DEVICE void rshmem_alltoallmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes) {
-  rshmemi_check_team(team, "rshmem_alltoallmem_block");
-  rshmem_barrier_all_block();
-  const int n = rshmem_n_pes(), me = rshmem_my_pe();
-  unsigned char *d = static_cast<unsigned char *>(dest) + static_cast<size_t>(me) * nbytes;
+  const char *what = "rshmem_alltoallmem_block";
+  const rshmemi_team_view v = rshmemi_team_get(team, what);
+  rshmemi_coll_barrier(team, what);
+  unsigned char *d = static_cast<unsigned char *>(dest) + static_cast<size_t>(v.my) * nbytes;
   const unsigned char *s = static_cast<const unsigned char *>(source);
   if (nbytes > 0)
-    for (int k = 1; k <= n; ++k) {
-      const int j = (me + k) % n;
-      rshmem_putmem_nbi_block(d, s + static_cast<size_t>(j) * nbytes, nbytes, j);
+    for (int k = 1; k <= v.size; ++k) {
+      const int j = (v.my + k) % v.size;
+      rshmem_putmem_nbi_block(d, s + static_cast<size_t>(j) * nbytes, nbytes, v.world(j));
     }
-  rshmem_barrier_all_block();
+  rshmemi_coll_barrier(team, what);
 }
 
 // ---- reductions -------------------------------------------------------------------------
@@ -140,21 +137,22 @@ struct rshmemi_reducer<Op, double> {
 template <int Op, typename T>
 RSHMEM_DEVICE int rshmemi_reduce_block(rshmem_team_t team, T *dest, const T *source, size_t nreduce,
                                        const char *what) {
-  rshmemi_check_team(team, what);
-  rshmem_barrier_all_block();  // this PE's earlier puts complete; every PE's source is written
-  const int n = rshmem_n_pes();
+  const rshmemi_team_view v = rshmemi_team_get(team, what);
+  rshmemi_coll_barrier(team, what);  // this PE's earlier puts complete; every member's source is written
   const size_t tid = rshmemi_block_thread(), nt = rshmemi_block_threads();
   for (size_t base = 0; base < nreduce; base += nt) {
     const size_t i = base + tid;
     T acc = T();
     if (i < nreduce) {
-      acc = rshmem_g<T>(source + i, 0);
-      for (int p = 1; p < n; ++p) acc = rshmemi_reducer<Op, T>::combine(acc, rshmem_g<T>(source + i, p));
+      acc = rshmem_g<T>(source + i, v.world(0));
+      for (int p = 1; p < v.size; ++p) acc = rshmemi_reducer<Op, T>::combine(acc, rshmem_g<T>(source + i, v.world(p)));
     }
-    rshmem_sync_all_block();  // every PE has read this chunk of every source
+    __syncthreads();
+    rshmemi_team_sync_block(team, what);  // every member has read this chunk of every source
     if (i < nreduce) dest[i] = acc;
   }
-  rshmem_sync_all_block();  // dest complete on every PE before any PE's next collective
+  __syncthreads();
+  rshmemi_team_sync_block(team, what);  // dest complete on every member before any member's next collective
   return 0;
 }
 // ---- typed names ------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "rshmem/qualifiers.cuh"
+#include "rshmem/state.cuh"
 #include "rshmem/types.cuh"
 
 // True when [addr, addr + len) lies inside [base, base + size). Overflow-safe: a range
@@ -67,7 +68,17 @@ RSHMEM_HOST_DEVICE bool rshmemi_cmp_valid(int cmp) {
 //                           PEs, so every PE counts the same sequence).
 //   128   u32 error_claim   the first thread of this PE that fails (bad PE, out of heap,
 //                           timeout) CAS-es it 0 -> 1 and alone writes the error record.
-//   1024  u64 arrival[n]    arrival[p] = the highest epoch PE p has announced to this PE.
+//   1024  team[64]          one 128-byte area per team slot s (RSHMEM_TEAM_SLOTS), at
+//                           1024 + 128 s:
+//           +0  rshmem_team_entry_t  the team in slot s as this PE knows it (state.cuh),
+//                           written by the host; size 0 = no team.
+//           +16 u64 epoch   team barriers this PE started on this team (block and warp
+//                           forms share it; every member counts the same sequence).
+//           +32 u64 round[12]  dissemination barrier: round[r] = the highest epoch that
+//                           member (me - 2^r) mod size has announced to this PE in round r
+//                           (only that member writes it; values only grow).
+//                           The host zeroes the area when the team is destroyed.
+//   9216  u64 arrival[n]    arrival[p] = the highest epoch PE p has announced to this PE.
 //                           PE p writes it (release store, system scope) when it reaches
 //                           its epoch e; this PE waits for arrival[p] >= e. Values only
 //                           grow, so a fast PE announcing e + 1 before this PE has looked
@@ -79,7 +90,35 @@ RSHMEM_HOST_DEVICE bool rshmemi_cmp_valid(int cmp) {
 #define RSHMEMI_SYNC_GRID_GEN 4u
 #define RSHMEMI_SYNC_PE_EPOCH 64u
 #define RSHMEMI_SYNC_ERROR_CLAIM 128u
-#define RSHMEMI_SYNC_ARRIVAL 1024u
+#define RSHMEMI_SYNC_TEAMS 1024u
+#define RSHMEMI_TEAM_AREA_BYTES 128u
+#define RSHMEMI_TEAM_EPOCH 16u
+#define RSHMEMI_TEAM_ROUND 32u
+#define RSHMEMI_SYNC_ARRIVAL (RSHMEMI_SYNC_TEAMS + RSHMEM_TEAM_SLOTS * RSHMEMI_TEAM_AREA_BYTES)
+
+// Offset (from the scratch start) of team slot `slot`'s area (its rshmem_team_entry_t).
+RSHMEM_HOST_DEVICE uint64_t rshmemi_team_area_offset(uint32_t slot) {
+  return RSHMEMI_SYNC_TEAMS + static_cast<uint64_t>(RSHMEMI_TEAM_AREA_BYTES) * slot;
+}
+
+// The world rank of member `i` of a strided team.
+RSHMEM_HOST_DEVICE int rshmemi_team_world_pe(int start, int stride, int i) { return start + stride * i; }
+
+// The member number of world rank `pe` in a strided team, or -1.
+RSHMEM_HOST_DEVICE int rshmemi_team_index_of(int start, int stride, int size, int pe) {
+  if (pe < start || stride <= 0) return -1;
+  const int d = pe - start;
+  if (d % stride != 0) return -1;
+  const int i = d / stride;
+  return i < size ? i : -1;
+}
+
+// Dissemination rounds of a team of `size` members: ceil(log2(size)).
+RSHMEM_HOST_DEVICE uint32_t rshmemi_team_rounds(int size) {
+  uint32_t r = 0;
+  for (int64_t d = 1; d < size; d <<= 1) ++r;
+  return r;
+}
 
 // How many PEs the arrival array of a sync scratch of `sync_bytes` bytes can hold.
 RSHMEM_HOST_DEVICE uint64_t rshmemi_sync_max_pes(uint64_t sync_bytes) {

@@ -33,7 +33,8 @@ typedef struct rshmem_harness_args {
   uint64_t param1;
   uint64_t param2;
   uint64_t seed;           // pattern seed; tests encode the origin PE as rshmem_pattern_u64(seed + pe, i)
-  uint64_t reserved;
+  uint64_t team;           // test cases with a manifest "team": this PE's device team handle
+                           // (rshmem_team_t, sign-extended); else 0 (RSHMEM_TEAM_WORLD)
 } rshmem_harness_args_t;   // 64 bytes, passed by value
 
 typedef struct rshmem_test_result {
