@@ -27,7 +27,7 @@ use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A peer in this endpoint's address vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -244,6 +244,9 @@ pub struct Endpoint {
     atomics: AtomicSupport,
     delivery_complete: bool,
     domain: Arc<Domain>,
+    /// How long a post keeps progressing while every slot is in use or the provider
+    /// answers `-FI_EAGAIN`; None: the fabric's timeout (see [`Endpoint::set_busy_limit`]).
+    busy_limit: Option<Duration>,
 }
 
 // SAFETY: FI_THREAD_SAFE domain; the endpoint is used through &mut self only.
@@ -410,7 +413,33 @@ impl Endpoint {
             atomics,
             delivery_complete,
             domain: domain.clone(),
+            busy_limit: None,
         })
+    }
+
+    /// Bounds how long a post waits for a free slot or past `-FI_EAGAIN` (progressing the
+    /// endpoint meanwhile) before it fails with [`Endpoint::is_busy`]: None (the default)
+    /// waits up to the fabric's timeout; `Some(Duration::ZERO)` tries, progresses once and
+    /// tries again, so a caller that must not block (the soft HCA engine) can queue the
+    /// operation and retry later. A busy failure posted nothing: retrying is safe.
+    pub fn set_busy_limit(&mut self, limit: Option<Duration>) {
+        self.busy_limit = limit;
+    }
+
+    /// Whether `e` is a post that found the endpoint busy (no free slot, or `-FI_EAGAIN`
+    /// past the busy limit): nothing was posted.
+    pub fn is_busy(e: &Error) -> bool {
+        matches!(e, Error::Fabric { code, .. } if *code == -(FI_EAGAIN as i32))
+    }
+
+    /// Operation slots: the most operations this endpoint has in flight at once.
+    pub fn slots(&self) -> usize {
+        self.meta.len()
+    }
+
+    fn busy_bound(&self) -> Duration {
+        self.busy_limit
+            .unwrap_or_else(|| self.domain.fabric().timeout())
     }
 
     /// This endpoint's address, to send to peers (they pass it to
@@ -488,12 +517,16 @@ impl Endpoint {
     /// Takes a free slot, progressing until one frees up.
     fn take_slot(&mut self, call: &'static str) -> Result<u32> {
         let start = Instant::now();
+        let bound = self.busy_bound();
         loop {
             if let Some(i) = self.free.pop() {
                 return Ok(i);
             }
             self.progress()?;
-            if start.elapsed() > self.domain.fabric().timeout() {
+            if let Some(i) = self.free.pop() {
+                return Ok(i);
+            }
+            if start.elapsed() >= bound {
                 return Err(Error::Fabric {
                     call,
                     code: -(FI_EAGAIN as i32),
@@ -521,6 +554,8 @@ impl Endpoint {
         self.meta[slot as usize].hold = hold;
         let ctx = self.slot_wire(slot) as *mut c_void;
         let start = Instant::now();
+        let bound = self.busy_bound();
+        let mut tries = 0u32;
         loop {
             let rc = f(ctx);
             if rc == 0 {
@@ -530,11 +565,8 @@ impl Endpoint {
                 self.release(slot);
                 return Err(result::error(call, rc as i64, "posting"));
             }
-            if let Err(e) = self.progress() {
-                self.release(slot);
-                return Err(e);
-            }
-            if start.elapsed() > self.domain.fabric().timeout() {
+            // Two tries at least (one progress between them), then up to the bound.
+            if tries > 0 && start.elapsed() >= bound {
                 self.release(slot);
                 return Err(result::error(
                     call,
@@ -542,6 +574,11 @@ impl Endpoint {
                     &format!("still -FI_EAGAIN after {:?} of progress", start.elapsed()),
                 ));
             }
+            if let Err(e) = self.progress() {
+                self.release(slot);
+                return Err(e);
+            }
+            tries += 1;
         }
     }
 

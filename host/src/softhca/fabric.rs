@@ -24,6 +24,16 @@
 //! - Failures (posting or completion) become error CQEs through
 //!   [`crate::fabric::syndrome_for`].
 //!
+//! - Never blocks the engine (the [`Backend`] contract): the endpoint's busy limit is zero,
+//!   so a post that finds no free slot or gets `-FI_EAGAIN` is queued instead, per peer, and
+//!   retried at every `poll`; a peer also holds at most half the endpoint's slots. So one
+//!   peer that stops taking operations (a link down, a stalled process) neither stalls the
+//!   engine thread nor starves the other peers. Posts to one peer keep their order (a
+//!   queued post holds back every later one to that peer); a queued post that could not
+//!   be posted within the fabric timeout (`RSHMEM_TIMEOUT_MS`) completes, with every post
+//!   queued behind it to that peer, with TRANSPORT_RETRY_EXC (0x15), as a ConnectX
+//!   reports a peer that stopped answering.
+//!
 //! Progress: tcp;ofi_rxm moves data (including data *arriving* for this process) only
 //! while the endpoint is polled, so the engine keeps polling when idle;
 //! [`Backend::idle_wait`] bounds its idle sleep to [`IDLE_WAIT`].
@@ -36,8 +46,9 @@ use crate::fabric::{
     RemoteRegion, Target,
 };
 use crate::mlx5::Syndrome;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest sleep of an idle engine that serves a fabric endpoint: remote PEs' operations
 /// on this process's memory progress only while it polls.
@@ -92,8 +103,49 @@ enum Bounce {
     Slot(u32),
 }
 
+/// One libfabric post, with what it needs to be retried later.
+enum Post {
+    Write {
+        t: Target,
+        region: Arc<MemoryRegion>,
+        offset: usize,
+        len: usize,
+    },
+    Read {
+        t: Target,
+        region: Arc<MemoryRegion>,
+        offset: usize,
+        len: usize,
+    },
+    Atomic {
+        ty: AtomicType,
+        op: FabricAtomic,
+        t: Target,
+        region: Arc<MemoryRegion>,
+        offset: usize,
+    },
+}
+
+/// A post waiting for its peer (a free slot, the peer's share, or the provider).
+struct Deferred {
+    /// The operation it is a part of.
+    i: u32,
+    post: Post,
+    /// When it was first tried.
+    since: Instant,
+}
+
+/// Per peer: posts in flight, and posts waiting their turn (in order).
+#[derive(Default)]
+struct PeerQueue {
+    inflight: usize,
+    waiting: VecDeque<Deferred>,
+}
+
 struct Pending {
     token: u64,
+    /// The peer (address) its posts go to.
+    peer: u64,
     /// A write waiting for delivery (not delivery-complete endpoints): the peer to flush.
     flush_to: Option<Target>,
     /// This operation is the flush READ to peer `.0` of writes `.1` (reported when it
@@ -135,6 +187,12 @@ pub struct FabricBackend {
     ops: Vec<Option<Pending>>,
     ops_free: Vec<u32>,
     comps: Vec<Completion>,
+    /// Per peer (by address): posts in flight and posts waiting (see the module doc).
+    peers: HashMap<u64, PeerQueue>,
+    /// Posts waiting, over all peers.
+    waiting_n: usize,
+    /// Most posts one peer may have in flight (half the endpoint's slots).
+    peer_cap: usize,
 }
 
 impl std::fmt::Debug for FabricBackend {
@@ -162,6 +220,7 @@ fn post_syndrome(e: &Error) -> Syndrome {
 }
 
 /// A libfabric fetch or compare operation equal to `op`, or None (REMOTE_OP).
+#[derive(Clone, Copy)]
 enum FabricAtomic {
     Fetch(FetchOp, u64),
     Cswap { compare: u64, swap: u64 },
@@ -218,11 +277,19 @@ impl FabricBackend {
     /// a domain and one endpoint. Fails with `Error::LibraryMissing` (naming libfabric1)
     /// when libfabric is not installed.
     pub fn open(switches: FabricSwitches) -> Result<FabricBackend> {
-        let fabric = Fabric::open_from_env()?;
+        FabricBackend::open_on(&Fabric::open_from_env()?, switches)
+    }
+
+    /// As [`FabricBackend::open`] on an opened fabric (its config chooses the provider and
+    /// the timeout).
+    pub fn open_on(fabric: &Arc<Fabric>, switches: FabricSwitches) -> Result<FabricBackend> {
         let domain = fabric.domain()?;
         // RSHMEM_FABRIC_DELIVERY=complete asks the provider for delivery-complete writes
         // instead of flushing with READs (slower on tcp;ofi_rxm, see docs/multinode.md).
-        let ep = Endpoint::with_completion(&domain, switches.delivery_complete)?;
+        let mut ep = Endpoint::with_completion(&domain, switches.delivery_complete)?;
+        // Never wait inside a post: a busy endpoint queues the post (see the module doc).
+        ep.set_busy_limit(Some(Duration::ZERO));
+        let peer_cap = (ep.slots() / 2).max(1);
         let bounce = domain.alloc(BOUNCE * BOUNCE_SLOTS)?;
         // Lazy confirmation and the handover are the defaults since 2026-12-02: together they
         // halve the 8 B put latency across namespaces (docs/multinode.md, "Defaults").
@@ -240,7 +307,20 @@ impl FabricBackend {
             ops: Vec::new(),
             ops_free: Vec::new(),
             comps: Vec::with_capacity(64),
+            peers: HashMap::new(),
+            waiting_n: 0,
+            peer_cap,
         })
+    }
+
+    /// Posts waiting for their peer (diagnostics and tests).
+    pub fn waiting(&self) -> usize {
+        self.waiting_n
+    }
+
+    /// Most posts one peer may have in flight (half the endpoint's slots).
+    pub fn peer_cap(&self) -> usize {
+        self.peer_cap
     }
 
     /// This endpoint's address, for peers' [`FabricBackend::insert_peer`].
@@ -287,9 +367,10 @@ impl FabricBackend {
             .ok_or(Syndrome::LocalProt)
     }
 
-    fn new_op(&mut self, token: u64, left: u32, bounce: Bounce) -> u32 {
+    fn new_op(&mut self, token: u64, peer: u64, left: u32, bounce: Bounce) -> u32 {
         let p = Pending {
             token,
+            peer,
             flush_to: None,
             flushes: None,
             left,
@@ -379,19 +460,19 @@ impl FabricBackend {
                 (e.0, std::mem::take(&mut e.1))
             };
             self.unflushed_n = self.unflushed_n.saturating_sub(writes.len());
-            let i = self.new_op(u64::MAX, 1, Bounce::Slot(slot));
+            let i = self.new_op(u64::MAX, k, 1, Bounce::Slot(slot));
             if let Some(p) = self.ops[i as usize].as_mut() {
                 p.flushes = Some((k, writes));
             }
-            let bounce = self.bounce.clone();
-            let local = Local {
-                region: &bounce,
+            let post = Post::Read {
+                t,
+                region: self.bounce.clone(),
                 offset: slot as usize * BOUNCE,
+                len: 8,
             };
-            if let Err(e) = self.ep.read(local, t, 8, i as u64) {
-                if self.part_done(i, Err(post_syndrome(&e))) {
-                    self.flush_done(i, done);
-                }
+            // Behind every write to this peer still waiting to be posted.
+            if let Err(s) = self.submit(i, post) {
+                self.fail_part(i, s, done);
             }
         }
     }
@@ -447,16 +528,157 @@ impl FabricBackend {
         (p.token, p.status)
     }
 
-    /// Posts the parts of operation `i`; a part that fails to post counts as done with
-    /// its syndrome. Returns the final status when nothing stays in flight.
+    /// Posts one part of operation `i` on `ep`.
+    fn try_post(ep: &mut Endpoint, i: u32, post: &Post) -> Result<()> {
+        let ctx = i as u64;
+        match post {
+            Post::Write {
+                t,
+                region,
+                offset,
+                len,
+            } => ep.write(
+                *t,
+                Local {
+                    region,
+                    offset: *offset,
+                },
+                *len,
+                ctx,
+            ),
+            Post::Read {
+                t,
+                region,
+                offset,
+                len,
+            } => ep.read(
+                Local {
+                    region,
+                    offset: *offset,
+                },
+                *t,
+                *len,
+                ctx,
+            ),
+            Post::Atomic {
+                ty,
+                op,
+                t,
+                region,
+                offset,
+            } => {
+                let local = Local {
+                    region,
+                    offset: *offset,
+                };
+                match *op {
+                    FabricAtomic::Fetch(f, v) => ep.fetch_atomic(f, *ty, v, *t, local, ctx),
+                    FabricAtomic::Cswap { compare, swap } => {
+                        ep.compare_swap(*ty, compare, swap, *t, local, ctx)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Posts `post` (a part of operation `i`) now, or queues it behind its peer's earlier
+    /// posts when some wait, the peer holds its share of the slots, or the endpoint is
+    /// busy. Err: it failed to post and will never complete.
+    fn submit(&mut self, i: u32, post: Post) -> std::result::Result<(), Syndrome> {
+        let key = match &post {
+            Post::Write { t, .. } | Post::Read { t, .. } | Post::Atomic { t, .. } => t.peer.0,
+        };
+        let q = self.peers.entry(key).or_default();
+        if q.waiting.is_empty() && q.inflight < self.peer_cap {
+            match Self::try_post(&mut self.ep, i, &post) {
+                Ok(()) => {
+                    q.inflight += 1;
+                    return Ok(());
+                }
+                Err(e) if !Endpoint::is_busy(&e) => return Err(post_syndrome(&e)),
+                Err(_) => {}
+            }
+        }
+        q.waiting.push_back(Deferred {
+            i,
+            post,
+            since: Instant::now(),
+        });
+        self.waiting_n += 1;
+        Ok(())
+    }
+
+    /// A part of operation `i` failed: it counts as done with `s`.
+    fn fail_part(
+        &mut self,
+        i: u32,
+        s: Syndrome,
+        done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>),
+    ) {
+        if self.part_done(i, Err(s)) {
+            self.flush_done(i, done);
+        }
+    }
+
+    /// Retries the waiting posts, per peer in order, until one finds its peer busy. A post
+    /// that waited the whole fabric timeout fails with every post behind it to that peer.
+    fn drain(&mut self, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        if self.waiting_n == 0 {
+            return;
+        }
+        let timeout = self.ep.domain().fabric().timeout();
+        let keys: Vec<u64> = self
+            .peers
+            .iter()
+            .filter(|(_, q)| !q.waiting.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            loop {
+                let q = self.peers.get_mut(&key).expect("listed");
+                let Some(d) = q.waiting.pop_front() else {
+                    break;
+                };
+                self.waiting_n -= 1;
+                let tried = (q.inflight < self.peer_cap)
+                    .then(|| Self::try_post(&mut self.ep, d.i, &d.post));
+                match tried {
+                    Some(Ok(())) => q.inflight += 1,
+                    Some(Err(e)) if !Endpoint::is_busy(&e) => {
+                        self.fail_part(d.i, post_syndrome(&e), done)
+                    }
+                    _ if d.since.elapsed() >= timeout => {
+                        // The peer took nothing for the whole timeout: like a ConnectX whose
+                        // retries ran out, fail this post and every one queued behind it.
+                        let rest = std::mem::take(&mut q.waiting);
+                        self.waiting_n -= rest.len();
+                        self.fail_part(d.i, Syndrome::TransportRetryExc, done);
+                        for r in rest {
+                            self.fail_part(r.i, Syndrome::TransportRetryExc, done);
+                        }
+                        break;
+                    }
+                    _ => {
+                        q.waiting.push_front(d);
+                        self.waiting_n += 1;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Submits the parts of operation `i` (`make` builds part k); a part that fails
+    /// counts as done with its syndrome, and so does every later one. Returns the final
+    /// status when nothing stays in flight or queued.
     fn post_parts(
         &mut self,
         i: u32,
         parts: usize,
-        mut post: impl FnMut(&mut Self, usize) -> std::result::Result<(), Syndrome>,
+        mut make: impl FnMut(&mut Self, usize) -> std::result::Result<Post, Syndrome>,
     ) -> Option<std::result::Result<(), Syndrome>> {
         for k in 0..parts {
-            if let Err(s) = post(self, k) {
+            if let Err(s) = make(self, k).and_then(|p| self.submit(i, p)) {
                 // This part and every later one will never complete.
                 let mut last = false;
                 for _ in k..parts {
@@ -477,6 +699,7 @@ impl FabricBackend {
         token: u64,
         op: &Op<'_>,
     ) -> Option<std::result::Result<(), Syndrome>> {
+        let key = peer.addr.0;
         match *op {
             Op::Write {
                 raddr,
@@ -510,24 +733,18 @@ impl FabricBackend {
                         if let Err(e) = region.write(offset, b) {
                             return Some(Err(post_syndrome(&e)));
                         }
-                        let i = self.new_op(token, 1, bounce);
+                        let i = self.new_op(token, key, 1, bounce);
                         self.mark_write(i, t);
-                        self.post_parts(i, 1, |me, _| {
-                            me.ep
-                                .write(
-                                    t,
-                                    Local {
-                                        region: &region,
-                                        offset,
-                                    },
-                                    b.len(),
-                                    i as u64,
-                                )
-                                .map_err(|e| post_syndrome(&e))
-                        })
+                        let mut post = Some(Post::Write {
+                            t,
+                            region,
+                            offset,
+                            len: b.len(),
+                        });
+                        self.post_parts(i, 1, |_, _| Ok(post.take().expect("one part")))
                     }
                     Gather::Bufs(bufs) => {
-                        let i = self.new_op(token, bufs.len() as u32, Bounce::None);
+                        let i = self.new_op(token, key, bufs.len() as u32, Bounce::None);
                         self.mark_write(i, t);
                         let mut off = 0u64;
                         self.post_parts(i, bufs.len(), |me, k| {
@@ -536,17 +753,12 @@ impl FabricBackend {
                             let mut tk = t;
                             tk.offset += off;
                             off += b.len as u64;
-                            me.ep
-                                .write(
-                                    tk,
-                                    Local {
-                                        region: &region,
-                                        offset,
-                                    },
-                                    b.len,
-                                    i as u64,
-                                )
-                                .map_err(|e| post_syndrome(&e))
+                            Ok(Post::Write {
+                                t: tk,
+                                region,
+                                offset,
+                                len: b.len,
+                            })
                         })
                     }
                 }
@@ -564,7 +776,7 @@ impl FabricBackend {
                     Ok(t) => t,
                     Err(s) => return Some(Err(s)),
                 };
-                let i = self.new_op(token, dst.len() as u32, Bounce::None);
+                let i = self.new_op(token, key, dst.len() as u32, Bounce::None);
                 let mut off = 0u64;
                 self.post_parts(i, dst.len(), |me, k| {
                     let b = dst[k];
@@ -572,17 +784,12 @@ impl FabricBackend {
                     let mut tk = t;
                     tk.offset += off;
                     off += b.len as u64;
-                    me.ep
-                        .read(
-                            Local {
-                                region: &region,
-                                offset,
-                            },
-                            tk,
-                            b.len,
-                            i as u64,
-                        )
-                        .map_err(|e| post_syndrome(&e))
+                    Ok(Post::Read {
+                        t: tk,
+                        region,
+                        offset,
+                        len: b.len,
+                    })
                 })
             }
             Op::Atomic {
@@ -610,25 +817,18 @@ impl FabricBackend {
                     Ok(x) => x,
                     Err(s) => return Some(Err(s)),
                 };
-                let i = self.new_op(token, 1, Bounce::None);
+                let i = self.new_op(token, key, 1, Bounce::None);
                 if let Some(p) = self.ops[i as usize].as_mut() {
                     p.swap_be = Some((result.ptr as usize, result.len, size as usize));
                 }
-                self.post_parts(i, 1, |me, _| {
-                    let local = Local {
-                        region: &region,
-                        offset,
-                    };
-                    match fop {
-                        FabricAtomic::Fetch(f, v) => {
-                            me.ep.fetch_atomic(f, ty, v, t, local, i as u64)
-                        }
-                        FabricAtomic::Cswap { compare, swap } => {
-                            me.ep.compare_swap(ty, compare, swap, t, local, i as u64)
-                        }
-                    }
-                    .map_err(|e| post_syndrome(&e))
-                })
+                let mut post = Some(Post::Atomic {
+                    ty,
+                    op: fop,
+                    t,
+                    region,
+                    offset,
+                });
+                self.post_parts(i, 1, |_, _| Ok(post.take().expect("one part")))
             }
         }
     }
@@ -655,6 +855,8 @@ impl Backend for FabricBackend {
             // The completion queue itself failed: nothing in flight will complete.
             self.unflushed.clear();
             self.unflushed_n = 0;
+            self.peers.clear();
+            self.waiting_n = 0;
             for i in 0..self.ops.len() as u32 {
                 if self.ops[i as usize].is_some() {
                     let (t, _) = self.finish(i);
@@ -667,6 +869,12 @@ impl Backend for FabricBackend {
             // away while nothing was in flight to it) need no CQE.
             if let Completion::Local { context, status } = c {
                 let i = context as u32;
+                // One post of operation i ended: its peer has one more slot to use.
+                if let Some(p) = self.ops.get(i as usize).and_then(Option::as_ref) {
+                    if let Some(q) = self.peers.get_mut(&p.peer) {
+                        q.inflight = q.inflight.saturating_sub(1);
+                    }
+                }
                 let s = status.map_err(|e| syndrome_of(e.syndrome()));
                 if (i as usize) < self.ops.len() && self.part_done(i, s) {
                     self.flush_done(i, done);
@@ -674,6 +882,7 @@ impl Backend for FabricBackend {
             }
         }
         self.comps = comps;
+        self.drain(done);
         if !self.lazy || self.urgent || self.unflushed_n >= LAZY_LIMIT {
             self.post_flushes(done);
         }

@@ -1,0 +1,210 @@
+//! The soft HCA's fabric backend never blocks the engine on a peer that stops taking
+//! operations (docs/soft-hca.md, "A peer that stops answering"): real libfabric
+//! (tcp;ofi_rxm on `lo`), three endpoints in one process. B is never progressed (a stalled
+//! process, or one behind a link that went down), C is progressed by a thread (a healthy
+//! peer), A is the backend under test, driven by hand as the engine drives it.
+//! A missing libfabric is a failure, not a skip.
+
+use rshmem::config::FabricSwitches;
+use rshmem::fabric::{Endpoint, Fabric, FabricConfig, MemoryRegion, MR_MODE_SUPPORTED};
+use rshmem::mlx5::Syndrome;
+use rshmem::softhca::backend::{Gather, LocalBuf};
+use rshmem::softhca::{Backend, FabricBackend, FabricPeer, Op};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+const TIMEOUT: Duration = Duration::from_millis(2000);
+
+fn peer(addr: rshmem::fabric::PeerAddr, mr: &Arc<MemoryRegion>, rkey: u32) -> FabricPeer {
+    FabricPeer {
+        addr,
+        region: mr.remote(),
+        vbase: 0x10_0000_0000,
+        rkey,
+        len: MIB as u64,
+    }
+}
+
+#[test]
+fn a_stalled_peer_neither_blocks_the_engine_nor_starves_the_others() {
+    let cfg = FabricConfig {
+        provider: Some("tcp;ofi_rxm".into()),
+        domain: Some("lo".into()),
+        mr_mode: MR_MODE_SUPPORTED,
+        timeout: TIMEOUT,
+    };
+    let fabric = Fabric::open(&cfg).unwrap_or_else(|e| {
+        panic!("cannot open libfabric tcp;ofi_rxm: {e} (apt-get install -y libfabric1)")
+    });
+    let switches = FabricSwitches {
+        handover: false,
+        lazy_confirm: false,
+        delivery_complete: false,
+    };
+    let mut a = FabricBackend::open_on(&fabric, switches).expect("backend a");
+    let la = a.domain().alloc(MIB).expect("register a's buffer");
+    a.regions().lock().unwrap().push(la.clone());
+
+    // B: an endpoint nobody progresses.
+    let db = fabric.domain().expect("domain b");
+    let mut b = Endpoint::new(&db).expect("endpoint b");
+    let mb = db.alloc(MIB).expect("register b");
+    // C: progressed by a thread.
+    let dc = fabric.domain().expect("domain c");
+    let mut c = Endpoint::new(&dc).expect("endpoint c");
+    let mc = dc.alloc(MIB).expect("register c");
+    let to_b = a.insert_peer(b.name()).expect("a knows b");
+    let to_c = a.insert_peer(c.name()).expect("a knows c");
+    b.insert_peer(&a.name()).expect("b knows a");
+    c.insert_peer(&a.name()).expect("c knows a");
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let c_thread = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        while !st.load(Ordering::Relaxed) {
+            out.clear();
+            c.poll_into(&mut out).expect("poll c");
+        }
+    });
+    let (pb, pc) = (peer(to_b, &mb, 7), peer(to_c, &mc, 9));
+    let mut got: BTreeMap<u64, Result<(), Syndrome>> = BTreeMap::new();
+
+    // 0. One READ from B while B is progressed by hand, so that rxm's connection to B is
+    //    up; from then on B never runs again: posts to it are accepted and never answered,
+    //    as with a peer process that stopped (or whose link went down).
+    const WARM: u64 = 1 << 41;
+    let warm = [LocalBuf {
+        // SAFETY: inside a's region.
+        ptr: unsafe { la.as_ptr().add(MIB - 16) },
+        len: 8,
+    }];
+    let op = Op::Read {
+        raddr: pb.vbase,
+        rkey: pb.rkey,
+        len: 8,
+        dst: &warm,
+    };
+    assert!(a.execute(&pb, &mut (), WARM, &op).is_none());
+    let t = Instant::now();
+    let mut evs = Vec::new();
+    while !got.contains_key(&WARM) {
+        a.poll(&mut |t, s| assert!(got.insert(t, s).is_none()));
+        b.poll_into(&mut evs).expect("poll b");
+        assert!(t.elapsed() < TIMEOUT, "B never answered while progressed");
+    }
+    assert_eq!(got[&WARM], Ok(()));
+
+    // 1. More 8-byte READs to B than B may hold in flight: every execute returns at once
+    //    (asynchronous), the ones past B's share wait in B's queue. The old backend waited
+    //    here, in the engine thread, up to the fabric timeout for a free slot.
+    let cap = a.peer_cap();
+    let n = cap + 40;
+    eprintln!("B's share: {cap} posts in flight; posting {n} reads");
+    let t0 = Instant::now();
+    for k in 0..n {
+        let dst = [LocalBuf {
+            // SAFETY: inside a's 1 MiB region (8 * n bytes, n <= 1064).
+            ptr: unsafe { la.as_ptr().add(8 * k) },
+            len: 8,
+        }];
+        let op = Op::Read {
+            raddr: pb.vbase + 8 * k as u64,
+            rkey: pb.rkey,
+            len: 8,
+            dst: &dst,
+        };
+        assert!(
+            a.execute(&pb, &mut (), k as u64, &op).is_none(),
+            "read {k} to B completed synchronously"
+        );
+    }
+    let posting = t0.elapsed();
+    assert!(
+        posting < TIMEOUT,
+        "posting {n} reads to a stalled peer took {posting:?}: the backend waited for it"
+    );
+    assert!(a.waiting() >= 40, "{} posts waiting", a.waiting());
+
+    // 2. C is served meanwhile: an inline WRITE and a READ of it back complete, in order.
+    let word = 0x0123_4567_89ab_cdefu64.to_le_bytes();
+    let w = Op::Write {
+        raddr: pc.vbase + 64,
+        rkey: pc.rkey,
+        len: 8,
+        src: Gather::Inline(&word),
+    };
+    let back = [LocalBuf {
+        // SAFETY: inside a's region, past the reads' words.
+        ptr: unsafe { la.as_ptr().add(MIB - 8) },
+        len: 8,
+    }];
+    let r = Op::Read {
+        raddr: pc.vbase + 64,
+        rkey: pc.rkey,
+        len: 8,
+        dst: &back,
+    };
+    const W: u64 = 1 << 40;
+    const R: u64 = W + 1;
+    assert!(a.execute(&pc, &mut (), W, &w).is_none());
+    assert!(a.execute(&pc, &mut (), R, &r).is_none());
+    let t1 = Instant::now();
+    while !(got.contains_key(&W) && got.contains_key(&R)) {
+        a.poll(&mut |t, s| {
+            assert!(got.insert(t, s).is_none(), "token {t} reported twice");
+        });
+        assert!(
+            t1.elapsed() < TIMEOUT,
+            "C's operations did not complete while B stalled (got {got:?})"
+        );
+    }
+    let served = t1.elapsed();
+    assert_eq!(got[&W], Ok(()));
+    assert_eq!(got[&R], Ok(()));
+    assert_eq!(la.to_vec(MIB - 8, 8).unwrap(), word);
+    assert_eq!(mc.to_vec(64, 8).unwrap(), word);
+    let still_waiting = a.waiting();
+    assert!(
+        still_waiting >= 40,
+        "B's queue drained ({still_waiting} waiting): B was not stalled, the test shows nothing"
+    );
+
+    // 3. B took nothing for the timeout: every queued READ completes with
+    //    TRANSPORT_RETRY_EXC, each once and in order; the ones posted stay in flight.
+    let t2 = Instant::now();
+    while a.waiting() > 0 {
+        a.poll(&mut |t, s| {
+            assert!(got.insert(t, s).is_none(), "token {t} reported twice");
+        });
+        assert!(
+            t2.elapsed() < TIMEOUT + Duration::from_secs(3),
+            "{} posts still waiting past the timeout",
+            a.waiting()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let failed: Vec<u64> = got.keys().copied().filter(|&t| t < W).collect();
+    assert!(n - still_waiting <= cap, "B held more than its share");
+    assert_eq!(failed.len(), still_waiting, "{got:?}");
+    let first = n - still_waiting;
+    assert_eq!(
+        failed,
+        (first as u64..n as u64).collect::<Vec<_>>(),
+        "the queued reads, in order"
+    );
+    for t in &failed {
+        assert_eq!(got[t], Err(Syndrome::TransportRetryExc), "token {t}");
+    }
+    assert_eq!(a.in_flight(), first, "the posted reads stay in flight");
+    eprintln!(
+        "posted {n} reads to B in {posting:?} ({first} in flight, {} queued); C served in \
+         {served:?}; the queued reads failed with TRANSPORT_RETRY_EXC {:?} later",
+        failed.len(),
+        t2.elapsed()
+    );
+    stop.store(true, Ordering::Relaxed);
+    c_thread.join().unwrap();
+}
