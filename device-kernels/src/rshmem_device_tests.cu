@@ -972,65 +972,74 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_sync_all_warp(rs
 // rounded away; 1), then a u64 sum in place over 150 elements (three chunks of the 64
 // threads: 150) right after the others on a new buffer. Values are pattern words of each
 // PE. checks/PE = 44 + 150 = 194.
-extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_collectives_block(rshmem_harness_args_t a) {
-  Checker c(a);
+// The collectives of rshmem_test_collectives_block on team T, as PE mt of its ts members
+// (member k is world PE start + stride * k); check indices start at `base`. 194 checks.
+__device__ void check_collectives(Checker &c, const rshmem_harness_args_t &a, rshmem_team_t T, int mt, int ts,
+                                  int start, int stride, uint64_t base) {
   unsigned char *s = scratch(a);
-  uint64_t *src = reinterpret_cast<uint64_t *>(s + 4096);     // 64 words
-  uint64_t *fc = reinterpret_cast<uint64_t *>(s + 8192);      // 5 * n words
-  uint64_t *bc = reinterpret_cast<uint64_t *>(s + 65536);     // 7 words
-  uint64_t *a2a_src = reinterpret_cast<uint64_t *>(s + 69632);  // 3 * n words
-  uint64_t *a2a = reinterpret_cast<uint64_t *>(s + 131072);     // 3 * n words
+  uint64_t *src = reinterpret_cast<uint64_t *>(s + 4096);       // 64 words
+  uint64_t *fc = reinterpret_cast<uint64_t *>(s + 8192);        // 5 * ts words
+  uint64_t *bc = reinterpret_cast<uint64_t *>(s + 65536);       // 7 words
+  uint64_t *a2a_src = reinterpret_cast<uint64_t *>(s + 69632);  // 3 * ts words
+  uint64_t *a2a = reinterpret_cast<uint64_t *>(s + 131072);     // 3 * ts words
   uint64_t *sum = reinterpret_cast<uint64_t *>(s + 196608);     // 4 words
   int64_t *mx = reinterpret_cast<int64_t *>(s + 196672);        // 4 words
   uint32_t *xr = reinterpret_cast<uint32_t *>(s + 196736);      // 4 words, in place
   double *ds = reinterpret_cast<double *>(s + 196800);          // 2 doubles: source, dest
   uint64_t *big = reinterpret_cast<uint64_t *>(s + 262144);     // 150 words, in place
-  const int me = rshmem_my_pe(), n = rshmem_n_pes(), left = left_pe(), right = right_pe();
+  auto world = [start, stride](int k) { return start + stride * k; };
+  const int me = world(mt), lt = (mt + ts - 1) % ts, rt = (mt + 1) % ts;
   if (threadIdx.x == 0) {
     for (int i = 0; i < 64; ++i) src[i] = pat(a, me, i);
-    for (int i = 0; i < 3 * n; ++i) a2a_src[i] = pat(a, me, 100 + i);
+    for (int i = 0; i < 3 * ts; ++i) a2a_src[i] = pat(a, me, 100 + i);
     for (int i = 0; i < 4; ++i) xr[i] = static_cast<uint32_t>(pat(a, me, 200 + i));
-    ds[0] = me == 0 ? 1e16 : 1.0;
+    ds[0] = mt == 0 ? 1e16 : 1.0;
     for (int i = 0; i < 150; ++i) big[i] = pat(a, me, 300 + i);
   }
-  rshmem_uint64_fcollect_block(RSHMEM_TEAM_WORLD, fc, src, 5);
-  rshmem_uint64_broadcast_block(RSHMEM_TEAM_WORLD, bc, src + 8, 7, n - 1);
-  rshmem_uint64_alltoall_block(RSHMEM_TEAM_WORLD, a2a, a2a_src, 3);
-  rshmem_uint64_sum_reduce_block(RSHMEM_TEAM_WORLD, sum, src + 16, 4);
-  rshmem_int64_max_reduce_block(RSHMEM_TEAM_WORLD, mx, reinterpret_cast<const int64_t *>(src + 24), 4);
-  rshmem_uint32_xor_reduce_block(RSHMEM_TEAM_WORLD, xr, xr, 4);
-  rshmem_double_sum_reduce_block(RSHMEM_TEAM_WORLD, ds + 1, ds, 1);
-  rshmem_uint64_sum_reduce_block(RSHMEM_TEAM_WORLD, big, big, 150);
+  rshmem_uint64_fcollect_block(T, fc, src, 5);
+  rshmem_uint64_broadcast_block(T, bc, src + 8, 7, ts - 1);
+  rshmem_uint64_alltoall_block(T, a2a, a2a_src, 3);
+  rshmem_uint64_sum_reduce_block(T, sum, src + 16, 4);
+  rshmem_int64_max_reduce_block(T, mx, reinterpret_cast<const int64_t *>(src + 24), 4);
+  rshmem_uint32_xor_reduce_block(T, xr, xr, 4);
+  rshmem_double_sum_reduce_block(T, ds + 1, ds, 1);
+  rshmem_uint64_sum_reduce_block(T, big, big, 150);
   if (threadIdx.x == 0) {
-    const int who[3] = {left, right, me};
+    const int who[3] = {lt, rt, mt};
     for (int k = 0; k < 3; ++k)
-      for (int i = 0; i < 5; ++i) c.eq(10 * k + i, pat(a, who[k], i), fc[5 * who[k] + i]);
-    for (int i = 0; i < 7; ++i) c.eq(100 + i, pat(a, n - 1, 8 + i), bc[i]);
+      for (int i = 0; i < 5; ++i) c.eq(base + 10 * k + i, pat(a, world(who[k]), i), fc[5 * who[k] + i]);
+    for (int i = 0; i < 7; ++i) c.eq(base + 100 + i, pat(a, world(ts - 1), 8 + i), bc[i]);
     for (int k = 0; k < 3; ++k)
-      for (int i = 0; i < 3; ++i) c.eq(200 + 10 * k + i, pat(a, who[k], 100 + 3 * me + i), a2a[3 * who[k] + i]);
+      for (int i = 0; i < 3; ++i)
+        c.eq(base + 200 + 10 * k + i, pat(a, world(who[k]), 100 + 3 * mt + i), a2a[3 * who[k] + i]);
     for (int i = 0; i < 4; ++i) {
       uint64_t sw = 0;
-      int64_t mw = static_cast<int64_t>(pat(a, 0, 24 + i));
+      int64_t mw = static_cast<int64_t>(pat(a, world(0), 24 + i));
       uint32_t xw = 0;
-      for (int p = 0; p < n; ++p) {
-        sw += pat(a, p, 16 + i);
-        const int64_t m = static_cast<int64_t>(pat(a, p, 24 + i));
+      for (int k = 0; k < ts; ++k) {
+        sw += pat(a, world(k), 16 + i);
+        const int64_t m = static_cast<int64_t>(pat(a, world(k), 24 + i));
         mw = m > mw ? m : mw;
-        xw ^= static_cast<uint32_t>(pat(a, p, 200 + i));
+        xw ^= static_cast<uint32_t>(pat(a, world(k), 200 + i));
       }
-      c.eq(300 + i, sw, sum[i]);
-      c.eq(310 + i, static_cast<uint64_t>(mw), static_cast<uint64_t>(mx[i]));
-      c.eq(320 + i, xw, xr[i]);
+      c.eq(base + 300 + i, sw, sum[i]);
+      c.eq(base + 310 + i, static_cast<uint64_t>(mw), static_cast<uint64_t>(mx[i]));
+      c.eq(base + 320 + i, xw, xr[i]);
     }
     double want = 1e16;
-    for (int p = 1; p < n; ++p) want = want + 1.0;
-    c.eq(400, bits_of<double>(want), bits_of<double>(ds[1]));
+    for (int k = 1; k < ts; ++k) want = want + 1.0;
+    c.eq(base + 400, bits_of<double>(want), bits_of<double>(ds[1]));
     for (int i = 0; i < 150; ++i) {
       uint64_t w = 0;
-      for (int p = 0; p < n; ++p) w += pat(a, p, 300 + i);
-      c.eq(500 + i, w, big[i]);
+      for (int k = 0; k < ts; ++k) w += pat(a, world(k), 300 + i);
+      c.eq(base + 500 + i, w, big[i]);
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_collectives_block(rshmem_harness_args_t a) {
+  Checker c(a);
+  check_collectives(c, a, RSHMEM_TEAM_WORLD, rshmem_my_pe(), rshmem_n_pes(), 0, 1, 0);
   c.flush();
 }
 
@@ -1101,62 +1110,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_team_block(rshme
   }
   __syncthreads();
   // Collectives on T.
-  uint64_t *src = reinterpret_cast<uint64_t *>(s + 4096);       // 64 words
-  uint64_t *fc = reinterpret_cast<uint64_t *>(s + 8192);        // 5 * ts words
-  uint64_t *bc = reinterpret_cast<uint64_t *>(s + 65536);       // 7 words
-  uint64_t *a2a_src = reinterpret_cast<uint64_t *>(s + 69632);  // 3 * ts words
-  uint64_t *a2a = reinterpret_cast<uint64_t *>(s + 131072);     // 3 * ts words
-  uint64_t *sum = reinterpret_cast<uint64_t *>(s + 196608);     // 4 words
-  int64_t *mx = reinterpret_cast<int64_t *>(s + 196672);        // 4 words
-  uint32_t *xr = reinterpret_cast<uint32_t *>(s + 196736);      // 4 words, in place
-  double *ds = reinterpret_cast<double *>(s + 196800);          // 2 doubles: source, dest
-  uint64_t *big = reinterpret_cast<uint64_t *>(s + 262144);     // 150 words, in place
-  if (tid == 0) {
-    for (int i = 0; i < 64; ++i) src[i] = pat(a, me, i);
-    for (int i = 0; i < 3 * ts; ++i) a2a_src[i] = pat(a, me, 100 + i);
-    for (int i = 0; i < 4; ++i) xr[i] = static_cast<uint32_t>(pat(a, me, 200 + i));
-    ds[0] = mt == 0 ? 1e16 : 1.0;
-    for (int i = 0; i < 150; ++i) big[i] = pat(a, me, 300 + i);
-  }
-  rshmem_uint64_fcollect_block(T, fc, src, 5);
-  rshmem_uint64_broadcast_block(T, bc, src + 8, 7, ts - 1);
-  rshmem_uint64_alltoall_block(T, a2a, a2a_src, 3);
-  rshmem_uint64_sum_reduce_block(T, sum, src + 16, 4);
-  rshmem_int64_max_reduce_block(T, mx, reinterpret_cast<const int64_t *>(src + 24), 4);
-  rshmem_uint32_xor_reduce_block(T, xr, xr, 4);
-  rshmem_double_sum_reduce_block(T, ds + 1, ds, 1);
-  rshmem_uint64_sum_reduce_block(T, big, big, 150);
-  if (tid == 0) {
-    const int who[3] = {lt, rt, mt};
-    for (int k = 0; k < 3; ++k)
-      for (int i = 0; i < 5; ++i) c.eq(7000 + 10 * k + i, pat(a, world(who[k]), i), fc[5 * who[k] + i]);
-    for (int i = 0; i < 7; ++i) c.eq(7100 + i, pat(a, world(ts - 1), 8 + i), bc[i]);
-    for (int k = 0; k < 3; ++k)
-      for (int i = 0; i < 3; ++i)
-        c.eq(7200 + 10 * k + i, pat(a, world(who[k]), 100 + 3 * mt + i), a2a[3 * who[k] + i]);
-    for (int i = 0; i < 4; ++i) {
-      uint64_t sw = 0;
-      int64_t mw = static_cast<int64_t>(pat(a, world(0), 24 + i));
-      uint32_t xw = 0;
-      for (int k = 0; k < ts; ++k) {
-        sw += pat(a, world(k), 16 + i);
-        const int64_t m = static_cast<int64_t>(pat(a, world(k), 24 + i));
-        mw = m > mw ? m : mw;
-        xw ^= static_cast<uint32_t>(pat(a, world(k), 200 + i));
-      }
-      c.eq(7300 + i, sw, sum[i]);
-      c.eq(7310 + i, static_cast<uint64_t>(mw), static_cast<uint64_t>(mx[i]));
-      c.eq(7320 + i, xw, xr[i]);
-    }
-    double want = 1e16;
-    for (int k = 1; k < ts; ++k) want = want + 1.0;
-    c.eq(7400, bits_of<double>(want), bits_of<double>(ds[1]));
-    for (int i = 0; i < 150; ++i) {
-      uint64_t w = 0;
-      for (int k = 0; k < ts; ++k) w += pat(a, world(k), 300 + i);
-      c.eq(7500 + i, w, big[i]);
-    }
-  }
+  check_collectives(c, a, T, mt, ts, par, 2, 7000);
   c.flush();
 }
 
