@@ -635,7 +635,8 @@ mod tests {
                 "rshmem_trap_wait_timeout",
                 "rshmem_trap_bad_cmp",
                 "rshmem_trap_unbound",
-                "rshmem_trap_wait_all_timeout"
+                "rshmem_trap_wait_all_timeout",
+                "rshmem_trap_bad_team"
             ]
         );
         let ev = |t: &TrapCase| {
@@ -698,6 +699,13 @@ mod tests {
         );
         assert_eq!(w.timeout_ms, Some(500));
         assert!(w.bind && w.kernel() == w.name);
+        // A team barrier on an empty team slot names the handle (5) in `expected`.
+        let b = &m.traps[8];
+        assert_eq!(
+            ev(b),
+            (6, Some(0), Some(0), Some(5), Some(0), Some(0), true)
+        );
+        assert!(b.bind && b.kernel() == b.name);
     }
 
     #[test]
