@@ -1,12 +1,15 @@
-//! `rshmem bench put|get|p|atomic|signal|barrier`: perftest-style benchmarks of the host
-//! operations, in the manner of NVSHMEM's perftest and `ucx_perftest`.
+//! `rshmem bench put|get|p|atomic|signal|barrier|broadcast|fcollect|alltoall|reduce`:
+//! perftest-style benchmarks of the host operations, in the manner of NVSHMEM's perftest,
+//! `ucx_perftest` and (collectives) the OSU and nccl-tests benchmarks.
 //!
 //! Method (per size): PE 0 and PE 1 measure, other PEs only join the barriers.
 //! - Latency of put, p and signal is a ping-pong: PE 0 sends, PE 1 waits for the data (the
 //!   last word of the put, the p'd word, or the signal) and answers the same way; the
 //!   reported figure is half the round trip ("half_round_trip"). Latency of get and of the
 //!   fetching atomic is the time of one blocking operation ("round_trip"), and of barrier
-//!   the time of one `barrier_all` across all PEs.
+//!   the time of one `barrier_all` across all PEs, and of a collective the time of one
+//!   call with every PE calling (PE 0's clock), with its algbw (bytes received per call
+//!   over the median) as bandwidth; every PE checks the result of the last call.
 //! - Round trips are timed in batches (16 operations for sizes up to 64 KiB, else 1) so
 //!   the clock is not the measurement; median and p99 are over batches, the mean over all
 //!   measured operations (ucx_perftest's "overall"; its "50.0%ile" is a median of single
@@ -33,6 +36,15 @@ pub enum Kind {
     Atomic,
     Signal,
     Barrier,
+    /// Team collectives on the world team (host/src/collectives.rs), `size` bytes per
+    /// block: broadcast from PE 0, fcollect (allgather), alltoall, and a u64 sum reduce
+    /// (to all). Latency: one call, every PE calling (PE 0's clock); bandwidth: the bytes a
+    /// PE receives per call over the median latency (nccl-tests' algbw). Sizes stop where a
+    /// PE's buffers (fcollect, alltoall: PEs × size) would pass 32 MiB.
+    Broadcast,
+    Fcollect,
+    Alltoall,
+    Reduce,
     /// The soft HCA engine alone: RDMA WRITEs through queue → engine → memory on one
     /// engine thread (no PEs), into a pre-touched 1 MiB destination, after a discarded 8 B
     /// row and a warm-up per row; at least 200 000 WRITEs per size (more with --iters), at
@@ -270,7 +282,12 @@ fn gpu_cli(a: &BenchArgs) -> i32 {
         Kind::Atomic => "atomic",
         Kind::Signal => "signal",
         Kind::Copy => "copy",
-        Kind::Barrier | Kind::Softhca => {
+        Kind::Barrier
+        | Kind::Softhca
+        | Kind::Broadcast
+        | Kind::Fcollect
+        | Kind::Alltoall
+        | Kind::Reduce => {
             eprintln!(
                 "rshmem bench {:?} --device gpu: not a GPU benchmark (GPU: put, get, p, atomic, signal, copy)",
                 a.kind
@@ -311,7 +328,7 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     if LaunchInfo::from_env()?.is_some() {
         args.transport.check_launched(&Settings::from_env()?)?;
         let pe = Pe::init()?;
-        if pe.n_pes() < 2 && args.kind != Kind::Barrier {
+        if pe.n_pes() < 2 && !args.kind.all_pes() {
             return Err(Error::InvalidArgument(format!(
                 "bench {:?} needs at least 2 PEs, the job has {}",
                 args.kind,
@@ -322,15 +339,20 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         pe.finalize()?;
         return Ok(r);
     }
-    if args.pes < 2 && args.kind != Kind::Barrier {
+    if args.pes < 2 && !args.kind.all_pes() {
         return Err(Error::InvalidArgument(format!(
             "bench {:?} needs --pes 2 or more (got {})",
             args.kind, args.pes
         )));
     }
     let settings = Settings::from_env()?;
-    // Destination (and heap source) of the largest size, plus room.
-    let need = args.max_size.saturating_mul(3) + (4 << 20);
+    // Destination (and heap source) of the largest size, plus room; collectives: a source
+    // and a destination of PEs blocks each, at most COLL_BUF_MAX.
+    let need = if args.kind.collective() {
+        2 * COLL_BUF_MAX.min(args.max_size.saturating_mul(args.pes)) + (4 << 20)
+    } else {
+        args.max_size.saturating_mul(3) + (4 << 20)
+    };
     let mut settings = settings;
     settings.transport = args.transport.mode();
     if settings.symmetric_size < need {
@@ -363,6 +385,32 @@ fn validate(a: &BenchArgs) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Largest collective buffer per PE (fcollect and alltoall hold PEs × size bytes).
+const COLL_BUF_MAX: usize = 32 << 20;
+
+impl Kind {
+    /// The collectives (every PE calls, every PE's result checked).
+    pub fn collective(self) -> bool {
+        matches!(
+            self,
+            Kind::Broadcast | Kind::Fcollect | Kind::Alltoall | Kind::Reduce
+        )
+    }
+
+    /// Benchmarks over all PEs, which also run with one PE.
+    fn all_pes(self) -> bool {
+        self == Kind::Barrier || self.collective()
+    }
+
+    /// Blocks of `size` bytes in a PE's collective buffers.
+    fn coll_blocks(self, n_pes: usize) -> usize {
+        match self {
+            Kind::Fcollect | Kind::Alltoall => n_pes,
+            _ => 1,
+        }
+    }
 }
 
 /// The sizes measured for `kind`.
@@ -399,9 +447,30 @@ pub fn sizes(kind: Kind, min: usize, max: usize) -> Vec<usize> {
 }
 
 fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
-    let sizes = sizes(a.kind, a.min_size, a.max_size);
+    let blocks = a.kind.coll_blocks(pe.n_pes());
+    let mut sizes = sizes(a.kind, a.min_size, a.max_size);
+    if a.kind.collective() {
+        sizes.retain(|&s| s * blocks <= COLL_BUF_MAX);
+        if sizes.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "bench {:?}: --min-size {} times {blocks} PEs passes the {} MiB collective \
+                 buffer",
+                a.kind,
+                a.min_size,
+                COLL_BUF_MAX >> 20
+            )));
+        }
+    }
     let max = sizes.iter().copied().max().unwrap_or(8).max(8);
-    let buf = pe.calloc::<u64>(max / 8)?;
+    let coll = if a.kind.collective() {
+        Some((
+            pe.calloc::<u64>(max / 8 * blocks)?,
+            pe.calloc::<u64>(max / 8 * blocks)?,
+        ))
+    } else {
+        None
+    };
+    let buf = pe.calloc::<u64>(if coll.is_some() { 1 } else { max / 8 })?;
     let aux = pe.calloc::<u64>(8)?;
     let put_like_kind = matches!(a.kind, Kind::Put | Kind::Signal);
     let heap_src = if put_like_kind && a.source == "heap" {
@@ -427,6 +496,10 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
             Kind::P => p_row(pe, a, aux, size, salt)?,
             Kind::Atomic => atomic_row(pe, a, aux)?,
             Kind::Barrier => barrier_row(pe, a)?,
+            Kind::Broadcast | Kind::Fcollect | Kind::Alltoall | Kind::Reduce => {
+                let (src, dst) = coll.expect("allocated for collectives");
+                coll_row(pe, a, src, dst, size, salt)?
+            }
             Kind::Softhca | Kind::Copy => unreachable!("handled before PEs start"),
         };
         rows.push(row);
@@ -440,6 +513,10 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
     }
     if let Some(h) = heap_src {
         pe.free(h)?;
+    }
+    if let Some((src, dst)) = coll {
+        pe.free(dst)?;
+        pe.free(src)?;
     }
     pe.free(aux)?;
     pe.free(buf)?;
@@ -456,6 +533,7 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
             Kind::Put | Kind::P | Kind::Signal => "half_round_trip",
             Kind::Get | Kind::Atomic => "round_trip",
             Kind::Barrier | Kind::Softhca | Kind::Copy => "barrier",
+            Kind::Broadcast | Kind::Fcollect | Kind::Alltoall | Kind::Reduce => "collective",
         },
         source: put_like_kind.then(|| a.source.clone()),
         rows,
@@ -902,6 +980,96 @@ fn barrier_row(pe: &Pe, a: &BenchArgs) -> Result<Row> {
         latency_us_mean: mean,
         bandwidth_gbps: None,
         iters: a.iters,
+        bw_iters: 0,
+        bw_assisted: None,
+    })
+}
+
+/// One row of a collective benchmark (see [`Kind::Broadcast`]). Block j of PE p's source
+/// is `word(i, tag(p, j))`; after the timed calls every PE checks its result exactly.
+fn coll_row(
+    pe: &Pe,
+    a: &BenchArgs,
+    src: SymPtr<u64>,
+    dst: SymPtr<u64>,
+    size: usize,
+    salt: u64,
+) -> Result<Row> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let w = size / 8;
+    let blocks = a.kind.coll_blocks(n);
+    let tag = |p: usize, j: usize| salt ^ ((p as u64) << 32) ^ ((j as u64) << 16);
+    let mut v = vec![0u64; w * blocks];
+    for (j, b) in v.chunks_mut(w).enumerate() {
+        let src_block = if a.kind == Kind::Alltoall { j } else { 0 };
+        fill(b, tag(me, src_block));
+    }
+    pe.put(src.slice(0..w * blocks), &v, me)?;
+    let team = pe.world().clone();
+    let out_words = w * blocks;
+    let call = || -> Result<()> {
+        match a.kind {
+            Kind::Broadcast => pe.broadcast(&team, dst.slice(0..w), src.slice(0..w), w, 0),
+            Kind::Fcollect => pe.fcollect(&team, dst.slice(0..n * w), src.slice(0..w), w),
+            Kind::Alltoall => pe.alltoall(&team, dst.slice(0..n * w), src.slice(0..n * w), w),
+            _ => pe.reduce(
+                &team,
+                dst.slice(0..w),
+                src.slice(0..w),
+                w,
+                crate::collectives::ReduceOp::Sum,
+            ),
+        }
+    };
+    pe.barrier_all()?;
+    for _ in 0..a.warmup.min(lat_iters(a, out_words * 8)) {
+        call()?;
+    }
+    let iters = lat_iters(a, out_words * 8);
+    let batch = batch_for(size);
+    let mut samples = Vec::new();
+    for _ in 0..iters.div_ceil(batch) {
+        let t = Instant::now();
+        for _ in 0..batch {
+            call()?;
+        }
+        samples.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
+    }
+    let mut got = vec![0u64; out_words];
+    pe.get(&mut got, dst.slice(0..out_words), me)?;
+    let what = |p: usize| format!("{size}-byte {:?}, block of PE {p}", a.kind);
+    match a.kind {
+        Kind::Broadcast => verify(pe, &what(0), &got, tag(0, 0))?,
+        Kind::Fcollect => {
+            for (p, b) in got.chunks(w).enumerate() {
+                verify(pe, &what(p), b, tag(p, 0))?;
+            }
+        }
+        Kind::Alltoall => {
+            for (p, b) in got.chunks(w).enumerate() {
+                verify(pe, &what(p), b, tag(p, me))?;
+            }
+        }
+        _ => {
+            if let Some(i) = (0..w)
+                .find(|&i| got[i] != (0..n).fold(0u64, |s, p| s.wrapping_add(word(i, tag(p, 0)))))
+            {
+                return Err(Error::Verification(format!(
+                    "PE {me}: {size}-byte u64 sum reduce: word {i} is {:#x}, expected the \
+                     wrapping sum of every PE's word {i}",
+                    got[i]
+                )));
+            }
+        }
+    }
+    let (med, p99, mean) = stats(samples);
+    Ok(Row {
+        size,
+        latency_us_median: med,
+        latency_us_p99: p99,
+        latency_us_mean: mean,
+        bandwidth_gbps: Some((out_words * 8) as f64 / (med * 1e-6) / 1e9),
+        iters,
         bw_iters: 0,
         bw_assisted: None,
     })

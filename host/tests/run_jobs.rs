@@ -130,3 +130,118 @@ fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
         assert!(err.contains(msg), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn bench_collectives_as_threads_processes_and_over_the_proxy() {
+    let want: Vec<u64> = (3..=16).map(|p| 1u64 << p).collect();
+    let check = |kind: &str, json: &str, pes: u64, transport: &str, sizes: &[u64]| {
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(v["bench"], kind);
+        assert_eq!(v["pes"], pes);
+        assert_eq!(v["transport"], transport, "{kind}");
+        assert_eq!(v["latency_kind"], "collective");
+        let rows = v["rows"].as_array().unwrap();
+        let got: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+        assert_eq!(got, sizes, "{kind}");
+        for r in rows {
+            let med = r["latency_us_median"].as_f64().unwrap();
+            let p99 = r["latency_us_p99"].as_f64().unwrap();
+            assert!(med > 0.0 && p99 >= med, "{kind}: {r}");
+            assert!(r["bandwidth_gbps"].as_f64().unwrap() > 0.0, "{kind}: {r}");
+        }
+    };
+    // PEs as threads (3: not a power of two); every call's result is checked by every PE,
+    // a mismatch fails the run.
+    for kind in ["broadcast", "fcollect", "alltoall", "reduce"] {
+        let o = Command::new(BIN)
+            .args([
+                "bench",
+                kind,
+                "--pes",
+                "3",
+                "--json",
+                "--iters",
+                "100",
+                "--warmup",
+                "10",
+                "--max-size",
+                "64K",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        check(kind, &String::from_utf8_lossy(&o.stdout), 3, "p2p", &want);
+    }
+    // Processes under rshmem run.
+    let (ok, out, err) = run(
+        2,
+        &[
+            "bench",
+            "fcollect",
+            "--json",
+            "--iters",
+            "100",
+            "--warmup",
+            "10",
+            "--max-size",
+            "64K",
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    let line = out.lines().find(|l| l.contains("\"bench\"")).unwrap();
+    check(
+        "fcollect",
+        line.trim_start_matches("[pe 0] "),
+        2,
+        "p2p",
+        &want,
+    );
+    // Through the soft HCA.
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "alltoall",
+            "--pes",
+            "3",
+            "--transport",
+            "proxy",
+            "--json",
+            "--iters",
+            "50",
+            "--warmup",
+            "5",
+            "--max-size",
+            "4K",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check(
+        "alltoall",
+        &String::from_utf8_lossy(&o.stdout),
+        3,
+        "proxy",
+        &[8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
+    );
+    // Blocks that do not fit the collective buffer: a clear error.
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "alltoall",
+            "--pes",
+            "4",
+            "--min-size",
+            "16M",
+            "--max-size",
+            "16M",
+        ])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("passes the 32 MiB collective buffer"), "{e}");
+}
