@@ -29,7 +29,8 @@ use std::ptr::NonNull;
 
 /// Number of team barrier slots in the runtime region (world and node teams use 0 and 1).
 pub const TEAM_SLOTS: usize = 64;
-/// 64-bit counters per slot: one per dissemination round, enough for 2^64 PEs.
+/// 64-bit words per slot: the dissemination rounds' counters, then agreement records
+/// ([`AGREE_WORD0`]).
 pub const PSYNC_WORDS: usize = 64;
 /// Bytes reserved at the start of every heap for the runtime.
 pub const RESERVED_BYTES: usize = 64 << 10;
@@ -40,6 +41,16 @@ pub const MAX_ALIGN: usize = 4096;
 pub const ASSIST_OFFSET: usize = TEAM_SLOTS * PSYNC_WORDS * 8;
 
 const _: () = assert!(ASSIST_OFFSET + 4096 <= RESERVED_BYTES);
+
+/// The rounds of a team barrier use the first words of the slot (a 2^32-PE team needs 32);
+/// the words from here hold the team's agreement records (`Pe::agree_in` on a team whose
+/// heaps are all mapped): two halves of [`AGREE_WORDS`] words, used by turns.
+pub const AGREE_WORD0: usize = 32;
+/// Words of one agreement record: the call's sequence number, the argument count and up
+/// to `AGREE_WORDS - 2` arguments.
+pub const AGREE_WORDS: usize = 16;
+
+const _: () = assert!(AGREE_WORD0 + 2 * AGREE_WORDS <= PSYNC_WORDS);
 
 /// Offset of the psync counters of team slot `slot`, round `round`.
 pub const fn psync_offset(slot: usize, round: usize) -> usize {

@@ -33,6 +33,8 @@ struct TeamInner {
     epoch: AtomicU64,
     /// Teams split from this one so far (names children deterministically).
     splits: AtomicU64,
+    /// Agreements (`Pe::agree_in`) this PE has made on this team over the heap.
+    agreements: AtomicU64,
     /// All members' heaps are mapped here: barriers can use p2p counters.
     p2p: AtomicBool,
 }
@@ -57,9 +59,24 @@ impl Team {
                 slot,
                 epoch: AtomicU64::new(0),
                 splits: AtomicU64::new(0),
+                agreements: AtomicU64::new(0),
                 p2p: AtomicBool::new(p2p),
             }),
         }
+    }
+
+    /// Whether every member's heap is mapped here (barriers and agreements use the heap).
+    pub(crate) fn p2p(&self) -> bool {
+        // Relaxed: written once during init, before the Pe is shared.
+        self.inner.p2p.load(Ordering::Relaxed)
+    }
+
+    /// The sequence number of this PE's next agreement on the team (1, 2, ...): every
+    /// member counts the same sequence, as they make the same collective calls.
+    pub(crate) fn next_agreement(&self) -> u64 {
+        // Relaxed: a counter of this PE's own calls (collectives are made by one thread
+        // at a time per PE); the barrier orders what the records hold.
+        self.inner.agreements.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     pub(crate) fn set_p2p(&self, p2p: bool) {
@@ -218,6 +235,11 @@ impl Pe {
     /// With p2p every put is already complete, so this differs from `team_barrier` only
     /// in the missing quiet fence; through the proxy, puts may still be in flight.
     pub fn sync_team(&self, team: &Team) -> Result<()> {
+        self.sync_team_as(team, "barrier")
+    }
+
+    /// [`Pe::sync_team`], its timeout naming `what` (a collective's agreement).
+    pub(crate) fn sync_team_as(&self, team: &Team, what: &str) -> Result<()> {
         let n = team.n_pes();
         if n <= 1 {
             return Ok(());
@@ -239,7 +261,7 @@ impl Pe {
             let mine = self.runtime_word(self.my_pe(), psync_offset(team.slot(), round))?;
             self.wait_internal(mine, epoch, || {
                 format!(
-                    "barrier on team {:#x} (round {round}, barrier #{epoch}): the signal from PE {from}",
+                    "{what} on team {:#x} (round {round}, barrier #{epoch}): the signal from PE {from}",
                     team.uid()
                 )
             })?;

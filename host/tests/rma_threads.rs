@@ -232,3 +232,62 @@ fn freeing_what_is_not_an_allocation_is_refused_and_changes_nothing() {
         assert_eq!(after, before);
     }
 }
+
+/// Collectives on teams whose heaps are all mapped agree through the heap (two record
+/// halves used by turns, a sequence number per call): many calls in a row, a mismatch in
+/// the middle reported on every member with each member's arguments, and the calls after
+/// it in step again — on the world team and on a split team with another slot.
+#[test]
+fn heap_agreement_stays_in_step_across_calls_and_mismatches() {
+    let n = 3;
+    let out = run_threads(n, settings(), |pe| {
+        let me = pe.my_pe();
+        let src = pe.calloc::<u64>(8)?;
+        let dst = pe.calloc::<u64>(8 * n)?;
+        pe.put(src, &[me as u64 + 1; 8], me)?;
+        let odd = pe.team_split_strided(pe.world(), 1, 1, n - 1)?;
+        let mut teams = vec![pe.world().clone()];
+        teams.extend(odd);
+        let mut mismatches = Vec::new();
+        for team in &teams {
+            let tn = team.n_pes();
+            for round in 0..40u64 {
+                if round == 17 {
+                    // Member 0 of the team asks for one element more than the others.
+                    let k = if team.my_pe() == 0 { 3 } else { 2 };
+                    match pe.fcollect(team, dst, src, k) {
+                        Err(rshmem::Error::CollectiveMismatch { op, detail }) => {
+                            mismatches.push((op, detail, tn))
+                        }
+                        other => panic!("PE {me}: expected a mismatch, got {other:?}"),
+                    }
+                    continue;
+                }
+                let root = (round as usize) % tn;
+                pe.broadcast(team, dst, src, 4, root)?;
+                let mut got = [0u64; 4];
+                pe.get(&mut got, dst.slice(0..4), me)?;
+                let want = team.world_pe(root).unwrap() as u64 + 1;
+                assert_eq!(got, [want; 4], "PE {me} round {round}");
+            }
+        }
+        Ok(mismatches)
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        let m = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+        assert_eq!(m.len(), if rank == 0 { 1 } else { 2 }, "PE {rank}: {m:?}");
+        for (op, detail, tn) in m {
+            assert_eq!(op, "fcollect");
+            // dest / source counts of member 0 (3 per member) and of the others (2).
+            let (a, b) = (
+                format!("counts {} / 3", 3 * tn),
+                format!("counts {} / 2", 2 * tn),
+            );
+            assert!(
+                detail.contains(&a) && detail.contains(&b),
+                "PE {rank}: {detail}"
+            );
+        }
+    }
+}
