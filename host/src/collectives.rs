@@ -405,16 +405,22 @@ impl Pe {
                 std::any::type_name::<T>()
             )));
         }
-        let mut acc = zeroed::<T>(nreduce);
+        // Reduce-scatter then allgather: member `me` combines chunk `me` of every source (in
+        // team order, so every element gets the same bits as a full pull would), then
+        // pushes that chunk into every member's dest. Each member reads and writes
+        // nreduce elements in all, instead of reading n * nreduce.
+        let (n, me) = (team.n_pes(), team.my_pe());
+        let (lo, hi) = (me * nreduce / n, (me + 1) * nreduce / n);
+        let mut acc = zeroed::<T>(hi - lo);
         let read = (|| {
-            if nreduce == 0 {
+            if hi == lo {
                 return Ok(());
             }
-            let mut theirs = zeroed::<T>(nreduce);
-            for i in 0..team.n_pes() {
+            let mut theirs = zeroed::<T>(hi - lo);
+            for i in 0..n {
                 let pe = team.world_pe(i).expect("member index below n_pes");
                 let into = if i == 0 { &mut acc } else { &mut theirs };
-                self.get(into, source.slice(0..nreduce), pe)?;
+                self.get(into, source.slice(lo..hi), pe)?;
                 if i > 0 {
                     for (a, &b) in acc.iter_mut().zip(theirs.iter()) {
                         *a = T::combine(*a, b, op).expect("checked above");
@@ -423,14 +429,21 @@ impl Pe {
             }
             Ok(())
         })();
-        // Every member has read every source before any dest (which may be a source) is
-        // written.
+        // Every member has read its chunk of every source before any dest (which may be a
+        // source) is written.
         self.coll_status(team, "reduce (reads)", read)?;
-        let written = if nreduce > 0 {
-            self.put(dest.slice(0..nreduce), &acc, self.my_pe())
-        } else {
+        let written = (|| {
+            if hi == lo {
+                return Ok(());
+            }
+            for k in 1..=n {
+                let pe = team
+                    .world_pe((me + k) % n)
+                    .expect("member index below n_pes");
+                self.put_nbi(dest.slice(lo..hi), &acc, pe)?;
+            }
             Ok(())
-        };
+        })();
         self.coll_status(team, "reduce (completion)", written)
     }
 }
