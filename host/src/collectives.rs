@@ -131,6 +131,28 @@ impl Coll {
     }
 }
 
+/// What a member sends in a collective (`Pe::snapshot`): a copy of its source, or the
+/// source in its own heap when no member writes there during the call.
+enum Snapshot<T> {
+    Copy(Vec<T>),
+    /// `len` elements at this address of this PE's own mapped heap.
+    Heap(*mut T, usize),
+}
+
+impl<T> std::ops::Deref for Snapshot<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Snapshot::Copy(v) => v,
+            // SAFETY: `len` elements of this PE's own heap (mapped for the Pe's life,
+            // which outlives the call), which no member writes during the collective
+            // (they do not overlap its dest; see `Pe::snapshot`). Element types are plain
+            // numbers.
+            Snapshot::Heap(p, len) => unsafe { std::slice::from_raw_parts(*p, *len) },
+        }
+    }
+}
+
 /// A zero-filled local buffer (every bit pattern of an `Element` is a value).
 fn zeroed<T: Element>(n: usize) -> Vec<T> {
     // SAFETY: Element types are primitive numbers; all-zero bytes are a valid value.
@@ -232,16 +254,22 @@ impl Pe {
         agreed
     }
 
-    /// This member's first `n` elements of `source`, read before any peer may write
-    /// (step 1); on failure an empty copy and the error, which step 2 reports.
+    /// This member's first `n` elements of `source` as step 3 sends them (step 1): when
+    /// they overlap `dest_bytes` bytes of `dest` (which members write during the call), a
+    /// copy read before any member may write; otherwise the heap itself, which no member
+    /// writes during the call (members write only dest, at the same offsets everywhere),
+    /// so the large copy is skipped. On failure an empty snapshot and the error, which
+    /// step 2 reports.
     fn snapshot<T: Element>(
         &self,
         coll: Coll,
         source: SymPtr<T>,
         n: usize,
-    ) -> (Vec<T>, Result<()>) {
+        dest: SymPtr<T>,
+        dest_bytes: usize,
+    ) -> (Snapshot<T>, Result<()>) {
         if n == 0 {
-            return (Vec::new(), Ok(()));
+            return (Snapshot::Copy(Vec::new()), Ok(()));
         }
         if source.len() < n {
             let e = Error::InvalidArgument(format!(
@@ -249,12 +277,20 @@ impl Pe {
                 coll.name(),
                 source.len()
             ));
-            return (Vec::new(), Err(e));
+            return (Snapshot::Copy(Vec::new()), Err(e));
+        }
+        let s = source.slice(0..n);
+        let (s_lo, s_hi) = (s.offset(), s.offset() + s.bytes());
+        let (d_lo, d_hi) = (dest.offset(), dest.offset() + dest_bytes);
+        if s_hi <= d_lo || d_hi <= s_lo {
+            if let Some(p) = self.ptr(s, self.my_pe()) {
+                return (Snapshot::Heap(p, n), Ok(()));
+            }
         }
         let mut data = zeroed::<T>(n);
-        match self.get(&mut data, source.slice(0..n), self.my_pe()) {
-            Ok(()) => (data, Ok(())),
-            Err(e) => (Vec::new(), Err(e)),
+        match self.get(&mut data, s, self.my_pe()) {
+            Ok(()) => (Snapshot::Copy(data), Ok(())),
+            Err(e) => (Snapshot::Copy(Vec::new()), Err(e)),
         }
     }
 
@@ -292,8 +328,13 @@ impl Pe {
         root: usize,
     ) -> Result<()> {
         let is_root = team.my_pe() == root;
-        let (data, ready) =
-            self.snapshot(Coll::Broadcast, source, if is_root { nelems } else { 0 });
+        let (data, ready) = self.snapshot(
+            Coll::Broadcast,
+            source,
+            if is_root { nelems } else { 0 },
+            dest,
+            nelems * size_of::<T>(),
+        );
         self.coll_agree(
             team,
             Coll::Broadcast,
@@ -328,7 +369,8 @@ impl Pe {
     ) -> Result<()> {
         let n = team.n_pes();
         let total = n.saturating_mul(nelems);
-        let (data, ready) = self.snapshot(Coll::Fcollect, source, nelems);
+        let (data, ready) =
+            self.snapshot(Coll::Fcollect, source, nelems, dest, total * size_of::<T>());
         self.coll_agree(
             team,
             Coll::Fcollect,
@@ -355,8 +397,13 @@ impl Pe {
     ) -> Result<()> {
         let n = team.n_pes();
         let total = n.saturating_mul(nelems);
-        let (data, ready) =
-            self.snapshot(Coll::Alltoall, source, if nelems > 0 { total } else { 0 });
+        let (data, ready) = self.snapshot(
+            Coll::Alltoall,
+            source,
+            if nelems > 0 { total } else { 0 },
+            dest,
+            total * size_of::<T>(),
+        );
         self.coll_agree(
             team,
             Coll::Alltoall,
