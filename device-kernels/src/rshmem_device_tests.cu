@@ -1057,10 +1057,12 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_collectives_bloc
 //  - team sync_block (64): every thread stores its word locally, team_sync_block(T), reads
 //    lt's word with rshmem_g;
 //  - team barrier_warp (32): warp 0 p's to rt, barrier_warp(T), checks lt's word;
+//  - thread scope (4): thread 0 alone: p to rt + barrier(T), twice; p to the right world
+//    neighbour + barrier(WORLD); a local store + team_sync(T) read back from lt with g;
 //  - collectives on T (194): as rshmem_test_collectives_block, numbered in T (fcollect 5
 //    words, broadcast 7 from member ts - 1, alltoall 3, u64 sum, int64 max, u32 xor in
 //    place, an order-sensitive double sum, a 150-element u64 sum in place).
-// checks/PE = 16 + 192 + 64 + 32 + 194 = 498.
+// checks/PE = 16 + 192 + 64 + 32 + 4 + 194 = 502.
 extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_team_block(rshmem_harness_args_t a) {
   Checker c(a);
   unsigned char *s = scratch(a);
@@ -1107,6 +1109,24 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_team_block(rshme
     rshmem_uint64_p(wbuf + tid, pat(a, me, 6000 + tid), world(rt));
     rshmem_barrier_warp(T);
     c.eq(6000 + tid, pat(a, world(lt), 6000 + tid), wbuf[tid]);
+  }
+  __syncthreads();
+  // Thread scope: thread 0 alone, on T (two barrier rounds and a sync) and on WORLD.
+  uint64_t *tbuf = reinterpret_cast<uint64_t *>(s + 3584);  // 3 words
+  uint64_t *tloc = reinterpret_cast<uint64_t *>(s + 3840);  // 1 word
+  if (tid == 0) {
+    for (int r = 0; r < 2; ++r) {
+      rshmem_uint64_p(tbuf + r, pat(a, me, 6100 + r), world(rt));
+      rshmem_barrier(T);
+      c.eq(6100 + r, pat(a, world(lt), 6100 + r), tbuf[r]);
+    }
+    const int wl = (me + n - 1) % n;
+    rshmem_uint64_p(tbuf + 2, pat(a, me, 6102), (me + 1) % n);
+    rshmem_barrier(RSHMEM_TEAM_WORLD);
+    c.eq(6102, pat(a, wl, 6102), tbuf[2]);
+    *tloc = pat(a, me, 6103);
+    rshmem_team_sync(T);
+    c.eq(6103, pat(a, world(lt), 6103), rshmem_uint64_g(tloc, world(lt)));
   }
   __syncthreads();
   // Collectives on T.

@@ -476,10 +476,11 @@ impl Pe {
             }
             Ok(())
         })();
-        // Every member has read its chunk of every source before any dest (which may be a
-        // source) is written.
-        self.coll_status(team, "reduce (reads)", read)?;
-        let written = (|| {
+        // Element i of every source is read only by the member whose chunk holds i, and it
+        // has read all of them before it writes dest[i] anywhere: dest may be source with
+        // no agreement between the reads and the writes. A member whose read failed writes
+        // nothing and reports the failure in the completion exchange.
+        let written = read.and_then(|()| {
             if hi == lo {
                 return Ok(());
             }
@@ -490,7 +491,7 @@ impl Pe {
                 self.put_nbi(dest.slice(lo..hi), &acc, pe)?;
             }
             Ok(())
-        })();
+        });
         self.coll_status(team, "reduce (completion)", written)
     }
 }

@@ -20,16 +20,18 @@
 // may be reused.
 // For broadcast, fcollect and alltoall, dest must not overlap source; a reduce's dest is
 // its source or apart from it (a partial overlap is undefined, as in OpenSHMEM). Every PE
-// calls with the same block size (a reduce syncs once per blockDim elements).
+// calls with the same block size.
 //
 // Algorithm: a team barrier_block first (this PE's earlier puts complete, every member
 // entered: sources written, dests free), then the block's threads push with
 // putmem_nbi_block (broadcast: the root; fcollect, alltoall: every member, starting with
-// the next one), then a team barrier_block (quiet + sync). A reduce pulls instead (after
-// the same entry barrier): chunk by chunk of blockDim elements, each thread reads its
-// element from every member (rshmem_g), a team sync_block (everyone has read the chunk),
-// then it writes its result, so dest may be source; a final team sync_block. Simple and
-// correct on any transport (p2p or IBGDA); not tuned.
+// the next one), then a team barrier_block (quiet + sync). A reduce is a reduce-scatter
+// then an allgather (after the same entry barrier): member m owns elements
+// [nreduce m / n, nreduce (m + 1) / n); its threads read each owned element from every
+// member (rshmem_g, combined in team order) and write the result into every member's
+// dest (rshmem_p). Nobody else reads or writes those elements, so dest may be source
+// with no sync between the reads and the writes; a team barrier_block ends it. Simple
+// and correct on any transport (p2p or IBGDA); not tuned.
 #pragma once
 
 #include <stddef.h>
@@ -139,20 +141,18 @@ RSHMEM_DEVICE int rshmemi_reduce_block(rshmem_team_t team, T *dest, const T *sou
                                        const char *what) {
   const rshmemi_team_view v = rshmemi_team_get(team, what);
   rshmemi_coll_barrier(team, what);  // this PE's earlier puts complete; every member's source is written
+  // Member my owns elements [lo, hi): it alone reads them (from every member's source) and
+  // then writes them (into every member's dest), so dest may be source without a sync
+  // between the reads and the writes.
   const size_t tid = rshmemi_block_thread(), nt = rshmemi_block_threads();
-  for (size_t base = 0; base < nreduce; base += nt) {
-    const size_t i = base + tid;
-    T acc = T();
-    if (i < nreduce) {
-      acc = rshmem_g<T>(source + i, v.world(0));
-      for (int p = 1; p < v.size; ++p) acc = rshmemi_reducer<Op, T>::combine(acc, rshmem_g<T>(source + i, v.world(p)));
-    }
-    __syncthreads();
-    rshmemi_team_sync_block(team, what);  // every member has read this chunk of every source
-    if (i < nreduce) dest[i] = acc;
+  const size_t lo = nreduce * static_cast<size_t>(v.my) / static_cast<size_t>(v.size);
+  const size_t hi = nreduce * static_cast<size_t>(v.my + 1) / static_cast<size_t>(v.size);
+  for (size_t i = lo + tid; i < hi; i += nt) {
+    T acc = rshmem_g<T>(source + i, v.world(0));
+    for (int p = 1; p < v.size; ++p) acc = rshmemi_reducer<Op, T>::combine(acc, rshmem_g<T>(source + i, v.world(p)));
+    for (int k = 1; k <= v.size; ++k) rshmem_p<T>(dest + i, acc, v.world((v.my + k) % v.size));
   }
-  __syncthreads();
-  rshmemi_team_sync_block(team, what);  // dest complete on every member before any member's next collective
+  rshmemi_coll_barrier(team, what);  // quiet + sync: dest complete on every member
   return 0;
 }
 // ---- typed names ------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 // rshmem/device/team.cuh — teams on the device: queries and team barriers.
 //
 // Owns: rshmem_team_my_pe, rshmem_team_n_pes, rshmem_team_translate_pe (any thread),
+// rshmem_team_sync / rshmem_barrier (exactly one thread per member PE calls),
 // rshmem_team_sync_block / rshmem_barrier_block (exactly one block per member PE calls,
 // all of its threads) and rshmem_team_sync_warp / rshmem_barrier_warp (exactly one warp
-// per member PE, all 32 lanes), as NVSHMEM's nvshmem_team_* and nvshmemx_*_block/_warp;
+// per member PE, all 32 lanes), as NVSHMEM's nvshmem_team_sync / nvshmem_barrier and
+// nvshmemx_*_block/_warp;
 // and rshmemi_team_view, through which the collectives (coll.cuh) see a team.
 // Must not: be included by host C++ (device-only; rshmem/rshmem.cuh includes it under nvcc).
 //
@@ -25,12 +27,13 @@
 // barrier = quiet + sync. Every member makes the same sequence of barriers on a team
 // (block and warp forms share the team's epoch). Every wait is bounded.
 //
-// Algorithm (teams other than WORLD): a dissemination barrier. One thread (thread 0 of the
-// block, lane 0 of the warp) takes the team's next epoch e and, for r = 0, 1, ... while
+// Algorithm (teams other than WORLD): a dissemination barrier. One thread (the caller,
+// thread 0 of the block, lane 0 of the warp) takes the team's next epoch e and, for r = 0, 1, ... while
 // 2^r < size, stores e into round word r of member (me + 2^r) mod size and waits until its
 // own round word r holds >= e (it is written only by member (me - 2^r) mod size). Words
 // only grow, so no reset races; ceil(log2(size)) rounds of one store and one wait each.
-// WORLD keeps the all-to-all exchange of barrier.cuh (one round, every thread helping).
+// WORLD keeps the all-to-all exchange of barrier.cuh (one round, every thread helping; at
+// thread scope the one thread announces to and waits for every PE).
 #pragma once
 
 #include <stdint.h>
@@ -139,6 +142,27 @@ RSHMEM_DEVICE void rshmemi_team_sync_warp(rshmem_team_t team, const char *what) 
   __syncwarp();
   if (rshmemi_lane() == 0) rshmemi_team_dissemination(v, what);
   __syncwarp();
+}
+
+// One thread of every member synchronises (exactly one thread per member PE calls; no
+// other thread of the PE may run a barrier on the team or, for WORLD, any world barrier
+// at the same time).
+RSHMEM_DEVICE void rshmemi_team_sync_thread(rshmem_team_t team, const char *what) {
+  const rshmemi_team_view v = rshmemi_team_get(team, what);
+  if (team == RSHMEM_TEAM_WORLD) {
+    const uint64_t base = rshmemi_sync_base();
+    rshmemi_pe_exchange(base, rshmemi_take_epoch(base, what), 0, 1, what);
+    return;
+  }
+  rshmemi_team_dissemination(v, what);
+}
+
+RSHMEM_DEVICE void rshmem_team_sync(rshmem_team_t team) { rshmemi_team_sync_thread(team, "rshmem_team_sync"); }
+
+// quiet + team sync (one thread per member).
+RSHMEM_DEVICE void rshmem_barrier(rshmem_team_t team) {
+  rshmem_quiet();
+  rshmemi_team_sync_thread(team, "rshmem_barrier");
 }
 
 RSHMEM_DEVICE void rshmem_team_sync_block(rshmem_team_t team) {
