@@ -983,10 +983,20 @@ impl GpuPe {
 
     /// The device handle (`rshmem_team_t`) of `team`, to pass to kernels: its slot, the
     /// same number on every member (`RSHMEM_TEAM_WORLD` is 0, `RSHMEM_TEAM_SHARED` 1).
-    /// Errors for a team the device cannot serve: members that are not `start, start +
-    /// stride, ...` in world ranks, or more than 4096 of them.
+    /// A team made with `pe().team_split_strided` instead of [`GpuPe::team_split_strided`]
+    /// gets its device entry here. Errors for a team the device cannot serve: members that
+    /// are not `start, start + stride, ...` in world ranks, or more than 4096 of them.
+    /// Destroy a team kernels used with [`GpuPe::team_destroy`] (it also clears the
+    /// team's device barrier words for the slot's next team).
     pub fn device_team(&self, team: &Team) -> Result<i32> {
-        if DeviceTeamEntry::strided(team.members(), team.my_pe()).is_none() {
+        if let Some(e) = DeviceTeamEntry::strided(team.members(), team.my_pe()) {
+            let at = SYNC_OFFSET + state::team_area_offset(team.slot());
+            let mut have = [0u8; 16];
+            self.read_local(at, &mut have)?;
+            if have != e.to_bytes() {
+                self.write_local(at, &e.to_bytes())?;
+            }
+        } else {
             return Err(Error::InvalidArgument(format!(
                 "team {:#x} ({} PEs: {:?}{}) is not a device team: the device API serves teams \
                  whose world ranks are start, start + stride, ... with at most {} members",
