@@ -225,6 +225,41 @@ pub struct Row {
     pub bw_assisted: Option<f64>,
 }
 
+impl Row {
+    /// The latency columns from per-operation samples (see [`stats`]); no bandwidth.
+    fn from_samples(size: usize, samples: Vec<f64>, iters: usize) -> Row {
+        let (med, p99, mean) = stats(samples);
+        Row {
+            size,
+            latency_us_median: med,
+            latency_us_p99: p99,
+            latency_us_mean: mean,
+            bandwidth_gbps: None,
+            iters,
+            bw_iters: 0,
+            bw_assisted: None,
+        }
+    }
+}
+
+/// Per-operation microseconds of `batches` batches of `batch` calls of `f`, one sample per
+/// batch (the barrier and the collectives: every PE calls).
+fn timed_batches(
+    batches: usize,
+    batch: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<Vec<f64>> {
+    let mut samples = Vec::with_capacity(batches);
+    for _ in 0..batches {
+        let t = Instant::now();
+        for _ in 0..batch {
+            f()?;
+        }
+        samples.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
+    }
+    Ok(samples)
+}
+
 /// A whole benchmark result, as printed by `--json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -764,16 +799,11 @@ fn put_like(
         pe.get(&mut got, dest, me)?;
         verify(pe, &format!("{size}-byte stream"), &got, bw_tag)?;
     }
-    let (med, p99, mean) = stats(samples);
     Ok(Row {
-        size,
-        latency_us_median: med,
-        latency_us_p99: p99,
-        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
-        iters,
         bw_iters: bw_n,
         bw_assisted: (me == 0).then_some(assisted),
+        ..Row::from_samples(size, samples, iters)
     })
 }
 
@@ -815,16 +845,10 @@ fn get_row(pe: &Pe, a: &BenchArgs, buf: SymPtr<u64>, size: usize, salt: u64) -> 
         bw = (size * bw_n) as f64 / t.elapsed().as_secs_f64() / 1e9;
         verify(pe, &format!("{size}-byte get stream"), &dst, salt)?;
     }
-    let (med, p99, mean) = stats(samples);
     Ok(Row {
-        size,
-        latency_us_median: med,
-        latency_us_p99: p99,
-        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
-        iters,
         bw_iters: bw_n,
-        bw_assisted: None,
+        ..Row::from_samples(size, samples, iters)
     })
 }
 
@@ -896,16 +920,10 @@ where
             )));
         }
     }
-    let (med, p99, mean) = stats(samples);
     Ok(Row {
-        size,
-        latency_us_median: med,
-        latency_us_p99: p99,
-        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
-        iters,
         bw_iters: bw_n,
-        bw_assisted: None,
+        ..Row::from_samples(size, samples, iters)
     })
 }
 
@@ -946,16 +964,10 @@ fn atomic_row(pe: &Pe, a: &BenchArgs, aux: SymPtr<u64>) -> Result<Row> {
             )));
         }
     }
-    let (med, p99, mean) = stats(samples);
     Ok(Row {
-        size: 8,
-        latency_us_median: med,
-        latency_us_p99: p99,
-        latency_us_mean: mean,
         bandwidth_gbps: Some(bw),
-        iters,
         bw_iters: iters,
-        bw_assisted: None,
+        ..Row::from_samples(8, samples, iters)
     })
 }
 
@@ -964,25 +976,8 @@ fn barrier_row(pe: &Pe, a: &BenchArgs) -> Result<Row> {
         pe.barrier_all()?;
     }
     let batch = 16;
-    let mut samples = Vec::new();
-    for _ in 0..a.iters.div_ceil(batch) {
-        let t = Instant::now();
-        for _ in 0..batch {
-            pe.barrier_all()?;
-        }
-        samples.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
-    }
-    let (med, p99, mean) = stats(samples);
-    Ok(Row {
-        size: 0,
-        latency_us_median: med,
-        latency_us_p99: p99,
-        latency_us_mean: mean,
-        bandwidth_gbps: None,
-        iters: a.iters,
-        bw_iters: 0,
-        bw_assisted: None,
-    })
+    let samples = timed_batches(a.iters.div_ceil(batch), batch, || pe.barrier_all())?;
+    Ok(Row::from_samples(0, samples, a.iters))
 }
 
 /// One row of a collective benchmark (see [`Kind::Broadcast`]). Block j of PE p's source
@@ -1022,19 +1017,12 @@ fn coll_row(
         }
     };
     pe.barrier_all()?;
-    for _ in 0..a.warmup.min(lat_iters(a, out_words * 8)) {
+    let iters = lat_iters(a, out_words * 8);
+    for _ in 0..a.warmup.min(iters) {
         call()?;
     }
-    let iters = lat_iters(a, out_words * 8);
     let batch = batch_for(size);
-    let mut samples = Vec::new();
-    for _ in 0..iters.div_ceil(batch) {
-        let t = Instant::now();
-        for _ in 0..batch {
-            call()?;
-        }
-        samples.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
-    }
+    let samples = timed_batches(iters.div_ceil(batch), batch, call)?;
     let mut got = vec![0u64; out_words];
     pe.get(&mut got, dst.slice(0..out_words), me)?;
     let what = |p: usize| format!("{size}-byte {:?}, block of PE {p}", a.kind);
@@ -1062,17 +1050,9 @@ fn coll_row(
             }
         }
     }
-    let (med, p99, mean) = stats(samples);
-    Ok(Row {
-        size,
-        latency_us_median: med,
-        latency_us_p99: p99,
-        latency_us_mean: mean,
-        bandwidth_gbps: Some((out_words * 8) as f64 / (med * 1e-6) / 1e9),
-        iters,
-        bw_iters: 0,
-        bw_assisted: None,
-    })
+    let mut row = Row::from_samples(size, samples, iters);
+    row.bandwidth_gbps = Some((out_words * 8) as f64 / (row.latency_us_median * 1e-6) / 1e9);
+    Ok(row)
 }
 
 /// Fewest WRITEs per size of `bench softhca`: 10 000 8-byte WRITEs take about 1 ms, too

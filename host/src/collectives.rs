@@ -255,7 +255,8 @@ impl Pe {
     }
 
     /// This member's first `n` elements of `source` as step 3 sends them (step 1): when
-    /// they overlap `dest_bytes` bytes of `dest` (which members write during the call), a
+    /// they overlap the first `dest_need` elements of `dest` (which members write during
+    /// the call), a
     /// copy read before any member may write; otherwise the heap itself, which no member
     /// writes during the call (members write only dest, at the same offsets everywhere),
     /// so the large copy is skipped. On failure an empty snapshot and the error, which
@@ -266,7 +267,7 @@ impl Pe {
         source: SymPtr<T>,
         n: usize,
         dest: SymPtr<T>,
-        dest_bytes: usize,
+        dest_need: usize,
     ) -> (Snapshot<T>, Result<()>) {
         if n == 0 {
             return (Snapshot::Copy(Vec::new()), Ok(()));
@@ -281,7 +282,8 @@ impl Pe {
         }
         let s = source.slice(0..n);
         let (s_lo, s_hi) = (s.offset(), s.offset() + s.bytes());
-        let (d_lo, d_hi) = (dest.offset(), dest.offset() + dest_bytes);
+        let d_lo = dest.offset();
+        let d_hi = d_lo.saturating_add(dest_need.saturating_mul(size_of::<T>()));
         if s_hi <= d_lo || d_hi <= s_lo {
             if let Some(p) = self.ptr(s, self.my_pe()) {
                 return (Snapshot::Heap(p, n), Ok(()));
@@ -333,7 +335,7 @@ impl Pe {
             source,
             if is_root { nelems } else { 0 },
             dest,
-            nelems * size_of::<T>(),
+            nelems,
         );
         self.coll_agree(
             team,
@@ -367,23 +369,7 @@ impl Pe {
         source: SymPtr<T>,
         nelems: usize,
     ) -> Result<()> {
-        let n = team.n_pes();
-        let total = n.saturating_mul(nelems);
-        let (data, ready) =
-            self.snapshot(Coll::Fcollect, source, nelems, dest, total * size_of::<T>());
-        self.coll_agree(
-            team,
-            Coll::Fcollect,
-            dest,
-            total,
-            source,
-            nelems,
-            0,
-            0,
-            ready,
-        )?;
-        let moved = self.push_blocks(team, dest, nelems, |_| &data[..]);
-        self.coll_status(team, "fcollect (completion)", moved)
+        self.exchange_blocks(Coll::Fcollect, team, dest, source, nelems)
     }
 
     /// Block `j` (of `nelems` elements) of `source` goes to member `j`'s `dest` at block
@@ -395,28 +381,36 @@ impl Pe {
         source: SymPtr<T>,
         nelems: usize,
     ) -> Result<()> {
-        let n = team.n_pes();
-        let total = n.saturating_mul(nelems);
-        let (data, ready) = self.snapshot(
-            Coll::Alltoall,
-            source,
-            if nelems > 0 { total } else { 0 },
-            dest,
-            total * size_of::<T>(),
-        );
-        self.coll_agree(
-            team,
-            Coll::Alltoall,
-            dest,
-            total,
-            source,
-            total,
-            0,
-            0,
-            ready,
-        )?;
-        let moved = self.push_blocks(team, dest, nelems, |j| &data[j * nelems..(j + 1) * nelems]);
-        self.coll_status(team, "alltoall (completion)", moved)
+        self.exchange_blocks(Coll::Alltoall, team, dest, source, nelems)
+    }
+
+    /// fcollect (every member gets this member's one source block) and alltoall (member j
+    /// gets source block j): the frame, with block `my index` of every dest written.
+    fn exchange_blocks<T: Element>(
+        &self,
+        coll: Coll,
+        team: &Team,
+        dest: SymPtr<T>,
+        source: SymPtr<T>,
+        nelems: usize,
+    ) -> Result<()> {
+        let total = team.n_pes().saturating_mul(nelems);
+        let per_member = matches!(coll, Coll::Alltoall);
+        let source_need = if per_member { total } else { nelems };
+        let (data, ready) = self.snapshot(coll, source, source_need, dest, total);
+        self.coll_agree(team, coll, dest, total, source, source_need, 0, 0, ready)?;
+        let moved = self.push_blocks(team, dest, nelems, |j| {
+            if per_member {
+                &data[j * nelems..(j + 1) * nelems]
+            } else {
+                &data[..]
+            }
+        });
+        let stage = match coll {
+            Coll::Alltoall => "alltoall (completion)",
+            _ => "fcollect (completion)",
+        };
+        self.coll_status(team, stage, moved)
     }
 
     /// `dest[i] = source[i] op source[i] op ...` over every member's `source`, on every

@@ -789,15 +789,7 @@ impl Pe {
                 .iter()
                 .map(|b| b.chunks_exact(8).map(le_u64).collect())
                 .collect();
-            let detail = team
-                .members()
-                .iter()
-                .zip(&vals)
-                .take(32)
-                .map(|(pe, v)| format!("PE {pe}: {}", show(v)))
-                .collect::<Vec<_>>()
-                .join("; ");
-            return Err(Error::CollectiveMismatch { op, detail });
+            return Err(mismatch(team, op, &vals, |v| show(v)));
         }
         Ok(())
     }
@@ -845,25 +837,14 @@ impl Pe {
         if all.iter().all(|r| *r == rec) {
             return Ok(());
         }
-        let detail = team
-            .members()
-            .iter()
-            .zip(&all)
-            .take(32)
-            .map(|(pe, r)| {
-                if r[0] != seq {
-                    format!(
-                        "PE {pe}: at agreement #{} of this team (this PE: #{seq})",
-                        r[0]
-                    )
-                } else {
-                    let n = (r[1] as usize).min(args.len());
-                    format!("PE {pe}: {}", show(&r[2..2 + n]))
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        Err(Error::CollectiveMismatch { op, detail })
+        Err(mismatch(team, op, &all, |r| {
+            if r[0] != seq {
+                format!("at agreement #{} of this team (this PE: #{seq})", r[0])
+            } else {
+                let n = (r[1] as usize).min(args.len());
+                show(&r[2..2 + n])
+            }
+        }))
     }
 
     /// Leaves the job cleanly: a barrier with every PE, then the bootstrap farewell. PEs
@@ -882,6 +863,20 @@ impl Pe {
         }
         r
     }
+}
+
+/// The error of an agreement that found members' arguments differ: "PE p: <what p
+/// passed>" for the first 32 members (`records` in team order).
+fn mismatch<V>(team: &Team, op: &'static str, records: &[V], show: impl Fn(&V) -> String) -> Error {
+    let detail = team
+        .members()
+        .iter()
+        .zip(records)
+        .take(32)
+        .map(|(pe, r)| format!("PE {pe}: {}", show(r)))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Error::CollectiveMismatch { op, detail }
 }
 
 /// Runs `n` PEs as threads of this process, with a bootstrap root hosted here. Each thread

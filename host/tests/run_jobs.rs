@@ -150,31 +150,26 @@ fn bench_collectives_as_threads_processes_and_over_the_proxy() {
             assert!(r["bandwidth_gbps"].as_f64().unwrap() > 0.0, "{kind}: {r}");
         }
     };
-    // PEs as threads (3: not a power of two); every call's result is checked by every PE,
-    // a mismatch fails the run.
-    for kind in ["broadcast", "fcollect", "alltoall", "reduce"] {
+    // `rshmem ARGS` with its PEs as threads: must succeed; its stdout.
+    let bench = |args: &str| {
         let o = Command::new(BIN)
-            .args([
-                "bench",
-                kind,
-                "--pes",
-                "3",
-                "--json",
-                "--iters",
-                "100",
-                "--warmup",
-                "10",
-                "--max-size",
-                "64K",
-            ])
+            .args(args.split_whitespace())
             .output()
             .unwrap();
         assert!(
             o.status.success(),
-            "{kind}: {}",
+            "{args}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        check(kind, &String::from_utf8_lossy(&o.stdout), 3, "p2p", &want);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    // PEs as threads (3: not a power of two); every call's result is checked by every PE,
+    // a mismatch fails the run.
+    for kind in ["broadcast", "fcollect", "alltoall", "reduce"] {
+        let out = bench(&format!(
+            "bench {kind} --pes 3 --json --iters 100 --warmup 10 --max-size 64K"
+        ));
+        check(kind, &out, 3, "p2p", &want);
     }
     // Processes under rshmem run.
     let (ok, out, err) = run(
@@ -201,28 +196,12 @@ fn bench_collectives_as_threads_processes_and_over_the_proxy() {
         &want,
     );
     // Through the soft HCA.
-    let o = Command::new(BIN)
-        .args([
-            "bench",
-            "alltoall",
-            "--pes",
-            "3",
-            "--transport",
-            "proxy",
-            "--json",
-            "--iters",
-            "50",
-            "--warmup",
-            "5",
-            "--max-size",
-            "4K",
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = bench(
+        "bench alltoall --pes 3 --transport proxy --json --iters 50 --warmup 5 --max-size 4K",
+    );
     check(
         "alltoall",
-        &String::from_utf8_lossy(&o.stdout),
+        &out,
         3,
         "proxy",
         &[8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],

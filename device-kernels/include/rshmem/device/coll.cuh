@@ -64,18 +64,11 @@ RSHMEM_DEVICE void rshmem_broadcastmem_block(rshmem_team_t team, void *dest, con
   rshmemi_coll_barrier(team, what);
 }
 
-RSHMEM_DEVICE void rshmem_fcollectmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes) {
-  const char *what = "rshmem_fcollectmem_block";
-  const rshmemi_team_view v = rshmemi_team_get(team, what);
-  rshmemi_coll_barrier(team, what);
-  unsigned char *d = static_cast<unsigned char *>(dest) + static_cast<size_t>(v.my) * nbytes;
-  if (nbytes > 0)
-    for (int k = 1; k <= v.size; ++k) rshmem_putmem_nbi_block(d, source, nbytes, v.world((v.my + k) % v.size));
-  rshmemi_coll_barrier(team, what);
-}
-
-RSHMEM_DEVICE void rshmem_alltoallmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes) {
-  const char *what = "rshmem_alltoallmem_block";
+// fcollect and alltoall: between the entry and exit barriers, this member's block goes to
+// block `my` of every member's dest, starting with the next member; member j's block is
+// source + j * src_stride (fcollect: the same source for all, stride 0; alltoall: nbytes).
+RSHMEM_DEVICE void rshmemi_push_blocks_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes,
+                                             size_t src_stride, const char *what) {
   const rshmemi_team_view v = rshmemi_team_get(team, what);
   rshmemi_coll_barrier(team, what);
   unsigned char *d = static_cast<unsigned char *>(dest) + static_cast<size_t>(v.my) * nbytes;
@@ -83,9 +76,17 @@ RSHMEM_DEVICE void rshmem_alltoallmem_block(rshmem_team_t team, void *dest, cons
   if (nbytes > 0)
     for (int k = 1; k <= v.size; ++k) {
       const int j = (v.my + k) % v.size;
-      rshmem_putmem_nbi_block(d, s + static_cast<size_t>(j) * nbytes, nbytes, v.world(j));
+      rshmem_putmem_nbi_block(d, s + static_cast<size_t>(j) * src_stride, nbytes, v.world(j));
     }
   rshmemi_coll_barrier(team, what);
+}
+
+RSHMEM_DEVICE void rshmem_fcollectmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes) {
+  rshmemi_push_blocks_block(team, dest, source, nbytes, 0, "rshmem_fcollectmem_block");
+}
+
+RSHMEM_DEVICE void rshmem_alltoallmem_block(rshmem_team_t team, void *dest, const void *source, size_t nbytes) {
+  rshmemi_push_blocks_block(team, dest, source, nbytes, nbytes, "rshmem_alltoallmem_block");
 }
 
 // ---- reductions -------------------------------------------------------------------------
