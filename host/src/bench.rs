@@ -36,14 +36,17 @@ pub enum Kind {
     Atomic,
     Signal,
     Barrier,
-    /// Team collectives on the world team (host/src/collectives.rs), `size` bytes per
-    /// block: broadcast from PE 0, fcollect (allgather), alltoall, and a u64 sum reduce
-    /// (to all). Latency: one call, every PE calling (PE 0's clock); bandwidth: the bytes a
-    /// PE receives per call over the median latency (nccl-tests' algbw). Sizes stop where a
-    /// PE's buffers (fcollect, alltoall: PEs × size) would pass 32 MiB.
+    /// Team broadcast from PE 0 (world team, host/src/collectives.rs) of `size` bytes:
+    /// one call with every PE calling (PE 0's clock); bandwidth = bytes a PE receives per
+    /// call / median latency (nccl-tests' algbw); every PE checks the last call.
     Broadcast,
+    /// Team fcollect (allgather) of `size`-byte blocks, measured as broadcast (at most
+    /// 32 MiB of blocks per PE).
     Fcollect,
+    /// Team alltoall of `size`-byte blocks, measured as broadcast (at most 32 MiB of
+    /// blocks per PE).
     Alltoall,
+    /// Team sum reduction of `size` bytes of u64 words to every PE, measured as broadcast.
     Reduce,
     /// The soft HCA engine alone: RDMA WRITEs through queue → engine → memory on one
     /// engine thread (no PEs), into a pre-touched 1 MiB destination, after a discarded 8 B
@@ -84,7 +87,8 @@ pub fn run_command(c: BenchCommand) -> i32 {
         (None, Some(a)) => run_cli(a),
         (None, None) => {
             eprintln!(
-                "rshmem bench: name a benchmark: put, get, p, atomic, signal, barrier, softhca, ep or ibgda-rate"
+                "rshmem bench: name a benchmark: put, get, p, atomic, signal, barrier, broadcast, \
+                 fcollect, alltoall, reduce, softhca, ep or ibgda-rate"
             );
             2
         }
