@@ -23,6 +23,9 @@ const PORT: u16 = 29577;
 
 // ------------------------------------------------------------------ the PE side
 
+/// rma-fail: when this PE printed RMA-FAILED.
+static FAILED_AT: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
 /// Entry point of the PE processes; a no-op when run as an ordinary test.
 #[test]
 fn pe_entry() {
@@ -32,7 +35,14 @@ fn pe_entry() {
     let code = match pe_main(&mode) {
         Ok(()) => 0,
         Err(e) => {
-            println!("PE-ERROR {e}");
+            // rma-fail: how long the Pe took to drop after the failure (teardown).
+            match FAILED_AT.get() {
+                Some(t) => println!(
+                    "PE-ERROR {e} [dropped {} ms after RMA-FAILED]",
+                    t.elapsed().as_millis()
+                ),
+                None => println!("PE-ERROR {e}"),
+            }
             1
         }
     };
@@ -173,6 +183,7 @@ fn pe_main(mode: &str) -> rshmem::Result<()> {
             // When the RMA path failed, before the Pe is dropped (PE-ERROR comes after the
             // drop): the test tells a late failure from a slow teardown by this line.
             println!("RMA-FAILED {} ms after ready", ready.elapsed().as_millis());
+            let _ = FAILED_AT.set(Instant::now());
             let _ = std::io::stdout().flush();
             failed
         }
