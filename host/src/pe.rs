@@ -486,6 +486,28 @@ impl Pe {
     pub fn node(&self) -> &Team {
         &self.node
     }
+    /// The PEs reported dead so far (by the bootstrap root), in report order.
+    pub fn dead_pes(&self) -> Vec<usize> {
+        self.live.dead_pes()
+    }
+
+    /// Tolerates the death of PE `pe` (reported already or later): it no longer fails this
+    /// PE's waits and its RMA to other PEs. RMA to `pe` itself still fails with
+    /// [`Error::PeerDied`], and so do collectives through the bootstrap (team creation,
+    /// finalize), which need every PE; a wait for something `pe` would have done (a
+    /// barrier or collective through the heap that includes it) ends at its timeout. For code that routes around dead PEs, as EP shrink
+    /// mode does ([`crate::ep::Buffer::set_shrink`]). Fails for this PE itself, for a PE
+    /// outside the job, and once the bootstrap root is lost.
+    pub fn tolerate_death(&self, pe: usize) -> Result<()> {
+        if pe >= self.n_pes() || pe == self.my_pe() {
+            return Err(Error::InvalidArgument(format!(
+                "tolerate_death: PE {pe} is not another PE of this {}-PE job",
+                self.n_pes()
+            )));
+        }
+        self.live.tolerate(pe)
+    }
+
     /// Whether PE `pe`'s heap is mapped here (p2p reachable).
     pub fn is_local(&self, pe: usize) -> bool {
         self.peers.get(pe).is_some_and(|s| s.is_some())
@@ -531,7 +553,7 @@ impl Pe {
     #[inline]
     pub(crate) fn target(&self, pe: usize, offset: usize, len: usize) -> Result<*mut u8> {
         if let Some(p) = self.direct_at(pe, offset, len) {
-            self.live.check()?;
+            self.live.check_to(pe)?;
             return Ok(p);
         }
         if pe >= self.n_pes {
@@ -559,7 +581,7 @@ impl Pe {
                 })
             }
         }
-        self.live.check()?;
+        self.live.check_to(pe)?;
         // SAFETY: offset + len <= heap_size = the mapping's length (checked above).
         Ok(unsafe { seg.base().add(offset) })
     }
@@ -568,7 +590,7 @@ impl Pe {
     #[inline]
     pub(crate) fn route(&self, pe: usize, offset: usize, len: usize) -> Result<Route> {
         if let Some(p) = self.direct_at(pe, offset, len) {
-            self.live.check()?;
+            self.live.check_to(pe)?;
             return Ok(Route::P2p(p));
         }
         self.route_slow(pe, offset, len)
@@ -594,7 +616,7 @@ impl Pe {
         match self.paths.get(pe) {
             Some(PeerPath::Proxy) => {
                 self.check_range(pe, offset, len)?;
-                self.live.check()?;
+                self.live.check_to(pe)?;
                 Ok(Route::Proxy)
             }
             _ => self.target(pe, offset, len).map(Route::P2p),

@@ -245,7 +245,7 @@ impl Bootstrap {
             wire::write_frame(&mut *w, &Frame::Finalize)
         };
         if let Err(e) = sent {
-            self.shared.liveness.check()?;
+            self.shared.liveness.check_strict()?;
             return Err(Error::bootstrap(
                 format!("rank {}: sending finalize to {}", self.rank, self.root_addr),
                 e,
@@ -259,7 +259,7 @@ impl Bootstrap {
             }
             if inbox.closed {
                 drop(inbox);
-                self.shared.liveness.check()?;
+                self.shared.liveness.check_strict()?;
                 return Err(Error::PeerDied {
                     pe: 0,
                     detail: format!(
@@ -333,7 +333,7 @@ impl Bootstrap {
                 g.uid
             )));
         }
-        self.shared.liveness.check()?;
+        self.shared.liveness.check_strict()?;
         let seq = {
             let mut seqs = lock(&self.seqs);
             let s = seqs.entry(g.uid).or_insert(0);
@@ -355,7 +355,7 @@ impl Bootstrap {
         };
         if let Err(e) = sent {
             // A broken connection usually means a death the reader is about to report.
-            self.shared.liveness.check()?;
+            self.shared.liveness.check_strict()?;
             return Err(Error::bootstrap(
                 format!(
                     "rank {}: sending {} on group {} to the root at {}",
@@ -401,7 +401,7 @@ impl Bootstrap {
                     )),
                 };
             }
-            self.shared.liveness.check()?;
+            self.shared.liveness.check_strict()?;
             if inbox.closed {
                 return Err(Error::PeerDied {
                     pe: 0,
@@ -606,14 +606,11 @@ fn read_loop(sh: &ClientShared, mut stream: TcpStream, root_addr: &str) {
                         ReadError::Closed => "it closed the connection".to_string(),
                         other => other.to_string(),
                     };
-                    sh.liveness.report(
-                        0,
-                        format!(
-                            "lost the bootstrap root at {root_addr}: {why} (the process \
+                    sh.liveness.report_root_lost(format!(
+                        "lost the bootstrap root at {root_addr}: {why} (the process \
                              hosting it, rank 0 or the launcher, exited or was killed, or \
                              the network failed)"
-                        ),
-                    );
+                    ));
                 }
                 drop(inbox);
                 sh.wake.notify_all();

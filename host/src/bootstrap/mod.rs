@@ -44,17 +44,38 @@ impl Group {
     }
 }
 
-/// Shared, cheaply pollable record of whether any peer died.
+/// Shared, cheaply pollable record of the peers that died.
 ///
-/// The first death reported wins; later ones are ignored (the job is already broken).
-/// When the bootstrap root itself is lost, the PE reported is 0 (by convention the root
-/// is hosted by rank 0 or by the launcher; the detail names the root's address).
+/// Every reported death is kept. [`Liveness::check`] fails with the first death that is
+/// not *tolerated*: a PE can tolerate a peer's death ([`Liveness::tolerate`]; EP shrink
+/// mode does, after masking the peer) so that its waits and RMA to other peers go on.
+/// [`Liveness::check_strict`] fails on any death: bootstrap collectives use it, since they
+/// include every PE of their group. When the bootstrap root itself is lost, the PE
+/// reported is 0 (by convention the root is hosted by rank 0 or by the launcher; the
+/// detail names the root's address), and that loss cannot be tolerated.
 #[derive(Debug, Default)]
 pub struct Liveness {
-    /// 0 while every peer is alive; else the dead PE's rank + 1.
+    /// 0 while no untolerated death is known; else the first such PE's rank + 1.
     dead: AtomicU64,
-    /// Why the PE is considered dead; written once, before `dead` is set.
-    detail: Mutex<String>,
+    /// 0 while every peer is alive; else the first dead PE's rank + 1.
+    any: AtomicU64,
+    /// Every death and every tolerated PE; `dead` and `any` are recomputed under it.
+    record: Mutex<Record>,
+}
+
+#[derive(Debug, Default)]
+struct Record {
+    /// (PE, why, fatal) in report order; fatal = the bootstrap root was lost.
+    deaths: Vec<(usize, String, bool)>,
+    tolerated: Vec<usize>,
+}
+
+impl Record {
+    fn first_untolerated(&self) -> Option<&(usize, String, bool)> {
+        self.deaths
+            .iter()
+            .find(|(pe, _, fatal)| *fatal || !self.tolerated.contains(pe))
+    }
 }
 
 /// Locks a mutex, ignoring poisoning: every critical section in this module leaves the
@@ -64,52 +85,138 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Liveness {
-    /// `Err(Error::PeerDied { pe, detail })` once any PE of the job died or the root was lost.
+    /// `Err(Error::PeerDied { pe, detail })` once a PE died whose death this PE does not
+    /// tolerate, or the root was lost.
     ///
     /// While all is well this is one atomic load, cheap enough for RMA wait loops.
     #[inline]
     pub fn check(&self) -> Result<()> {
-        // Acquire pairs with the Release store in `report`, so that once the flag is seen
-        // the detail written before it is visible (the mutex would also order it; the
-        // Acquire keeps that true even if the detail moves out of the mutex). On x86 and
-        // Arm64 an Acquire load costs the same as a Relaxed one in the fast path.
-        let v = self.dead.load(Ordering::Acquire);
-        if v == 0 {
+        // Acquire pairs with the Release stores in `update`, so that once the flag is seen
+        // the record written before it is visible (the mutex orders it as well; the
+        // Acquire keeps the fast path honest). On x86 and Arm64 an Acquire load costs the
+        // same as a Relaxed one.
+        if self.dead.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        self.died(v)
+        self.died(false)
+    }
+
+    /// Like [`Liveness::check`], but any death fails, tolerated or not (for collectives
+    /// that include every PE).
+    #[inline]
+    pub fn check_strict(&self) -> Result<()> {
+        // Acquire: as in `check`.
+        if self.any.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        self.died(true)
+    }
+
+    /// [`Liveness::check`] for an operation on PE `pe`: also fails when `pe` itself died,
+    /// tolerated or not (data sent to a dead PE would be lost silently).
+    #[inline]
+    pub fn check_to(&self, pe: usize) -> Result<()> {
+        // Acquire: as in `check`. `any` is 0 whenever `dead` is, so one load suffices.
+        if self.any.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        self.died_to(pe)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn died_to(&self, target: usize) -> Result<()> {
+        let r = lock(&self.record);
+        let d = r
+            .first_untolerated()
+            .or_else(|| r.deaths.iter().find(|d| d.0 == target));
+        match d {
+            Some((pe, detail, _)) => Err(Error::PeerDied {
+                pe: *pe,
+                detail: detail.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The error for a recorded death (kept out of line: `check` sits on hot paths).
     #[cold]
     #[inline(never)]
-    fn died(&self, v: u64) -> Result<()> {
-        Err(Error::PeerDied {
-            pe: (v - 1) as usize,
-            detail: lock(&self.detail).clone(),
-        })
+    fn died(&self, strict: bool) -> Result<()> {
+        let r = lock(&self.record);
+        let d = if strict {
+            r.deaths.first()
+        } else {
+            r.first_untolerated()
+        };
+        match d {
+            Some((pe, detail, _)) => Err(Error::PeerDied {
+                pe: *pe,
+                detail: detail.clone(),
+            }),
+            None => Ok(()), // tolerated meanwhile
+        }
     }
 
     /// Whether no death has been reported.
     pub fn is_ok(&self) -> bool {
         // Relaxed: a boolean answer carries no data to synchronise with; callers that want
         // the detail call `check`.
-        self.dead.load(Ordering::Relaxed) == 0
+        self.any.load(Ordering::Relaxed) == 0
     }
 
-    /// Records that PE `pe` died (the first report wins). Returns whether this report was
-    /// the first. Public so that supervisors (e.g. a launcher that saw a child exit) can
-    /// feed the same record.
+    /// The PEs reported dead, in report order.
+    pub fn dead_pes(&self) -> Vec<usize> {
+        lock(&self.record).deaths.iter().map(|d| d.0).collect()
+    }
+
+    /// Records that PE `pe` died. Returns whether this was the first report of its death.
+    /// Public so that supervisors (e.g. a launcher that saw a child exit) can feed the
+    /// same record.
     pub fn report(&self, pe: usize, detail: impl Into<String>) -> bool {
-        let mut d = lock(&self.detail);
-        // Relaxed: this read happens under the detail mutex, which serialises reporters.
-        if self.dead.load(Ordering::Relaxed) != 0 {
+        self.add(pe, detail.into(), false)
+    }
+
+    /// Records that the bootstrap root was lost (reported as PE 0; never tolerated).
+    pub fn report_root_lost(&self, detail: impl Into<String>) -> bool {
+        self.add(0, detail.into(), true)
+    }
+
+    fn add(&self, pe: usize, detail: String, fatal: bool) -> bool {
+        let mut r = lock(&self.record);
+        if r.deaths.iter().any(|d| d.0 == pe && d.2 == fatal) {
             return false;
         }
-        *d = detail.into();
-        // Release: publishes the detail written above to `check`'s Acquire load.
-        self.dead.store(pe as u64 + 1, Ordering::Release);
+        r.deaths.push((pe, detail, fatal));
+        self.update(&r);
         true
+    }
+
+    /// Stops failing [`Liveness::check`] for the death of PE `pe` (reported already or
+    /// later). Fails if the bootstrap root was lost: nothing can go on without it.
+    pub fn tolerate(&self, pe: usize) -> Result<()> {
+        let mut r = lock(&self.record);
+        if let Some((p, detail, _)) = r.deaths.iter().find(|d| d.2) {
+            return Err(Error::PeerDied {
+                pe: *p,
+                detail: detail.clone(),
+            });
+        }
+        if !r.tolerated.contains(&pe) {
+            r.tolerated.push(pe);
+        }
+        self.update(&r);
+        Ok(())
+    }
+
+    /// Recomputes the two flags from the record (called with the record locked).
+    fn update(&self, r: &Record) {
+        let first = r.first_untolerated().map_or(0, |d| d.0 as u64 + 1);
+        let any = r.deaths.first().map_or(0, |d| d.0 as u64 + 1);
+        // Release: publishes the record written above to the Acquire loads in `check` and
+        // `check_strict`.
+        self.dead.store(first, Ordering::Release);
+        self.any.store(any, Ordering::Release);
     }
 }
 
@@ -118,20 +225,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn liveness_first_report_wins() {
+    fn liveness_keeps_every_death_and_tolerates_some() {
         let l = Liveness::default();
         assert!(l.check().is_ok());
+        assert!(l.check_strict().is_ok());
         assert!(l.is_ok());
         assert!(l.report(3, "exited"));
-        assert!(!l.report(5, "also exited"));
+        assert!(!l.report(3, "again"));
+        assert!(l.report(5, "also exited"));
         assert!(!l.is_ok());
-        match l.check() {
-            Err(Error::PeerDied { pe, detail }) => {
-                assert_eq!(pe, 3);
-                assert_eq!(detail, "exited");
-            }
+        assert_eq!(l.dead_pes(), vec![3, 5]);
+        let pe_of = |r: Result<()>| match r {
+            Err(Error::PeerDied { pe, detail }) => (pe, detail),
             other => panic!("{other:?}"),
-        }
+        };
+        assert_eq!(pe_of(l.check()), (3, "exited".to_string()));
+        l.tolerate(3).unwrap();
+        assert_eq!(pe_of(l.check()), (5, "also exited".to_string()));
+        assert_eq!(pe_of(l.check_strict()).0, 3, "strict fails on any death");
+        assert_eq!(pe_of(l.check_to(3)).0, 5, "the untolerated death first");
+        l.tolerate(5).unwrap();
+        assert!(l.check().is_ok());
+        assert!(l.check_to(4).is_ok());
+        assert_eq!(
+            pe_of(l.check_to(3)),
+            (3, "exited".to_string()),
+            "RMA to a dead PE"
+        );
+        assert_eq!(pe_of(l.check_strict()).0, 3);
+        // Tolerated before it dies: no failure when it does.
+        l.tolerate(7).unwrap();
+        assert!(l.report(7, "killed"));
+        assert!(l.check().is_ok());
+        // The root lost: fatal, cannot be tolerated, even for PE 0 tolerated before.
+        l.tolerate(0).unwrap();
+        assert!(l.report_root_lost("lost the root"));
+        assert_eq!(pe_of(l.check()), (0, "lost the root".to_string()));
+        assert_eq!(pe_of(l.tolerate(0)).1, "lost the root");
+        assert_eq!(pe_of(l.tolerate(2)).1, "lost the root");
     }
 
     #[test]
