@@ -2,6 +2,7 @@
 //! counts against the all-gathered routing, layout ranges, src_info, combine bit-exact and
 //! calc_diff, bit-identical repeats) at 1, 2, 3, 4 and 8 PEs over the listed shapes, and
 //! every invalid input failing on every PE.
+use rshmem::config::TransportMode;
 use rshmem::ep::{bf16, check, Buffer, Config, Dispatch, Layout};
 use rshmem::{run_threads, Error, Pe, Settings};
 use std::time::Duration;
@@ -281,6 +282,134 @@ fn masked_pe_is_skipped_and_its_experts_contribute_nothing() {
         }
         buf.clean_mask();
         assert_eq!(buf.query_mask(), vec![false; 3]);
+        Ok(())
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+    }
+}
+
+/// One LL round trip (dispatch + combine) checked against the routing with `mask`.
+fn round_trip(
+    buf: &mut Buffer,
+    c: &Config,
+    n: usize,
+    me: usize,
+    r: &check::Routing,
+    all: &[check::Routing],
+    mask: &[bool],
+) -> rshmem::Result<()> {
+    let x = check::origin_x(me, r.num_tokens, c.hidden);
+    let o = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+    check::validate_dispatch(c, me, all, mask, &o)?;
+    let l = c.num_experts / n;
+    let mut e = vec![bf16::ZERO; l * n * c.num_max_dispatch_tokens_per_rank * c.hidden];
+    check::expert_forward(c, n, me, &o, &scale, &mut e);
+    let y = buf
+        .low_latency_combine(&e, &r.topk_idx, &r.topk_weights, &o.handle, false, false)?
+        .wait()?;
+    check::validate_combine(c, n, me, r, mask, &scale, &y).map(|_| ())
+}
+
+/// Shrink mode with a PE that really dies between two calls (its thread drops its Pe
+/// without finalize, so the bootstrap root reports it dead, as for a killed process):
+/// every survivor's next calls complete without it, exact against the routing with it
+/// masked, the mask shows it, and the runtime lists it dead. Without shrink mode the
+/// same death fails the survivors' call naming the PE.
+#[test]
+fn shrink_masks_a_pe_that_died_and_the_others_go_on() {
+    shrink_after_death(TransportMode::Auto, false);
+}
+
+/// The same through the soft HCA: node-local memory, and libfabric (tcp) as between nodes.
+#[test]
+fn shrink_masks_a_pe_that_died_over_the_proxy() {
+    shrink_after_death(TransportMode::Proxy, false);
+    shrink_after_death(TransportMode::Proxy, true);
+}
+
+fn shrink_after_death(transport: TransportMode, fabric: bool) {
+    let mut st = settings(20_000);
+    st.transport = transport;
+    st.proxy_fabric = fabric;
+    for shrink in [true, false] {
+        let c = cfg(8, 256, 8, 3, true);
+        let done = std::sync::Mutex::new(Vec::new());
+        let out = run_threads(4, st.clone(), |pe| {
+            let team = pe.world().clone();
+            let me = team.my_pe();
+            let mut buf = Buffer::new(pe, &team, c)?;
+            buf.set_shrink(shrink);
+            let r = check::random_routing(11, me, 8, &c, None, 1);
+            let all = check::allgather_routing(pe, &team, &r)?;
+            round_trip(&mut buf, &c, 4, me, &r, &all, &[false; 4])?;
+            if me == 3 {
+                return Err(Error::Verification("PE 3 leaves (dies)".into()));
+            }
+            let mask = [false, false, false, true];
+            for _ in 0..3 {
+                round_trip(&mut buf, &c, 4, me, &r, &all, &mask)?;
+            }
+            assert_eq!(buf.query_mask(), mask.to_vec(), "PE {me}");
+            assert_eq!(pe.dead_pes(), vec![3], "PE {me}");
+            done.lock().unwrap().push(me);
+            Ok(())
+        })
+        .unwrap();
+        for (r, o) in out.iter().enumerate().take(3) {
+            // Survivors: finalize needs every PE, so it reports the death.
+            match o {
+                Err(Error::PeerDied { pe: 3, .. }) => {}
+                other => panic!("{transport:?} fabric {fabric} shrink {shrink}, PE {r}: {other:?}"),
+            }
+        }
+        let mut done = done.into_inner().unwrap();
+        done.sort();
+        if shrink {
+            assert_eq!(done, vec![0, 1, 2], "survivors that finished 3 more calls");
+        } else {
+            assert!(
+                done.is_empty(),
+                "without shrink the calls must fail: {done:?}"
+            );
+        }
+    }
+}
+
+/// Shrink mode with a PE that is alive but stops calling: the others' waits time out
+/// (RSHMEM_TIMEOUT_MS), mask it, and their calls complete without it; clean_mask
+/// unmasks it. No death is reported.
+#[test]
+fn shrink_masks_a_pe_that_stops_answering() {
+    let c = cfg(4, 128, 4, 2, false);
+    let finished = std::sync::atomic::AtomicUsize::new(0);
+    let out = run_threads(4, settings(600), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, c)?;
+        buf.set_shrink(true);
+        let r = check::random_routing(5, me, 4, &c, None, 0);
+        let all = check::allgather_routing(pe, &team, &r)?;
+        round_trip(&mut buf, &c, 4, me, &r, &all, &[false; 4])?;
+        if me == 1 {
+            // Hangs (from the others' view) until they are done, then leaves cleanly.
+            let end = std::time::Instant::now() + Duration::from_secs(30);
+            while finished.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+                assert!(std::time::Instant::now() < end, "the others never finished");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            return Ok(());
+        }
+        let mask = [false, true, false, false];
+        for _ in 0..2 {
+            round_trip(&mut buf, &c, 4, me, &r, &all, &mask)?;
+        }
+        assert_eq!(buf.query_mask(), mask.to_vec(), "PE {me}");
+        assert!(pe.dead_pes().is_empty(), "PE {me}: {:?}", pe.dead_pes());
+        buf.clean_mask();
+        assert_eq!(buf.query_mask(), vec![false; 4]);
+        finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     })
     .unwrap();

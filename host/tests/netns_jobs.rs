@@ -187,7 +187,78 @@ fn pe_main(mode: &str) -> rshmem::Result<()> {
             let _ = std::io::stdout().flush();
             failed
         }
+        "ep-shrink" => ep_shrink(pe),
         other => panic!("unknown NETNS_PE_MODE {other}"),
+    }
+}
+
+/// EP LL round trips in shrink mode until the test kills PE 3; then 5 more, each
+/// validated with PE 3 masked. A round trip whose mask changed while it ran (the one
+/// during which PE 3 died) is not validated: what PE 3 sent before dying may be in it.
+fn ep_shrink(pe: Pe) -> rshmem::Result<()> {
+    use rshmem::ep::{bf16, check, Buffer, Config};
+    let team = pe.world().clone();
+    let (me, n) = (team.my_pe(), team.n_pes());
+    let c = Config {
+        num_max_dispatch_tokens_per_rank: 8,
+        hidden: 256,
+        num_experts: 8,
+        num_topk: 3,
+        use_fp8: true,
+        round_scale: false,
+    };
+    let mut buf = Buffer::new(&pe, &team, c)?;
+    buf.set_shrink(true);
+    let r = check::random_routing(17, me, 8, &c, None, 1);
+    let all = check::allgather_routing(&pe, &team, &r)?;
+    let x = check::origin_x(me, 8, 256);
+    let scale = |e: usize| 1.0 + (e % 4) as f32 * 0.25;
+    let mut expert_out = vec![bf16::ZERO; (8 / n) * n * 8 * 256];
+    let (mut before, mut validated_after) = (0, 0);
+    println!("NETNS-READY pid {}", std::process::id());
+    let end = Instant::now() + Duration::from_secs(25);
+    while validated_after < 5 {
+        if Instant::now() > end {
+            return Err(Error::InvalidArgument(
+                "PE 3 was not masked within 25 s".into(),
+            ));
+        }
+        let mask = buf.query_mask();
+        let o = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+        check::expert_forward(&c, n, me, &o, &scale, &mut expert_out);
+        let y = buf
+            .low_latency_combine(
+                &expert_out,
+                &r.topk_idx,
+                &r.topk_weights,
+                &o.handle,
+                false,
+                false,
+            )?
+            .wait()?;
+        if buf.query_mask() != mask {
+            continue;
+        }
+        check::validate_dispatch(&c, me, &all, &mask, &o)?;
+        check::validate_combine(&c, n, me, &r, &mask, &scale, &y)?;
+        if mask.iter().any(|&m| m) {
+            assert_eq!(mask, vec![false, false, false, true], "PE {me}");
+            validated_after += 1;
+        } else {
+            before += 1;
+        }
+    }
+    println!(
+        "EP-SHRINK-OK pe {me} before {before} after {validated_after} dead {:?}",
+        pe.dead_pes()
+    );
+    let _ = std::io::stdout().flush();
+    // Finalize needs every PE: it reports the death.
+    match pe.finalize() {
+        Err(Error::PeerDied { pe: 3, .. }) => Ok(()),
+        other => Err(Error::InvalidArgument(format!(
+            "finalize after PE 3 died returned {other:?}"
+        ))),
     }
 }
 
@@ -1021,4 +1092,37 @@ fn link_down_during_rma_is_reported() {
          teardown or exit):\n{text}"
     );
     eprintln!("link down during RMA noticed, job ended after {took:?}:\n{text}");
+}
+
+/// A PE process killed during EP LL calls in shrink mode (2 hosts × 2 PEs, libfabric
+/// between the hosts): PEs 0–2 mask PE 3 and go on; each finishes 5 more round trips,
+/// exact against the routing with PE 3 masked, and lists PE 3 dead.
+#[test]
+fn ep_shrink_survives_a_killed_pe() {
+    if !netns_available("ep_shrink_survives_a_killed_pe") {
+        return;
+    }
+    let job = start_job(2, 2, "ep-shrink", 6000, 15_000, &[]);
+    job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = job.pid_of(3);
+    // SAFETY: kill on the pid PE 3 printed; it is alive (it runs EP calls in a loop).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let (status, text) = job.finish(Duration::from_secs(40));
+    assert!(
+        !status.success(),
+        "PE 3 was killed, the job cannot succeed:\n{text}"
+    );
+    for r in 0..3 {
+        let ok = lines_of(&text, r)
+            .into_iter()
+            .find(|l| l.contains("EP-SHRINK-OK"))
+            .unwrap_or_else(|| panic!("PE {r} did not go on after PE 3 died:\n{text}"));
+        assert!(ok.contains("after 5 dead [3]"), "PE {r}: {ok}\n{text}");
+        assert!(
+            !lines_of(&text, r).iter().any(|l| l.contains("PE-ERROR")),
+            "PE {r} failed:\n{text}"
+        );
+    }
+    eprintln!("{text}");
 }

@@ -47,7 +47,7 @@ use crate::pe::Pe;
 use crate::team::Team;
 use crate::types::{SignalOp, SymPtr};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -299,6 +299,11 @@ struct Shared {
     /// Per team PE: the address here of its main allocation when combine reads its rows
     /// directly (p2p and [`Path::Auto`]), else None.
     peer_main: Vec<Option<usize>>,
+    /// Shrink mode ([`Buffer::set_shrink`]).
+    shrink: AtomicBool,
+    /// Per team PE: masked by shrink mode (in a call or a hook); folded into the
+    /// buffer's and each call's mask.
+    shrunk: Vec<AtomicBool>,
     /// Per team PE: the address here of its pull area (same condition).
     peer_pull: Vec<Option<usize>>,
 }
@@ -414,43 +419,112 @@ impl Shared {
     fn signal(&self, pe: &Pe, offset: usize, value: u64, dest: usize) -> Result<()> {
         pe.signal_op(self.word(offset), value, SignalOp::Set, self.members[dest])
     }
+    /// Shrink mode: the team PE that error `e` is about (a death, or a timeout waiting
+    /// for it), now masked in `shrunk` and its death tolerated by the runtime. None when
+    /// not shrinking or when `e` is about something else (then it is the call's error).
+    fn shrink_target(&self, pe: &Pe, e: &Error) -> Option<usize> {
+        // Relaxed: a flag this PE's own thread sets between calls (hooks on other threads
+        // see it through the Arc's handover, which synchronises).
+        if !self.shrink.load(Ordering::Relaxed) {
+            return None;
+        }
+        let (world, died) = match e {
+            Error::PeerDied { pe, .. } => (*pe, true),
+            Error::EpTimeout { peer, .. } => (*peer, false),
+            _ => return None,
+        };
+        let s = self.members.iter().position(|&m| m == world)?;
+        if s == self.me || (died && pe.tolerate_death(world).is_err()) {
+            return None;
+        }
+        // Relaxed: read back only by this PE (its calls and hooks run in program order).
+        self.shrunk[s].store(true, Ordering::Relaxed);
+        Some(s)
+    }
+    /// Adds the PEs shrink mode masked to `masked`.
+    fn fold_shrunk(&self, masked: &mut [bool]) {
+        for (m, s) in masked.iter_mut().zip(&self.shrunk) {
+            // Relaxed: see shrink_target.
+            *m |= s.load(Ordering::Relaxed);
+        }
+    }
+    /// Runs `wait` with the call's mask; in shrink mode, a failure naming an unmasked team
+    /// PE masks it and runs `wait` again without it.
+    fn wait_shrinking<R>(
+        &self,
+        pe: &Pe,
+        masked: &mut [bool],
+        mut wait: impl FnMut(&[bool]) -> Result<R>,
+    ) -> Result<R> {
+        loop {
+            self.fold_shrunk(masked);
+            match wait(masked) {
+                Ok(r) => return Ok(r),
+                Err(e) => match self.shrink_target(pe, &e) {
+                    Some(s) if !masked[s] => masked[s] = true,
+                    _ => return Err(e),
+                },
+            }
+        }
+    }
+    /// Runs `send`, an operation towards team PE `d`. In shrink mode, a failure because
+    /// `d` died masks `d` and skips the operation; a failure naming another team PE
+    /// (a death reported meanwhile) masks that PE and runs `send` again.
+    fn to_peer(&self, pe: &Pe, d: usize, mut send: impl FnMut() -> Result<()>) -> Result<()> {
+        // Each retry follows a newly tolerated death, so there are at most n of them.
+        for _ in 0..=self.n() {
+            match send() {
+                Ok(()) => return Ok(()),
+                Err(e) => match self.shrink_target(pe, &e) {
+                    Some(s) if s == d => return Ok(()),
+                    Some(_) => continue,
+                    None => return Err(e),
+                },
+            }
+        }
+        send()
+    }
     /// Waits until every unmasked PE released `set` after call `seq - 2`.
-    fn wait_credits(&self, pe: &Pe, seq: u64, masked: &[bool], op: &'static str) -> Result<()> {
+    fn wait_credits(&self, pe: &Pe, seq: u64, masked: &mut [bool], op: &'static str) -> Result<()> {
         if seq < 2 {
             return Ok(());
         }
         let set = (seq % 2) as usize;
         let want = tag(seq - 2);
         let start = Instant::now();
-        pe.poll(
-            || match (0..self.n())
-                .filter(|&p| !masked[p])
-                .find(|&p| self.load(self.layout.credit_word(set, p)) < want)
-            {
-                None => Ok(()),
-                Some(p) => Err(p),
-            },
-            |&p| Error::EpTimeout {
-                pe: pe.my_pe(),
-                op,
-                call: seq,
-                peer: self.members[p],
-                expert: None,
-                what: format!(
-                    "it to finish receiving LL call #{} on buffer set {set} (has it called \
-                     the receive hook of that call? credit word holds {})",
-                    seq - 2,
-                    self.load(self.layout.credit_word(set, p))
-                ),
-                waited_ms: start.elapsed().as_millis() as u64,
-            },
-        )
+        self.wait_shrinking(pe, masked, |masked| {
+            pe.poll(
+                || match (0..self.n())
+                    .filter(|&p| !masked[p])
+                    .find(|&p| self.load(self.layout.credit_word(set, p)) < want)
+                {
+                    None => Ok(()),
+                    Some(p) => Err(p),
+                },
+                |&p| Error::EpTimeout {
+                    pe: pe.my_pe(),
+                    op,
+                    call: seq,
+                    peer: self.members[p],
+                    expert: None,
+                    what: format!(
+                        "it to finish receiving LL call #{} on buffer set {set} (has it called \
+                         the receive hook of that call? credit word holds {})",
+                        seq - 2,
+                        self.load(self.layout.credit_word(set, p))
+                    ),
+                    waited_ms: start.elapsed().as_millis() as u64,
+                },
+            )
+        })
     }
     /// Tells every unmasked PE that this PE has read everything of call `seq`.
     fn release(&self, pe: &Pe, seq: u64, masked: &[bool]) -> Result<()> {
         let set = (seq % 2) as usize;
         for p in (0..self.n()).filter(|&p| !masked[p]) {
-            self.signal(pe, self.layout.credit_word(set, self.me), tag(seq), p)?;
+            self.to_peer(pe, p, || {
+                self.signal(pe, self.layout.credit_word(set, self.me), tag(seq), p)
+            })?;
         }
         self.pending[set].store(0, Ordering::Release);
         Ok(())
@@ -538,6 +612,8 @@ impl<'p> Buffer<'p> {
                 pull_local,
                 peer_main,
                 peer_pull,
+                shrink: AtomicBool::new(false),
+                shrunk: (0..n).map(|_| AtomicBool::new(false)).collect(),
             }),
             seq: 0,
             masked: vec![false; n],
@@ -584,15 +660,36 @@ impl<'p> Buffer<'p> {
             )));
         }
         self.masked[pe] = masked;
+        if !masked {
+            // Relaxed: see Shared::shrink_target.
+            self.sh.shrunk[pe].store(false, Ordering::Relaxed);
+        }
         Ok(())
     }
-    /// The mask, per team PE (true = masked).
+    /// The mask, per team PE (true = masked), including the PEs shrink mode masked.
     pub fn query_mask(&self) -> Vec<bool> {
-        self.masked.clone()
+        let mut m = self.masked.clone();
+        self.sh.fold_shrunk(&mut m);
+        m
     }
-    /// Unmasks every PE.
+    /// Unmasks every PE (also those shrink mode masked).
     pub fn clean_mask(&mut self) {
         self.masked.iter_mut().for_each(|m| *m = false);
+        for s in &self.sh.shrunk {
+            // Relaxed: see Shared::shrink_target.
+            s.store(false, Ordering::Relaxed);
+        }
+    }
+    /// Shrink mode (DeepEP's `enable_shrink`; off by default). When a wait of an LL call
+    /// fails because a PE of the team died or did not answer within `RSHMEM_TIMEOUT_MS`,
+    /// or an operation towards a PE fails because it died, the call masks that PE (see
+    /// [`Buffer::update_mask`]), tolerates its death ([`Pe::tolerate_death`]) and
+    /// completes without it instead of failing; [`Buffer::query_mask`] then shows it.
+    /// What a PE sent before it died is kept, so PEs may disagree about the call in which
+    /// it stopped contributing. Off, such a call fails with the error.
+    pub fn set_shrink(&mut self, on: bool) {
+        // Relaxed: see Shared::shrink_target.
+        self.sh.shrink.store(on, Ordering::Relaxed);
     }
 
     /// Hands output storage back for reuse by later dispatches (saves page faults on
@@ -615,7 +712,8 @@ impl<'p> Buffer<'p> {
                 pending - 1
             )));
         }
-        self.sh.wait_credits(self.pe, seq, &self.masked, op)?;
+        self.sh.fold_shrunk(&mut self.masked);
+        self.sh.wait_credits(self.pe, seq, &mut self.masked, op)?;
         self.sh.pending[set].store(tag(seq), Ordering::Release);
         self.seq += 1;
         Ok((seq, set))
@@ -716,10 +814,13 @@ impl<'p> Buffer<'p> {
     fn poison_dispatch(&self, seq: u64, set: usize, code: u64) -> Result<()> {
         let sh = &self.sh;
         for d in (0..sh.n()).filter(|&d| !self.masked[d]) {
-            for le in 0..sh.l() {
-                let w = sh.layout.dispatch_count_word(set, le, sh.me);
-                sh.signal(self.pe, w, tag(seq) << 32 | code, d)?;
-            }
+            sh.to_peer(self.pe, d, || {
+                for le in 0..sh.l() {
+                    let w = sh.layout.dispatch_count_word(set, le, sh.me);
+                    sh.signal(self.pe, w, tag(seq) << 32 | code, d)?;
+                }
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -794,41 +895,45 @@ impl<'p> Buffer<'p> {
                 continue;
             }
             let dest = sh.members[d];
-            if let Some(peer) = sh.peer_main[d] {
-                // Direct: only the headers go to the receiver; it copies each payload
-                // straight from our send area into its output (one copy in all).
-                for &(t, kk, slot) in &by_dest[d] {
-                    let to = peer + lay.dispatch_recv_msg(set, sh.me, slot as usize);
-                    let hdr = (t as u64) | (kk as u64) << 32;
-                    // SAFETY: the first 8 bytes of a message slot of ours in PE d's receive
-                    // area, mapped here (p2p), 16-aligned; PE d reads it only after the
-                    // count word below (Release), and no PE writes it meanwhile.
-                    unsafe { (to as *mut u64).write(hdr.to_le()) };
+            // In shrink mode a PE that died is masked here and skipped (to_peer).
+            sh.to_peer(self.pe, d, || {
+                if let Some(peer) = sh.peer_main[d] {
+                    // Direct: only the headers go to the receiver; it copies each payload
+                    // straight from our send area into its output (one copy in all).
+                    for &(t, kk, slot) in &by_dest[d] {
+                        let to = peer + lay.dispatch_recv_msg(set, sh.me, slot as usize);
+                        let hdr = (t as u64) | (kk as u64) << 32;
+                        // SAFETY: the first 8 bytes of a message slot of ours in PE d's receive
+                        // area, mapped here (p2p), 16-aligned; PE d reads it only after the
+                        // count word below (Release), and no PE writes it meanwhile.
+                        unsafe { (to as *mut u64).write(hdr.to_le()) };
+                    }
+                    for le in 0..l {
+                        let w = lay.dispatch_count_word(set, le, sh.me);
+                        let v = tag(seq) << 32 | DIRECT | cnt[d * l + le] as u64;
+                        sh.signal(self.pe, w, v, d)?;
+                    }
+                    return Ok(());
                 }
+                for &(t, kk, slot) in &by_dest[d] {
+                    let to = lay.dispatch_recv_msg(set, sh.me, slot as usize);
+                    let mut hdr = [0u8; layout::HEADER_BYTES];
+                    hdr[..4].copy_from_slice(&(t as i32).to_le_bytes());
+                    hdr[4..8].copy_from_slice(&(kk as i32).to_le_bytes());
+                    self.pe.put(sh.sym(to, hdr.len()), &hdr, dest)?;
+                    let from = lay.dispatch_send_msg(set, t as usize) + layout::HEADER_BYTES;
+                    // SAFETY: our own send area, written above and not written during the put.
+                    let body = unsafe { sh.bytes(from, body_len) };
+                    self.pe
+                        .put(sh.sym(to + layout::HEADER_BYTES, body_len), body, dest)?;
+                }
+                // Release (in signal_op): the puts above are visible to whoever sees a count.
                 for le in 0..l {
                     let w = lay.dispatch_count_word(set, le, sh.me);
-                    let v = tag(seq) << 32 | DIRECT | cnt[d * l + le] as u64;
-                    sh.signal(self.pe, w, v, d)?;
+                    sh.signal(self.pe, w, tag(seq) << 32 | cnt[d * l + le] as u64, d)?;
                 }
-                continue;
-            }
-            for &(t, kk, slot) in &by_dest[d] {
-                let to = lay.dispatch_recv_msg(set, sh.me, slot as usize);
-                let mut hdr = [0u8; layout::HEADER_BYTES];
-                hdr[..4].copy_from_slice(&(t as i32).to_le_bytes());
-                hdr[4..8].copy_from_slice(&(kk as i32).to_le_bytes());
-                self.pe.put(sh.sym(to, hdr.len()), &hdr, dest)?;
-                let from = lay.dispatch_send_msg(set, t as usize) + layout::HEADER_BYTES;
-                // SAFETY: our own send area, written above and not written during the put.
-                let body = unsafe { sh.bytes(from, body_len) };
-                self.pe
-                    .put(sh.sym(to + layout::HEADER_BYTES, body_len), body, dest)?;
-            }
-            // Release (in signal_op): the puts above are visible to whoever sees a count.
-            for le in 0..l {
-                let w = lay.dispatch_count_word(set, le, sh.me);
-                sh.signal(self.pe, w, tag(seq) << 32 | cnt[d * l + le] as u64, d)?;
-            }
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -855,10 +960,11 @@ impl<'p> Buffer<'p> {
                     pending - 1
                 )));
             }
+            self.sh.fold_shrunk(&mut self.masked);
             self.sh.wait_credits(
                 self.pe,
                 self.seq,
-                &self.masked,
+                &mut self.masked,
                 "get_next_low_latency_combine_buffer",
             )?;
         }
@@ -948,90 +1054,97 @@ impl<'p> Buffer<'p> {
                 if masked[s] {
                     continue;
                 }
-                let low = match &fault {
-                    Some((f, _)) => f.encode(),
-                    // Direct (read by the source) only with zero copy: without it the rows
-                    // must be copied once anyway, and streaming them into the source's
-                    // combine_recv (below), where its sum reads them sequentially, measured
-                    // as fast or faster than copying them into our combine_send for the
-                    // source to read (A/B, 2026-12-02 15:53 UTC, docs/ep.md).
-                    None if zero_copy && sh.peer_main[s].is_some() => {
-                        let Some(pull) = sh.peer_pull[s] else {
-                            unreachable!("peer_main and peer_pull are set together")
-                        };
-                        let mut rows_for_s = 0u64;
-                        for le in 0..l {
-                            let lr = handle.layout_range[le * r + s];
-                            let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
-                            let word = pull + lay.pull_range_word(set, sh.me, le);
-                            // SAFETY: an 8-aligned word of PE s's pull area, mapped here
-                            // (p2p); only this PE writes it, and PE s reads it after the
-                            // flag. Relaxed: the flag's Release store below orders it.
-                            unsafe {
-                                AtomicU64::from_ptr(word as *mut u64)
-                                    .store((begin as u64) << 32 | count as u64, Ordering::Relaxed)
+                // In shrink mode a PE that died is masked here and skipped (to_peer).
+                sh.to_peer(self.pe, s, || {
+                    let low = match &fault {
+                        Some((f, _)) => f.encode(),
+                        // Direct (read by the source) only with zero copy: without it the rows
+                        // must be copied once anyway, and streaming them into the source's
+                        // combine_recv (below), where its sum reads them sequentially, measured
+                        // as fast or faster than copying them into our combine_send for the
+                        // source to read (A/B, 2026-12-02 15:53 UTC, docs/ep.md).
+                        None if zero_copy && sh.peer_main[s].is_some() => {
+                            let Some(pull) = sh.peer_pull[s] else {
+                                unreachable!("peer_main and peer_pull are set together")
                             };
-                            rows_for_s += count as u64;
-                        }
-                        rows_for_s | DIRECT
-                    }
-                    None => {
-                        let mut sent_rows = 0u64;
-                        // Node-local peer without zero copy: the rows are copied straight
-                        // into its combine_recv with streaming stores (no read of the
-                        // destination lines, no eviction of ours): combine 14.5-15.4 ms ->
-                        // 10.8-12.7 ms at 4 PEs, H=7168, K=8 (docs/ep.md, 15:53 UTC).
-                        let stream_to = sh.peer_main[s].filter(|_| !zero_copy);
-                        for le in 0..l {
-                            let lr = handle.layout_range[le * r + s];
-                            let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
-                            for j in begin..begin + count {
-                                let row = le * rows + j;
-                                let (t, kk) =
-                                    (handle.src_info[row] as usize, handle.row_k[row] as usize);
-                                let recv_row = lay.combine_recv_row(set, t, kk);
-                                if let Some(peer) = stream_to {
-                                    let src = bf16_bits(&expert_out[row * h..(row + 1) * h]);
-                                    // SAFETY: a row of PE s's combine_recv (this set, token t,
-                                    // slot kk: in bounds by the layout), mapped here (p2p);
-                                    // PE s reads it only after our flag below, and no longer
-                                    // for call seq - 2 (start_call waited for its credit).
-                                    unsafe {
-                                        reduce::copy_streaming(
-                                            (peer + recv_row) as *mut u8,
-                                            src.as_ptr().cast(),
-                                            h * 2,
-                                        )
-                                    };
-                                } else if zero_copy {
-                                    // SAFETY: our own combine send area; only this PE
-                                    // writes it and the caller's borrow has ended.
-                                    let src = unsafe {
-                                        sh.bytes(lay.combine_send_row(set, le, j), h * 2)
-                                    };
-                                    self.pe.put(sh.sym(recv_row, h * 2), src, sh.members[s])?;
-                                } else {
-                                    let src = &expert_out[row * h..(row + 1) * h];
-                                    let to = sh.sym(recv_row, h * 2).cast::<u16>();
-                                    self.pe.put(to, bf16_bits(src), sh.members[s])?;
-                                }
-                                sent_rows += 1;
+                            let mut rows_for_s = 0u64;
+                            for le in 0..l {
+                                let lr = handle.layout_range[le * r + s];
+                                let (begin, count) =
+                                    ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
+                                let word = pull + lay.pull_range_word(set, sh.me, le);
+                                // SAFETY: an 8-aligned word of PE s's pull area, mapped here
+                                // (p2p); only this PE writes it, and PE s reads it after the
+                                // flag. Relaxed: the flag's Release store below orders it.
+                                unsafe {
+                                    AtomicU64::from_ptr(word as *mut u64).store(
+                                        (begin as u64) << 32 | count as u64,
+                                        Ordering::Relaxed,
+                                    )
+                                };
+                                rows_for_s += count as u64;
                             }
+                            rows_for_s | DIRECT
                         }
-                        if stream_to.is_some() {
-                            // The streaming stores are weakly ordered: drain them before
-                            // the flag's Release store below publishes the rows.
-                            reduce::store_fence();
+                        None => {
+                            let mut sent_rows = 0u64;
+                            // Node-local peer without zero copy: the rows are copied straight
+                            // into its combine_recv with streaming stores (no read of the
+                            // destination lines, no eviction of ours): combine 14.5-15.4 ms ->
+                            // 10.8-12.7 ms at 4 PEs, H=7168, K=8 (docs/ep.md, 15:53 UTC).
+                            let stream_to = sh.peer_main[s].filter(|_| !zero_copy);
+                            for le in 0..l {
+                                let lr = handle.layout_range[le * r + s];
+                                let (begin, count) =
+                                    ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
+                                for j in begin..begin + count {
+                                    let row = le * rows + j;
+                                    let (t, kk) =
+                                        (handle.src_info[row] as usize, handle.row_k[row] as usize);
+                                    let recv_row = lay.combine_recv_row(set, t, kk);
+                                    if let Some(peer) = stream_to {
+                                        let src = bf16_bits(&expert_out[row * h..(row + 1) * h]);
+                                        // SAFETY: a row of PE s's combine_recv (this set, token t,
+                                        // slot kk: in bounds by the layout), mapped here (p2p);
+                                        // PE s reads it only after our flag below, and no longer
+                                        // for call seq - 2 (start_call waited for its credit).
+                                        unsafe {
+                                            reduce::copy_streaming(
+                                                (peer + recv_row) as *mut u8,
+                                                src.as_ptr().cast(),
+                                                h * 2,
+                                            )
+                                        };
+                                    } else if zero_copy {
+                                        // SAFETY: our own combine send area; only this PE
+                                        // writes it and the caller's borrow has ended.
+                                        let src = unsafe {
+                                            sh.bytes(lay.combine_send_row(set, le, j), h * 2)
+                                        };
+                                        self.pe.put(sh.sym(recv_row, h * 2), src, sh.members[s])?;
+                                    } else {
+                                        let src = &expert_out[row * h..(row + 1) * h];
+                                        let to = sh.sym(recv_row, h * 2).cast::<u16>();
+                                        self.pe.put(to, bf16_bits(src), sh.members[s])?;
+                                    }
+                                    sent_rows += 1;
+                                }
+                            }
+                            if stream_to.is_some() {
+                                // The streaming stores are weakly ordered: drain them before
+                                // the flag's Release store below publishes the rows.
+                                reduce::store_fence();
+                            }
+                            sent_rows
                         }
-                        sent_rows
-                    }
-                };
-                sh.signal(
-                    self.pe,
-                    lay.combine_flag_word(set, sh.me),
-                    tag(seq) << 32 | low,
-                    s,
-                )?;
+                    };
+                    sh.signal(
+                        self.pe,
+                        lay.combine_flag_word(set, sh.me),
+                        tag(seq) << 32 | low,
+                        s,
+                    )
+                })?;
             }
             Ok(())
         })();
@@ -1118,141 +1231,144 @@ impl DispatchHook<'_> {
         let mut slot = vec![0usize; r];
         let mut peer_fault: Option<(usize, u64)> = None;
         let mut corrupt: Option<String> = None;
-        for (s, next) in next_le.iter_mut().enumerate() {
-            if self.masked[s] {
-                *next = l;
-            }
-        }
+        let mut masked = self.masked.clone();
         let start = Instant::now();
-        self.pe.poll(
-            || {
-                let mut missing = None;
-                for s in 0..r {
-                    while next_le[s] < l {
-                        let le = next_le[s];
-                        let w = sh.load(lay.dispatch_count_word(set, le, s));
-                        if w >> 32 != want {
-                            missing.get_or_insert((s, le, w));
-                            break;
-                        }
-                        let low = w & 0xffff_ffff;
-                        let mut count = (low & COUNT_MASK) as usize;
-                        let mut from_peer = None;
-                        if low & POISON != 0 {
-                            peer_fault.get_or_insert((s, low));
-                            count = 0;
-                        } else if low & DIRECT != 0 {
-                            from_peer = sh.peer_main[s];
-                            if from_peer.is_none() {
-                                corrupt.get_or_insert(format!(
-                                    "PE {} left its tokens for PE {} to read, but its memory \
+        sh.wait_shrinking(self.pe, &mut masked, |masked| {
+            for (s, next) in next_le.iter_mut().enumerate() {
+                if masked[s] {
+                    *next = l;
+                }
+            }
+            self.pe.poll(
+                || {
+                    let mut missing = None;
+                    for s in 0..r {
+                        while next_le[s] < l {
+                            let le = next_le[s];
+                            let w = sh.load(lay.dispatch_count_word(set, le, s));
+                            if w >> 32 != want {
+                                missing.get_or_insert((s, le, w));
+                                break;
+                            }
+                            let low = w & 0xffff_ffff;
+                            let mut count = (low & COUNT_MASK) as usize;
+                            let mut from_peer = None;
+                            if low & POISON != 0 {
+                                peer_fault.get_or_insert((s, low));
+                                count = 0;
+                            } else if low & DIRECT != 0 {
+                                from_peer = sh.peer_main[s];
+                                if from_peer.is_none() {
+                                    corrupt.get_or_insert(format!(
+                                        "PE {} left its tokens for PE {} to read, but its memory \
                                      is not mapped here (both must use the same \
                                      RSHMEM_EP_PATH and transport)",
-                                    sh.members[s], sh.members[sh.me]
-                                ));
-                                count = 0;
-                            }
-                        } else if sh.peer_main[s].is_some() {
-                            corrupt.get_or_insert(format!(
+                                        sh.members[s], sh.members[sh.me]
+                                    ));
+                                    count = 0;
+                                }
+                            } else if sh.peer_main[s].is_some() {
+                                corrupt.get_or_insert(format!(
                                 "PE {} put its tokens although PE {} reads them directly (both \
                                  must use the same RSHMEM_EP_PATH and transport)",
                                 sh.members[s], sh.members[sh.me]
                             ));
-                            count = 0;
-                        }
-                        if slot[s] + count > lay.slots_per_src || fill[le] + count > rows {
-                            corrupt.get_or_insert(format!(
-                                "PE {} announced {count} tokens for local expert {le} beyond \
+                                count = 0;
+                            }
+                            if slot[s] + count > lay.slots_per_src || fill[le] + count > rows {
+                                corrupt.get_or_insert(format!(
+                                    "PE {} announced {count} tokens for local expert {le} beyond \
                                  its receive area",
-                                sh.members[s]
-                            ));
-                            count = 0;
-                        }
-                        let begin = fill[le];
-                        for i in 0..count {
-                            let m = lay.dispatch_recv_msg(set, s, slot[s] + i);
-                            // SAFETY: the sender put this message before the count word
-                            // observed above (Acquire); nobody writes it again until we
-                            // release the set.
-                            let msg = unsafe { sh.bytes(m, lay.msg_bytes) };
-                            let row = le * rows + begin + i;
-                            let tok = i32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]);
-                            src_info[row] = tok;
-                            row_k[row] = i32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]);
-                            let body = match from_peer {
-                                None => &msg[layout::HEADER_BYTES..],
-                                Some(_) if tok < 0 || tok as usize >= n_max => {
-                                    corrupt.get_or_insert(format!(
-                                        "PE {} sent token index {tok} (N = {n_max})",
-                                        sh.members[s]
-                                    ));
-                                    continue;
-                                }
-                                Some(peer) => {
-                                    let at = peer
-                                        + lay.dispatch_send_msg(set, tok as usize)
-                                        + layout::HEADER_BYTES;
-                                    // SAFETY: the payload of token `tok` (< N, checked) in
-                                    // PE s's send area of this set, mapped here (p2p). PE s
-                                    // wrote it before its count word (observed with
-                                    // Acquire) and does not write it again before every
-                                    // PE's credit for this call (sent after this loop).
-                                    unsafe {
-                                        std::slice::from_raw_parts(
-                                            at as *const u8,
-                                            lay.payload_bytes(),
-                                        )
+                                    sh.members[s]
+                                ));
+                                count = 0;
+                            }
+                            let begin = fill[le];
+                            for i in 0..count {
+                                let m = lay.dispatch_recv_msg(set, s, slot[s] + i);
+                                // SAFETY: the sender put this message before the count word
+                                // observed above (Acquire); nobody writes it again until we
+                                // release the set.
+                                let msg = unsafe { sh.bytes(m, lay.msg_bytes) };
+                                let row = le * rows + begin + i;
+                                let tok = i32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]);
+                                src_info[row] = tok;
+                                row_k[row] = i32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]);
+                                let body = match from_peer {
+                                    None => &msg[layout::HEADER_BYTES..],
+                                    Some(_) if tok < 0 || tok as usize >= n_max => {
+                                        corrupt.get_or_insert(format!(
+                                            "PE {} sent token index {tok} (N = {n_max})",
+                                            sh.members[s]
+                                        ));
+                                        continue;
                                     }
-                                }
-                            };
-                            match &mut recv_x {
-                                RecvX::Fp8 { data, scales } => {
-                                    data[row * h..(row + 1) * h].copy_from_slice(&body[..h]);
-                                    let g = h / fp8::GROUP;
-                                    for (d, c) in scales[row * g..(row + 1) * g]
-                                        .iter_mut()
-                                        .zip(body[h..h + 4 * g].chunks_exact(4))
-                                    {
-                                        *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                                    Some(peer) => {
+                                        let at = peer
+                                            + lay.dispatch_send_msg(set, tok as usize)
+                                            + layout::HEADER_BYTES;
+                                        // SAFETY: the payload of token `tok` (< N, checked) in
+                                        // PE s's send area of this set, mapped here (p2p). PE s
+                                        // wrote it before its count word (observed with
+                                        // Acquire) and does not write it again before every
+                                        // PE's credit for this call (sent after this loop).
+                                        unsafe {
+                                            std::slice::from_raw_parts(
+                                                at as *const u8,
+                                                lay.payload_bytes(),
+                                            )
+                                        }
                                     }
-                                }
-                                RecvX::Bf16(v) => {
-                                    for (d, c) in v[row * h..(row + 1) * h]
-                                        .iter_mut()
-                                        .zip(body[..2 * h].chunks_exact(2))
-                                    {
-                                        *d = bf16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+                                };
+                                match &mut recv_x {
+                                    RecvX::Fp8 { data, scales } => {
+                                        data[row * h..(row + 1) * h].copy_from_slice(&body[..h]);
+                                        let g = h / fp8::GROUP;
+                                        for (d, c) in scales[row * g..(row + 1) * g]
+                                            .iter_mut()
+                                            .zip(body[h..h + 4 * g].chunks_exact(4))
+                                        {
+                                            *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                                        }
+                                    }
+                                    RecvX::Bf16(v) => {
+                                        for (d, c) in v[row * h..(row + 1) * h]
+                                            .iter_mut()
+                                            .zip(body[..2 * h].chunks_exact(2))
+                                        {
+                                            *d = bf16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+                                        }
                                     }
                                 }
                             }
+                            layout_range[le * r + s] = ((begin as i64) << 32) | count as i64;
+                            fill[le] += count;
+                            slot[s] += count;
+                            next_le[s] += 1;
                         }
-                        layout_range[le * r + s] = ((begin as i64) << 32) | count as i64;
-                        fill[le] += count;
-                        slot[s] += count;
-                        next_le[s] += 1;
                     }
-                }
-                match missing {
-                    None => Ok(()),
-                    Some(m) => Err(m),
-                }
-            },
-            |&(s, le, w)| Error::EpTimeout {
-                pe: self.pe.my_pe(),
-                op: "low_latency_dispatch",
-                call: self.seq,
-                peer: sh.members[s],
-                expert: Some(sh.me * l + le),
-                what: format!(
+                    match missing {
+                        None => Ok(()),
+                        Some(m) => Err(m),
+                    }
+                },
+                |&(s, le, w)| Error::EpTimeout {
+                    pe: self.pe.my_pe(),
+                    op: "low_latency_dispatch",
+                    call: self.seq,
+                    peer: sh.members[s],
+                    expert: Some(sh.me * l + le),
+                    what: format!(
                     "its token count for expert {} (local expert {le} of PE {}); the count word \
                      holds {w:#x}, expected tag {want}",
                     sh.me * l + le,
                     sh.members[sh.me]
                 ),
-                waited_ms: start.elapsed().as_millis() as u64,
-            },
-        )?;
-        sh.release(self.pe, self.seq, &self.masked)?;
+                    waited_ms: start.elapsed().as_millis() as u64,
+                },
+            )
+        })?;
+        sh.release(self.pe, self.seq, &masked)?;
         if let Some(e) = self.fault {
             return Err(e);
         }
@@ -1332,8 +1448,38 @@ impl CombineHook<'_> {
         let (h, k, l, r) = (cfg.hidden, cfg.num_topk, sh.l(), sh.n());
         let set = (self.seq % 2) as usize;
         let want = tag(self.seq);
-        let owner_ok =
-            |e: i64| e >= 0 && (e as usize) < cfg.num_experts && !self.masked[e as usize / l];
+        let mut masked = self.masked.clone();
+        let start = Instant::now();
+        let flags = sh.wait_shrinking(self.pe, &mut masked, |masked| {
+            self.pe.poll(
+                || {
+                    let mut got = vec![0u64; r];
+                    for p in (0..r).filter(|&p| !masked[p]) {
+                        let w = sh.load(lay.combine_flag_word(set, p));
+                        if w >> 32 != want {
+                            return Err((p, w));
+                        }
+                        got[p] = w & 0xffff_ffff;
+                    }
+                    Ok(got)
+                },
+                |&(p, w)| Error::EpTimeout {
+                    pe: self.pe.my_pe(),
+                    op: "low_latency_combine",
+                    call: self.seq,
+                    peer: sh.members[p],
+                    expert: None,
+                    what: format!(
+                        "the expert outputs of its experts {}..{}; the flag word holds {w:#x}, \
+                     expected tag {want}",
+                        p * l,
+                        (p + 1) * l
+                    ),
+                    waited_ms: start.elapsed().as_millis() as u64,
+                },
+            )
+        })?;
+        let owner_ok = |e: i64| e >= 0 && (e as usize) < cfg.num_experts && !masked[e as usize / l];
         let mut expected = vec![0u64; r];
         if self.fault.is_none() {
             for &e in &self.topk_idx {
@@ -1342,39 +1488,11 @@ impl CombineHook<'_> {
                 }
             }
         }
-        let start = Instant::now();
-        let flags = self.pe.poll(
-            || {
-                let mut got = vec![0u64; r];
-                for p in (0..r).filter(|&p| !self.masked[p]) {
-                    let w = sh.load(lay.combine_flag_word(set, p));
-                    if w >> 32 != want {
-                        return Err((p, w));
-                    }
-                    got[p] = w & 0xffff_ffff;
-                }
-                Ok(got)
-            },
-            |&(p, w)| Error::EpTimeout {
-                pe: self.pe.my_pe(),
-                op: "low_latency_combine",
-                call: self.seq,
-                peer: sh.members[p],
-                expert: None,
-                what: format!(
-                    "the expert outputs of its experts {}..{}; the flag word holds {w:#x}, \
-                     expected tag {want}",
-                    p * l,
-                    (p + 1) * l
-                ),
-                waited_ms: start.elapsed().as_millis() as u64,
-            },
-        )?;
         let mut out = vec![bf16::ZERO; self.num_tokens * h];
         let mut problem: Option<Error> = self.fault;
         // Direct owners: where this PE's block of each of their experts starts.
         let mut begin = vec![usize::MAX; cfg.num_experts];
-        for p in (0..r).filter(|&p| !self.masked[p]) {
+        for p in (0..r).filter(|&p| !masked[p]) {
             let low = flags[p];
             if problem.is_some() {
                 break;
@@ -1469,7 +1587,7 @@ impl CombineHook<'_> {
                 reduce::weighted_sum_to_bf16(&mut out[t * h..(t + 1) * h], &rows, &weights);
             }
         }
-        sh.release(self.pe, self.seq, &self.masked)?;
+        sh.release(self.pe, self.seq, &masked)?;
         match problem {
             Some(e) => Err(e),
             None => Ok(out),
