@@ -312,6 +312,66 @@ fn round_trip(
     check::validate_combine(c, n, me, r, mask, &scale, &y).map(|_| ())
 }
 
+/// EP groups of a split: 5 PEs as two strided teams, {0, 2, 4} and {1, 3} (different
+/// sizes, so different layouts), each with its own buffer created at the same time; every
+/// round trip exact against its own team's routing, over p2p and the soft HCA.
+#[test]
+fn buffers_on_two_teams_of_a_split() {
+    for transport in [TransportMode::Auto, TransportMode::Proxy] {
+        let mut st = settings(20_000);
+        st.transport = transport;
+        let c = cfg(6, 256, 6, 3, true);
+        let out = run_threads(5, st, |pe| {
+            let world = pe.world().clone();
+            let even = pe.team_split_strided(&world, 0, 2, 3)?;
+            let odd = pe.team_split_strided(&world, 1, 2, 2)?;
+            let team = even.or(odd).expect("every PE is in one of the two teams");
+            let (me, n) = (team.my_pe(), team.n_pes());
+            assert_eq!(n, if pe.my_pe() % 2 == 0 { 3 } else { 2 });
+            let mut buf = Buffer::new(pe, &team, c)?;
+            assert_eq!(buf.layout().total_bytes, Layout::size_hint(&c, n)?);
+            let r = check::random_routing(23 + pe.my_pe() as u64 % 2, me, 6, &c, None, 1);
+            let all = check::allgather_routing(pe, &team, &r)?;
+            for _ in 0..3 {
+                round_trip(&mut buf, &c, n, me, &r, &all, &vec![false; n])?;
+            }
+            buf.destroy()
+        })
+        .unwrap();
+        for (r, o) in out.into_iter().enumerate() {
+            o.unwrap_or_else(|e| panic!("{transport:?}, PE {r}: {e}"));
+        }
+    }
+}
+
+/// A config that differs inside one team fails on every PE of the job, the other team's
+/// included (allocation is world-collective, so no PE may be left waiting).
+#[test]
+fn a_mismatch_in_one_team_fails_every_pe() {
+    let errs = errors(4, 5_000, |pe| {
+        let world = pe.world().clone();
+        let low = pe.team_split_strided(&world, 0, 1, 2)?;
+        let high = pe.team_split_strided(&world, 2, 1, 2)?;
+        let team = low.or(high).expect("in one team");
+        let hidden = if pe.my_pe() == 3 { 256 } else { 128 };
+        Buffer::new(pe, &team, cfg(4, hidden, 4, 2, false)).map(|_| ())
+    });
+    for (r, e) in errs.iter().enumerate() {
+        let msg = e.to_string();
+        if r >= 2 {
+            assert!(
+                matches!(e, Error::CollectiveMismatch { .. }),
+                "PE {r}: {msg}"
+            );
+        } else {
+            assert!(
+                msg.contains("PE 2 failed to create its buffer"),
+                "PE {r}: {msg}"
+            );
+        }
+    }
+}
+
 /// Shrink mode with a PE that really dies between two calls (its thread drops its Pe
 /// without finalize, so the bootstrap root reports it dead, as for a killed process):
 /// every survivor's next calls complete without it, exact against the routing with it

@@ -532,9 +532,13 @@ impl Shared {
 }
 
 impl<'p> Buffer<'p> {
-    /// Collective over `team` (the world team for now): agrees on `cfg` (a mismatch fails
-    /// on every PE, naming each PE's config), validates it, and allocates exactly
-    /// [`Layout::size_hint`] bytes of symmetric memory.
+    /// Collective over the whole job, as symmetric allocation is (nvshmem_malloc): every PE
+    /// calls it at the same time, each with its own `team` — the world, or its EP group of
+    /// a split (groups may differ in size; each PE allocates the largest need). Within
+    /// `team` it agrees on `cfg` (a mismatch fails on every member, naming each PE's
+    /// config, and the other PEs with an error naming the first PE that failed) and
+    /// validates it. The buffer uses [`Layout::size_hint`] bytes for its team size;
+    /// [`Buffer::destroy`] is world-collective too.
     /// The combine path comes from `RSHMEM_EP_PATH` ([`Path::from_env`]).
     pub fn new(pe: &'p Pe, team: &Team, cfg: Config) -> Result<Buffer<'p>> {
         Buffer::with_path(pe, team, cfg, Path::from_env()?)
@@ -542,27 +546,46 @@ impl<'p> Buffer<'p> {
 
     /// [`Buffer::new`] with an explicit combine [`Path`] (every PE must pass the same).
     pub fn with_path(pe: &'p Pe, team: &Team, cfg: Config, path: Path) -> Result<Buffer<'p>> {
-        if team.n_pes() != pe.n_pes() {
+        if !team.members().contains(&(pe.my_pe() as u32)) {
             return Err(Error::InvalidArgument(format!(
-                "ep::Buffer::new: only the world team is supported for now (team has {} of {} PEs)",
-                team.n_pes(),
-                pe.n_pes()
+                "ep::Buffer::new: PE {} is not a member of the team it passed",
+                pe.my_pe()
             )));
         }
-        pe.agree_in(team, "ep::Buffer::new", &cfg.words(), Config::show_words)?;
-        pe.agree_in(
-            team,
-            "ep::Buffer::new (combine path)",
-            &[path as u64],
-            |w| match w {
-                [0] => "path auto".into(),
-                [1] => "path message".into(),
-                _ => format!("{w:?}"),
-            },
-        )?;
-        let layout = Layout::new(&cfg, team.n_pes())?;
-        let base = pe.align(layout::REGION_ALIGN, layout.total_bytes)?;
-        let pull_base = pe.align(layout::REGION_ALIGN, layout.pull_area_bytes())?;
+        let layout = (|| {
+            pe.agree_in(team, "ep::Buffer::new", &cfg.words(), Config::show_words)?;
+            pe.agree_in(
+                team,
+                "ep::Buffer::new (combine path)",
+                &[path as u64],
+                |w| match w {
+                    [0] => "path auto".into(),
+                    [1] => "path message".into(),
+                    _ => format!("{w:?}"),
+                },
+            )?;
+            Layout::new(&cfg, team.n_pes())
+        })();
+        // Symmetric allocation is world-collective: every PE of the job takes part, each
+        // for its own team (EP groups of a split may differ in size), and all allocate the
+        // largest need. A PE whose agreement or layout failed makes every PE fail.
+        let need = match &layout {
+            Ok(l) => [1, l.total_bytes as u64, l.pull_area_bytes() as u64],
+            Err(_) => [0, 0, 0],
+        };
+        let bytes: Vec<u8> = need.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all = pe.boot().allgather(&pe.world().group(), &bytes)?;
+        let word = |b: &[u8], i: usize| crate::pe::le_u64(&b[8 * i..]);
+        let layout = layout?;
+        if let Some(bad) = all.iter().position(|b| word(b, 0) == 0) {
+            return Err(Error::InvalidArgument(format!(
+                "ep::Buffer::new: PE {bad} failed to create its buffer (its own error says why: \
+                 a config or path that differs within its team, or an invalid config)"
+            )));
+        }
+        let max = |i: usize| all.iter().map(|b| word(b, i) as usize).max().unwrap_or(0);
+        let base = pe.align(layout::REGION_ALIGN, max(1))?;
+        let pull_base = pe.align(layout::REGION_ALIGN, max(2))?;
         let pull_local = pe.ptr(pull_base, pe.my_pe()).ok_or_else(|| {
             Error::InvalidArgument("ep::Buffer::new: the pull area is not mapped".into())
         })? as usize;
@@ -621,7 +644,7 @@ impl<'p> Buffer<'p> {
         })
     }
 
-    /// Collective: frees the symmetric memory.
+    /// Collective over the whole job, like [`Buffer::new`]: frees the symmetric memory.
     pub fn destroy(self) -> Result<()> {
         self.pe.free(self.sh.pull_base)?;
         self.pe.free(self.sh.base)
