@@ -493,9 +493,9 @@ impl Pe {
 
     /// Tolerates the death of PE `pe` (reported already or later): it no longer fails this
     /// PE's waits and its RMA to other PEs. RMA to `pe` itself still fails with
-    /// [`Error::PeerDied`], and so do collectives through the bootstrap (team creation,
-    /// finalize), which need every PE; a wait for something `pe` would have done (a
-    /// barrier or collective through the heap that includes it) ends at its timeout. For code that routes around dead PEs, as EP shrink
+    /// [`Error::PeerDied`], and so do barriers that include it and collectives through
+    /// the bootstrap (team creation, finalize); other waits for something only `pe` would
+    /// have done (a `wait_until` on a word it should write) end at their timeout. For code that routes around dead PEs, as EP shrink
     /// mode does ([`crate::ep::Buffer::set_shrink`]). Fails for this PE itself, for a PE
     /// outside the job, and once the bootstrap root is lost.
     pub fn tolerate_death(&self, pe: usize) -> Result<()> {

@@ -917,14 +917,18 @@ impl Pe {
     }
 
     /// Waits for a runtime counter to reach `epoch`; `what` describes it for the error.
+    /// Waits until the runtime word `p` reaches `epoch`; `from` is the PE that advances
+    /// it, whose death ends the wait even when it is tolerated (`Pe::tolerate_death`).
     pub(crate) fn wait_internal(
         &self,
         p: *mut u64,
         epoch: u64,
+        from: usize,
         what: impl Fn() -> String,
     ) -> Result<()> {
         let start = Instant::now();
-        self.poll(
+        self.poll_from(
+            Some(from),
             // SAFETY: p is a runtime word of our own mapping, accessed only atomically;
             // Acquire pairs with the signaller's Release.
             || {
@@ -948,6 +952,18 @@ impl Pe {
     #[inline]
     pub(crate) fn poll<R, S>(
         &self,
+        step: impl FnMut() -> std::result::Result<R, S>,
+        expired: impl FnOnce(&S) -> Error,
+    ) -> Result<R> {
+        self.poll_from(None, step, expired)
+    }
+
+    /// [`Pe::poll`] for a wait on what PE `from` does: its death ends the wait even when
+    /// it is tolerated (`Liveness::check_to`).
+    #[inline]
+    pub(crate) fn poll_from<R, S>(
+        &self,
+        from: Option<usize>,
         mut step: impl FnMut() -> std::result::Result<R, S>,
         expired: impl FnOnce(&S) -> Error,
     ) -> Result<R> {
@@ -965,7 +981,10 @@ impl Pe {
                     }
                     polls += 1;
                     if polls % CHECK_EVERY == 0 {
-                        self.live.check()?;
+                        match from {
+                            Some(f) => self.live.check_to(f)?,
+                            None => self.live.check()?,
+                        }
                         let t0 = *start.get_or_insert_with(Instant::now);
                         if t0.elapsed() >= self.timeout() {
                             return Err(expired(&state));

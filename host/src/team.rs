@@ -259,7 +259,7 @@ impl Pe {
             // wrote before the barrier is visible to the partner that observes it.
             self.runtime_signal(to, psync_offset(team.slot(), round))?;
             let mine = self.runtime_word(self.my_pe(), psync_offset(team.slot(), round))?;
-            self.wait_internal(mine, epoch, || {
+            self.wait_internal(mine, epoch, from, || {
                 format!(
                     "{what} on team {:#x} (round {round}, barrier #{epoch}): the signal from PE {from}",
                     team.uid()

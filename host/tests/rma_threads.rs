@@ -334,3 +334,74 @@ fn collectives_with_source_inside_dest() {
         r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
     }
 }
+
+/// A tolerated death (`Pe::tolerate_death`): PE 2 leaves without finalize; PEs 0 and 1
+/// tolerate it, then their RMA to each other and a barrier of their own team go on, while
+/// RMA to PE 2, a world barrier (which includes it) and the world's bootstrap collectives
+/// fail at once naming it (not at the 20 s timeout: the error is `PeerDied`, not
+/// `Timeout`). Untolerated, the same death fails everything.
+#[test]
+fn a_tolerated_death_fails_only_what_involves_the_dead_pe() {
+    use rshmem::Error;
+    use std::time::{Duration, Instant};
+    let out = run_threads(3, settings(), |pe| {
+        let me = pe.my_pe();
+        let pair = pe.team_split_strided(pe.world(), 0, 1, 2)?;
+        let x = pe.calloc::<u64>(1)?;
+        pe.barrier_all()?;
+        if me == 2 {
+            // Leaves without finalize: the others see it die.
+            return Err(Error::Verification("PE 2 leaves".into()));
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        while pe.dead_pes() != vec![2] {
+            assert!(
+                Instant::now() < end,
+                "PE {me}: PE 2's death was not reported"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Untolerated: RMA between the survivors fails too.
+        assert!(
+            matches!(pe.p(x, 1, 1 - me), Err(Error::PeerDied { pe: 2, .. })),
+            "PE {me}"
+        );
+        pe.tolerate_death(2)?;
+        let pair = pair.expect("PEs 0 and 1 are in the pair team");
+        for i in 0..50u64 {
+            pe.p(x, 100 * i + me as u64, 1 - me)?;
+            pe.team_barrier(&pair)?;
+            assert_eq!(
+                pe.g(x, me)?,
+                100 * i + (1 - me) as u64,
+                "PE {me}, round {i}"
+            );
+            pe.team_barrier(&pair)?;
+        }
+        let died = |r: rshmem::Result<()>, what: &str| match r {
+            Err(Error::PeerDied { pe: 2, .. }) => {}
+            other => panic!("PE {me}, {what}: {other:?}"),
+        };
+        died(pe.p(x, 7, 2), "put to PE 2");
+        died(pe.barrier_all(), "barrier_all");
+        died(
+            pe.team_split_strided(pe.world(), 0, 1, 2).map(|_| ()),
+            "team split",
+        );
+        assert!(pe.tolerate_death(me).is_err(), "PE {me} tolerates itself");
+        Ok(())
+    })
+    .unwrap();
+    assert!(
+        matches!(&out[2], Err(rshmem::Error::Verification(m)) if m == "PE 2 leaves"),
+        "PE 2: {:?}",
+        out[2]
+    );
+    for (r, o) in out.iter().enumerate().take(2) {
+        // The survivors' finalize needs PE 2 too.
+        assert!(
+            matches!(o, Err(rshmem::Error::PeerDied { pe: 2, .. })),
+            "PE {r}: {o:?}"
+        );
+    }
+}
