@@ -709,7 +709,9 @@ impl<'p> Buffer<'p> {
     /// [`Buffer::update_mask`]), tolerates its death ([`Pe::tolerate_death`]) and
     /// completes without it instead of failing; [`Buffer::query_mask`] then shows it.
     /// What a PE sent before it died is kept, so PEs may disagree about the call in which
-    /// it stopped contributing. Off, such a call fails with the error.
+    /// it stopped contributing. Off, such a call fails with the error. A death outside
+    /// the buffer's team is not masked: it fails the call as without shrink mode (call
+    /// [`Pe::tolerate_death`] for it to go on).
     pub fn set_shrink(&mut self, on: bool) {
         // Relaxed: see Shared::shrink_target.
         self.sh.shrink.store(on, Ordering::Relaxed);
