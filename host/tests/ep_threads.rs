@@ -353,6 +353,67 @@ fn buffers_on_two_teams_of_a_split() {
     }
 }
 
+/// Shrink mode on EP groups: 4 PEs as {0, 1} and {2, 3}; PE 3 dies. PE 2 masks it and
+/// goes on alone. PEs 0 and 1 (the other group) have nothing to mask: the death fails
+/// their RMA until they tolerate it (`Pe::tolerate_death`), then their calls go on, exact,
+/// with nothing masked.
+#[test]
+fn shrink_in_one_group_and_a_death_in_another() {
+    let c = cfg(4, 128, 4, 2, false);
+    let out = run_threads(4, settings(20_000), |pe| {
+        let world = pe.world().clone();
+        let low = pe.team_split_strided(&world, 0, 1, 2)?;
+        let high = pe.team_split_strided(&world, 2, 1, 2)?;
+        let team = low.or(high).expect("in one group");
+        let (me, n) = (team.my_pe(), team.n_pes());
+        let mut buf = Buffer::new(pe, &team, c)?;
+        buf.set_shrink(true);
+        let r = check::random_routing(31, me, 4, &c, None, 0);
+        let all = check::allgather_routing(pe, &team, &r)?;
+        round_trip(&mut buf, &c, n, me, &r, &all, &[false; 2], 0)?;
+        let probe = pe.calloc::<u64>(1)?;
+        pe.barrier_all()?;
+        match pe.my_pe() {
+            3 => return Err(Error::Verification("PE 3 leaves".into())),
+            2 => {
+                for mode in 0..3 {
+                    round_trip(&mut buf, &c, n, me, &r, &all, &[false, true], mode)?;
+                }
+                assert_eq!(buf.query_mask(), vec![false, true]);
+                return Ok(());
+            }
+            _ => {}
+        }
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while pe.dead_pes().is_empty() {
+            assert!(
+                std::time::Instant::now() < end,
+                "PE 3's death was not reported"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let partner = team.world_pe(1 - me).expect("two members");
+        match pe.p(probe, 1, partner) {
+            Err(Error::PeerDied { pe: 3, .. }) => {}
+            other => panic!("PE {}: {other:?}", pe.my_pe()),
+        }
+        pe.tolerate_death(3)?;
+        for mode in 0..3 {
+            round_trip(&mut buf, &c, n, me, &r, &all, &[false; 2], mode)?;
+        }
+        assert_eq!(buf.query_mask(), vec![false; 2]);
+        Ok(())
+    })
+    .unwrap();
+    for (r, o) in out.iter().enumerate() {
+        match (r, o) {
+            (3, Err(Error::Verification(_))) => {}
+            (_, Err(Error::PeerDied { pe: 3, .. })) => {} // finalize needs PE 3
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 /// A config that differs inside one team fails on every PE of the job, the other team's
 /// included (allocation is world-collective, so no PE may be left waiting).
 #[test]
