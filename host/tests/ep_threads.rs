@@ -697,9 +697,20 @@ fn timeout_names_the_pe_and_expert_waited_for() {
         let mut buf = Buffer::new(pe, pe.world(), c)?;
         let r = if pe.my_pe() == 0 {
             let x = check::origin_x(0, 1, 128);
-            buf.low_latency_dispatch(&x, &[0i64], false)
+            let e = buf
+                .low_latency_dispatch(&x, &[0i64], false)
                 .and_then(|d| d.wait())
-                .err()
+                .err();
+            // The failed call broke the buffer: the next one says so (not "call its
+            // receive hook", which the failed call's pending set would have said).
+            let again = buf.low_latency_dispatch(&x, &[0i64], false).err();
+            let msg = again.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                msg.contains("this EP buffer is unusable since LL call #0 failed: ")
+                    && msg.contains("timed out"),
+                "{msg}"
+            );
+            e
         } else {
             std::thread::sleep(Duration::from_millis(700)); // PE 1 never dispatches
             None

@@ -304,6 +304,10 @@ struct Shared {
     /// Per team PE: masked by shrink mode (in a call or a hook); folded into the
     /// buffer's and each call's mask.
     shrunk: Vec<AtomicBool>,
+    /// Why the buffer is unusable: a call failed part way (a transport error, a dead or
+    /// silent peer without shrink mode), so the PEs may no longer agree on the call
+    /// sequence. Invalid input does not break it (the call is poisoned and completes).
+    broken: Mutex<Option<String>>,
     /// Per team PE: the address here of its pull area (same condition).
     peer_pull: Vec<Option<usize>>,
 }
@@ -418,6 +422,13 @@ impl Shared {
     }
     fn signal(&self, pe: &Pe, offset: usize, value: u64, dest: usize) -> Result<()> {
         pe.signal_op(self.word(offset), value, SignalOp::Set, self.members[dest])
+    }
+    /// Records that LL call `seq` failed part way with `e` (later calls refuse to run) and
+    /// returns `e`.
+    fn broke(&self, seq: u64, e: Error) -> Error {
+        let mut b = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        b.get_or_insert_with(|| format!("LL call #{seq} failed: {e}"));
+        e
     }
     /// Shrink mode: the team PE that error `e` is about (a death, or a timeout waiting
     /// for it), now masked in `shrunk` and its death tolerated by the runtime. None when
@@ -637,6 +648,7 @@ impl<'p> Buffer<'p> {
                 peer_pull,
                 shrink: AtomicBool::new(false),
                 shrunk: (0..n).map(|_| AtomicBool::new(false)).collect(),
+                broken: Mutex::new(None),
             }),
             seq: 0,
             masked: vec![false; n],
@@ -726,7 +738,19 @@ impl<'p> Buffer<'p> {
         }
     }
 
+    /// Fails once a call broke the buffer (see `Shared::broken`).
+    fn usable(&self, op: &'static str) -> Result<()> {
+        match &*self.sh.broken.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(why) => Err(Error::InvalidArgument(format!(
+                "{op}: this EP buffer is unusable since {why}; the PEs may no longer agree \
+                 on the call sequence: destroy it and create a new one (collective)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn start_call(&mut self, op: &'static str) -> Result<(u64, usize)> {
+        self.usable(op)?;
         let seq = self.seq;
         let set = (seq % 2) as usize;
         let pending = self.sh.pending[set].load(Ordering::Acquire);
@@ -738,7 +762,9 @@ impl<'p> Buffer<'p> {
             )));
         }
         self.sh.fold_shrunk(&mut self.masked);
-        self.sh.wait_credits(self.pe, seq, &mut self.masked, op)?;
+        self.sh
+            .wait_credits(self.pe, seq, &mut self.masked, op)
+            .map_err(|e| self.sh.broke(seq, e))?;
         self.sh.pending[set].store(tag(seq), Ordering::Release);
         self.seq += 1;
         Ok((seq, set))
@@ -772,7 +798,7 @@ impl<'p> Buffer<'p> {
             num_tokens: t_count,
             fault: fault.map(|(_, e)| e),
         };
-        sent?;
+        sent.map_err(|e| self.sh.broke(seq, e))?;
         if return_recv_hook {
             Ok(Dispatch::Pending(hook))
         } else {
@@ -985,13 +1011,17 @@ impl<'p> Buffer<'p> {
                     pending - 1
                 )));
             }
+            self.usable("get_next_low_latency_combine_buffer")?;
             self.sh.fold_shrunk(&mut self.masked);
-            self.sh.wait_credits(
-                self.pe,
-                self.seq,
-                &mut self.masked,
-                "get_next_low_latency_combine_buffer",
-            )?;
+            let seq = self.seq;
+            self.sh
+                .wait_credits(
+                    self.pe,
+                    seq,
+                    &mut self.masked,
+                    "get_next_low_latency_combine_buffer",
+                )
+                .map_err(|e| self.sh.broke(seq, e))?;
         }
         let lay = &self.sh.layout;
         self.zero_copy_call = Some(self.seq);
@@ -1173,7 +1203,7 @@ impl<'p> Buffer<'p> {
             }
             Ok(())
         })();
-        sent?;
+        sent.map_err(|e| self.sh.broke(seq, e))?;
         let hook = CombineHook {
             pe: self.pe,
             sh: self.sh.clone(),
@@ -1392,8 +1422,10 @@ impl DispatchHook<'_> {
                     waited_ms: start.elapsed().as_millis() as u64,
                 },
             )
-        })?;
-        sh.release(self.pe, self.seq, &masked)?;
+        })
+        .map_err(|e| sh.broke(self.seq, e))?;
+        sh.release(self.pe, self.seq, &masked)
+            .map_err(|e| sh.broke(self.seq, e))?;
         if let Some(e) = self.fault {
             return Err(e);
         }
@@ -1475,35 +1507,37 @@ impl CombineHook<'_> {
         let want = tag(self.seq);
         let mut masked = self.masked.clone();
         let start = Instant::now();
-        let flags = sh.wait_shrinking(self.pe, &mut masked, |masked| {
-            self.pe.poll(
-                || {
-                    let mut got = vec![0u64; r];
-                    for p in (0..r).filter(|&p| !masked[p]) {
-                        let w = sh.load(lay.combine_flag_word(set, p));
-                        if w >> 32 != want {
-                            return Err((p, w));
+        let flags = sh
+            .wait_shrinking(self.pe, &mut masked, |masked| {
+                self.pe.poll(
+                    || {
+                        let mut got = vec![0u64; r];
+                        for p in (0..r).filter(|&p| !masked[p]) {
+                            let w = sh.load(lay.combine_flag_word(set, p));
+                            if w >> 32 != want {
+                                return Err((p, w));
+                            }
+                            got[p] = w & 0xffff_ffff;
                         }
-                        got[p] = w & 0xffff_ffff;
-                    }
-                    Ok(got)
-                },
-                |&(p, w)| Error::EpTimeout {
-                    pe: self.pe.my_pe(),
-                    op: "low_latency_combine",
-                    call: self.seq,
-                    peer: sh.members[p],
-                    expert: None,
-                    what: format!(
+                        Ok(got)
+                    },
+                    |&(p, w)| Error::EpTimeout {
+                        pe: self.pe.my_pe(),
+                        op: "low_latency_combine",
+                        call: self.seq,
+                        peer: sh.members[p],
+                        expert: None,
+                        what: format!(
                         "the expert outputs of its experts {}..{}; the flag word holds {w:#x}, \
                      expected tag {want}",
                         p * l,
                         (p + 1) * l
                     ),
-                    waited_ms: start.elapsed().as_millis() as u64,
-                },
-            )
-        })?;
+                        waited_ms: start.elapsed().as_millis() as u64,
+                    },
+                )
+            })
+            .map_err(|e| sh.broke(self.seq, e))?;
         let owner_ok = |e: i64| e >= 0 && (e as usize) < cfg.num_experts && !masked[e as usize / l];
         let mut expected = vec![0u64; r];
         if self.fault.is_none() {
@@ -1612,7 +1646,8 @@ impl CombineHook<'_> {
                 reduce::weighted_sum_to_bf16(&mut out[t * h..(t + 1) * h], &rows, &weights);
             }
         }
-        sh.release(self.pe, self.seq, &masked)?;
+        sh.release(self.pe, self.seq, &masked)
+            .map_err(|e| sh.broke(self.seq, e))?;
         match problem {
             Some(e) => Err(e),
             None => Ok(out),
