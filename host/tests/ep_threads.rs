@@ -321,6 +321,42 @@ fn round_trip(
     check::validate_combine(c, n, me, r, mask, &scale, &y).map(|_| ())
 }
 
+/// Waits until `n` PEs arrived at `counter`, this one included. The death tests use it
+/// twice: the PE that dies leaves only once every PE has *returned* from the barrier
+/// before (a PE still inside it would see the death first and fail), and survivors leave
+/// together (one that returns first fails its finalize, which needs the dead PE, and drops
+/// its `Pe` unannounced: the others would see, and shrink-mask, one more death).
+fn arrive_and_wait(counter: &std::sync::atomic::AtomicUsize, n: usize) {
+    use std::sync::atomic::Ordering::SeqCst;
+    counter.fetch_add(1, SeqCst);
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while counter.load(SeqCst) < n {
+        assert!(
+            std::time::Instant::now() < end,
+            "the other PEs never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A buffer on `team` (shrink mode as given), this PE's routing of `tokens` tokens, every
+/// member's routing, and a first round trip with nothing masked.
+fn started_buffer<'p>(
+    pe: &'p Pe,
+    team: &rshmem::Team,
+    c: Config,
+    shrink: bool,
+    (seed, tokens, masked_slots): (u64, usize, usize),
+) -> rshmem::Result<(Buffer<'p>, check::Routing, Vec<check::Routing>)> {
+    let (me, n) = (team.my_pe(), team.n_pes());
+    let mut buf = Buffer::new(pe, team, c)?;
+    buf.set_shrink(shrink);
+    let r = check::random_routing(seed, me, tokens, &c, None, masked_slots);
+    let all = check::allgather_routing(pe, team, &r)?;
+    round_trip(&mut buf, &c, n, me, &r, &all, &vec![false; n], 0)?;
+    Ok((buf, r, all))
+}
+
 /// EP groups of a split: 5 PEs as two strided teams, {0, 2, 4} and {1, 3} (different
 /// sizes, so different layouts), each with its own buffer created at the same time; every
 /// round trip exact against its own team's routing, over p2p and the soft HCA.
@@ -360,26 +396,31 @@ fn buffers_on_two_teams_of_a_split() {
 #[test]
 fn shrink_in_one_group_and_a_death_in_another() {
     let c = cfg(4, 128, 4, 2, false);
+    let (past, left) = (
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    );
     let out = run_threads(4, settings(20_000), |pe| {
         let world = pe.world().clone();
         let low = pe.team_split_strided(&world, 0, 1, 2)?;
         let high = pe.team_split_strided(&world, 2, 1, 2)?;
         let team = low.or(high).expect("in one group");
         let (me, n) = (team.my_pe(), team.n_pes());
-        let mut buf = Buffer::new(pe, &team, c)?;
-        buf.set_shrink(true);
-        let r = check::random_routing(31, me, 4, &c, None, 0);
-        let all = check::allgather_routing(pe, &team, &r)?;
-        round_trip(&mut buf, &c, n, me, &r, &all, &[false; 2], 0)?;
+        let (mut buf, r, all) = started_buffer(pe, &team, c, true, (31, 4, 0))?;
         let probe = pe.calloc::<u64>(1)?;
         pe.barrier_all()?;
+        arrive_and_wait(&past, 4);
         match pe.my_pe() {
             3 => return Err(Error::Verification("PE 3 leaves".into())),
             2 => {
-                for mode in 0..3 {
-                    round_trip(&mut buf, &c, n, me, &r, &all, &[false, true], mode)?;
-                }
-                assert_eq!(buf.query_mask(), vec![false, true]);
+                let alone = (|| {
+                    for mode in 0..3 {
+                        round_trip(&mut buf, &c, n, me, &r, &all, &[false, true], mode)?;
+                    }
+                    Ok(buf.query_mask())
+                })();
+                arrive_and_wait(&left, 3);
+                assert_eq!(alone?, vec![false, true]);
                 return Ok(());
             }
             _ => {}
@@ -398,10 +439,14 @@ fn shrink_in_one_group_and_a_death_in_another() {
             other => panic!("PE {}: {other:?}", pe.my_pe()),
         }
         pe.tolerate_death(3)?;
-        for mode in 0..3 {
-            round_trip(&mut buf, &c, n, me, &r, &all, &[false; 2], mode)?;
-        }
-        assert_eq!(buf.query_mask(), vec![false; 2]);
+        let went_on = (|| {
+            for mode in 0..3 {
+                round_trip(&mut buf, &c, n, me, &r, &all, &[false; 2], mode)?;
+            }
+            Ok(buf.query_mask())
+        })();
+        arrive_and_wait(&left, 3);
+        assert_eq!(went_on?, vec![false; 2]);
         Ok(())
     })
     .unwrap();
@@ -470,17 +515,17 @@ fn shrink_after_death(transport: TransportMode, fabric: bool) {
     for shrink in [true, false] {
         let c = cfg(8, 256, 8, 3, true);
         let done = std::sync::Mutex::new(Vec::new());
+        let (past, left) = (
+            std::sync::atomic::AtomicUsize::new(0),
+            std::sync::atomic::AtomicUsize::new(0),
+        );
         let out = run_threads(4, st.clone(), |pe| {
-            let team = pe.world().clone();
-            let me = team.my_pe();
-            let mut buf = Buffer::new(pe, &team, c)?;
-            buf.set_shrink(shrink);
-            let r = check::random_routing(11, me, 8, &c, None, 1);
-            let all = check::allgather_routing(pe, &team, &r)?;
-            round_trip(&mut buf, &c, 4, me, &r, &all, &[false; 4], 0)?;
+            let me = pe.my_pe();
+            let (mut buf, r, all) = started_buffer(pe, pe.world(), c, shrink, (11, 8, 1))?;
             // Every PE has received the first call (PE 3's last puts included: a PE that
             // dies loses what it had not sent yet) before PE 3 leaves.
             pe.barrier_all()?;
+            arrive_and_wait(&past, 4);
             if me == 3 {
                 return Err(Error::Verification("PE 3 leaves (dies)".into()));
             }
@@ -492,6 +537,7 @@ fn shrink_after_death(transport: TransportMode, fabric: bool) {
             assert_eq!(buf.query_mask(), mask.to_vec(), "PE {me}");
             assert_eq!(pe.dead_pes(), vec![3], "PE {me}");
             done.lock().unwrap().push(me);
+            arrive_and_wait(&left, 3);
             Ok(())
         })
         .unwrap();
@@ -523,13 +569,8 @@ fn shrink_masks_a_pe_that_stops_answering() {
     let c = cfg(4, 128, 4, 2, false);
     let finished = std::sync::atomic::AtomicUsize::new(0);
     let out = run_threads(4, settings(600), |pe| {
-        let team = pe.world().clone();
-        let me = team.my_pe();
-        let mut buf = Buffer::new(pe, &team, c)?;
-        buf.set_shrink(true);
-        let r = check::random_routing(5, me, 4, &c, None, 0);
-        let all = check::allgather_routing(pe, &team, &r)?;
-        round_trip(&mut buf, &c, 4, me, &r, &all, &[false; 4], 0)?;
+        let me = pe.my_pe();
+        let (mut buf, r, all) = started_buffer(pe, pe.world(), c, true, (5, 4, 0))?;
         if me == 1 {
             // Hangs (from the others' view) until they are done, then leaves cleanly.
             let end = std::time::Instant::now() + Duration::from_secs(30);

@@ -483,17 +483,15 @@ impl Shared {
     /// (a death reported meanwhile) masks that PE and runs `send` again.
     fn to_peer(&self, pe: &Pe, d: usize, mut send: impl FnMut() -> Result<()>) -> Result<()> {
         // Each retry follows a newly tolerated death, so there are at most n of them.
-        for _ in 0..=self.n() {
-            match send() {
-                Ok(()) => return Ok(()),
-                Err(e) => match self.shrink_target(pe, &e) {
-                    Some(s) if s == d => return Ok(()),
-                    Some(_) => continue,
-                    None => return Err(e),
-                },
+        let mut retries = 0;
+        loop {
+            let Err(e) = send() else { return Ok(()) };
+            match self.shrink_target(pe, &e) {
+                Some(s) if s == d => return Ok(()),
+                Some(_) if retries < self.n() => retries += 1,
+                _ => return Err(e),
             }
         }
-        send()
     }
     /// Waits until every unmasked PE released `set` after call `seq - 2`.
     fn wait_credits(&self, pe: &Pe, seq: u64, masked: &mut [bool], op: &'static str) -> Result<()> {
