@@ -951,6 +951,26 @@ pub fn run_threads<R: Send>(
     Ok(out)
 }
 
+impl Drop for Pe {
+    fn drop(&mut self) {
+        // A heap registered with this process's fabric endpoint outlives the PE: the
+        // endpoint keeps the registration and this PE's own mapping until it closes
+        // (`FabricBackend::retire`: closing it now would let one late write to it drop the
+        // connection that the process's other PEs share).
+        let reg = match self.proxy.as_mut() {
+            Some(p) => p.take_heap_mr(),
+            None => self._fabric_keepalive.clone(),
+        };
+        if let Some((hca, mr)) = reg {
+            // `assist` refers into this PE's own mapping: it goes first.
+            drop(self.assist.take());
+            if let Some(seg) = self.peers.get_mut(self.rank).and_then(Option::take) {
+                crate::softhca::proxy::retire_heap(&hca, mr, Box::new(seg));
+            }
+        }
+    }
+}
+
 /// Removes a segment's name when dropped.
 struct UnlinkOnDrop(String);
 

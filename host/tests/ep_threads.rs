@@ -503,10 +503,12 @@ fn shrink_masks_a_pe_that_died_over_the_proxy() {
     shrink_after_death(TransportMode::Proxy, false);
 }
 
-// Not over the soft HCA's libfabric backend with PEs as threads: there a PE thread that
-// leaves while the others go on stalls the process's shared engine now and then (docs/ep.md,
-// "Left to do"); netns_jobs::ep_shrink_survives_a_killed_pe covers libfabric with PE
-// processes.
+/// The same through the soft HCA's libfabric backend: the PE threads share one endpoint
+/// (and one connection to themselves), which the leaving PE must not break for the others.
+#[test]
+fn shrink_masks_a_pe_that_died_over_the_fabric_backend() {
+    shrink_after_death(TransportMode::Proxy, true);
+}
 
 fn shrink_after_death(transport: TransportMode, fabric: bool) {
     let mut st = settings(20_000);

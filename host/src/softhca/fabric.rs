@@ -193,6 +193,21 @@ pub struct FabricBackend {
     waiting_n: usize,
     /// Most posts one peer may have in flight (half the endpoint's slots).
     peer_cap: usize,
+    /// The address at which this endpoint reaches itself (PEs that are threads of this
+    /// process), once inserted.
+    self_addr: Option<PeerAddr>,
+    /// Keys of heap regions of this process whose PE left ([`FabricBackend::retire`]).
+    revoked: Vec<u64>,
+    /// Those regions and the memory under them, kept until the endpoint is closed (the last
+    /// field: dropped after `ep` and every operation).
+    retired: Vec<Retired>,
+}
+
+/// A retired heap registration and what keeps its memory mapped; fields drop in order,
+/// the registration first.
+struct Retired {
+    _mr: Arc<MemoryRegion>,
+    _memory: Box<dyn Send>,
 }
 
 impl std::fmt::Debug for FabricBackend {
@@ -310,6 +325,9 @@ impl FabricBackend {
             peers: HashMap::new(),
             waiting_n: 0,
             peer_cap,
+            self_addr: None,
+            revoked: Vec::new(),
+            retired: Vec::new(),
         })
     }
 
@@ -346,7 +364,35 @@ impl FabricBackend {
 
     /// Adds a peer's endpoint address.
     pub fn insert_peer(&mut self, name: &[u8]) -> Result<PeerAddr> {
-        self.ep.insert_peer(name)
+        let a = self.ep.insert_peer(name)?;
+        if name == self.ep.name() {
+            self.self_addr = Some(a);
+        }
+        Ok(a)
+    }
+
+    /// A PE of this process leaves while the endpoint goes on: its heap registration `mr`
+    /// and the memory under it (`memory`, e.g. its mapping) stay until the endpoint closes,
+    /// and operations this process posts to the region afterwards complete with
+    /// REMOTE_ACCESS (0x13), as after a ConnectX's MR was deregistered.
+    ///
+    /// Why not close it now: tcp;ofi_rxm answers an operation that arrives for an unknown
+    /// key by dropping the whole connection (docs/fabric.md), and the PEs that are threads
+    /// of one process share one endpoint, so one connection to each other process and one
+    /// to itself. A write still in flight to the leaving PE, or sent by a peer that does not
+    /// know yet that it left, would break every PE pair on that connection, not just the
+    /// ones of the PE that left (docs/ep.md, "A PE thread that leaves").
+    pub fn retire(&mut self, mr: Arc<MemoryRegion>, memory: Box<dyn Send>) {
+        self.revoked.push(mr.remote().key);
+        self.retired.push(Retired {
+            _mr: mr,
+            _memory: memory,
+        });
+    }
+
+    /// Regions retired so far (diagnostics and tests).
+    pub fn retired(&self) -> usize {
+        self.retired.len()
     }
 
     /// Operations posted and not completed.
@@ -417,11 +463,15 @@ impl FabricBackend {
                 }
             }
             self.unflushed_n += 1;
-            self.unflushed
+            let e = self
+                .unflushed
                 .entry(t.peer.0)
-                .or_insert_with(|| (t, Vec::new(), false))
-                .1
-                .push(i);
+                .or_insert_with(|| (t, Vec::new(), false));
+            // The next flush reads from the region of the latest write: one this process
+            // just wrote to, so not one whose PE left long ago (the first write's region
+            // could be, and a READ for a closed key drops the connection).
+            e.0 = t;
+            e.1.push(i);
             return;
         }
         let covered = p.flushes.take().map(|(_, l)| l);
@@ -700,6 +750,9 @@ impl FabricBackend {
         op: &Op<'_>,
     ) -> Option<std::result::Result<(), Syndrome>> {
         let key = peer.addr.0;
+        if Some(peer.addr) == self.self_addr && self.revoked.contains(&peer.region.key) {
+            return Some(Err(Syndrome::RemoteAccess));
+        }
         match *op {
             Op::Write {
                 raddr,

@@ -154,6 +154,21 @@ pub(crate) fn install_fabric(
     })
 }
 
+/// A PE of this process leaves: its heap registration `mr` and the memory under it go to
+/// the fabric endpoint, which keeps them until it closes ([`FabricBackend::retire`]).
+pub(crate) fn retire_heap(
+    hca: &SoftHca<ProxyBackend>,
+    mr: Arc<MemoryRegion>,
+    memory: Box<dyn Send>,
+) {
+    hca.with_backend(|b| match b.fabric.as_mut() {
+        Some(f) => f.retire(mr, memory),
+        // No endpoint (cannot happen: the registration was made through it): drop both,
+        // the registration first.
+        None => drop((mr, memory)),
+    })
+}
+
 /// Adds a peer's endpoint address to this process's fabric endpoint.
 pub(crate) fn insert_fabric_peer(
     hca: &SoftHca<ProxyBackend>,
@@ -270,8 +285,9 @@ pub(crate) struct Proxy {
     live: Arc<Liveness>,
     /// Staging bytes per SQ slot on QPs to fabric peers (RSHMEM_FABRIC_CHUNK).
     fabric_chunk: usize,
-    /// This PE's heap registered with the fabric domain (peers write into it).
-    _heap_mr: Option<Arc<MemoryRegion>>,
+    /// This PE's heap registered with the fabric domain (peers write into it); taken by
+    /// [`Proxy::take_heap_mr`] when the PE leaves.
+    heap_mr: Option<Arc<MemoryRegion>>,
     /// The job id and RSHMEM_DEBUG_QUEUES period: QPs are published for
     /// `rshmem doctor --queues` when the period is set.
     job_id: String,
@@ -319,6 +335,14 @@ pub(crate) struct GpuProxyView {
 }
 
 impl Proxy {
+    /// This PE's heap registration with the fabric, and the process engine, for
+    /// [`retire_heap`] (None when the PE has no fabric registration).
+    pub(crate) fn take_heap_mr(
+        &mut self,
+    ) -> Option<(Arc<SoftHca<ProxyBackend>>, Arc<MemoryRegion>)> {
+        self.heap_mr.take().map(|m| (self.hca.clone(), m))
+    }
+
     /// See [`GpuProxyView`].
     pub(crate) fn gpu_view(&self) -> GpuProxyView {
         GpuProxyView {
@@ -367,7 +391,7 @@ impl Proxy {
             fabric_chunk,
             live,
             fabric,
-            _heap_mr: heap_mr,
+            heap_mr,
             rank,
             timeout,
             pd,
