@@ -98,6 +98,19 @@
 // the word's address, expected tag, last value; the printed line names the expert) and
 // traps.
 //
+// Shrink mode (args.flags & EP_LL_SHRINK; DeepEP's enable_shrink, the CPU's
+// Buffer::set_shrink). A wait that times out does not trap: the PE waited for is given up
+// on — mask[pe] = EP_LL_MASK_SHRUNK(tag), visible to the host's query_mask — and the call
+// goes on without what did not come. Receive kernels settle each signal word they give
+// up on (ep_comm::settle_tag: a compare-and-swap to tag << 32 | EP_SHRUNK), so all their
+// blocks agree on what the PE sent in that call: a dispatch count word that had arrived
+// counts, one that had not counts 0, and a combine flag that had not arrived leaves that
+// PE's experts out of the weighted sum. Once one thread gave up on a PE, the other waits
+// for it in the same kernel end at once. Sends skip only PEs masked before the call (a
+// decision that stays the same in every block), and credits go to every PE not masked.
+// Later calls skip the PE like one the host masked; clean_mask brings it back. Only a PE
+// that answers after the whole timeout can make the blocks of that one call disagree.
+//
 // Differences from the CPU that the oracle comparison must allow: the position of each
 // (expert, source) block in recv_x is by source order here, by arrival order on CPU (the
 // per-block contents, counts and src_info are identical); empty blocks' `begin` may
@@ -133,7 +146,9 @@ struct Ctx {
   uint64_t seq;   // LL call number (2 * set_calls[set] + set)
   uint64_t tag;   // seq + 1
   ep_ll_ctl_t *ctl;
-  const int32_t *mask;
+  int32_t *mask;
+  bool shrink;          // EP_LL_SHRINK
+  uint64_t give_up_ns;  // shrink mode: how long a wait lasts before it gives up on its PE
 };
 
 __device__ __forceinline__ uint32_t lane_id() { return threadIdx.x & 31; }
@@ -169,7 +184,11 @@ __device__ __forceinline__ Ctx setup(const ep_ll_args_t &a, uint64_t hidden, boo
   c.T = a.num_tokens;
   c.rows = static_cast<uint64_t>(c.R) * c.N;
   c.ctl = reinterpret_cast<ep_ll_ctl_t *>(a.ctl);
-  c.mask = reinterpret_cast<const int32_t *>(a.mask);
+  c.mask = reinterpret_cast<int32_t *>(a.mask);
+  c.shrink = (a.flags & EP_LL_SHRINK) != 0;
+  c.give_up_ns = a.shrink_timeout_ms != 0 ? a.shrink_timeout_ms * 1000000ull
+                                          : rshmemi_effective_timeout(s.timeout_ns);
+  if (c.shrink && c.mask == nullptr) config_fail("EP shrink mode needs a mask buffer", 1, 0);
   // Written only by the previous receive kernel on this set, which finished before this
   // launch started (stream order), so a plain load sees it.
   c.seq = 2 * *reinterpret_cast<volatile uint64_t *>(&c.ctl->set_calls[a.set]) + a.set;
@@ -177,8 +196,37 @@ __device__ __forceinline__ Ctx setup(const ep_ll_args_t &a, uint64_t hidden, boo
   return c;
 }
 
-__device__ __forceinline__ bool masked(const Ctx &c, uint32_t pe) {
-  return c.mask != nullptr && c.mask[pe] != 0;
+// Mask entries. Only this PE's kernels write them (the host between calls; in shrink mode
+// the running kernel, EP_LL_MASK_SHRUNK(tag)), and this PE's kernels run one at a time
+// (stream order), so an entry can change during a kernel only from 0 to this call's mark.
+__device__ __forceinline__ int32_t mask_entry(const Ctx &c, uint32_t pe) {
+  return c.mask == nullptr ? 0 : *reinterpret_cast<volatile int32_t *>(&c.mask[pe]);
+}
+// Masked for sending and credits: by the host, an earlier call, or this one.
+__device__ __forceinline__ bool masked(const Ctx &c, uint32_t pe) { return mask_entry(c, pe) != 0; }
+// Masked before this call started: the receive kernels skip it. A PE given up on during
+// this call is not: its signal words were settled (ep_comm::settle_tag), and every block
+// reads them, so all agree on what it sent.
+__device__ __forceinline__ bool masked_before(const Ctx &c, uint32_t pe) {
+  const int32_t m = mask_entry(c, pe);
+  return m != 0 && m != EP_LL_MASK_SHRUNK(c.tag);
+}
+__device__ __forceinline__ bool shrunk_now(const Ctx &c, uint32_t pe) {
+  return mask_entry(c, pe) == EP_LL_MASK_SHRUNK(c.tag);
+}
+// Shrink mode: gives up on `pe` for good (first writer wins; a host mask stays).
+__device__ __forceinline__ void shrink_pe(const Ctx &c, uint32_t pe) {
+  atomicCAS_system(&c.mask[pe], 0, EP_LL_MASK_SHRUNK(c.tag));
+}
+
+// A receive kernel's wait for PE `pe`'s signal word `w` of this call: traps on timeout,
+// or, in shrink mode, settles it (the marker when nothing came) and gives up on `pe`.
+__device__ uint64_t recv_word(const Ctx &c, uint64_t *w, uint32_t pe, int32_t expert,
+                              const char *what) {
+  if (!c.shrink) return ep_comm::wait_tag(w, c.tag, static_cast<int32_t>(pe), expert, what);
+  const uint64_t v = ep_comm::settle_tag(w, c.tag, c.give_up_ns, [&] { return shrunk_now(c, pe); });
+  if ((v & 0xffffffffu) == EP_SHRUNK) shrink_pe(c, pe);
+  return v;
 }
 
 __device__ __forceinline__ int64_t idx_at(const ep_ll_args_t &a, uint64_t i) {
@@ -211,10 +259,15 @@ __device__ void wait_credits(const Ctx &c, const ep_ll_args_t &a) {
   if (c.seq >= 2) {
     for (uint32_t p = threadIdx.x; p < c.R; p += kThreads) {
       if (masked(c, p)) continue;
-      ep_comm::wait_ge(local_word(a, ep_credit_word(&c.lay, a.set, p)), c.seq - 1,
-                      static_cast<int32_t>(p),
-                      "EP send: waiting for PE to finish receiving call seq-2 on this buffer "
-                      "set (its credit)");
+      const uint64_t *w = local_word(a, ep_credit_word(&c.lay, a.set, p));
+      if (!c.shrink) {
+        ep_comm::wait_ge(w, c.seq - 1, static_cast<int32_t>(p),
+                        "EP send: waiting for PE to finish receiving call seq-2 on this buffer "
+                        "set (its credit)");
+      } else if (!ep_comm::wait_ge_or_give_up(w, c.seq - 1, c.give_up_ns,
+                                              [&] { return shrunk_now(c, p); })) {
+        shrink_pe(c, p);
+      }
     }
   }
   __syncthreads();
@@ -409,7 +462,10 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
   for (uint32_t u = blockIdx.x; u < c.R * parts; u += gridDim.x) {
     const uint32_t d = (c.me + 1 + u / parts) % c.R;
     const uint32_t part = u % parts;
-    if (masked(c, d)) continue;  // block-uniform
+    // Block- and grid-uniform: entries set before this call do not change during it (a PE
+    // given up on in this call's credit wait still gets its messages, so that every unit
+    // of d arrives at dest_done and the counter is reset for the next call).
+    if (masked_before(c, d)) continue;
     // Where d's messages go: its mapped heap (P2P, or this PE), or its queue (nullptr).
     uint8_t *const peer = ep_comm::peer_ptr(static_cast<int32_t>(d), a.buf);
     if (peer == nullptr && fault == 0) check_staged(c, a);
@@ -516,6 +572,7 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
 __device__ __forceinline__ uint32_t read_count(const Ctx &c, uint32_t set, uint64_t w,
                                                uint32_t src) {
   const uint64_t low = w & 0xffffffffu;
+  if (low == EP_SHRUNK) return 0;  // shrink mode: nothing came (recv_word)
   if (low & EP_POISON) {
     record(c, set, EP_LL_STATUS_DISPATCH_PEER, static_cast<int32_t>(src), low, 0);
     return 0;
@@ -544,29 +601,59 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
   for (uint64_t u = blockIdx.x * static_cast<uint64_t>(kWarps) + warp_id(); u < units;
        u += static_cast<uint64_t>(gridDim.x) * kWarps) {
     const uint32_t le = static_cast<uint32_t>(u / c.R), s = static_cast<uint32_t>(u % c.R);
-    const bool s_masked = masked(c, s);
+    const bool s_masked = masked_before(c, s);
     const bool last = s + 1 == c.R;
     uint32_t begin = 0, own = 0, total = 0, src_off = 0;
     // Items j < R: word (le, j); items R + le' (le' < le): word (le', s).
     const uint32_t items = s_masked ? (last ? c.R : 0) : c.R + le;
-    for (uint32_t j = lane; j < items; j += 32) {
-      if (j < c.R) {
-        if (masked(c, j) || (j > s && !last)) continue;
-        const uint64_t w = ep_comm::wait_tag(
-            local_word(a, ep_dispatch_count_word(&c.lay, a.set, le, j)), c.tag,
-            static_cast<int32_t>(j), static_cast<int32_t>(c.me * c.L + le),
-            "EP dispatch: waiting for PE's token count for this PE's expert");
-        const uint32_t n = read_count(c, a.set, w, j);
+    if (c.shrink) {
+      // Shrink mode: a source whose counts did not all come in this call (it died while
+      // sending them) is left out of the call entirely: without its count for an earlier
+      // local expert, where its later blocks start is unknown. So the lane of source j
+      // reads all L of j's words (settled, so every unit sees the same ones) and counts
+      // j only when none was given up on; for j = s it also sums s's offset.
+      for (uint32_t j = lane; j < c.R && items != 0; j += 32) {
+        if (masked_before(c, j) || (j > s && !last)) continue;
+        uint32_t n = 0, off = 0;
+        bool complete = true;
+        for (uint32_t l2 = 0; l2 < c.L; ++l2) {
+          const uint64_t w = recv_word(
+              c, local_word(a, ep_dispatch_count_word(&c.lay, a.set, l2, j)), j,
+              static_cast<int32_t>(c.me * c.L + l2),
+              "EP dispatch: waiting for PE's token count for this PE's expert");
+          if ((w & 0xffffffffu) == EP_SHRUNK) complete = false;
+          const uint32_t cnt = read_count(c, a.set, w, j);
+          if (l2 == le) n = cnt;
+          if (l2 < le) off += cnt;
+        }
+        if (!complete) n = 0;
         if (j < s) begin += n;
-        if (j == s) own = n;
+        if (j == s) {
+          own = n;
+          src_off = off;
+        }
         total += n;
-      } else {
-        const uint32_t lp = j - c.R;
-        const uint64_t w = ep_comm::wait_tag(
-            local_word(a, ep_dispatch_count_word(&c.lay, a.set, lp, s)), c.tag,
-            static_cast<int32_t>(s), static_cast<int32_t>(c.me * c.L + lp),
-            "EP dispatch: waiting for PE's token count for this PE's expert");
-        src_off += read_count(c, a.set, w, s);
+      }
+    } else {
+      for (uint32_t j = lane; j < items; j += 32) {
+        if (j < c.R) {
+          if (masked_before(c, j) || (j > s && !last)) continue;
+          const uint64_t w = recv_word(
+              c, local_word(a, ep_dispatch_count_word(&c.lay, a.set, le, j)), j,
+              static_cast<int32_t>(c.me * c.L + le),
+              "EP dispatch: waiting for PE's token count for this PE's expert");
+          const uint32_t n = read_count(c, a.set, w, j);
+          if (j < s) begin += n;
+          if (j == s) own = n;
+          total += n;
+        } else {
+          const uint32_t lp = j - c.R;
+          const uint64_t w = recv_word(
+              c, local_word(a, ep_dispatch_count_word(&c.lay, a.set, lp, s)), s,
+              static_cast<int32_t>(c.me * c.L + lp),
+              "EP dispatch: waiting for PE's token count for this PE's expert");
+          src_off += read_count(c, a.set, w, s);
+        }
       }
     }
     // Each lane acquired its own words; the warp barrier orders those acquires before
@@ -633,7 +720,7 @@ __device__ void combine_send(const ep_ll_args_t &a) {
   for (uint32_t u = blockIdx.x; u < c.R * parts; u += gridDim.x) {
     const uint32_t s = (c.me + 1 + u / parts) % c.R;
     const uint32_t part = u % parts;
-    if (masked(c, s)) continue;  // block-uniform
+    if (masked_before(c, s)) continue;  // block- and grid-uniform, as in dispatch_send
     // s's mapped heap (P2P, or this PE), or nullptr: its queue (IBGDA).
     uint8_t *const peer = ep_comm::peer_ptr(static_cast<int32_t>(s), a.buf);
     if (threadIdx.x == 0) s_rows = 0;
@@ -697,6 +784,9 @@ template <int H>
 __device__ void combine_recv(const ep_ll_args_t &a) {
   __shared__ uint32_t s_expected[EP_LL_MAX_PES];
   __shared__ uint32_t s_low[EP_LL_MAX_PES];
+  // PEs whose rows this call leaves out: masked before it, or given up on (their flag
+  // settled as EP_SHRUNK, the same in every block).
+  __shared__ uint8_t s_out[EP_LL_MAX_PES];
   __shared__ float s_w[EP_MAX_TOPK];
   __shared__ uint32_t s_use[EP_MAX_TOPK];
   const Ctx c = setup(a, H, buffer_fp8(a));
@@ -704,25 +794,26 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
   for (uint32_t p = threadIdx.x; p < c.R; p += kThreads) {
     s_expected[p] = 0;
     s_low[p] = 0;
-    if (masked(c, p)) continue;
-    const uint64_t w = ep_comm::wait_tag(local_word(a, ep_combine_flag_word(&c.lay, a.set, p)),
-                                        c.tag, static_cast<int32_t>(p), -1,
-                                        "EP combine: waiting for the expert outputs of PE's "
-                                        "experts (its combine flag)");
+    s_out[p] = masked_before(c, p);
+    if (s_out[p]) continue;
+    const uint64_t w = recv_word(c, local_word(a, ep_combine_flag_word(&c.lay, a.set, p)), p, -1,
+                                 "EP combine: waiting for the expert outputs of PE's "
+                                 "experts (its combine flag)");
     s_low[p] = static_cast<uint32_t>(w & 0xffffffffu);
+    if (s_low[p] == EP_SHRUNK) s_out[p] = 1;
   }
   const bool bad_ids = first_bad_id(c, a) != ~0ull;  // has a __syncthreads
   const uint64_t TK = static_cast<uint64_t>(c.T) * c.K;
   for (uint64_t i = threadIdx.x; i < TK; i += kThreads) {
     const int64_t e = idx_at(a, i);
-    if (e >= 0 && e < static_cast<int64_t>(c.E) && !masked(c, static_cast<uint32_t>(e / c.L)))
+    if (e >= 0 && e < static_cast<int64_t>(c.E) && !s_out[e / c.L])
       atomicAdd(&s_expected[e / c.L], 1u);
   }
   __syncthreads();
   // The CPU's check, in PE order; every block finds the same answer.
   bool problem = a.fault != 0 || bad_ids;
   for (uint32_t p = 0; p < c.R && !problem; ++p) {
-    if (masked(c, p)) continue;
+    if (s_out[p]) continue;
     const uint32_t low = s_low[p];
     if (low & EP_POISON) {
       problem = true;
@@ -740,7 +831,7 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
     if (threadIdx.x < c.K) {
       const int64_t e = idx_at(a, static_cast<uint64_t>(t) * c.K + threadIdx.x);
       s_use[threadIdx.x] =
-          !problem && e >= 0 && e < static_cast<int64_t>(c.E) && !masked(c, static_cast<uint32_t>(e / c.L));
+          !problem && e >= 0 && e < static_cast<int64_t>(c.E) && !s_out[e / c.L];
       s_w[threadIdx.x] = weights[static_cast<uint64_t>(t) * c.K + threadIdx.x];
     }
     __syncthreads();

@@ -566,6 +566,8 @@ struct PeOut {
     status: Vec<(u32, u64)>,
     /// (kind, peer, value, commit) per set (emulator only).
     status_full: Vec<(u32, i64, u64, u64)>,
+    /// The PE's mask entries after the repeat (emulator, shrink mode only).
+    mask: Vec<i32>,
 }
 
 /// How the emulated PEs reach each other.
@@ -594,6 +596,12 @@ struct KCase {
     /// `--concurrent`: every PE and every block a process, all at once (ll_emulator.cpp).
     concurrent: bool,
     net: Net,
+    /// Shrink mode: `masked_pe` is not masked by the host but dies after `dead_after`
+    /// repeats, and the others' kernels (EP_LL_SHRINK) give up on it after 300 ms.
+    shrink: Option<usize>,
+    /// With `shrink`: the dead PE still sends in its last repeat, and its count for local
+    /// expert 0 is then taken back (sequential emulation only).
+    partial: bool,
 }
 
 fn routing(c: &KCase) -> Vec<check::Routing> {
@@ -647,10 +655,19 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
             &p2p,
         )
     });
+    let mut env = shared.as_ref().map(|s| s.shm.env()).unwrap_or_default();
+    if let Some(after) = c.shrink {
+        env.push(("RSHMEM_EMU_SHRINK", "1".into()));
+        env.push(("RSHMEM_EMU_DEAD_AFTER", after.to_string()));
+        env.push(("RSHMEM_EMU_TIMEOUT_MS", SHRINK_TIMEOUT_MS.to_string()));
+        if c.partial {
+            env.push(("RSHMEM_EMU_PARTIAL", "1".into()));
+        }
+    }
     let lines = run_args(
         emulator(),
         if c.concurrent { &["--concurrent"] } else { &[] },
-        &shared.as_ref().map(|s| s.shm.env()).unwrap_or_default(),
+        &env,
         &input,
     );
     // Every queue between two live PEs that do not share a mapping carried work (at least
@@ -713,6 +730,9 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
                     f[4].parse().unwrap(),
                     f[5].parse().unwrap(),
                 ));
+            }
+            "mask" => {
+                cur.as_mut().unwrap().1.mask = f[1..].iter().map(|v| v.parse().unwrap()).collect()
             }
             _ => panic!("emulator printed {line:?}"),
         }
@@ -826,7 +846,6 @@ fn run_cpu(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
         .collect()
 }
 
-#[allow(clippy::needless_range_loop)] // indices name PEs and experts in the messages
 /// The emulated kernels' outputs equal the CPU oracle's: counts, each (expert, source)
 /// block's rows in order (src_info and bytes of recv_x + scales), every combined row bit
 /// for bit; the kernels' blocks are in source order and their recv_topk_slot is the slot
@@ -835,49 +854,110 @@ fn check_kernels(c: KCase) {
     let routes = routing(&c);
     let emu = run_emulated(&c, &routes);
     let cpu = run_cpu(&c, &routes);
-    let (n, l, k) = (c.pes, c.cfg.num_experts / c.pes, c.cfg.num_topk);
-    let pes: Vec<usize> = (0..n).filter(|&p| c.masked_pe != Some(p)).collect();
+    let pes: Vec<usize> = (0..c.pes).filter(|&p| c.masked_pe != Some(p)).collect();
     let mut rows_checked = 0;
     for rep in 0..c.repeats {
-        assert_eq!(emu[rep].len(), pes.len());
-        for ((e, o), &me) in emu[rep].iter().zip(&cpu[rep]).zip(&pes) {
-            let at = format!("{}, repeat {rep}, PE {me}", c.cfg);
-            assert_eq!(e.counts, o.counts, "{at}: recv_count");
-            for le in 0..l {
-                let mut begin = 0;
-                for s in 0..n {
-                    let (eb, er) = &e.blocks[le * n + s];
-                    let (_, or) = &o.blocks[le * n + s];
+        rows_checked += compare_repeat(&c, &routes, rep, &emu[rep], &cpu[rep], &pes);
+    }
+    assert!(rows_checked > 0, "the case received nothing");
+}
+
+/// One repeat: the emulated PEs `pes` (their outputs `emu`) against the oracle's (`cpu`,
+/// same order); returns the rows compared.
+#[allow(clippy::needless_range_loop)] // indices name PEs and experts in the messages
+fn compare_repeat(
+    c: &KCase,
+    routes: &[check::Routing],
+    rep: usize,
+    emu: &[PeOut],
+    cpu: &[PeOut],
+    pes: &[usize],
+) -> usize {
+    let (n, l, k) = (c.pes, c.cfg.num_experts / c.pes, c.cfg.num_topk);
+    let mut rows_checked = 0;
+    assert_eq!(emu.len(), pes.len(), "repeat {rep}: PEs that reported");
+    assert_eq!(cpu.len(), pes.len(), "repeat {rep}: oracle PEs");
+    for ((e, o), &me) in emu.iter().zip(cpu).zip(pes) {
+        let at = format!("{}, repeat {rep}, PE {me}", c.cfg);
+        assert_eq!(e.counts, o.counts, "{at}: recv_count");
+        for le in 0..l {
+            let mut begin = 0;
+            for s in 0..n {
+                let (eb, er) = &e.blocks[le * n + s];
+                let (_, or) = &o.blocks[le * n + s];
+                assert_eq!(
+                    er.len(),
+                    or.len(),
+                    "{at}: count of block (expert {le}, source {s})"
+                );
+                if !er.is_empty() {
+                    assert_eq!(*eb, begin, "{at}: blocks in source order");
+                }
+                begin += er.len() as u64;
+                for (i, (g, w)) in er.iter().zip(or).enumerate() {
+                    assert_eq!((g.0, g.2), (w.0, w.2), "{at}: block ({le}, {s}) row {i}");
+                    let t = g.0 as usize;
+                    let slots = &routes[s].topk_idx[t * k..(t + 1) * k];
+                    let want_k = slots.iter().position(|&x| x == (me * l + le) as i64);
                     assert_eq!(
-                        er.len(),
-                        or.len(),
-                        "{at}: count of block (expert {le}, source {s})"
+                        Some(g.1 as usize),
+                        want_k,
+                        "{at}: recv_topk_slot of ({le}, {s}) row {i}"
                     );
-                    if !er.is_empty() {
-                        assert_eq!(*eb, begin, "{at}: blocks in source order");
-                    }
-                    begin += er.len() as u64;
-                    for (i, (g, w)) in er.iter().zip(or).enumerate() {
-                        assert_eq!((g.0, g.2), (w.0, w.2), "{at}: block ({le}, {s}) row {i}");
-                        let t = g.0 as usize;
-                        let slots = &routes[s].topk_idx[t * k..(t + 1) * k];
-                        let want_k = slots.iter().position(|&x| x == (me * l + le) as i64);
-                        assert_eq!(
-                            Some(g.1 as usize),
-                            want_k,
-                            "{at}: recv_topk_slot of ({le}, {s}) row {i}"
-                        );
-                        rows_checked += 1;
-                    }
+                    rows_checked += 1;
                 }
             }
-            assert_eq!(e.comb, o.comb, "{at}: combined_x rows");
-            let calls = (rep as u64 + 1, rep as u64 + 1);
-            assert_eq!(
-                e.status,
-                vec![(0, calls.0), (0, calls.1)],
-                "{at}: status / set_calls"
-            );
+        }
+        assert_eq!(e.comb, o.comb, "{at}: combined_x rows");
+        let calls = (rep as u64 + 1, rep as u64 + 1);
+        assert_eq!(
+            e.status,
+            vec![(0, calls.0), (0, calls.1)],
+            "{at}: status / set_calls"
+        );
+    }
+    rows_checked
+}
+
+/// GPU shrink mode (EP_LL_SHRINK, ep_ll.cu "Shrink mode"): PE `dead` runs `after` repeats
+/// and stops (a PE that died; 0 = from the start). The others' kernels wait for it at most
+/// the timeout, then mask it themselves and go on: before the death every PE's outputs
+/// equal the oracle's with nobody masked, from the repeat of the death on the survivors'
+/// equal the oracle's with `dead` masked by the host (what the dead PE had not sent is
+/// absent, its experts are left out of the sums), and each survivor's mask names exactly
+/// `dead`, with the mark of the dispatch call that gave up on it.
+fn check_shrink(mut c: KCase, dead: usize, after: usize) {
+    c.masked_pe = Some(dead);
+    c.shrink = Some(after);
+    let routes = routing(&c);
+    let emu = run_emulated(&c, &routes);
+    let all = run_cpu(
+        &KCase {
+            masked_pe: None,
+            shrink: None,
+            ..c.clone()
+        },
+        &routes,
+    );
+    let masked = run_cpu(&c, &routes);
+    let everyone: Vec<usize> = (0..c.pes).collect();
+    let survivors: Vec<usize> = (0..c.pes).filter(|&p| p != dead).collect();
+    let mut rows_checked = 0;
+    for rep in 0..c.repeats {
+        let (pes, want) = if rep < after {
+            (&everyone, &all[rep])
+        } else {
+            (&survivors, &masked[rep])
+        };
+        rows_checked += compare_repeat(&c, &routes, rep, &emu[rep], want, pes);
+        // The dispatch of the death's repeat (LL call 2 * after, tag 2 * after + 1) gave
+        // up on it: EP_LL_MASK_SHRUNK(tag).
+        let mark = 0x4000_0000 | (2 * after as i32 + 1);
+        for (o, &me) in emu[rep].iter().zip(pes) {
+            let want: Vec<i32> = (0..c.pes)
+                .map(|q| if q == dead && rep >= after { mark } else { 0 })
+                .collect();
+            assert_eq!(o.mask, want, "repeat {rep}, PE {me}: mask");
         }
     }
     assert!(rows_checked > 0, "the case received nothing");
@@ -912,6 +992,8 @@ fn kcase(
         dispatch_only: false,
         concurrent: false,
         net: Net::P2p,
+        shrink: None,
+        partial: false,
     }
 }
 
@@ -1018,6 +1100,57 @@ fn kernels_emulated_concurrently_match_the_oracle() {
         c.repeats = 3;
         check_kernels(c);
     }
+}
+
+/// GPU shrink mode with a PE that died part way through sending its counts (blocks one
+/// after another, so the emulator can place the death): in repeat `after` the dead PE's
+/// dispatch send runs, then its count word for local expert 0 is taken back on every
+/// receiver. The receivers give up on that word only, yet must leave the PE out of the
+/// whole call (its later blocks cannot be located without that count), every block of
+/// the receive alike: from that repeat on the survivors' outputs are the masked oracle's.
+fn check_shrink_partial(mut c: KCase, dead: usize, after: usize) {
+    c.partial = true;
+    // The case shows something only if some survivor's expert 0 got tokens from `dead`.
+    let routes = routing(&c);
+    let l = c.cfg.num_experts / c.pes;
+    let taken_back = (0..c.pes)
+        .filter(|&p| p != dead)
+        .map(|p| {
+            routes[dead]
+                .topk_idx
+                .iter()
+                .filter(|&&e| e == (p * l) as i64)
+                .count()
+        })
+        .sum::<usize>();
+    assert!(taken_back > 0, "the count taken back announced no token");
+    check_shrink(c, dead, after);
+}
+
+/// Shrink tests: how long the kernels wait for a dead PE before giving up.
+const SHRINK_TIMEOUT_MS: u64 = 300;
+
+/// Shrink mode, blocks one after another: a PE dead from the first call.
+#[test]
+fn kernels_emulated_shrink_masks_a_pe_dead_from_the_start() {
+    check_shrink(kcase(3, 4, 2048, 6, 3, false, 3, &[4, 4, 4]), 2, 0);
+}
+
+/// Shrink mode: a PE that dies after sending some of its counts.
+#[test]
+fn kernels_emulated_shrink_leaves_out_a_pe_that_died_while_sending_counts() {
+    let mut c = kcase(3, 4, 2048, 6, 3, true, 3, &[4, 4, 4]);
+    c.repeats = 3;
+    check_shrink_partial(c, 1, 1);
+}
+
+/// Shrink mode, every PE and block a process: a PE that completes two repeats and dies.
+#[test]
+fn kernels_emulated_concurrently_shrink_masks_a_pe_that_dies() {
+    let mut c = kcase(4, 4, 2560, 8, 4, true, 4, &[4, 3, 4, 2]);
+    c.concurrent = true;
+    c.repeats = 4;
+    check_shrink(c, 1, 2);
 }
 
 #[test]

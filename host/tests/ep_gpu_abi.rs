@@ -93,6 +93,7 @@ fn packed_arguments_land_at_the_compilers_offsets() {
         num_topk: 8,
         fp8: true,
         round_scale: false,
+        shrink: None,
     };
     let out = OutPtrs {
         recv_x: 0x1000,

@@ -49,6 +49,15 @@ pub const FLAG_IDX_I32: u32 = 0x1;
 pub const FLAG_ROUND_SCALE: u32 = 0x2;
 /// `EP_LL_FP8_BUFFER`.
 pub const FLAG_FP8_BUFFER: u32 = 0x4;
+/// `EP_LL_SHRINK`: a wait that times out masks its PE instead of trapping.
+pub const FLAG_SHRINK: u32 = 0x8;
+/// `EP_SHRUNK`: the low word of a signal word a shrinking receiver settled.
+pub const SHRUNK: u64 = 1 << 30;
+/// `EP_LL_MASK_SHRUNK(tag)`: the mask entry a kernel writes for a PE it gave up on in the
+/// call of `tag` (the host writes 1).
+pub fn mask_shrunk(tag: u64) -> i32 {
+    (0x4000_0000 | (tag & 0x3fff_ffff)) as i32
+}
 
 pub const STATUS_NONE: u32 = 0;
 pub const STATUS_DISPATCH_INPUT: u32 = 1;
@@ -83,7 +92,9 @@ pub struct LlArgs {
     pub set: u32,
     pub flags: u32,
     pub fault: u32,
-    pub reserved: u32,
+    /// `EP_LL_SHRINK`: a wait's bound before it gives up on its PE, in ms (0 = the device
+    /// state's timeout).
+    pub shrink_timeout_ms: u32,
 }
 
 /// `ep_ll_status_t`: what went wrong in the last call on a set.
@@ -157,7 +168,10 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         ("ep_ll_args_t.set", offset_of!(LlArgs, set)),
         ("ep_ll_args_t.flags", offset_of!(LlArgs, flags)),
         ("ep_ll_args_t.fault", offset_of!(LlArgs, fault)),
-        ("ep_ll_args_t.reserved", offset_of!(LlArgs, reserved)),
+        (
+            "ep_ll_args_t.shrink_timeout_ms",
+            offset_of!(LlArgs, shrink_timeout_ms),
+        ),
         ("sizeof.ep_ll_status_t", size_of::<LlStatus>()),
         ("ep_ll_status_t.claim", offset_of!(LlStatus, claim)),
         ("ep_ll_status_t.commit", offset_of!(LlStatus, commit)),
@@ -184,6 +198,7 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("EP_LL_IDX_I32", FLAG_IDX_I32 as u64),
         ("EP_LL_ROUND_SCALE", FLAG_ROUND_SCALE as u64),
         ("EP_LL_FP8_BUFFER", FLAG_FP8_BUFFER as u64),
+        ("EP_LL_SHRINK", FLAG_SHRINK as u64),
         ("EP_LL_STATUS_NONE", STATUS_NONE as u64),
         ("EP_LL_STATUS_DISPATCH_INPUT", STATUS_DISPATCH_INPUT as u64),
         ("EP_LL_STATUS_DISPATCH_PEER", STATUS_DISPATCH_PEER as u64),
@@ -207,6 +222,7 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
             crate::ep::MAX_TOKENS_PER_RANK as u64,
         ),
         ("EP_POISON", crate::ep::POISON),
+        ("EP_SHRUNK", SHRUNK),
         ("EP_COUNT_MASK", crate::ep::COUNT_MASK),
     ]
 }
@@ -335,6 +351,9 @@ pub struct ArgBase {
     pub num_topk: u32,
     pub fp8: bool,
     pub round_scale: bool,
+    /// Shrink mode ([`GpuBuffer::set_shrink`]): Some(the give-up bound in ms, 0 = the
+    /// device state's timeout).
+    pub shrink: Option<u32>,
 }
 
 impl ArgBase {
@@ -349,6 +368,9 @@ impl ArgBase {
         if self.fp8 {
             flags |= FLAG_FP8_BUFFER;
         }
+        if self.shrink.is_some() {
+            flags |= FLAG_SHRINK;
+        }
         LlArgs {
             buf: self.buf,
             ctl: self.ctl,
@@ -360,6 +382,7 @@ impl ArgBase {
             num_topk: self.num_topk,
             set: set as u32,
             flags,
+            shrink_timeout_ms: self.shrink.unwrap_or(0),
             ..LlArgs::default()
         }
     }
@@ -930,6 +953,10 @@ pub struct GpuBuffer<'g> {
     ctl: DevBuf,
     mask_dev: DevBuf,
     masked: Vec<bool>,
+    /// Shrink mode: the kernels mask a PE whose wait timed out (ep_ll.cu "Shrink mode").
+    shrink: bool,
+    /// Shrink mode: how long a wait lasts before it gives up (None: the PE's timeout).
+    shrink_timeout: Option<std::time::Duration>,
     outs: [SetOut; 2],
     book: Book,
     /// Per set: the arguments of its last call (for its receive hook).
@@ -1082,6 +1109,8 @@ impl<'g> GpuBuffer<'g> {
             ctl,
             mask_dev,
             masked: vec![false; n],
+            shrink: false,
+            shrink_timeout: None,
             outs,
             book: Book::default(),
             hook_args: [None, None],
@@ -1127,6 +1156,10 @@ impl<'g> GpuBuffer<'g> {
             num_topk: self.cfg.num_topk as u32,
             fp8: self.cfg.use_fp8,
             round_scale: self.cfg.round_scale,
+            shrink: self.shrink.then(|| {
+                self.shrink_timeout
+                    .map_or(0, |d| d.as_millis().clamp(1, u32::MAX as u128) as u32)
+            }),
         }
     }
 
@@ -1167,8 +1200,25 @@ impl<'g> GpuBuffer<'g> {
 
     // ------------------------------------------------------------ dead-PE mask
 
+    /// Shrink mode, as [`crate::ep::Buffer::set_shrink`] (DeepEP's `enable_shrink`): a
+    /// kernel whose wait for a PE times out masks that PE in the device mask and the call
+    /// goes on without it, instead of trapping (which would end the context). Takes effect
+    /// from the next call.
+    pub fn set_shrink(&mut self, on: bool) {
+        self.shrink = on;
+    }
+    pub fn shrink(&self) -> bool {
+        self.shrink
+    }
+    /// In shrink mode, how long a kernel waits for a PE before it gives up on it (None, the
+    /// default: the PE's timeout, `RSHMEM_TIMEOUT_MS`).
+    pub fn set_shrink_timeout(&mut self, t: Option<std::time::Duration>) {
+        self.shrink_timeout = t;
+    }
+
     /// Masks (or unmasks) PE `pe`, as [`crate::ep::Buffer::update_mask`]. Waits for the
-    /// stream first (the mask is device memory that in-flight kernels read).
+    /// stream first (the mask is device memory that in-flight kernels read; in shrink mode
+    /// they also write it).
     pub fn update_mask(&mut self, pe: usize, masked: bool) -> Result<()> {
         if pe >= self.masked.len() || pe == self.g.my_pe() {
             return Err(Error::InvalidArgument(format!(
@@ -1176,15 +1226,32 @@ impl<'g> GpuBuffer<'g> {
                 self.masked.len()
             )));
         }
+        self.read_mask()?;
         self.masked[pe] = masked;
         self.write_mask()
     }
-    pub fn query_mask(&self) -> Vec<bool> {
-        self.masked.clone()
+    /// Which PEs are masked: by [`GpuBuffer::update_mask`], or by the kernels in shrink
+    /// mode. Waits for the stream (the kernels' entries are read back from the device).
+    pub fn query_mask(&mut self) -> Result<Vec<bool>> {
+        self.read_mask()?;
+        Ok(self.masked.clone())
     }
     pub fn clean_mask(&mut self) -> Result<()> {
         self.masked.iter_mut().for_each(|m| *m = false);
         self.write_mask()
+    }
+    /// Folds the entries the kernels wrote (shrink mode) into `masked`.
+    fn read_mask(&mut self) -> Result<()> {
+        if !self.shrink {
+            return Ok(()); // only the host writes the mask
+        }
+        self.g.sync("ep mask query")?;
+        let mut b = vec![0u8; self.masked.len() * 4];
+        self.mask_dev.read(&mut b)?;
+        for (m, w) in self.masked.iter_mut().zip(b.chunks_exact(4)) {
+            *m |= i32::from_le_bytes([w[0], w[1], w[2], w[3]]) != 0;
+        }
+        Ok(())
     }
     fn write_mask(&self) -> Result<()> {
         self.g.sync("ep mask update")?;
@@ -1665,7 +1732,7 @@ pub fn args_bytes(a: &LlArgs) -> [u8; 128] {
         a.set,
         a.flags,
         a.fault,
-        a.reserved,
+        a.shrink_timeout_ms,
     ];
     for (i, v) in w.iter().enumerate() {
         b[96 + i * 4..100 + i * 4].copy_from_slice(&v.to_le_bytes());
@@ -1805,6 +1872,7 @@ mod tests {
             num_topk: 8,
             fp8: true,
             round_scale: true,
+            shrink: None,
         };
         let out = OutPtrs {
             recv_x: 0x10,
@@ -1848,7 +1916,7 @@ mod tests {
             FLAG_IDX_I32 | FLAG_ROUND_SCALE | FLAG_FP8_BUFFER
         );
         assert_eq!(w(off("fault")), 0);
-        assert_eq!(w(off("reserved")), 0);
+        assert_eq!(w(off("shrink_timeout_ms")), 0);
         // The struct's own bytes are these (repr(C), little-endian).
         // SAFETY: LlArgs is repr(C) plain data of exactly 128 bytes without padding.
         let raw: [u8; 128] = unsafe { std::mem::transmute(d) };

@@ -499,10 +499,10 @@ fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
     let mut problem: Option<Error> = None;
     if me != dead {
         buf.update_mask(dead, true)?;
-        if buf.query_mask() != masked {
+        let q = buf.query_mask()?;
+        if q != masked {
             problem.get_or_insert(Error::Verification(format!(
-                "ep GPU mask on PE {me}: query_mask {:?}",
-                buf.query_mask()
+                "ep GPU mask on PE {me}: query_mask {q:?}"
             )));
         }
         let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
@@ -527,16 +527,91 @@ fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
             problem.get_or_insert(e);
         }
         buf.clean_mask()?;
-        if buf.query_mask().iter().any(|&m| m) {
+        let q = buf.query_mask()?;
+        if q.iter().any(|&m| m) {
             problem.get_or_insert(Error::Verification(format!(
-                "ep GPU mask on PE {me}: clean_mask left {:?}",
-                buf.query_mask()
+                "ep GPU mask on PE {me}: clean_mask left {q:?}"
             )));
         }
     } else if buf.update_mask(me, true).is_ok() {
         problem.get_or_insert(Error::Verification(
             "ep GPU mask: a PE could mask itself".into(),
         ));
+    }
+    g.pe().barrier_all()?;
+    buf.destroy()?;
+    match problem {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Shrink mode (ep_ll.cu "Shrink mode"): the last PE makes no LL calls (a PE that died);
+/// nobody masks it, the others' buffers are in shrink mode with a 500 ms bound, so their
+/// kernels give up on it instead of trapping. Two round trips, each checked with EP.md's
+/// checks with the dead PE masked (the first gives up on it; the second skips it); the
+/// mask then holds exactly that PE, and clean_mask clears it.
+fn shrink_case(g: &GpuPe, m: &Module) -> Result<()> {
+    let (n, me) = (g.n_pes(), g.my_pe());
+    let dead = n - 1;
+    let cfg = Config {
+        num_max_dispatch_tokens_per_rank: 32,
+        hidden: 2048,
+        num_experts: 2 * n,
+        num_topk: 2,
+        use_fp8: true,
+        round_scale: false,
+    };
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
+    buf.set_shrink(true);
+    buf.set_shrink_timeout(Some(std::time::Duration::from_millis(500)));
+    let r = check::random_routing(31, me, 32, &cfg, None, 4);
+    let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
+    let mut masked = vec![false; n];
+    masked[dead] = true;
+    let mut problem: Option<Error> = None;
+    if me != dead {
+        let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
+        let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
+        let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
+        let l = cfg.num_experts / n;
+        // Before the first LL call (module docs: no allocation between LL calls).
+        let eo_buf = DevBuf::new(g.ctx(), l * n * 32 * cfg.hidden * 2, "expert outputs")?;
+        for round in 0..2 {
+            let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
+            let d = buf.read_dispatch(&h)?;
+            if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &d) {
+                problem.get_or_insert(Error::Verification(format!("round {round}: {e}")));
+            }
+            let mut eo = vec![bf16::ZERO; l * n * 32 * cfg.hidden];
+            check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
+            eo_buf.write(bf16_bytes(&eo))?;
+            let c = buf.low_latency_combine(
+                Some(eo_buf.ptr()),
+                idx.ptr(),
+                IdxType::I64,
+                w.ptr(),
+                &h,
+                false,
+            )?;
+            let comb = buf.read_combined(&c)?;
+            if let Err(e) = check::validate_combine(&cfg, n, me, &r, &masked, &scale, &comb) {
+                problem.get_or_insert(Error::Verification(format!("round {round}: {e}")));
+            }
+        }
+        let q = buf.query_mask()?;
+        if q != masked {
+            problem.get_or_insert(Error::Verification(format!(
+                "ep GPU shrink on PE {me}: query_mask {q:?}, want {masked:?}"
+            )));
+        }
+        buf.clean_mask()?;
+        let q = buf.query_mask()?;
+        if q.iter().any(|&m| m) {
+            problem.get_or_insert(Error::Verification(format!(
+                "ep GPU shrink on PE {me}: clean_mask left {q:?}"
+            )));
+        }
     }
     g.pe().barrier_all()?;
     buf.destroy()?;
@@ -660,6 +735,7 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
             .map(|c| c.name.clone())
             .chain(["faults".to_string(), "graph-replay-x3".to_string()])
             .chain((n >= 3).then(|| "masked-PE".to_string()))
+            .chain((n >= 3).then(|| "shrink-dead-PE".to_string()))
             .collect();
         let t0 = Instant::now();
         let per_pe = run_gpu_threads(n, s, |g| {
@@ -683,6 +759,9 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
                 g.pe().barrier_all()?;
                 let t = Instant::now();
                 out.push((mask_case(g, &m), t.elapsed().as_secs_f64()));
+                g.pe().barrier_all()?;
+                let t = Instant::now();
+                out.push((shrink_case(g, &m), t.elapsed().as_secs_f64()));
             }
             Ok(out)
         });

@@ -65,6 +65,16 @@ inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long cm
   __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   return cmp;
 }
+inline int atomicCAS(int *p, int cmp, int v) {
+  __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return cmp;
+}
+// System scope is the only scope here (every block is a process on one shared mapping).
+inline unsigned long long atomicCAS_system(unsigned long long *p, unsigned long long cmp,
+                                           unsigned long long v) {
+  return atomicCAS(p, cmp, v);
+}
+inline int atomicCAS_system(int *p, int cmp, int v) { return atomicCAS(p, cmp, v); }
 inline unsigned long long atomicMin(unsigned long long *p, unsigned long long v) {
   unsigned long long old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
   while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {

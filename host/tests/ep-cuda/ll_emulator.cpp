@@ -19,6 +19,14 @@
 // stdin:  R N H E K FP8 ROUND GRID REPEATS MASKED_PE(-1 = none) MODE (0 = dispatch +
 //         combine, 1 = dispatch only: for inputs that poison the call)
 //         then per PE: T, T*K expert ids, T*K weights (f32 bit patterns in hex)
+// Shrink mode (RSHMEM_EMU_SHRINK=1): MASKED_PE is not masked by the host but dead: it runs
+// its first RSHMEM_EMU_DEAD_AFTER repeats (default 0; --concurrent only for more) and then
+// stops, and the others launch with EP_LL_SHRINK, so their kernels give up on it after
+// RSHMEM_EMU_TIMEOUT_MS (P2P mode) and mask it themselves; each PE's output then ends
+// with "mask" and its mask entries. RSHMEM_EMU_PARTIAL=1 (sequential mode): in the repeat
+// of its death the dead PE still runs its dispatch send, and then its count word for local
+// expert 0 is taken back (the word's tag made stale) on every receiver: a PE that died
+// after sending some of its counts.
 // stdout: per repeat and PE: recv_count, per (local expert, source) block its begin/count
 //         and per row src_info, recv_topk_slot and an FNV-1a hash of the row's bytes
 //         (recv_x row, then its scales), per token the FNV-1a hash of combined_x's row,
@@ -249,6 +257,16 @@ int main(int argc, char **argv) {
     };
   }
   const bool ibgda = !shm_states.empty();
+  const char *shrink_env = getenv("RSHMEM_EMU_SHRINK");
+  const bool shrink = shrink_env != nullptr && strcmp(shrink_env, "1") == 0;
+  const char *dead_env = getenv("RSHMEM_EMU_DEAD_AFTER");
+  const unsigned dead_after = dead_env ? unsigned(strtoul(dead_env, nullptr, 10)) : 0;
+  const char *partial_env = getenv("RSHMEM_EMU_PARTIAL");
+  const bool partial = partial_env != nullptr && strcmp(partial_env, "1") == 0;
+  if (shrink && (masked_pe < 0 || (partial && g_concurrent))) return 2;
+  const char *timeout_env = getenv("RSHMEM_EMU_TIMEOUT_MS");
+  const uint64_t timeout_ns =
+      timeout_env ? strtoull(timeout_env, nullptr, 10) * 1000000ull : 5000000000ull;
   for (unsigned p = 0; p < R; ++p) {
     Pe &pe = pes[p];
     if (scanf("%u", &pe.T) != 1) return 2;
@@ -278,7 +296,7 @@ int main(int argc, char **argv) {
     pe.slot = dev_alloc<int32_t>(L * rows);
     pe.layout_range = dev_alloc<int64_t>(size_t(L) * R);
     pe.mask = dev_alloc<int32_t>(R);
-    if (masked_pe >= 0)
+    if (masked_pe >= 0 && !shrink)
       for (unsigned q = 0; q < R; ++q) pe.mask[q] = (q == unsigned(masked_pe) && q != p) ? 1 : 0;
     peers[p] = rshmem_peer_t{reinterpret_cast<uint64_t>(pe.heap), RSHMEM_TRANSPORT_P2P, 0, 0, 0, 0};
   }
@@ -296,7 +314,7 @@ int main(int argc, char **argv) {
     s.heap_base = reinterpret_cast<uint64_t>(pes[p].heap);
     s.heap_size = heap_size;
     s.peers = reinterpret_cast<uint64_t>(peers.data());
-    s.timeout_ns = 5000000000ull;
+    s.timeout_ns = timeout_ns;
     s.flags = RSHMEM_STATE_CHECKS;
   }
   // Whether PE p's dispatches need the stage kernel (gpu::ep::needs_stage).
@@ -328,16 +346,29 @@ int main(int argc, char **argv) {
     a.num_experts = E;
     a.num_topk = K;
     a.set = set;
-    a.flags = (round ? EP_LL_ROUND_SCALE : 0) | (fp8 ? EP_LL_FP8_BUFFER : 0);
+    a.flags = (round ? EP_LL_ROUND_SCALE : 0) | (fp8 ? EP_LL_FP8_BUFFER : 0) |
+              (shrink ? EP_LL_SHRINK : 0);
     return a;
   };
-  auto skip = [&](unsigned p) { return masked_pe >= 0 && p == unsigned(masked_pe); };
+  // The masked PE never runs (the host masked it, or, in shrink mode, it is dead); with
+  // RSHMEM_EMU_DEAD_AFTER it runs that many repeats first.
+  auto skip = [&](unsigned p) {
+    return masked_pe >= 0 && p == unsigned(masked_pe) && dead_after == 0;
+  };
+  auto runs = [&](unsigned p, unsigned rep) {
+    return masked_pe < 0 || p != unsigned(masked_pe) || rep < dead_after;
+  };
   auto status = [&](FILE *out, unsigned p) {
     for (unsigned s = 0; s < 2; ++s)
       fprintf(out, "status %u %u %d %llu %llu %llu\n", s, pes[p].ctl->status[s].kind,
               pes[p].ctl->status[s].peer, (unsigned long long)pes[p].ctl->status[s].value,
               (unsigned long long)pes[p].ctl->status[s].commit,
               (unsigned long long)pes[p].ctl->set_calls[s]);
+    if (shrink) {
+      fprintf(out, "mask");
+      for (unsigned q = 0; q < R; ++q) fprintf(out, " %d", pes[p].mask[q]);
+      fprintf(out, "\n");
+    }
   };
   // The simulated expert of host/src/ep/check.rs expert_forward:
   // out = bf16(dequant(recv) * (1 + (e % 4) / 4)).
@@ -423,7 +454,7 @@ int main(int argc, char **argv) {
       }
       if (pid == 0) {
         unsigned call = 0;
-        for (unsigned rep = 0; rep < repeats; ++rep) {
+        for (unsigned rep = 0; rep < repeats && runs(p, rep); ++rep) {
           const unsigned dset = call++ % 2;
           dsend(p, dset);
           drecv(p, dset);
@@ -458,7 +489,7 @@ int main(int argc, char **argv) {
     }
     for (unsigned rep = 0; rep < repeats; ++rep)
       for (unsigned p = 0; p < R; ++p)
-        if (outs[p]) {
+        if (outs[p] && runs(p, rep)) {
           if (rep >= sections[p].size()) return 6;
           fputs(sections[p][rep].c_str(), stdout);
         }
@@ -468,26 +499,35 @@ int main(int argc, char **argv) {
   unsigned call = 0;
   for (unsigned rep = 0; rep < repeats; ++rep) {
     unsigned set = call++ % 2;
+    const bool dies_now = shrink && partial && rep == dead_after;
     for (unsigned p = 0; p < R; ++p)
-      if (!skip(p)) dsend(p, set);
+      if (runs(p, rep) || (dies_now && p == unsigned(masked_pe))) dsend(p, set);
+    if (dies_now)
+      for (unsigned p = 0; p < R; ++p)
+        if (p != unsigned(masked_pe)) {
+          uint64_t *w = reinterpret_cast<uint64_t *>(
+              pes[p].heap + buf + ep_dispatch_count_word(&lay, set, 0, unsigned(masked_pe)));
+          *w = 0;
+        }
     for (unsigned p = 0; p < R; ++p)
-      if (!skip(p)) drecv(p, set);
+      if (runs(p, rep)) drecv(p, set);
     if (mode == 1) {
       for (unsigned p = 0; p < R; ++p) {
-        if (skip(p)) continue;
+        if (!runs(p, rep)) continue;
         printf("rep %u pe %u\n", rep, p);
         status(stdout, p);
       }
       continue;
     }
-    for (unsigned p = 0; p < R; ++p) forward(p);
+    for (unsigned p = 0; p < R; ++p)
+      if (runs(p, rep)) forward(p);
     set = call++ % 2;
     for (unsigned p = 0; p < R; ++p)
-      if (!skip(p)) csend(p, set);
+      if (runs(p, rep)) csend(p, set);
     for (unsigned p = 0; p < R; ++p)
-      if (!skip(p)) crecv(p, set);
+      if (runs(p, rep)) crecv(p, set);
     for (unsigned p = 0; p < R; ++p) {
-      if (skip(p)) continue;
+      if (!runs(p, rep)) continue;
       printf("rep %u pe %u\n", rep, p);
       outputs(stdout, p);
     }

@@ -32,7 +32,7 @@ int main() {
   OFF(ep_ll_args_t, set);
   OFF(ep_ll_args_t, flags);
   OFF(ep_ll_args_t, fault);
-  OFF(ep_ll_args_t, reserved);
+  OFF(ep_ll_args_t, shrink_timeout_ms);
   SZ(ep_ll_status_t);
   OFF(ep_ll_status_t, claim);
   OFF(ep_ll_status_t, commit);
@@ -53,6 +53,7 @@ int main() {
   K(EP_LL_IDX_I32);
   K(EP_LL_ROUND_SCALE);
   K(EP_LL_FP8_BUFFER);
+  K(EP_LL_SHRINK);
   K(EP_LL_STATUS_NONE);
   K(EP_LL_STATUS_DISPATCH_INPUT);
   K(EP_LL_STATUS_DISPATCH_PEER);
@@ -71,5 +72,6 @@ int main() {
   K(EP_MAX_TOKENS_PER_RANK);
   K(EP_POISON);
   K(EP_COUNT_MASK);
+  K(EP_SHRUNK);
   return 0;
 }

@@ -24,6 +24,7 @@
 
 #include <stdint.h>
 
+#include "rshmem/ep/layout.cuh"
 #include "rshmem/rshmem.cuh"
 
 #if defined(__CUDACC__)
@@ -87,6 +88,52 @@ __device__ __forceinline__ uint64_t wait_tag(const uint64_t *p, uint64_t tag, in
       fail(RSHMEM_DEVICE_ERR_WAIT_TIMEOUT, peer_pe, reinterpret_cast<uint64_t>(p), tag << 32, v,
            RSHMEM_CMP_EQ, what, expert);
   }
+}
+
+// Shrink mode (EP_LL_SHRINK). Settles the signal word at `p` for the call of `tag`: waits
+// up to `budget_ns` (less once `give_up()` says the PE was given up on in this call) for
+// it to carry `tag`; when it does not, replaces it by tag << 32 | EP_SHRUNK with a
+// compare-and-swap against the value last seen. So every reader of one word in one call
+// gets the same thing — the word as its PE sent it, or the marker — and kernels whose
+// blocks share out the work (the dispatch receive's packing) agree on each source's
+// counts. A word that arrives after it was settled still overwrites the marker; a reader
+// that comes later sees it: only a PE that answers after the whole timeout can make the
+// blocks of that one call disagree. Memory ordering: the found word is read with
+// ld.acquire; a CAS that finds the word arrived is relaxed, so a system fence follows it
+// before the caller reads the data the word announces.
+template <class GiveUp>
+__device__ uint64_t settle_tag(uint64_t *p, uint64_t tag, uint64_t budget_ns, GiveUp give_up) {
+  uint64_t v = ld_acquire(p);
+  if ((v >> 32) == tag) return v;
+  const uint64_t start = rshmemi_globaltimer();
+  while (!give_up() && rshmemi_globaltimer() - start <= budget_ns) {
+    v = ld_acquire(p);
+    if ((v >> 32) == tag) return v;
+  }
+  const uint64_t marker = tag << 32 | EP_SHRUNK;
+  for (;;) {
+    const uint64_t old = atomicCAS_system(reinterpret_cast<unsigned long long *>(p),
+                                          static_cast<unsigned long long>(v),
+                                          static_cast<unsigned long long>(marker));
+    if (old == v) return marker;
+    v = old;
+    if ((v >> 32) == tag) {
+      __threadfence_system();
+      return v;
+    }
+  }
+}
+
+// Shrink mode: waits until the word at `p` is >= `value`, up to `budget_ns` or until
+// `give_up()`; false when it gave up.
+template <class GiveUp>
+__device__ bool wait_ge_or_give_up(const uint64_t *p, uint64_t value, uint64_t budget_ns,
+                                   GiveUp give_up) {
+  if (ld_acquire(p) >= value) return true;
+  const uint64_t start = rshmemi_globaltimer();
+  while (!give_up() && rshmemi_globaltimer() - start <= budget_ns)
+    if (ld_acquire(p) >= value) return true;
+  return false;
 }
 
 // Waits until the word at `p` is >= `value` (credits).

@@ -36,6 +36,9 @@
 #define EP_TAG_SHIFT 32
 #define EP_POISON (1ull << 31)
 #define EP_COUNT_MASK 0xffffffull
+// GPU shrink mode only: the low word of a signal word that a receiver gave up waiting for
+// and settled as "nothing came" (ep_comm::settle_tag); never sent by a PE.
+#define EP_SHRUNK (1ull << 30)
 #define EP_FAULT_TOO_MANY_TOKENS 1ull
 #define EP_FAULT_BAD_EXPERT 2ull
 #define EP_FAULT_SHAPE 3ull

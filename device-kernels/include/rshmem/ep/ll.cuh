@@ -27,13 +27,22 @@ extern "C" {
 #define EP_LL_FP8_BUFFER 0x4u   // the buffer's Config has use_fp8 (its layout's message size):
                                 // required by the _fp8 dispatch kernels, refused by the
                                 // _bf16 ones, and what the combine kernels lay out with
+#define EP_LL_SHRINK 0x8u       // shrink mode (DeepEP's enable_shrink): a wait that times out
+                                // masks its PE (mask[pe] = EP_LL_MASK_SHRUNK(tag)) and the
+                                // call goes on without it, instead of trapping
+
+// The mask entry a kernel in shrink mode writes for a PE it gave up on during the call of
+// tag `tag` (the host writes 1). Kernels of that call treat the PE through its settled
+// signal words; later calls skip it like any masked PE.
+#define EP_LL_MASK_SHRUNK(tag) ((int32_t)(0x40000000u | ((uint32_t)(tag) & 0x3fffffffu)))
 
 // Argument block, passed by value (128 bytes). Pointers are device addresses in this
 // PE's context; "heap offset" is an offset into the symmetric heap (same on every PE).
 typedef struct ep_ll_args {
   uint64_t buf;             // heap offset of the EP allocation (Layout::total_bytes, 64-aligned)
   uint64_t ctl;             // ep_ll_ctl_t * (this PE's, zeroed once when the buffer is created)
-  uint64_t mask;            // const int32_t [R]: nonzero = PE masked (DeepEP's mask buffer)
+  uint64_t mask;            // int32_t [R]: nonzero = PE masked (DeepEP's mask buffer);
+                            //   written by the kernels in shrink mode
   uint64_t x;               // dispatch_send: bf16 [T, H] tokens; combine_send: bf16
                             //   [L, R*N, H] expert outputs (for zero-copy: the address of
                             //   this set's combine_send region, heap_base + buf + offset)
@@ -57,7 +66,8 @@ typedef struct ep_ll_args {
   uint32_t fault;           // 0, or a host-detected input fault (EP_POISON | code << 24 |
                             //   value, as host/src/ep/mod.rs Fault::encode): the send
                             //   phase poisons the call instead of sending data
-  uint32_t reserved;
+  uint32_t shrink_timeout_ms;  // EP_LL_SHRINK: how long a wait lasts before it gives up on
+                               //   its PE (0 = the device state's timeout)
 } ep_ll_args_t;
 
 // What went wrong in the last call on a set (see ep_ll.cu "Faults"). Valid iff
