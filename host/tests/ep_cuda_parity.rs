@@ -596,8 +596,8 @@ struct KCase {
     /// `--concurrent`: every PE and every block a process, all at once (ll_emulator.cpp).
     concurrent: bool,
     net: Net,
-    /// Shrink mode: `masked_pe` is not masked by the host but dies after `dead_after`
-    /// repeats, and the others' kernels (EP_LL_SHRINK) give up on it after 300 ms.
+    /// Shrink mode: `masked_pe` is not masked by the host but dies after this many
+    /// repeats, and the others' kernels (EP_LL_SHRINK) give up on it after a bound.
     shrink: Option<usize>,
     /// With `shrink`: the dead PE still sends in its last repeat, and its count for local
     /// expert 0 is then taken back (sequential emulation only).
@@ -659,7 +659,16 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
     if let Some(after) = c.shrink {
         env.push(("RSHMEM_EMU_SHRINK", "1".into()));
         env.push(("RSHMEM_EMU_DEAD_AFTER", after.to_string()));
-        env.push(("RSHMEM_EMU_TIMEOUT_MS", SHRINK_TIMEOUT_MS.to_string()));
+        // Blocks one after another wait only for the dead PE (every live send ran before
+        // any receive), so a short bound is safe; with every block a process a live PE
+        // may be descheduled on a loaded machine, so those get the 5 s the other
+        // concurrent tests trap after.
+        let bound = if c.concurrent {
+            5000
+        } else {
+            SHRINK_TIMEOUT_MS
+        };
+        env.push(("RSHMEM_EMU_TIMEOUT_MS", bound.to_string()));
         if c.partial {
             env.push(("RSHMEM_EMU_PARTIAL", "1".into()));
         }
@@ -1127,7 +1136,8 @@ fn check_shrink_partial(mut c: KCase, dead: usize, after: usize) {
     check_shrink(c, dead, after);
 }
 
-/// Shrink tests: how long the kernels wait for a dead PE before giving up.
+/// Shrink tests (blocks one after another): how long the kernels wait for a dead PE before
+/// giving up.
 const SHRINK_TIMEOUT_MS: u64 = 300;
 
 /// Shrink mode, blocks one after another: a PE dead from the first call.
