@@ -99,17 +99,20 @@
 // traps.
 //
 // Shrink mode (args.flags & EP_LL_SHRINK; DeepEP's enable_shrink, the CPU's
-// Buffer::set_shrink). A wait that times out does not trap: the PE waited for is given up
-// on — mask[pe] = EP_LL_MASK_SHRUNK(tag), visible to the host's query_mask — and the call
-// goes on without what did not come. Receive kernels settle each signal word they give
-// up on (ep_comm::settle_tag: a compare-and-swap to tag << 32 | EP_SHRUNK), so all their
-// blocks agree on what the PE sent in that call: a dispatch count word that had arrived
-// counts, one that had not counts 0, and a combine flag that had not arrived leaves that
-// PE's experts out of the weighted sum. Once one thread gave up on a PE, the other waits
-// for it in the same kernel end at once. Sends skip only PEs masked before the call (a
-// decision that stays the same in every block), and credits go to every PE not masked.
-// Later calls skip the PE like one the host masked; clean_mask brings it back. Only a PE
-// that answers after the whole timeout can make the blocks of that one call disagree.
+// Buffer::set_shrink). A wait that times out (args.shrink_timeout_ms, else
+// state.timeout_ns) does not trap: the PE waited for is given up on — mask[pe] =
+// EP_LL_MASK_SHRUNK(tag), visible to the host's query_mask — and the call goes on
+// without it. Once one thread gave up on a PE, the other waits for it in the same kernel
+// end at once. Receive kernels settle each signal word they give up on
+// (ep_comm::settle_tag: a compare-and-swap to tag << 32 | EP_SHRUNK) and take one
+// decision per source and call (ctl->shrink_decided, first decider wins), so all their
+// blocks agree on what a PE sent: a dispatch source is used only if all its L count
+// words came, a combine flag only if it came. Sends skip PEs masked before the call, and
+// send nothing (but still arrive at dest_done) to a PE given up on in this call's credit
+// wait; credits go to every PE not masked. Later calls skip the PE like one the host
+// masked; clean_mask brings it back. Limits (docs/ep.md "GPU shrink mode"): a live PE
+// delayed by its own give-up can be given up on by a peer (cascade); over IBGDA a queue
+// pair error met later still traps.
 //
 // Differences from the CPU that the oracle comparison must allow: the position of each
 // (expert, source) block in recv_x is by source order here, by arrival order on CPU (the
@@ -214,6 +217,33 @@ __device__ __forceinline__ bool masked_before(const Ctx &c, uint32_t pe) {
 __device__ __forceinline__ bool shrunk_now(const Ctx &c, uint32_t pe) {
   return mask_entry(c, pe) == EP_LL_MASK_SHRUNK(c.tag);
 }
+// Shrink mode, send kernels: whether `pe` is masked, the same answer in every thread of
+// the block (it may have been given up on in this call's credit wait: the unit then
+// skips its data and signals but still arrives at the completion counter).
+__device__ bool block_masked(const Ctx &c, uint32_t pe) {
+  __shared__ int s_gone;
+  __syncthreads();  // every thread has read the previous unit's answer
+  if (threadIdx.x == 0) s_gone = masked(c, pe);
+  __syncthreads();
+  return s_gone != 0;
+}
+
+// Shrink mode, receive kernels: the call's one decision about source `pe` on `set`
+// (ep_ll_ctl_t.shrink_decided): `mine` (true = use what it sent) unless another unit or
+// block decided first. Device scope: only this PE's kernel reads and writes it.
+__device__ bool decide(const Ctx &c, uint32_t set, uint32_t pe, bool mine) {
+  unsigned long long *d =
+      reinterpret_cast<unsigned long long *>(&c.ctl->shrink_decided[set][pe]);
+  const unsigned long long want = c.tag << 1 | (mine ? 1ull : 0ull);
+  unsigned long long cur = *reinterpret_cast<volatile unsigned long long *>(d);
+  while ((cur >> 1) != c.tag) {
+    const unsigned long long old = atomicCAS(d, cur, want);
+    if (old == cur) return mine;
+    cur = old;
+  }
+  return (cur & 1) != 0;
+}
+
 // Shrink mode: gives up on `pe` for good (first writer wins; a host mask stays).
 __device__ __forceinline__ void shrink_pe(const Ctx &c, uint32_t pe) {
   atomicCAS_system(&c.mask[pe], 0, EP_LL_MASK_SHRUNK(c.tag));
@@ -466,14 +496,17 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
     // given up on in this call's credit wait still gets its messages, so that every unit
     // of d arrives at dest_done and the counter is reset for the next call).
     if (masked_before(c, d)) continue;
+    // Shrink mode: a PE given up on in this call's credit wait (it has not released its
+    // receive slots) gets nothing; the unit still arrives below.
+    const bool gone = c.shrink && block_masked(c, d);
     // Where d's messages go: its mapped heap (P2P, or this PE), or its queue (nullptr).
     uint8_t *const peer = ep_comm::peer_ptr(static_cast<int32_t>(d), a.buf);
-    if (peer == nullptr && fault == 0) check_staged(c, a);
+    if (peer == nullptr && fault == 0 && !gone) check_staged(c, a);
     const uint32_t t0 = static_cast<uint32_t>(static_cast<uint64_t>(c.T) * part / parts);
     const uint32_t t1 = static_cast<uint32_t>(static_cast<uint64_t>(c.T) * (part + 1) / parts);
     const uint64_t e_lo = static_cast<uint64_t>(d) * c.L;
 
-    if (fault == 0) {
+    if (fault == 0 && !gone) {
       for (uint32_t le = threadIdx.x; le < c.L; le += kThreads) s_total[le] = s_base[le] = 0;
       __syncthreads();
       // Slots routed to d's experts: all of them, and those of tokens before t0.
@@ -556,7 +589,7 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
     }
     // The last unit of d announces the counts (or the poison), one word per local expert:
     // after every unit's stores (P2P) or WQE reservations (IBGDA) for d (arrive_last).
-    if (arrive_last(&c.ctl->dest_done[a.set][0][d], parts)) {
+    if (arrive_last(&c.ctl->dest_done[a.set][0][d], parts) && !gone) {
       for (uint32_t le = threadIdx.x; le < c.L; le += kThreads) {
         const uint64_t low = fault != 0 ? (fault & 0xffffffffu) : s_total[le];
         ep_comm::signal(static_cast<int32_t>(d), a.buf + ep_dispatch_count_word(&c.lay, a.set, le, c.me),
@@ -626,7 +659,27 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
           if (l2 == le) n = cnt;
           if (l2 < le) off += cnt;
         }
-        if (!complete) n = 0;
+        // One decision per source for the whole call: a word that came only after
+        // another unit settled it (a PE later than the whole bound) cannot make two
+        // units disagree. Used though this lane saw a marker: every word has come
+        // (whoever decided saw them all), so read them again.
+        if (!decide(c, a.set, j, complete)) {
+          n = 0;
+          off = 0;
+        } else if (!complete) {
+          n = off = 0;
+          for (uint32_t l2 = 0; l2 < c.L; ++l2) {
+            const uint32_t cnt = read_count(
+                c, a.set,
+                ep_comm::wait_tag(local_word(a, ep_dispatch_count_word(&c.lay, a.set, l2, j)),
+                                  c.tag, static_cast<int32_t>(j),
+                                  static_cast<int32_t>(c.me * c.L + l2),
+                                  "EP dispatch (shrink): a count another unit saw"),
+                j);
+            if (l2 == le) n = cnt;
+            if (l2 < le) off += cnt;
+          }
+        }
         if (j < s) begin += n;
         if (j == s) {
           own = n;
@@ -721,6 +774,7 @@ __device__ void combine_send(const ep_ll_args_t &a) {
     const uint32_t s = (c.me + 1 + u / parts) % c.R;
     const uint32_t part = u % parts;
     if (masked_before(c, s)) continue;  // block- and grid-uniform, as in dispatch_send
+    const bool gone = c.shrink && block_masked(c, s);  // as in dispatch_send
     // s's mapped heap (P2P, or this PE), or nullptr: its queue (IBGDA).
     uint8_t *const peer = ep_comm::peer_ptr(static_cast<int32_t>(s), a.buf);
     if (threadIdx.x == 0) s_rows = 0;
@@ -729,7 +783,7 @@ __device__ void combine_send(const ep_ll_args_t &a) {
     for (uint32_t le = threadIdx.x; le < c.L; le += kThreads)
       mine += static_cast<uint32_t>(lr[static_cast<uint64_t>(le) * c.R + s] & 0xffffffff);
     atomicAdd(&s_rows, static_cast<unsigned long long>(mine));
-    if (fault == 0) {
+    if (fault == 0 && !gone) {
       // Rows of s, flattened over (le, j); warp w of the P*kWarps warps of s takes every
       // row whose flat index is w modulo their number.
       const uint64_t W = static_cast<uint64_t>(parts) * kWarps;
@@ -769,7 +823,7 @@ __device__ void combine_send(const ep_ll_args_t &a) {
         flat += count;
       }
     }
-    if (arrive_last(&c.ctl->dest_done[a.set][1][s], parts)) {
+    if (arrive_last(&c.ctl->dest_done[a.set][1][s], parts) && !gone) {
       if (threadIdx.x == 0) {
         const uint64_t low = fault != 0 ? (fault & 0xffffffffu) : (s_rows & 0xffffffffu);
         ep_comm::signal(static_cast<int32_t>(s), a.buf + ep_combine_flag_word(&c.lay, a.set, c.me),
@@ -784,8 +838,8 @@ template <int H>
 __device__ void combine_recv(const ep_ll_args_t &a) {
   __shared__ uint32_t s_expected[EP_LL_MAX_PES];
   __shared__ uint32_t s_low[EP_LL_MAX_PES];
-  // PEs whose rows this call leaves out: masked before it, or given up on (their flag
-  // settled as EP_SHRUNK, the same in every block).
+  // PEs whose rows this call leaves out: masked before it, or given up on (shrink mode:
+  // the call's decision, the same in every block).
   __shared__ uint8_t s_out[EP_LL_MAX_PES];
   __shared__ float s_w[EP_MAX_TOPK];
   __shared__ uint32_t s_use[EP_MAX_TOPK];
@@ -800,7 +854,16 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
                                  "EP combine: waiting for the expert outputs of PE's "
                                  "experts (its combine flag)");
     s_low[p] = static_cast<uint32_t>(w & 0xffffffffu);
-    if (s_low[p] == EP_SHRUNK) s_out[p] = 1;
+    if (c.shrink && !decide(c, a.set, p, s_low[p] != EP_SHRUNK)) {
+      s_out[p] = 1;  // left out by this call's decision (every block adopts it)
+    } else if (s_low[p] == EP_SHRUNK) {
+      // Another block saw the flag: it has come, read it again.
+      s_low[p] = static_cast<uint32_t>(
+          ep_comm::wait_tag(local_word(a, ep_combine_flag_word(&c.lay, a.set, p)), c.tag,
+                            static_cast<int32_t>(p), -1,
+                            "EP combine (shrink): a flag another block saw") &
+          0xffffffffu);
+    }
   }
   const bool bad_ids = first_bad_id(c, a) != ~0ull;  // has a __syncthreads
   const uint64_t TK = static_cast<uint64_t>(c.T) * c.K;

@@ -599,9 +599,10 @@ struct KCase {
     /// Shrink mode: `masked_pe` is not masked by the host but dies after this many
     /// repeats, and the others' kernels (EP_LL_SHRINK) give up on it after a bound.
     shrink: Option<usize>,
-    /// With `shrink`: the dead PE still sends in its last repeat, and its count for local
-    /// expert 0 is then taken back (sequential emulation only).
-    partial: bool,
+    /// With `shrink`: how the repeat of the death goes (ll_emulator.cpp RSHMEM_EMU_DIES_IN:
+    /// "counts", "combine", "credit"; sequential emulation only), or None: the dead PE
+    /// just stops.
+    dies_in: Option<&'static str>,
 }
 
 fn routing(c: &KCase) -> Vec<check::Routing> {
@@ -669,8 +670,8 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
             SHRINK_TIMEOUT_MS
         };
         env.push(("RSHMEM_EMU_TIMEOUT_MS", bound.to_string()));
-        if c.partial {
-            env.push(("RSHMEM_EMU_PARTIAL", "1".into()));
+        if let Some(how) = c.dies_in {
+            env.push(("RSHMEM_EMU_DIES_IN", how.into()));
         }
     }
     let lines = run_args(
@@ -929,12 +930,14 @@ fn compare_repeat(
 }
 
 /// GPU shrink mode (EP_LL_SHRINK, ep_ll.cu "Shrink mode"): PE `dead` runs `after` repeats
-/// and stops (a PE that died; 0 = from the start). The others' kernels wait for it at most
-/// the timeout, then mask it themselves and go on: before the death every PE's outputs
-/// equal the oracle's with nobody masked, from the repeat of the death on the survivors'
-/// equal the oracle's with `dead` masked by the host (what the dead PE had not sent is
-/// absent, its experts are left out of the sums), and each survivor's mask names exactly
-/// `dead`, with the mark of the dispatch call that gave up on it.
+/// and stops (a PE that died; 0 = from the start; `c.dies_in` says how the repeat of the
+/// death goes). The others' kernels wait for it at most the bound, then mask it themselves
+/// and go on: before the death every PE's outputs equal the oracle's with nobody masked,
+/// from the repeat of the death on the survivors' equal the oracle's with `dead` masked by
+/// the host (what the dead PE had not sent is absent, its experts are left out of the
+/// sums) — except that a PE that dies after the dispatch (`"combine"`) still delivered
+/// its dispatch — and each survivor's mask names exactly `dead`, with the mark of the
+/// call that gave up on it.
 fn check_shrink(mut c: KCase, dead: usize, after: usize) {
     c.masked_pe = Some(dead);
     c.shrink = Some(after);
@@ -951,20 +954,38 @@ fn check_shrink(mut c: KCase, dead: usize, after: usize) {
     let masked = run_cpu(&c, &routes);
     let everyone: Vec<usize> = (0..c.pes).collect();
     let survivors: Vec<usize> = (0..c.pes).filter(|&p| p != dead).collect();
+    let after_dispatch = c.dies_in == Some("combine");
     let mut rows_checked = 0;
     for rep in 0..c.repeats {
-        let (pes, want) = if rep < after {
-            (&everyone, &all[rep])
+        let (pes, want): (&Vec<usize>, Vec<PeOut>) = if rep < after {
+            (&everyone, all[rep].clone())
+        } else if rep == after && after_dispatch {
+            // The dispatch had everyone; the combine leaves the dead PE's experts out.
+            let w = survivors
+                .iter()
+                .zip(&masked[rep])
+                .map(|(&me, m)| PeOut {
+                    comb: m.comb.clone(),
+                    ..all[rep][me].clone()
+                })
+                .collect();
+            (&survivors, w)
         } else {
-            (&survivors, &masked[rep])
+            (&survivors, masked[rep].clone())
         };
-        rows_checked += compare_repeat(&c, &routes, rep, &emu[rep], want, pes);
-        // The dispatch of the death's repeat (LL call 2 * after, tag 2 * after + 1) gave
-        // up on it: EP_LL_MASK_SHRUNK(tag).
-        let mark = 0x4000_0000 | (2 * after as i32 + 1);
+        rows_checked += compare_repeat(&c, &routes, rep, &emu[rep], &want, pes);
+        // The call that gave up on it: the death's dispatch (LL call 2 * after, tag
+        // 2 * after + 1), or its combine (tag 2 * after + 2): EP_LL_MASK_SHRUNK(tag).
+        let tag = 2 * after as i32 + if after_dispatch { 2 } else { 1 };
         for (o, &me) in emu[rep].iter().zip(pes) {
             let want: Vec<i32> = (0..c.pes)
-                .map(|q| if q == dead && rep >= after { mark } else { 0 })
+                .map(|q| {
+                    if q == dead && rep >= after {
+                        0x4000_0000 | tag
+                    } else {
+                        0
+                    }
+                })
                 .collect();
             assert_eq!(o.mask, want, "repeat {rep}, PE {me}: mask");
         }
@@ -1002,7 +1023,7 @@ fn kcase(
         concurrent: false,
         net: Net::P2p,
         shrink: None,
-        partial: false,
+        dies_in: None,
     }
 }
 
@@ -1118,21 +1139,26 @@ fn kernels_emulated_concurrently_match_the_oracle() {
 /// whole call (its later blocks cannot be located without that count), every block of
 /// the receive alike: from that repeat on the survivors' outputs are the masked oracle's.
 fn check_shrink_partial(mut c: KCase, dead: usize, after: usize) {
-    c.partial = true;
-    // The case shows something only if some survivor's expert 0 got tokens from `dead`.
+    c.dies_in = Some("counts");
+    // The case shows something only if the count taken back announced tokens, and the
+    // dead PE also sent to a later local expert of some survivor (whose block the rule
+    // must drop although its count came).
     let routes = routing(&c);
     let l = c.cfg.num_experts / c.pes;
-    let taken_back = (0..c.pes)
-        .filter(|&p| p != dead)
-        .map(|p| {
-            routes[dead]
-                .topk_idx
-                .iter()
-                .filter(|&&e| e == (p * l) as i64)
-                .count()
-        })
-        .sum::<usize>();
-    assert!(taken_back > 0, "the count taken back announced no token");
+    let to = |le: usize| {
+        (0..c.pes)
+            .filter(|&p| p != dead)
+            .map(|p| {
+                let e = (p * l + le) as i64;
+                routes[dead].topk_idx.iter().filter(|&&x| x == e).count()
+            })
+            .sum::<usize>()
+    };
+    assert!(to(0) > 0, "the count taken back announced no token");
+    assert!(
+        (1..l).map(to).sum::<usize>() > 0,
+        "the dead PE sent nothing to a later local expert"
+    );
     check_shrink(c, dead, after);
 }
 
@@ -1152,6 +1178,25 @@ fn kernels_emulated_shrink_leaves_out_a_pe_that_died_while_sending_counts() {
     let mut c = kcase(3, 4, 2048, 6, 3, true, 3, &[4, 4, 4]);
     c.repeats = 3;
     check_shrink_partial(c, 1, 1);
+}
+
+/// Shrink mode: a PE that dies after the dispatch of a repeat (the combine gives up).
+#[test]
+fn kernels_emulated_shrink_masks_a_pe_that_dies_before_the_combine() {
+    let mut c = kcase(3, 4, 2048, 6, 3, false, 3, &[4, 4, 4]);
+    c.repeats = 3;
+    c.dies_in = Some("combine");
+    check_shrink(c, 0, 1);
+}
+
+/// Shrink mode: a PE whose credit never came (the send kernels give up, send it nothing,
+/// and still complete their counters).
+#[test]
+fn kernels_emulated_shrink_gives_up_in_the_credit_wait() {
+    let mut c = kcase(4, 4, 2560, 8, 4, true, 5, &[4, 3, 4, 2]);
+    c.repeats = 3;
+    c.dies_in = Some("credit");
+    check_shrink(c, 3, 1);
 }
 
 /// Shrink mode, every PE and block a process: a PE that completes two repeats and dies.

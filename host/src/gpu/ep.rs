@@ -119,6 +119,8 @@ pub struct LlCtl {
     pub grid_done: [[u32; 4]; 2],
     pub dest_done: [[[u32; MAX_PES]; 2]; 2],
     pub staged: [u64; 2],
+    /// Shrink mode: per set and source, the receive kernel's decision (tag << 1 | use).
+    pub shrink_decided: [[u64; MAX_PES]; 2],
 }
 
 // The static_asserts of ll.cuh, repeated here (the C++ oracle test checks every field).
@@ -130,7 +132,8 @@ const _: () = assert!(offset_of!(LlCtl, status) == 16);
 const _: () = assert!(offset_of!(LlCtl, grid_done) == 112);
 const _: () = assert!(offset_of!(LlCtl, dest_done) == 144);
 const _: () = assert!(offset_of!(LlCtl, staged) == 144 + 2 * 2 * MAX_PES * 4);
-const _: () = assert!(size_of::<LlCtl>() == 144 + 2 * 2 * MAX_PES * 4 + 16);
+const _: () = assert!(offset_of!(LlCtl, shrink_decided) == 144 + 2 * 2 * MAX_PES * 4 + 16);
+const _: () = assert!(size_of::<LlCtl>() == 144 + 2 * 2 * MAX_PES * 4 + 16 + 2 * MAX_PES * 8);
 
 /// (name, value) of every size and offset mirrored here, named as the C++ oracle prints
 /// them (`sizeof.T`, `T.field`).
@@ -186,6 +189,10 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         ("ep_ll_ctl_t.grid_done", offset_of!(LlCtl, grid_done)),
         ("ep_ll_ctl_t.dest_done", offset_of!(LlCtl, dest_done)),
         ("ep_ll_ctl_t.staged", offset_of!(LlCtl, staged)),
+        (
+            "ep_ll_ctl_t.shrink_decided",
+            offset_of!(LlCtl, shrink_decided),
+        ),
     ]
 }
 
@@ -957,6 +964,9 @@ pub struct GpuBuffer<'g> {
     shrink: bool,
     /// Shrink mode: how long a wait lasts before it gives up (None: the PE's timeout).
     shrink_timeout: Option<std::time::Duration>,
+    /// The device mask may hold entries the kernels wrote (shrink mode was on since the
+    /// last clean_mask), which `masked` may not show yet.
+    kernel_marks: bool,
     outs: [SetOut; 2],
     book: Book,
     /// Per set: the arguments of its last call (for its receive hook).
@@ -1111,6 +1121,7 @@ impl<'g> GpuBuffer<'g> {
             masked: vec![false; n],
             shrink: false,
             shrink_timeout: None,
+            kernel_marks: false,
             outs,
             book: Book::default(),
             hook_args: [None, None],
@@ -1206,6 +1217,7 @@ impl<'g> GpuBuffer<'g> {
     /// from the next call.
     pub fn set_shrink(&mut self, on: bool) {
         self.shrink = on;
+        self.kernel_marks |= on;
     }
     pub fn shrink(&self) -> bool {
         self.shrink
@@ -1238,12 +1250,14 @@ impl<'g> GpuBuffer<'g> {
     }
     pub fn clean_mask(&mut self) -> Result<()> {
         self.masked.iter_mut().for_each(|m| *m = false);
-        self.write_mask()
+        self.write_mask()?;
+        self.kernel_marks = self.shrink;
+        Ok(())
     }
     /// Folds the entries the kernels wrote (shrink mode) into `masked`.
     fn read_mask(&mut self) -> Result<()> {
-        if !self.shrink {
-            return Ok(()); // only the host writes the mask
+        if !self.kernel_marks {
+            return Ok(()); // only the host wrote the mask since it was last cleaned
         }
         self.g.sync("ep mask query")?;
         let mut b = vec![0u8; self.masked.len() * 4];

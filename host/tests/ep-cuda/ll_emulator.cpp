@@ -23,10 +23,12 @@
 // its first RSHMEM_EMU_DEAD_AFTER repeats (default 0; --concurrent only for more) and then
 // stops, and the others launch with EP_LL_SHRINK, so their kernels give up on it after
 // RSHMEM_EMU_TIMEOUT_MS (P2P mode) and mask it themselves; each PE's output then ends
-// with "mask" and its mask entries. RSHMEM_EMU_PARTIAL=1 (sequential mode): in the repeat
-// of its death the dead PE still runs its dispatch send, and then its count word for local
-// expert 0 is taken back (the word's tag made stale) on every receiver: a PE that died
-// after sending some of its counts.
+// with "mask" and its mask entries. RSHMEM_EMU_DIES_IN (sequential mode) says how the
+// repeat of the death goes: "counts" — the dead PE still runs its dispatch send, then its
+// count word for local expert 0 is taken back (the word's tag made stale) on every
+// receiver: it died after sending some of its counts; "combine" — it runs the dispatch
+// (send and receive) and dies before the combine; "credit" — its dispatch credit of the
+// repeat before is taken back on every receiver, so their send kernels give up on it.
 // stdout: per repeat and PE: recv_count, per (local expert, source) block its begin/count
 //         and per row src_info, recv_topk_slot and an FNV-1a hash of the row's bytes
 //         (recv_x row, then its scales), per token the FNV-1a hash of combined_x's row,
@@ -261,9 +263,11 @@ int main(int argc, char **argv) {
   const bool shrink = shrink_env != nullptr && strcmp(shrink_env, "1") == 0;
   const char *dead_env = getenv("RSHMEM_EMU_DEAD_AFTER");
   const unsigned dead_after = dead_env ? unsigned(strtoul(dead_env, nullptr, 10)) : 0;
-  const char *partial_env = getenv("RSHMEM_EMU_PARTIAL");
-  const bool partial = partial_env != nullptr && strcmp(partial_env, "1") == 0;
-  if (shrink && (masked_pe < 0 || (partial && g_concurrent))) return 2;
+  const char *dies_env = getenv("RSHMEM_EMU_DIES_IN");
+  const std::string dies_in = dies_env ? dies_env : "";
+  if (!dies_in.empty() && dies_in != "counts" && dies_in != "combine" && dies_in != "credit")
+    return 2;
+  if (shrink && (masked_pe < 0 || (!dies_in.empty() && g_concurrent))) return 2;
   const char *timeout_env = getenv("RSHMEM_EMU_TIMEOUT_MS");
   const uint64_t timeout_ns =
       timeout_env ? strtoull(timeout_env, nullptr, 10) * 1000000ull : 5000000000ull;
@@ -499,18 +503,20 @@ int main(int argc, char **argv) {
   unsigned call = 0;
   for (unsigned rep = 0; rep < repeats; ++rep) {
     unsigned set = call++ % 2;
-    const bool dies_now = shrink && partial && rep == dead_after;
-    for (unsigned p = 0; p < R; ++p)
-      if (runs(p, rep) || (dies_now && p == unsigned(masked_pe))) dsend(p, set);
-    if (dies_now)
+    const bool dies_now = shrink && rep == dead_after;
+    const unsigned dead = unsigned(masked_pe);
+    // Takes back word `off` of the dead PE's on every other PE.
+    auto take_back = [&](uint64_t off) {
       for (unsigned p = 0; p < R; ++p)
-        if (p != unsigned(masked_pe)) {
-          uint64_t *w = reinterpret_cast<uint64_t *>(
-              pes[p].heap + buf + ep_dispatch_count_word(&lay, set, 0, unsigned(masked_pe)));
-          *w = 0;
-        }
+        if (p != dead) *reinterpret_cast<uint64_t *>(pes[p].heap + buf + off) = 0;
+    };
+    if (dies_now && dies_in == "credit") take_back(ep_credit_word(&lay, set, dead));
+    const bool half = dies_now && (dies_in == "counts" || dies_in == "combine");
     for (unsigned p = 0; p < R; ++p)
-      if (runs(p, rep)) drecv(p, set);
+      if (runs(p, rep) || (half && p == dead)) dsend(p, set);
+    if (dies_now && dies_in == "counts") take_back(ep_dispatch_count_word(&lay, set, 0, dead));
+    for (unsigned p = 0; p < R; ++p)
+      if (runs(p, rep) || (dies_now && dies_in == "combine" && p == dead)) drecv(p, set);
     if (mode == 1) {
       for (unsigned p = 0; p < R; ++p) {
         if (!runs(p, rep)) continue;

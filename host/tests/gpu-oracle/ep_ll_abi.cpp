@@ -47,6 +47,7 @@ int main() {
   OFF(ep_ll_ctl_t, grid_done);
   OFF(ep_ll_ctl_t, dest_done);
   OFF(ep_ll_ctl_t, staged);
+  OFF(ep_ll_ctl_t, shrink_decided);
   K(EP_LL_THREADS);
   K(EP_LL_MAX_PES);
   K(EP_LL_MAX_LOCAL_EXPERTS);

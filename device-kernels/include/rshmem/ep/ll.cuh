@@ -111,6 +111,10 @@ typedef struct ep_ll_ctl {
   uint32_t grid_done[2][4];         // blocks finished, per set and kernel kind (reset by the last)
   uint32_t dest_done[2][2][EP_LL_MAX_PES];  // [set][dispatch/combine][dest]: units finished
   uint64_t staged[2];               // tag of the call whose stage kernel last ran, per set
+  // Shrink mode: per set and source, what this call's receive kernel decided about the
+  // source: tag << 1 | 1 (use what it sent) or tag << 1 (leave it out); another tag =
+  // undecided. The first unit or block to decide wins; every other one adopts it.
+  uint64_t shrink_decided[2][EP_LL_MAX_PES];
 } ep_ll_ctl_t;
 
 #ifdef __cplusplus
@@ -130,5 +134,10 @@ static_assert(__builtin_offsetof(ep_ll_ctl_t, dest_done) == 144, "ep_ll_ctl_t la
 #if !defined(__CUDACC_RTC__)
 static_assert(__builtin_offsetof(ep_ll_ctl_t, staged) == 144 + 2 * 2 * EP_LL_MAX_PES * 4, "ep_ll_ctl_t layout");
 #endif
-static_assert(sizeof(ep_ll_ctl_t) == 144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16, "ep_ll_ctl_t layout");
+#if !defined(__CUDACC_RTC__)
+static_assert(__builtin_offsetof(ep_ll_ctl_t, shrink_decided) == 144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16,
+              "ep_ll_ctl_t layout");
+#endif
+static_assert(sizeof(ep_ll_ctl_t) == 144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8,
+              "ep_ll_ctl_t layout");
 #endif
