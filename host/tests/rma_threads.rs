@@ -342,9 +342,26 @@ fn collectives_with_source_inside_dest() {
 /// `Timeout`). Untolerated, the same death fails everything.
 #[test]
 fn a_tolerated_death_fails_only_what_involves_the_dead_pe() {
+    // Over p2p, the soft HCA's local backend, and its libfabric backend (where the PE
+    // threads share one connection, which PE 2 leaving must not break: docs/ep.md "A PE
+    // thread that leaves").
+    for (transport, fabric) in [
+        (rshmem::config::TransportMode::Auto, false),
+        (rshmem::config::TransportMode::Proxy, false),
+        (rshmem::config::TransportMode::Proxy, true),
+    ] {
+        let mut s = settings();
+        s.transport = transport;
+        s.proxy_fabric = fabric;
+        tolerated_death(s);
+    }
+}
+
+fn tolerated_death(s: Settings) {
     use rshmem::Error;
     use std::time::{Duration, Instant};
-    let out = run_threads(3, settings(), |pe| {
+    let what = format!("{:?}, fabric {}", s.transport, s.proxy_fabric);
+    let out = run_threads(3, s, |pe| {
         let me = pe.my_pe();
         let pair = pe.team_split_strided(pe.world(), 0, 1, 2)?;
         let x = pe.calloc::<u64>(1)?;
@@ -394,14 +411,14 @@ fn a_tolerated_death_fails_only_what_involves_the_dead_pe() {
     .unwrap();
     assert!(
         matches!(&out[2], Err(rshmem::Error::Verification(m)) if m == "PE 2 leaves"),
-        "PE 2: {:?}",
+        "{what}, PE 2: {:?}",
         out[2]
     );
     for (r, o) in out.iter().enumerate().take(2) {
         // The survivors' finalize needs PE 2 too.
         assert!(
             matches!(o, Err(rshmem::Error::PeerDied { pe: 2, .. })),
-            "PE {r}: {o:?}"
+            "{what}, PE {r}: {o:?}"
         );
     }
 }
