@@ -600,8 +600,8 @@ struct KCase {
     /// repeats, and the others' kernels (EP_LL_SHRINK) give up on it after a bound.
     shrink: Option<usize>,
     /// With `shrink`: how the repeat of the death goes (ll_emulator.cpp RSHMEM_EMU_DIES_IN:
-    /// "counts", "combine", "credit"; sequential emulation only), or None: the dead PE
-    /// just stops.
+    /// "counts", "combine", "credit", "late"; sequential emulation only), or None: the
+    /// dead PE just stops.
     dies_in: Option<&'static str>,
 }
 
@@ -1197,6 +1197,33 @@ fn kernels_emulated_shrink_gives_up_in_the_credit_wait() {
     c.repeats = 3;
     c.dies_in = Some("credit");
     check_shrink(c, 3, 1);
+}
+
+/// Shrink mode: a PE later than the whole bound. Block 0 of each receiver's dispatch
+/// receive gives up on its count for local expert 0; the word comes right after, so the
+/// other block finds all its words. The call's one decision (block 0's: leave it out)
+/// must hold in that block too: the dispatch of that repeat leaves the PE out entirely.
+#[test]
+fn kernels_emulated_shrink_one_decision_for_a_late_pe() {
+    // 3 PEs, 6 local experts: 18 receive units, so block 1 (units 16 and 17, local
+    // expert 5, sources 1 and 2) reads source 1's words after block 0 gave up on it.
+    let mut c = kcase(3, 8, 2048, 18, 4, false, 2, &[8, 8, 8]);
+    c.repeats = 3;
+    c.dies_in = Some("late");
+    let (dead, l) = (1, 6);
+    let routes = routing(&c);
+    let late = [0, 2]
+        .iter()
+        .map(|&p| {
+            let e = (p * l + 5) as i64;
+            routes[dead].topk_idx.iter().filter(|&&x| x == e).count()
+        })
+        .sum::<usize>();
+    assert!(
+        late > 0,
+        "the late PE sent nothing to local expert 5: the case shows nothing"
+    );
+    check_shrink(c, dead, 1);
 }
 
 /// Shrink mode, every PE and block a process: a PE that completes two repeats and dies.

@@ -28,7 +28,10 @@
 // count word for local expert 0 is taken back (the word's tag made stale) on every
 // receiver: it died after sending some of its counts; "combine" — it runs the dispatch
 // (send and receive) and dies before the combine; "credit" — its dispatch credit of the
-// repeat before is taken back on every receiver, so their send kernels give up on it.
+// repeat before is taken back on every receiver, so their send kernels give up on it;
+// "late" — as "counts", but the word comes back right after block 0 of each receiver's
+// dispatch receive ran (a PE later than the whole bound: block 0 gave up on it, the
+// other blocks find all its words).
 // stdout: per repeat and PE: recv_count, per (local expert, source) block its begin/count
 //         and per row src_info, recv_topk_slot and an FNV-1a hash of the row's bytes
 //         (recv_x row, then its scales), per token the FNV-1a hash of combined_x's row,
@@ -37,6 +40,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -148,13 +152,23 @@ void wait_all(const std::vector<pid_t> &kids, const char *what) {
 
 // One launch: its blocks one after another, or (--concurrent) each block a process, all
 // at once; returns when every block has finished (the stream's order).
+// Sequential mode: run after block 0 of the next launch, then cleared (a death test's
+// late word: RSHMEM_EMU_DIES_IN=late).
+std::function<void()> g_after_block0;
+
 void launch(Kernel k, const ep_ll_args_t &a, unsigned grid) {
   gridDim.x = grid;
   blockDim.x = EP_LL_THREADS;
   g_kernel = k;
   g_args = &a;
   if (!g_concurrent) {
-    for (unsigned b = 0; b < grid; ++b) run_block(b);
+    for (unsigned b = 0; b < grid; ++b) {
+      run_block(b);
+      if (b == 0 && g_after_block0) {
+        g_after_block0();
+        g_after_block0 = nullptr;
+      }
+    }
     return;
   }
   fflush(nullptr);
@@ -265,7 +279,8 @@ int main(int argc, char **argv) {
   const unsigned dead_after = dead_env ? unsigned(strtoul(dead_env, nullptr, 10)) : 0;
   const char *dies_env = getenv("RSHMEM_EMU_DIES_IN");
   const std::string dies_in = dies_env ? dies_env : "";
-  if (!dies_in.empty() && dies_in != "counts" && dies_in != "combine" && dies_in != "credit")
+  if (!dies_in.empty() && dies_in != "counts" && dies_in != "combine" && dies_in != "credit" &&
+      dies_in != "late")
     return 2;
   if (shrink && (masked_pe < 0 || (!dies_in.empty() && g_concurrent))) return 2;
   const char *timeout_env = getenv("RSHMEM_EMU_TIMEOUT_MS");
@@ -511,12 +526,21 @@ int main(int argc, char **argv) {
         if (p != dead) *reinterpret_cast<uint64_t *>(pes[p].heap + buf + off) = 0;
     };
     if (dies_now && dies_in == "credit") take_back(ep_credit_word(&lay, set, dead));
-    const bool half = dies_now && (dies_in == "counts" || dies_in == "combine");
+    const bool late = dies_now && dies_in == "late";
+    const bool half = dies_now && (dies_in == "counts" || dies_in == "combine" || late);
     for (unsigned p = 0; p < R; ++p)
       if (runs(p, rep) || (half && p == dead)) dsend(p, set);
-    if (dies_now && dies_in == "counts") take_back(ep_dispatch_count_word(&lay, set, 0, dead));
+    // The dead PE's count word for local expert 0 on each receiver, as it was sent.
+    std::vector<uint64_t> sent(R, 0);
+    const uint64_t w0 = ep_dispatch_count_word(&lay, set, 0, dead);
     for (unsigned p = 0; p < R; ++p)
+      if (p != dead) sent[p] = *reinterpret_cast<uint64_t *>(pes[p].heap + buf + w0);
+    if (dies_now && (dies_in == "counts" || late)) take_back(w0);
+    for (unsigned p = 0; p < R; ++p) {
+      if (late && p != dead)
+        g_after_block0 = [&, p] { *reinterpret_cast<uint64_t *>(pes[p].heap + buf + w0) = sent[p]; };
       if (runs(p, rep) || (dies_now && dies_in == "combine" && p == dead)) drecv(p, set);
+    }
     if (mode == 1) {
       for (unsigned p = 0; p < R; ++p) {
         if (!runs(p, rep)) continue;
