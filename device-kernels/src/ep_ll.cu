@@ -149,6 +149,7 @@ struct Ctx {
   uint64_t seq;   // LL call number (2 * set_calls[set] + set)
   uint64_t tag;   // seq + 1
   ep_ll_ctl_t *ctl;
+  const int32_t *team_pe;  // world PE of each team member; nullptr: the world team
   int32_t *mask;
   bool shrink;          // EP_LL_SHRINK
   uint64_t give_up_ns;  // shrink mode: how long a wait lasts before it gives up on its PE
@@ -168,8 +169,18 @@ __device__ __forceinline__ Ctx setup(const ep_ll_args_t &a, uint64_t hidden, boo
   ep_comm::check_bound();
   Ctx c;
   const rshmem_device_state_t &s = ep_comm::state();
-  const int rc = ep_layout_init(&c.lay, a.num_max_tokens, hidden, a.num_experts, a.num_topk, fp8,
-                                static_cast<uint64_t>(s.n_pes));
+  c.ctl = reinterpret_cast<ep_ll_ctl_t *>(a.ctl);
+  // The buffer's team (written by the host before the first launch; stream order makes
+  // plain loads see it).
+  const uint32_t team_size = c.ctl->team_size;
+  const int32_t team_rank = c.ctl->team_rank;
+  if (team_size > EP_LL_MAX_PES || (team_size != 0 && (team_rank < 0 ||
+                                                       static_cast<uint32_t>(team_rank) >= team_size ||
+                                                       c.ctl->team_pe[team_rank] != s.my_pe)))
+    config_fail("EP: the buffer's team does not hold this PE (ctl team fields)", s.my_pe,
+                team_size);
+  const uint64_t n = team_size != 0 ? team_size : static_cast<uint64_t>(s.n_pes);
+  const int rc = ep_layout_init(&c.lay, a.num_max_tokens, hidden, a.num_experts, a.num_topk, fp8, n);
   if (rc != EP_LAYOUT_OK) config_fail("EP config invalid for this kernel (ep_layout_init)", 0, rc);
   if (c.lay.num_pes > EP_LL_MAX_PES) config_fail("EP: too many PEs", EP_LL_MAX_PES, c.lay.num_pes);
   if (c.lay.num_local_experts > EP_LL_MAX_LOCAL_EXPERTS)
@@ -178,7 +189,8 @@ __device__ __forceinline__ Ctx setup(const ep_ll_args_t &a, uint64_t hidden, boo
     ep_comm::fail(RSHMEM_DEVICE_ERR_OUT_OF_HEAP, s.my_pe, a.buf, s.heap_size,
                  a.buf + c.lay.total_bytes, RSHMEM_CMP_LE, "EP buffer outside the heap (or set > 1)",
                  -1);
-  c.me = s.my_pe;
+  c.me = team_size != 0 ? team_rank : s.my_pe;
+  c.team_pe = team_size != 0 ? c.ctl->team_pe : nullptr;
   c.R = static_cast<uint32_t>(c.lay.num_pes);
   c.L = static_cast<uint32_t>(c.lay.num_local_experts);
   c.N = a.num_max_tokens;
@@ -186,7 +198,6 @@ __device__ __forceinline__ Ctx setup(const ep_ll_args_t &a, uint64_t hidden, boo
   c.E = a.num_experts;
   c.T = a.num_tokens;
   c.rows = static_cast<uint64_t>(c.R) * c.N;
-  c.ctl = reinterpret_cast<ep_ll_ctl_t *>(a.ctl);
   c.mask = reinterpret_cast<int32_t *>(a.mask);
   c.shrink = (a.flags & EP_LL_SHRINK) != 0;
   c.give_up_ns = a.shrink_timeout_ms != 0 ? a.shrink_timeout_ms * 1000000ull
@@ -207,6 +218,12 @@ __device__ __forceinline__ int32_t mask_entry(const Ctx &c, uint32_t pe) {
 }
 // Masked for sending and credits: by the host, an earlier call, or this one.
 __device__ __forceinline__ bool masked(const Ctx &c, uint32_t pe) { return mask_entry(c, pe) != 0; }
+
+// The world PE of team member `p` (the device API, peers' heaps and queues, and error
+// reports use world PEs; everything else here uses team ranks).
+__device__ __forceinline__ int32_t wpe(const Ctx &c, uint32_t p) {
+  return c.team_pe != nullptr ? c.team_pe[p] : static_cast<int32_t>(p);
+}
 // Masked before this call started: the receive kernels skip it. A PE given up on during
 // this call is not: its signal words were settled (ep_comm::settle_tag), and every block
 // reads them, so all agree on what it sent.
@@ -253,7 +270,7 @@ __device__ __forceinline__ void shrink_pe(const Ctx &c, uint32_t pe) {
 // or, in shrink mode, settles it (the marker when nothing came) and gives up on `pe`.
 __device__ uint64_t recv_word(const Ctx &c, uint64_t *w, uint32_t pe, int32_t expert,
                               const char *what) {
-  if (!c.shrink) return ep_comm::wait_tag(w, c.tag, static_cast<int32_t>(pe), expert, what);
+  if (!c.shrink) return ep_comm::wait_tag(w, c.tag, wpe(c, pe), expert, what);
   const uint64_t v = ep_comm::settle_tag(w, c.tag, c.give_up_ns, [&] { return shrunk_now(c, pe); });
   if ((v & 0xffffffffu) == EP_SHRUNK) shrink_pe(c, pe);
   return v;
@@ -291,7 +308,7 @@ __device__ void wait_credits(const Ctx &c, const ep_ll_args_t &a) {
       if (masked(c, p)) continue;
       const uint64_t *w = local_word(a, ep_credit_word(&c.lay, a.set, p));
       if (!c.shrink) {
-        ep_comm::wait_ge(w, c.seq - 1, static_cast<int32_t>(p),
+        ep_comm::wait_ge(w, c.seq - 1, wpe(c, p),
                         "EP send: waiting for PE to finish receiving call seq-2 on this buffer "
                         "set (its credit)");
       } else if (!ep_comm::wait_ge_or_give_up(w, c.seq - 1, c.give_up_ns,
@@ -329,7 +346,7 @@ __device__ void finish_receive(const Ctx &c, const ep_ll_args_t &a, int kind) {
   if (!arrive_last(&c.ctl->grid_done[a.set][kind], gridDim.x)) return;
   for (uint32_t p = threadIdx.x; p < c.R; p += kThreads) {
     if (masked(c, p)) continue;
-    ep_comm::signal(static_cast<int32_t>(p), a.buf + ep_credit_word(&c.lay, a.set, c.me), c.tag);
+    ep_comm::signal(wpe(c, p), a.buf + ep_credit_word(&c.lay, a.set, c.me), c.tag);
   }
   if (threadIdx.x == 0) c.ctl->set_calls[a.set] += 1;
 }
@@ -500,7 +517,7 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
     // receive slots) gets nothing; the unit still arrives below.
     const bool gone = c.shrink && block_masked(c, d);
     // Where d's messages go: its mapped heap (P2P, or this PE), or its queue (nullptr).
-    uint8_t *const peer = ep_comm::peer_ptr(static_cast<int32_t>(d), a.buf);
+    uint8_t *const peer = ep_comm::peer_ptr(wpe(c, d), a.buf);
     if (peer == nullptr && fault == 0 && !gone) check_staged(c, a);
     const uint32_t t0 = static_cast<uint32_t>(static_cast<uint64_t>(c.T) * part / parts);
     const uint32_t t1 = static_cast<uint32_t>(static_cast<uint64_t>(c.T) * (part + 1) / parts);
@@ -577,11 +594,11 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
             // staging is not rewritten before every PE credited this call (wait_credits
             // of the stage kernel two calls later), so the WRITEs may complete late.
             const uint4 hdr = make_uint4(s_t[m], s_k[m], 0, 0);
-            rshmem_putmem_nbi_warp(ep_comm::local(at), &hdr, EP_HEADER_BYTES, static_cast<int>(d));
+            rshmem_putmem_nbi_warp(ep_comm::local(at), &hdr, EP_HEADER_BYTES, wpe(c, d));
             rshmem_putmem_nbi_warp(
                 ep_comm::local(at + EP_HEADER_BYTES),
                 ep_comm::local(a.buf + ep_dispatch_send_msg(&c.lay, a.set, s_t[m]) + EP_HEADER_BYTES),
-                ep_payload_bytes(&c.lay), static_cast<int>(d));
+                ep_payload_bytes(&c.lay), wpe(c, d));
           }
         }
         __syncthreads();
@@ -592,7 +609,7 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
     if (arrive_last(&c.ctl->dest_done[a.set][0][d], parts) && !gone) {
       for (uint32_t le = threadIdx.x; le < c.L; le += kThreads) {
         const uint64_t low = fault != 0 ? (fault & 0xffffffffu) : s_total[le];
-        ep_comm::signal(static_cast<int32_t>(d), a.buf + ep_dispatch_count_word(&c.lay, a.set, le, c.me),
+        ep_comm::signal(wpe(c, d), a.buf + ep_dispatch_count_word(&c.lay, a.set, le, c.me),
                         c.tag << 32 | low);
       }
     }
@@ -672,7 +689,7 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
             const uint32_t cnt = read_count(
                 c, a.set,
                 ep_comm::wait_tag(local_word(a, ep_dispatch_count_word(&c.lay, a.set, l2, j)),
-                                  c.tag, static_cast<int32_t>(j),
+                                  c.tag, wpe(c, j),
                                   static_cast<int32_t>(c.me * c.L + l2),
                                   "EP dispatch (shrink): a count another unit saw"),
                 j);
@@ -776,7 +793,7 @@ __device__ void combine_send(const ep_ll_args_t &a) {
     if (masked_before(c, s)) continue;  // block- and grid-uniform, as in dispatch_send
     const bool gone = c.shrink && block_masked(c, s);  // as in dispatch_send
     // s's mapped heap (P2P, or this PE), or nullptr: its queue (IBGDA).
-    uint8_t *const peer = ep_comm::peer_ptr(static_cast<int32_t>(s), a.buf);
+    uint8_t *const peer = ep_comm::peer_ptr(wpe(c, s), a.buf);
     if (threadIdx.x == 0) s_rows = 0;
     __syncthreads();
     uint32_t mine = 0;
@@ -817,7 +834,7 @@ __device__ void combine_send(const ep_ll_args_t &a) {
               __syncwarp();
               src = stage;
             }
-            rshmem_putmem_nbi_warp(ep_comm::local(at), src, kRowBytes, static_cast<int>(s));
+            rshmem_putmem_nbi_warp(ep_comm::local(at), src, kRowBytes, wpe(c, s));
           }
         }
         flat += count;
@@ -826,7 +843,7 @@ __device__ void combine_send(const ep_ll_args_t &a) {
     if (arrive_last(&c.ctl->dest_done[a.set][1][s], parts) && !gone) {
       if (threadIdx.x == 0) {
         const uint64_t low = fault != 0 ? (fault & 0xffffffffu) : (s_rows & 0xffffffffu);
-        ep_comm::signal(static_cast<int32_t>(s), a.buf + ep_combine_flag_word(&c.lay, a.set, c.me),
+        ep_comm::signal(wpe(c, s), a.buf + ep_combine_flag_word(&c.lay, a.set, c.me),
                         c.tag << 32 | low);
       }
     }
@@ -860,7 +877,7 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
       // Another block saw the flag: it has come, read it again.
       s_low[p] = static_cast<uint32_t>(
           ep_comm::wait_tag(local_word(a, ep_combine_flag_word(&c.lay, a.set, p)), c.tag,
-                            static_cast<int32_t>(p), -1,
+                            wpe(c, p), -1,
                             "EP combine (shrink): a flag another block saw") &
           0xffffffffu);
     }

@@ -568,6 +568,8 @@ struct PeOut {
     status_full: Vec<(u32, i64, u64, u64)>,
     /// The PE's mask entries after the repeat (emulator, shrink mode only).
     mask: Vec<i32>,
+    /// The (world) PE that reported (emulator only).
+    pe: usize,
 }
 
 /// How the emulated PEs reach each other.
@@ -603,6 +605,24 @@ struct KCase {
     /// "counts", "combine", "credit", "late"; sequential emulation only), or None: the
     /// dead PE just stops.
     dies_in: Option<&'static str>,
+    /// EP teams (world PEs, strided splits: every PE in one), or None: the world team.
+    teams: Option<Vec<Vec<usize>>>,
+}
+
+impl KCase {
+    /// PE `p`'s EP team (world PEs in team order) and its rank in it.
+    fn team_of(&self, p: usize) -> (Vec<usize>, usize) {
+        match &self.teams {
+            None => ((0..self.pes).collect(), p),
+            Some(ts) => {
+                let t = ts
+                    .iter()
+                    .find(|t| t.contains(&p))
+                    .expect("every PE in a team");
+                (t.clone(), t.iter().position(|&q| q == p).unwrap())
+            }
+        }
+    }
 }
 
 fn routing(c: &KCase) -> Vec<check::Routing> {
@@ -674,6 +694,18 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
             env.push(("RSHMEM_EMU_DIES_IN", how.into()));
         }
     }
+    if let Some(ts) = &c.teams {
+        let spec: Vec<String> = ts
+            .iter()
+            .map(|t| {
+                t.iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        env.push(("RSHMEM_EMU_TEAMS", spec.join("/")));
+    }
     let lines = run_args(
         emulator(),
         if c.concurrent { &["--concurrent"] } else { &[] },
@@ -698,7 +730,6 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
             }
         }
     }
-    let l = cfg.num_experts / c.pes;
     let mut out: Vec<Vec<PeOut>> = vec![Vec::new(); c.repeats];
     let mut cur: Option<(usize, PeOut)> = None;
     for line in lines {
@@ -708,7 +739,13 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
                 if let Some((rep, o)) = cur.take() {
                     out[rep].push(o);
                 }
-                cur = Some((f[1].parse().unwrap(), PeOut::default()));
+                cur = Some((
+                    f[1].parse().unwrap(),
+                    PeOut {
+                        pe: f[3].parse().unwrap(),
+                        ..PeOut::default()
+                    },
+                ));
             }
             "count" => {
                 cur.as_mut().unwrap().1.counts = f[1..].iter().map(|v| v.parse().unwrap()).collect()
@@ -752,7 +789,9 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
     }
     for rep in &out {
         for o in rep {
-            assert_eq!(o.blocks.len(), if c.dispatch_only { 0 } else { l * c.pes });
+            let n = c.team_of(o.pe).0.len();
+            let l = cfg.num_experts / n;
+            assert_eq!(o.blocks.len(), if c.dispatch_only { 0 } else { l * n });
         }
     }
     out
@@ -762,22 +801,45 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
 fn run_cpu(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
     let cfg = c.cfg;
     let mut s = rshmem::Settings::from_lookup(|_| None).expect("default settings");
-    s.symmetric_size =
-        (Layout::size_hint(&cfg, c.pes).unwrap() + (2 << 20)).next_multiple_of(1 << 20);
+    // The largest team's need (every team's buffer comes from one world allocation).
+    let need = (0..c.pes)
+        .map(|p| Layout::size_hint(&cfg, c.team_of(p).0.len()).unwrap())
+        .max()
+        .unwrap_or(0);
+    s.symmetric_size = (need + (2 << 20)).next_multiple_of(1 << 20);
     s.timeout = std::time::Duration::from_secs(20);
     let res = rshmem::run_threads(c.pes, s, |pe| -> rshmem::Result<Vec<PeOut>> {
-        let team = pe.world().clone();
+        // The EP teams, as strided splits of the world (every PE takes part in each).
+        let team = match &c.teams {
+            None => pe.world().clone(),
+            Some(ts) => {
+                let mut mine = None;
+                for t in ts {
+                    let stride = if t.len() > 1 { t[1] - t[0] } else { 1 };
+                    assert!(
+                        t.windows(2).all(|w| w[1] - w[0] == stride),
+                        "team {t:?} is not strided"
+                    );
+                    let got = pe.team_split_strided(pe.world(), t[0], stride, t.len())?;
+                    mine = mine.or(got);
+                }
+                mine.expect("every PE is in a team")
+            }
+        };
         let me = team.my_pe();
         let mut buf = Buffer::new(pe, &team, cfg)?;
-        if c.masked_pe == Some(me) {
+        if c.masked_pe == Some(pe.my_pe()) {
             return Ok(Vec::new());
         }
         if let Some(m) = c.masked_pe {
-            buf.update_mask(m, true)?;
+            let (members, _) = c.team_of(pe.my_pe());
+            if let Some(r) = members.iter().position(|&q| q == m) {
+                buf.update_mask(r, true)?;
+            }
         }
-        let r = &routes[me];
+        let r = &routes[pe.my_pe()];
         let x = check::origin_x(me, r.num_tokens, cfg.hidden);
-        let (h, n) = (cfg.hidden, c.pes);
+        let (h, n) = (cfg.hidden, team.n_pes());
         let l = cfg.num_experts / n;
         let rows = n * cfg.num_max_dispatch_tokens_per_rank;
         let mut reps = Vec::new();
@@ -883,12 +945,15 @@ fn compare_repeat(
     cpu: &[PeOut],
     pes: &[usize],
 ) -> usize {
-    let (n, l, k) = (c.pes, c.cfg.num_experts / c.pes, c.cfg.num_topk);
+    let k = c.cfg.num_topk;
     let mut rows_checked = 0;
     assert_eq!(emu.len(), pes.len(), "repeat {rep}: PEs that reported");
     assert_eq!(cpu.len(), pes.len(), "repeat {rep}: oracle PEs");
-    for ((e, o), &me) in emu.iter().zip(cpu).zip(pes) {
-        let at = format!("{}, repeat {rep}, PE {me}", c.cfg);
+    for ((e, o), &pe) in emu.iter().zip(cpu).zip(pes) {
+        // Sources and experts are numbered in the PE's team.
+        let (members, me) = c.team_of(pe);
+        let (n, l) = (members.len(), c.cfg.num_experts / members.len());
+        let at = format!("{}, repeat {rep}, PE {pe} (rank {me} of {n})", c.cfg);
         assert_eq!(e.counts, o.counts, "{at}: recv_count");
         for le in 0..l {
             let mut begin = 0;
@@ -907,7 +972,7 @@ fn compare_repeat(
                 for (i, (g, w)) in er.iter().zip(or).enumerate() {
                     assert_eq!((g.0, g.2), (w.0, w.2), "{at}: block ({le}, {s}) row {i}");
                     let t = g.0 as usize;
-                    let slots = &routes[s].topk_idx[t * k..(t + 1) * k];
+                    let slots = &routes[members[s]].topk_idx[t * k..(t + 1) * k];
                     let want_k = slots.iter().position(|&x| x == (me * l + le) as i64);
                     assert_eq!(
                         Some(g.1 as usize),
@@ -1024,6 +1089,7 @@ fn kcase(
         net: Net::P2p,
         shrink: None,
         dies_in: None,
+        teams: None,
     }
 }
 
@@ -1160,6 +1226,21 @@ fn check_shrink_partial(mut c: KCase, dead: usize, after: usize) {
         "the dead PE sent nothing to a later local expert"
     );
     check_shrink(c, dead, after);
+}
+
+/// EP groups of a split (the buffer's team in the control block, ep_ll.ctl team fields):
+/// 5 PEs as {0, 2, 4} and {1, 3}, each group its own buffer, sizes and layout, at once in
+/// one heap; every PE's outputs equal the CPU oracle's on the same teams, sources and
+/// experts numbered in the team, the peers reached through their world PEs. Blocks one
+/// after another, then every PE and block a process.
+#[test]
+fn kernels_emulated_on_two_teams_of_a_split() {
+    for concurrent in [false, true] {
+        let mut c = kcase(5, 4, 2048, 12, 3, true, 3, &[4, 3, 4, 2, 4]);
+        c.teams = Some(vec![vec![0, 2, 4], vec![1, 3]]);
+        c.concurrent = concurrent;
+        check_kernels(c);
+    }
 }
 
 /// Shrink tests (blocks one after another): how long the kernels wait for a dead PE before

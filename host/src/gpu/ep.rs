@@ -121,6 +121,11 @@ pub struct LlCtl {
     pub staged: [u64; 2],
     /// Shrink mode: per set and source, the receive kernel's decision (tag << 1 | use).
     pub shrink_decided: [[u64; MAX_PES]; 2],
+    /// The buffer's team: 0 = the world; else its size, this PE's rank and the world PE
+    /// of each member.
+    pub team_size: u32,
+    pub team_rank: i32,
+    pub team_pe: [i32; MAX_PES],
 }
 
 // The static_asserts of ll.cuh, repeated here (the C++ oracle test checks every field).
@@ -133,7 +138,10 @@ const _: () = assert!(offset_of!(LlCtl, grid_done) == 112);
 const _: () = assert!(offset_of!(LlCtl, dest_done) == 144);
 const _: () = assert!(offset_of!(LlCtl, staged) == 144 + 2 * 2 * MAX_PES * 4);
 const _: () = assert!(offset_of!(LlCtl, shrink_decided) == 144 + 2 * 2 * MAX_PES * 4 + 16);
-const _: () = assert!(size_of::<LlCtl>() == 144 + 2 * 2 * MAX_PES * 4 + 16 + 2 * MAX_PES * 8);
+const CTL_TEAM: usize = 144 + 2 * 2 * MAX_PES * 4 + 16 + 2 * MAX_PES * 8;
+const _: () = assert!(offset_of!(LlCtl, team_size) == CTL_TEAM);
+const _: () = assert!(offset_of!(LlCtl, team_pe) == CTL_TEAM + 8);
+const _: () = assert!(size_of::<LlCtl>() == CTL_TEAM + 8 + MAX_PES * 4);
 
 /// (name, value) of every size and offset mirrored here, named as the C++ oracle prints
 /// them (`sizeof.T`, `T.field`).
@@ -193,6 +201,9 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
             "ep_ll_ctl_t.shrink_decided",
             offset_of!(LlCtl, shrink_decided),
         ),
+        ("ep_ll_ctl_t.team_size", offset_of!(LlCtl, team_size)),
+        ("ep_ll_ctl_t.team_rank", offset_of!(LlCtl, team_rank)),
+        ("ep_ll_ctl_t.team_pe", offset_of!(LlCtl, team_pe)),
     ]
 }
 
@@ -959,7 +970,11 @@ pub struct GpuBuffer<'g> {
     base: SymPtr<u8>,
     ctl: DevBuf,
     mask_dev: DevBuf,
+    /// Indexed by team rank, as everything else of the buffer.
     masked: Vec<bool>,
+    /// The world PE of each member of the buffer's team, and this PE's rank in it.
+    members: Vec<usize>,
+    team_rank: usize,
     /// Shrink mode: the kernels mask a PE whose wait timed out (ep_ll.cu "Shrink mode").
     shrink: bool,
     /// Shrink mode: how long a wait lasts before it gives up (None: the PE's timeout).
@@ -1000,9 +1015,23 @@ impl<'g> GpuBuffer<'g> {
     /// the control block and two sets of outputs, and zeroes the signal words. `grid` 0 =
     /// the co-resident share of the GPU (docs/ep.md "Launch contract").
     pub fn new(g: &'g GpuPe, cfg: Config, grid: u32) -> Result<GpuBuffer<'g>> {
-        let (layout, names) = Self::prepare(g, &cfg)?;
+        GpuBuffer::new_on(g, &g.pe().world().clone(), cfg, grid)
+    }
+
+    /// [`GpuBuffer::new`] on `team` (an EP group of a split, as
+    /// [`crate::ep::Buffer::new`]): every PE of the job calls it at the same time, each with
+    /// its own team; groups may differ in size (every PE allocates the largest need). PE
+    /// indices of the buffer (mask, errors' peers inside a team) are team ranks.
+    pub fn new_on(
+        g: &'g GpuPe,
+        team: &crate::team::Team,
+        cfg: Config,
+        grid: u32,
+    ) -> Result<GpuBuffer<'g>> {
+        // Both steps are collective; a failure in the first fails every PE there.
+        let prep = Self::exchange(g, Self::prepare(g, team, &cfg))?;
         let m = load_module(g)?;
-        Self::build(g, cfg, grid, layout, names, ModRef::Owned(m))
+        Self::build(g, team, cfg, grid, prep, ModRef::Owned(m))
     }
 
     /// [`GpuBuffer::new`] with this PE's already loaded module (from [`load_module`]), so
@@ -1013,22 +1042,42 @@ impl<'g> GpuBuffer<'g> {
         cfg: Config,
         grid: u32,
     ) -> Result<GpuBuffer<'g>> {
-        let (layout, names) = Self::prepare(g, &cfg)?;
-        if m.bound_pe() != Some(g.my_pe()) || m.name() != MODULE {
+        GpuBuffer::with_module_on(g, m, &g.pe().world().clone(), cfg, grid)
+    }
+
+    /// [`GpuBuffer::with_module`] on `team` (see [`GpuBuffer::new_on`]).
+    pub fn with_module_on(
+        g: &'g GpuPe,
+        m: &'g Module,
+        team: &crate::team::Team,
+        cfg: Config,
+        grid: u32,
+    ) -> Result<GpuBuffer<'g>> {
+        let prep = Self::prepare(g, team, &cfg).and_then(|p| {
+            if m.bound_pe() != Some(g.my_pe()) || m.name() != MODULE {
+                return Err(Error::InvalidArgument(format!(
+                    "ep::GpuBuffer::with_module: module {} is not the {MODULE} module bound to PE {}",
+                    m.name(),
+                    g.my_pe()
+                )));
+            }
+            Ok(p)
+        });
+        let prep = Self::exchange(g, prep)?;
+        Self::build(g, team, cfg, grid, prep, ModRef::Shared(m))
+    }
+
+    /// This PE's part: membership, the agreement inside its team, the layout and kernels.
+    fn prepare(g: &GpuPe, team: &crate::team::Team, cfg: &Config) -> Result<(Layout, [String; 5])> {
+        let pe = g.pe();
+        if !team.members().contains(&(g.my_pe() as u32)) {
             return Err(Error::InvalidArgument(format!(
-                "ep::GpuBuffer::with_module: module {} is not the {MODULE} module bound to PE {}",
-                m.name(),
+                "ep::GpuBuffer::new: PE {} is not a member of the team it passed",
                 g.my_pe()
             )));
         }
-        Self::build(g, cfg, grid, layout, names, ModRef::Shared(m))
-    }
-
-    fn prepare(g: &GpuPe, cfg: &Config) -> Result<(Layout, [String; 5])> {
-        let pe = g.pe();
-        let team = pe.world().clone();
         pe.agree_in(
-            &team,
+            team,
             "ep::GpuBuffer::new",
             &[
                 cfg.num_max_dispatch_tokens_per_rank as u64,
@@ -1040,7 +1089,7 @@ impl<'g> GpuBuffer<'g> {
             ],
             |w| format!("{w:?} (N, H, E, K, fp8, round_scale)"),
         )?;
-        let layout = check_config(cfg, g.n_pes())?;
+        let layout = check_config(cfg, team.n_pes())?;
         let mut names: [String; 5] = Default::default();
         for (n, k) in names.iter_mut().zip(KERNELS) {
             *n = kernel_name(k, cfg.hidden, cfg.use_fp8)?;
@@ -1048,23 +1097,50 @@ impl<'g> GpuBuffer<'g> {
         Ok((layout, names))
     }
 
+    /// World-collective: every PE's outcome of [`GpuBuffer::prepare`] (a failure on one PE
+    /// fails every PE), and the largest allocation any team needs.
+    fn exchange(
+        g: &GpuPe,
+        prep: Result<(Layout, [String; 5])>,
+    ) -> Result<(Layout, [String; 5], usize)> {
+        let pe = g.pe();
+        let need = match &prep {
+            Ok((l, _)) => [1u64, l.total_bytes as u64],
+            Err(_) => [0, 0],
+        };
+        let bytes: Vec<u8> = need.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all = pe.boot().allgather(&pe.world().group(), &bytes)?;
+        let word = |b: &[u8], i: usize| crate::pe::le_u64(&b[8 * i..]);
+        let (layout, names) = prep?;
+        if let Some(bad) = all.iter().position(|b| word(b, 0) == 0) {
+            return Err(Error::InvalidArgument(format!(
+                "ep::GpuBuffer::new: PE {bad} failed to create its buffer (its own error says \
+                 why: a config that differs within its team, or one the kernels cannot run)"
+            )));
+        }
+        let max = all.iter().map(|b| word(b, 1) as usize).max().unwrap_or(0);
+        Ok((layout, names, max))
+    }
+
     fn build(
         g: &'g GpuPe,
+        team: &crate::team::Team,
         cfg: Config,
         grid: u32,
-        layout: Layout,
-        names: [String; 5],
+        (layout, names, alloc_bytes): (Layout, [String; 5], usize),
         module: ModRef<'g>,
     ) -> Result<GpuBuffer<'g>> {
         let pe = g.pe();
-        let n = g.n_pes();
+        let n = team.n_pes();
+        let members: Vec<usize> = team.members().iter().map(|&m| m as usize).collect();
+        let world = members.len() == g.n_pes() && members.iter().enumerate().all(|(i, &m)| i == m);
         let mut share = u32::MAX;
         let mut funcs = [std::ptr::null_mut(); 5];
         for (f, k) in funcs.iter_mut().zip(&names) {
             share = share.min(g.collective_grid(&module, k, THREADS, grid)?.0);
             *f = module.function(k)?;
         }
-        let base = g.align(crate::ep::layout::REGION_ALIGN, layout.total_bytes)?;
+        let base = g.align(crate::ep::layout::REGION_ALIGN, alloc_bytes)?;
         // Signal words must start below every tag: zero both sets' signal areas.
         for set in 0..2 {
             g.memset(
@@ -1104,6 +1180,18 @@ impl<'g> GpuBuffer<'g> {
         // The zeroing memsets above run on the legacy stream, asynchronously to the host:
         // finished before any kernel of the PE's stream reads the control block.
         settle_memsets(g, "zeros into the EP control block and outputs")?;
+        if !world {
+            // The team fields (the rest of the block stays zero): read by every kernel's
+            // setup, written before the first launch.
+            let mut b = vec![0u8; size_of::<LlCtl>()];
+            b[CTL_TEAM..CTL_TEAM + 4].copy_from_slice(&(n as u32).to_le_bytes());
+            b[CTL_TEAM + 4..CTL_TEAM + 8].copy_from_slice(&(team.my_pe() as i32).to_le_bytes());
+            for (i, &m) in members.iter().enumerate() {
+                let at = CTL_TEAM + 8 + 4 * i;
+                b[at..at + 4].copy_from_slice(&(m as i32).to_le_bytes());
+            }
+            ctl.write(&b)?;
+        }
         pe.barrier_all()?;
         Ok(GpuBuffer {
             g,
@@ -1119,6 +1207,8 @@ impl<'g> GpuBuffer<'g> {
             ctl,
             mask_dev,
             masked: vec![false; n],
+            members,
+            team_rank: team.my_pe(),
             shrink: false,
             shrink_timeout: None,
             kernel_marks: false,
@@ -1232,7 +1322,7 @@ impl<'g> GpuBuffer<'g> {
     /// stream first (the mask is device memory that in-flight kernels read; in shrink mode
     /// they also write it).
     pub fn update_mask(&mut self, pe: usize, masked: bool) -> Result<()> {
-        if pe >= self.masked.len() || pe == self.g.my_pe() {
+        if pe >= self.masked.len() || pe == self.team_rank {
             return Err(Error::InvalidArgument(format!(
                 "ep mask: PE {pe} is not another PE of the {}-PE team",
                 self.masked.len()
@@ -1493,6 +1583,12 @@ impl<'g> GpuBuffer<'g> {
         }
         let at = offset_of!(LlCtl, status) + set * size_of::<LlStatus>();
         let st = parse_status(&b[at..at + size_of::<LlStatus>()]);
+        // The kernels record team ranks; errors name world PEs.
+        let mut st = st;
+        st.peer = self
+            .members
+            .get(st.peer.max(0) as usize)
+            .map_or(st.peer, |&w| w as i32);
         match status_error(&st, &self.cfg, self.g.my_pe(), call) {
             Some(e) => Err(e),
             None => Ok(()),
@@ -1516,7 +1612,7 @@ impl<'g> GpuBuffer<'g> {
         }
         r?;
         let o = &self.outs[set];
-        let (l, n) = (self.layout.num_local_experts, self.g.n_pes());
+        let (l, n) = (self.layout.num_local_experts, self.members.len());
         let rows = n * self.layout.num_max_tokens;
         let h_ = self.cfg.hidden;
         let recv_x = if self.cfg.use_fp8 {

@@ -622,6 +622,65 @@ fn shrink_case(g: &GpuPe, m: &Module) -> Result<()> {
     }
 }
 
+/// EP groups of a split: the even and the odd PEs, each group with its own buffer on its
+/// team (`GpuBuffer::with_module_on`), at the same time; one round trip each, validated
+/// with EP.md's checks against the group's routing (sources and experts numbered in the
+/// group).
+fn team_case(g: &GpuPe, m: &Module) -> Result<()> {
+    let n = g.n_pes();
+    let world = g.pe().world().clone();
+    let (ne, no) = (n.div_ceil(2), n / 2);
+    let even = g.pe().team_split_strided(&world, 0, 2, ne)?;
+    let odd = g.pe().team_split_strided(&world, 1, 2, no)?;
+    let team = even.or(odd).ok_or_else(|| {
+        Error::Verification(format!(
+            "ep GPU teams: PE {} is in neither group",
+            g.my_pe()
+        ))
+    })?;
+    let (tn, me) = (team.n_pes(), team.my_pe());
+    let cfg = Config {
+        num_max_dispatch_tokens_per_rank: 32,
+        hidden: 2560,
+        num_experts: 2 * ne * no,
+        num_topk: 4,
+        use_fp8: true,
+        round_scale: false,
+    };
+    let mut buf = GpuBuffer::with_module_on(g, m, &team, cfg, 0)?;
+    let r = check::random_routing(41 + g.my_pe() as u64 % 2, me, 32, &cfg, None, 4);
+    let all = check::allgather_routing(g.pe(), &team, &r)?;
+    let none = vec![false; tn];
+    // Every PE reaches the barrier and the (collective) destroy, whatever the checks say.
+    let checked = (|| -> Result<()> {
+        let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
+        let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
+        let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
+        let l = cfg.num_experts / tn;
+        let eo_buf = DevBuf::new(g.ctx(), l * tn * 32 * cfg.hidden * 2, "expert outputs")?;
+        let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
+        let d = buf.read_dispatch(&h)?;
+        check::validate_dispatch(&cfg, me, &all, &none, &d)?;
+        let mut eo = vec![bf16::ZERO; l * tn * 32 * cfg.hidden];
+        check::expert_forward(&cfg, tn, me, &d, &scale, &mut eo);
+        eo_buf.write(bf16_bytes(&eo))?;
+        let c = buf.low_latency_combine(
+            Some(eo_buf.ptr()),
+            idx.ptr(),
+            IdxType::I64,
+            w.ptr(),
+            &h,
+            false,
+        )?;
+        let comb = buf.read_combined(&c)?;
+        check::validate_combine(&cfg, tn, me, &r, &none, &scale, &comb)?;
+        Ok(())
+    })();
+    g.pe().barrier_all()?;
+    buf.destroy()?;
+    checked
+}
+
 /// A CUDA graph of dispatch + combine (bf16; the identity expert reads `recv_x` in place),
 /// replayed with new routing and weights written into the same device buffers.
 fn graph_case(g: &GpuPe, m: &Module, replays: usize) -> Result<()> {
@@ -737,6 +796,7 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
             .chain(["faults".to_string(), "graph-replay-x3".to_string()])
             .chain((n >= 3).then(|| "masked-PE".to_string()))
             .chain((n >= 3).then(|| "shrink-dead-PE".to_string()))
+            .chain((n >= 4).then(|| "team-split".to_string()))
             .collect();
         let t0 = Instant::now();
         let per_pe = run_gpu_threads(n, s, |g| {
@@ -763,6 +823,11 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
                 g.pe().barrier_all()?;
                 let t = Instant::now();
                 out.push((shrink_case(g, &m), t.elapsed().as_secs_f64()));
+            }
+            if n >= 4 {
+                g.pe().barrier_all()?;
+                let t = Instant::now();
+                out.push((team_case(g, &m), t.elapsed().as_secs_f64()));
             }
             Ok(out)
         });

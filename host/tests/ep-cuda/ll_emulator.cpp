@@ -40,6 +40,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -234,6 +235,12 @@ struct Pe {
   float *scales, *weights;
   int32_t *recv_count, *src_info, *slot, *mask;
   int64_t *layout_range, *topk;
+  // The PE's EP team (RSHMEM_EMU_TEAMS; else the world): size, this PE's rank, members'
+  // world PEs, and what the layout derives from the size.
+  unsigned n, rank, L;
+  uint64_t rows;
+  std::vector<int32_t> members;
+  ep_layout_t lay;
 };
 
 }  // namespace
@@ -246,12 +253,52 @@ int main(int argc, char **argv) {
   if (scanf("%u %u %u %u %u %u %u %u %u %d %u", &R, &N, &H, &E, &K, &fp8, &round, &grid, &repeats,
             &masked_pe, &mode) != 11)
     return 2;
-  ep_layout_t lay;
-  if (ep_layout_init(&lay, N, H, E, K, fp8 != 0, R) != EP_LAYOUT_OK) return 3;
-  const unsigned L = E / R;
-  const uint64_t rows = uint64_t(R) * N, buf = 65536;
-  uint64_t heap_size = buf + lay.total_bytes;
+  const uint64_t buf = 65536;
   std::vector<Pe> pes(R);
+  // EP teams: RSHMEM_EMU_TEAMS="0,2,4/1,3" (world PEs, '/' between teams; every PE in
+  // one), else one team of every PE (the ctl's team fields stay zero: the world team).
+  const char *teams_env = getenv("RSHMEM_EMU_TEAMS");
+  {
+    std::vector<std::vector<int32_t>> teams;
+    if (teams_env == nullptr) {
+      teams.emplace_back();
+      for (unsigned p = 0; p < R; ++p) teams.back().push_back(int32_t(p));
+    } else {
+      teams.emplace_back();
+      for (const char *c = teams_env; *c; ++c) {
+        if (*c == '/') {
+          teams.emplace_back();
+        } else if (*c >= '0' && *c <= '9') {
+          char *end;
+          teams.back().push_back(int32_t(strtol(c, &end, 10)));
+          c = end - 1;
+        } else if (*c != ',') {
+          return 2;
+        }
+      }
+    }
+    std::vector<unsigned> seen(R, 0);
+    for (const auto &t : teams)
+      for (unsigned i = 0; i < t.size(); ++i) {
+        if (t[i] < 0 || unsigned(t[i]) >= R) return 2;
+        Pe &pe = pes[t[i]];
+        pe.n = unsigned(t.size());
+        pe.rank = i;
+        pe.members = t;
+        ++seen[t[i]];
+      }
+    for (unsigned p = 0; p < R; ++p) {
+      if (seen[p] != 1) return 2;
+      Pe &pe = pes[p];
+      if (ep_layout_init(&pe.lay, N, H, E, K, fp8 != 0, pe.n) != EP_LAYOUT_OK) return 3;
+      pe.L = E / pe.n;
+      pe.rows = uint64_t(pe.n) * N;
+    }
+  }
+  // The world team's layout (the death tests, which run on the world team, use it).
+  ep_layout_t lay = pes[0].lay;
+  uint64_t heap_size = buf;
+  for (const Pe &pe : pes) heap_size = std::max(heap_size, buf + pe.lay.total_bytes);
   std::vector<rshmem_peer_t> peers(R);
   // IBGDA mode: the heaps and states the test built in its memfd (see the header).
   std::vector<rshmem_device_state_t> shm_states;
@@ -283,6 +330,8 @@ int main(int argc, char **argv) {
       dies_in != "late")
     return 2;
   if (shrink && (masked_pe < 0 || (!dies_in.empty() && g_concurrent))) return 2;
+  // Death tests run on the world team (`lay` is then every PE's layout).
+  if (shrink && teams_env != nullptr) return 2;
   const char *timeout_env = getenv("RSHMEM_EMU_TIMEOUT_MS");
   const uint64_t timeout_ns =
       timeout_env ? strtoull(timeout_env, nullptr, 10) * 1000000ull : 5000000000ull;
@@ -298,14 +347,17 @@ int main(int argc, char **argv) {
     pe.heap = ibgda ? reinterpret_cast<uint8_t *>(shm_states[p].heap_base) : dev_alloc<uint8_t>(heap_size);
     pe.ctl = dev_alloc<ep_ll_ctl_t>(1);
     pe.x = dev_alloc<uint16_t>(size_t(pe.T) * H);
-    // origin_x: row t of PE p = p - 128, last 128 columns = t (host/src/ep/check.rs).
+    // origin_x: row t of team rank r = r - 128, last 128 columns = t (host/src/ep/check.rs).
     for (unsigned t = 0; t < pe.T; ++t)
       for (unsigned h = 0; h < H; ++h)
-        pe.x[size_t(t) * H + h] = ep_f32_to_bf16(h + 128 >= H ? float(t) : float(p) - 128.0f);
+        pe.x[size_t(t) * H + h] =
+            ep_f32_to_bf16(h + 128 >= H ? float(t) : float(pe.rank) - 128.0f);
     pe.topk = dev_alloc<int64_t>(pe.idx.size());
     memcpy(pe.topk, pe.idx.data(), pe.idx.size() * 8);
     pe.weights = dev_alloc<float>(pe.w.size());
     memcpy(pe.weights, pe.w.data(), pe.w.size() * 4);
+    const unsigned L = pe.L;
+    const uint64_t rows = pe.rows;
     pe.expert_out = dev_alloc<uint16_t>(L * rows * H);
     pe.combined = dev_alloc<uint16_t>(size_t(pe.T) * H);
     pe.recv_x = dev_alloc<uint8_t>(L * rows * H * (fp8 ? 1 : 2));
@@ -313,10 +365,16 @@ int main(int argc, char **argv) {
     pe.recv_count = dev_alloc<int32_t>(L);
     pe.src_info = dev_alloc<int32_t>(L * rows);
     pe.slot = dev_alloc<int32_t>(L * rows);
-    pe.layout_range = dev_alloc<int64_t>(size_t(L) * R);
-    pe.mask = dev_alloc<int32_t>(R);
+    pe.layout_range = dev_alloc<int64_t>(size_t(L) * pe.n);
+    pe.mask = dev_alloc<int32_t>(pe.n);
     if (masked_pe >= 0 && !shrink)
-      for (unsigned q = 0; q < R; ++q) pe.mask[q] = (q == unsigned(masked_pe) && q != p) ? 1 : 0;
+      for (unsigned q = 0; q < pe.n; ++q)
+        pe.mask[q] = (pe.members[q] == masked_pe && pe.members[q] != int32_t(p)) ? 1 : 0;
+    if (teams_env != nullptr) {
+      pe.ctl->team_size = pe.n;
+      pe.ctl->team_rank = int32_t(pe.rank);
+      for (unsigned i = 0; i < pe.n; ++i) pe.ctl->team_pe[i] = pe.members[i];
+    }
     peers[p] = rshmem_peer_t{reinterpret_cast<uint64_t>(pe.heap), RSHMEM_TRANSPORT_P2P, 0, 0, 0, 0};
   }
   for (unsigned p = 0; p < R; ++p) {
@@ -385,7 +443,7 @@ int main(int argc, char **argv) {
               (unsigned long long)pes[p].ctl->set_calls[s]);
     if (shrink) {
       fprintf(out, "mask");
-      for (unsigned q = 0; q < R; ++q) fprintf(out, " %d", pes[p].mask[q]);
+      for (unsigned q = 0; q < pes[p].n; ++q) fprintf(out, " %d", pes[p].mask[q]);
       fprintf(out, "\n");
     }
   };
@@ -393,8 +451,10 @@ int main(int argc, char **argv) {
   // out = bf16(dequant(recv) * (1 + (e % 4) / 4)).
   auto forward = [&](unsigned p) {
     Pe &pe = pes[p];
+    const unsigned L = pe.L;
+    const uint64_t rows = pe.rows;
     for (unsigned le = 0; le < L; ++le) {
-      const float f = 1.0f + float((p * L + le) % 4) * 0.25f;
+      const float f = 1.0f + float((pe.rank * L + le) % 4) * 0.25f;
       for (int j = 0; j < pe.recv_count[le]; ++j) {
         const uint64_t row = le * rows + j;
         for (unsigned h = 0; h < H; ++h) {
@@ -411,6 +471,8 @@ int main(int argc, char **argv) {
   auto outputs = [&](FILE *out, unsigned p) {
     Pe &pe = pes[p];
     fprintf(out, "count");
+    const unsigned L = pe.L, R = pe.n;
+    const uint64_t rows = pe.rows;
     for (unsigned le = 0; le < L; ++le) fprintf(out, " %d", pe.recv_count[le]);
     fprintf(out, "\n");
     for (unsigned le = 0; le < L; ++le)
@@ -530,11 +592,13 @@ int main(int argc, char **argv) {
     const bool half = dies_now && (dies_in == "counts" || dies_in == "combine" || late);
     for (unsigned p = 0; p < R; ++p)
       if (runs(p, rep) || (half && p == dead)) dsend(p, set);
-    // The dead PE's count word for local expert 0 on each receiver, as it was sent.
+    // The dead PE's count word for local expert 0 on each receiver, as it was sent (only
+    // in a death test: without one, `dead` is no PE).
     std::vector<uint64_t> sent(R, 0);
-    const uint64_t w0 = ep_dispatch_count_word(&lay, set, 0, dead);
-    for (unsigned p = 0; p < R; ++p)
-      if (p != dead) sent[p] = *reinterpret_cast<uint64_t *>(pes[p].heap + buf + w0);
+    const uint64_t w0 = dies_now ? ep_dispatch_count_word(&lay, set, 0, dead) : 0;
+    if (late)
+      for (unsigned p = 0; p < R; ++p)
+        if (p != dead) sent[p] = *reinterpret_cast<uint64_t *>(pes[p].heap + buf + w0);
     if (dies_now && (dies_in == "counts" || late)) take_back(w0);
     for (unsigned p = 0; p < R; ++p) {
       if (late && p != dead)

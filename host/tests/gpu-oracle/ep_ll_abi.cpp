@@ -48,6 +48,9 @@ int main() {
   OFF(ep_ll_ctl_t, dest_done);
   OFF(ep_ll_ctl_t, staged);
   OFF(ep_ll_ctl_t, shrink_decided);
+  OFF(ep_ll_ctl_t, team_size);
+  OFF(ep_ll_ctl_t, team_rank);
+  OFF(ep_ll_ctl_t, team_pe);
   K(EP_LL_THREADS);
   K(EP_LL_MAX_PES);
   K(EP_LL_MAX_LOCAL_EXPERTS);

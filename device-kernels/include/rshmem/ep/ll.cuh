@@ -115,6 +115,13 @@ typedef struct ep_ll_ctl {
   // source: tag << 1 | 1 (use what it sent) or tag << 1 (leave it out); another tag =
   // undecided. The first unit or block to decide wins; every other one adopts it.
   uint64_t shrink_decided[2][EP_LL_MAX_PES];
+  // The buffer's team, written by the host when it creates the buffer: team_size 0 = the
+  // world team; else R = team_size, this PE is team member team_rank, and member i is
+  // world PE team_pe[i] (every PE index the kernels use — mask, counters, layout — is a
+  // team rank; peers are reached through team_pe).
+  uint32_t team_size;
+  int32_t team_rank;
+  int32_t team_pe[EP_LL_MAX_PES];
 } ep_ll_ctl_t;
 
 #ifdef __cplusplus
@@ -138,6 +145,15 @@ static_assert(__builtin_offsetof(ep_ll_ctl_t, staged) == 144 + 2 * 2 * EP_LL_MAX
 static_assert(__builtin_offsetof(ep_ll_ctl_t, shrink_decided) == 144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16,
               "ep_ll_ctl_t layout");
 #endif
-static_assert(sizeof(ep_ll_ctl_t) == 144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8,
+#if !defined(__CUDACC_RTC__)
+static_assert(__builtin_offsetof(ep_ll_ctl_t, team_size) ==
+                  144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8,
+              "ep_ll_ctl_t layout");
+static_assert(__builtin_offsetof(ep_ll_ctl_t, team_pe) ==
+                  144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8,
+              "ep_ll_ctl_t layout");
+#endif
+static_assert(sizeof(ep_ll_ctl_t) ==
+                  144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8 + EP_LL_MAX_PES * 4,
               "ep_ll_ctl_t layout");
 #endif
