@@ -665,7 +665,11 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
     }
     // Over IBGDA: heaps, queues and states in a memfd that a soft HCA engine serves.
     let shared = (c.net != Net::P2p).then(|| {
-        let heap = (64 << 10) + Layout::new(cfg, c.pes).unwrap().total_bytes;
+        let heap = (64 << 10)
+            + (0..c.pes)
+                .map(|p| Layout::new(cfg, c.team_of(p).0.len()).unwrap().total_bytes)
+                .max()
+                .unwrap_or(0);
         let p2p = |p: usize, q: usize| c.net == Net::Mixed && p / 2 == q / 2;
         emu_ibgda::Shared::with(
             c.pes,
@@ -718,7 +722,9 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
     if let Some(sh) = &shared {
         let live = |p: usize| c.masked_pe != Some(p);
         for p in (0..c.pes).filter(|&p| live(p)) {
-            for q in (0..c.pes).filter(|&q| live(q) && q != p) {
+            // Only members of one EP team talk to each other.
+            let team = c.team_of(p).0;
+            for q in (0..c.pes).filter(|&q| live(q) && q != p && team.contains(&q)) {
                 let queued = c.net == Net::Ibgda || p / 2 != q / 2;
                 let posted = sh.published(p, q);
                 assert_eq!(
@@ -1232,13 +1238,18 @@ fn check_shrink_partial(mut c: KCase, dead: usize, after: usize) {
 /// 5 PEs as {0, 2, 4} and {1, 3}, each group its own buffer, sizes and layout, at once in
 /// one heap; every PE's outputs equal the CPU oracle's on the same teams, sources and
 /// experts numbered in the team, the peers reached through their world PEs. Blocks one
-/// after another, then every PE and block a process.
+/// after another, then every PE and block a process; over P2P, then with IBGDA queues
+/// between "nodes".
 #[test]
 fn kernels_emulated_on_two_teams_of_a_split() {
     for concurrent in [false, true] {
         let mut c = kcase(5, 4, 2048, 12, 3, true, 3, &[4, 3, 4, 2, 4]);
         c.teams = Some(vec![vec![0, 2, 4], vec![1, 3]]);
         c.concurrent = concurrent;
+        check_kernels(c.clone());
+        // "Nodes" of two PEs (0-1, 2-3, 4): the teams' peers through IBGDA queues, with
+        // world PEs on the queue pairs and the signals.
+        c.net = Net::Mixed;
         check_kernels(c);
     }
 }

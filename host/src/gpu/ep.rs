@@ -271,10 +271,20 @@ pub const KERNELS: [Kernel; 5] = [
 /// other PE is not reached by stores through a mapping (ep_ll.cu puts to it from the
 /// heap's staging area).
 pub fn needs_stage(me: usize, peers: &[super::state::DevicePeer]) -> bool {
-    peers
-        .iter()
-        .enumerate()
-        .any(|(q, p)| q != me && p.transport != super::state::TRANSPORT_P2P)
+    needs_stage_in(me, peers, None)
+}
+
+/// [`needs_stage`] for a buffer on a team: only the members (world PEs) count.
+pub fn needs_stage_in(
+    me: usize,
+    peers: &[super::state::DevicePeer],
+    members: Option<&[usize]>,
+) -> bool {
+    peers.iter().enumerate().any(|(q, p)| {
+        q != me
+            && p.transport != super::state::TRANSPORT_P2P
+            && members.is_none_or(|m| m.contains(&q))
+    })
 }
 
 /// The name of `kind`'s instance for `hidden` and the dispatch format, or a clear error
@@ -1020,8 +1030,8 @@ impl<'g> GpuBuffer<'g> {
 
     /// [`GpuBuffer::new`] on `team` (an EP group of a split, as
     /// [`crate::ep::Buffer::new`]): every PE of the job calls it at the same time, each with
-    /// its own team; groups may differ in size (every PE allocates the largest need). PE
-    /// indices of the buffer (mask, errors' peers inside a team) are team ranks.
+    /// its own team; groups may differ in size (every PE allocates the largest need). The
+    /// mask is indexed by team rank; errors name world PEs (as the CPU buffer's).
     pub fn new_on(
         g: &'g GpuPe,
         team: &crate::team::Team,
@@ -1134,64 +1144,89 @@ impl<'g> GpuBuffer<'g> {
         let n = team.n_pes();
         let members: Vec<usize> = team.members().iter().map(|&m| m as usize).collect();
         let world = members.len() == g.n_pes() && members.iter().enumerate().all(|(i, &m)| i == m);
-        let mut share = u32::MAX;
-        let mut funcs = [std::ptr::null_mut(); 5];
-        for (f, k) in funcs.iter_mut().zip(&names) {
-            share = share.min(g.collective_grid(&module, k, THREADS, grid)?.0);
-            *f = module.function(k)?;
-        }
-        let base = g.align(crate::ep::layout::REGION_ALIGN, alloc_bytes)?;
-        // Signal words must start below every tag: zero both sets' signal areas.
-        for set in 0..2 {
-            g.memset(
-                base.offset() + set * layout.set_bytes,
-                0,
-                layout.dispatch_send.offset,
-            )?;
-        }
-        let ctl = dev(g, size_of::<LlCtl>(), "the EP control block")?;
-        let mask_dev = dev(g, n * 4, "the EP mask")?;
-        let (l, rows, h) = (
-            layout.num_local_experts,
-            n * layout.num_max_tokens,
-            cfg.hidden,
-        );
-        let out = |set: usize| -> Result<SetOut> {
-            let w = |what: &str| format!("EP {what} (buffer set {set})");
-            Ok(SetOut {
-                recv_x: dev(
-                    g,
-                    l * rows * h * if cfg.use_fp8 { 1 } else { 2 },
-                    &w("recv_x"),
-                )?,
-                recv_scales: if cfg.use_fp8 {
-                    Some(dev(g, l * rows * (h / 128) * 4, &w("recv_scales"))?)
-                } else {
-                    None
-                },
-                recv_count: dev(g, l * 4, &w("recv_count"))?,
-                src_info: dev(g, l * rows * 4, &w("src_info"))?,
-                recv_topk_slot: dev(g, l * rows * 4, &w("recv_topk_slot"))?,
-                layout_range: dev(g, l * n * 8, &w("layout_range"))?,
-                combined: dev(g, layout.num_max_tokens * h * 2, &w("combined_x"))?,
-            })
-        };
-        let outs = [out(0)?, out(1)?];
-        // The zeroing memsets above run on the legacy stream, asynchronously to the host:
-        // finished before any kernel of the PE's stream reads the control block.
-        settle_memsets(g, "zeros into the EP control block and outputs")?;
-        if !world {
-            // The team fields (the rest of the block stays zero): read by every kernel's
-            // setup, written before the first launch.
-            let mut b = vec![0u8; size_of::<LlCtl>()];
-            b[CTL_TEAM..CTL_TEAM + 4].copy_from_slice(&(n as u32).to_le_bytes());
-            b[CTL_TEAM + 4..CTL_TEAM + 8].copy_from_slice(&(team.my_pe() as i32).to_le_bytes());
-            for (i, &m) in members.iter().enumerate() {
-                let at = CTL_TEAM + 8 + 4 * i;
-                b[at..at + 4].copy_from_slice(&(m as i32).to_le_bytes());
+        // Local steps fail on every PE alike (a PE that returned alone would leave the
+        // others in the collective allocation or the barrier until the timeout).
+        let kernels = (|| -> Result<(u32, [sys::CUfunction; 5])> {
+            let mut share = u32::MAX;
+            let mut funcs = [std::ptr::null_mut(); 5];
+            for (f, k) in funcs.iter_mut().zip(&names) {
+                share = share.min(g.collective_grid(&module, k, THREADS, grid)?.0);
+                *f = module.function(k)?;
             }
-            ctl.write(&b)?;
+            Ok((share, funcs))
+        })();
+        let group = pe.world().group();
+        crate::pe::exchange_status(pe.boot(), &group, "look up its EP kernels", &kernels)?;
+        let (share, funcs) = kernels?;
+        let base = g.align(crate::ep::layout::REGION_ALIGN, alloc_bytes)?;
+        let local = (|| -> Result<(DevBuf, DevBuf, [SetOut; 2])> {
+            // Signal words must start below every tag: zero both sets' signal areas.
+            for set in 0..2 {
+                g.memset(
+                    base.offset() + set * layout.set_bytes,
+                    0,
+                    layout.dispatch_send.offset,
+                )?;
+            }
+            let ctl = dev(g, size_of::<LlCtl>(), "the EP control block")?;
+            let mask_dev = dev(g, n * 4, "the EP mask")?;
+            let (l, rows, h) = (
+                layout.num_local_experts,
+                n * layout.num_max_tokens,
+                cfg.hidden,
+            );
+            let out = |set: usize| -> Result<SetOut> {
+                let w = |what: &str| format!("EP {what} (buffer set {set})");
+                Ok(SetOut {
+                    recv_x: dev(
+                        g,
+                        l * rows * h * if cfg.use_fp8 { 1 } else { 2 },
+                        &w("recv_x"),
+                    )?,
+                    recv_scales: if cfg.use_fp8 {
+                        Some(dev(g, l * rows * (h / 128) * 4, &w("recv_scales"))?)
+                    } else {
+                        None
+                    },
+                    recv_count: dev(g, l * 4, &w("recv_count"))?,
+                    src_info: dev(g, l * rows * 4, &w("src_info"))?,
+                    recv_topk_slot: dev(g, l * rows * 4, &w("recv_topk_slot"))?,
+                    layout_range: dev(g, l * n * 8, &w("layout_range"))?,
+                    combined: dev(g, layout.num_max_tokens * h * 2, &w("combined_x"))?,
+                })
+            };
+            let outs = [out(0)?, out(1)?];
+            // The zeroing memsets above run on the legacy stream, asynchronously to the host:
+            // finished before any kernel of the PE's stream reads the control block.
+            settle_memsets(g, "zeros into the EP control block and outputs")?;
+            if !world {
+                // The team fields (the rest of the block stays zero): read by every kernel's
+                // setup, written before the first launch.
+                let mut b = vec![0u8; size_of::<LlCtl>()];
+                b[CTL_TEAM..CTL_TEAM + 4].copy_from_slice(&(n as u32).to_le_bytes());
+                b[CTL_TEAM + 4..CTL_TEAM + 8].copy_from_slice(&(team.my_pe() as i32).to_le_bytes());
+                for (i, &m) in members.iter().enumerate() {
+                    let at = CTL_TEAM + 8 + 4 * i;
+                    b[at..at + 4].copy_from_slice(&(m as i32).to_le_bytes());
+                }
+                ctl.write(&b)?;
+            }
+            Ok((ctl, mask_dev, outs))
+        })();
+        if let Err(e) =
+            crate::pe::exchange_status(pe.boot(), &group, "set up its EP buffer", &local)
+        {
+            // Collective, as the allocation was.
+            let _ = g.free(base);
+            return Err(e);
         }
+        let (ctl, mask_dev, outs) = match local {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = g.free(base);
+                return Err(e);
+            }
+        };
         pe.barrier_all()?;
         Ok(GpuBuffer {
             g,
@@ -1201,7 +1236,7 @@ impl<'g> GpuBuffer<'g> {
             module,
             names,
             funcs,
-            stage: needs_stage(g.my_pe(), g.peer_table()),
+            stage: needs_stage_in(g.my_pe(), g.peer_table(), Some(&members)),
             grid: share,
             base,
             ctl,

@@ -622,17 +622,18 @@ fn shrink_case(g: &GpuPe, m: &Module) -> Result<()> {
     }
 }
 
-/// EP groups of a split: the even and the odd PEs, each group with its own buffer on its
-/// team (`GpuBuffer::with_module_on`), at the same time; one round trip each, validated
-/// with EP.md's checks against the group's routing (sources and experts numbered in the
-/// group).
+/// EP groups of a split of different sizes: PEs [0, a) and [a, n) with a = n/2 - 1 (3 and
+/// 5 of 8), each group with its own buffer on its team (`GpuBuffer::with_module_on`), at
+/// the same time, in one world allocation of the larger need; one round trip each,
+/// validated with EP.md's checks against the group's routing (sources and experts
+/// numbered in the group).
 fn team_case(g: &GpuPe, m: &Module) -> Result<()> {
     let n = g.n_pes();
     let world = g.pe().world().clone();
-    let (ne, no) = (n.div_ceil(2), n / 2);
-    let even = g.pe().team_split_strided(&world, 0, 2, ne)?;
-    let odd = g.pe().team_split_strided(&world, 1, 2, no)?;
-    let team = even.or(odd).ok_or_else(|| {
+    let (na, nb) = (n / 2 - 1, n - (n / 2 - 1));
+    let first = g.pe().team_split_strided(&world, 0, 1, na)?;
+    let second = g.pe().team_split_strided(&world, na, 1, nb)?;
+    let team = first.clone().or(second.clone()).ok_or_else(|| {
         Error::Verification(format!(
             "ep GPU teams: PE {} is in neither group",
             g.my_pe()
@@ -642,13 +643,13 @@ fn team_case(g: &GpuPe, m: &Module) -> Result<()> {
     let cfg = Config {
         num_max_dispatch_tokens_per_rank: 32,
         hidden: 2560,
-        num_experts: 2 * ne * no,
-        num_topk: 4,
+        num_experts: na * nb,
+        num_topk: 4.min(na * nb),
         use_fp8: true,
         round_scale: false,
     };
     let mut buf = GpuBuffer::with_module_on(g, m, &team, cfg, 0)?;
-    let r = check::random_routing(41 + g.my_pe() as u64 % 2, me, 32, &cfg, None, 4);
+    let r = check::random_routing(41 + (g.my_pe() >= na) as u64, me, 32, &cfg, None, 4);
     let all = check::allgather_routing(g.pe(), &team, &r)?;
     let none = vec![false; tn];
     // Every PE reaches the barrier and the (collective) destroy, whatever the checks say.
@@ -678,6 +679,9 @@ fn team_case(g: &GpuPe, m: &Module) -> Result<()> {
     })();
     g.pe().barrier_all()?;
     buf.destroy()?;
+    for t in [first, second].into_iter().flatten() {
+        g.pe().team_destroy(t)?;
+    }
     checked
 }
 
