@@ -1213,13 +1213,10 @@ impl<'g> GpuBuffer<'g> {
             }
             Ok((ctl, mask_dev, outs))
         })();
-        if let Err(e) =
-            crate::pe::exchange_status(pe.boot(), &group, "set up its EP buffer", &local)
-        {
-            // Collective, as the allocation was.
-            let _ = g.free(base);
-            return Err(e);
-        }
+        // Every PE's outcome; on any failure every PE frees the allocation (collective, as
+        // the allocation was).
+        let local = crate::pe::exchange_status(pe.boot(), &group, "set up its EP buffer", &local)
+            .and(local);
         let (ctl, mask_dev, outs) = match local {
             Ok(x) => x,
             Err(e) => {

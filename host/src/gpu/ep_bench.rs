@@ -478,6 +478,57 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
     buf.destroy()
 }
 
+/// `rounds` round trips of 32 tokens on `buf` (this PE is `me` of the buffer's `n` team
+/// members; routing `r`, every member's `all`), each checked with EP.md's checks with
+/// `masked`; the first failed check (with its round when there are several) goes to
+/// `problem`. The device buffers are made before the first LL call (module docs: no
+/// allocation between LL calls).
+#[allow(clippy::too_many_arguments)]
+fn checked_round_trips(
+    g: &GpuPe,
+    buf: &mut GpuBuffer,
+    cfg: &Config,
+    (n, me): (usize, usize),
+    r: &check::Routing,
+    all: &[check::Routing],
+    masked: &[bool],
+    rounds: usize,
+    problem: &mut Option<Error>,
+) -> Result<()> {
+    let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
+    let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
+    let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
+    let l = cfg.num_experts / n;
+    let eo_buf = DevBuf::new(g.ctx(), l * n * 32 * cfg.hidden * 2, "expert outputs")?;
+    let tagged = |round: usize, e: Error| match rounds {
+        1 => e,
+        _ => Error::Verification(format!("round {round}: {e}")),
+    };
+    for round in 0..rounds {
+        let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
+        let d = buf.read_dispatch(&h)?;
+        if let Err(e) = check::validate_dispatch(cfg, me, all, masked, &d) {
+            problem.get_or_insert(tagged(round, e));
+        }
+        let mut eo = vec![bf16::ZERO; l * n * 32 * cfg.hidden];
+        check::expert_forward(cfg, n, me, &d, &scale, &mut eo);
+        eo_buf.write(bf16_bytes(&eo))?;
+        let c = buf.low_latency_combine(
+            Some(eo_buf.ptr()),
+            idx.ptr(),
+            IdxType::I64,
+            w.ptr(),
+            &h,
+            false,
+        )?;
+        let comb = buf.read_combined(&c)?;
+        if let Err(e) = check::validate_combine(cfg, n, me, r, masked, &scale, &comb) {
+            problem.get_or_insert(tagged(round, e));
+        }
+    }
+    Ok(())
+}
+
 /// A dead PE (the last one) masked by every other PE: it makes no LL calls, the others'
 /// dispatch and combine skip it (EP.md's checks with the mask), then the mask is cleared.
 fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
@@ -505,27 +556,17 @@ fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
                 "ep GPU mask on PE {me}: query_mask {q:?}"
             )));
         }
-        let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
-        let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
-        let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
-        let l = cfg.num_experts / n;
-        // Before the first LL call (module docs: no allocation between LL calls).
-        let eo_buf = DevBuf::new(g.ctx(), l * n * 32 * cfg.hidden * 2, "expert outputs")?;
-        let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
-        let d = buf.read_dispatch(&h)?;
-        if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &d) {
-            problem.get_or_insert(e);
-        }
-        let mut eo = vec![bf16::ZERO; l * n * 32 * cfg.hidden];
-        check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
-        eo_buf.write(bf16_bytes(&eo))?;
-        let eo = eo_buf;
-        let c =
-            buf.low_latency_combine(Some(eo.ptr()), idx.ptr(), IdxType::I64, w.ptr(), &h, false)?;
-        let comb = buf.read_combined(&c)?;
-        if let Err(e) = check::validate_combine(&cfg, n, me, &r, &masked, &scale, &comb) {
-            problem.get_or_insert(e);
-        }
+        checked_round_trips(
+            g,
+            &mut buf,
+            &cfg,
+            (n, me),
+            &r,
+            &all,
+            &masked,
+            1,
+            &mut problem,
+        )?;
         buf.clean_mask()?;
         let q = buf.query_mask()?;
         if q.iter().any(|&m| m) {
@@ -572,34 +613,17 @@ fn shrink_case(g: &GpuPe, m: &Module) -> Result<()> {
     masked[dead] = true;
     let mut problem: Option<Error> = None;
     if me != dead {
-        let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
-        let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
-        let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
-        let l = cfg.num_experts / n;
-        // Before the first LL call (module docs: no allocation between LL calls).
-        let eo_buf = DevBuf::new(g.ctx(), l * n * 32 * cfg.hidden * 2, "expert outputs")?;
-        for round in 0..2 {
-            let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
-            let d = buf.read_dispatch(&h)?;
-            if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &d) {
-                problem.get_or_insert(Error::Verification(format!("round {round}: {e}")));
-            }
-            let mut eo = vec![bf16::ZERO; l * n * 32 * cfg.hidden];
-            check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
-            eo_buf.write(bf16_bytes(&eo))?;
-            let c = buf.low_latency_combine(
-                Some(eo_buf.ptr()),
-                idx.ptr(),
-                IdxType::I64,
-                w.ptr(),
-                &h,
-                false,
-            )?;
-            let comb = buf.read_combined(&c)?;
-            if let Err(e) = check::validate_combine(&cfg, n, me, &r, &masked, &scale, &comb) {
-                problem.get_or_insert(Error::Verification(format!("round {round}: {e}")));
-            }
-        }
+        checked_round_trips(
+            g,
+            &mut buf,
+            &cfg,
+            (n, me),
+            &r,
+            &all,
+            &masked,
+            2,
+            &mut problem,
+        )?;
         let q = buf.query_mask()?;
         if q != masked {
             problem.get_or_insert(Error::Verification(format!(
@@ -653,30 +677,19 @@ fn team_case(g: &GpuPe, m: &Module) -> Result<()> {
     let all = check::allgather_routing(g.pe(), &team, &r)?;
     let none = vec![false; tn];
     // Every PE reaches the barrier and the (collective) destroy, whatever the checks say.
-    let checked = (|| -> Result<()> {
-        let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
-        let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
-        let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
-        let l = cfg.num_experts / tn;
-        let eo_buf = DevBuf::new(g.ctx(), l * tn * 32 * cfg.hidden * 2, "expert outputs")?;
-        let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
-        let d = buf.read_dispatch(&h)?;
-        check::validate_dispatch(&cfg, me, &all, &none, &d)?;
-        let mut eo = vec![bf16::ZERO; l * tn * 32 * cfg.hidden];
-        check::expert_forward(&cfg, tn, me, &d, &scale, &mut eo);
-        eo_buf.write(bf16_bytes(&eo))?;
-        let c = buf.low_latency_combine(
-            Some(eo_buf.ptr()),
-            idx.ptr(),
-            IdxType::I64,
-            w.ptr(),
-            &h,
-            false,
-        )?;
-        let comb = buf.read_combined(&c)?;
-        check::validate_combine(&cfg, tn, me, &r, &none, &scale, &comb)?;
-        Ok(())
-    })();
+    let mut problem = None;
+    let checked = checked_round_trips(
+        g,
+        &mut buf,
+        &cfg,
+        (tn, me),
+        &r,
+        &all,
+        &none,
+        1,
+        &mut problem,
+    )
+    .and_then(|()| problem.map_or(Ok(()), Err));
     g.pe().barrier_all()?;
     buf.destroy()?;
     for t in [first, second].into_iter().flatten() {
