@@ -5,11 +5,12 @@
 //! peer), A is the backend under test, driven by hand as the engine drives it.
 //! A missing libfabric is a failure, not a skip.
 
-use rshmem::config::FabricSwitches;
-use rshmem::fabric::{Endpoint, Fabric, FabricConfig, MemoryRegion, MR_MODE_SUPPORTED};
+mod fabric_lo;
+
+use rshmem::fabric::{Endpoint, MemoryRegion};
 use rshmem::mlx5::Syndrome;
 use rshmem::softhca::backend::{Gather, LocalBuf};
-use rshmem::softhca::{Backend, FabricBackend, FabricPeer, Op};
+use rshmem::softhca::{Backend, FabricPeer, Op};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,21 +31,7 @@ fn peer(addr: rshmem::fabric::PeerAddr, mr: &Arc<MemoryRegion>, rkey: u32) -> Fa
 
 #[test]
 fn a_stalled_peer_neither_blocks_the_engine_nor_starves_the_others() {
-    let cfg = FabricConfig {
-        provider: Some("tcp;ofi_rxm".into()),
-        domain: Some("lo".into()),
-        mr_mode: MR_MODE_SUPPORTED,
-        timeout: TIMEOUT,
-    };
-    let fabric = Fabric::open(&cfg).unwrap_or_else(|e| {
-        panic!("cannot open libfabric tcp;ofi_rxm: {e} (apt-get install -y libfabric1)")
-    });
-    let switches = FabricSwitches {
-        handover: false,
-        lazy_confirm: false,
-        delivery_complete: false,
-    };
-    let mut a = FabricBackend::open_on(&fabric, switches).expect("backend a");
+    let (fabric, mut a) = fabric_lo::backend_on_lo(TIMEOUT);
     let la = a.domain().alloc(MIB).expect("register a's buffer");
     a.regions().lock().unwrap().push(la.clone());
 

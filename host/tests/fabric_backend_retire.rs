@@ -6,11 +6,9 @@
 //! standing for another process that does not know yet that Q left.
 //! A missing libfabric is a failure, not a skip.
 
-use rshmem::config::FabricSwitches;
-use rshmem::fabric::{
-    Completion, Endpoint, Fabric, FabricConfig, Local, MemoryRegion, PeerAddr, RemoteRegion,
-    Target, MR_MODE_SUPPORTED,
-};
+mod fabric_lo;
+
+use rshmem::fabric::{Completion, Endpoint, Local, MemoryRegion, PeerAddr, RemoteRegion, Target};
 use rshmem::mlx5::Syndrome;
 use rshmem::softhca::backend::Gather;
 use rshmem::softhca::{Backend, FabricBackend, FabricPeer, Op};
@@ -102,21 +100,7 @@ fn word_at(r: &MemoryRegion, offset: usize) -> u64 {
 
 #[test]
 fn a_leaving_pe_breaks_no_connection_and_its_region_refuses_access() {
-    let cfg = FabricConfig {
-        provider: Some("tcp;ofi_rxm".into()),
-        domain: Some("lo".into()),
-        mr_mode: MR_MODE_SUPPORTED,
-        timeout: TIMEOUT,
-    };
-    let fabric = Fabric::open(&cfg).unwrap_or_else(|e| {
-        panic!("cannot open libfabric tcp;ofi_rxm: {e} (apt-get install -y libfabric1)")
-    });
-    let switches = FabricSwitches {
-        handover: false,
-        lazy_confirm: false,
-        delivery_complete: false,
-    };
-    let mut a = FabricBackend::open_on(&fabric, switches).expect("backend a");
+    let (fabric, mut a) = fabric_lo::backend_on_lo(TIMEOUT);
     // The heaps of PEs P and Q, threads of A's process, registered with A's domain.
     let hp = a.domain().alloc(MIB).expect("register P's heap");
     let hq = a.domain().alloc(MIB).expect("register Q's heap");
