@@ -463,15 +463,11 @@ impl FabricBackend {
                 }
             }
             self.unflushed_n += 1;
-            let e = self
-                .unflushed
+            self.unflushed
                 .entry(t.peer.0)
-                .or_insert_with(|| (t, Vec::new(), false));
-            // The next flush reads from the region of the latest write: one this process
-            // just wrote to, so not one whose PE left long ago (the first write's region
-            // could be, and a READ for a closed key drops the connection).
-            e.0 = t;
-            e.1.push(i);
+                .or_insert_with(|| (t, Vec::new(), false))
+                .1
+                .push(i);
             return;
         }
         let covered = p.flushes.take().map(|(_, l)| l);
