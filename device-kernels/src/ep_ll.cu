@@ -664,38 +664,37 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
       // j only when none was given up on; for j = s it also sums s's offset.
       for (uint32_t j = lane; j < c.R && items != 0; j += 32) {
         if (masked_before(c, j) || (j > s && !last)) continue;
+        // j's count for this unit's expert (n) and its offset before it (off), from the
+        // L words `read` returns; false when one of them was given up on.
         uint32_t n = 0, off = 0;
-        bool complete = true;
-        for (uint32_t l2 = 0; l2 < c.L; ++l2) {
-          const uint64_t w = recv_word(
-              c, local_word(a, ep_dispatch_count_word(&c.lay, a.set, l2, j)), j,
-              static_cast<int32_t>(c.me * c.L + l2),
-              "EP dispatch: waiting for PE's token count for this PE's expert");
-          if ((w & 0xffffffffu) == EP_SHRUNK) complete = false;
-          const uint32_t cnt = read_count(c, a.set, w, j);
-          if (l2 == le) n = cnt;
-          if (l2 < le) off += cnt;
-        }
+        auto counts = [&](auto read) {
+          bool all_came = true;
+          n = off = 0;
+          for (uint32_t l2 = 0; l2 < c.L; ++l2) {
+            const uint64_t w = read(local_word(a, ep_dispatch_count_word(&c.lay, a.set, l2, j)),
+                                    static_cast<int32_t>(c.me * c.L + l2));
+            if ((w & 0xffffffffu) == EP_SHRUNK) all_came = false;
+            const uint32_t cnt = read_count(c, a.set, w, j);
+            if (l2 == le) n = cnt;
+            if (l2 < le) off += cnt;
+          }
+          return all_came;
+        };
+        const bool complete = counts([&](uint64_t *w, int32_t expert) {
+          return recv_word(c, w, j, expert,
+                           "EP dispatch: waiting for PE's token count for this PE's expert");
+        });
         // One decision per source for the whole call: a word that came only after
         // another unit settled it (a PE later than the whole bound) cannot make two
         // units disagree. Used though this lane saw a marker: every word has come
         // (whoever decided saw them all), so read them again.
         if (!decide(c, a.set, j, complete)) {
-          n = 0;
-          off = 0;
-        } else if (!complete) {
           n = off = 0;
-          for (uint32_t l2 = 0; l2 < c.L; ++l2) {
-            const uint32_t cnt = read_count(
-                c, a.set,
-                ep_comm::wait_tag(local_word(a, ep_dispatch_count_word(&c.lay, a.set, l2, j)),
-                                  c.tag, wpe(c, j),
-                                  static_cast<int32_t>(c.me * c.L + l2),
-                                  "EP dispatch (shrink): a count another unit saw"),
-                j);
-            if (l2 == le) n = cnt;
-            if (l2 < le) off += cnt;
-          }
+        } else if (!complete) {
+          counts([&](uint64_t *w, int32_t expert) {
+            return ep_comm::wait_tag(w, c.tag, wpe(c, j), expert,
+                                     "EP dispatch (shrink): a count another unit saw");
+          });
         }
         if (j < s) begin += n;
         if (j == s) {

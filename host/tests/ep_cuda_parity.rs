@@ -1046,13 +1046,14 @@ fn check_shrink(mut c: KCase, dead: usize, after: usize) {
         };
         rows_checked += compare_repeat(&c, &routes, rep, &emu[rep], &want, pes);
         // The call that gave up on it: the death's dispatch (LL call 2 * after, tag
-        // 2 * after + 1), or its combine (tag 2 * after + 2): EP_LL_MASK_SHRUNK(tag).
-        let tag = 2 * after as i32 + if after_dispatch { 2 } else { 1 };
+        // 2 * after + 1), or its combine (tag 2 * after + 2): EP_LL_MASK_SHRUNK(tag), as
+        // the launcher's mirror computes it.
+        let tag = 2 * after as u64 + if after_dispatch { 2 } else { 1 };
         for (o, &me) in emu[rep].iter().zip(pes) {
             let want: Vec<i32> = (0..c.pes)
                 .map(|q| {
                     if q == dead && rep >= after {
-                        0x4000_0000 | tag
+                        rshmem::gpu::ep::mask_shrunk(tag)
                     } else {
                         0
                     }

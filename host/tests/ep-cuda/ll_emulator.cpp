@@ -427,11 +427,8 @@ int main(int argc, char **argv) {
               (shrink ? EP_LL_SHRINK : 0);
     return a;
   };
-  // The masked PE never runs (the host masked it, or, in shrink mode, it is dead); with
-  // RSHMEM_EMU_DEAD_AFTER it runs that many repeats first.
-  auto skip = [&](unsigned p) {
-    return masked_pe >= 0 && p == unsigned(masked_pe) && dead_after == 0;
-  };
+  // Whether PE p runs repeat `rep`: the masked PE never does (the host masked it, or, in
+  // shrink mode, it is dead), except its first RSHMEM_EMU_DEAD_AFTER repeats.
   auto runs = [&](unsigned p, unsigned rep) {
     return masked_pe < 0 || p != unsigned(masked_pe) || rep < dead_after;
   };
@@ -522,7 +519,7 @@ int main(int argc, char **argv) {
     std::vector<pid_t> kids;
     fflush(nullptr);
     for (unsigned p = 0; p < R; ++p) {
-      if (skip(p)) continue;
+      if (!runs(p, 0)) continue;  // never runs
       outs[p] = tmpfile();
       if (!outs[p]) {
         perror("emulator: tmpfile");
