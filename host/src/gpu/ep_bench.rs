@@ -342,8 +342,9 @@ fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
     let (n, me, cfg) = (g.n_pes(), g.my_pe(), c.cfg);
     let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
     let r = routing(c, me);
-    let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
-    let masked = vec![false; n];
+    // Every device input before the routing's allgather, the last collective step before
+    // the first LL call: no PE allocates while a peer's kernel waits for it (module docs:
+    // no allocation between LL calls). They are freed after the collective destroy.
     let x = upload(
         g,
         bf16_bytes(&check::origin_x(me, r.num_tokens, cfg.hidden)),
@@ -353,12 +354,13 @@ fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
     let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
     let l = cfg.num_experts / n;
     let eo_len = l * n * cfg.num_max_dispatch_tokens_per_rank * cfg.hidden;
-    // Allocated before the first LL call (module docs: no allocation between LL calls).
     let eo_buf = if c.zero_copy {
         None
     } else {
         Some(DevBuf::new(g.ctx(), eo_len * 2, "expert outputs")?)
     };
+    let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
+    let masked = vec![false; n];
     let mut first: Option<(u64, u64)> = None;
     let mut problem: Option<Error> = None;
     let mut note = |r: Result<()>| {
@@ -366,55 +368,58 @@ fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
             problem.get_or_insert(e);
         }
     };
-    for rep in 0..2 {
-        let mut h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), c.idx, r.num_tokens, c.hook)?;
-        if c.hook {
-            buf.recv_hook(&mut h)?;
-        }
-        let d = buf.read_dispatch(&h)?;
-        note(check::validate_dispatch(&cfg, me, &all, &masked, &d));
-        note(compare_dispatch(&cfg, n, me, &d, &oracle[me].0));
-        let mut eo = vec![bf16::ZERO; eo_len];
-        check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
-        let eo = bf16_bytes(&eo);
-        let src = match &eo_buf {
-            None => {
-                buf.get_next_low_latency_combine_buffer(&h)?;
-                let set = (buf.calls() % 2) as usize;
-                g.write_local(buf.zero_copy_offset(set), eo)?;
-                None
+    let body = (|| -> Result<()> {
+        for rep in 0..2 {
+            let mut h =
+                buf.low_latency_dispatch(x.ptr(), idx.ptr(), c.idx, r.num_tokens, c.hook)?;
+            if c.hook {
+                buf.recv_hook(&mut h)?;
             }
-            // This PE's previous combine, which read the buffer, finished (read_combined).
-            Some(b) => {
-                b.write(eo)?;
-                Some(b.ptr())
+            let d = buf.read_dispatch(&h)?;
+            note(check::validate_dispatch(&cfg, me, &all, &masked, &d));
+            note(compare_dispatch(&cfg, n, me, &d, &oracle[me].0));
+            let mut eo = vec![bf16::ZERO; eo_len];
+            check::expert_forward(&cfg, n, me, &d, &scale, &mut eo);
+            let eo = bf16_bytes(&eo);
+            let src = match &eo_buf {
+                None => {
+                    buf.get_next_low_latency_combine_buffer(&h)?;
+                    let set = (buf.calls() % 2) as usize;
+                    g.write_local(buf.zero_copy_offset(set), eo)?;
+                    None
+                }
+                // This PE's previous combine, which read the buffer, finished (read_combined).
+                Some(b) => {
+                    b.write(eo)?;
+                    Some(b.ptr())
+                }
+            };
+            let mut cmb = buf.low_latency_combine(src, idx.ptr(), c.idx, w.ptr(), &h, c.hook)?;
+            if c.hook {
+                buf.combine_recv_hook(&mut cmb)?;
             }
-        };
-        let mut cmb = buf.low_latency_combine(src, idx.ptr(), c.idx, w.ptr(), &h, c.hook)?;
-        if c.hook {
-            buf.combine_recv_hook(&mut cmb)?;
-        }
-        let combined = buf.read_combined(&cmb)?;
-        note(check::validate_combine(&cfg, n, me, &r, &masked, &scale, &combined).map(|_| ()));
-        note(compare_combined(me, cfg.hidden, &combined, &oracle[me].1));
-        let hashes = (
-            check::dispatch_hash(&cfg, n, &d),
-            check::hash_bf16(&combined),
-        );
-        match first {
-            None => first = Some(hashes),
-            Some(h0) if h0 != hashes => note(Err(Error::Verification(format!(
-                "ep GPU on PE {me}: repeat {rep} is not bit-identical to repeat 0 \
+            let combined = buf.read_combined(&cmb)?;
+            note(check::validate_combine(&cfg, n, me, &r, &masked, &scale, &combined).map(|_| ()));
+            note(compare_combined(me, cfg.hidden, &combined, &oracle[me].1));
+            let hashes = (
+                check::dispatch_hash(&cfg, n, &d),
+                check::hash_bf16(&combined),
+            );
+            match first {
+                None => first = Some(hashes),
+                Some(h0) if h0 != hashes => note(Err(Error::Verification(format!(
+                    "ep GPU on PE {me}: repeat {rep} is not bit-identical to repeat 0 \
                  ({hashes:x?} vs {h0:x?})"
-            )))),
-            Some(_) => {}
+                )))),
+                Some(_) => {}
+            }
         }
-    }
-    buf.destroy()?;
-    match problem {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+        Ok(())
+    })();
+    // Every PE reaches the collective destroy, even after an error above.
+    let d = buf.destroy();
+    drop((x, idx, w, eo_buf));
+    body.and(problem.map_or(Ok(()), Err)).and(d)
 }
 
 /// Faults: an expert id >= E on PE 1, then T > N on PE 0; every PE fails the call naming
@@ -460,33 +465,70 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
             ))),
         }
     };
-    // 1: a bad expert id on PE 1 (PE 0 when alone).
-    let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 16, false)?;
-    expect(buf.read_dispatch(&h), 1 % n, "is outside [-1,")?;
-    // 2: T = N + 1 on PE 0 (others pass valid input).
-    let (p, t) = if me == 0 {
-        (idx_long.ptr(), t_max)
-    } else {
-        (idx_ok.ptr(), 16)
-    };
-    let h = buf.low_latency_dispatch(x.ptr(), p, IdxType::I64, t, false)?;
-    expect(buf.read_dispatch(&h), 0, "tokens")?;
-    // 3: a valid call afterwards works (the credits flowed through the failed calls).
-    let all = check::allgather_routing(g.pe(), g.pe().world(), &good)?;
-    let h = buf.low_latency_dispatch(x.ptr(), idx_ok.ptr(), IdxType::I64, 16, false)?;
-    check::validate_dispatch(&cfg, me, &all, &vec![false; n], &buf.read_dispatch(&h)?)?;
-    buf.destroy()
+    let body = (|| -> Result<()> {
+        // 1: a bad expert id on PE 1 (PE 0 when alone).
+        // A call that ends other than expected is recorded and the calls go on (the other
+        // PEs' kernels and collectives wait for this one).
+        let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 16, false)?;
+        let first = expect(buf.read_dispatch(&h), 1 % n, "is outside [-1,");
+        // 2: T = N + 1 on PE 0 (others pass valid input).
+        let (p, t) = if me == 0 {
+            (idx_long.ptr(), t_max)
+        } else {
+            (idx_ok.ptr(), 16)
+        };
+        let h = buf.low_latency_dispatch(x.ptr(), p, IdxType::I64, t, false)?;
+        let second = expect(buf.read_dispatch(&h), 0, "tokens");
+        // 3: a valid call afterwards works (the credits flowed through the failed calls).
+        let all = check::allgather_routing(g.pe(), g.pe().world(), &good)?;
+        let h = buf.low_latency_dispatch(x.ptr(), idx_ok.ptr(), IdxType::I64, 16, false)?;
+        let third =
+            check::validate_dispatch(&cfg, me, &all, &vec![false; n], &buf.read_dispatch(&h)?);
+        first.and(second).and(third)
+    })();
+    // Every PE reaches the collective destroy, even after an error above.
+    let d = buf.destroy();
+    drop((x, idx, idx_ok, idx_long));
+    body.and(d)
+}
+
+/// The device inputs of [`checked_round_trips`]: 32 tokens of routing `r` on member `me`
+/// of `n`, and room for the expert outputs. Made before the collective step that precedes
+/// the first LL call (so no PE allocates while a peer's kernel waits for it), and dropped
+/// only after the buffer's collective `destroy` (freeing device memory may wait for the
+/// device while another PE's kernel still waits for this one: docs/gpu-design.md).
+struct RoundTripInputs {
+    x: DevBuf,
+    idx: DevBuf,
+    w: DevBuf,
+    eo: DevBuf,
+}
+
+impl RoundTripInputs {
+    fn upload(
+        g: &GpuPe,
+        cfg: &Config,
+        (n, me): (usize, usize),
+        r: &check::Routing,
+    ) -> Result<Self> {
+        let l = cfg.num_experts / n;
+        Ok(RoundTripInputs {
+            x: upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?,
+            idx: upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?,
+            w: upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?,
+            eo: DevBuf::new(g.ctx(), l * n * 32 * cfg.hidden * 2, "expert outputs")?,
+        })
+    }
 }
 
 /// `rounds` round trips of 32 tokens on `buf` (this PE is `me` of the buffer's `n` team
-/// members; routing `r`, every member's `all`), each checked with EP.md's checks with
-/// `masked`; the first failed check (with its round when there are several) goes to
-/// `problem`. The device buffers are made before the first LL call (module docs: no
-/// allocation between LL calls).
+/// members; inputs `inp` of routing `r`, every member's `all`), each checked with EP.md's
+/// checks with `masked`; the first failed check (with its round when there are several)
+/// goes to `problem`.
 #[allow(clippy::too_many_arguments)]
 fn checked_round_trips(
-    g: &GpuPe,
     buf: &mut GpuBuffer,
+    inp: &RoundTripInputs,
     cfg: &Config,
     (n, me): (usize, usize),
     r: &check::Routing,
@@ -495,29 +537,25 @@ fn checked_round_trips(
     rounds: usize,
     problem: &mut Option<Error>,
 ) -> Result<()> {
-    let x = upload(g, bf16_bytes(&check::origin_x(me, 32, cfg.hidden)), "x")?;
-    let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
-    let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
     let l = cfg.num_experts / n;
-    let eo_buf = DevBuf::new(g.ctx(), l * n * 32 * cfg.hidden * 2, "expert outputs")?;
     let tagged = |round: usize, e: Error| match rounds {
         1 => e,
         _ => Error::Verification(format!("round {round}: {e}")),
     };
     for round in 0..rounds {
-        let h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, 32, false)?;
+        let h = buf.low_latency_dispatch(inp.x.ptr(), inp.idx.ptr(), IdxType::I64, 32, false)?;
         let d = buf.read_dispatch(&h)?;
         if let Err(e) = check::validate_dispatch(cfg, me, all, masked, &d) {
             problem.get_or_insert(tagged(round, e));
         }
         let mut eo = vec![bf16::ZERO; l * n * 32 * cfg.hidden];
         check::expert_forward(cfg, n, me, &d, &scale, &mut eo);
-        eo_buf.write(bf16_bytes(&eo))?;
+        inp.eo.write(bf16_bytes(&eo))?;
         let c = buf.low_latency_combine(
-            Some(eo_buf.ptr()),
-            idx.ptr(),
+            Some(inp.eo.ptr()),
+            inp.idx.ptr(),
             IdxType::I64,
-            w.ptr(),
+            inp.w.ptr(),
             &h,
             false,
         )?;
@@ -527,6 +565,16 @@ fn checked_round_trips(
         }
     }
     Ok(())
+}
+
+/// The end of a case on every PE alike, whatever its body returned: a barrier, then the
+/// buffer's collective `destroy` (a PE that left a case early would pair its next
+/// collective with the others' destroy, and its allocator would drift from theirs). Then
+/// the first of: the body's error, the first failed check, the barrier's, destroy's.
+fn end_case(g: &GpuPe, buf: GpuBuffer, body: Result<()>, problem: Option<Error>) -> Result<()> {
+    let b = g.pe().barrier_all();
+    let d = buf.destroy();
+    body.and(problem.map_or(Ok(()), Err)).and(b).and(d)
 }
 
 /// A dead PE (the last one) masked by every other PE: it makes no LL calls, the others'
@@ -544,47 +592,41 @@ fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
     };
     let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
     let r = check::random_routing(21, me, 32, &cfg, None, 4);
+    let inp = RoundTripInputs::upload(g, &cfg, (n, me), &r)?;
     let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
     let mut masked = vec![false; n];
     masked[dead] = true;
     let mut problem: Option<Error> = None;
-    if me != dead {
-        buf.update_mask(dead, true)?;
-        let q = buf.query_mask()?;
-        if q != masked {
-            problem.get_or_insert(Error::Verification(format!(
-                "ep GPU mask on PE {me}: query_mask {q:?}"
-            )));
-        }
-        checked_round_trips(
-            g,
-            &mut buf,
-            &cfg,
-            (n, me),
-            &r,
-            &all,
-            &masked,
-            1,
-            &mut problem,
-        )?;
-        buf.clean_mask()?;
-        let q = buf.query_mask()?;
-        if q.iter().any(|&m| m) {
-            problem.get_or_insert(Error::Verification(format!(
-                "ep GPU mask on PE {me}: clean_mask left {q:?}"
-            )));
-        }
+    let body = if me != dead {
+        (|| -> Result<()> {
+            buf.update_mask(dead, true)?;
+            let q = buf.query_mask()?;
+            if q != masked {
+                problem.get_or_insert(Error::Verification(format!(
+                    "ep GPU mask on PE {me}: query_mask {q:?}"
+                )));
+            }
+            let at = (n, me);
+            checked_round_trips(&mut buf, &inp, &cfg, at, &r, &all, &masked, 1, &mut problem)?;
+            buf.clean_mask()?;
+            let q = buf.query_mask()?;
+            if q.iter().any(|&m| m) {
+                problem.get_or_insert(Error::Verification(format!(
+                    "ep GPU mask on PE {me}: clean_mask left {q:?}"
+                )));
+            }
+            Ok(())
+        })()
     } else if buf.update_mask(me, true).is_ok() {
-        problem.get_or_insert(Error::Verification(
+        Err(Error::Verification(
             "ep GPU mask: a PE could mask itself".into(),
-        ));
-    }
-    g.pe().barrier_all()?;
-    buf.destroy()?;
-    match problem {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+        ))
+    } else {
+        Ok(())
+    };
+    let r = end_case(g, buf, body, problem);
+    drop(inp);
+    r
 }
 
 /// Shrink mode (ep_ll.cu "Shrink mode"): the last PE makes no LL calls (a PE that died);
@@ -608,42 +650,36 @@ fn shrink_case(g: &GpuPe, m: &Module) -> Result<()> {
     // Long enough for a live PE whose host thread launches late, short for the step.
     buf.set_shrink_timeout(Some(std::time::Duration::from_secs(2)));
     let r = check::random_routing(31, me, 32, &cfg, None, 4);
+    let inp = RoundTripInputs::upload(g, &cfg, (n, me), &r)?;
     let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
     let mut masked = vec![false; n];
     masked[dead] = true;
     let mut problem: Option<Error> = None;
-    if me != dead {
-        checked_round_trips(
-            g,
-            &mut buf,
-            &cfg,
-            (n, me),
-            &r,
-            &all,
-            &masked,
-            2,
-            &mut problem,
-        )?;
-        let q = buf.query_mask()?;
-        if q != masked {
-            problem.get_or_insert(Error::Verification(format!(
-                "ep GPU shrink on PE {me}: query_mask {q:?}, want {masked:?}"
-            )));
-        }
-        buf.clean_mask()?;
-        let q = buf.query_mask()?;
-        if q.iter().any(|&m| m) {
-            problem.get_or_insert(Error::Verification(format!(
-                "ep GPU shrink on PE {me}: clean_mask left {q:?}"
-            )));
-        }
-    }
-    g.pe().barrier_all()?;
-    buf.destroy()?;
-    match problem {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    let body = if me != dead {
+        (|| -> Result<()> {
+            let at = (n, me);
+            checked_round_trips(&mut buf, &inp, &cfg, at, &r, &all, &masked, 2, &mut problem)?;
+            let q = buf.query_mask()?;
+            if q != masked {
+                problem.get_or_insert(Error::Verification(format!(
+                    "ep GPU shrink on PE {me}: query_mask {q:?}, want {masked:?}"
+                )));
+            }
+            buf.clean_mask()?;
+            let q = buf.query_mask()?;
+            if q.iter().any(|&m| m) {
+                problem.get_or_insert(Error::Verification(format!(
+                    "ep GPU shrink on PE {me}: clean_mask left {q:?}"
+                )));
+            }
+            Ok(())
+        })()
+    } else {
+        Ok(())
+    };
+    let r = end_case(g, buf, body, problem);
+    drop(inp);
+    r
 }
 
 /// EP groups of a split of different sizes: PEs [0, a) and [a, n) with a = n/2 - 1 (3 and
@@ -674,24 +710,16 @@ fn team_case(g: &GpuPe, m: &Module) -> Result<()> {
     };
     let mut buf = GpuBuffer::with_module_on(g, m, &team, cfg, 0)?;
     let r = check::random_routing(41 + (g.my_pe() >= na) as u64, me, 32, &cfg, None, 4);
+    let inp = RoundTripInputs::upload(g, &cfg, (tn, me), &r)?;
     let all = check::allgather_routing(g.pe(), &team, &r)?;
     let none = vec![false; tn];
-    // Every PE reaches the barrier and the (collective) destroy, whatever the checks say.
     let mut problem = None;
-    let checked = checked_round_trips(
-        g,
-        &mut buf,
-        &cfg,
-        (tn, me),
-        &r,
-        &all,
-        &none,
-        1,
-        &mut problem,
-    )
-    .and_then(|()| problem.map_or(Ok(()), Err));
-    g.pe().barrier_all()?;
-    buf.destroy()?;
+    let at = (tn, me);
+    let body = checked_round_trips(&mut buf, &inp, &cfg, at, &r, &all, &none, 1, &mut problem);
+    // The groups finish at different times: the barrier in end_case comes before any PE
+    // frees the inputs or the buffer.
+    let checked = end_case(g, buf, body, problem);
+    drop(inp);
     for t in [first, second].into_iter().flatten() {
         g.pe().team_destroy(t)?;
     }
@@ -724,46 +752,62 @@ fn graph_case(g: &GpuPe, m: &Module, replays: usize) -> Result<()> {
         b.low_latency_combine(Some(recv_x), idx.ptr(), IdxType::I64, w.ptr(), &h, false)?;
         Ok(())
     })?;
-    if graph.calls() != 2 || buf.calls() != 0 {
-        return Err(Error::Verification(format!(
-            "ep graph: captured {} calls, buffer at call {} (expected 2 and 0)",
-            graph.calls(),
-            buf.calls()
-        )));
-    }
     let identity = |_e: usize| 1.0f32;
     let masked = vec![false; n];
-    for rep in 0..replays {
-        let r = check::random_routing(101 + rep as u64, me, t, &cfg, None, 4 + rep);
-        idx.write(&idx_bytes(&r.topk_idx, IdxType::I64))?;
-        w.write(&f32_bytes(&r.topk_weights))?;
-        let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
-        let calls = buf.replay(&graph)?;
-        for call in calls {
-            match call {
-                Replayed::Dispatch(h) => {
-                    let d = buf.read_dispatch(&h)?;
-                    check::validate_dispatch(&cfg, me, &all, &masked, &d)
-                        .map_err(|e| Error::Verification(format!("graph replay {rep}: {e}")))?;
-                }
-                Replayed::Combine(c) => {
-                    let comb = buf.read_combined(&c)?;
-                    check::validate_combine(&cfg, n, me, &r, &masked, &identity, &comb)
-                        .map_err(|e| Error::Verification(format!("graph replay {rep}: {e}")))?;
+    // A failed check is recorded and the replays go on (the other PEs' kernels and
+    // barriers wait for this one); an error of a call ends the replays.
+    let mut problem: Option<Error> = None;
+    let body = (|| -> Result<()> {
+        if graph.calls() != 2 || buf.calls() != 0 {
+            return Err(Error::Verification(format!(
+                "ep graph: captured {} calls, buffer at call {} (expected 2 and 0)",
+                graph.calls(),
+                buf.calls()
+            )));
+        }
+        for rep in 0..replays {
+            let r = check::random_routing(101 + rep as u64, me, t, &cfg, None, 4 + rep);
+            idx.write(&idx_bytes(&r.topk_idx, IdxType::I64))?;
+            w.write(&f32_bytes(&r.topk_weights))?;
+            let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
+            let calls = buf.replay(&graph)?;
+            for call in calls {
+                match call {
+                    Replayed::Dispatch(h) => {
+                        let d = buf.read_dispatch(&h)?;
+                        if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &d) {
+                            problem.get_or_insert(Error::Verification(format!(
+                                "graph replay {rep}: {e}"
+                            )));
+                        }
+                    }
+                    Replayed::Combine(c) => {
+                        let comb = buf.read_combined(&c)?;
+                        let v = check::validate_combine(&cfg, n, me, &r, &masked, &identity, &comb);
+                        if let Err(e) = v {
+                            problem.get_or_insert(Error::Verification(format!(
+                                "graph replay {rep}: {e}"
+                            )));
+                        }
+                    }
                 }
             }
+            // Every PE read its outputs before anyone writes the next inputs' routing.
+            g.pe().barrier_all()?;
         }
-        // Every PE read its outputs before anyone writes the next inputs' routing.
-        g.pe().barrier_all()?;
-    }
-    if buf.calls() != 2 * replays as u64 {
-        return Err(Error::Verification(format!(
-            "ep graph: buffer at call {} after {replays} replays",
-            buf.calls()
-        )));
-    }
+        if buf.calls() != 2 * replays as u64 {
+            return Err(Error::Verification(format!(
+                "ep graph: buffer at call {} after {replays} replays",
+                buf.calls()
+            )));
+        }
+        Ok(())
+    })();
+    // Every PE reaches the collective destroy, even after an error above.
     drop(graph);
-    buf.destroy()
+    let d = buf.destroy();
+    drop((x, idx, w));
+    body.and(problem.map_or(Ok(()), Err)).and(d)
 }
 
 /// `rshmem bench ep --device gpu --check`: the suite for every `--pes` count.
@@ -1129,16 +1173,13 @@ fn point(
     pe.barrier_all()?;
     let mut buf = GpuBuffer::new(g, cfg, 0)?;
     let routing = check::random_routing(a.seed, me, tokens, &cfg, None, 10.min(tokens * a.topk));
-    let all = check::allgather_routing(pe, pe.world(), &routing)?;
-    let masked = vec![false; n];
+    // Every device input before the routing's allgather, the last collective step before
+    // the first LL call: no PE allocates while a peer's kernel waits for it (module docs:
+    // no allocation between LL calls).
     let x = upload(g, bf16_bytes(&check::origin_x(me, tokens, cfg.hidden)), "x")?;
     let idx = upload(g, &idx_bytes(&routing.topk_idx, IdxType::I64), "topk_idx")?;
     let w = upload(g, &f32_bytes(&routing.topk_weights), "topk_weights")?;
-    let ty = IdxType::I64;
-    let identity = |_e: usize| 1.0f32;
-    let mut problem: Option<String> = None;
     let l = cfg.num_experts / n;
-    // Before the first LL call (module docs: no allocation between LL calls).
     let expert_out = if a.zero_copy {
         None
     } else {
@@ -1148,6 +1189,11 @@ fn point(
             "expert outputs",
         )?)
     };
+    let all = check::allgather_routing(pe, pe.world(), &routing)?;
+    let masked = vec![false; n];
+    let ty = IdxType::I64;
+    let identity = |_e: usize| 1.0f32;
+    let mut problem: Option<String> = None;
 
     // Validated call pair (untimed); its expert outputs serve every timed iteration (the
     // GPU's packing is deterministic, so the layout is the same for the same routing).
