@@ -109,7 +109,8 @@
 // blocks agree on what a PE sent: a dispatch source is used only if all its L count
 // words came, a combine flag only if it came. Sends skip PEs masked before the call, and
 // send nothing (but still arrive at dest_done) to a PE given up on in this call's credit
-// wait; credits go to every PE not masked. Later calls skip the PE like one the host
+// wait, one decision per destination and call (ctl->credit_decided), so no block sends
+// to a PE another block gave up on; credits go to every PE not masked. Later calls skip the PE like one the host
 // masked; clean_mask brings it back. Limits (docs/ep.md "GPU shrink mode"): a live PE
 // delayed by its own give-up can be given up on by a peer (cascade); over IBGDA a queue
 // pair error met later still traps.
@@ -245,12 +246,11 @@ __device__ bool block_masked(const Ctx &c, uint32_t pe) {
   return s_gone != 0;
 }
 
-// Shrink mode, receive kernels: the call's one decision about source `pe` on `set`
-// (ep_ll_ctl_t.shrink_decided): `mine` (true = use what it sent) unless another unit or
-// block decided first. Device scope: only this PE's kernel reads and writes it.
-__device__ bool decide(const Ctx &c, uint32_t set, uint32_t pe, bool mine) {
-  unsigned long long *d =
-      reinterpret_cast<unsigned long long *>(&c.ctl->shrink_decided[set][pe]);
+// Shrink mode: the call's one decision in the word `word` (tag << 1 | yes): `mine` unless
+// another unit or block decided first. Device scope: only this PE's kernels read and
+// write it.
+__device__ bool decide_in(const Ctx &c, uint64_t *word, bool mine) {
+  unsigned long long *d = reinterpret_cast<unsigned long long *>(word);
   const unsigned long long want = c.tag << 1 | (mine ? 1ull : 0ull);
   unsigned long long cur = *reinterpret_cast<volatile unsigned long long *>(d);
   while ((cur >> 1) != c.tag) {
@@ -259,6 +259,12 @@ __device__ bool decide(const Ctx &c, uint32_t set, uint32_t pe, bool mine) {
     cur = old;
   }
   return (cur & 1) != 0;
+}
+
+// Receive kernels: the decision about source `pe` on `set` (ep_ll_ctl_t.shrink_decided),
+// `mine` = use what it sent.
+__device__ __forceinline__ bool decide(const Ctx &c, uint32_t set, uint32_t pe, bool mine) {
+  return decide_in(c, &c.ctl->shrink_decided[set][pe], mine);
 }
 
 // Shrink mode: gives up on `pe` for good (first writer wins; a host mask stays).
@@ -311,9 +317,15 @@ __device__ void wait_credits(const Ctx &c, const ep_ll_args_t &a) {
         ep_comm::wait_ge(w, c.seq - 1, wpe(c, p),
                         "EP send: waiting for PE to finish receiving call seq-2 on this buffer "
                         "set (its credit)");
-      } else if (!ep_comm::wait_ge_or_give_up(w, c.seq - 1, c.give_up_ns,
-                                              [&] { return shrunk_now(c, p); })) {
-        shrink_pe(c, p);
+      } else {
+        // One decision per destination and call (ctl->credit_decided): a block that saw
+        // the credit arrive just after another block's bound must not send to a PE the
+        // other block gave up on (the last unit to arrive would announce counts that
+        // cover messages never written). An adopted give-up also writes the mask, so
+        // this block's block_masked sees it.
+        const bool came = ep_comm::wait_ge_or_give_up(w, c.seq - 1, c.give_up_ns,
+                                                      [&] { return shrunk_now(c, p); });
+        if (!decide_in(c, &c.ctl->credit_decided[a.set][p], came)) shrink_pe(c, p);
       }
     }
   }

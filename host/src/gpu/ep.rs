@@ -126,6 +126,9 @@ pub struct LlCtl {
     pub team_size: u32,
     pub team_rank: i32,
     pub team_pe: [i32; MAX_PES],
+    /// Shrink mode: per set and destination, the send kernels' decision about its credit
+    /// (tag << 1 | came).
+    pub credit_decided: [[u64; MAX_PES]; 2],
 }
 
 // The static_asserts of ll.cuh, repeated here (the C++ oracle test checks every field).
@@ -141,7 +144,8 @@ const _: () = assert!(offset_of!(LlCtl, shrink_decided) == 144 + 2 * 2 * MAX_PES
 const CTL_TEAM: usize = 144 + 2 * 2 * MAX_PES * 4 + 16 + 2 * MAX_PES * 8;
 const _: () = assert!(offset_of!(LlCtl, team_size) == CTL_TEAM);
 const _: () = assert!(offset_of!(LlCtl, team_pe) == CTL_TEAM + 8);
-const _: () = assert!(size_of::<LlCtl>() == CTL_TEAM + 8 + MAX_PES * 4);
+const _: () = assert!(offset_of!(LlCtl, credit_decided) == CTL_TEAM + 8 + MAX_PES * 4);
+const _: () = assert!(size_of::<LlCtl>() == CTL_TEAM + 8 + MAX_PES * 4 + 2 * MAX_PES * 8);
 
 /// (name, value) of every size and offset mirrored here, named as the C++ oracle prints
 /// them (`sizeof.T`, `T.field`).
@@ -204,6 +208,10 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         ("ep_ll_ctl_t.team_size", offset_of!(LlCtl, team_size)),
         ("ep_ll_ctl_t.team_rank", offset_of!(LlCtl, team_rank)),
         ("ep_ll_ctl_t.team_pe", offset_of!(LlCtl, team_pe)),
+        (
+            "ep_ll_ctl_t.credit_decided",
+            offset_of!(LlCtl, credit_decided),
+        ),
     ]
 }
 

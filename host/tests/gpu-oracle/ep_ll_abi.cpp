@@ -51,6 +51,7 @@ int main() {
   OFF(ep_ll_ctl_t, team_size);
   OFF(ep_ll_ctl_t, team_rank);
   OFF(ep_ll_ctl_t, team_pe);
+  OFF(ep_ll_ctl_t, credit_decided);
   K(EP_LL_THREADS);
   K(EP_LL_MAX_PES);
   K(EP_LL_MAX_LOCAL_EXPERTS);

@@ -122,6 +122,12 @@ typedef struct ep_ll_ctl {
   uint32_t team_size;
   int32_t team_rank;
   int32_t team_pe[EP_LL_MAX_PES];
+  // Shrink mode: per set and destination, what this call's send kernels decided about the
+  // destination's credit (call seq - 2 received): tag << 1 | 1 (it came: send) or tag << 1
+  // (given up on: send nothing); another tag = undecided. The first block to finish its
+  // wait decides; every other block adopts it, so no block sends to a PE that another
+  // block of the same call gave up on (whose counts would then cover messages never sent).
+  uint64_t credit_decided[2][EP_LL_MAX_PES];
 } ep_ll_ctl_t;
 
 #ifdef __cplusplus
@@ -153,7 +159,12 @@ static_assert(__builtin_offsetof(ep_ll_ctl_t, team_pe) ==
                   144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8,
               "ep_ll_ctl_t layout");
 #endif
-static_assert(sizeof(ep_ll_ctl_t) ==
+#if !defined(__CUDACC_RTC__)
+static_assert(__builtin_offsetof(ep_ll_ctl_t, credit_decided) ==
                   144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8 + EP_LL_MAX_PES * 4,
+              "ep_ll_ctl_t layout");
+#endif
+static_assert(sizeof(ep_ll_ctl_t) == 144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8 +
+                                         EP_LL_MAX_PES * 4 + 2 * EP_LL_MAX_PES * 8,
               "ep_ll_ctl_t layout");
 #endif
