@@ -567,6 +567,23 @@ fn checked_round_trips(
     Ok(())
 }
 
+/// `clean_mask`, then a check that the mask is empty (a failure goes to `problem`).
+fn clean_and_check(
+    buf: &mut GpuBuffer,
+    case: &str,
+    me: usize,
+    problem: &mut Option<Error>,
+) -> Result<()> {
+    buf.clean_mask()?;
+    let q = buf.query_mask()?;
+    if q.iter().any(|&m| m) {
+        problem.get_or_insert(Error::Verification(format!(
+            "ep GPU {case} on PE {me}: clean_mask left {q:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// The end of a case on every PE alike, whatever its body returned: a barrier, then the
 /// buffer's collective `destroy` (a PE that left a case early would pair its next
 /// collective with the others' destroy, and its allocator would drift from theirs). Then
@@ -608,14 +625,7 @@ fn mask_case(g: &GpuPe, m: &Module) -> Result<()> {
             }
             let at = (n, me);
             checked_round_trips(&mut buf, &inp, &cfg, at, &r, &all, &masked, 1, &mut problem)?;
-            buf.clean_mask()?;
-            let q = buf.query_mask()?;
-            if q.iter().any(|&m| m) {
-                problem.get_or_insert(Error::Verification(format!(
-                    "ep GPU mask on PE {me}: clean_mask left {q:?}"
-                )));
-            }
-            Ok(())
+            clean_and_check(&mut buf, "mask", me, &mut problem)
         })()
     } else if buf.update_mask(me, true).is_ok() {
         Err(Error::Verification(
@@ -665,14 +675,7 @@ fn shrink_case(g: &GpuPe, m: &Module) -> Result<()> {
                     "ep GPU shrink on PE {me}: query_mask {q:?}, want {masked:?}"
                 )));
             }
-            buf.clean_mask()?;
-            let q = buf.query_mask()?;
-            if q.iter().any(|&m| m) {
-                problem.get_or_insert(Error::Verification(format!(
-                    "ep GPU shrink on PE {me}: clean_mask left {q:?}"
-                )));
-            }
-            Ok(())
+            clean_and_check(&mut buf, "shrink", me, &mut problem)
         })()
     } else {
         Ok(())
