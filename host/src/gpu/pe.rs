@@ -290,6 +290,32 @@ impl Drop for CudaSide {
     }
 }
 
+/// What a host-side access of a PE's GPU heap may touch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Area {
+    /// The user heap, `[RESERVED_BYTES, heap_size)`: every public accessor.
+    Heap,
+    /// The device sync scratch, `[SYNC_OFFSET, RESERVED_BYTES)`: the runtime's own
+    /// accesses (team entries that kernels read by slot).
+    SyncScratch,
+}
+
+impl Area {
+    /// `[lo, hi)` of the area in a heap of `heap_size` bytes.
+    fn bounds(self, heap_size: usize) -> (usize, usize) {
+        match self {
+            Area::Heap => (RESERVED_BYTES, heap_size),
+            Area::SyncScratch => (SYNC_OFFSET, RESERVED_BYTES.min(heap_size)),
+        }
+    }
+
+    /// Whether `[offset, offset + len)` lies inside the area.
+    fn holds(self, offset: usize, len: usize, heap_size: usize) -> bool {
+        let (lo, hi) = self.bounds(heap_size);
+        offset >= lo && offset.checked_add(len).is_some_and(|end| end <= hi)
+    }
+}
+
 /// One GPU processing element.
 pub struct GpuPe {
     cuda: CudaSide,
@@ -808,6 +834,12 @@ impl GpuPe {
     }
 
     fn target(&self, pe: usize, offset: usize, len: usize) -> Result<u64> {
+        self.target_in(Area::Heap, pe, offset, len)
+    }
+
+    /// [`GpuPe::target`] in `area`: the user heap, or (the runtime's own accesses) the
+    /// device sync scratch below it.
+    fn target_in(&self, area: Area, pe: usize, offset: usize, len: usize) -> Result<u64> {
         if pe >= self.n_pes() {
             return Err(Error::InvalidPe {
                 pe,
@@ -838,17 +870,17 @@ impl GpuPe {
                 })
             }
         };
-        match offset.checked_add(len) {
-            Some(end) if offset >= RESERVED_BYTES && end <= self.heap_size => {
-                Ok(base + offset as u64)
-            }
-            _ => Err(Error::OutOfBounds {
+        let (lo, hi) = area.bounds(self.heap_size);
+        if area.holds(offset, len, self.heap_size) {
+            Ok(base + offset as u64)
+        } else {
+            Err(Error::OutOfBounds {
                 pe,
                 offset,
                 len,
-                heap_start: RESERVED_BYTES,
-                heap_end: self.heap_size,
-            }),
+                heap_start: lo,
+                heap_end: hi,
+            })
         }
     }
 
@@ -916,7 +948,11 @@ impl GpuPe {
     /// Synchronously sets `[offset, offset+len)` of this PE's heap to `byte` (stream
     /// ordered, then waits).
     pub fn memset(&self, offset: usize, byte: u8, len: usize) -> Result<()> {
-        let p = self.target(self.my_pe(), offset, len)?;
+        self.memset_in(Area::Heap, offset, byte, len)
+    }
+
+    fn memset_in(&self, area: Area, offset: usize, byte: u8, len: usize) -> Result<()> {
+        let p = self.target_in(area, self.my_pe(), offset, len)?;
         self.enter()?;
         // SAFETY: range validated inside our mapping; stream of this context.
         ck(
@@ -930,7 +966,11 @@ impl GpuPe {
     /// Copies host bytes into this PE's heap at `offset` (synchronous: after the PE's
     /// earlier stream work, and landed when it returns).
     pub fn write_local(&self, offset: usize, data: &[u8]) -> Result<()> {
-        let p = self.target(self.my_pe(), offset, data.len())?;
+        self.write_in(Area::Heap, offset, data)
+    }
+
+    fn write_in(&self, area: Area, offset: usize, data: &[u8]) -> Result<()> {
+        let p = self.target_in(area, self.my_pe(), offset, data.len())?;
         self.sync("write_local (ordering after earlier stream work)")?;
         let what = || {
             format!(
@@ -950,7 +990,11 @@ impl GpuPe {
 
     /// Copies this PE's heap bytes at `offset` to the host (synchronous).
     pub fn read_local(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        let p = self.target(self.my_pe(), offset, out.len())?;
+        self.read_in(Area::Heap, offset, out)
+    }
+
+    fn read_in(&self, area: Area, offset: usize, out: &mut [u8]) -> Result<()> {
+        let p = self.target_in(area, self.my_pe(), offset, out.len())?;
         self.sync("read_local (ordering after earlier stream work)")?;
         // SAFETY: validated range; host slice writable.
         ck(
@@ -973,7 +1017,8 @@ impl GpuPe {
     /// ranks gets no entry (kernels naming it trap; [`GpuPe::device_team`] says why).
     fn publish_team(&self, team: &Team) -> Result<()> {
         match DeviceTeamEntry::strided(team.members(), team.my_pe()) {
-            Some(e) => self.write_local(
+            Some(e) => self.write_in(
+                Area::SyncScratch,
                 SYNC_OFFSET + state::team_area_offset(team.slot()),
                 &e.to_bytes(),
             ),
@@ -992,9 +1037,9 @@ impl GpuPe {
         if let Some(e) = DeviceTeamEntry::strided(team.members(), team.my_pe()) {
             let at = SYNC_OFFSET + state::team_area_offset(team.slot());
             let mut have = [0u8; 16];
-            self.read_local(at, &mut have)?;
+            self.read_in(Area::SyncScratch, at, &mut have)?;
             if have != e.to_bytes() {
-                self.write_local(at, &e.to_bytes())?;
+                self.write_in(Area::SyncScratch, at, &e.to_bytes())?;
             }
         } else {
             return Err(Error::InvalidArgument(format!(
@@ -1034,7 +1079,8 @@ impl GpuPe {
         self.sync("team_destroy (kernels that may use the team)")?;
         let slot = team.slot();
         self.pe.team_destroy(team)?;
-        self.memset(
+        self.memset_in(
+            Area::SyncScratch,
             SYNC_OFFSET + state::team_area_offset(slot),
             0,
             state::TEAM_AREA_BYTES,
@@ -1688,6 +1734,37 @@ pub fn run_gpu_threads<R: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The team entries that `GpuPe::init_with` and `device_team` write for every slot
+    /// lie in the area the runtime's own accessors serve, and the public ones refuse
+    /// them (until 2026-12-05 they went through the public check, which refused every
+    /// offset below the user heap: every GPU PE's setup failed).
+    #[test]
+    fn team_entries_are_in_the_sync_scratch_area() {
+        let heap = 8 << 20;
+        for slot in 0..state::TEAM_SLOTS as usize {
+            let at = SYNC_OFFSET + state::team_area_offset(slot);
+            assert!(
+                Area::SyncScratch.holds(at, state::TEAM_AREA_BYTES, heap),
+                "slot {slot} at {at:#x}"
+            );
+            assert!(
+                !Area::Heap.holds(at, state::TEAM_AREA_BYTES, heap),
+                "slot {slot}"
+            );
+        }
+        assert!(Area::SyncScratch.holds(SYNC_OFFSET, SYNC_BYTES, heap));
+        assert!(!Area::SyncScratch.holds(SYNC_OFFSET - 8, 8, heap));
+        assert!(!Area::SyncScratch.holds(RESERVED_BYTES - 8, 16, heap));
+        assert!(Area::Heap.holds(RESERVED_BYTES, heap - RESERVED_BYTES, heap));
+        assert!(!Area::Heap.holds(heap - 8, 16, heap));
+        assert!(!Area::Heap.holds(usize::MAX - 4, 8, heap));
+        assert_eq!(Area::Heap.bounds(heap), (RESERVED_BYTES, heap));
+        assert_eq!(
+            Area::SyncScratch.bounds(heap),
+            (SYNC_OFFSET, RESERVED_BYTES)
+        );
+    }
 
     /// One warning per process when a GPU's PEs span processes; none otherwise.
     #[test]
