@@ -389,6 +389,11 @@ impl Module {
         ck(rc, "cuModuleGetFunctionCount", || {
             format!("listing the kernels of module {}", self.name)
         })?;
+        if n == 0 {
+            // A module without kernels (the state-only module that binds a host-side
+            // state): nothing to load, and the enumeration may refuse a count of 0.
+            return Ok(());
+        }
         let mut fs: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); n as usize];
         // SAFETY: room for exactly n handles; valid module.
         let rc = unsafe { sys::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, self.raw) };
