@@ -7,7 +7,7 @@
 //! descriptor in device memory, `rshmem_ibgda_post_writes` (ptx/rshmem_ibgda_producer.ptx)
 //! with `blocks × threads` threads each posting `iters` 8-byte RDMA WRITEs (warp-batched or
 //! not), and on a host thread either [`DiscardEngine::progress`] spinning (completes
-//! without executing) or a [`SoftHca`] over the [`LocalBackend`] (executes into a
+//! without executing) or a [`SoftHca`] over the proxy transport's backend (executes into a
 //! registered host buffer). WQEs/s = threads × iters / (last block end − first block
 //! start), from the kernel's `%globaltimer` stamps. Checked after every run: the
 //! descriptor's `reserved == completed ==` the WQEs posted, the discard engine completed
@@ -21,9 +21,8 @@ use super::pe::DevBuf;
 use crate::error::{Error, Result};
 use crate::softhca::ibgda_table::{IbgdaQp, QueueAddrs};
 use crate::softhca::mr::{Access, MrTable};
-use crate::softhca::{
-    CqMode, DiscardEngine, LocalBackend, LocalPeer, QpConfig, QueueMemory, SoftHca,
-};
+use crate::softhca::proxy::{PeerKind, ProxyBackend};
+use crate::softhca::{CqMode, DiscardEngine, LocalPeer, QpConfig, QueueMemory, SoftHca};
 use cudarc::driver::sys;
 use serde::Serialize;
 use std::ffi::c_void;
@@ -263,12 +262,17 @@ fn one_run(
             .map_err(|e| Error::io("spawning the discard engine thread", e))?;
         (0x77, Some(h), None)
     } else {
-        let hca = SoftHca::start(LocalBackend, "rshmem-rate")
+        // The backend of the proxy transport's process engine, configured as it is while
+        // GPU PEs are attached: GPU producers ring no waker, so an idle engine sleeps at
+        // most GPU_IDLE_WAIT (20 µs) instead of the LocalBackend's 2 ms.
+        let mut backend = ProxyBackend::default();
+        backend.gpu_pes = 1;
+        let hca = SoftHca::start(backend, "rshmem-rate")
             .map_err(|e| Error::io("starting the soft HCA engine thread", e))?;
         let handle = hca.attach(QpConfig::new(
             mem.clone(),
             pd.clone(),
-            LocalPeer::new(remote.clone()),
+            PeerKind::Local(LocalPeer::new(remote.clone())),
             CqMode::Collapsed,
         ));
         (handle.qpn(), None, Some((hca, handle)))
