@@ -138,6 +138,13 @@ fn a_bare_driver_name_is_found_on_the_loader_path() {
         summary.contains("GPU: Fake GPU  driver: 13000"),
         "{summary}"
     );
+    // The free space of /dev/shm (the proxy steps' heaps) is under the table.
+    assert!(
+        summary
+            .lines()
+            .any(|l| l.starts_with("/dev/shm: ") && l.contains(" MiB free of ")),
+        "{summary}"
+    );
 }
 
 const FAKE_CUDA_C: &str = r#"
@@ -287,6 +294,13 @@ fn runs_every_step_and_ends_with_the_table() {
     assert!(t.ends_with(&summary), "the table is printed last:\n{t}");
     assert!(
         summary.contains("GPU: Fake GPU  driver: 13000"),
+        "{summary}"
+    );
+    // The free space of /dev/shm (the proxy steps' heaps) is under the table.
+    assert!(
+        summary
+            .lines()
+            .any(|l| l.starts_with("/dev/shm: ") && l.contains(" MiB free of ")),
         "{summary}"
     );
     let rows: Vec<&str> = summary
