@@ -185,7 +185,10 @@ impl Queues {
 fn cpu_settings(settings: &Settings) -> Settings {
     let mut cpu = settings.clone();
     match settings.transport {
-        TransportMode::Proxy => {}
+        // The GPU heap is this CPU heap, and its [32 KiB, 64 KiB) is the device sync
+        // scratch: the CPU side must not keep its put-assist table there (the device's
+        // barrier counters would read as offered puts to every CPU wait's scan).
+        TransportMode::Proxy => cpu.p2p_assist = crate::assist::AssistMode::Off,
         TransportMode::Ibgda => {
             cpu.transport = TransportMode::P2p;
             cpu.symmetric_size = CPU_HEAP_BYTES;
@@ -1739,6 +1742,25 @@ mod tests {
     /// lie in the area the runtime's own accessors serve, and the public ones refuse
     /// them (until 2026-12-05 they went through the public check, which refused every
     /// offset below the user heap: every GPU PE's setup failed).
+    /// Under the proxy transport the GPU heap is the CPU heap, whose sync scratch the
+    /// device uses: the CPU side keeps no assist table there. Elsewhere the CPU side
+    /// has a heap of its own and keeps the setting.
+    #[test]
+    fn a_proxy_gpu_pes_cpu_side_runs_without_the_assist() {
+        use crate::assist::AssistMode;
+        let mut s = Settings::from_lookup(|_| None).unwrap();
+        s.p2p_assist = AssistMode::On;
+        for (t, want) in [
+            (TransportMode::Proxy, AssistMode::Off),
+            (TransportMode::P2p, AssistMode::On),
+            (TransportMode::Ibgda, AssistMode::On),
+            (TransportMode::Auto, AssistMode::On),
+        ] {
+            s.transport = t;
+            assert_eq!(cpu_settings(&s).p2p_assist, want, "{t:?}");
+        }
+    }
+
     #[test]
     fn team_entries_are_in_the_sync_scratch_area() {
         let heap = 8 << 20;
