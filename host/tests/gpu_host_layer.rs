@@ -1,0 +1,332 @@
+//! The GPU host layer run on the CPU, against hostcuda (host/tests/hostcuda/hostcuda.c): a
+//! stand-in for libcuda.so.1 built here against the pinned CUDA 13.0 `cuda.h`, with host
+//! memory as device memory (VMM heaps are memfds mapped at their reservations, so peers'
+//! mappings share bytes) and the real driver's checks and errors. Kernel launches are not
+//! emulated here (the kernels run in host/tests/device_emu.rs and ep_cuda_parity.rs); what
+//! runs is everything around them that no CPU test ran before: GPU PE setup over p2p and
+//! the proxy transport (heap creation, fd exchange, peer mappings, the device state, the
+//! team entries in the sync scratch), symmetric allocation, stream copies between PEs,
+//! teams, module loading and binding, EP buffer creation, masks and destruction, and
+//! finalize. (Until 2026-12-05 every GPU PE's setup failed on a bounds check that only a
+//! reading of the code found.) Fails, never skips, when the CUDA toolchain is missing:
+//! run `scripts/cuda-toolchain` (scripts/test does).
+
+use rshmem::config::Settings;
+use rshmem::ep::Config;
+use rshmem::gpu::ep::GpuBuffer;
+use rshmem::gpu::{run_gpu_threads, GpuPe};
+use rshmem::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The pinned toolchain's `cuda.h` directory (as host/tests/gpu_ptx.rs finds ptxas).
+fn cuda_include() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let venv = std::env::var_os("RSHMEM_CUDA_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".venv-cuda"));
+    std::fs::read_dir(venv.join("lib"))
+        .ok()
+        .and_then(|rd| {
+            rd.flatten()
+                .map(|e| e.path().join("site-packages/nvidia/cu13/include"))
+                .find(|p| p.join("cuda.h").exists())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "cuda.h not found under {}: install the pinned CUDA toolchain with \
+                 scripts/cuda-toolchain (or set RSHMEM_CUDA_VENV)",
+                venv.display()
+            )
+        })
+}
+
+/// Builds hostcuda once per test process and points RSHMEM_CUDA_LIB at it (before any
+/// test touches the driver: the runtime loads it once per process); returns its path.
+fn hostcuda() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let dir =
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hostcuda-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostcuda/hostcuda.c");
+        let lib = dir.join("libcuda.so.1");
+        let out = Command::new("cc")
+            .args([
+                "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+            ])
+            .args(["-fvisibility=hidden", "-Wl,-soname,libcuda.so.1", "-I"])
+            .arg(cuda_include())
+            .arg("-o")
+            .arg(&lib)
+            .arg(&src)
+            .output()
+            .expect("cc");
+        assert!(
+            out.status.success(),
+            "building hostcuda failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::env::set_var("RSHMEM_CUDA_LIB", &lib);
+        // Every PE of a test on the stand-in's device 0.
+        std::env::set_var("RSHMEM_DEVICE", "0");
+        lib
+    })
+    .clone()
+}
+
+fn settings(transport: &str) -> Settings {
+    let t = transport.to_string();
+    Settings::from_lookup(move |k| match k {
+        "RSHMEM_SYMMETRIC_SIZE" => Some("8M".into()),
+        "RSHMEM_TIMEOUT_MS" => Some("10000".into()),
+        "RSHMEM_TRANSPORT" => Some(t.clone()),
+        _ => None,
+    })
+    .unwrap()
+}
+
+/// Runs `f` on `n` GPU PEs (threads) and returns the first PE's error, naming it.
+fn on_gpu_pes(n: usize, transport: &str, f: impl Fn(&GpuPe) -> Result<()> + Sync) {
+    hostcuda();
+    let out = run_gpu_threads(n, settings(transport), f).expect("GPU PE threads");
+    for (pe, r) in out.into_iter().enumerate() {
+        if let Err(e) = r {
+            panic!("{n} PEs over {transport}: PE {pe}: {e}");
+        }
+    }
+}
+
+fn pattern(pe: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + pe * 31 + 1) as u8).collect()
+}
+
+/// Setup, symmetric allocation (same offset on every PE), local writes and reads, a put
+/// and a get between PEs on the stream, refusals of bad input, and finalize, over p2p with
+/// 2, 3 and 5 PEs on one GPU.
+#[test]
+fn gpu_pes_set_up_exchange_data_and_finalize_over_p2p() {
+    for n in [2, 3, 5] {
+        on_gpu_pes(n, "p2p", |g| {
+            let (me, n) = (g.my_pe(), g.n_pes());
+            let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+            let len = 4096;
+            let a = g.malloc(len)?;
+            let b = g.malloc(len)?;
+            if b.offset() != a.offset() + len {
+                return Err(Error::Verification(format!(
+                    "second allocation at {:#x}, the first at {:#x}",
+                    b.offset(),
+                    a.offset()
+                )));
+            }
+            g.write_local(a.offset(), &pattern(me, len))?;
+            g.pe().barrier_all()?;
+            // Every peer's heap is mapped here; A of `next` is readable at its address.
+            for p in 0..n {
+                if g.ptr(a.offset(), len, p).is_none() {
+                    return Err(Error::Verification(format!("PE {p}'s heap is not mapped")));
+                }
+            }
+            // Put my A into next's B, then after a barrier read my B (prev's A).
+            let src = g.ptr(a.offset(), len, me).unwrap();
+            g.put_on_stream(b.offset(), src, len, next)?;
+            g.quiet()?;
+            g.pe().barrier_all()?;
+            let mut got = vec![0u8; len];
+            g.read_local(b.offset(), &mut got)?;
+            if got != pattern(prev, len) {
+                return Err(Error::Verification(format!(
+                    "B after PE {prev}'s put: {:?}...",
+                    &got[..8]
+                )));
+            }
+            // Get next's A into my B.
+            let dst = g.ptr(b.offset(), len, me).unwrap();
+            g.get_on_stream(dst, a.offset(), len, next)?;
+            g.quiet()?;
+            g.read_local(b.offset(), &mut got)?;
+            if got != pattern(next, len) {
+                return Err(Error::Verification(format!(
+                    "B after a get from PE {next}: {:?}...",
+                    &got[..8]
+                )));
+            }
+            // Bad input: below the user heap, past its end, a PE that does not exist.
+            let e = g.write_local(0, &[1]).unwrap_err().to_string();
+            expect_text(&e, "outside the symmetric heap")?;
+            let e = g
+                .write_local(g.heap_size() - 4, &[0; 8])
+                .unwrap_err()
+                .to_string();
+            expect_text(&e, "outside the symmetric heap")?;
+            let e = g
+                .put_on_stream(b.offset(), src, 8, n)
+                .unwrap_err()
+                .to_string();
+            expect_text(&e, "does not exist")?;
+            g.pe().barrier_all()?;
+            g.free(b)?;
+            g.free(a)
+        });
+    }
+}
+
+fn expect_text(e: &str, want: &str) -> Result<()> {
+    if e.contains(want) {
+        Ok(())
+    } else {
+        Err(Error::Verification(format!(
+            "error {e:?} does not say {want:?}"
+        )))
+    }
+}
+
+/// A strided team gets a device handle (its entry in the sync scratch), and team_destroy
+/// clears it; the world and node teams' entries were written at setup.
+#[test]
+fn device_teams_are_published_and_destroyed() {
+    on_gpu_pes(4, "p2p", |g| {
+        let world = g.pe().world().clone();
+        if g.device_team(&world)? != 0 || g.device_team(g.pe().node())? != 1 {
+            return Err(Error::Verification("world / node team handles".into()));
+        }
+        let evens = g.team_split_strided(&world, 0, 2, 2)?;
+        let odds = g.team_split_strided(&world, 1, 2, 2)?;
+        for t in [evens, odds].into_iter().flatten() {
+            let h = g.device_team(&t)?;
+            if h < 2 {
+                return Err(Error::Verification(format!("split team handle {h}")));
+            }
+            g.team_destroy(t)?;
+        }
+        Ok(())
+    });
+}
+
+/// The EP kernels' module loads and binds on every PE; a GPU EP buffer is created
+/// (allocation agreed by all PEs, control block and mask written), its mask set, queried
+/// and cleaned, and it is destroyed; then a second buffer on a team of a split.
+#[test]
+fn ep_buffers_are_created_masked_and_destroyed() {
+    on_gpu_pes(3, "p2p", |g| {
+        let (n, me) = (g.n_pes(), g.my_pe());
+        let cfg = Config {
+            num_max_dispatch_tokens_per_rank: 16,
+            hidden: 2048,
+            num_experts: 2 * n,
+            num_topk: 2,
+            use_fp8: true,
+            round_scale: false,
+        };
+        let m = rshmem::gpu::ep::load_module(g)?;
+        let mut buf = GpuBuffer::with_module(g, &m, cfg, 0)?;
+        let other = (me + 1) % n;
+        buf.update_mask(other, true)?;
+        let want: Vec<bool> = (0..n).map(|p| p == other).collect();
+        if buf.query_mask()? != want {
+            return Err(Error::Verification("mask after update_mask".into()));
+        }
+        if buf.update_mask(me, true).is_ok() {
+            return Err(Error::Verification("a PE masked itself".into()));
+        }
+        buf.clean_mask()?;
+        if buf.query_mask()?.iter().any(|&x| x) {
+            return Err(Error::Verification("mask after clean_mask".into()));
+        }
+        g.pe().barrier_all()?;
+        buf.destroy()?;
+        // On a team: PEs {0, 2} and {1}.
+        let world = g.pe().world().clone();
+        let a = g.pe().team_split_strided(&world, 0, 2, 2)?;
+        let b = g.pe().team_split_strided(&world, 1, 1, 1)?;
+        let team = a.clone().or(b.clone()).expect("every PE is in a group");
+        let tcfg = Config {
+            num_experts: 2 * team.n_pes(),
+            ..cfg
+        };
+        let tb = GpuBuffer::with_module_on(g, &m, &team, tcfg, 0)?;
+        g.pe().barrier_all()?;
+        tb.destroy()?;
+        for t in [a, b].into_iter().flatten() {
+            g.pe().team_destroy(t)?;
+        }
+        Ok(())
+    });
+}
+
+/// GPU PEs over the proxy transport: host heaps registered into CUDA and IBGDA queues
+/// drained by the soft HCA; setup, a local write and read, finalize.
+#[test]
+fn gpu_pes_set_up_and_finalize_over_the_proxy() {
+    on_gpu_pes(2, "proxy", |g| {
+        let me = g.my_pe();
+        let a = g.malloc(256)?;
+        g.write_local(a.offset(), &pattern(me, 256))?;
+        let mut got = vec![0u8; 256];
+        g.read_local(a.offset(), &mut got)?;
+        if got != pattern(me, 256) {
+            return Err(Error::Verification("read back over the proxy heap".into()));
+        }
+        g.pe().barrier_all()?;
+        g.free(a)
+    });
+}
+
+/// `rshmem` run with hostcuda as its driver.
+fn rshmem(args: &[&str]) -> (Option<i32>, String) {
+    let lib = hostcuda();
+    let o = Command::new(env!("CARGO_BIN_EXE_rshmem"))
+        .args(args)
+        .env("RSHMEM_CUDA_LIB", &lib)
+        .env("RSHMEM_TIMEOUT_MS", "10000")
+        .output()
+        .expect("run rshmem");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.code(), text)
+}
+
+/// gpu-check's first step: the doctor finds the driver and reads the device's attributes
+/// by the numbers it hard-codes, which must be cuda.h's (hostcuda answers by enum name).
+#[test]
+fn the_doctor_reads_the_device_through_the_driver() {
+    let (rc, out) = rshmem(&["doctor", "--json"]);
+    assert_eq!(rc, Some(0), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let d = &v["cuda"]["devices"][0];
+    assert_eq!(v["cuda"]["present"], true, "{out}");
+    assert_eq!(v["cuda"]["driver_version"], 13000, "{out}");
+    assert_eq!(d["name"], "hostcuda 0 (CPU stand-in)", "{out}");
+    assert_eq!(d["compute_capability"], "9.0", "{out}");
+    assert_eq!(d["total_mem_bytes"], 80u64 << 30, "{out}");
+    assert_eq!(d["vmm"], true, "{out}");
+    assert_eq!(d["posix_fd_handles"], true, "{out}");
+    assert_eq!(d["gpudirect_rdma_vmm"], false, "{out}");
+    assert_eq!(d["dma_buf"], false, "{out}");
+}
+
+/// The self-test's host-layer case that needs no kernel, through the CLI as gpu-check runs
+/// it: 2 GPU PEs bind a module and read the bound state back (42 exact checks).
+#[test]
+fn the_selftest_binds_a_module_through_the_cli() {
+    let (rc, out) = rshmem(&[
+        "selftest",
+        "--device",
+        "gpu",
+        "--pes",
+        "2",
+        "--case",
+        "host_bind_module",
+    ]);
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(
+        out.contains("gpu selftest host_bind_module: ok (checks 42/42)")
+            && out.contains("1 passed, 0 failed"),
+        "{out}"
+    );
+}

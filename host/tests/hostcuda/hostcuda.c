@@ -1,0 +1,804 @@
+// hostcuda.c — a stand-in for the CUDA driver (libcuda.so.1) that runs on the CPU, for
+// the host/tests/gpu_host_layer.rs tests: the GPU host layer (GpuPe setup, the VMM heap
+// and its fd exchange, module binding, teams, EP buffer creation, finalize) has no GPU in
+// CI, and before this stand-in none of it had ever run (a bounds check that refused the
+// runtime's own team entries failed every GPU PE's setup; found by reading, 2026-12-05).
+//
+// It implements the driver calls rshmem names (host/src/gpu/driver.rs DRIVER_SYMBOLS)
+// against host memory, with the real driver's types and constants (cuda.h of the pinned
+// CUDA 13.0 wheel): device memory is host memory (a device pointer is the host address),
+// the VMM heap is a memfd mapped where the reservation is (so an exported fd mapped by
+// another PE, thread or process, shows the same bytes), and every stream operation runs
+// when it is enqueued. It checks what the real driver checks and returns its errors:
+// sizes against the allocation granularity, pointers and copies inside live
+// allocations, mappings and registrations, handles that exist, a current context.
+// Fresh device memory is filled with 0xA5 (the real driver does not zero it).
+//
+// Not emulated: kernel launches (CUDA_ERROR_NOT_SUPPORTED: the kernels run in the
+// host-C++ emulations of host/tests/device_emu.rs and ep_cuda_parity.rs), stream memory
+// operations, graphs, dma-buf export, cubin images. Test code only.
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define GRANULARITY ((size_t)2 << 20)
+#define MAX_RANGES 4096
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int initialised;
+static __thread CUcontext current;
+
+struct ctx {
+  int device;
+  int retained;
+};
+static struct ctx contexts[8];
+
+static int device_count(void) {
+  const char *e = getenv("HOSTCUDA_DEVICES");
+  int n = e ? atoi(e) : 1;
+  return n < 1 ? 1 : (n > 8 ? 8 : n);
+}
+
+// Live ranges a device pointer may fall into.
+enum kind { R_FREE = 0, R_ALLOC, R_HOSTALLOC, R_REGISTERED, R_MAPPED, R_RESERVED, R_GLOBAL };
+struct range {
+  enum kind kind;
+  uintptr_t lo, hi;
+  int access;    // R_MAPPED: cuMemSetAccess granted read-write
+  void *handle;  // R_MAPPED: the allocation handle
+};
+static struct range ranges[MAX_RANGES];
+
+static struct range *add_range(enum kind k, uintptr_t lo, size_t len) {
+  for (int i = 0; i < MAX_RANGES; ++i)
+    if (ranges[i].kind == R_FREE) {
+      ranges[i] = (struct range){k, lo, lo + len, 0, NULL};
+      return &ranges[i];
+    }
+  return NULL;
+}
+static struct range *find_range(enum kind k, uintptr_t p) {
+  for (int i = 0; i < MAX_RANGES; ++i)
+    if (ranges[i].kind == k && p >= ranges[i].lo && p < ranges[i].hi) return &ranges[i];
+  return NULL;
+}
+static struct range *find_exact(enum kind k, uintptr_t lo) {
+  for (int i = 0; i < MAX_RANGES; ++i)
+    if (ranges[i].kind == k && ranges[i].lo == lo) return &ranges[i];
+  return NULL;
+}
+// Whether [p, p + len) is memory the device may access: an allocation, host memory
+// mapped for the device, a mapped VMM range with access granted, or a module global.
+static int device_accessible(uintptr_t p, size_t len) {
+  if (len == 0) return 1;
+  for (int i = 0; i < MAX_RANGES; ++i) {
+    const struct range *r = &ranges[i];
+    if (r->kind == R_FREE || r->kind == R_RESERVED) continue;
+    if (p >= r->lo && p + len <= r->hi && p + len >= p) return r->kind != R_MAPPED || r->access;
+  }
+  return 0;
+}
+
+static CUresult need_ctx(void) {
+  if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+  return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+// ----------------------------------------------------------------------- init, devices
+
+EXPORT CUresult cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  initialised = 1;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDriverGetVersion(int *v) {
+  if (!v) return CUDA_ERROR_INVALID_VALUE;
+  *v = 13000;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
+  switch (e) {
+#define N(x) \
+  case x: *s = #x; return CUDA_SUCCESS;
+    N(CUDA_SUCCESS) N(CUDA_ERROR_INVALID_VALUE) N(CUDA_ERROR_OUT_OF_MEMORY)
+    N(CUDA_ERROR_NOT_INITIALIZED) N(CUDA_ERROR_INVALID_CONTEXT) N(CUDA_ERROR_INVALID_HANDLE)
+    N(CUDA_ERROR_NOT_FOUND) N(CUDA_ERROR_NOT_SUPPORTED) N(CUDA_ERROR_INVALID_DEVICE)
+    N(CUDA_ERROR_INVALID_IMAGE) N(CUDA_ERROR_NOT_READY) N(CUDA_ERROR_ALREADY_MAPPED)
+    N(CUDA_ERROR_NOT_MAPPED) N(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+    N(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) N(CUDA_ERROR_OPERATING_SYSTEM)
+#undef N
+    default: *s = NULL; return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
+  CUresult r = cuGetErrorName(e, s);
+  if (r == CUDA_SUCCESS && e == CUDA_ERROR_NOT_SUPPORTED)
+    *s = "operation not supported (hostcuda: not emulated on the CPU)";
+  return r;
+}
+EXPORT CUresult cuDeviceGetCount(int *n) {
+  if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+  *n = device_count();
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+  if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ordinal < 0 || ordinal >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+  if (d < 0 || d >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, (size_t)len, "hostcuda %d (CPU stand-in)", d);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice d) {
+  if (d < 0 || d >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(id, (size_t)len, "0000:%02x:00.0", 0x10 + d);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
+  if (d < 0 || d >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  switch (a) {
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: *v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: *v = 1; break;
+    // No NIC here: nothing is GPUDirect-RDMA capable.
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = 2048; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: *v = 1; break;
+    default:
+      fprintf(stderr, "hostcuda: cuDeviceGetAttribute(%d) is not modelled\n", (int)a);
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceTotalMem(size_t *bytes, CUdevice d) {
+  if (d < 0 || d >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = (size_t)80 << 30;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice d, CUdevice peer) {
+  if (d < 0 || d >= device_count() || peer < 0 || peer >= device_count())
+    return CUDA_ERROR_INVALID_DEVICE;
+  *can = 1;
+  return CUDA_SUCCESS;
+}
+
+// ----------------------------------------------------------------------------- contexts
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+  if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+  if (d < 0 || d >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&lock);
+  contexts[d].device = d;
+  contexts[d].retained++;
+  pthread_mutex_unlock(&lock);
+  *c = (CUcontext)&contexts[d];
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) {
+  if (d < 0 || d >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&lock);
+  CUresult r = contexts[d].retained > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS) contexts[d].retained--;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+  if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+  if (c && ((struct ctx *)c)->retained == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  current = c;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxSynchronize(void) { return need_ctx(); }
+
+// ------------------------------------------------------------------ streams and events
+// Every operation runs when it is enqueued, so a stream is always idle.
+
+struct stream {
+  int magic;
+};
+#define STREAM_MAGIC 0x5354524d
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (flags & ~1u) return CUDA_ERROR_INVALID_VALUE;
+  struct stream *p = calloc(1, sizeof *p);
+  p->magic = STREAM_MAGIC;
+  *s = (CUstream)p;
+  return CUDA_SUCCESS;
+}
+static CUresult check_stream(CUstream s) {
+  if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return CUDA_SUCCESS;
+  return ((struct stream *)s)->magic == STREAM_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+EXPORT CUresult cuStreamDestroy(CUstream s) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (s == NULL || check_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  ((struct stream *)s)->magic = 0;
+  free(s);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamQuery(CUstream s) {
+  CUresult r = need_ctx();
+  return r ? r : check_stream(s);
+}
+EXPORT CUresult cuStreamSynchronize(CUstream s) { return cuStreamQuery(s); }
+
+struct event {
+  struct timespec at;
+  int recorded;
+};
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags) {
+  (void)flags;
+  CUresult r = need_ctx();
+  if (r) return r;
+  *e = (CUevent)calloc(1, sizeof(struct event));
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
+  CUresult r = need_ctx();
+  if (r || (r = check_stream(s))) return r;
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  clock_gettime(CLOCK_MONOTONIC, &((struct event *)e)->at);
+  ((struct event *)e)->recorded = 1;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventQuery(CUevent e) { return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+  struct event *x = (struct event *)a, *y = (struct event *)b;
+  if (!x || !y) return CUDA_ERROR_INVALID_HANDLE;
+  if (!x->recorded || !y->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  *ms = (float)((y->at.tv_sec - x->at.tv_sec) * 1e3 + (y->at.tv_nsec - x->at.tv_nsec) / 1e6);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventDestroy(CUevent e) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  free(e);
+  return CUDA_SUCCESS;
+}
+
+// ------------------------------------------------------------------------ plain memory
+
+static void *aligned(size_t len, size_t align, int fill) {
+  void *p = NULL;
+  if (posix_memalign(&p, align, len ? len : 1)) return NULL;
+  if (fill) memset(p, 0xA5, len);
+  return p;
+}
+EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t len) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (len == 0) return CUDA_ERROR_INVALID_VALUE;
+  void *m = aligned(len, 256, 1);
+  if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&lock);
+  struct range *g = add_range(R_ALLOC, (uintptr_t)m, len);
+  pthread_mutex_unlock(&lock);
+  if (!g) {
+    free(m);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *p = (CUdeviceptr)(uintptr_t)m;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemFree(CUdeviceptr p) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  pthread_mutex_lock(&lock);
+  struct range *g = find_exact(R_ALLOC, (uintptr_t)p);
+  if (g) g->kind = R_FREE;
+  pthread_mutex_unlock(&lock);
+  if (!g) return CUDA_ERROR_INVALID_VALUE;
+  free((void *)(uintptr_t)p);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemHostAlloc(void **p, size_t len, unsigned int flags) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (len == 0 || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
+  void *m = aligned(len, 4096, 1);
+  if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&lock);
+  add_range(R_HOSTALLOC, (uintptr_t)m, len);
+  pthread_mutex_unlock(&lock);
+  *p = m;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemFreeHost(void *p) {
+  pthread_mutex_lock(&lock);
+  struct range *g = find_exact(R_HOSTALLOC, (uintptr_t)p);
+  if (g) g->kind = R_FREE;
+  pthread_mutex_unlock(&lock);
+  if (!g) return CUDA_ERROR_INVALID_VALUE;
+  free(p);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemHostRegister(void *p, size_t len, unsigned int flags) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (!p || len == 0 || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  CUresult out = CUDA_SUCCESS;
+  if (find_range(R_REGISTERED, (uintptr_t)p) || find_range(R_REGISTERED, (uintptr_t)p + len - 1))
+    out = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  else if (!add_range(R_REGISTERED, (uintptr_t)p, len))
+    out = CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_unlock(&lock);
+  return out;
+}
+EXPORT CUresult cuMemHostUnregister(void *p) {
+  pthread_mutex_lock(&lock);
+  struct range *g = find_exact(R_REGISTERED, (uintptr_t)p);
+  if (g) g->kind = R_FREE;
+  pthread_mutex_unlock(&lock);
+  return g ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  int ok = find_range(R_REGISTERED, (uintptr_t)p) || find_range(R_HOSTALLOC, (uintptr_t)p);
+  pthread_mutex_unlock(&lock);
+  if (!ok) return CUDA_ERROR_INVALID_VALUE;
+  *d = (CUdeviceptr)(uintptr_t)p;
+  return CUDA_SUCCESS;
+}
+
+// Copies and sets: run at once; both sides must be device-accessible (a host pointer of
+// HtoD/DtoH is any host memory).
+static CUresult copy(void *dst, const void *src, size_t len, int dst_dev, int src_dev) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  pthread_mutex_lock(&lock);
+  int ok = (!dst_dev || device_accessible((uintptr_t)dst, len)) &&
+           (!src_dev || device_accessible((uintptr_t)src, len));
+  pthread_mutex_unlock(&lock);
+  if (!ok) {
+    fprintf(stderr, "hostcuda: copy of %zu bytes %p -> %p outside device memory\n", len, src, dst);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  memmove(dst, src, len);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t len) {
+  return copy((void *)(uintptr_t)d, s, len, 1, 0);
+}
+EXPORT CUresult cuMemcpyDtoH(void *d, CUdeviceptr s, size_t len) {
+  return copy(d, (const void *)(uintptr_t)s, len, 0, 1);
+}
+EXPORT CUresult cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t len, CUstream st) {
+  CUresult r = check_stream(st);
+  return r ? r : copy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, len, 1, 1);
+}
+static CUresult set8(CUdeviceptr d, unsigned char v, size_t len) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  pthread_mutex_lock(&lock);
+  int ok = device_accessible((uintptr_t)d, len);
+  pthread_mutex_unlock(&lock);
+  if (!ok) {
+    fprintf(stderr, "hostcuda: memset of %zu bytes at %#llx outside device memory\n", len,
+            (unsigned long long)d);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  memset((void *)(uintptr_t)d, v, len);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemsetD8(CUdeviceptr d, unsigned char v, size_t len) { return set8(d, v, len); }
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t len, CUstream s) {
+  CUresult r = check_stream(s);
+  return r ? r : set8(d, v, len);
+}
+
+// --------------------------------------------------------------------------------- VMM
+
+struct alloc {
+  int fd;
+  size_t size;
+  int refs;  // the handle's own reference + one per mapping
+};
+static CUresult check_prop(const CUmemAllocationProp *p) {
+  if (!p || p->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->location.id < 0 ||
+      p->location.id >= device_count())
+    return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *p,
+                                              CUmemAllocationGranularity_flags f) {
+  (void)f;
+  CUresult r = check_prop(p);
+  if (r) return r;
+  *g = GRANULARITY;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+                            const CUmemAllocationProp *p, unsigned long long flags) {
+  CUresult r = need_ctx();
+  if (r || (r = check_prop(p))) return r;
+  if (flags != 0 || size == 0 || size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+  if (p->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  // No GPUDirect RDMA here (the device attribute says so): refused as a driver would.
+  if (p->allocFlags.gpuDirectRDMACapable) return CUDA_ERROR_NOT_SUPPORTED;
+  int fd = memfd_create("hostcuda-vmm", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+  if (ftruncate(fd, (off_t)size)) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  struct alloc *a = malloc(sizeof *a);
+  *a = (struct alloc){fd, size, 1};
+  // Fresh memory holds garbage on a GPU: fill it so that nothing relies on zeros.
+  void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m != MAP_FAILED) {
+    memset(m, 0xA5, size);
+    munmap(m, size);
+  }
+  *h = (CUmemGenericAllocationHandle)(uintptr_t)a;
+  return CUDA_SUCCESS;
+}
+static void unref(struct alloc *a) {
+  if (--a->refs == 0) {
+    close(a->fd);
+    free(a);
+  }
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+  if (!h) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  unref((struct alloc *)(uintptr_t)h);
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
+                                             CUmemAllocationHandleType t,
+                                             unsigned long long flags) {
+  if (!h || !out || flags) return CUDA_ERROR_INVALID_VALUE;
+  if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  int fd = dup(((struct alloc *)(uintptr_t)h)->fd);
+  if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+  *(int *)out = fd;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os,
+                                               CUmemAllocationHandleType t) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  // The driver does not take the caller's fd: it keeps a duplicate.
+  int fd = dup((int)(intptr_t)os);
+  if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  off_t size = lseek(fd, 0, SEEK_END);
+  if (size <= 0) {
+    close(fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  struct alloc *a = malloc(sizeof *a);
+  *a = (struct alloc){fd, (size_t)size, 1};
+  *h = (CUmemGenericAllocationHandle)(uintptr_t)a;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
+  pthread_mutex_lock(&lock);
+  struct range *g = find_range(R_MAPPED, (uintptr_t)addr);
+  if (g) ((struct alloc *)g->handle)->refs++;
+  pthread_mutex_unlock(&lock);
+  if (!g) return CUDA_ERROR_INVALID_VALUE;
+  *h = (CUmemGenericAllocationHandle)(uintptr_t)g->handle;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags) {
+  if (size == 0 || size % GRANULARITY || flags || addr) return CUDA_ERROR_INVALID_VALUE;
+  if (align == 0) align = GRANULARITY;
+  if (align & (align - 1)) return CUDA_ERROR_INVALID_VALUE;
+  size_t over = size + align;
+  char *m = mmap(NULL, over, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  uintptr_t lo = ((uintptr_t)m + align - 1) & ~(uintptr_t)(align - 1);
+  if (lo > (uintptr_t)m) munmap(m, lo - (uintptr_t)m);
+  uintptr_t end = (uintptr_t)m + over;
+  if (end > lo + size) munmap((void *)(lo + size), end - (lo + size));
+  pthread_mutex_lock(&lock);
+  add_range(R_RESERVED, lo, size);
+  pthread_mutex_unlock(&lock);
+  *p = (CUdeviceptr)lo;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+  pthread_mutex_lock(&lock);
+  struct range *g = find_exact(R_RESERVED, (uintptr_t)p);
+  CUresult r = CUDA_SUCCESS;
+  if (!g || g->hi - g->lo != size)
+    r = CUDA_ERROR_INVALID_VALUE;
+  else if (find_range(R_MAPPED, (uintptr_t)p))
+    r = CUDA_ERROR_INVALID_VALUE;  // still mapped: unmap first
+  else
+    g->kind = R_FREE;
+  pthread_mutex_unlock(&lock);
+  if (r == CUDA_SUCCESS) munmap((void *)(uintptr_t)p, size);
+  return r;
+}
+EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle h, unsigned long long flags) {
+  if (!h || flags || offset || size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+  struct alloc *a = (struct alloc *)(uintptr_t)h;
+  pthread_mutex_lock(&lock);
+  CUresult r = CUDA_SUCCESS;
+  struct range *res = find_range(R_RESERVED, (uintptr_t)p);
+  if (!res || (uintptr_t)p + size > res->hi || size > a->size)
+    r = CUDA_ERROR_INVALID_VALUE;
+  else if (find_range(R_MAPPED, (uintptr_t)p) || find_range(R_MAPPED, (uintptr_t)p + size - 1))
+    r = CUDA_ERROR_ALREADY_MAPPED;
+  if (r == CUDA_SUCCESS) {
+    // Mapped without access until cuMemSetAccess, as on a GPU.
+    void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, 0);
+    if (m == MAP_FAILED) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      struct range *g = add_range(R_MAPPED, (uintptr_t)p, size);
+      g->handle = a;
+      a->refs++;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *d,
+                               size_t count) {
+  if (!d || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i)
+    if (d[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || d[i].location.id < 0 ||
+        d[i].location.id >= device_count())
+      return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&lock);
+  struct range *g = find_exact(R_MAPPED, (uintptr_t)p);
+  CUresult r = (!g || g->hi - g->lo != size) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS) {
+    const int rw = d[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    mprotect((void *)(uintptr_t)p, size, rw ? PROT_READ | PROT_WRITE : PROT_READ);
+    g->access = rw;
+  }
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+  pthread_mutex_lock(&lock);
+  struct range *g = find_exact(R_MAPPED, (uintptr_t)p);
+  CUresult r = (!g || g->hi - g->lo != size) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS) {
+    // Back to a bare reservation.
+    mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+         -1, 0);
+    unref((struct alloc *)g->handle);
+    g->kind = R_FREE;
+  }
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+EXPORT CUresult cuMemGetHandleForAddressRange(void *h, CUdeviceptr p, size_t size,
+                                              CUmemRangeHandleType t, unsigned long long f) {
+  (void)h, (void)p, (void)size, (void)t, (void)f;
+  return CUDA_ERROR_NOT_SUPPORTED;  // no dma-buf here
+}
+
+// ------------------------------------------------------------------------------ modules
+// An image is PTX text: its `.entry` kernels and its `.global` / `.const` variables
+// (their bytes are host memory, zeroed as the loader zeroes uninitialised globals).
+
+struct global {
+  char name[128];
+  void *at;
+  size_t size;
+};
+struct function {
+  char name[160];
+  struct module *mod;
+};
+struct module {
+  int nglobals, nfuncs;
+  struct global globals[64];
+  struct function funcs[512];
+};
+
+static size_t type_bytes(const char *t) {
+  if (!strncmp(t, ".b8", 3) || !strncmp(t, ".u8", 3) || !strncmp(t, ".s8", 3)) return 1;
+  if (!strncmp(t, ".b16", 4) || !strncmp(t, ".u16", 4) || !strncmp(t, ".s16", 4)) return 2;
+  if (!strncmp(t, ".b32", 4) || !strncmp(t, ".u32", 4) || !strncmp(t, ".s32", 4) ||
+      !strncmp(t, ".f32", 4))
+    return 4;
+  if (!strncmp(t, ".b64", 4) || !strncmp(t, ".u64", 4) || !strncmp(t, ".s64", 4) ||
+      !strncmp(t, ".f64", 4))
+    return 8;
+  return 0;
+}
+
+// Parses one `.visible .global .align 8 .b8 name[128];` style declaration at `s`.
+static void parse_var(struct module *m, const char *s) {
+  char buf[512];
+  size_t n = strcspn(s, ";\n");
+  if (n >= sizeof buf) return;
+  memcpy(buf, s, n);
+  buf[n] = 0;
+  if (strchr(buf, '=')) *strchr(buf, '=') = 0;  // initialisers are not modelled
+  size_t elem = 0;
+  char *name = NULL;
+  for (char *tok = strtok(buf, " \t"); tok; tok = strtok(NULL, " \t")) {
+    if (tok[0] == '.') {
+      size_t b = type_bytes(tok);
+      if (b) elem = b;
+    } else if (strcmp(tok, "align") != 0 && (tok[0] < '0' || tok[0] > '9')) {
+      name = tok;
+    }
+  }
+  if (!name || !elem || m->nglobals == 64) return;
+  size_t count = 1;
+  char *br = strchr(name, '[');
+  if (br) {
+    count = strtoull(br + 1, NULL, 10);
+    *br = 0;
+  }
+  struct global *g = &m->globals[m->nglobals++];
+  snprintf(g->name, sizeof g->name, "%s", name);
+  g->size = elem * count;
+  g->at = aligned(g->size, 64, 0);
+  memset(g->at, 0, g->size);
+  add_range(R_GLOBAL, (uintptr_t)g->at, g->size);
+}
+
+EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  const char *t = image;
+  if (!t) return CUDA_ERROR_INVALID_VALUE;
+  if (!memcmp(t, "\177ELF", 4)) return CUDA_ERROR_NOT_SUPPORTED;  // cubins: not modelled
+  if (!strstr(t, ".version") || !strstr(t, ".target")) return CUDA_ERROR_INVALID_IMAGE;
+  struct module *m = calloc(1, sizeof *m);
+  pthread_mutex_lock(&lock);
+  for (const char *line = t; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    while (*line == ' ' || *line == '\t') ++line;
+    const char *e = NULL;
+    if (!strncmp(line, ".visible .entry ", 16)) e = line + 16;
+    else if (!strncmp(line, ".entry ", 7)) e = line + 7;
+    else if (!strncmp(line, ".weak .entry ", 13)) e = line + 13;
+    if (e && m->nfuncs < 512) {
+      size_t n = strcspn(e, "( \t\n");
+      struct function *f = &m->funcs[m->nfuncs++];
+      snprintf(f->name, sizeof f->name, "%.*s", (int)n, e);
+      f->mod = m;
+      continue;
+    }
+    // A module-scope variable: one line, no parameters.
+    size_t len = strcspn(line, "\n");
+    if ((!strncmp(line, ".visible .global ", 17) || !strncmp(line, ".visible .const ", 16) ||
+         !strncmp(line, ".global ", 8) || !strncmp(line, ".const ", 7)) &&
+        memchr(line, '(', len) == NULL)
+      parse_var(m, line);
+  }
+  pthread_mutex_unlock(&lock);
+  *out = (CUmodule)m;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleUnload(CUmodule mod) {
+  struct module *m = (struct module *)mod;
+  if (!m) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < m->nglobals; ++i) {
+    struct range *g = find_exact(R_GLOBAL, (uintptr_t)m->globals[i].at);
+    if (g) g->kind = R_FREE;
+    free(m->globals[i].at);
+  }
+  pthread_mutex_unlock(&lock);
+  free(m);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleGetGlobal(CUdeviceptr *p, size_t *bytes, CUmodule mod, const char *name) {
+  struct module *m = (struct module *)mod;
+  if (!m || !name) return CUDA_ERROR_INVALID_VALUE;
+  for (int i = 0; i < m->nglobals; ++i)
+    if (!strcmp(m->globals[i].name, name)) {
+      if (p) *p = (CUdeviceptr)(uintptr_t)m->globals[i].at;
+      if (bytes) *bytes = m->globals[i].size;
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_NOT_FOUND;
+}
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name) {
+  struct module *m = (struct module *)mod;
+  if (!m || !name) return CUDA_ERROR_INVALID_VALUE;
+  for (int i = 0; i < m->nfuncs; ++i)
+    if (!strcmp(m->funcs[i].name, name)) {
+      *f = (CUfunction)&m->funcs[i];
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_NOT_FOUND;
+}
+EXPORT CUresult cuModuleGetFunctionCount(unsigned int *n, CUmodule mod) {
+  if (!mod || !n) return CUDA_ERROR_INVALID_VALUE;
+  *n = (unsigned)((struct module *)mod)->nfuncs;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleEnumerateFunctions(CUfunction *fs, unsigned int n, CUmodule mod) {
+  struct module *m = (struct module *)mod;
+  if (!m || !fs || n == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < n && i < (unsigned)m->nfuncs; ++i) fs[i] = (CUfunction)&m->funcs[i];
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuFuncLoad(CUfunction f) { return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int block,
+                                                            size_t smem) {
+  (void)smem;
+  if (!f || block <= 0 || block > 1024) return CUDA_ERROR_INVALID_VALUE;
+  *n = 2048 / block > 32 ? 32 : 2048 / block;
+  return CUDA_SUCCESS;
+}
+
+// ------------------------------------------------------------------------- not modelled
+
+static CUresult refuse(const char *what) {
+  fprintf(stderr, "hostcuda: %s is not emulated on the CPU\n", what);
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned smem, CUstream s, void **p,
+                               void **e) {
+  (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)smem, (void)s, (void)p, (void)e;
+  fprintf(stderr, "hostcuda: launch of %s refused\n", f ? ((struct function *)f)->name : "?");
+  return refuse("a kernel launch");
+}
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                          unsigned bx, unsigned by, unsigned bz, unsigned smem,
+                                          CUstream s, void **p) {
+  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, s, p, NULL);
+}
+EXPORT CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+  (void)s, (void)a, (void)v, (void)f;
+  return refuse("cuStreamWaitValue32");
+}
+EXPORT CUresult cuStreamWriteValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+  (void)s, (void)a, (void)v, (void)f;
+  return refuse("cuStreamWriteValue32");
+}
+EXPORT CUresult cuStreamBeginCapture(CUstream s, CUstreamCaptureMode m) {
+  (void)s, (void)m;
+  return refuse("stream capture");
+}
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
+  (void)s, (void)g;
+  return refuse("stream capture");
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long f) {
+  (void)e, (void)g, (void)f;
+  return refuse("graphs");
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+  (void)e, (void)s;
+  return refuse("graphs");
+}
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
+  (void)e;
+  return refuse("graphs");
+}
+EXPORT CUresult cuGraphDestroy(CUgraph g) {
+  (void)g;
+  return refuse("graphs");
+}
