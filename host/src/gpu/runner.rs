@@ -572,14 +572,16 @@ fn host_case(g: &GpuPe, name: &str, k: &Module, scratch: usize) -> Result<PeOutc
             }
             t.check(100, state::STATE_MAGIC as u64, s.magic as u64);
             t.check(101, me as u64, s.my_pe as u64);
+            // Every other PE is reachable: by a mapping (p2p) or by a queue (proxy,
+            // ibgda). (Counting p2p entries alone wrapped below zero over the proxy.)
             t.check(
                 102,
                 (n - 1) as u64,
-                (g.peer_table()
+                g.peer_table()
                     .iter()
-                    .filter(|p| p.transport == state::TRANSPORT_P2P)
-                    .count()
-                    - 1) as u64,
+                    .enumerate()
+                    .filter(|(p, e)| *p != me && e.transport != state::TRANSPORT_NONE)
+                    .count() as u64,
             );
             // A module without the global is refused with a clear message.
             let mut plain = g.load_module(
