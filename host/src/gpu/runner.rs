@@ -669,13 +669,20 @@ pub struct BenchOpts {
 }
 
 /// Sizes for a GPU bench: the CPU bench's sizes for the op, capped by the kernel's scratch.
+/// The largest message a bench kernel can move in `scratch` bytes: its layout is 4 KiB
+/// of flags, then source and destination buffers of `roundup(size, 4 KiB)` each
+/// (rshmem_device_bench.cu). At least 8 (p and atomic move 8 bytes).
+pub fn bench_cap(scratch: u64) -> usize {
+    ((scratch as usize).saturating_sub(4096) / 2 & !4095).max(8)
+}
+
 pub fn bench_sizes(op: &str, min: usize, max: usize, scratch: u64) -> Vec<usize> {
     let kind = match op {
         "p" => crate::bench::Kind::P,
         "atomic" => crate::bench::Kind::Atomic,
         _ => crate::bench::Kind::Put,
     };
-    let cap = (scratch as usize).max(8);
+    let cap = bench_cap(scratch);
     let v: Vec<usize> = crate::bench::sizes(kind, min, max.min(cap))
         .into_iter()
         .filter(|&s| s <= cap)
@@ -684,6 +691,17 @@ pub fn bench_sizes(op: &str, min: usize, max: usize, scratch: u64) -> Vec<usize>
         return vec![8];
     }
     v
+}
+
+/// What one timed latency iteration of `op` is, in one-way latencies: put, p and signal
+/// ping-pong (a round trip of two one-way messages: half of it is reported, as NVSHMEM's
+/// shmem_p_ping_pong_latency does), get and atomic are one-sided round trips whose whole
+/// time is the latency (as shmem_g_latency / shmem_atomic_latency report).
+pub fn latency_divisor(op: &str) -> f64 {
+    match op {
+        "get" | "g" | "atomic" => 1.0,
+        _ => 2.0,
+    }
 }
 
 /// Iterations per launch for a size: `iters`, fewer for large sizes (at most 256 MiB per
@@ -856,16 +874,21 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
                     g.memset(buf.offset(), 0, scratch as usize)?;
                     rec.write(&[0u8; 64])?;
                     g.pe().barrier_all()?;
-                    // Latency: PE 0 and PE 1 ping-pong; bandwidth: PE 0 streams to PE 1.
-                    let runs = if is_bw { me == 0 } else { me <= 1 };
-                    if runs {
+                    // Every PE launches the kernel with the same peer (param2 = 1,
+                    // rshmem_device_bench.cu): PE 0 and PE 1 take part (latency: ping-pong
+                    // or PE 0's one-sided round trips; bandwidth: PE 0 streams, and for get
+                    // the peer fills its source and signals ready first), the others
+                    // return at once. (Until 2026-12-05 PE 1 got peer 0 and returned, and
+                    // only PE 0 launched the bandwidth kernels: PE 0 waited for a peer
+                    // that never came and trapped.)
+                    {
                         let args = HarnessArgs {
                             scratch: buf.offset() as u64,
                             scratch_bytes: scratch,
                             result: rec.ptr(),
                             param0: size as u64,
                             param1: iters,
-                            param2: if me == 0 { 1 } else { 0 },
+                            param2: 1,
                             seed: 0xbe9c_0000 + size as u64,
                             team: 0,
                         };
@@ -897,7 +920,7 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
                         samples.push(if is_bw {
                             r.bytes as f64 / ns as f64
                         } else {
-                            ns as f64 / it / 2.0 / 1000.0
+                            ns as f64 / it / latency_divisor(&o.op) / 1000.0
                         });
                     }
                 }
@@ -1147,7 +1170,7 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                 row.memcpy_dtod_gbps = stats(&memc).expect("reps").0;
             }
             if let (Some(p), Some(pm)) = (&put, &pm) {
-                if size as u64 <= p.scratch_bytes {
+                if size <= bench_cap(p.scratch_bytes) {
                     let mut samples = Vec::new();
                     let iters = iters_for(size, o.iters, true);
                     for rep in 0..=o.reps {
@@ -1233,11 +1256,28 @@ mod tests {
         assert_eq!(bench_sizes("atomic", 8, 1 << 20, 1 << 20), vec![8]);
         assert_eq!(bench_sizes("signal", 8, 1 << 20, 1 << 20), vec![8]);
         assert_eq!(bench_sizes("put", 8, 64, 1 << 20), vec![8, 16, 32, 64]);
+        // 4 KiB of flags and two buffers: 1 MiB of scratch holds 256 KiB messages, the
+        // manifest's 32 MiB holds 8 MiB ones (16 MiB would need 32 MiB + 4 KiB).
+        let up_to = |max: usize| crate::bench::sizes(crate::bench::Kind::Put, 8, max);
+        assert_eq!(bench_sizes("put", 8, 1 << 30, 1 << 20), up_to(256 << 10));
+        assert_eq!(bench_sizes("get", 8, 1 << 30, 32 << 20), up_to(8 << 20));
+        assert_eq!(bench_cap(32 << 20), (16 << 20) - 4096);
+        assert_eq!(bench_cap(32), 8);
         assert_eq!(
             bench_sizes("put", 8, 1 << 30, 32),
-            vec![8, 16, 32],
+            vec![8],
             "capped by scratch"
         );
+    }
+
+    #[test]
+    fn latency_is_one_way_for_ping_pongs_and_the_round_trip_for_one_sided_ops() {
+        for op in ["put", "p", "signal"] {
+            assert_eq!(latency_divisor(op), 2.0, "{op}");
+        }
+        for op in ["get", "atomic"] {
+            assert_eq!(latency_divisor(op), 1.0, "{op}");
+        }
     }
 
     #[test]
