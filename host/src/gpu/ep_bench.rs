@@ -1157,6 +1157,12 @@ pub fn run(a: &EpBenchArgs) -> Result<EpReport> {
     Ok(EpReport { last, points })
 }
 
+/// The gate value that satisfies every wait of a run of `total` iterations (waits for
+/// 2·it + 1 and 2·it + 2) under CU_STREAM_WAIT_VALUE_GEQ's cyclic compare.
+fn gate_open_for_good(total: usize) -> u32 {
+    2 * total as u32 + 2
+}
+
 /// One bench point on one GPU PE; Some on PE 0.
 fn point(
     g: &GpuPe,
@@ -1317,8 +1323,12 @@ fn point(
         // Every PE's stream may be parked on the gate (cuStreamWaitValue32 never times
         // out), and a free while a stream is parked can wait for it: open the gate for
         // good before anything is freed. A PE's error reaches PE 0 through the bounded
-        // host barriers, so PE 0 gets here on every failure.
-        let _ = open(u32::MAX);
+        // host barriers, so PE 0 gets here on every failure. The wait is
+        // CU_STREAM_WAIT_VALUE_GEQ, a cyclic compare ((int32_t)(*addr - value) >= 0): the
+        // gate opens for every pending wait (values up to 2 * total) with a value at or
+        // above them and less than 2^31 past them — not u32::MAX, which reads as
+        // "behind" every small value.
+        let _ = open(gate_open_for_good(total));
     }
     destroy_events(g, &ev);
     drop(side_stream);
@@ -1440,4 +1450,29 @@ fn point(
             combine_copy_fraction: frac(gbps(crw, cm)),
         }),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CU_STREAM_WAIT_VALUE_GEQ compares cyclically: (int32_t)(*addr - value) >= 0.
+    fn geq(gate: u32, value: u32) -> bool {
+        gate.wrapping_sub(value) as i32 >= 0
+    }
+
+    #[test]
+    fn the_gate_opened_for_good_releases_every_wait() {
+        for total in [1usize, 5, 1000, 100_000] {
+            let g = gate_open_for_good(total);
+            for it in 0..total as u32 {
+                assert!(
+                    geq(g, 2 * it + 1) && geq(g, 2 * it + 2),
+                    "total {total}, it {it}"
+                );
+            }
+        }
+        // What the error path used before: behind every small value.
+        assert!(!geq(u32::MAX, 1));
+    }
 }
