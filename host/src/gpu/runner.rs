@@ -673,7 +673,7 @@ pub struct BenchOpts {
 /// of flags, then source and destination buffers of `roundup(size, 4 KiB)` each
 /// (rshmem_device_bench.cu). At least 8 (p and atomic move 8 bytes).
 pub fn bench_cap(scratch: u64) -> usize {
-    ((scratch as usize).saturating_sub(4096) / 2 & !4095).max(8)
+    (((scratch as usize).saturating_sub(4096) / 2) & !4095).max(8)
 }
 
 pub fn bench_sizes(op: &str, min: usize, max: usize, scratch: u64) -> Vec<usize> {
