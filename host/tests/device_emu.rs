@@ -455,7 +455,10 @@ fn every_bench_kernel_completes_with_its_record_on_emulated_pes() {
     let m = Manifest::load(None).expect("embedded manifest");
     assert!(m.benches.len() >= 22, "{} benches", m.benches.len());
     let mut bad = Vec::new();
-    for (pes, peer) in [(2usize, 1u64), (3, 2)] {
+    // With 2 PEs the parameters `rshmem bench --device gpu` passes (runner.rs).
+    let runners = rshmem::gpu::runner::bench_kernel_params(SIZE as usize, ITERS);
+    for (pes, params) in [(2usize, runners), (3, [SIZE, ITERS, 2])] {
+        let peer = params[2];
         for b in &m.benches {
             let l = launch(
                 emulator(Kernels::Bench),
@@ -463,7 +466,7 @@ fn every_bench_kernel_completes_with_its_record_on_emulated_pes() {
                 b.grid,
                 b.block,
                 pes,
-                [SIZE, ITERS, peer],
+                params,
                 4096 + 2 * SIZE,
                 TIMEOUT_MS,
                 true,

@@ -693,6 +693,14 @@ pub fn bench_sizes(op: &str, min: usize, max: usize, scratch: u64) -> Vec<usize>
     v
 }
 
+/// The bench kernels' (param0, param1, param2) for a launch, the same on every PE
+/// (rshmem_device_bench.cu): message bytes, timed iterations, and the peer PE 1 (PE 0
+/// measures against it; the others return at once). host/tests/device_emu.rs launches
+/// the emulated kernels with these.
+pub fn bench_kernel_params(size: usize, iters: u64) -> [u64; 3] {
+    [size as u64, iters, 1]
+}
+
 /// What one timed latency iteration of `op` is, in one-way latencies: put, p and signal
 /// ping-pong (a round trip of two one-way messages: half of it is reported, as NVSHMEM's
 /// shmem_p_ping_pong_latency does), get and atomic are one-sided round trips whose whole
@@ -882,13 +890,14 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
                     // only PE 0 launched the bandwidth kernels: PE 0 waited for a peer
                     // that never came and trapped.)
                     {
+                        let [param0, param1, param2] = bench_kernel_params(size, iters);
                         let args = HarnessArgs {
                             scratch: buf.offset() as u64,
                             scratch_bytes: scratch,
                             result: rec.ptr(),
-                            param0: size as u64,
-                            param1: iters,
-                            param2: 1,
+                            param0,
+                            param1,
+                            param2,
                             seed: 0xbe9c_0000 + size as u64,
                             team: 0,
                         };
