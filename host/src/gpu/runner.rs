@@ -336,6 +336,10 @@ fn kernel_case(
     // then a signal wait), so every grid must fit its co-resident share, not only the
     // collective ones; only collective cases use a cooperative launch.
     let (grid, coop) = g.collective_grid(m, &t.name, t.block, t.grid)?;
+    // One grid on every PE: the collective kernels count the blocks of other PEs' grids
+    // (rshmem_test_barrier_all expects (round + 1) * gridDim.x arrivals), and a PE alone
+    // on its GPU gets a larger share than PEs that share one.
+    let grid = min_over_pes(g, grid)?;
     let coop = coop && t.collective;
     let p = t.params3();
     // A team case: the even and the odd PEs, each a device team; this PE's handle goes to
@@ -691,6 +695,18 @@ pub fn bench_sizes(op: &str, min: usize, max: usize, scratch: u64) -> Vec<usize>
         return vec![8];
     }
     v
+}
+
+/// The smallest of every PE's `v` (a bootstrap allgather: collective over the world).
+fn min_over_pes(g: &GpuPe, v: u32) -> Result<u32> {
+    let pe = g.pe();
+    let all = pe.boot().allgather(&pe.world().group(), &v.to_le_bytes())?;
+    Ok(all
+        .iter()
+        .filter_map(|b| b.get(..4).and_then(|b| b.try_into().ok()))
+        .map(u32::from_le_bytes)
+        .min()
+        .unwrap_or(v))
 }
 
 /// The bench kernels' (param0, param1, param2) for a launch, the same on every PE
