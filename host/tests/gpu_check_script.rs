@@ -2,7 +2,9 @@
 //! bundle or without libcuda (clear message, exit 2), and with a stand-in libcuda that
 //! only the doctor can use it runs every step, records each failure without stopping, and
 //! ends with the summary table (exit 1). The bundle is this build's debug binary (the
-//! gpu_ring example is left out of it, so its step must say the bundle lacks it).
+//! gpu_ring example is left out of it, so its step must say the bundle lacks it). With
+//! hostcuda (host/tests/hostcuda/, a CPU stand-in for the driver) as the driver, every GPU
+//! step must get through its setup to its first kernel launch.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -433,5 +435,90 @@ fn runs_every_step_and_ends_with_the_table() {
             "{step}: {log}"
         );
         assert!(!log.contains("panicked"), "{step}: {log}");
+    }
+}
+
+#[path = "hostcuda/build.rs"]
+mod hostcuda_build;
+
+/// A dry run of gpu-check on the CPU: with hostcuda (a CPU stand-in for the driver that
+/// refuses kernel launches) every GPU step gets through all its setup — the command line,
+/// GPU PE setup over p2p and over the proxy, heaps, module loading and binding, EP buffers,
+/// the CPU oracle of the EP suite — to its first kernel launch, and nothing crashes or
+/// panics. (The first such run found NVRTC crashing on a driver without
+/// cuGetExportTable, a gap of the stand-in; the review fixes of 2026-12-05 came before it.)
+#[test]
+fn every_step_reaches_its_first_kernel_launch_on_hostcuda() {
+    let lib = hostcuda_build::hostcuda_lib();
+    let root = repo("dry", true);
+    let o = run(
+        &root,
+        &[
+            ("RSHMEM_CUDA_LIB", lib.to_str().unwrap()),
+            ("RSHMEM_NVRTC_LIB", "/nonexistent/libnvrtc.so.13"),
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    let summary = std::fs::read_to_string(root.join("out/summary.txt")).unwrap();
+    assert!(
+        summary.contains("GPU: hostcuda 0 (CPU stand-in)  driver: 13000"),
+        "{summary}"
+    );
+    let mut launched = Vec::new();
+    for e in std::fs::read_dir(root.join("out")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(step) = name.strip_suffix(".log") else {
+            continue;
+        };
+        let log = std::fs::read_to_string(e.path()).unwrap();
+        assert!(
+            !log.contains("panicked") && !log.contains("Segmentation fault"),
+            "{step}: {log}"
+        );
+        match step {
+            "bundle-start" | "example-ring" | "nvshmem-pingpong" => continue,
+            "doctor" => {
+                assert!(
+                    log.contains("\"name\":\"hostcuda 0 (CPU stand-in)\""),
+                    "{log}"
+                );
+                continue;
+            }
+            s if s.starts_with("bench-") && log.contains("no GPU bench kernel for") => continue,
+            _ => {}
+        }
+        // The step's first launch, refused by the stand-in, and nothing else before it.
+        let first_error = log
+            .lines()
+            .find(|l| l.contains("failed") || l.contains("error") || l.contains("FAIL"))
+            .unwrap_or("");
+        assert!(
+            log.contains("hostcuda: launch of ") && first_error.contains("cuLaunchKernel"),
+            "{step} did not get to its first kernel launch: first error {first_error:?}\n{log}"
+        );
+        launched.push(step.to_string());
+    }
+    launched.sort();
+    // The selftests, traps, both EP steps, the IBGDA rate, the copy and every bench that
+    // has a kernel.
+    for want in [
+        "selftest-2",
+        "selftest-3",
+        "selftest-8",
+        "selftest-proxy-2",
+        "traps",
+        "ep",
+        "ep-proxy",
+        "ibgda-rate",
+        "bench-copy",
+        "bench-put-block",
+        "bench-get-thread",
+        "bench-atomic-thread",
+    ] {
+        assert!(
+            launched.iter().any(|s| s == want),
+            "{want} missing from {launched:?}"
+        );
     }
 }

@@ -16,58 +16,19 @@ use rshmem::ep::Config;
 use rshmem::gpu::ep::GpuBuffer;
 use rshmem::gpu::{run_gpu_threads, GpuPe};
 use rshmem::{Error, Result};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The pinned toolchain's `cuda.h` directory (as host/tests/gpu_ptx.rs finds ptxas).
-fn cuda_include() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let venv = std::env::var_os("RSHMEM_CUDA_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join(".venv-cuda"));
-    std::fs::read_dir(venv.join("lib"))
-        .ok()
-        .and_then(|rd| {
-            rd.flatten()
-                .map(|e| e.path().join("site-packages/nvidia/cu13/include"))
-                .find(|p| p.join("cuda.h").exists())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "cuda.h not found under {}: install the pinned CUDA toolchain with \
-                 scripts/cuda-toolchain (or set RSHMEM_CUDA_VENV)",
-                venv.display()
-            )
-        })
-}
+#[path = "hostcuda/build.rs"]
+mod hostcuda_build;
 
-/// Builds hostcuda once per test process and points RSHMEM_CUDA_LIB at it (before any
-/// test touches the driver: the runtime loads it once per process); returns its path.
+/// Builds hostcuda and points RSHMEM_CUDA_LIB at it, before any test of this process
+/// touches the driver (the runtime loads it once per process); returns its path.
 fn hostcuda() -> PathBuf {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let dir =
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hostcuda-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostcuda/hostcuda.c");
-        let lib = dir.join("libcuda.so.1");
-        let out = Command::new("cc")
-            .args([
-                "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-            ])
-            .args(["-fvisibility=hidden", "-Wl,-soname,libcuda.so.1", "-I"])
-            .arg(cuda_include())
-            .arg("-o")
-            .arg(&lib)
-            .arg(&src)
-            .output()
-            .expect("cc");
-        assert!(
-            out.status.success(),
-            "building hostcuda failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    static SET: OnceLock<PathBuf> = OnceLock::new();
+    SET.get_or_init(|| {
+        let lib = hostcuda_build::hostcuda_lib();
         std::env::set_var("RSHMEM_CUDA_LIB", &lib);
         // Every PE of a test on the stand-in's device 0.
         std::env::set_var("RSHMEM_DEVICE", "0");

@@ -754,6 +754,14 @@ EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f
 
 // ------------------------------------------------------------------------- not modelled
 
+// The driver's private interfaces. NVRTC looks for an already loaded libcuda.so.1 and
+// asks it for one; with none it does without (as on a machine without a driver).
+EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id) {
+  (void)id;
+  if (table) *table = NULL;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 static CUresult refuse(const char *what) {
   fprintf(stderr, "hostcuda: %s is not emulated on the CPU\n", what);
   return CUDA_ERROR_NOT_SUPPORTED;
