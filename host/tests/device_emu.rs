@@ -451,7 +451,6 @@ fn every_bench_kernel_completes_with_its_record_on_emulated_pes() {
     // the checksum its header (rshmem_device_bench.cu) defines.
     const SIZE: u64 = 4096;
     const ITERS: u64 = 20;
-    const WARMUP: u64 = 16; // kWarmup
     let m = Manifest::load(None).expect("embedded manifest");
     assert!(m.benches.len() >= 22, "{} benches", m.benches.len());
     let mut bad = Vec::new();
@@ -481,18 +480,9 @@ fn every_bench_kernel_completes_with_its_record_on_emulated_pes() {
             }
             let [start, end, iters, bytes, checksum] = l.records[0];
             let lat = b.kind == "latency";
-            let want_bytes = if lat && (b.op == "p" || b.op == "atomic") {
-                8 * ITERS
-            } else {
-                SIZE * ITERS
-            };
-            let peer_word = |i: u64| rshmem::gpu::pattern_u64(seed(&b.name) + peer, i);
-            let want_sum = match b.op.as_str() {
-                "p" if lat => Some(WARMUP + ITERS),
-                "atomic" if lat => Some(WARMUP + ITERS - 1),
-                "put" | "signal" | "get" if lat => Some(peer_word(0) ^ peer_word(SIZE / 8 - 1)),
-                _ => None,
-            };
+            // What `rshmem bench --device gpu` requires of the record (runner.rs).
+            let (want_bytes, want_sum) =
+                rshmem::gpu::runner::bench_expected(&b.op, lat, SIZE, ITERS, seed(&b.name), peer);
             if iters != ITERS || bytes != want_bytes || start == 0 || end < start {
                 bad.push(format!(
                     "{what}: record start {start} end {end} iters {iters} (want {ITERS}) \

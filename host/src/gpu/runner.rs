@@ -717,6 +717,41 @@ pub fn bench_kernel_params(size: usize, iters: u64) -> [u64; 3] {
     [size as u64, iters, 1]
 }
 
+/// The pattern seed of a bench launch of `size`-byte messages.
+fn args_seed(size: usize) -> u64 {
+    0xbe9c_0000 + size as u64
+}
+
+/// What a bench kernel's record must hold after a launch (rshmem_device_bench.cu's
+/// header): the bytes moved, and the checksum where the header defines one — p latency:
+/// the last pong, kWarmup + iters; atomic latency: the last fetched value, kWarmup +
+/// iters - 1; put, signal and get latency: the XOR of the first and last 8-byte words of
+/// the peer's pattern (seed + peer). host/tests/device_emu.rs checks the emulated
+/// kernels' records with this.
+pub fn bench_expected(
+    op: &str,
+    latency: bool,
+    size: u64,
+    iters: u64,
+    seed: u64,
+    peer: u64,
+) -> (u64, Option<u64>) {
+    const WARMUP: u64 = 16; // kWarmup
+    let bytes = match (op, latency) {
+        ("p" | "atomic", true) => 8 * iters,
+        ("p" | "atomic", false) => size / 8 * 8 * iters,
+        _ => size * iters,
+    };
+    let word = |i: u64| super::pattern_u64(seed + peer, i);
+    let sum = match op {
+        "p" if latency => Some(WARMUP + iters),
+        "atomic" if latency => Some(WARMUP + iters - 1),
+        "put" | "signal" | "get" if latency => Some(word(0) ^ word(size / 8 - 1)),
+        _ => None,
+    };
+    (bytes, sum)
+}
+
 /// What one timed latency iteration of `op` is, in one-way latencies: put, p and signal
 /// ping-pong (a round trip of two one-way messages: half of it is reported, as NVSHMEM's
 /// shmem_p_ping_pong_latency does), get and atomic are one-sided round trips whose whole
@@ -914,7 +949,7 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
                             param0,
                             param1,
                             param2,
-                            seed: 0xbe9c_0000 + size as u64,
+                            seed: args_seed(size),
                             team: 0,
                         };
                         g.launch_harness(
@@ -938,6 +973,29 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
                                 case.name, r.start_ns, r.end_ns
                             ))
                         })?;
+                        // The record must be what the kernel's contract says for this
+                        // launch, or the timing is of something else.
+                        let (bytes, sum) = bench_expected(
+                            &o.op,
+                            !is_bw,
+                            size as u64,
+                            iters,
+                            args_seed(size),
+                            bench_kernel_params(size, iters)[2],
+                        );
+                        if r.iters != iters
+                            || r.bytes != bytes
+                            || sum.is_some_and(|w| w != r.checksum)
+                        {
+                            return Err(Error::Verification(format!(
+                                "{} at {size} B: the kernel's record says {} iterations, {} bytes,                                  checksum {:#x}; the launch wants {iters}, {bytes}{}",
+                                case.name,
+                                r.iters,
+                                r.bytes,
+                                r.checksum,
+                                sum.map_or(String::new(), |w| format!(", {w:#x}"))
+                            )));
+                        }
                         let it = r.iters.max(1) as f64;
                         if rep == 0 {
                             continue; // the warm-up launch
