@@ -300,3 +300,106 @@ fn the_selftest_binds_a_module_through_the_cli() {
         );
     }
 }
+
+/// One GPU PE per process, as production runs them (`rshmem run -n 3`, `GpuPe::init`
+/// from the launcher's environment): the heaps' fds cross process boundaries (SCM_RIGHTS)
+/// and each process maps its peers' memfds; a put and a get between processes; finalize.
+/// Once with the three processes on one GPU (`RSHMEM_DEVICE=0`: each warns that its GPU
+/// is shared across processes), once with three GPUs, one per process (picked by local
+/// rank). gpu-check runs its PEs as threads of one process only, so this path had never
+/// run.
+#[test]
+fn gpu_pes_as_processes_under_rshmem_run() {
+    let lib = hostcuda();
+    let exe = std::env::current_exe().unwrap();
+    for gpus in [1, 3] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rshmem"));
+        c.args(["run", "-n", "3", "--"])
+            .arg(&exe)
+            .args([
+                "gpu_pe_process_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
+            .args(["--test-threads", "1"])
+            .env("RSHMEM_CUDA_LIB", &lib)
+            .env("RSHMEM_SYMMETRIC_SIZE", "8M")
+            .env("RSHMEM_TIMEOUT_MS", "10000")
+            .env("HOSTCUDA_DEVICES", gpus.to_string())
+            .env("GPU_PE_PROCESS_CHILD", "1");
+        if gpus > 1 {
+            c.env_remove("RSHMEM_DEVICE");
+        }
+        let o = c.output().expect("rshmem run");
+        let out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success(), "{gpus} GPU(s): {out}");
+        for pe in 0..3 {
+            let gpu = if gpus == 1 { 0 } else { pe };
+            assert!(
+                out.contains(&format!(
+                    "GPU PE {pe} of 3 (process, GPU {gpu}): put and get ok"
+                )),
+                "{gpus} GPU(s), PE {pe}: {out}"
+            );
+        }
+        assert_eq!(
+            out.matches("share it from 3 processes").count(),
+            if gpus == 1 { 3 } else { 0 },
+            "{gpus} GPU(s): {out}"
+        );
+    }
+}
+
+/// The body of [`gpu_pes_as_processes_under_rshmem_run`], in each process it starts
+/// (ignored in a plain run: it needs the launcher's environment).
+#[test]
+#[ignore = "a child of gpu_pes_as_processes_under_rshmem_run (needs rshmem run's environment)"]
+fn gpu_pe_process_child() {
+    assert_eq!(
+        std::env::var("GPU_PE_PROCESS_CHILD").as_deref(),
+        Ok("1"),
+        "run by gpu_pes_as_processes_under_rshmem_run"
+    );
+    let g = GpuPe::init().expect("GpuPe::init under rshmem run");
+    let r = (|| -> Result<()> {
+        let (me, n) = (g.my_pe(), g.n_pes());
+        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+        let len = 8192;
+        let a = g.malloc(len)?;
+        let b = g.malloc(len)?;
+        g.write_local(a.offset(), &pattern(me, len))?;
+        g.pe().barrier_all()?;
+        let src = g.ptr(a.offset(), len, me).unwrap();
+        g.put_on_stream(b.offset(), src, len, next)?;
+        g.quiet()?;
+        g.pe().barrier_all()?;
+        let mut got = vec![0u8; len];
+        g.read_local(b.offset(), &mut got)?;
+        if got != pattern(prev, len) {
+            return Err(Error::Verification(format!("B after PE {prev}'s put")));
+        }
+        let dst = g.ptr(b.offset(), len, me).unwrap();
+        g.get_on_stream(dst, a.offset(), len, next)?;
+        g.quiet()?;
+        g.read_local(b.offset(), &mut got)?;
+        if got != pattern(next, len) {
+            return Err(Error::Verification(format!("B after a get from PE {next}")));
+        }
+        g.pe().barrier_all()?;
+        g.free(b)?;
+        g.free(a)?;
+        println!(
+            "GPU PE {me} of {n} (process, GPU {}): put and get ok",
+            g.device().ordinal
+        );
+        Ok(())
+    })();
+    let f = g.finalize();
+    r.expect("the GPU PE's work");
+    f.expect("finalize");
+}
