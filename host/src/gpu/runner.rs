@@ -1035,7 +1035,12 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
         device: "gpu",
         transport: "p2p",
         gpu,
-        latency_kind: "half_round_trip",
+        // As the CPU benches name it (latency_divisor).
+        latency_kind: if latency_divisor(&o.op) == 2.0 {
+            "half_round_trip"
+        } else {
+            "round_trip"
+        },
         latency_kernel: lat.map(|b| b.name.clone()),
         bandwidth_kernel: bw.map(|b| b.name.clone()),
         rows,

@@ -24,7 +24,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dlfcn.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -88,9 +91,81 @@ static int device_accessible(uintptr_t p, size_t len) {
   return 0;
 }
 
+// A launch whose block ended abnormally (a trap aborts its process) leaves the context
+// unusable, as on a GPU: every later call that needs it returns this.
+static CUresult sticky = CUDA_SUCCESS;
+
 static CUresult need_ctx(void) {
   if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-  return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+  return __atomic_load_n(&sticky, __ATOMIC_ACQUIRE);
+}
+
+// ----------------------------------------------------------- launched blocks in flight
+// A launch forks one process per block (see "kernels"); a stream's work is done when
+// its blocks' processes have exited. Stream order: a stream's next launch or copy waits
+// for them; the legacy stream's synchronous copies do not wait for non-blocking streams
+// (as CUDA).
+
+#define MAX_PENDING 8192
+struct pending {
+  pid_t pid;
+  const void *stream;
+  char kernel[160];
+};
+static struct pending pend[MAX_PENDING];
+static int npend;
+
+static void block_ended(const struct pending *p, int status) {
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  if (WIFSIGNALED(status))
+    fprintf(stderr, "hostcuda: a block of %s ended by signal %d: the launch failed\n", p->kernel,
+            WTERMSIG(status));
+  else
+    fprintf(stderr, "hostcuda: a block of %s exited %d: the launch failed\n", p->kernel,
+            WEXITSTATUS(status));
+  __atomic_store_n(&sticky, CUDA_ERROR_LAUNCH_FAILED, __ATOMIC_RELEASE);
+}
+
+// Reaps the blocks of `stream` (all streams when `all`). Waiting: up to
+// HOSTCUDA_LAUNCH_TIMEOUT_S (60) seconds, then the blocks are killed and the launch
+// fails; else returns CUDA_ERROR_NOT_READY while any runs.
+static CUresult drain(const void *stream, int all, int wait) {
+  const char *e = getenv("HOSTCUDA_LAUNCH_TIMEOUT_S");
+  const double limit = e ? atof(e) : 60.0;
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int left = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < npend; ++i) {
+      if (!all && pend[i].stream != stream) continue;
+      int status = 0;
+      const pid_t r = waitpid(pend[i].pid, &status, WNOHANG);
+      if (r == pend[i].pid || r < 0) {
+        if (r == pend[i].pid) block_ended(&pend[i], status);
+        pend[i--] = pend[--npend];
+      } else {
+        ++left;
+      }
+    }
+    pthread_mutex_unlock(&lock);
+    if (left == 0) return __atomic_load_n(&sticky, __ATOMIC_ACQUIRE);
+    if (!wait) return CUDA_ERROR_NOT_READY;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 > limit) {
+      pthread_mutex_lock(&lock);
+      for (int i = 0; i < npend; ++i)
+        if (all || pend[i].stream == stream) {
+          fprintf(stderr, "hostcuda: a block of %s still ran after %.0f s: killed\n",
+                  pend[i].kernel, limit);
+          kill(pend[i].pid, SIGKILL);
+        }
+      pthread_mutex_unlock(&lock);
+      __atomic_store_n(&sticky, CUDA_ERROR_LAUNCH_TIMEOUT, __ATOMIC_RELEASE);
+    }
+    usleep(200);
+  }
 }
 
 // ----------------------------------------------------------------------- init, devices
@@ -149,7 +224,11 @@ EXPORT CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice d) {
 EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
   if (d < 0 || d >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
   switch (a) {
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: {
+      const char *e = getenv("HOSTCUDA_SMS");  // few SMs keep collective grids small
+      *v = e ? atoi(e) : 132;
+      break;
+    }
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = 1; break;
@@ -207,13 +286,25 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
   current = c;
   return CUDA_SUCCESS;
 }
-EXPORT CUresult cuCtxSynchronize(void) { return need_ctx(); }
+static CUresult drain(const void *stream, int all, int wait);
+EXPORT CUresult cuCtxSynchronize(void) {
+  CUresult r = drain(NULL, 1, 1);
+  return r ? r : need_ctx();
+}
 
 // ------------------------------------------------------------------ streams and events
 // Every operation runs when it is enqueued, so a stream is always idle.
 
+struct captured {
+  struct function *f;
+  unsigned grid, block;
+  unsigned char params[32][128];  // each parameter's bytes, copied at capture
+};
 struct stream {
   int magic;
+  int capturing;
+  int n;  // launches captured
+  struct captured *launches;
 };
 #define STREAM_MAGIC 0x5354524d
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
@@ -238,10 +329,17 @@ EXPORT CUresult cuStreamDestroy(CUstream s) {
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamQuery(CUstream s) {
-  CUresult r = need_ctx();
-  return r ? r : check_stream(s);
+  CUresult r = check_stream(s);
+  if (r) return r;
+  r = drain(s, 0, 0);
+  return r ? r : need_ctx();
 }
-EXPORT CUresult cuStreamSynchronize(CUstream s) { return cuStreamQuery(s); }
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  r = drain(s, 0, 1);
+  return r ? r : need_ctx();
+}
 
 struct event {
   struct timespec at;
@@ -256,7 +354,7 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags) {
 }
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
   CUresult r = need_ctx();
-  if (r || (r = check_stream(s))) return r;
+  if (r || (r = check_stream(s)) || (r = drain(s, 0, 1))) return r;
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   clock_gettime(CLOCK_MONOTONIC, &((struct event *)e)->at);
   ((struct event *)e)->recorded = 1;
@@ -278,9 +376,11 @@ EXPORT CUresult cuEventDestroy(CUevent e) {
 
 // ------------------------------------------------------------------------ plain memory
 
-static void *aligned(size_t len, size_t align, int fill) {
-  void *p = NULL;
-  if (posix_memalign(&p, align, len ? len : 1)) return NULL;
+// Device and pinned host memory: shared mappings, so that what a launch's block
+// processes (forked, see "kernels") write is what the PEs' threads then read.
+static void *shared_alloc(size_t len, int fill) {
+  void *p = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
   if (fill) memset(p, 0xA5, len);
   return p;
 }
@@ -288,13 +388,13 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t len) {
   CUresult r = need_ctx();
   if (r) return r;
   if (len == 0) return CUDA_ERROR_INVALID_VALUE;
-  void *m = aligned(len, 256, 1);
+  void *m = shared_alloc(len, 1);
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&lock);
   struct range *g = add_range(R_ALLOC, (uintptr_t)m, len);
   pthread_mutex_unlock(&lock);
   if (!g) {
-    free(m);
+    munmap(m, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   *p = (CUdeviceptr)(uintptr_t)m;
@@ -305,17 +405,18 @@ EXPORT CUresult cuMemFree(CUdeviceptr p) {
   if (r) return r;
   pthread_mutex_lock(&lock);
   struct range *g = find_exact(R_ALLOC, (uintptr_t)p);
+  size_t len = g ? g->hi - g->lo : 0;
   if (g) g->kind = R_FREE;
   pthread_mutex_unlock(&lock);
   if (!g) return CUDA_ERROR_INVALID_VALUE;
-  free((void *)(uintptr_t)p);
+  munmap((void *)(uintptr_t)p, len);
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemHostAlloc(void **p, size_t len, unsigned int flags) {
   CUresult r = need_ctx();
   if (r) return r;
   if (len == 0 || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
-  void *m = aligned(len, 4096, 1);
+  void *m = shared_alloc(len, 1);
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&lock);
   add_range(R_HOSTALLOC, (uintptr_t)m, len);
@@ -326,16 +427,55 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t len, unsigned int flags) {
 EXPORT CUresult cuMemFreeHost(void *p) {
   pthread_mutex_lock(&lock);
   struct range *g = find_exact(R_HOSTALLOC, (uintptr_t)p);
+  size_t len = g ? g->hi - g->lo : 0;
   if (g) g->kind = R_FREE;
   pthread_mutex_unlock(&lock);
   if (!g) return CUDA_ERROR_INVALID_VALUE;
-  free(p);
+  munmap(p, len);
   return CUDA_SUCCESS;
 }
+// Whether the page at `p` belongs to a shared mapping (/proc/self/maps).
+static int mapped_shared(uintptr_t p) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return 0;
+  char line[512];
+  int shared = 0;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && p >= lo && p < hi) {
+      shared = perms[3] == 's';
+      break;
+    }
+  }
+  fclose(f);
+  return shared;
+}
+
+// Registered host memory must be shared with the launch's block processes (forked): a
+// private page-aligned range is moved, contents and address kept, onto a shared memfd
+// mapping. (Host memory a GPU reads and writes over PCIe is the same memory for both
+// sides; a fork would otherwise give the blocks a copy.) Registration happens before the
+// range is in use by other threads (as it must on a GPU too).
+static CUresult share_range(void *p, size_t len) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if ((uintptr_t)p % page || len % page || mapped_shared((uintptr_t)p)) return CUDA_SUCCESS;
+  int fd = memfd_create("hostcuda-registered", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+  if (ftruncate(fd, (off_t)len) || pwrite(fd, p, len, 0) != (ssize_t)len) {
+    close(fd);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  void *m = mmap(p, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  close(fd);
+  return m == p ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
+}
+
 EXPORT CUresult cuMemHostRegister(void *p, size_t len, unsigned int flags) {
   CUresult r = need_ctx();
   if (r) return r;
   if (!p || len == 0 || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
+  if ((r = share_range(p, len))) return r;
   pthread_mutex_lock(&lock);
   CUresult out = CUDA_SUCCESS;
   if (find_range(R_REGISTERED, (uintptr_t)p) || find_range(R_REGISTERED, (uintptr_t)p + len - 1))
@@ -386,6 +526,7 @@ EXPORT CUresult cuMemcpyDtoH(void *d, CUdeviceptr s, size_t len) {
 }
 EXPORT CUresult cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t len, CUstream st) {
   CUresult r = check_stream(st);
+  if (!r) r = drain(st, 0, 1);
   return r ? r : copy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, len, 1, 1);
 }
 static CUresult set8(CUdeviceptr d, unsigned char v, size_t len) {
@@ -405,6 +546,7 @@ static CUresult set8(CUdeviceptr d, unsigned char v, size_t len) {
 EXPORT CUresult cuMemsetD8(CUdeviceptr d, unsigned char v, size_t len) { return set8(d, v, len); }
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t len, CUstream s) {
   CUresult r = check_stream(s);
+  if (!r) r = drain(s, 0, 1);
   return r ? r : set8(d, v, len);
 }
 
@@ -613,6 +755,8 @@ struct global {
 struct function {
   char name[160];
   struct module *mod;
+  int nparams;
+  uint32_t sizes[32];  // bytes of each parameter, from the PTX's .param declarations
 };
 struct module {
   int nglobals, nfuncs;
@@ -660,8 +804,7 @@ static void parse_var(struct module *m, const char *s) {
   struct global *g = &m->globals[m->nglobals++];
   snprintf(g->name, sizeof g->name, "%s", name);
   g->size = elem * count;
-  g->at = aligned(g->size, 64, 0);
-  memset(g->at, 0, g->size);
+  g->at = shared_alloc(g->size, 0);  // zero, as the loader zeroes uninitialised globals
   add_range(R_GLOBAL, (uintptr_t)g->at, g->size);
 }
 
@@ -685,6 +828,22 @@ EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image) {
       struct function *f = &m->funcs[m->nfuncs++];
       snprintf(f->name, sizeof f->name, "%.*s", (int)n, e);
       f->mod = m;
+      // Its parameters: `.param .u64 x,` / `.param .align 8 .b8 x[64]` lines up to ')'.
+      for (const char *q = strchr(e, '\n'); q && *++q && f->nparams < 32; q = strchr(q, '\n')) {
+        while (*q == ' ' || *q == '\t') ++q;
+        if (*q == ')') break;
+        if (strncmp(q, ".param ", 7) != 0) continue;
+        size_t len = strcspn(q, "\n");
+        const char *br = memchr(q, '[', len);
+        uint32_t bytes = 0;
+        if (br) {
+          bytes = (uint32_t)strtoul(br + 1, NULL, 10);
+        } else {
+          for (const char *t = q + 7; t < q + len; ++t)
+            if (*t == '.' && (bytes = (uint32_t)type_bytes(t))) break;
+        }
+        f->sizes[f->nparams++] = bytes;
+      }
       continue;
     }
     // A module-scope variable: one line, no parameters.
@@ -705,7 +864,7 @@ EXPORT CUresult cuModuleUnload(CUmodule mod) {
   for (int i = 0; i < m->nglobals; ++i) {
     struct range *g = find_exact(R_GLOBAL, (uintptr_t)m->globals[i].at);
     if (g) g->kind = R_FREE;
-    free(m->globals[i].at);
+    munmap(m->globals[i].at, m->globals[i].size);
   }
   pthread_mutex_unlock(&lock);
   free(m);
@@ -766,17 +925,119 @@ static CUresult refuse(const char *what) {
   fprintf(stderr, "hostcuda: %s is not emulated on the CPU\n", what);
   return CUDA_ERROR_NOT_SUPPORTED;
 }
+// ------------------------------------------------------------------------------ kernels
+// A launch runs the kernel's host-C++ build (the same .cu compiled with the CPU emulation
+// of host/tests/device-emu: each block's threads are fibers of one process) from the
+// kernel libraries HOSTCUDA_KERNEL_LIBS names (colon-separated). Each library exports
+// hostcuda_has(name) and hostcuda_run_block(...); the launch forks one process per block
+// (so all blocks of all PEs run at once, as a co-resident grid does), each copies its
+// module instance's bound state into the library's and runs its block. Without the
+// kernel in any library the launch is refused.
+
+typedef int (*has_fn)(const char *);
+typedef void (*run_fn)(const char *name, void **params, const uint32_t *sizes, int nparams,
+                       unsigned grid, unsigned block, unsigned b, const void *state,
+                       size_t state_bytes);
+static struct {
+  has_fn has;
+  run_fn run;
+} klibs[8];
+static int nklibs = -1;
+
+static void load_kernel_libs(void) {
+  nklibs = 0;
+  const char *e = getenv("HOSTCUDA_KERNEL_LIBS");
+  if (!e) return;
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", e);
+  for (char *path = strtok(buf, ":"); path && nklibs < 8; path = strtok(NULL, ":")) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      fprintf(stderr, "hostcuda: kernel library %s: %s\n", path, dlerror());
+      continue;
+    }
+    klibs[nklibs].has = (has_fn)dlsym(h, "hostcuda_has");
+    klibs[nklibs].run = (run_fn)dlsym(h, "hostcuda_run_block");
+    if (klibs[nklibs].has && klibs[nklibs].run) ++nklibs;
+  }
+}
+
+static CUresult launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz, unsigned smem, CUstream s, void **p) {
+  CUresult r = need_ctx();
+  if (r || (r = check_stream(s))) return r;
+  struct function *f = (struct function *)fn;
+  if (!f || !p) return CUDA_ERROR_INVALID_VALUE;
+  if (gy != 1 || gz != 1 || by != 1 || bz != 1 || smem != 0 || gx == 0 || bx == 0 || bx > 1024)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  if (nklibs < 0) load_kernel_libs();
+  run_fn run = NULL;
+  for (int i = 0; i < nklibs && !run; ++i)
+    if (klibs[i].has(f->name)) run = klibs[i].run;
+  pthread_mutex_unlock(&lock);
+  if (!run) {
+    fprintf(stderr, "hostcuda: launch of %s refused: no kernel library has it\n", f->name);
+    fprintf(stderr, "hostcuda: a kernel launch is not emulated on the CPU\n");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  struct stream *st = (struct stream *)s;
+  if (st && st != (struct stream *)CU_STREAM_LEGACY && st != (struct stream *)CU_STREAM_PER_THREAD &&
+      st->capturing) {
+    // Stream capture: the launch is recorded with its parameters' values, not run.
+    st->launches = realloc(st->launches, sizeof *st->launches * (size_t)(st->n + 1));
+    struct captured *c = &st->launches[st->n++];
+    c->f = f;
+    c->grid = gx;
+    c->block = bx;
+    for (int i = 0; i < f->nparams && i < 32; ++i) {
+      if (f->sizes[i] > sizeof c->params[i]) return CUDA_ERROR_NOT_SUPPORTED;
+      memcpy(c->params[i], p[i], f->sizes[i]);
+    }
+    return CUDA_SUCCESS;
+  }
+  // Stream order: the stream's earlier work first.
+  if ((r = drain(s, 0, 1))) return r;
+  const void *state = NULL;
+  size_t state_bytes = 0;
+  for (int i = 0; i < f->mod->nglobals; ++i)
+    if (!strcmp(f->mod->globals[i].name, "rshmemi_device_state")) {
+      state = f->mod->globals[i].at;
+      state_bytes = f->mod->globals[i].size;
+    }
+  fflush(NULL);
+  for (unsigned b = 0; b < gx; ++b) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      __atomic_store_n(&sticky, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, __ATOMIC_RELEASE);
+      return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+    }
+    if (pid == 0) {
+      run(f->name, p, f->sizes, f->nparams, gx, bx, b, state, state_bytes);
+      fflush(NULL);
+      _exit(0);
+    }
+    pthread_mutex_lock(&lock);
+    if (npend < MAX_PENDING) {
+      pend[npend].pid = pid;
+      pend[npend].stream = s;
+      snprintf(pend[npend].kernel, sizeof pend[npend].kernel, "%s", f->name);
+      ++npend;
+    }
+    pthread_mutex_unlock(&lock);
+  }
+  return CUDA_SUCCESS;
+}
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned smem, CUstream s, void **p,
                                void **e) {
-  (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)smem, (void)s, (void)p, (void)e;
-  fprintf(stderr, "hostcuda: launch of %s refused\n", f ? ((struct function *)f)->name : "?");
-  return refuse("a kernel launch");
+  if (e) return CUDA_ERROR_INVALID_VALUE;  // "extra" launch options are not modelled
+  return launch(f, gx, gy, gz, bx, by, bz, smem, s, p);
 }
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                           unsigned bx, unsigned by, unsigned bz, unsigned smem,
                                           CUstream s, void **p) {
-  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, s, p, NULL);
+  return launch(f, gx, gy, gz, bx, by, bz, smem, s, p);
 }
 EXPORT CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
   (void)s, (void)a, (void)v, (void)f;
@@ -786,27 +1047,70 @@ EXPORT CUresult cuStreamWriteValue32(CUstream s, CUdeviceptr a, cuuint32_t v, un
   (void)s, (void)a, (void)v, (void)f;
   return refuse("cuStreamWriteValue32");
 }
+// Graphs: a captured stream's kernel launches, replayed in order on a stream. (Other
+// stream work during a capture is not modelled.)
+struct graph {
+  int n;
+  struct captured *launches;
+};
 EXPORT CUresult cuStreamBeginCapture(CUstream s, CUstreamCaptureMode m) {
-  (void)s, (void)m;
-  return refuse("stream capture");
+  (void)m;
+  CUresult r = need_ctx();
+  if (r) return r;
+  struct stream *st = (struct stream *)s;
+  if (!st || check_stream(s) || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+    return CUDA_ERROR_INVALID_VALUE;  // the legacy stream cannot be captured
+  if (st->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  st->capturing = 1;
+  st->n = 0;
+  st->launches = NULL;
+  return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
-  (void)s, (void)g;
-  return refuse("stream capture");
+  struct stream *st = (struct stream *)s;
+  if (!st || check_stream(s) || !st->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  struct graph *gr = malloc(sizeof *gr);
+  gr->n = st->n;
+  gr->launches = st->launches;
+  st->capturing = 0;
+  st->n = 0;
+  st->launches = NULL;
+  *g = (CUgraph)gr;
+  return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long f) {
-  (void)e, (void)g, (void)f;
-  return refuse("graphs");
+  if (!g || f) return CUDA_ERROR_INVALID_VALUE;
+  const struct graph *src = (const struct graph *)g;
+  struct graph *x = malloc(sizeof *x);
+  x->n = src->n;
+  x->launches = malloc(sizeof *x->launches * (size_t)(src->n ? src->n : 1));
+  memcpy(x->launches, src->launches, sizeof *x->launches * (size_t)src->n);
+  *e = (CUgraphExec)x;
+  return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
-  (void)e, (void)s;
-  return refuse("graphs");
+  const struct graph *x = (const struct graph *)e;
+  if (!x) return CUDA_ERROR_INVALID_VALUE;
+  for (int i = 0; i < x->n; ++i) {
+    struct captured *c = &x->launches[i];
+    void *params[32];
+    for (int k = 0; k < c->f->nparams && k < 32; ++k) params[k] = c->params[k];
+    CUresult r = launch((CUfunction)c->f, c->grid, 1, 1, c->block, 1, 1, 0, s, params);
+    if (r) return r;
+  }
+  return CUDA_SUCCESS;
+}
+static void graph_free(struct graph *g) {
+  free(g->launches);
+  free(g);
 }
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
-  (void)e;
-  return refuse("graphs");
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  graph_free((struct graph *)e);
+  return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphDestroy(CUgraph g) {
-  (void)g;
-  return refuse("graphs");
+  if (!g) return CUDA_ERROR_INVALID_VALUE;
+  graph_free((struct graph *)g);
+  return CUDA_SUCCESS;
 }

@@ -1,0 +1,272 @@
+//! gpu-check's commands run on the CPU: the `rshmem` binary's GPU self-test, traps,
+//! device benches, IBGDA rate bench and EP correctness suite, through the Rust GPU host
+//! layer and runners unchanged, against hostcuda (host/tests/hostcuda/hostcuda.c, a CPU
+//! stand-in for the CUDA driver) with the kernels' host-C++ builds as its kernel
+//! libraries (the same .cu sources and the CPU emulation of host/tests/device-emu, one
+//! process per block; host/tests/hostcuda/kernels.cpp). Before this, the runners' logic
+//! around the kernels — launch arguments, result records, checks, traps — had only been
+//! read; a review of 2026-12-05 found that every latency bench passed the wrong peer.
+//!
+//! What this cannot show: anything of the real GPU and driver (memory ordering weaker
+//! than x86's, timing, co-residency, the driver's own behaviour); the EP bench's timed
+//! loop (its start gate is a stream memory wait, which hostcuda does not model);
+//! `host_nvrtc` (skipped: NVRTC is left out, as it takes minutes per PE here).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+#[path = "hostcuda/build.rs"]
+mod hostcuda_build;
+
+/// One kernel library: the module's source (relative to the repository) and g++ flags.
+const LIBS: &[(&str, &str, &[&str])] = &[
+    ("tests", "device-kernels/src/rshmem_device_tests.cu", &[]),
+    ("bench", "device-kernels/src/rshmem_device_bench.cu", &[]),
+    ("kernels", "device-kernels/src/rshmem_kernels.cu", &[]),
+    (
+        "producer",
+        "device-kernels/src/rshmem_ibgda_producer.cu",
+        &[],
+    ),
+    ("signal", "host/tests/hostcuda/signal_kernel.cpp", &[]),
+    // As ep_cuda_parity builds it: no FMA contraction, like the kernels' bit-exact sums.
+    ("ep", "device-kernels/src/ep_ll.cu", &["-ffp-contract=off"]),
+];
+
+fn build_lib(name: &str, src: &str, flags: &[&str]) -> PathBuf {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = crate_dir.join("..");
+    let emu = crate_dir.join("tests/device-emu");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("hostcuda-kernels-{name}-{}.so", std::process::id()));
+    let r = Command::new("g++")
+        .args(["-O1", "-std=c++17", "-Wall", "-Wextra", "-Werror"])
+        .args(["-Wno-unknown-pragmas", "-shared", "-fPIC", "-D__CUDACC__"])
+        .args(flags)
+        .arg("-include")
+        .arg(emu.join("emu/cuda_emu.h"))
+        .arg("-I")
+        .arg(emu.join("emu"))
+        .arg("-I")
+        .arg(root.join("device-kernels/include"))
+        .args(["-x", "c++"])
+        .arg(root.join(src))
+        .args(["-x", "c++"])
+        .arg(crate_dir.join("tests/hostcuda/kernels.cpp"))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run g++ (install g++): {e}"));
+    assert!(
+        r.status.success(),
+        "g++ of the {name} kernel library failed:\n{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    out
+}
+
+/// HOSTCUDA_KERNEL_LIBS: every library, built once per test process.
+fn kernel_libs() -> String {
+    static LIBS_PATH: OnceLock<String> = OnceLock::new();
+    LIBS_PATH
+        .get_or_init(|| {
+            let paths: Vec<String> = LIBS
+                .iter()
+                .map(|(n, s, f)| build_lib(n, s, f).display().to_string())
+                .collect();
+            paths.join(":")
+        })
+        .clone()
+}
+
+/// `rshmem ARGS` on hostcuda with the kernel libraries; (exit code, stdout + stderr).
+fn rshmem(args: &[&str]) -> (Option<i32>, String) {
+    let lib = hostcuda_build::hostcuda_lib();
+    let o = Command::new(env!("CARGO_BIN_EXE_rshmem"))
+        .args(args)
+        .env("RSHMEM_CUDA_LIB", &lib)
+        .env("HOSTCUDA_KERNEL_LIBS", kernel_libs())
+        // 8 SMs: collective grids of a few blocks per PE (each block is a process).
+        .env("HOSTCUDA_SMS", "8")
+        .env("HOSTCUDA_LAUNCH_TIMEOUT_S", "120")
+        .env("RSHMEM_NVRTC_LIB", "/nonexistent/libnvrtc.so.13")
+        .env("RSHMEM_TIMEOUT_MS", "20000")
+        .env("RSHMEM_SYMMETRIC_SIZE", "8M")
+        .env_remove("RSHMEM_DEVICE")
+        .output()
+        .expect("run rshmem");
+    (
+        o.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+/// gpu-check's selftest-2, -3 and -8: every host-layer and device-API case passes with
+/// its exact check count; only host_nvrtc is skipped (no NVRTC here).
+#[test]
+fn the_gpu_selftest_passes_at_2_3_and_8_pes() {
+    let cases = 5 + rshmem::gpu::manifest::Manifest::load(None)
+        .unwrap()
+        .tests
+        .len();
+    for pes in ["2", "3", "8"] {
+        let (rc, out) = rshmem(&["selftest", "--device", "gpu", "--pes", pes]);
+        assert_eq!(rc, Some(0), "{pes} PEs: {out}");
+        let want = format!(
+            "gpu selftest: {} passed, 0 failed, 1 skipped or not run, of {cases} case(s) on {pes} PEs",
+            cases - 1
+        );
+        assert!(out.contains(&want), "{pes} PEs: want {want:?}\n{out}");
+        assert!(
+            out.contains("gpu selftest host_nvrtc: skipped (NVRTC not available"),
+            "{out}"
+        );
+    }
+}
+
+/// gpu-check's selftest-proxy-2: the device API's cases over IBGDA queues in registered
+/// host memory, which the "GPU" writes and the soft HCA drains; the cases that need a
+/// peer's heap mapped are skipped.
+#[test]
+fn the_gpu_selftest_passes_over_the_proxy() {
+    let (rc, out) = rshmem(&[
+        "selftest",
+        "--device",
+        "gpu",
+        "--pes",
+        "2",
+        "--transport",
+        "proxy",
+    ]);
+    assert_eq!(rc, Some(0), "{out}");
+    let cases = 5 + rshmem::gpu::manifest::Manifest::load(None)
+        .unwrap()
+        .tests
+        .len();
+    let want = format!(
+        "gpu selftest: {} passed, 0 failed, 5 skipped or not run, of {cases} case(s) on 2 PEs",
+        cases - 5
+    );
+    assert!(out.contains(&want), "want {want:?}\n{out}");
+}
+
+/// gpu-check's traps: every trap kernel, each in a child process, traps with the record
+/// and the printed line its manifest entry demands.
+#[test]
+fn every_trap_case_passes() {
+    let n = rshmem::gpu::manifest::Manifest::load(None)
+        .unwrap()
+        .traps
+        .len();
+    let (rc, out) = rshmem(&["selftest", "--device", "gpu", "--traps"]);
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(
+        out.contains(&format!("gpu traps: {n} passed, 0 failed, of {n} case(s)")),
+        "{out}"
+    );
+}
+
+/// gpu-check's bench steps: each op and scope the manifest has completes, and every
+/// launch's record matches what it launched (iterations, bytes, checksum).
+#[test]
+fn the_device_benches_run_and_their_records_check() {
+    for (op, scope) in [
+        ("put", "block"),
+        ("put", "thread"),
+        ("get", "warp"),
+        ("p", "thread"),
+        ("atomic", "thread"),
+        ("signal", "thread"),
+    ] {
+        let (rc, out) = rshmem(&[
+            "bench",
+            op,
+            "--device",
+            "gpu",
+            "--scope",
+            scope,
+            "--pes",
+            "2",
+            "--iters",
+            "20",
+            "--reps",
+            "2",
+            "--max-size",
+            "16K",
+            "--json",
+        ]);
+        assert_eq!(rc, Some(0), "{op} {scope}: {out}");
+        let json = out.lines().find(|l| l.starts_with('{')).unwrap_or("");
+        let v: serde_json::Value =
+            serde_json::from_str(json).unwrap_or_else(|e| panic!("{op} {scope}: {e}\n{out}"));
+        let rows = v["rows"].as_array().expect("rows");
+        assert!(!rows.is_empty(), "{op} {scope}: {out}");
+        for r in rows {
+            assert!(
+                r["latency_us_median"].as_f64().is_some_and(|x| x > 0.0),
+                "{op} {scope}: {r}"
+            );
+        }
+    }
+    let (rc, out) = rshmem(&[
+        "bench",
+        "copy",
+        "--device",
+        "gpu",
+        "--pes",
+        "2",
+        "--iters",
+        "5",
+        "--reps",
+        "2",
+        "--max-size",
+        "1M",
+    ]);
+    assert_eq!(rc, Some(0), "copy: {out}");
+}
+
+/// gpu-check's ibgda-rate: the IBGDA producer kernels post WQEs that the discard engine
+/// and the soft HCA complete, with the counters and destination words checked.
+#[test]
+fn the_ibgda_rate_bench_runs() {
+    let (rc, out) = rshmem(&[
+        "bench",
+        "ibgda-rate",
+        "--device",
+        "gpu",
+        "--blocks",
+        "1,2",
+        "--iters",
+        "20",
+    ]);
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("execute")), "{out}");
+}
+
+/// gpu-check's ep step (the correctness suite): the EP kernels launched by the Rust
+/// launcher against the CPU implementation, bit for bit, at 4 PEs — every shape, hooks,
+/// zero copy, faults, CUDA-graph replay, a masked PE, shrink mode with a dead PE, and EP
+/// groups of a split.
+#[test]
+fn the_gpu_ep_suite_passes_at_4_pes() {
+    let (rc, out) = rshmem(&["bench", "ep", "--device", "gpu", "--check", "--pes", "4"]);
+    assert_eq!(rc, Some(0), "{out}");
+    for case in [
+        "faults",
+        "graph-replay-x3",
+        "masked-PE",
+        "shrink-dead-PE",
+        "team-split",
+    ] {
+        assert!(
+            out.contains(&format!("ep check 4 PEs {case}: ok")),
+            "{case}: {out}"
+        );
+    }
+    assert!(!out.contains("FAIL"), "{out}");
+}
