@@ -14,9 +14,13 @@
 // allocations, mappings and registrations, handles that exist, a current context.
 // Fresh device memory is filled with 0xA5 (the real driver does not zero it).
 //
-// Not emulated: kernel launches (CUDA_ERROR_NOT_SUPPORTED: the kernels run in the
-// host-C++ emulations of host/tests/device_emu.rs and ep_cuda_parity.rs), stream memory
-// operations, graphs, dma-buf export, cubin images. Test code only.
+// Kernels: a launch runs the kernel's host-C++ build from the kernel libraries that
+// HOSTCUDA_KERNEL_LIBS names (host/tests/hostcuda/kernels.cpp; host/tests/gpu_on_hostcuda.rs
+// builds them from the unchanged .cu sources with the CPU emulation of
+// host/tests/device-emu), one forked process per block, all blocks at once; without a
+// library that has the kernel, the launch is refused (CUDA_ERROR_NOT_SUPPORTED). Stream
+// capture records launches and graphs replay them. Not emulated: stream memory
+// operations, dma-buf export, cubin images. Test code only.
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <pthread.h>
