@@ -270,3 +270,29 @@ fn the_gpu_ep_suite_passes_at_4_pes() {
     }
     assert!(!out.contains("FAIL"), "{out}");
 }
+
+/// gpu-check's ep-proxy step: the EP kernels' IBGDA path (the stage kernel, WRITEs from the
+/// staging areas, fenced signal WRITEs) with every peer behind queues the soft HCA
+/// drains, against the CPU implementation, at 2 PEs.
+#[test]
+fn the_gpu_ep_suite_passes_over_the_proxy() {
+    let (rc, out) = rshmem(&[
+        "bench",
+        "ep",
+        "--device",
+        "gpu",
+        "--check",
+        "--pes",
+        "2",
+        "--transport",
+        "proxy",
+    ]);
+    assert_eq!(rc, Some(0), "{out}");
+    for case in ["h7168-fp8-T=N", "faults", "graph-replay-x3"] {
+        assert!(
+            out.contains(&format!("ep check 2 PEs {case}: ok")),
+            "{case}: {out}"
+        );
+    }
+    assert!(!out.contains("FAIL"), "{out}");
+}
