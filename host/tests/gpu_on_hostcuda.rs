@@ -7,10 +7,13 @@
 //! around the kernels — launch arguments, result records, checks, traps — had only been
 //! read; a review of 2026-12-05 found that every latency bench passed the wrong peer.
 //!
+//! hostcuda's streams run asynchronously (a worker per stream), and its frees and unloads
+//! wait for every stream, as the real driver may: host code that frees while a peer's
+//! kernel still waits for it would stall here until the bounds.
+//!
 //! What this cannot show: anything of the real GPU and driver (memory ordering weaker
-//! than x86's, timing, co-residency, the driver's own behaviour); the EP bench's timed
-//! loop (its start gate is a stream memory wait, which hostcuda does not model);
-//! `host_nvrtc` (skipped: NVRTC is left out, as it takes minutes per PE here).
+//! than x86's, timing, co-residency, the driver's own behaviour); `host_nvrtc` (skipped:
+//! NVRTC is left out, as it takes minutes per PE here).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -295,4 +298,59 @@ fn the_gpu_ep_suite_passes_over_the_proxy() {
         );
     }
     assert!(!out.contains("FAIL"), "{out}");
+}
+
+/// gpu-check's EP bench (`bench ep --device gpu --json`), at a small shape: the timed
+/// loop with its start gate (a stream memory wait every PE's stream parks on until PE 0
+/// opens it), CUDA events, the validated first call pair and the bit-identical last one,
+/// and the JSON. The numbers are the CPU's and mean nothing; that it runs and validates
+/// does. (PE 0's copy-bandwidth measurement, 512 MiB copies, takes seconds here: a
+/// longer bound for the others' barrier.)
+#[test]
+fn the_gpu_ep_bench_runs_and_validates() {
+    let lib = hostcuda_build::hostcuda_lib();
+    let o = Command::new(env!("CARGO_BIN_EXE_rshmem"))
+        .args([
+            "bench", "ep", "--device", "gpu", "--pes", "4", "--tokens", "16",
+        ])
+        .args([
+            "--hidden",
+            "2048",
+            "--experts",
+            "16",
+            "--topk",
+            "4",
+            "--iters",
+            "3",
+        ])
+        .args(["--warmup", "1", "--json"])
+        .env("RSHMEM_CUDA_LIB", &lib)
+        .env("HOSTCUDA_KERNEL_LIBS", kernel_libs())
+        .env("HOSTCUDA_SMS", "8")
+        .env("HOSTCUDA_LAUNCH_TIMEOUT_S", "120")
+        .env("RSHMEM_TIMEOUT_MS", "120000")
+        .env_remove("RSHMEM_DEVICE")
+        .output()
+        .expect("run rshmem");
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let json = String::from_utf8_lossy(&o.stdout);
+    let v: serde_json::Value =
+        serde_json::from_str(json.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["validated"], true, "{out}");
+    assert_eq!(v["pes"], 4, "{out}");
+    assert_eq!(v["gpu"], "hostcuda 0 (CPU stand-in)", "{out}");
+    for k in [
+        "dispatch_us_median",
+        "combine_us_median",
+        "copy_gbps",
+        "dispatch_copy_fraction",
+        "combine_copy_fraction",
+    ] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {out}");
+    }
 }

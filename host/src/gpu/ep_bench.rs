@@ -1140,12 +1140,18 @@ pub fn run(a: &EpBenchArgs) -> Result<EpReport> {
                 |g| point(g, a, t, &gate),
             )?;
             let mut first = None;
+            // Every PE's error: the one that failed first is often not PE 0, whose own
+            // error is then only "PE p died".
+            let mut errors = Vec::new();
             for (pe, r) in out.into_iter().enumerate() {
                 match r {
                     Ok(Some(p)) => first = Some(p),
                     Ok(None) => {}
-                    Err(e) => return Err(Error::Verification(format!("GPU PE {pe}: {e}"))),
+                    Err(e) => errors.push(format!("GPU PE {pe}: {e}")),
                 }
+            }
+            if !errors.is_empty() {
+                return Err(Error::Verification(errors.join("; ")));
             }
             points.push(first.ok_or_else(|| Error::Verification("PE 0 reported nothing".into()))?);
         }

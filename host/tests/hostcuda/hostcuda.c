@@ -8,8 +8,10 @@
 // against host memory, with the real driver's types and constants (cuda.h of the pinned
 // CUDA 13.0 wheel): device memory is host memory (a device pointer is the host address),
 // the VMM heap is a memfd mapped where the reservation is (so an exported fd mapped by
-// another PE, thread or process, shows the same bytes), and every stream operation runs
-// when it is enqueued. It checks what the real driver checks and returns its errors:
+// another PE, thread or process, shows the same bytes), and each stream is a worker
+// thread that runs its operations in order, asynchronously; frees and unloads wait for
+// every stream (the real driver may). It checks what the real driver checks and returns
+// its errors:
 // sizes against the allocation granularity, pointers and copies inside live
 // allocations, mappings and registrations, handles that exist, a current context.
 // Fresh device memory is filled with 0xA5 (the real driver does not zero it).
@@ -19,8 +21,8 @@
 // builds them from the unchanged .cu sources with the CPU emulation of
 // host/tests/device-emu), one forked process per block, all blocks at once; without a
 // library that has the kernel, the launch is refused (CUDA_ERROR_NOT_SUPPORTED). Stream
-// capture records launches and graphs replay them. Not emulated: stream memory
-// operations, dma-buf export, cubin images. Test code only.
+// capture records launches and graphs replay them; 32-bit stream memory waits and writes.
+// Not emulated: dma-buf export, cubin images. Test code only.
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <pthread.h>
@@ -99,77 +101,16 @@ static int device_accessible(uintptr_t p, size_t len) {
 // unusable, as on a GPU: every later call that needs it returns this.
 static CUresult sticky = CUDA_SUCCESS;
 
+static CUresult sync_all_streams(void);
+// Frees and unloads wait for every stream first, as the real driver may ("may perform
+// implicit synchronization"): host code that frees while a peer's kernel still waits for
+// this PE deadlocks here as it could on a GPU (docs/gpu-design.md), until the bounds.
+static void implicit_sync(void) { sync_all_streams(); }
+
 static CUresult need_ctx(void) {
   if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
   if (!current) return CUDA_ERROR_INVALID_CONTEXT;
   return __atomic_load_n(&sticky, __ATOMIC_ACQUIRE);
-}
-
-// ----------------------------------------------------------- launched blocks in flight
-// A launch forks one process per block (see "kernels"); a stream's work is done when
-// its blocks' processes have exited. Stream order: a stream's next launch or copy waits
-// for them; the legacy stream's synchronous copies do not wait for non-blocking streams
-// (as CUDA).
-
-#define MAX_PENDING 8192
-struct pending {
-  pid_t pid;
-  const void *stream;
-  char kernel[160];
-};
-static struct pending pend[MAX_PENDING];
-static int npend;
-
-static void block_ended(const struct pending *p, int status) {
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
-  if (WIFSIGNALED(status))
-    fprintf(stderr, "hostcuda: a block of %s ended by signal %d: the launch failed\n", p->kernel,
-            WTERMSIG(status));
-  else
-    fprintf(stderr, "hostcuda: a block of %s exited %d: the launch failed\n", p->kernel,
-            WEXITSTATUS(status));
-  __atomic_store_n(&sticky, CUDA_ERROR_LAUNCH_FAILED, __ATOMIC_RELEASE);
-}
-
-// Reaps the blocks of `stream` (all streams when `all`). Waiting: up to
-// HOSTCUDA_LAUNCH_TIMEOUT_S (60) seconds, then the blocks are killed and the launch
-// fails; else returns CUDA_ERROR_NOT_READY while any runs.
-static CUresult drain(const void *stream, int all, int wait) {
-  const char *e = getenv("HOSTCUDA_LAUNCH_TIMEOUT_S");
-  const double limit = e ? atof(e) : 60.0;
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (;;) {
-    int left = 0;
-    pthread_mutex_lock(&lock);
-    for (int i = 0; i < npend; ++i) {
-      if (!all && pend[i].stream != stream) continue;
-      int status = 0;
-      const pid_t r = waitpid(pend[i].pid, &status, WNOHANG);
-      if (r == pend[i].pid || r < 0) {
-        if (r == pend[i].pid) block_ended(&pend[i], status);
-        pend[i--] = pend[--npend];
-      } else {
-        ++left;
-      }
-    }
-    pthread_mutex_unlock(&lock);
-    if (left == 0) return __atomic_load_n(&sticky, __ATOMIC_ACQUIRE);
-    if (!wait) return CUDA_ERROR_NOT_READY;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    if ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 > limit) {
-      pthread_mutex_lock(&lock);
-      for (int i = 0; i < npend; ++i)
-        if (all || pend[i].stream == stream) {
-          fprintf(stderr, "hostcuda: a block of %s still ran after %.0f s: killed\n",
-                  pend[i].kernel, limit);
-          kill(pend[i].pid, SIGKILL);
-        }
-      pthread_mutex_unlock(&lock);
-      __atomic_store_n(&sticky, CUDA_ERROR_LAUNCH_TIMEOUT, __ATOMIC_RELEASE);
-    }
-    usleep(200);
-  }
 }
 
 // ----------------------------------------------------------------------- init, devices
@@ -290,92 +231,9 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
   current = c;
   return CUDA_SUCCESS;
 }
-static CUresult drain(const void *stream, int all, int wait);
 EXPORT CUresult cuCtxSynchronize(void) {
-  CUresult r = drain(NULL, 1, 1);
+  CUresult r = sync_all_streams();
   return r ? r : need_ctx();
-}
-
-// ------------------------------------------------------------------ streams and events
-// Every operation runs when it is enqueued, so a stream is always idle.
-
-struct captured {
-  struct function *f;
-  unsigned grid, block;
-  unsigned char params[32][128];  // each parameter's bytes, copied at capture
-};
-struct stream {
-  int magic;
-  int capturing;
-  int n;  // launches captured
-  struct captured *launches;
-};
-#define STREAM_MAGIC 0x5354524d
-EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
-  CUresult r = need_ctx();
-  if (r) return r;
-  if (flags & ~1u) return CUDA_ERROR_INVALID_VALUE;
-  struct stream *p = calloc(1, sizeof *p);
-  p->magic = STREAM_MAGIC;
-  *s = (CUstream)p;
-  return CUDA_SUCCESS;
-}
-static CUresult check_stream(CUstream s) {
-  if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return CUDA_SUCCESS;
-  return ((struct stream *)s)->magic == STREAM_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-}
-EXPORT CUresult cuStreamDestroy(CUstream s) {
-  CUresult r = need_ctx();
-  if (r) return r;
-  if (s == NULL || check_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-  ((struct stream *)s)->magic = 0;
-  free(s);
-  return CUDA_SUCCESS;
-}
-EXPORT CUresult cuStreamQuery(CUstream s) {
-  CUresult r = check_stream(s);
-  if (r) return r;
-  r = drain(s, 0, 0);
-  return r ? r : need_ctx();
-}
-EXPORT CUresult cuStreamSynchronize(CUstream s) {
-  CUresult r = check_stream(s);
-  if (r) return r;
-  r = drain(s, 0, 1);
-  return r ? r : need_ctx();
-}
-
-struct event {
-  struct timespec at;
-  int recorded;
-};
-EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags) {
-  (void)flags;
-  CUresult r = need_ctx();
-  if (r) return r;
-  *e = (CUevent)calloc(1, sizeof(struct event));
-  return CUDA_SUCCESS;
-}
-EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
-  CUresult r = need_ctx();
-  if (r || (r = check_stream(s)) || (r = drain(s, 0, 1))) return r;
-  if (!e) return CUDA_ERROR_INVALID_HANDLE;
-  clock_gettime(CLOCK_MONOTONIC, &((struct event *)e)->at);
-  ((struct event *)e)->recorded = 1;
-  return CUDA_SUCCESS;
-}
-EXPORT CUresult cuEventQuery(CUevent e) { return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
-EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
-  struct event *x = (struct event *)a, *y = (struct event *)b;
-  if (!x || !y) return CUDA_ERROR_INVALID_HANDLE;
-  if (!x->recorded || !y->recorded) return CUDA_ERROR_INVALID_HANDLE;
-  *ms = (float)((y->at.tv_sec - x->at.tv_sec) * 1e3 + (y->at.tv_nsec - x->at.tv_nsec) / 1e6);
-  return CUDA_SUCCESS;
-}
-EXPORT CUresult cuEventDestroy(CUevent e) {
-  if (!e) return CUDA_ERROR_INVALID_HANDLE;
-  free(e);
-  return CUDA_SUCCESS;
 }
 
 // ------------------------------------------------------------------------ plain memory
@@ -405,6 +263,7 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t len) {
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemFree(CUdeviceptr p) {
+  implicit_sync();
   CUresult r = need_ctx();
   if (r) return r;
   pthread_mutex_lock(&lock);
@@ -429,6 +288,7 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t len, unsigned int flags) {
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemFreeHost(void *p) {
+  implicit_sync();
   pthread_mutex_lock(&lock);
   struct range *g = find_exact(R_HOSTALLOC, (uintptr_t)p);
   size_t len = g ? g->hi - g->lo : 0;
@@ -490,6 +350,7 @@ EXPORT CUresult cuMemHostRegister(void *p, size_t len, unsigned int flags) {
   return out;
 }
 EXPORT CUresult cuMemHostUnregister(void *p) {
+  implicit_sync();
   pthread_mutex_lock(&lock);
   struct range *g = find_exact(R_REGISTERED, (uintptr_t)p);
   if (g) g->kind = R_FREE;
@@ -528,10 +389,10 @@ EXPORT CUresult cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t len) {
 EXPORT CUresult cuMemcpyDtoH(void *d, CUdeviceptr s, size_t len) {
   return copy(d, (const void *)(uintptr_t)s, len, 0, 1);
 }
+static CUresult enqueue_copy(CUstream s, void *dst, const void *src, size_t len, int set,
+                             unsigned char byte);
 EXPORT CUresult cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t len, CUstream st) {
-  CUresult r = check_stream(st);
-  if (!r) r = drain(st, 0, 1);
-  return r ? r : copy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, len, 1, 1);
+  return enqueue_copy(st, (void *)(uintptr_t)d, (const void *)(uintptr_t)s, len, 0, 0);
 }
 static CUresult set8(CUdeviceptr d, unsigned char v, size_t len) {
   CUresult r = need_ctx();
@@ -549,9 +410,7 @@ static CUresult set8(CUdeviceptr d, unsigned char v, size_t len) {
 }
 EXPORT CUresult cuMemsetD8(CUdeviceptr d, unsigned char v, size_t len) { return set8(d, v, len); }
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t len, CUstream s) {
-  CUresult r = check_stream(s);
-  if (!r) r = drain(s, 0, 1);
-  return r ? r : set8(d, v, len);
+  return enqueue_copy(s, (void *)(uintptr_t)d, NULL, len, 1, v);
 }
 
 // --------------------------------------------------------------------------------- VMM
@@ -862,6 +721,7 @@ EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image) {
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuModuleUnload(CUmodule mod) {
+  implicit_sync();
   struct module *m = (struct module *)mod;
   if (!m) return CUDA_ERROR_INVALID_HANDLE;
   pthread_mutex_lock(&lock);
@@ -925,10 +785,6 @@ EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-static CUresult refuse(const char *what) {
-  fprintf(stderr, "hostcuda: %s is not emulated on the CPU\n", what);
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
 // ------------------------------------------------------------------------------ kernels
 // A launch runs the kernel's host-C++ build (the same .cu compiled with the CPU emulation
 // of host/tests/device-emu: each block's threads are fibers of one process) from the
@@ -966,6 +822,360 @@ static void load_kernel_libs(void) {
   }
 }
 
+// ------------------------------------------------------------------ streams and events
+// A stream other than the legacy one is a worker thread that runs its operations in
+// order, asynchronously to the host thread that enqueued them, as a GPU's stream does:
+// kernel launches (the blocks as forked processes; the next operation waits for all of
+// them), device copies and sets, event records, 32-bit stream memory waits and writes.
+// The legacy stream's operations run when they are called. Every wait is bounded by
+// HOSTCUDA_LAUNCH_TIMEOUT_S (60 s): past it the blocks are killed, or the wait given up,
+// and the context fails (CUDA_ERROR_LAUNCH_TIMEOUT).
+
+// A launch whose block ended abnormally (a trap aborts its process) leaves the context
+// unusable, as on a GPU: need_ctx() returns it from then on.
+static void fail_ctx(CUresult e) { __atomic_store_n(&sticky, e, __ATOMIC_RELEASE); }
+
+static double limit_s(void) {
+  const char *e = getenv("HOSTCUDA_LAUNCH_TIMEOUT_S");
+  return e ? atof(e) : 60.0;
+}
+static double since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+struct captured {
+  struct function *f;
+  run_fn run;
+  unsigned grid, block;
+  unsigned char params[32][128];  // each parameter's bytes, copied when enqueued
+};
+struct event {
+  struct timespec at;
+  int recorded;  // set by the stream's worker when it reaches the record
+};
+enum op_kind { OP_LAUNCH, OP_COPY, OP_SET, OP_EVENT, OP_WAIT32, OP_WRITE32 };
+struct op {
+  enum op_kind kind;
+  struct captured launch;
+  void *dst;
+  const void *src;
+  size_t len;
+  unsigned char byte;
+  struct event *ev;
+  uint32_t *word;
+  uint32_t value;
+  unsigned flags;
+  struct op *next;
+};
+struct stream {
+  int magic;
+  int capturing;
+  int n;  // launches captured
+  struct captured *launches;
+  pthread_mutex_t m;
+  pthread_cond_t cv;
+  struct op *head, *tail;
+  int busy, stop, started;
+  pthread_t worker;
+};
+#define STREAM_MAGIC 0x5354524d
+static struct stream *streams[256];
+
+static int legacy(CUstream s) {
+  return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+static CUresult check_stream(CUstream s) {
+  if (legacy(s)) return CUDA_SUCCESS;
+  return ((struct stream *)s)->magic == STREAM_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+// Runs a launch: one process per block, then waits for all of them.
+static void run_launch(struct captured *c) {
+  // The context failed: later work does not run. (The worker has no current context:
+  // the failure is read directly.)
+  if (__atomic_load_n(&sticky, __ATOMIC_ACQUIRE)) return;
+  const void *state = NULL;
+  size_t state_bytes = 0;
+  for (int i = 0; i < c->f->mod->nglobals; ++i)
+    if (!strcmp(c->f->mod->globals[i].name, "rshmemi_device_state")) {
+      state = c->f->mod->globals[i].at;
+      state_bytes = c->f->mod->globals[i].size;
+    }
+  void *params[32];
+  for (int k = 0; k < c->f->nparams && k < 32; ++k) params[k] = c->params[k];
+  pid_t *kids = calloc(c->grid, sizeof *kids);
+  fflush(NULL);
+  unsigned started = 0;
+  for (; started < c->grid; ++started) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      fail_ctx(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+      break;
+    }
+    if (pid == 0) {
+      c->run(c->f->name, params, c->f->sizes, c->f->nparams, c->grid, c->block, started, state,
+             state_bytes);
+      fflush(NULL);
+      _exit(0);
+    }
+    kids[started] = pid;
+  }
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  unsigned left = started;
+  int killed = 0;
+  while (left > 0) {
+    for (unsigned b = 0; b < started; ++b) {
+      int status = 0;
+      if (kids[b] == 0 || waitpid(kids[b], &status, WNOHANG) != kids[b]) continue;
+      kids[b] = 0;
+      --left;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      if (WIFSIGNALED(status))
+        fprintf(stderr, "hostcuda: block %u of %s ended by signal %d: the launch failed\n", b,
+                c->f->name, WTERMSIG(status));
+      else
+        fprintf(stderr, "hostcuda: block %u of %s exited %d: the launch failed\n", b, c->f->name,
+                WEXITSTATUS(status));
+      fail_ctx(CUDA_ERROR_LAUNCH_FAILED);
+    }
+    if (left && !killed && since(&t0) > limit_s()) {
+      fprintf(stderr, "hostcuda: %s still ran after %.0f s: its blocks are killed\n", c->f->name,
+              limit_s());
+      for (unsigned b = 0; b < started; ++b)
+        if (kids[b]) kill(kids[b], SIGKILL);
+      killed = 1;
+      fail_ctx(CUDA_ERROR_LAUNCH_TIMEOUT);
+    }
+    if (left) usleep(100);
+  }
+  free(kids);
+}
+
+static int wait32_met(uint32_t have, uint32_t want, unsigned flags) {
+  switch (flags & 3) {
+    case CU_STREAM_WAIT_VALUE_GEQ: return (int32_t)(have - want) >= 0;  // cyclic, as CUDA
+    case CU_STREAM_WAIT_VALUE_EQ: return have == want;
+    case CU_STREAM_WAIT_VALUE_AND: return (have & want) != 0;
+    default: return ~(have | ~want) != 0;  // NOR
+  }
+}
+
+static void run_op(struct op *o) {
+  switch (o->kind) {
+    case OP_LAUNCH: run_launch(&o->launch); break;
+    case OP_COPY: memmove(o->dst, o->src, o->len); break;
+    case OP_SET: memset(o->dst, o->byte, o->len); break;
+    case OP_EVENT:
+      clock_gettime(CLOCK_MONOTONIC, &o->ev->at);
+      __atomic_store_n(&o->ev->recorded, 1, __ATOMIC_RELEASE);
+      break;
+    case OP_WAIT32: {
+      struct timespec t0;
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      while (!wait32_met(__atomic_load_n(o->word, __ATOMIC_ACQUIRE), o->value, o->flags)) {
+        if (since(&t0) > limit_s()) {
+          fprintf(stderr, "hostcuda: a stream waited %.0f s for %#x at %p: given up\n", limit_s(),
+                  o->value, (void *)o->word);
+          fail_ctx(CUDA_ERROR_LAUNCH_TIMEOUT);
+          break;
+        }
+        usleep(20);
+      }
+      break;
+    }
+    case OP_WRITE32: __atomic_store_n(o->word, o->value, __ATOMIC_RELEASE); break;
+  }
+}
+
+static void *worker(void *arg) {
+  struct stream *st = arg;
+  pthread_mutex_lock(&st->m);
+  for (;;) {
+    while (!st->head && !st->stop) pthread_cond_wait(&st->cv, &st->m);
+    if (!st->head) break;  // stopped and empty
+    struct op *o = st->head;
+    st->busy = 1;
+    pthread_mutex_unlock(&st->m);
+    run_op(o);
+    pthread_mutex_lock(&st->m);
+    st->head = o->next;
+    if (!st->head) st->tail = NULL;
+    st->busy = 0;
+    pthread_cond_broadcast(&st->cv);
+    free(o);
+  }
+  pthread_mutex_unlock(&st->m);
+  return NULL;
+}
+
+// Runs `o` on stream `s`: at once on the legacy stream, else after the stream's earlier
+// operations, on its worker.
+static CUresult enqueue(CUstream s, struct op *o) {
+  if (legacy(s)) {
+    run_op(o);
+    free(o);
+    return need_ctx();
+  }
+  struct stream *st = (struct stream *)s;
+  pthread_mutex_lock(&st->m);
+  if (!st->started) {
+    if (pthread_create(&st->worker, NULL, worker, st)) {
+      pthread_mutex_unlock(&st->m);
+      free(o);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    st->started = 1;
+  }
+  o->next = NULL;
+  if (st->tail)
+    st->tail->next = o;
+  else
+    st->head = o;
+  st->tail = o;
+  pthread_cond_broadcast(&st->cv);
+  pthread_mutex_unlock(&st->m);
+  return CUDA_SUCCESS;
+}
+
+// Waits until stream `s` ran everything enqueued (bounded: each operation is).
+static CUresult stream_sync(struct stream *st) {
+  pthread_mutex_lock(&st->m);
+  while (st->head || st->busy) pthread_cond_wait(&st->cv, &st->m);
+  pthread_mutex_unlock(&st->m);
+  return need_ctx();
+}
+
+static CUresult sync_all_streams(void) {
+  struct stream *all[256];
+  int n = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < 256; ++i)
+    if (streams[i]) all[n++] = streams[i];
+  pthread_mutex_unlock(&lock);
+  for (int i = 0; i < n; ++i) stream_sync(all[i]);
+  return need_ctx();
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (flags & ~1u) return CUDA_ERROR_INVALID_VALUE;
+  struct stream *p = calloc(1, sizeof *p);
+  p->magic = STREAM_MAGIC;
+  pthread_mutex_init(&p->m, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  pthread_mutex_lock(&lock);
+  int slot = -1;
+  for (int i = 0; i < 256 && slot < 0; ++i)
+    if (!streams[i]) slot = i;
+  if (slot >= 0) streams[slot] = p;
+  pthread_mutex_unlock(&lock);
+  if (slot < 0) {
+    free(p);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *s = (CUstream)p;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamDestroy(CUstream s) {
+  if (legacy(s) || check_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  struct stream *st = (struct stream *)s;
+  stream_sync(st);
+  pthread_mutex_lock(&st->m);
+  st->stop = 1;
+  pthread_cond_broadcast(&st->cv);
+  pthread_mutex_unlock(&st->m);
+  if (st->started) pthread_join(st->worker, NULL);
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < 256; ++i)
+    if (streams[i] == st) streams[i] = NULL;
+  pthread_mutex_unlock(&lock);
+  st->magic = 0;
+  free(st->launches);
+  free(st);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamQuery(CUstream s) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  if (!legacy(s)) {
+    struct stream *st = (struct stream *)s;
+    pthread_mutex_lock(&st->m);
+    const int idle = !st->head && !st->busy;
+    pthread_mutex_unlock(&st->m);
+    if (!idle) return CUDA_ERROR_NOT_READY;
+  }
+  return need_ctx();
+}
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  return legacy(s) ? need_ctx() : stream_sync((struct stream *)s);
+}
+
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags) {
+  (void)flags;
+  CUresult r = need_ctx();
+  if (r) return r;
+  *e = (CUevent)calloc(1, sizeof(struct event));
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
+  CUresult r = need_ctx();
+  if (r || (r = check_stream(s))) return r;
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  struct event *ev = (struct event *)e;
+  __atomic_store_n(&ev->recorded, 0, __ATOMIC_RELEASE);
+  struct op *o = calloc(1, sizeof *o);
+  o->kind = OP_EVENT;
+  o->ev = ev;
+  return enqueue(s, o);
+}
+EXPORT CUresult cuEventQuery(CUevent e) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  return __atomic_load_n(&((struct event *)e)->recorded, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS
+                                                                            : CUDA_ERROR_NOT_READY;
+}
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+  struct event *x = (struct event *)a, *y = (struct event *)b;
+  if (!x || !y) return CUDA_ERROR_INVALID_HANDLE;
+  if (!__atomic_load_n(&x->recorded, __ATOMIC_ACQUIRE) ||
+      !__atomic_load_n(&y->recorded, __ATOMIC_ACQUIRE))
+    return CUDA_ERROR_NOT_READY;
+  *ms = (float)((y->at.tv_sec - x->at.tv_sec) * 1e3 + (y->at.tv_nsec - x->at.tv_nsec) / 1e6);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventDestroy(CUevent e) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  free(e);
+  return CUDA_SUCCESS;
+}
+
+// Stream-ordered copies and sets; both ranges checked when enqueued.
+static CUresult enqueue_copy(CUstream s, void *dst, const void *src, size_t len, int set,
+                             unsigned char byte) {
+  CUresult r = need_ctx();
+  if (r || (r = check_stream(s))) return r;
+  pthread_mutex_lock(&lock);
+  const int ok = device_accessible((uintptr_t)dst, len) && (set || device_accessible((uintptr_t)src, len));
+  pthread_mutex_unlock(&lock);
+  if (!ok) {
+    fprintf(stderr, "hostcuda: stream %s of %zu bytes at %p outside device memory\n",
+            set ? "memset" : "copy", len, dst);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  struct op *o = calloc(1, sizeof *o);
+  o->kind = set ? OP_SET : OP_COPY;
+  o->dst = dst;
+  o->src = src;
+  o->len = len;
+  o->byte = byte;
+  return enqueue(s, o);
+}
+
 static CUresult launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                        unsigned by, unsigned bz, unsigned smem, CUstream s, void **p) {
   CUresult r = need_ctx();
@@ -985,52 +1195,22 @@ static CUresult launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, uns
     fprintf(stderr, "hostcuda: a kernel launch is not emulated on the CPU\n");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
+  struct captured c = {f, run, gx, bx, {{0}}};
+  for (int i = 0; i < f->nparams && i < 32; ++i) {
+    if (f->sizes[i] > sizeof c.params[i]) return CUDA_ERROR_NOT_SUPPORTED;
+    memcpy(c.params[i], p[i], f->sizes[i]);
+  }
   struct stream *st = (struct stream *)s;
-  if (st && st != (struct stream *)CU_STREAM_LEGACY && st != (struct stream *)CU_STREAM_PER_THREAD &&
-      st->capturing) {
+  if (!legacy(s) && st->capturing) {
     // Stream capture: the launch is recorded with its parameters' values, not run.
     st->launches = realloc(st->launches, sizeof *st->launches * (size_t)(st->n + 1));
-    struct captured *c = &st->launches[st->n++];
-    c->f = f;
-    c->grid = gx;
-    c->block = bx;
-    for (int i = 0; i < f->nparams && i < 32; ++i) {
-      if (f->sizes[i] > sizeof c->params[i]) return CUDA_ERROR_NOT_SUPPORTED;
-      memcpy(c->params[i], p[i], f->sizes[i]);
-    }
+    st->launches[st->n++] = c;
     return CUDA_SUCCESS;
   }
-  // Stream order: the stream's earlier work first.
-  if ((r = drain(s, 0, 1))) return r;
-  const void *state = NULL;
-  size_t state_bytes = 0;
-  for (int i = 0; i < f->mod->nglobals; ++i)
-    if (!strcmp(f->mod->globals[i].name, "rshmemi_device_state")) {
-      state = f->mod->globals[i].at;
-      state_bytes = f->mod->globals[i].size;
-    }
-  fflush(NULL);
-  for (unsigned b = 0; b < gx; ++b) {
-    const pid_t pid = fork();
-    if (pid < 0) {
-      __atomic_store_n(&sticky, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, __ATOMIC_RELEASE);
-      return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
-    }
-    if (pid == 0) {
-      run(f->name, p, f->sizes, f->nparams, gx, bx, b, state, state_bytes);
-      fflush(NULL);
-      _exit(0);
-    }
-    pthread_mutex_lock(&lock);
-    if (npend < MAX_PENDING) {
-      pend[npend].pid = pid;
-      pend[npend].stream = s;
-      snprintf(pend[npend].kernel, sizeof pend[npend].kernel, "%s", f->name);
-      ++npend;
-    }
-    pthread_mutex_unlock(&lock);
-  }
-  return CUDA_SUCCESS;
+  struct op *o = calloc(1, sizeof *o);
+  o->kind = OP_LAUNCH;
+  o->launch = c;
+  return enqueue(s, o);
 }
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned smem, CUstream s, void **p,
@@ -1043,14 +1223,32 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
                                           CUstream s, void **p) {
   return launch(f, gx, gy, gz, bx, by, bz, smem, s, p);
 }
+
+// 32-bit stream memory operations on device-accessible words.
+static CUresult enqueue_value(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned f, int wait) {
+  CUresult r = need_ctx();
+  if (r || (r = check_stream(s))) return r;
+  if (a % 4) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  const int ok = device_accessible((uintptr_t)a, 4);
+  pthread_mutex_unlock(&lock);
+  if (!ok) return CUDA_ERROR_INVALID_VALUE;
+  struct op *o = calloc(1, sizeof *o);
+  o->kind = wait ? OP_WAIT32 : OP_WRITE32;
+  o->word = (uint32_t *)(uintptr_t)a;
+  o->value = v;
+  o->flags = f;
+  return enqueue(s, o);
+}
 EXPORT CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-  (void)s, (void)a, (void)v, (void)f;
-  return refuse("cuStreamWaitValue32");
+  if (f & ~3u) return CUDA_ERROR_INVALID_VALUE;  // CU_STREAM_WAIT_VALUE_FLUSH: not modelled
+  return enqueue_value(s, a, v, f, 1);
 }
 EXPORT CUresult cuStreamWriteValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-  (void)s, (void)a, (void)v, (void)f;
-  return refuse("cuStreamWriteValue32");
+  if (f != 0) return CUDA_ERROR_INVALID_VALUE;
+  return enqueue_value(s, a, v, f, 0);
 }
+
 // Graphs: a captured stream's kernel launches, replayed in order on a stream. (Other
 // stream work during a capture is not modelled.)
 struct graph {
