@@ -178,11 +178,29 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
 
     // (case index, pe) -> outcome; the case each PE is in (for errors).
     let outcomes: Mutex<BTreeMap<(usize, usize), PeOutcome>> = Mutex::new(BTreeMap::new());
-    let names: Vec<String> = host
+    // The order cases run in: the host-layer cases, the device API's kernel cases, and
+    // last host_nvrtc, the one case that depends on more than the driver (NVRTC on the
+    // machine): a case whose PE returns an error ends the run, and the kernel cases must
+    // not depend on it. `kernel[i]`: the manifest test of case i (None: a host case).
+    let late = |c: &str| c == "host_nvrtc";
+    let order: Vec<(String, Option<usize>)> = host
         .iter()
-        .map(|s| s.to_string())
-        .chain(tests.iter().map(|t| t.name.clone()))
+        .filter(|c| !late(c))
+        .map(|c| (c.to_string(), None))
+        .chain(
+            tests
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.name.clone(), Some(i))),
+        )
+        .chain(
+            host.iter()
+                .filter(|c| late(c))
+                .map(|c| (c.to_string(), None)),
+        )
         .collect();
+    let names: Vec<String> = order.iter().map(|(n, _)| n.clone()).collect();
+    let kernel: Vec<Option<usize>> = order.iter().map(|(_, k)| *k).collect();
     let verdicts: Mutex<Vec<Option<bool>>> = Mutex::new(vec![None; names.len()]);
     let current: Mutex<Vec<Option<usize>>> = Mutex::new(vec![None; n]);
     let mods: Vec<String> = tests
@@ -221,11 +239,11 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
                 PeOutcome::Skipped(format!(
                     "needs peer heaps mapped here; the {transport} transport maps none"
                 ))
-            } else if i < host.len() {
-                host_case(g, name, &kernels, scratch.offset())?
-            } else {
-                let t = &tests[i - host.len()];
+            } else if let Some(k) = kernel[i] {
+                let t = &tests[k];
                 kernel_case(g, t, &loaded[&t.module], scratch.offset(), &result)?
+            } else {
+                host_case(g, name, &kernels, scratch.offset())?
             };
             outcomes.lock().unwrap().insert((i, me), out);
             g.pe().barrier_all()?;
@@ -234,9 +252,7 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
                     name,
                     i,
                     n,
-                    tests
-                        .get(i.wrapping_sub(host.len()))
-                        .filter(|_| i >= host.len()),
+                    kernel[i].map(|k| &tests[k]),
                     &outcomes.lock().unwrap(),
                 );
                 verdicts.lock().unwrap()[i] = v;
