@@ -70,55 +70,11 @@ constexpr uint64_t kHeapBytes = 4ull << 20;
 constexpr uint64_t kSyncOffset = 32ull << 10;  // host/src/gpu/heap.rs SYNC_OFFSET
 constexpr uint64_t kSyncBytes = 32ull << 10;   // SYNC_BYTES
 constexpr uint64_t kScratchOffset = 64ull << 10;  // the first user allocation (RESERVED_BYTES)
-constexpr size_t kStack = 256u << 10;
 
 using Kernel = void (*)(rshmem_harness_args_t);
 
 Kernel emu_kernel;
 rshmem_harness_args_t emu_args;
-
-// Runs the kernel of this launch in the calling fiber.
-void (*emu_body)() = [] { emu_kernel(emu_args); };
-
-void fiber_main() {
-  emu_body();
-  emu_fibers[emu_cur].done = true;
-  // Hand the core to a fiber that has not finished; the last one returns to main.
-  for (;;) {
-    unsigned live = 0;
-    for (unsigned i = 0; i < emu_nfibers; ++i) live += !emu_fibers[i].done;
-    if (live == 0) {
-      setcontext(&emu_fibers[emu_nfibers].ctx);  // the scheduler's own context
-    }
-    emu_yield();
-  }
-}
-
-// Runs this process's block: blockDim.x fibers, started in order, until all are done.
-void run_block(unsigned threads) {
-  emu_nfibers = threads;
-  emu_fibers = new EmuFiber[threads + 1]();  // [threads] = the scheduler
-  emu_block_bar.n = threads;
-  const unsigned warps = (threads + 31) / 32;
-  emu_warp_bars = new EmuBarrier[warps];
-  emu_warp_vals = new uint64_t[32 * warps]();
-  for (unsigned w = 0; w < warps; ++w) emu_warp_bars[w].n = (w + 1 < warps) ? 32 : threads - 32 * w;
-  for (unsigned i = 0; i < threads; ++i) {
-    void *stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (stack == MAP_FAILED) {
-      perror("mmap stack");
-      _exit(3);
-    }
-    getcontext(&emu_fibers[i].ctx);
-    emu_fibers[i].ctx.uc_stack.ss_sp = stack;
-    emu_fibers[i].ctx.uc_stack.ss_size = kStack;
-    emu_fibers[i].ctx.uc_link = nullptr;
-    makecontext(&emu_fibers[i].ctx, fiber_main, 0);
-  }
-  emu_cur = 0;
-  threadIdx.x = 0;
-  swapcontext(&emu_fibers[threads].ctx, &emu_fibers[0].ctx);
-}
 
 uint64_t arg(char **argv, int i) { return strtoull(argv[i], nullptr, 0); }
 
@@ -138,6 +94,8 @@ int main(int argc, char **argv) {
   const uint64_t scratch_bytes = arg(argv, 9), timeout_ms = arg(argv, 10);
   const bool bind = arg(argv, 11) != 0;
   emu_kernel = reinterpret_cast<Kernel>(dlsym(RTLD_DEFAULT, name));
+  // What every GPU thread runs (a harness kernel by default; the modes below differ).
+  emu_body = [] { emu_kernel(emu_args); };
 #if defined(RSHMEM_EMU_PRODUCER)
   {
     static uint64_t a[10];
@@ -309,7 +267,7 @@ int main(int argc, char **argv) {
         emu_args.param2 = arg(argv, 7);
         emu_args.seed = arg(argv, 8);
         emu_args.team = parity ? 2 : 0;
-        run_block(block);
+        emu_run_block(block);
         fflush(stdout);
         _exit(0);
       }

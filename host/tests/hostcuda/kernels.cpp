@@ -14,7 +14,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "rshmem/state.cuh"
@@ -25,55 +24,14 @@ extern "C" __attribute__((weak)) rshmem_device_state_t rshmemi_device_state;
 
 namespace {
 
-constexpr size_t kStack = 256u << 10;
-
 template <size_t N>
 struct Bytes {
   uint64_t w[N / 8];
 };
 
-void (*emu_body)() = nullptr;
-
-void fiber_main() {
-  emu_body();
-  emu_fibers[emu_cur].done = true;
-  for (;;) {
-    unsigned live = 0;
-    for (unsigned i = 0; i < emu_nfibers; ++i) live += !emu_fibers[i].done;
-    if (live == 0) setcontext(&emu_fibers[emu_nfibers].ctx);  // back to the scheduler
-    emu_yield();
-  }
-}
-
-// Runs this process's block: `threads` fibers, started in order, until all are done.
-void run_block(unsigned threads) {
-  emu_nfibers = threads;
-  emu_fibers = new EmuFiber[threads + 1]();  // [threads] = the scheduler
-  emu_block_bar.n = threads;
-  const unsigned warps = (threads + 31) / 32;
-  emu_warp_bars = new EmuBarrier[warps];
-  emu_warp_vals = new uint64_t[32 * warps]();
-  for (unsigned w = 0; w < warps; ++w) emu_warp_bars[w].n = (w + 1 < warps) ? 32 : threads - 32 * w;
-  for (unsigned i = 0; i < threads; ++i) {
-    void *stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (stack == MAP_FAILED) {
-      perror("hostcuda kernels: mmap of a fiber stack");
-      _exit(3);
-    }
-    getcontext(&emu_fibers[i].ctx);
-    emu_fibers[i].ctx.uc_stack.ss_sp = stack;
-    emu_fibers[i].ctx.uc_stack.ss_size = kStack;
-    emu_fibers[i].ctx.uc_link = nullptr;
-    makecontext(&emu_fibers[i].ctx, fiber_main, 0);
-  }
-  emu_cur = 0;
-  threadIdx.x = 0;
-  swapcontext(&emu_fibers[threads].ctx, &emu_fibers[0].ctx);
-}
-
 void *self_symbol(const char *name) {
   Dl_info info;
-  if (!dladdr(reinterpret_cast<void *>(&run_block), &info)) return nullptr;
+  if (!dladdr(reinterpret_cast<void *>(&hostcuda_has), &info)) return nullptr;
   void *h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
   return h ? dlsym(h, name) : nullptr;
 }
@@ -139,5 +97,5 @@ extern "C" __attribute__((visibility("default"))) void hostcuda_run_block(
   gridDim = {grid, 1, 1};
   blockDim = {block, 1, 1};
   emu_body = call;
-  run_block(block);
+  emu_run_block(block);
 }

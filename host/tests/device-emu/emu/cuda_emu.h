@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "../../cuda-emu/base.h"
 
@@ -133,3 +134,46 @@ inline uint64_t emu_map_shm() {
 // path, rshmem::ibgda::fail / check) for this emulation too; its waits back off through the host hooks, which the driver points
 // at emu_yield so that a waiting fiber lets the others of its block run.
 #define RSHMEM_EMULATED_DEVICE 1
+
+// ---- running one block (device_emulator.cpp; hostcuda's kernel libraries) ----------------
+// `emu_body` is what every GPU thread of the block runs (the kernel call of this launch).
+inline void (*emu_body)() = nullptr;
+
+inline void emu_fiber_main() {
+  emu_body();
+  emu_fibers[emu_cur].done = true;
+  // Hand the core to a fiber that has not finished; the last one returns to the scheduler.
+  for (;;) {
+    unsigned live = 0;
+    for (unsigned i = 0; i < emu_nfibers; ++i) live += !emu_fibers[i].done;
+    if (live == 0) setcontext(&emu_fibers[emu_nfibers].ctx);  // the scheduler's own context
+    emu_yield();
+  }
+}
+
+// Runs this process's block: `threads` fibers, started in order, until all are done.
+inline void emu_run_block(unsigned threads) {
+  constexpr size_t kStack = 256u << 10;
+  emu_nfibers = threads;
+  emu_fibers = new EmuFiber[threads + 1]();  // [threads] = the scheduler
+  emu_block_bar.n = threads;
+  const unsigned warps = (threads + 31) / 32;
+  emu_warp_bars = new EmuBarrier[warps];
+  emu_warp_vals = new uint64_t[32 * warps]();
+  for (unsigned w = 0; w < warps; ++w) emu_warp_bars[w].n = (w + 1 < warps) ? 32 : threads - 32 * w;
+  for (unsigned i = 0; i < threads; ++i) {
+    void *stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (stack == MAP_FAILED) {
+      perror("mmap of a fiber stack");
+      _exit(3);
+    }
+    getcontext(&emu_fibers[i].ctx);
+    emu_fibers[i].ctx.uc_stack.ss_sp = stack;
+    emu_fibers[i].ctx.uc_stack.ss_size = kStack;
+    emu_fibers[i].ctx.uc_link = nullptr;
+    makecontext(&emu_fibers[i].ctx, emu_fiber_main, 0);
+  }
+  emu_cur = 0;
+  threadIdx.x = 0;
+  swapcontext(&emu_fibers[threads].ctx, &emu_fibers[0].ctx);
+}
