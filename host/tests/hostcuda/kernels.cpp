@@ -31,7 +31,7 @@ struct Bytes {
 
 void *self_symbol(const char *name) {
   Dl_info info;
-  if (!dladdr(reinterpret_cast<void *>(&hostcuda_has), &info)) return nullptr;
+  if (!dladdr(reinterpret_cast<void *>(&self_symbol), &info)) return nullptr;
   void *h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
   return h ? dlsym(h, name) : nullptr;
 }
