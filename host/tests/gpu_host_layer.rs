@@ -71,7 +71,6 @@ fn gpu_pes_set_up_exchange_data_and_finalize_over_p2p() {
     for n in [2, 3, 5] {
         on_gpu_pes(n, "p2p", |g| {
             let (me, n) = (g.my_pe(), g.n_pes());
-            let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
             let len = 4096;
             let a = g.malloc(len)?;
             let b = g.malloc(len)?;
@@ -82,38 +81,14 @@ fn gpu_pes_set_up_exchange_data_and_finalize_over_p2p() {
                     a.offset()
                 )));
             }
-            g.write_local(a.offset(), &pattern(me, len))?;
-            g.pe().barrier_all()?;
-            // Every peer's heap is mapped here; A of `next` is readable at its address.
+            // Every peer's heap is mapped here.
             for p in 0..n {
                 if g.ptr(a.offset(), len, p).is_none() {
                     return Err(Error::Verification(format!("PE {p}'s heap is not mapped")));
                 }
             }
-            // Put my A into next's B, then after a barrier read my B (prev's A).
+            put_and_get_around_the_ring(g, a.offset(), b.offset(), len)?;
             let src = g.ptr(a.offset(), len, me).unwrap();
-            g.put_on_stream(b.offset(), src, len, next)?;
-            g.quiet()?;
-            g.pe().barrier_all()?;
-            let mut got = vec![0u8; len];
-            g.read_local(b.offset(), &mut got)?;
-            if got != pattern(prev, len) {
-                return Err(Error::Verification(format!(
-                    "B after PE {prev}'s put: {:?}...",
-                    &got[..8]
-                )));
-            }
-            // Get next's A into my B.
-            let dst = g.ptr(b.offset(), len, me).unwrap();
-            g.get_on_stream(dst, a.offset(), len, next)?;
-            g.quiet()?;
-            g.read_local(b.offset(), &mut got)?;
-            if got != pattern(next, len) {
-                return Err(Error::Verification(format!(
-                    "B after a get from PE {next}: {:?}...",
-                    &got[..8]
-                )));
-            }
             // Bad input: below the user heap, past its end, a PE that does not exist.
             let e = g.write_local(0, &[1]).unwrap_err().to_string();
             expect_text(&e, "outside the symmetric heap")?;
@@ -142,6 +117,39 @@ fn expect_text(e: &str, want: &str) -> Result<()> {
             "error {e:?} does not say {want:?}"
         )))
     }
+}
+
+/// Each PE writes its pattern into A, puts it into the next PE's B and checks its own B
+/// (the previous PE's pattern) after a barrier, then gets the next PE's A into B and
+/// checks it.
+fn put_and_get_around_the_ring(g: &GpuPe, a: usize, b: usize, len: usize) -> Result<()> {
+    let (me, n) = (g.my_pe(), g.n_pes());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    g.write_local(a, &pattern(me, len))?;
+    g.pe().barrier_all()?;
+    let src = g.ptr(a, len, me).unwrap();
+    g.put_on_stream(b, src, len, next)?;
+    g.quiet()?;
+    g.pe().barrier_all()?;
+    let mut got = vec![0u8; len];
+    g.read_local(b, &mut got)?;
+    if got != pattern(prev, len) {
+        return Err(Error::Verification(format!(
+            "B after PE {prev}'s put: {:?}...",
+            &got[..8]
+        )));
+    }
+    let dst = g.ptr(b, len, me).unwrap();
+    g.get_on_stream(dst, a, len, next)?;
+    g.quiet()?;
+    g.read_local(b, &mut got)?;
+    if got != pattern(next, len) {
+        return Err(Error::Verification(format!(
+            "B after a get from PE {next}: {:?}...",
+            &got[..8]
+        )));
+    }
+    Ok(())
 }
 
 /// A strided team gets a device handle (its entry in the sync scratch), and team_destroy
@@ -368,28 +376,10 @@ fn gpu_pe_process_child() {
     let g = GpuPe::init().expect("GpuPe::init under rshmem run");
     let r = (|| -> Result<()> {
         let (me, n) = (g.my_pe(), g.n_pes());
-        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
         let len = 8192;
         let a = g.malloc(len)?;
         let b = g.malloc(len)?;
-        g.write_local(a.offset(), &pattern(me, len))?;
-        g.pe().barrier_all()?;
-        let src = g.ptr(a.offset(), len, me).unwrap();
-        g.put_on_stream(b.offset(), src, len, next)?;
-        g.quiet()?;
-        g.pe().barrier_all()?;
-        let mut got = vec![0u8; len];
-        g.read_local(b.offset(), &mut got)?;
-        if got != pattern(prev, len) {
-            return Err(Error::Verification(format!("B after PE {prev}'s put")));
-        }
-        let dst = g.ptr(b.offset(), len, me).unwrap();
-        g.get_on_stream(dst, a.offset(), len, next)?;
-        g.quiet()?;
-        g.read_local(b.offset(), &mut got)?;
-        if got != pattern(next, len) {
-            return Err(Error::Verification(format!("B after a get from PE {next}")));
-        }
+        put_and_get_around_the_ring(&g, a.offset(), b.offset(), len)?;
         g.pe().barrier_all()?;
         g.free(b)?;
         g.free(a)?;
