@@ -257,7 +257,11 @@ fn render_table(r: &Report) -> String {
             .unwrap_or_else(|| "unknown".into()),
     ));
     let shm = match (c.shm.total_bytes, c.shm.free_bytes, &c.shm.error) {
-        (Some(t), Some(f), _) => format!("{} total, {} free", human_bytes(t), human_bytes(f)),
+        (Some(t), Some(f), _) => format!(
+            "{} total, {} free (a heap that does not fit goes to a memfd)",
+            human_bytes(t),
+            human_bytes(f)
+        ),
         (_, _, Some(e)) => format!("unknown ({e})"),
         _ => "unknown".into(),
     };

@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
 /// Number of team barrier slots in the runtime region (world and node teams use 0 and 1).
@@ -136,6 +137,36 @@ impl Segment {
             unlink(path);
         }
         seg
+    }
+
+    /// Creates an anonymous segment (`memfd_create`), sized `len` and mapped like
+    /// [`Segment::create`]. Node peers open it through the returned name's
+    /// [`SegmentName::locator`] (`/proc/<pid>/fd/<fd>`) for as long as the name lives.
+    /// `label` names it in `/proc/<pid>/maps` and in errors.
+    pub fn create_memfd(label: &str, len: usize, skew: usize) -> Result<(Segment, SegmentName)> {
+        let err = |op, source| Error::Shm {
+            op,
+            path: format!("memfd:{label}"),
+            size: len,
+            source,
+        };
+        let c = CString::new(label).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        // SAFETY: `c` is a valid NUL-terminated name; the result is checked below.
+        let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(err("create", io::Error::last_os_error()));
+        }
+        // SAFETY: fd was just returned by memfd_create and is owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: fd is an open memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(err("resize", io::Error::last_os_error()));
+        }
+        let seg = Self::map_fd(fd.as_raw_fd(), &format!("memfd:{label}"), len, skew)?;
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        let locator = format!("/proc/{pid}/fd/{}", fd.as_raw_fd());
+        Ok((seg, SegmentName::Memfd { fd, locator }))
     }
 
     /// Opens and maps an existing segment created by another PE of this node, `skew` bytes
@@ -255,6 +286,65 @@ impl Drop for Segment {
         // it) created by map_fd and not unmapped elsewhere.
         unsafe { libc::munmap(self.reserved.as_ptr().cast(), self.reserved_len) };
     }
+}
+
+/// What lets node peers open a PE's segment while they map it: a file in `/dev/shm` (its
+/// path; removed on drop) or, where `/dev/shm` cannot hold the heap, an open memfd (opened by
+/// peers as `/proc/<pid>/fd/<fd>`; closed on drop). Dropping the name never unmaps anything:
+/// every mapping keeps its own reference to the memory.
+#[derive(Debug)]
+pub enum SegmentName {
+    File(String),
+    Memfd { fd: OwnedFd, locator: String },
+}
+
+impl SegmentName {
+    /// The path a node peer opens to map the segment.
+    pub fn locator(&self) -> &str {
+        match self {
+            SegmentName::File(p) => p,
+            SegmentName::Memfd { locator, .. } => locator,
+        }
+    }
+}
+
+impl Drop for SegmentName {
+    fn drop(&mut self) {
+        // The memfd closes with its OwnedFd.
+        if let SegmentName::File(p) = self {
+            unlink(p);
+        }
+    }
+}
+
+/// Creates PE `rank`'s segment of job `job_id` for its node peers to map: the file
+/// [`segment_path`] in `/dev/shm`, or, when that cannot be made (no room in `/dev/shm`, as
+/// in a container's default 64 MiB, or no `/dev/shm` at all), an anonymous memfd, which
+/// only memory limits. Fails only when both fail, with both reasons.
+pub fn create_node_segment(
+    job_id: &str,
+    rank: usize,
+    len: usize,
+    skew: usize,
+) -> Result<(Segment, SegmentName)> {
+    let path = segment_path(job_id, rank);
+    let file_err = match Segment::create(&path, len, skew) {
+        Ok(seg) => return Ok((seg, SegmentName::File(path))),
+        Err(e) => e,
+    };
+    Segment::create_memfd(&format!("rshmem-{job_id}-pe{rank}"), len, skew).map_err(|m| {
+        // Both reasons, without repeating the size and the path in each.
+        let why = |e: &Error| match e {
+            Error::Shm { op, source, .. } => format!("{op}: {source}"),
+            e => e.to_string(),
+        };
+        Error::Shm {
+            op: "create",
+            path: format!("{path} (then a memfd)"),
+            size: len,
+            source: io::Error::other(format!("{}; memfd {}", why(&file_err), why(&m))),
+        }
+    })
 }
 
 /// Removes a segment file; missing files are fine.
@@ -494,5 +584,34 @@ mod tests {
         unsafe { assert_eq!(o.base().add(12345).read(), 0xAB) };
         let e = Segment::open(&path, 4096, 0).unwrap_err();
         assert!(e.to_string().contains(&path), "{e}");
+    }
+
+    #[test]
+    fn memfd_segment_opens_through_its_locator_while_named() {
+        let (s, name) = Segment::create_memfd("rshmem-unittest-memfd", 1 << 20, 0).unwrap();
+        let at = name.locator().to_string();
+        assert!(
+            at.starts_with(&format!("/proc/{}/fd/", std::process::id())),
+            "{at}"
+        );
+        let o = Segment::open(&at, 1 << 20, mapping_skew(3)).unwrap();
+        // SAFETY: both map the same 1 MiB memfd; offsets are in range; single thread.
+        unsafe {
+            s.base().add(777).write(0x5A);
+            assert_eq!(o.base().add(777).read(), 0x5A);
+            o.base().add((1 << 20) - 1).write(0xC3);
+            assert_eq!(s.base().add((1 << 20) - 1).read(), 0xC3);
+        }
+        // A peer expecting a larger heap is refused with both sizes.
+        let e = Segment::open(&at, 2 << 20, 0).unwrap_err().to_string();
+        assert!(
+            e.contains("segment is 1048576 bytes, expected 2097152"),
+            "{e}"
+        );
+        // Closing the name leaves the mappings (another test may reuse the fd number at
+        // once, so what the locator opens afterwards is not checked).
+        drop(name);
+        // SAFETY: mappings alive; in range.
+        unsafe { assert_eq!(o.base().add(777).read(), 0x5A) };
     }
 }

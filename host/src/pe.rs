@@ -233,27 +233,31 @@ impl Pe {
         }
         let heap_size = settings.symmetric_size;
 
-        // Node-local peers share their heaps through /dev/shm.
+        // Node-local peers share their heaps through /dev/shm (or memfds where it is too
+        // small): each PE publishes where its segment opens, and maps its node peers'.
         let node_ids = boot.node_ids().to_vec();
         let local: Vec<usize> = (0..n).filter(|&r| node_ids[r] == node_ids[rank]).collect();
-        let my_path = heap::segment_path(&job_id, rank);
-        let mine = Segment::create(&my_path, heap_size, heap::mapping_skew(rank));
-        // Whatever happens next, the name goes away when init ends: by then every node peer
-        // has mapped the segment (or init failed and nobody needs it).
-        let _unlink = mine.as_ref().ok().map(|_| UnlinkOnDrop(my_path.clone()));
+        let (mine, my_name) =
+            match heap::create_node_segment(&job_id, rank, heap_size, heap::mapping_skew(rank)) {
+                Ok((seg, name)) => (Ok(seg), Some(name)),
+                Err(e) => (Err(e), None),
+            };
+        // Whatever happens next, the name goes away when init ends (the file is removed,
+        // the memfd closed): by then every node peer has mapped the segment (or init failed
+        // and nobody needs it).
         exchange_status(&boot, &world_group, "create its symmetric heap", &mine)?;
         let mine = mine?;
+        let my_name = my_name.expect("a created segment has a name");
+        let locators = boot.allgather(&world_group, my_name.locator().as_bytes())?;
         let mut peers: Vec<Option<Segment>> = (0..n).map(|_| None).collect();
         let opened: Result<()> = local.iter().filter(|&&r| r != rank).try_for_each(|&r| {
-            peers[r] = Some(Segment::open(
-                &heap::segment_path(&job_id, r),
-                heap_size,
-                heap::mapping_skew(r),
-            )?);
+            let at = String::from_utf8_lossy(&locators[r]);
+            peers[r] = Some(Segment::open(&at, heap_size, heap::mapping_skew(r))?);
             Ok(())
         });
         exchange_status(&boot, &world_group, "map its node peers' heaps", &opened)?;
         opened?;
+        drop(my_name);
         peers[rank] = Some(mine);
 
         // Every PE registers its heap in its protection domain and shares (base, key), so
@@ -968,15 +972,6 @@ impl Drop for Pe {
                 crate::softhca::proxy::retire_heap(&hca, mr, Box::new(seg));
             }
         }
-    }
-}
-
-/// Removes a segment's name when dropped.
-struct UnlinkOnDrop(String);
-
-impl Drop for UnlinkOnDrop {
-    fn drop(&mut self) {
-        heap::unlink(&self.0);
     }
 }
 

@@ -224,3 +224,73 @@ fn bench_collectives_as_threads_processes_and_over_the_proxy() {
     assert_eq!(o.status.code(), Some(1), "{e}");
     assert!(e.contains("passes the 32 MiB collective buffer"), "{e}");
 }
+
+/// Runs `script` with sh in a private mount namespace whose /dev/shm is a 1 MiB tmpfs (a
+/// container's /dev/shm is 64 MiB, too small for an EP heap); None when that cannot be
+/// made here and RSHMEM_SKIP_NETNS=1 allows skipping (a loud SKIPPED line), else a failure
+/// naming what is missing.
+fn in_small_dev_shm(test: &str, script: &str) -> Option<std::process::Output> {
+    let script = format!("mount -t tmpfs -o size=1m rshmem-small-shm /dev/shm && {script}");
+    let o = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output();
+    let why = match &o {
+        Err(e) => format!("`unshare` cannot be run: {e}"),
+        Ok(o) if o.status.code() == Some(1) && o.stdout.is_empty() => {
+            // unshare or mount refused (not root): no PE ran.
+            String::from_utf8_lossy(&o.stderr).trim().to_string()
+        }
+        Ok(_) => return o.ok(),
+    };
+    if std::env::var("RSHMEM_SKIP_NETNS").as_deref() == Ok("1") {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n**************** SKIPPED {test}: needs root for a mount namespace: {why} \
+             (RSHMEM_SKIP_NETNS=1) ****************\n"
+        );
+        return None;
+    }
+    panic!(
+        "{test} needs root (unshare --mount, mount -t tmpfs): {why}; set RSHMEM_SKIP_NETNS=1 \
+         to skip it"
+    );
+}
+
+/// Where /dev/shm cannot hold the heaps, each PE's heap is a memfd its node peers open
+/// through /proc: the self-test under `rshmem run` (processes) and the EP bench (threads)
+/// pass with 64 MiB heaps over a 1 MiB /dev/shm, and nothing is left in it.
+#[test]
+fn heaps_fall_back_to_memfds_when_dev_shm_is_too_small() {
+    let script = format!(
+        "RSHMEM_SYMMETRIC_SIZE=64M RSHMEM_TIMEOUT_MS=20000 {BIN} run -n 3 -- {BIN} selftest \
+         && {BIN} bench ep --pes 2 --tokens 16 --hidden 2048 --topk 2 --experts 4 --iters 3 \
+         --json && echo \"left in /dev/shm: [$(ls -A /dev/shm)]\""
+    );
+    let Some(o) = in_small_dev_shm(
+        "heaps_fall_back_to_memfds_when_dev_shm_is_too_small",
+        &script,
+    ) else {
+        return;
+    };
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{out}\n{err}");
+    for r in 0..3 {
+        assert!(
+            out.contains(&format!("[pe {r}] selftest: all "))
+                && out.contains(&format!("cases passed on PE {r}")),
+            "PE {r}:\n{out}\n{err}"
+        );
+    }
+    let json = out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .expect("the EP bench's JSON");
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(v["validated"], true, "{json}");
+    assert_eq!(v["pes"], 2, "{json}");
+    assert!(out.contains("left in /dev/shm: []"), "{out}");
+}
