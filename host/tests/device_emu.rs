@@ -70,44 +70,20 @@ fn emulator(k: Kernels) -> &'static Path {
 
 /// g++ of `k`'s kernels with the emulation and its driver.
 fn build(k: Kernels) -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let emu = root.join("tests/device-emu");
+    let root = emu_build::crate_dir();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "device-emulator-{}-{}.bin",
         k as usize,
         std::process::id()
     ));
-    let r = Command::new("g++")
-        .args([
-            "-O1",
-            "-std=c++17",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-Wno-unknown-pragmas", // #pragma unroll
-            "-rdynamic",            // kernels found by name (dlsym)
-            "-D__CUDACC__",
-            k.mode(),
-            "-include",
-        ])
-        .arg(emu.join("emu/cuda_emu.h"))
-        .arg("-I")
-        .arg(emu.join("emu"))
-        .arg("-I")
-        .arg(root.join("../device-kernels/include"))
-        .args(["-x", "c++"])
-        .arg(root.join(k.source()))
-        .args(["-x", "c++"])
-        .arg(emu.join("device_emulator.cpp"))
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run g++ (install g++): {e}"));
-    assert!(
-        r.status.success(),
-        "g++ of the device emulator failed:\n{}{}",
-        String::from_utf8_lossy(&r.stdout),
-        String::from_utf8_lossy(&r.stderr)
+    emu_build::gxx_emulated(
+        "the device emulator",
+        &["-rdynamic", k.mode()], // -rdynamic: kernels found by name (dlsym)
+        &[
+            root.join(k.source()),
+            root.join("tests/device-emu/device_emulator.cpp"),
+        ],
+        &out,
     );
     out
 }
@@ -506,6 +482,8 @@ fn every_bench_kernel_completes_with_its_record_on_emulated_pes() {
 
 // ---- the device API over IBGDA, against the soft HCA -------------------------------------
 
+#[path = "device-emu/build.rs"]
+mod emu_build;
 #[allow(dead_code)] // the EP parity test uses other parts
 mod emu_ibgda;
 use emu_ibgda::{Mapping, PollingLocal, Shared, Shm};

@@ -23,6 +23,8 @@ use std::sync::OnceLock;
 
 use rshmem::ep::{bf16, check, fp8, Buffer, Config, Layout, RecvX};
 
+#[path = "device-emu/build.rs"]
+mod emu_build;
 #[allow(dead_code)] // device_emu.rs uses other parts
 mod emu_ibgda;
 
@@ -507,36 +509,13 @@ fn fp8_cuh_quantize_row_matches_rust() {
 fn emulator() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let dir = manifest_dir().join("tests/ep-cuda");
-        let emu = manifest_dir().join("tests/device-emu/emu");
         let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("ep-ll-emulator-{}.bin", std::process::id()));
-        let r = Command::new("g++")
-            .args([
-                "-std=c++17",
-                "-O1",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-Wno-unknown-pragmas", // #pragma unroll
-                "-ffp-contract=off",
-                "-D__CUDACC__",
-                "-include",
-            ])
-            .arg(emu.join("cuda_emu.h"))
-            .arg("-I")
-            .arg(&emu)
-            .arg("-I")
-            .arg(manifest_dir().join("../device-kernels/include"))
-            .arg(dir.join("ll_emulator.cpp"))
-            .arg("-o")
-            .arg(&out)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run g++ (install g++): {e}"));
-        assert!(
-            r.status.success(),
-            "g++ ll_emulator.cpp failed:\n{}",
-            String::from_utf8_lossy(&r.stderr)
+        emu_build::gxx_emulated(
+            "ll_emulator.cpp",
+            &["-ffp-contract=off"],
+            &[manifest_dir().join("tests/ep-cuda/ll_emulator.cpp")],
+            &out,
         );
         out
     })

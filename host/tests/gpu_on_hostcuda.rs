@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+#[path = "device-emu/build.rs"]
+mod emu_build;
 #[path = "hostcuda/build.rs"]
 mod hostcuda_build;
 
@@ -38,33 +40,18 @@ const LIBS: &[(&str, &str, &[&str])] = &[
 ];
 
 fn build_lib(name: &str, src: &str, flags: &[&str]) -> PathBuf {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let root = crate_dir.join("..");
-    let emu = crate_dir.join("tests/device-emu");
+    let crate_dir = emu_build::crate_dir();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("hostcuda-kernels-{name}-{}.so", std::process::id()));
-    let r = Command::new("g++")
-        .args(["-O1", "-std=c++17", "-Wall", "-Wextra", "-Werror"])
-        .args(["-Wno-unknown-pragmas", "-shared", "-fPIC", "-D__CUDACC__"])
-        .args(flags)
-        .arg("-include")
-        .arg(emu.join("emu/cuda_emu.h"))
-        .arg("-I")
-        .arg(emu.join("emu"))
-        .arg("-I")
-        .arg(root.join("device-kernels/include"))
-        .args(["-x", "c++"])
-        .arg(root.join(src))
-        .args(["-x", "c++"])
-        .arg(crate_dir.join("tests/hostcuda/kernels.cpp"))
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run g++ (install g++): {e}"));
-    assert!(
-        r.status.success(),
-        "g++ of the {name} kernel library failed:\n{}",
-        String::from_utf8_lossy(&r.stderr)
+    let flags: Vec<&str> = ["-shared", "-fPIC"].iter().chain(flags).copied().collect();
+    emu_build::gxx_emulated(
+        &format!("the {name} kernel library"),
+        &flags,
+        &[
+            crate_dir.join("..").join(src),
+            crate_dir.join("tests/hostcuda/kernels.cpp"),
+        ],
+        &out,
     );
     out
 }
