@@ -325,7 +325,15 @@ __device__ void wait_credits(const Ctx &c, const ep_ll_args_t &a) {
         // this block's block_masked sees it.
         const bool came = ep_comm::wait_ge_or_give_up(w, c.seq - 1, c.give_up_ns,
                                                       [&] { return shrunk_now(c, p); });
-        if (!decide_in(c, &c.ctl->credit_decided[a.set][p], came)) shrink_pe(c, p);
+        if (!decide_in(c, &c.ctl->credit_decided[a.set][p], came)) {
+          shrink_pe(c, p);
+        } else if (!came) {
+          // Another block saw the credit, this one gave up: decide_in's CAS is relaxed, so
+          // acquire the credit here before writing into p's receive area (the wait returns
+          // at once: the credit has come).
+          ep_comm::wait_ge(w, c.seq - 1, wpe(c, p),
+                           "EP send (shrink): the credit another block saw");
+        }
       }
     }
   }

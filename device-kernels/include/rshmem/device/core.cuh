@@ -13,9 +13,9 @@
 //
 // Memory scope. Cross-PE operations use system scope (.sys): a peer may be another GPU
 // reached over NVLink/PCIe P2P, whose accesses are only ordered with ours at system scope.
-// PEs sharing one GPU share its L2, so .gpu would suffice for them, but the device API does
-// not know which peers share the GPU and the price of .sys on same-GPU traffic is the
-// stronger fence only; correctness across GPUs wins. Words that only this PE's own blocks
+// Keep .sys for PEs on the same GPU too: PTX's .gpu scope is the threads of one program's
+// grids on the device, and a peer on this GPU may be another process (several PEs per
+// GPU under `rshmem run`), which .gpu does not cover. Words that only this PE's own blocks
 // touch (the grid-barrier counters) use .gpu.
 #pragma once
 

@@ -603,13 +603,26 @@ RSHMEM_HOST_DEVICE const char *status_name(int status) {
 // RSHMEM_EMULATED_DEVICE and provides the warp intrinsics, blockIdx, threadIdx, printf and
 // __trap, so that it runs this very code)
 
+// This thread's lane as __activemask() numbers lanes: %laneid (threadIdx.x & 31 differs
+// from it in blocks whose x extent is not a multiple of 32); the emulation's warps are 32
+// consecutive threadIdx.x.
+RSHMEM_DEVICE uint32_t warp_lane() {
+#if RSHMEM_DEVICE_COMPILE
+  uint32_t l;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+  return l;
+#else
+  return threadIdx.x & 31u;
+#endif
+}
+
 // Warp-batched RDMA WRITE: every active lane posts its own WRITE, but the warp makes one
 // reservation (leader: atomicAdd of the lane count) and one publish / doorbell. Returns the
 // status to every lane. The ring must hold at least 32 WQEBBs.
 RSHMEM_DEVICE int post_write_warp(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t rkey,
                                   uint64_t laddr, uint32_t lkey, uint32_t bytes) {
   const unsigned mask = __activemask();
-  const unsigned lane = threadIdx.x & 31u;
+  const unsigned lane = warp_lane();
   const int leader = __ffs(mask) - 1;
   const uint32_t count = (uint32_t)__popc(mask);
   const uint32_t rank = (uint32_t)__popc(mask & ((1u << lane) - 1u));
