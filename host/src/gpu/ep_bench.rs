@@ -1030,22 +1030,71 @@ fn wait_event(g: &GpuPe, e: sys::CUevent, what: &str) -> Result<()> {
     }
 }
 
-/// PE 0's stream that opens the start gate; destroyed on drop (the context is current:
-/// the bench runs on the PE's thread, which entered it).
-struct SideStream(sys::CUstream);
+/// The start gate every PE's stream waits on (`cuStreamWaitValue32`, GEQ): a 32-bit word
+/// of host memory that PE 0 allocates (`cuMemHostAlloc`, portable and device-mapped, so
+/// streams in every PE's context, on any GPU of the node, can wait on it) and opens with
+/// CPU stores. Device memory of PE 0 would not do on a multi-GPU node: other GPUs cannot
+/// address a `cuMemAlloc` block without peer access enabled.
+struct HostGate(*mut u32);
 
-impl Drop for SideStream {
+impl HostGate {
+    /// Allocates the word (0: closed) in PE 0's context (current: the PE's thread).
+    fn new(g: &GpuPe) -> Result<HostGate> {
+        g.enter()?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; 64 bytes (one line), pinned, mapped for every context.
+        ck(
+            unsafe {
+                sys::cuMemHostAlloc(
+                    &mut host,
+                    64,
+                    sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
+                )
+            },
+            "cuMemHostAlloc",
+            || "the EP bench start gate".into(),
+        )?;
+        let word = host.cast::<u32>();
+        // SAFETY: 64 writable bytes just allocated, not yet shared.
+        unsafe { word.write(0) };
+        Ok(HostGate(word))
+    }
+
+    /// Frees the word: only once no stream may wait on it any more (after the final
+    /// barrier). Dropped without this (an error path, where a peer's stream may still be
+    /// parked on it), the word is left to the context's teardown.
+    fn free(self, g: &GpuPe) {
+        if g.enter().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc in this context; freed once (self moved).
+            unsafe { sys::cuMemFreeHost(self.0.cast()) };
+        }
+    }
+}
+
+/// Stores `v` into the gate word at `host` (PE 0's HostGate).
+fn open_gate(host: *mut u32, v: u32) {
+    // SAFETY: `host` is the live, 4-byte-aligned gate word; every access to it from the CPU
+    // is atomic (this store), the GPUs only read it. Release: nothing the streams read
+    // after the gate depends on CPU stores before it (each PE's inputs were uploaded and
+    // synchronised before the barrier), so this is for the reader of the code more than
+    // the hardware; it costs nothing on x86.
+    unsafe { (*host.cast::<std::sync::atomic::AtomicU32>()).store(v, Ordering::Release) };
+}
+
+/// PE 0 opens the gate for good when the bench point ends, error or not: a stream parked
+/// on the gate never times out (cuStreamWaitValue32), and a free while one is parked may
+/// wait for it.
+struct OpenForGood(*mut u32, u32);
+
+impl Drop for OpenForGood {
     fn drop(&mut self) {
-        // SAFETY: created by cuStreamCreate in this context and destroyed only here, once.
-        // cuStreamDestroy returns at once and releases the stream when its work is done,
-        // so gate writes already queued still complete.
-        unsafe { sys::cuStreamDestroy_v2(self.0) };
+        open_gate(self.0, self.1);
     }
 }
 
 fn wait_gate(g: &GpuPe, gate: u64, value: u32) -> Result<()> {
-    // SAFETY: `gate` is 4 bytes of device memory of this context (PE 0's allocation, alive
-    // until the last barrier); the PE's stream.
+    // SAFETY: `gate` is this context's device address of the gate word (alive until the
+    // final barrier, or for good on an error path); the PE's stream.
     ck(
         unsafe { sys::cuStreamWaitValue32_v2(g.stream(), gate, value, 0) },
         "cuStreamWaitValue32",
@@ -1245,45 +1294,38 @@ fn point(
     let returned: f64 = d0.recv_count.iter().map(|&c| c as f64).sum();
     drop((d0, comb0));
 
-    // The start gate: 4 bytes of PE 0's device memory every stream waits on.
-    let gate_buf = if me == 0 {
-        let b = DevBuf::new(g.ctx(), 4, "EP bench gate")?;
-        b.write(&[0u8; 4])?;
-        gate_at.store(b.ptr(), Ordering::Release);
-        Some(b)
+    // The start gate: a word of host memory PE 0 allocates and opens (HostGate).
+    let gate_mem = if me == 0 {
+        let m = HostGate::new(g)?;
+        gate_at.store(m.0 as u64, Ordering::Release);
+        Some(m)
     } else {
         None
     };
-    // Destroyed when this function returns, on error paths too.
-    let side_stream = if me == 0 {
-        g.enter()?;
-        let mut s: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; non-blocking stream in the current context.
-        ck(
-            unsafe { sys::cuStreamCreate(&mut s, 1) },
-            "cuStreamCreate",
-            || "EP bench gate stream".into(),
-        )?;
-        Some(SideStream(s))
-    } else {
-        None
-    };
-    let side = side_stream.as_ref().map(|s| s.0);
     pe.barrier_all()?;
-    let gate = gate_at.load(Ordering::Acquire);
-    let ev = events(g, 6)?;
+    let gate_host = gate_at.load(Ordering::Acquire) as *mut u32;
     let total = a.warmup + a.iters;
+    // From here on PE 0 opens the gate for good when it leaves, on every path. The wait is
+    // CU_STREAM_WAIT_VALUE_GEQ, a cyclic compare ((int32_t)(*addr - value) >= 0): the gate
+    // opens for every pending wait (values up to 2 * total) with a value at or above them
+    // and less than 2^31 past them — not u32::MAX, which reads as "behind" every small
+    // value.
+    let open_for_good = (me == 0).then(|| OpenForGood(gate_host, gate_open_for_good(total)));
+    g.enter()?;
+    let mut gate: sys::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; gate_host is PE 0's portable, device-mapped allocation,
+    // alive (see HostGate); flags must be 0.
+    ck(
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut gate, gate_host.cast(), 0) },
+        "cuMemHostGetDevicePointer",
+        || "the EP bench start gate in this PE's context".into(),
+    )?;
+    let ev = events(g, 6)?;
     let mut times = vec![[0f64; 6]; a.iters];
-    let open = |v: u32| -> Result<()> {
-        if let Some(s) = side {
-            // SAFETY: the gate word (alive until the final barrier) on PE 0's side stream.
-            ck(
-                unsafe { sys::cuStreamWriteValue32_v2(s, gate, v, 0) },
-                "cuStreamWriteValue32",
-                || "EP bench start gate".into(),
-            )?;
+    let open = |v: u32| {
+        if me == 0 {
+            open_gate(gate_host, v);
         }
-        Ok(())
     };
     let mut last = None;
     let r = (|| -> Result<()> {
@@ -1306,10 +1348,10 @@ fn point(
             buf.combine_recv_hook(&mut c)?;
             record(g, ev[5])?;
             pe.barrier_all()?;
-            open(v + 1)?;
+            open(v + 1);
             wait_event(g, ev[2], "EP bench dispatch")?;
             pe.barrier_all()?;
-            open(v + 2)?;
+            open(v + 2);
             wait_event(g, ev[5], "EP bench combine")?;
             if it >= a.warmup {
                 times[it - a.warmup] = [
@@ -1326,18 +1368,13 @@ fn point(
         Ok(())
     })();
     if r.is_err() {
-        // Every PE's stream may be parked on the gate (cuStreamWaitValue32 never times
-        // out), and a free while a stream is parked can wait for it: open the gate for
-        // good before anything is freed. A PE's error reaches PE 0 through the bounded
-        // host barriers, so PE 0 gets here on every failure. The wait is
-        // CU_STREAM_WAIT_VALUE_GEQ, a cyclic compare ((int32_t)(*addr - value) >= 0): the
-        // gate opens for every pending wait (values up to 2 * total) with a value at or
-        // above them and less than 2^31 past them — not u32::MAX, which reads as
-        // "behind" every small value.
-        let _ = open(gate_open_for_good(total));
+        // Every PE's stream may be parked on the gate, and a free while a stream is parked
+        // can wait for it: open the gate for good before anything is freed. A PE's error
+        // reaches PE 0 through the bounded host barriers, so PE 0 gets here on every
+        // failure (and OpenForGood covers the paths that return before).
+        open(gate_open_for_good(total));
     }
     destroy_events(g, &ev);
-    drop(side_stream);
     r?;
     if let Some((h, c)) = last {
         let d = buf.read_dispatch(&h)?;
@@ -1369,7 +1406,11 @@ fn point(
     let blobs = pe.boot().allgather(&pe.world().group(), &blob)?;
     buf.destroy()?;
     pe.barrier_all()?;
-    drop(gate_buf);
+    // Every wait on the gate is done: open it for good now (not after the free).
+    drop(open_for_good);
+    if let Some(m) = gate_mem {
+        m.free(g);
+    }
     drop(expert_out);
     if me != 0 {
         return Ok(None);
