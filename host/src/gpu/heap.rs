@@ -167,9 +167,9 @@ impl VmmMapping {
 
     /// Maps a heap of this process, another PE's, through the address it is mapped at:
     /// `cuMemRetainAllocationHandle` takes a new reference to the allocation behind
-    /// `peer_va` (released on drop, as an imported handle). The fallback for PEs of one
-    /// process when importing the exporter's fd is refused: CUDA documents fd import
-    /// between processes; within one process it is not documented either way.
+    /// `peer_va` (released on drop, as an imported handle). The way PEs of one process map
+    /// each other (CUDA documents fd import between processes; within the exporting
+    /// process it is not documented either way), with [`VmmMapping::import`] as fallback.
     pub fn retain(peer_va: u64, size: usize, ordinal: i32, peer: usize) -> Result<VmmMapping> {
         driver()?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;

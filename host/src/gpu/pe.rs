@@ -568,16 +568,23 @@ impl GpuPe {
             };
             if reachable {
                 let (pid, va) = place_of(r)?;
-                heaps[r] = Some(match VmmMapping::import(fd, heap_size, ordinal, r) {
-                    Ok(m) => m,
-                    Err(e) if pid == std::process::id() as u64 => {
-                        eprintln!(
-                            "rshmem: PE {rank}: importing PE {r}'s heap fd failed ({e}); \
-                             mapping it through its address in this process instead"
-                        );
-                        VmmMapping::retain(va, heap_size, ordinal, r)?
+                // A peer in this process (several GPU PEs per process) is mapped through its
+                // allocation, as NCCL maps same-process peers: CUDA documents importing a
+                // POSIX fd in another process, not in the one that exported it. The fd
+                // import stays as the fallback.
+                heaps[r] = Some(if pid == std::process::id() as u64 {
+                    match VmmMapping::retain(va, heap_size, ordinal, r) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            eprintln!(
+                                "rshmem: PE {rank}: mapping PE {r}'s heap through its address \
+                                 in this process failed ({e}); importing its fd instead"
+                            );
+                            VmmMapping::import(fd, heap_size, ordinal, r)?
+                        }
                     }
-                    Err(e) => return Err(e),
+                } else {
+                    VmmMapping::import(fd, heap_size, ordinal, r)?
                 });
             }
             Ok(())
