@@ -930,16 +930,9 @@ impl EpGraph {
 /// (CUDA's compute cache), the other PEs then load from the cache instead of compiling it
 /// concurrently.
 pub fn load_module(g: &GpuPe) -> Result<Module> {
-    let pe = g.pe();
-    if g.my_pe() != 0 {
-        pe.barrier_all()?;
-    }
-    // The bundle's cubin of this very PTX when RSHMEM_PTX_DIR has one, else the PTX.
-    let loaded = g.load_library_module(MODULE, None);
-    if g.my_pe() == 0 {
-        pe.barrier_all()?;
-    }
-    let m = loaded?;
+    // The bundle's cubin of this very PTX when RSHMEM_PTX_DIR has one, else the PTX (PEs
+    // of one process take turns to JIT it, Module::load_library).
+    let m = g.load_library_module(MODULE, None)?;
     if m.bound_pe() != Some(g.my_pe()) {
         return Err(Error::InvalidArgument(format!(
             "module {MODULE} has no rshmemi_device_state global (built without the EP kernels' \

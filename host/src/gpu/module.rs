@@ -12,7 +12,18 @@ use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use cudarc::nvrtc::sys as nv;
 use std::ffi::{CStr, CString};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The lock that makes JIT compilations of library module `name` in this process take turns.
+fn jit_lock(name: &str) -> Arc<Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<std::collections::HashMap<String, Arc<Mutex<()>>>>> =
+        OnceLock::new();
+    let mut m = LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    m.entry(name.to_string()).or_default().clone()
+}
 
 include!(concat!(env!("OUT_DIR"), "/embedded_device.rs"));
 
@@ -372,6 +383,14 @@ impl Module {
                 ),
             }
         }
+        // One JIT compilation of a module at a time in this process: its PEs load the same
+        // modules at the same moment, and the first compilation fills the driver's compute
+        // cache for the others (megabytes of PTX take ptxas tens of seconds) instead of
+        // every PE compiling the same PTX at once. The wait is for driver calls only; a
+        // host barrier around PE 0's load instead would be bounded by RSHMEM_TIMEOUT_MS,
+        // which a long compilation can outlast.
+        let lock = jit_lock(name);
+        let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
         Module::load(ctx, name, ptx)
     }
 
