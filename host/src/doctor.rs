@@ -324,7 +324,13 @@ fn render_table(r: &Report) -> String {
     }
     for p in &r.cuda.p2p {
         let v = match (p.access, &p.error) {
-            (Some(true), _) => "yes".to_string(),
+            (Some(true), _) => match p.native_atomics {
+                Some(true) => "yes, native atomics".to_string(),
+                Some(false) => "yes, without native atomics (device atomics and signals to \
+                                PEs there trap)"
+                    .to_string(),
+                None => "yes".to_string(),
+            },
             (Some(false), _) => "no".to_string(),
             (None, e) => e.clone().unwrap_or_default(),
         };

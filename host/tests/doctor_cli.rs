@@ -302,6 +302,11 @@ int cuDeviceCanAccessPeer(int *ok, int d, int peer) {
     *ok = (d == 0 && peer == 1);
     return 0;
 }
+int cuDeviceGetP2PAttribute(int *v, int attr, int src, int dst) {
+    if (attr != 3 || src != 0 || dst != 1) return 1;
+    *v = 0;                                                /* PCIe without atomics */
+    return 0;
+}
 int cuGetErrorName(int rc, const char **s) {
     switch (rc) {
     case 100: *s = "CUDA_ERROR_NO_DEVICE"; return 0;
@@ -435,8 +440,10 @@ fn fake_cuda_driver_is_reported_device_by_device() {
         (Some(0), Some(1))
     );
     assert_eq!(p2p[0]["access"], Value::Bool(true));
+    assert_eq!(p2p[0]["native_atomics"], Value::Bool(false));
     assert!(p2p[0]["error"].is_null());
     assert!(p2p[1]["access"].is_null());
+    assert!(p2p[1]["native_atomics"].is_null());
     // The rshmem binary gives CUDA 32 hardware queues unless the user exported a number.
     assert_eq!(cuda["hardware_queues"], 32);
     assert_eq!(
@@ -502,7 +509,13 @@ fn fake_cuda_driver_is_reported_device_by_device() {
         ),
         "{text}"
     );
-    assert!(text.contains("P2P 0 -> 1"), "{text}");
+    assert!(
+        text.contains(
+            "P2P 0 -> 1             yes, without native atomics (device atomics and signals to \
+             PEs there trap)"
+        ),
+        "{text}"
+    );
     assert!(
         text.contains("HW queues              32 per GPU (CUDA_DEVICE_MAX_CONNECTIONS): up to 30 GPU PEs per GPU per process"),
         "{text}"

@@ -47,6 +47,13 @@ typedef enum rshmem_transport {
 // since a word must not mix GPU atomics with the engine's (docs/ibgda-device.md).
 #define RSHMEM_STATE_SELF_IBGDA 0x2u
 
+// rshmem_peer_t.flags bits.
+// The P2P link to this peer has no native atomics (CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_
+// SUPPORTED is 0: GPUs on PCIe without atomics between them). Puts and gets go over P2P;
+// an atomic or a signal update (put_signal, signal_op) to the peer traps (BAD_PE) instead
+// of running a non-atomic read-modify-write.
+#define RSHMEM_PEER_NO_P2P_ATOMICS 0x1u
+
 // One entry of the peer table, indexed by world rank. 32 bytes.
 typedef struct rshmem_peer {
   uint64_t heap_base;  // P2P: the peer's heap mapped in this context; else 0
@@ -54,7 +61,7 @@ typedef struct rshmem_peer {
   uint32_t qp;         // IBGDA: index of the queue pair in the ibgda table; else 0
   uint64_t raddr;      // IBGDA: the peer's heap base as its NIC/soft HCA addresses it
   uint32_t rkey;       // IBGDA: remote key of the peer's heap
-  uint32_t reserved;
+  uint32_t flags;      // RSHMEM_PEER_*
 } rshmem_peer_t;
 
 // Where a kernel reports why it trapped (invalid PE, address outside the heap, wait
@@ -75,7 +82,7 @@ typedef struct rshmem_device_error {
 
 #define RSHMEM_DEVICE_ERR_NONE 0u
 #define RSHMEM_DEVICE_ERR_UNBOUND 1u       // module not bound to a PE (magic/version mismatch)
-#define RSHMEM_DEVICE_ERR_BAD_PE 2u        // PE < 0 or >= n_pes, or transport NONE
+#define RSHMEM_DEVICE_ERR_BAD_PE 2u        // PE < 0 or >= n_pes, transport NONE, or an atomic over P2P without native atomics
 #define RSHMEM_DEVICE_ERR_OUT_OF_HEAP 3u   // [addr, addr + len) not inside the symmetric heap
 #define RSHMEM_DEVICE_ERR_WAIT_TIMEOUT 4u  // a wait exceeded timeout_ns
 #define RSHMEM_DEVICE_ERR_QUEUE 5u         // IBGDA: error CQE / queue in error state

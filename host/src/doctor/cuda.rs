@@ -62,6 +62,10 @@ type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, CuDevice) -> CuResult;
 type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CuDevice) -> CuResult;
 type CuGetErrorName = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
 type CuDeviceCanAccessPeer = unsafe extern "C" fn(*mut c_int, CuDevice, CuDevice) -> CuResult;
+type CuDeviceGetP2PAttribute =
+    unsafe extern "C" fn(*mut c_int, c_int, CuDevice, CuDevice) -> CuResult;
+/// CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED.
+const P2P_NATIVE_ATOMICS: c_int = 3;
 
 /// The driver entry points the doctor uses, valid for the life of the process.
 struct Driver {
@@ -76,6 +80,8 @@ struct Driver {
     get_error_name: CuGetErrorName,
     /// Optional: the report says so when a driver lacks it.
     can_access_peer: Option<CuDeviceCanAccessPeer>,
+    /// Optional, as above.
+    p2p_attribute: Option<CuDeviceGetP2PAttribute>,
     /// Keeps the function pointers above valid; never dropped (see `dl`).
     _opened: Opened,
 }
@@ -112,6 +118,7 @@ fn driver() -> Result<&'static Driver, &'static Error> {
                     device_get_attribute: dl::symbol(&opened, "cuDeviceGetAttribute", PACKAGE)?,
                     get_error_name: dl::symbol(&opened, "cuGetErrorName", PACKAGE)?,
                     can_access_peer: dl::symbol(&opened, "cuDeviceCanAccessPeer", PACKAGE).ok(),
+                    p2p_attribute: dl::symbol(&opened, "cuDeviceGetP2PAttribute", PACKAGE).ok(),
                     _opened: opened,
                 })
             }
@@ -183,6 +190,10 @@ pub struct P2pPair {
     pub to: i32,
     /// None when the query failed (see `error`).
     pub access: Option<bool>,
+    /// Native atomics over the link (CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED): without
+    /// them rshmem runs puts and gets over P2P but refuses atomics and signal updates to PEs
+    /// on that GPU. None without access, or when the driver could not say.
+    pub native_atomics: Option<bool>,
     pub error: Option<String>,
 }
 
@@ -421,10 +432,20 @@ fn p2p_matrix(drv: &Driver, count: c_int) -> (Vec<P2pPair>, Option<String>) {
             } else {
                 rc
             };
+            let mut atomics: c_int = 0;
+            let native_atomics = match drv.p2p_attribute {
+                Some(attr) if rc == CUDA_SUCCESS && ok != 0 => {
+                    // SAFETY: writable int; attribute and devices from cuDeviceGet.
+                    (unsafe { attr(&mut atomics, P2P_NATIVE_ATOMICS, a, b) } == CUDA_SUCCESS)
+                        .then_some(atomics != 0)
+                }
+                _ => None,
+            };
             v.push(P2pPair {
                 from,
                 to,
                 access: (rc == CUDA_SUCCESS).then_some(ok != 0),
+                native_atomics,
                 error: (rc != CUDA_SUCCESS)
                     .then(|| format!("cuDeviceCanAccessPeer failed: {}", error_name(drv, rc))),
             });

@@ -34,6 +34,7 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuDeviceGetAttribute",
     "cuDeviceGetPCIBusId",
     "cuDeviceCanAccessPeer",
+    "cuDeviceGetP2PAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",

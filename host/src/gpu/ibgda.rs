@@ -64,7 +64,7 @@ pub fn peer_table(peers: &[Option<(u64, u32)>]) -> (Vec<DevicePeer>, Vec<usize>)
                     qp: (ranks.len() - 1) as u32,
                     raddr: *raddr,
                     rkey: *rkey,
-                    reserved: 0,
+                    flags: 0,
                 }
             }
             None => DevicePeer {
@@ -133,7 +133,7 @@ pub fn peer_bytes(peers: &[DevicePeer]) -> Vec<u8> {
             b.extend(p.qp.to_le_bytes());
             b.extend(p.raddr.to_le_bytes());
             b.extend(p.rkey.to_le_bytes());
-            b.extend(p.reserved.to_le_bytes());
+            b.extend(p.flags.to_le_bytes());
             b
         })
         .collect()
@@ -446,7 +446,7 @@ mod tests {
                     qp: 0,
                     raddr: 0x7000_0000,
                     rkey: 11,
-                    reserved: 0
+                    flags: 0
                 },
                 DevicePeer {
                     heap_base: 0,
@@ -454,7 +454,7 @@ mod tests {
                     qp: 0,
                     raddr: 0,
                     rkey: 0,
-                    reserved: 0
+                    flags: 0
                 },
                 DevicePeer {
                     heap_base: 0,
@@ -462,7 +462,7 @@ mod tests {
                     qp: 1,
                     raddr: 0x7100_0000,
                     rkey: 13,
-                    reserved: 0
+                    flags: 0
                 },
             ]
         );

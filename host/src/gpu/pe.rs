@@ -535,6 +535,8 @@ impl GpuPe {
         boot.barrier(&world)?;
         let mut heaps: Vec<Option<VmmMapping>> = (0..n).map(|_| None).collect();
         let my_dev_count = device_count()?;
+        // Peers reached over P2P without native atomics (PEER_NO_P2P_ATOMICS).
+        let mut no_atomics = vec![false; n];
         let imported: Result<()> = others.iter().try_for_each(|&r| {
             let fd = ex.fetch(r)?;
             // The peer's GPU as this process numbers it, and whether we can reach it.
@@ -562,6 +564,31 @@ impl GpuPe {
                         "cuDeviceCanAccessPeer",
                         || format!("GPU {ordinal} -> PE {r}'s GPU"),
                     )?;
+                    if can != 0 {
+                        let mut atomics = 0;
+                        // SAFETY: valid out-pointer, attribute and devices.
+                        ck(
+                            unsafe {
+                                sys::cuDeviceGetP2PAttribute(
+                                    &mut atomics,
+                                    sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+                                    ctx.dev,
+                                    d,
+                                )
+                            },
+                            "cuDeviceGetP2PAttribute",
+                            || format!("GPU {ordinal} -> PE {r}'s GPU: native atomics"),
+                        )?;
+                        if atomics == 0 {
+                            eprintln!(
+                                "rshmem: PE {rank}: the P2P link from GPU {ordinal} to PE {r}'s \
+                                 GPU has no native atomics: puts and gets to PE {r} go over P2P, \
+                                 device atomics and signals to it trap (use NVLink-connected \
+                                 GPUs or RSHMEM_TRANSPORT=proxy)"
+                            );
+                            no_atomics[r] = true;
+                        }
+                    }
                     can != 0
                 }
                 None => false,
@@ -598,10 +625,16 @@ impl GpuPe {
         // Peer table, error record, the signal kernel.
         let peer_table: Vec<DevicePeer> = heaps
             .iter()
-            .map(|h| match h {
+            .zip(&no_atomics)
+            .map(|(h, &no_atomics)| match h {
                 Some(m) => DevicePeer {
                     heap_base: m.va(),
                     transport: state::TRANSPORT_P2P,
+                    flags: if no_atomics {
+                        state::PEER_NO_P2P_ATOMICS
+                    } else {
+                        0
+                    },
                     ..Default::default()
                 },
                 None => DevicePeer::default(),
@@ -1168,6 +1201,20 @@ impl GpuPe {
             });
         }
         let addr = self.target(pe, sig_offset, 8)?;
+        if op == SignalOp::Add
+            && pe != self.my_pe()
+            && self.peer_table[pe].transport == state::TRANSPORT_P2P
+            && self.peer_table[pe].flags & state::PEER_NO_P2P_ATOMICS != 0
+        {
+            return Err(Error::Unreachable {
+                pe,
+                from: self.my_pe(),
+                reason: "signal_on_stream ADD is an atomic, and the P2P link has no native \
+                         atomics (GPUs on PCIe without atomics); use SET, NVLink-connected \
+                         GPUs or RSHMEM_TRANSPORT=proxy"
+                    .into(),
+            });
+        }
         let f = self.cuda.signal.function("rshmem_host_signal")?;
         let mut a0 = addr;
         let mut a1 = value;

@@ -35,6 +35,10 @@ pub const ERR_QUEUE: u32 = 5;
 /// Invalid comparison / signal operator, or more PEs than the device sync scratch holds.
 pub const ERR_BAD_ARG: u32 = 6;
 
+/// `rshmem_peer_t.flags`: the P2P link to this peer has no native atomics (PCIe without
+/// atomics between the GPUs): atomics and signal updates to it trap (BAD_PE).
+pub const PEER_NO_P2P_ATOMICS: u32 = 0x1;
+
 /// `rshmem_peer_t`: how this PE reaches one peer. 32 bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,7 +48,8 @@ pub struct DevicePeer {
     pub qp: u32,
     pub raddr: u64,
     pub rkey: u32,
-    pub reserved: u32,
+    /// `RSHMEM_PEER_*` bits ([`PEER_NO_P2P_ATOMICS`]).
+    pub flags: u32,
 }
 
 /// `rshmem_device_error_t`: why a kernel trapped. 64 bytes, host-pinned and mapped.
@@ -235,7 +240,7 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         ("rshmem_peer_t.qp", offset_of!(DevicePeer, qp)),
         ("rshmem_peer_t.raddr", offset_of!(DevicePeer, raddr)),
         ("rshmem_peer_t.rkey", offset_of!(DevicePeer, rkey)),
-        ("rshmem_peer_t.reserved", offset_of!(DevicePeer, reserved)),
+        ("rshmem_peer_t.flags", offset_of!(DevicePeer, flags)),
         ("sizeof.rshmem_device_error_t", size_of::<DeviceError>()),
         ("rshmem_device_error_t.code", offset_of!(DeviceError, code)),
         ("rshmem_device_error_t.pe", offset_of!(DeviceError, pe)),
@@ -329,6 +334,7 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("RSHMEM_STATE_VERSION", STATE_VERSION as u64),
         ("RSHMEM_STATE_CHECKS", STATE_CHECKS as u64),
         ("RSHMEM_STATE_SELF_IBGDA", STATE_SELF_IBGDA as u64),
+        ("RSHMEM_PEER_NO_P2P_ATOMICS", PEER_NO_P2P_ATOMICS as u64),
         ("RSHMEM_TRANSPORT_NONE", TRANSPORT_NONE as u64),
         ("RSHMEM_TRANSPORT_P2P", TRANSPORT_P2P as u64),
         ("RSHMEM_TRANSPORT_IBGDA", TRANSPORT_IBGDA as u64),

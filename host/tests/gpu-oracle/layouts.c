@@ -23,7 +23,7 @@ int main(void) {
   OFF(rshmem_peer_t, qp);
   OFF(rshmem_peer_t, raddr);
   OFF(rshmem_peer_t, rkey);
-  OFF(rshmem_peer_t, reserved);
+  OFF(rshmem_peer_t, flags);
   SZ(rshmem_device_error_t);
   OFF(rshmem_device_error_t, code);
   OFF(rshmem_device_error_t, pe);
@@ -77,6 +77,7 @@ int main(void) {
   K(RSHMEM_STATE_VERSION);
   K(RSHMEM_STATE_CHECKS);
   K(RSHMEM_STATE_SELF_IBGDA);
+  K(RSHMEM_PEER_NO_P2P_ATOMICS);
   K(RSHMEM_TRANSPORT_NONE);
   K(RSHMEM_TRANSPORT_P2P);
   K(RSHMEM_TRANSPORT_IBGDA);
