@@ -72,6 +72,11 @@ fn kernel_libs() -> String {
 
 /// `rshmem ARGS` on hostcuda with the kernel libraries; (exit code, stdout + stderr).
 fn rshmem(args: &[&str]) -> (Option<i32>, String) {
+    rshmem_env(args, &[])
+}
+
+/// [`rshmem`] with extra environment variables.
+fn rshmem_env(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     let lib = hostcuda_build::hostcuda_lib();
     let o = Command::new(env!("CARGO_BIN_EXE_rshmem"))
         .args(args)
@@ -84,6 +89,7 @@ fn rshmem(args: &[&str]) -> (Option<i32>, String) {
         .env("RSHMEM_TIMEOUT_MS", "20000")
         .env("RSHMEM_SYMMETRIC_SIZE", "8M")
         .env_remove("RSHMEM_DEVICE")
+        .envs(env.iter().copied())
         .output()
         .expect("run rshmem");
     (
@@ -117,6 +123,78 @@ fn the_gpu_selftest_passes_at_2_3_and_8_pes() {
             "{out}"
         );
     }
+}
+
+/// Two GPUs whose P2P link has no native atomics (PCIe without atomics): setup says so on
+/// each PE, puts and gets between them work, and atomics are refused instead of running as
+/// non-atomic read-modify-writes: a host-side signal ADD with an error, a device atomic or
+/// signal update with a trap naming the reason.
+#[test]
+fn atomics_over_p2p_without_native_atomics_are_refused() {
+    let env = [
+        ("HOSTCUDA_DEVICES", "2"),
+        ("HOSTCUDA_P2P_NO_ATOMICS", "1"),
+        // The peer of a trapped PE waits for it until this bound.
+        ("RSHMEM_TIMEOUT_MS", "3000"),
+    ];
+    let (rc, out) = rshmem_env(&["selftest", "--device", "gpu", "--pes", "2"], &env);
+    assert_ne!(rc, Some(0), "{out}");
+    for pe in [0, 1] {
+        let peer = 1 - pe;
+        for want in [
+            format!(
+                "rshmem: PE {pe}: the P2P link from GPU {pe} to PE {peer}'s GPU has no native \
+                 atomics: puts and gets to PE {peer} go over P2P"
+            ),
+            format!(
+                "gpu selftest: PE {pe} failed in host_signal_on_stream: PE {peer} is not \
+                 reachable from PE {pe}: signal_on_stream ADD is an atomic"
+            ),
+        ] {
+            assert!(out.contains(&want), "want {want:?}\n{out}");
+        }
+    }
+    assert!(
+        out.contains("gpu selftest host_put_get_on_stream: ok (checks 524292/524292)"),
+        "{out}"
+    );
+    let bench = |op: &str| {
+        rshmem_env(
+            &[
+                "bench",
+                op,
+                "--device",
+                "gpu",
+                "--scope",
+                "thread",
+                "--pes",
+                "2",
+                "--iters",
+                "20",
+                "--reps",
+                "1",
+                "--max-size",
+                "64",
+                "--json",
+            ],
+            &env,
+        )
+    };
+    let (rc, out) = bench("put");
+    assert_eq!(rc, Some(0), "{out}");
+    let json = out.lines().find(|l| l.starts_with('{')).expect("JSON");
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 4, "{json}");
+    let (rc, out) = bench("atomic");
+    assert_eq!(rc, Some(1), "{out}");
+    assert!(
+        out.contains(
+            "rshmem_signal_op: the P2P link to this PE has no native atomics (GPUs on PCIe \
+             without atomics): atomics and signals cannot reach it; use NVLink-connected GPUs \
+             or RSHMEM_TRANSPORT=proxy"
+        ),
+        "{out}"
+    );
 }
 
 /// gpu-check's selftest-proxy-2: the device API's cases over IBGDA queues in registered
@@ -287,8 +365,8 @@ fn the_gpu_ep_suite_passes_over_the_proxy() {
     assert!(!out.contains("FAIL"), "{out}");
 }
 
-/// gpu-check's EP bench (`bench ep --device gpu --json`), at a small shape: the timed
-/// loop with its start gate (a stream memory wait every PE's stream parks on until PE 0
+/// gpu-check's EP bench (`bench ep --device gpu --json`), at a small shape and on two GPUs
+/// (two PEs each): the timed loop with its start gate (a stream memory wait every PE's stream parks on until PE 0
 /// opens it), CUDA events, the validated first call pair and the bit-identical last one,
 /// and the JSON. The numbers are the CPU's and mean nothing; that it runs and validates
 /// does. (PE 0's copy-bandwidth measurement, 512 MiB copies, takes seconds here: a
@@ -316,6 +394,9 @@ fn the_gpu_ep_bench_runs_and_validates() {
         .env("HOSTCUDA_SMS", "8")
         .env("HOSTCUDA_LAUNCH_TIMEOUT_S", "120")
         .env("RSHMEM_TIMEOUT_MS", "120000")
+        // Two GPUs, two PEs on each: the start gate every PE's stream waits on must be
+        // addressable from both (hostcuda refuses another GPU's cuMemAlloc memory).
+        .env("HOSTCUDA_DEVICES", "2")
         .env_remove("RSHMEM_DEVICE")
         .output()
         .expect("run rshmem");

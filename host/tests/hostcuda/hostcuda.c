@@ -22,6 +22,8 @@
 // host/tests/device-emu), one forked process per block, all blocks at once; without a
 // library that has the kernel, the launch is refused (CUDA_ERROR_NOT_SUPPORTED). Stream
 // capture records launches and graphs replay them; 32-bit stream memory waits and writes.
+// Device affinity: cuMemAlloc memory belongs to its device, and a stream memory operation
+// of another device's stream on it is refused (peer access is never enabled).
 // Not emulated: dma-buf export, cubin images. Test code only.
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -64,13 +66,14 @@ struct range {
   uintptr_t lo, hi;
   int access;    // R_MAPPED: cuMemSetAccess granted read-write
   void *handle;  // R_MAPPED: the allocation handle
+  int device;    // R_ALLOC: the device whose context allocated it (else -1)
 };
 static struct range ranges[MAX_RANGES];
 
 static struct range *add_range(enum kind k, uintptr_t lo, size_t len) {
   for (int i = 0; i < MAX_RANGES; ++i)
     if (ranges[i].kind == R_FREE) {
-      ranges[i] = (struct range){k, lo, lo + len, 0, NULL};
+      ranges[i] = (struct range){k, lo, lo + len, 0, NULL, -1};
       return &ranges[i];
     }
   return NULL;
@@ -204,6 +207,22 @@ EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice d, CUdevice peer) {
   *can = 1;
   return CUDA_SUCCESS;
 }
+// Every pair of distinct devices has P2P access; native atomics over it unless
+// HOSTCUDA_P2P_NO_ATOMICS=1 (GPUs on PCIe without atomics between them). Like the real
+// driver, a device paired with itself is an invalid pair.
+EXPORT CUresult cuDeviceGetP2PAttribute(int *v, CUdevice_P2PAttribute a, CUdevice src, CUdevice dst) {
+  if (!v) return CUDA_ERROR_INVALID_VALUE;
+  if (src < 0 || src >= device_count() || dst < 0 || dst >= device_count() || src == dst)
+    return CUDA_ERROR_INVALID_DEVICE;
+  const char *e = getenv("HOSTCUDA_P2P_NO_ATOMICS");
+  switch (a) {
+    case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: *v = 0; return CUDA_SUCCESS;
+    case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: *v = 1; return CUDA_SUCCESS;
+    case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: *v = !(e && strcmp(e, "1") == 0); return CUDA_SUCCESS;
+    case CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: *v = 0; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
 
 // ----------------------------------------------------------------------------- contexts
 
@@ -254,6 +273,7 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *p, size_t len) {
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&lock);
   struct range *g = add_range(R_ALLOC, (uintptr_t)m, len);
+  if (g) g->device = ((struct ctx *)current)->device;
   pthread_mutex_unlock(&lock);
   if (!g) {
     munmap(m, len);
@@ -879,6 +899,7 @@ struct stream {
   struct op *head, *tail;
   int busy, stop, started;
   pthread_t worker;
+  int device;  // of the context that created it
 };
 #define STREAM_MAGIC 0x5354524d
 static struct stream *streams[256];
@@ -1065,6 +1086,7 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
   if (flags & ~1u) return CUDA_ERROR_INVALID_VALUE;
   struct stream *p = calloc(1, sizeof *p);
   p->magic = STREAM_MAGIC;
+  p->device = ((struct ctx *)current)->device;
   pthread_mutex_init(&p->m, NULL);
   pthread_cond_init(&p->cv, NULL);
   pthread_mutex_lock(&lock);
@@ -1229,10 +1251,24 @@ static CUresult enqueue_value(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned 
   CUresult r = need_ctx();
   if (r || (r = check_stream(s))) return r;
   if (a % 4) return CUDA_ERROR_INVALID_VALUE;
+  // cuMemAlloc memory belongs to its device: another device's stream cannot address it
+  // (rshmem never enables peer access; its heaps are VMM mappings with access granted).
+  const int dev = legacy(s) ? ((struct ctx *)current)->device : ((struct stream *)s)->device;
   pthread_mutex_lock(&lock);
   const int ok = device_accessible((uintptr_t)a, 4);
+  int owner = -1;
+  for (int i = 0; i < MAX_RANGES; ++i)
+    if (ranges[i].kind == R_ALLOC && (uintptr_t)a >= ranges[i].lo && (uintptr_t)a < ranges[i].hi)
+      owner = ranges[i].device;
   pthread_mutex_unlock(&lock);
   if (!ok) return CUDA_ERROR_INVALID_VALUE;
+  if (owner >= 0 && owner != dev) {
+    fprintf(stderr,
+            "hostcuda: stream memory operation of GPU %d on %#llx, cuMemAlloc memory of GPU %d "
+            "(no peer access)\n",
+            dev, (unsigned long long)a, owner);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   struct op *o = calloc(1, sizeof *o);
   o->kind = wait ? OP_WAIT32 : OP_WRITE32;
   o->word = (uint32_t *)(uintptr_t)a;
