@@ -326,8 +326,8 @@ fn render_table(r: &Report) -> String {
         let v = match (p.access, &p.error) {
             (Some(true), _) => match p.native_atomics {
                 Some(true) => "yes, native atomics".to_string(),
-                Some(false) => "yes, without native atomics (device atomics and signals to \
-                                PEs there trap)"
+                Some(false) => "yes, without native atomics (read-modify-write atomics and \
+                                signal ADDs to PEs there are refused)"
                     .to_string(),
                 None => "yes".to_string(),
             },

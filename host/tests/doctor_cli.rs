@@ -511,8 +511,8 @@ fn fake_cuda_driver_is_reported_device_by_device() {
     );
     assert!(
         text.contains(
-            "P2P 0 -> 1             yes, without native atomics (device atomics and signals to \
-             PEs there trap)"
+            "P2P 0 -> 1             yes, without native atomics (read-modify-write atomics and \
+             signal ADDs to PEs there are refused)"
         ),
         "{text}"
     );

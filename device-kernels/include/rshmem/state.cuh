@@ -27,8 +27,8 @@ extern "C" {
 // "rshs" little-endian; a kernel whose module was never bound sees 0 and traps.
 #define RSHMEM_STATE_MAGIC 0x73687372u
 // Bumped whenever a field changes meaning or place (2: device teams in the sync scratch,
-// rshmem/device/layout.cuh).
-#define RSHMEM_STATE_VERSION 2u
+// rshmem/device/layout.cuh; 3: rshmem_peer_t.flags).
+#define RSHMEM_STATE_VERSION 3u
 // Name of the __constant__ global in every module that includes the device API.
 #define RSHMEM_STATE_SYMBOL "rshmemi_device_state"
 
@@ -49,9 +49,9 @@ typedef enum rshmem_transport {
 
 // rshmem_peer_t.flags bits.
 // The P2P link to this peer has no native atomics (CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_
-// SUPPORTED is 0: GPUs on PCIe without atomics between them). Puts and gets go over P2P;
-// an atomic or a signal update (put_signal, signal_op) to the peer traps (BAD_PE) instead
-// of running a non-atomic read-modify-write.
+// SUPPORTED is 0: GPUs on PCIe without atomics between them). Loads and stores go over P2P
+// (puts, gets, atomic fetch/set, signal SET); a read-modify-write to the peer (swap, CAS,
+// add/and/or/xor, signal ADD) traps (BAD_PE) instead of running non-atomically.
 #define RSHMEM_PEER_NO_P2P_ATOMICS 0x1u
 
 // One entry of the peer table, indexed by world rank. 32 bytes.

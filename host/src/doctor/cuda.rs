@@ -191,8 +191,8 @@ pub struct P2pPair {
     /// None when the query failed (see `error`).
     pub access: Option<bool>,
     /// Native atomics over the link (CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED): without
-    /// them rshmem runs puts and gets over P2P but refuses atomics and signal updates to PEs
-    /// on that GPU. None without access, or when the driver could not say.
+    /// them rshmem runs loads and stores over P2P but refuses read-modify-write atomics and
+    /// signal ADDs to PEs on that GPU. None without access, or when the driver could not say.
     pub native_atomics: Option<bool>,
     pub error: Option<String>,
 }

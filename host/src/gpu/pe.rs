@@ -567,24 +567,28 @@ impl GpuPe {
                     if can != 0 {
                         let mut atomics = 0;
                         // SAFETY: valid out-pointer, attribute and devices.
-                        ck(
-                            unsafe {
-                                sys::cuDeviceGetP2PAttribute(
-                                    &mut atomics,
-                                    sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
-                                    ctx.dev,
-                                    d,
-                                )
-                            },
-                            "cuDeviceGetP2PAttribute",
-                            || format!("GPU {ordinal} -> PE {r}'s GPU: native atomics"),
-                        )?;
-                        if atomics == 0 {
+                        let rc = unsafe {
+                            sys::cuDeviceGetP2PAttribute(
+                                &mut atomics,
+                                sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+                                ctx.dev,
+                                d,
+                            )
+                        };
+                        // A driver that cannot say is taken at its word's safe side.
+                        let why = match ck(rc, "cuDeviceGetP2PAttribute", || {
+                            format!("GPU {ordinal} -> PE {r}'s GPU: native atomics")
+                        }) {
+                            Ok(()) if atomics != 0 => None,
+                            Ok(()) => Some("has no native atomics".to_string()),
+                            Err(e) => Some(format!("may lack native atomics ({e})")),
+                        };
+                        if let Some(why) = why {
                             eprintln!(
                                 "rshmem: PE {rank}: the P2P link from GPU {ordinal} to PE {r}'s \
-                                 GPU has no native atomics: puts and gets to PE {r} go over P2P, \
-                                 device atomics and signals to it trap (use NVLink-connected \
-                                 GPUs or RSHMEM_TRANSPORT=proxy)"
+                                 GPU {why}: loads, stores and signal SETs to PE {r} go over P2P, \
+                                 read-modify-write atomics and signal ADDs to it are refused \
+                                 (use NVLink-connected GPUs or RSHMEM_TRANSPORT=proxy)"
                             );
                             no_atomics[r] = true;
                         }

@@ -9,8 +9,9 @@ use std::mem::{offset_of, size_of};
 
 /// `RSHMEM_STATE_MAGIC` ("rshs" little-endian).
 pub const STATE_MAGIC: u32 = 0x7368_7372;
-/// `RSHMEM_STATE_VERSION` (2: device teams in the sync scratch).
-pub const STATE_VERSION: u32 = 2;
+/// `RSHMEM_STATE_VERSION` (2: device teams in the sync scratch; 3: `rshmem_peer_t.flags`,
+/// which a module built against older headers would ignore).
+pub const STATE_VERSION: u32 = 3;
 /// `RSHMEM_STATE_SYMBOL`: the `__constant__` global every device-API module carries.
 pub const STATE_SYMBOL: &str = "rshmemi_device_state";
 /// `RSHMEM_STATE_CHECKS`: validate PE and heap range on every device call.
@@ -36,7 +37,7 @@ pub const ERR_QUEUE: u32 = 5;
 pub const ERR_BAD_ARG: u32 = 6;
 
 /// `rshmem_peer_t.flags`: the P2P link to this peer has no native atomics (PCIe without
-/// atomics between the GPUs): atomics and signal updates to it trap (BAD_PE).
+/// atomics between the GPUs): read-modify-write atomics and signal ADDs to it trap (BAD_PE).
 pub const PEER_NO_P2P_ATOMICS: u32 = 0x1;
 
 /// `rshmem_peer_t`: how this PE reaches one peer. 32 bytes.

@@ -53,7 +53,10 @@ RSHMEM_DEVICE T rshmemi_amo(const T *dest, rshmemi_word_t<T> a, rshmemi_word_t<T
                 "rshmem atomics on float/double: only fetch, set and swap (rshmem_float_atomic_*, "
                 "rshmem_double_atomic_*)");
   typedef rshmemi_word_t<T> W;
-  const rshmemi_target_t t = rshmemi_resolve(dest, sizeof(T), pe, what, true);
+  // Fetch and set are a load and a store on the p2p path: not refused over a link without
+  // native atomics (rmw).
+  const rshmemi_target_t t =
+      rshmemi_resolve(dest, sizeof(T), pe, what, true, Op != RSHMEMI_AMO_FETCH && Op != RSHMEMI_AMO_SET);
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P: {
       W *w = reinterpret_cast<W *>(t.addr);

@@ -153,24 +153,28 @@ struct rshmemi_target_t {
   uint32_t transport;
 };
 
-// An atomic (or signal update) to a peer whose P2P link has no native atomics
-// (RSHMEM_PEER_NO_P2P_ATOMICS): refused rather than run as a non-atomic read-modify-write.
+// A read-modify-write (an atomic other than fetch/set, a signal ADD) to a peer whose P2P
+// link has no native atomics (RSHMEM_PEER_NO_P2P_ATOMICS): refused rather than run as a
+// non-atomic read-modify-write.
 [[noreturn]] __device__ __noinline__ inline void rshmemi_no_p2p_atomics(int pe, uint64_t addr, uint64_t len,
                                                                       const char *what) {
   rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_PE, pe, addr, len, 0, 0, what,
                "the P2P link to this PE has no native atomics (GPUs on PCIe without atomics): "
-               "atomics and signals cannot reach it; use NVLink-connected GPUs or "
-               "RSHMEM_TRANSPORT=proxy");
+               "read-modify-write atomics and signal ADDs cannot reach it (loads, stores, fetch, "
+               "set and signal SET can); use NVLink-connected GPUs or RSHMEM_TRANSPORT=proxy");
 }
 
 // Resolves the symmetric range [sym, sym + len) on `pe`: checks the module is bound, and
 // with RSHMEM_STATE_CHECKS the PE range and that the range is inside this PE's heap. The
 // own PE needs no peer-table load — except for atomics (`amo`) when the state has
 // RSHMEM_STATE_SELF_IBGDA: then the own PE's entry (the loopback queue) decides, so that
-// the engine alone updates words it updates atomically. The peer table is read-only for
-// the kernel's life (written at bind time), so it goes through the read-only data cache.
+// the engine alone updates words it updates atomically. `rmw`: the operation is a
+// read-modify-write on the peer's memory (not a plain load or store), refused towards a
+// peer whose P2P link has no native atomics. The peer table is read-only for the kernel's
+// life (written at bind time), so it goes through the read-only data cache.
 RSHMEM_DEVICE rshmemi_target_t rshmemi_resolve(const void *sym, uint64_t len, int pe,
-                                               const char *what, bool amo = false) {
+                                               const char *what, bool amo = false,
+                                               bool rmw = false) {
   const rshmem_device_state_t &s = rshmemi_device_state;
   const uint64_t addr = reinterpret_cast<uint64_t>(sym);
   if (__builtin_expect(!rshmemi_bound() ||
@@ -188,7 +192,7 @@ RSHMEM_DEVICE rshmemi_target_t rshmemi_resolve(const void *sym, uint64_t len, in
   const rshmem_peer_t *peer = reinterpret_cast<const rshmem_peer_t *>(s.peers) + pe;
   t.transport = __ldg(&peer->transport);
   if (t.transport == RSHMEM_TRANSPORT_P2P) {
-    if (amo && __builtin_expect((__ldg(&peer->flags) & RSHMEM_PEER_NO_P2P_ATOMICS) != 0, 0))
+    if (rmw && __builtin_expect((__ldg(&peer->flags) & RSHMEM_PEER_NO_P2P_ATOMICS) != 0, 0))
       rshmemi_no_p2p_atomics(pe, addr, len, what);
     t.addr = rshmemi_translate(s.heap_base, __ldg(&peer->heap_base), addr);
   } else {

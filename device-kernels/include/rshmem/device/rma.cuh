@@ -304,7 +304,8 @@ RSHMEM_DEVICE void rshmemi_signal_after_fence(uint64_t *remote, uint64_t signal,
 
 // Atomically updates the signal word sig_addr (symmetric, 8-byte aligned) on `pe`.
 RSHMEM_DEVICE void rshmem_signal_op(uint64_t *sig_addr, uint64_t signal, int sig_op, int pe) {
-  const rshmemi_target_t t = rshmemi_resolve(sig_addr, 8, pe, "rshmem_signal_op", true);
+  const rshmemi_target_t t =
+      rshmemi_resolve(sig_addr, 8, pe, "rshmem_signal_op", true, sig_op == RSHMEM_SIGNAL_ADD);
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P:
       rshmemi_signal_release(reinterpret_cast<uint64_t *>(t.addr), signal, sig_op, pe,
@@ -343,9 +344,10 @@ RSHMEM_DEVICE void rshmemi_putmem_signal(void *dest, const void *source, size_t 
                                          uint64_t *sig_addr, uint64_t signal, int sig_op, int pe,
                                          const char *what) {
   // amo: the signal is an atomic update (the whole operation takes the loopback queue
-  // when the state routes the own PE's atomics through it).
+  // when the state routes the own PE's atomics through it); rmw only for the signal, and
+  // only an ADD is a read-modify-write.
   const rshmemi_target_t t = rshmemi_resolve(dest, bytes, pe, what, true);
-  const rshmemi_target_t ts = rshmemi_resolve(sig_addr, 8, pe, what, true);
+  const rshmemi_target_t ts = rshmemi_resolve(sig_addr, 8, pe, what, true, sig_op == RSHMEM_SIGNAL_ADD);
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P:
       rshmemi_copy(reinterpret_cast<void *>(t.addr), source, bytes, rshmemi_scope_rank<S>(),
