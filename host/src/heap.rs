@@ -19,7 +19,9 @@
 //! Segments are files in `/dev/shm` named `rshmem-<job id>-pe<rank>`: created by their owner,
 //! opened by every PE of the node, and unlinked by the owner once all have mapped it, so that
 //! nothing is left behind even if the job crashes later. The launcher removes any leftover of
-//! a crash inside that short window by the job-id prefix.
+//! a crash inside that short window by the job-id prefix. Where /dev/shm cannot hold the
+//! node's heaps, a segment is a memfd instead, opened by peers as `/proc/<pid>/fd/<fd>`
+//! ([`create_node_segment`]); peers check the (device, inode) they opened.
 
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -169,9 +171,29 @@ impl Segment {
         Ok((seg, SegmentName::Memfd { fd, locator }))
     }
 
+    /// [`Segment::open`], refusing a file whose (device, inode) is not `identity` (the
+    /// owner's [`SegmentName::identity`]).
+    pub fn open_identified(
+        path: &str,
+        len: usize,
+        skew: usize,
+        identity: (u64, u64),
+    ) -> Result<Segment> {
+        Self::open_inner(path, len, skew, Some(identity))
+    }
+
     /// Opens and maps an existing segment created by another PE of this node, `skew` bytes
     /// into a fresh reservation.
     pub fn open(path: &str, len: usize, skew: usize) -> Result<Segment> {
+        Self::open_inner(path, len, skew, None)
+    }
+
+    fn open_inner(
+        path: &str,
+        len: usize,
+        skew: usize,
+        identity: Option<(u64, u64)>,
+    ) -> Result<Segment> {
         let c = CString::new(path).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         // SAFETY: valid path; opening an existing file read-write.
         let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -196,6 +218,25 @@ impl Segment {
                 source: io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("segment is {} bytes, expected {len}", st.st_size),
+                ),
+            });
+        }
+        let found = (st.st_dev as u64, st.st_ino as u64);
+        if identity.is_some_and(|id| id != found) {
+            // SAFETY: fd is open.
+            unsafe { libc::close(fd) };
+            return Err(Error::Shm {
+                op: "open",
+                path: path.to_string(),
+                size: len,
+                source: io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "this is not the owner's segment (device/inode {found:?}, the owner's \
+                         {:?}): PEs with one node id must share /dev/shm and the pid namespace \
+                         (/proc); give PEs in other containers another RSHMEM_NODE_ID",
+                        identity.unwrap_or_default()
+                    ),
                 ),
             });
         }
@@ -306,6 +347,25 @@ impl SegmentName {
             SegmentName::Memfd { locator, .. } => locator,
         }
     }
+
+    /// (device, inode) of the segment's file: a peer checks that the locator opened this
+    /// very file (`/proc/<pid>/fd/<fd>` names another process's fd, or a wrong one, in a
+    /// peer that runs in another pid namespace).
+    pub fn identity(&self) -> Result<(u64, u64)> {
+        file_identity(self.locator())
+    }
+}
+
+/// (st_dev, st_ino) of the file at `path` (links followed).
+fn file_identity(path: &str) -> Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).map_err(|e| Error::Shm {
+        op: "stat",
+        path: path.to_string(),
+        size: 0,
+        source: e,
+    })?;
+    Ok((m.dev(), m.ino()))
 }
 
 impl Drop for SegmentName {
@@ -320,15 +380,20 @@ impl Drop for SegmentName {
 /// Creates PE `rank`'s segment of job `job_id` for its node peers to map: the file
 /// [`segment_path`] in `/dev/shm`, or, when that cannot be made (no room in `/dev/shm`, as
 /// in a container's default 64 MiB, or no `/dev/shm` at all), an anonymous memfd, which
-/// only memory limits. Fails only when both fail, with both reasons.
+/// only memory limits. `node_pes`: the PEs of this node, which all create theirs now
+/// (tmpfs reserves nothing at creation, so /dev/shm must hold all of them, or a later
+/// touch dies of SIGBUS). Fails only when both fail, with both reasons.
 pub fn create_node_segment(
     job_id: &str,
     rank: usize,
     len: usize,
     skew: usize,
+    node_pes: usize,
 ) -> Result<(Segment, SegmentName)> {
     let path = segment_path(job_id, rank);
-    let file_err = match Segment::create(&path, len, skew) {
+    let file = check_shm_space(&path, len.saturating_mul(node_pes.max(1)))
+        .and_then(|()| Segment::create(&path, len, skew));
+    let file_err = match file {
         Ok(seg) => return Ok((seg, SegmentName::File(path))),
         Err(e) => e,
     };
@@ -608,6 +673,14 @@ mod tests {
             e.contains("segment is 1048576 bytes, expected 2097152"),
             "{e}"
         );
+        // The owner's identity opens it; another file's (a peer in another pid namespace
+        // reaching a different process's fd by the same path) is refused.
+        let (_t, other) = Segment::create_memfd("rshmem-unittest-other", 1 << 20, 0).unwrap();
+        Segment::open_identified(&at, 1 << 20, 0, name.identity().unwrap()).unwrap();
+        let e = Segment::open_identified(&at, 1 << 20, 0, other.identity().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("this is not the owner's segment"), "{e}");
         // Closing the name leaves the mappings (another test may reuse the fd number at
         // once, so what the locator opens afterwards is not checked).
         drop(name);

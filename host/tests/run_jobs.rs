@@ -230,13 +230,17 @@ fn bench_collectives_as_threads_processes_and_over_the_proxy() {
 /// made here and RSHMEM_SKIP_NETNS=1 allows skipping (a loud SKIPPED line), else a failure
 /// naming what is missing.
 fn in_small_dev_shm(test: &str, script: &str) -> Option<std::process::Output> {
-    let script = format!("mount -t tmpfs -o size=1m rshmem-small-shm /dev/shm && {script}");
+    // The marker says the namespace is ready: without it nothing of the job ran (unshare
+    // or mount refused), with it every failure is the job's.
+    let script = format!(
+        "mount -t tmpfs -o size=1m rshmem-small-shm /dev/shm && echo RSHMEM-NS-READY && {script}"
+    );
     let o = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", &script])
         .output();
     let why = match &o {
         Err(e) => format!("`unshare` cannot be run: {e}"),
-        Ok(o) if o.status.code() == Some(1) && o.stdout.is_empty() => {
+        Ok(o) if !String::from_utf8_lossy(&o.stdout).contains("RSHMEM-NS-READY") => {
             // unshare or mount refused (not root): no PE ran.
             String::from_utf8_lossy(&o.stderr).trim().to_string()
         }
