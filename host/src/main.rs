@@ -199,8 +199,8 @@ fn main() {
     // GPU PEs of one process each have a stream, and their kernels wait for each other.
     // Streams beyond the driver's connections share one and then run in submission order
     // ("false dependencies"), so a PE's kernel queued behind a peer's waiting kernel would
-    // never start: with the default 8, `--pes 8` plus the EP bench's gate stream is
-    // already one too many. Set before any thread exists and before cuInit reads it; a
+    // never start: with the default 8, `--pes 8` plus the legacy stream is already one too
+    // many. Set before any thread exists and before cuInit reads it; a
     // value the user exported wins. Not for `run`: the programs it starts get the
     // environment the user gave them.
     if !matches!(cli.command, Command::Run(_))

@@ -925,10 +925,9 @@ impl EpGraph {
     }
 }
 
-/// Collective: loads and binds this PE's instance of the `ep_ll` module. PE 0 loads
-/// first: without a prebuilt cubin the driver JIT-compiles the PTX once and caches it
-/// (CUDA's compute cache), the other PEs then load from the cache instead of compiling it
-/// concurrently.
+/// Loads and binds this PE's instance of the `ep_ll` module. Without a prebuilt cubin the
+/// driver JIT-compiles the PTX; the PEs of a process take turns (`Module::load_library`),
+/// so the later ones load from CUDA's compute cache instead of compiling it concurrently.
 pub fn load_module(g: &GpuPe) -> Result<Module> {
     // The bundle's cubin of this very PTX when RSHMEM_PTX_DIR has one, else the PTX (PEs
     // of one process take turns to JIT it, Module::load_library).

@@ -29,7 +29,7 @@
 
 use super::driver::{ck, driver};
 use super::ep::{load_module, GpuBuffer, IdxType, Replayed};
-use super::module::Module;
+use super::module::{Ctx, Module};
 use super::pe::{DevBuf, GpuPe};
 use super::run_gpu_threads;
 use crate::config::{LaunchInfo, Settings};
@@ -39,7 +39,8 @@ use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use serde::Serialize;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// GPU-only fields of a bench point (flattened into the JSON object).
@@ -1035,11 +1036,17 @@ fn wait_event(g: &GpuPe, e: sys::CUevent, what: &str) -> Result<()> {
 /// streams in every PE's context, on any GPU of the node, can wait on it) and opens with
 /// CPU stores. Device memory of PE 0 would not do on a multi-GPU node: other GPUs cannot
 /// address a `cuMemAlloc` block without peer access enabled.
-struct HostGate(*mut u32);
+///
+/// The bench point's caller owns it, so the word and PE 0's context (which the allocation
+/// belongs to) outlive every PE thread: a stream on another GPU may still wait on the word
+/// after PE 0 returned (an error path), and freeing it then, or tearing down PE 0's
+/// context, could leave that wait reading freed memory.
+#[derive(Default)]
+struct HostGate(std::sync::Mutex<Option<(Arc<Ctx>, usize)>>);
 
 impl HostGate {
-    /// Allocates the word (0: closed) in PE 0's context (current: the PE's thread).
-    fn new(g: &GpuPe) -> Result<HostGate> {
+    /// PE 0: allocates the word (0: closed) in its context; returns its host address.
+    fn create(&self, g: &GpuPe) -> Result<*mut u32> {
         g.enter()?;
         let mut host: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer; 64 bytes (one line), pinned, mapped for every context.
@@ -1057,16 +1064,29 @@ impl HostGate {
         let word = host.cast::<u32>();
         // SAFETY: 64 writable bytes just allocated, not yet shared.
         unsafe { word.write(0) };
-        Ok(HostGate(word))
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((g.ctx().clone(), word as usize));
+        Ok(word)
     }
 
-    /// Frees the word: only once no stream may wait on it any more (after the final
-    /// barrier). Dropped without this (an error path, where a peer's stream may still be
-    /// parked on it), the word is left to the context's teardown.
-    fn free(self, g: &GpuPe) {
-        if g.enter().is_ok() {
-            // SAFETY: allocated by cuMemHostAlloc in this context; freed once (self moved).
-            unsafe { sys::cuMemFreeHost(self.0.cast()) };
+    /// The word's host address (after PE 0 created it and a barrier), null before.
+    fn word(&self) -> *mut u32 {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |(_, w)| *w as *mut u32)
+    }
+}
+
+impl Drop for HostGate {
+    fn drop(&mut self) {
+        let taken = self.0.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((ctx, word)) = taken {
+            if ctx.enter().is_ok() {
+                // SAFETY: allocated by cuMemHostAlloc in this context (kept alive by `ctx`)
+                // and freed once; every PE thread has ended.
+                unsafe { sys::cuMemFreeHost(word as *mut c_void) };
+            }
         }
     }
 }
@@ -1182,7 +1202,7 @@ pub fn run(a: &EpBenchArgs) -> Result<EpReport> {
         for &t in &a.tokens {
             let cfg = config_of(a, t);
             super::ep::check_config(&cfg, n)?;
-            let gate = AtomicU64::new(0);
+            let gate = HostGate::default();
             let out = run_gpu_threads(
                 n,
                 settings_for(crate::ep::bench::settings_of(a)?, &cfg, n)?,
@@ -1219,12 +1239,7 @@ fn gate_open_for_good(total: usize) -> u32 {
 }
 
 /// One bench point on one GPU PE; Some on PE 0.
-fn point(
-    g: &GpuPe,
-    a: &EpBenchArgs,
-    tokens: usize,
-    gate_at: &AtomicU64,
-) -> Result<Option<EpPoint>> {
+fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate: &HostGate) -> Result<Option<EpPoint>> {
     let (me, n) = (g.my_pe(), g.n_pes());
     let pe = g.pe();
     let cfg = config_of(a, tokens);
@@ -1294,29 +1309,32 @@ fn point(
     let returned: f64 = d0.recv_count.iter().map(|&c| c as f64).sum();
     drop((d0, comb0));
 
-    // The start gate: a word of host memory PE 0 allocates and opens (HostGate).
-    let gate_mem = if me == 0 {
-        let m = HostGate::new(g)?;
-        gate_at.store(m.0 as u64, Ordering::Release);
-        Some(m)
+    // The start gate: a word of host memory PE 0 allocates and opens (HostGate). From its
+    // creation on, PE 0 opens it for good when it leaves, on every path (the barrier below
+    // may fail on PE 0 only, after the others passed it and parked their streams). The
+    // wait is CU_STREAM_WAIT_VALUE_GEQ, a cyclic compare ((int32_t)(*addr - value) >= 0):
+    // the gate opens for every pending wait (values up to 2 * total) with a value at or
+    // above them and less than 2^31 past them — not u32::MAX, which reads as "behind"
+    // every small value.
+    let total = a.warmup + a.iters;
+    let open_for_good = if me == 0 {
+        Some(OpenForGood(gate.create(g)?, gate_open_for_good(total)))
     } else {
         None
     };
     pe.barrier_all()?;
-    let gate_host = gate_at.load(Ordering::Acquire) as *mut u32;
-    let total = a.warmup + a.iters;
-    // From here on PE 0 opens the gate for good when it leaves, on every path. The wait is
-    // CU_STREAM_WAIT_VALUE_GEQ, a cyclic compare ((int32_t)(*addr - value) >= 0): the gate
-    // opens for every pending wait (values up to 2 * total) with a value at or above them
-    // and less than 2^31 past them — not u32::MAX, which reads as "behind" every small
-    // value.
-    let open_for_good = (me == 0).then(|| OpenForGood(gate_host, gate_open_for_good(total)));
+    let gate_host = gate.word();
+    if gate_host.is_null() {
+        return Err(Error::InvalidArgument(
+            "EP bench: PE 0 passed the barrier without creating the start gate".into(),
+        ));
+    }
     g.enter()?;
-    let mut gate: sys::CUdeviceptr = 0;
+    let mut gate_dev: sys::CUdeviceptr = 0;
     // SAFETY: valid out-pointer; gate_host is PE 0's portable, device-mapped allocation,
     // alive (see HostGate); flags must be 0.
     ck(
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut gate, gate_host.cast(), 0) },
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut gate_dev, gate_host.cast(), 0) },
         "cuMemHostGetDevicePointer",
         || "the EP bench start gate in this PE's context".into(),
     )?;
@@ -1332,13 +1350,13 @@ fn point(
         for it in 0..total {
             let v = 2 * it as u32;
             g.enter()?;
-            wait_gate(g, gate, v + 1)?;
+            wait_gate(g, gate_dev, v + 1)?;
             record(g, ev[0])?;
             let mut h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), ty, tokens, true)?;
             record(g, ev[1])?;
             buf.recv_hook(&mut h)?;
             record(g, ev[2])?;
-            wait_gate(g, gate, v + 2)?;
+            wait_gate(g, gate_dev, v + 2)?;
             record(g, ev[3])?;
             if a.zero_copy {
                 buf.get_next_low_latency_combine_buffer(&h)?;
@@ -1406,11 +1424,7 @@ fn point(
     let blobs = pe.boot().allgather(&pe.world().group(), &blob)?;
     buf.destroy()?;
     pe.barrier_all()?;
-    // Every wait on the gate is done: open it for good now (not after the free).
     drop(open_for_good);
-    if let Some(m) = gate_mem {
-        m.free(g);
-    }
     drop(expert_out);
     if me != 0 {
         return Ok(None);

@@ -73,7 +73,7 @@ pub fn cuda_connections(var: Option<&str>) -> (u32, bool) {
 }
 
 /// The most GPU PEs one process may put on a GPU with `queues` hardware queues: two are
-/// kept for the legacy stream and one side stream (see [`check_pes_fit_queues`]).
+/// kept for the legacy stream and a spare stream (see [`check_pes_fit_queues`]).
 pub fn max_pes_per_gpu(queues: u32) -> usize {
     (queues as usize).saturating_sub(2)
 }
@@ -81,8 +81,8 @@ pub fn max_pes_per_gpu(queues: u32) -> usize {
 /// Refuses more GPU PEs on one GPU in one process than its hardware queues carry. Each PE
 /// has a stream, and the PEs' kernels wait for each other; streams beyond the queues share
 /// one and run in submission order, so a kernel could wait behind a peer's kernel that
-/// waits for it. Two queues are kept for the legacy stream and one side stream (the EP
-/// bench's start gate).
+/// waits for it. Two queues are kept for the legacy stream and a spare stream (a program's
+/// own; the EP bench's start gate once was one, and is now a host word).
 pub fn check_pes_fit_queues(pes_per_gpu: usize, var: Option<&str>) -> Result<()> {
     let (queues, _) = cuda_connections(var);
     let most = max_pes_per_gpu(queues);
