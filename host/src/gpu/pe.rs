@@ -500,10 +500,12 @@ impl GpuPe {
         let heap_size = mine.size();
         same_heap_size(boot, &world, heap_size)?;
 
-        // Where each heap lives (process id, address): PEs of this process can fall back
-        // to mapping a peer's heap through its address (VmmMapping::retain).
+        // Where each heap lives (process, address): PEs of this process map a peer's heap
+        // through its address (VmmMapping::retain). A process is named by a random nonce,
+        // not its pid: processes in different pid namespaces may share a pid (and, alike,
+        // the heap's address), and retain would then map this process's own heap.
         let mut place = Vec::with_capacity(16);
-        place.extend_from_slice(&(std::process::id() as u64).to_le_bytes());
+        place.extend_from_slice(&process_nonce().to_le_bytes());
         place.extend_from_slice(&mine.va().to_le_bytes());
         let places = boot.allgather(&world, &place)?;
         let place_of = |r: usize| -> Result<(u64, u64)> {
@@ -598,12 +600,12 @@ impl GpuPe {
                 None => false,
             };
             if reachable {
-                let (pid, va) = place_of(r)?;
+                let (process, va) = place_of(r)?;
                 // A peer in this process (several GPU PEs per process) is mapped through its
                 // allocation, as NCCL maps same-process peers: CUDA documents importing a
                 // POSIX fd in another process, not in the one that exported it. The fd
                 // import stays as the fallback.
-                heaps[r] = Some(if pid == std::process::id() as u64 {
+                heaps[r] = Some(if process == process_nonce() {
                     match VmmMapping::retain(va, heap_size, ordinal, r) {
                         Ok(m) => m,
                         Err(e) => {
@@ -1649,6 +1651,27 @@ fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, usize)>
         eprintln!("{w}");
     }
     Ok((setup, ids, here.len()))
+}
+
+/// A random number naming this process among the job's (drawn once; never 0).
+fn process_nonce() -> u64 {
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NONCE.get_or_init(|| {
+        use std::io::Read;
+        let mut b = [0u8; 8];
+        let drawn = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+        let v = u64::from_le_bytes(b);
+        if drawn.is_ok() && v != 0 {
+            v
+        } else {
+            // No urandom: pid and clock, still distinct from another namespace's pid 1
+            // started at another instant.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            (std::process::id() as u64) << 32 ^ t | 1
+        }
+    })
 }
 
 /// The ranks whose heap is on the same GPU as `rank`'s: same node, same PCI bus id
