@@ -388,7 +388,11 @@ impl Module {
         // cache for the others (megabytes of PTX take ptxas tens of seconds) instead of
         // every PE compiling the same PTX at once. The wait is for driver calls only; a
         // host barrier around PE 0's load instead would be bounded by RSHMEM_TIMEOUT_MS,
-        // which a long compilation can outlast.
+        // which a long compilation can outlast. Without the cache (CUDA_CACHE_DISABLE=1)
+        // turns would only serialise the compilations: then they run at once.
+        if std::env::var("CUDA_CACHE_DISABLE").as_deref() == Ok("1") {
+            return Module::load(ctx, name, ptx);
+        }
         let lock = jit_lock(name);
         let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
         Module::load(ctx, name, ptx)
