@@ -713,7 +713,7 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
         } else if (!complete) {
           counts([&](uint64_t *w, int32_t expert) {
             return ep_comm::wait_tag(w, c.tag, wpe(c, j), expert,
-                                     "EP dispatch (shrink): a count another unit saw");
+                                     "EP dispatch (shrink): a count another unit saw", true);
           });
         }
         if (j < s) begin += n;
@@ -897,7 +897,7 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
       s_low[p] = static_cast<uint32_t>(
           ep_comm::wait_tag(local_word(a, ep_combine_flag_word(&c.lay, a.set, p)), c.tag,
                             wpe(c, p), -1,
-                            "EP combine (shrink): a flag another block saw") &
+                            "EP combine (shrink): a flag another block saw", true) &
           0xffffffffu);
     }
   }

@@ -75,15 +75,21 @@ __device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p) { return rshme
 
 // Waits until the high 32 bits (the tag) of the word at `p` equal `tag`; returns the
 // word. Bounded by state.timeout_ns; on timeout reports (peer, expert, what) and traps.
+// `sent`: only the value the PE sent counts, not a shrink marker carrying the tag (a unit
+// that settled the word itself may still read back its own marker after another unit
+// decided the word came: it waits for the sent value, which that decision says exists).
 __device__ __forceinline__ uint64_t wait_tag(const uint64_t *p, uint64_t tag, int32_t peer_pe,
-                                             int32_t expert, const char *what) {
+                                             int32_t expert, const char *what, bool sent = false) {
+  const auto ok = [&](uint64_t v) {
+    return (v >> 32) == tag && !(sent && (v & 0xffffffffu) == EP_SHRUNK);
+  };
   uint64_t v = ld_acquire(p);
-  if ((v >> 32) == tag) return v;
+  if (ok(v)) return v;
   const uint64_t start = rshmemi_globaltimer();
   const uint64_t bound = rshmemi_effective_timeout(state().timeout_ns);
   for (;;) {
     v = ld_acquire(p);
-    if ((v >> 32) == tag) return v;
+    if (ok(v)) return v;
     if (rshmemi_globaltimer() - start > bound)
       fail(RSHMEM_DEVICE_ERR_WAIT_TIMEOUT, peer_pe, reinterpret_cast<uint64_t>(p), tag << 32, v,
            RSHMEM_CMP_EQ, what, expert);
