@@ -22,8 +22,10 @@
 // host/tests/device-emu), one forked process per block, all blocks at once; without a
 // library that has the kernel, the launch is refused (CUDA_ERROR_NOT_SUPPORTED). Stream
 // capture records launches and graphs replay them; 32-bit stream memory waits and writes.
-// Device affinity: cuMemAlloc memory belongs to its device, and a stream memory operation
-// of another device's stream on it is refused (peer access is never enabled).
+// Device affinity: cuMemAlloc memory belongs to its device, and so does pinned host memory
+// made without PORTABLE (cuMemHostGetDevicePointer from another device's context fails);
+// a stream memory operation of another device's stream on such memory is refused (peer
+// access is never enabled).
 // Not emulated: dma-buf export, cubin images. Test code only.
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -66,7 +68,8 @@ struct range {
   uintptr_t lo, hi;
   int access;    // R_MAPPED: cuMemSetAccess granted read-write
   void *handle;  // R_MAPPED: the allocation handle
-  int device;    // R_ALLOC: the device whose context allocated it (else -1)
+  int device;    // R_ALLOC, and R_HOSTALLOC / R_REGISTERED without PORTABLE: the device
+                 // whose context made it (else -1: every context)
 };
 static struct range ranges[MAX_RANGES];
 
@@ -302,7 +305,8 @@ EXPORT CUresult cuMemHostAlloc(void **p, size_t len, unsigned int flags) {
   void *m = shared_alloc(len, 1);
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&lock);
-  add_range(R_HOSTALLOC, (uintptr_t)m, len);
+  struct range *h = add_range(R_HOSTALLOC, (uintptr_t)m, len);
+  if (h && !(flags & CU_MEMHOSTALLOC_PORTABLE)) h->device = ((struct ctx *)current)->device;
   pthread_mutex_unlock(&lock);
   *p = m;
   return CUDA_SUCCESS;
@@ -364,8 +368,13 @@ EXPORT CUresult cuMemHostRegister(void *p, size_t len, unsigned int flags) {
   CUresult out = CUDA_SUCCESS;
   if (find_range(R_REGISTERED, (uintptr_t)p) || find_range(R_REGISTERED, (uintptr_t)p + len - 1))
     out = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-  else if (!add_range(R_REGISTERED, (uintptr_t)p, len))
-    out = CUDA_ERROR_OUT_OF_MEMORY;
+  else {
+    struct range *g = add_range(R_REGISTERED, (uintptr_t)p, len);
+    if (!g)
+      out = CUDA_ERROR_OUT_OF_MEMORY;
+    else if (!(flags & CU_MEMHOSTREGISTER_PORTABLE))
+      g->device = ((struct ctx *)current)->device;
+  }
   pthread_mutex_unlock(&lock);
   return out;
 }
@@ -378,9 +387,14 @@ EXPORT CUresult cuMemHostUnregister(void *p) {
   return g ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }
 EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned int flags) {
+  CUresult r = need_ctx();
+  if (r) return r;
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&lock);
-  int ok = find_range(R_REGISTERED, (uintptr_t)p) || find_range(R_HOSTALLOC, (uintptr_t)p);
+  struct range *g = find_range(R_REGISTERED, (uintptr_t)p);
+  if (!g) g = find_range(R_HOSTALLOC, (uintptr_t)p);
+  // Pinned memory without PORTABLE is pinned for the context that made it only.
+  const int ok = g && (g->device < 0 || g->device == ((struct ctx *)current)->device);
   pthread_mutex_unlock(&lock);
   if (!ok) return CUDA_ERROR_INVALID_VALUE;
   *d = (CUdeviceptr)(uintptr_t)p;
@@ -1258,14 +1272,16 @@ static CUresult enqueue_value(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned 
   const int ok = device_accessible((uintptr_t)a, 4);
   int owner = -1;
   for (int i = 0; i < MAX_RANGES; ++i)
-    if (ranges[i].kind == R_ALLOC && (uintptr_t)a >= ranges[i].lo && (uintptr_t)a < ranges[i].hi)
+    if ((ranges[i].kind == R_ALLOC || ranges[i].kind == R_HOSTALLOC ||
+         ranges[i].kind == R_REGISTERED) &&
+        (uintptr_t)a >= ranges[i].lo && (uintptr_t)a < ranges[i].hi)
       owner = ranges[i].device;
   pthread_mutex_unlock(&lock);
   if (!ok) return CUDA_ERROR_INVALID_VALUE;
   if (owner >= 0 && owner != dev) {
     fprintf(stderr,
-            "hostcuda: stream memory operation of GPU %d on %#llx, cuMemAlloc memory of GPU %d "
-            "(no peer access)\n",
+            "hostcuda: stream memory operation of GPU %d on %#llx, memory of GPU %d (cuMemAlloc "
+            "without peer access, or pinned host memory without PORTABLE)\n",
             dev, (unsigned long long)a, owner);
     return CUDA_ERROR_INVALID_VALUE;
   }
