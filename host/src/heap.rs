@@ -205,39 +205,30 @@ impl Segment {
                 source: io::Error::last_os_error(),
             });
         }
+        // SAFETY: libc::stat is plain old data; all-zero is a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fd is open and st is a valid out-pointer.
         let r = unsafe { libc::fstat(fd, &mut st) };
-        if r != 0 || (st.st_size as usize) < len {
-            // SAFETY: fd is open.
-            unsafe { libc::close(fd) };
-            return Err(Error::Shm {
-                op: "open",
-                path: path.to_string(),
-                size: len,
-                source: io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("segment is {} bytes, expected {len}", st.st_size),
-                ),
-            });
-        }
         let found = (st.st_dev as u64, st.st_ino as u64);
-        if identity.is_some_and(|id| id != found) {
+        let refused = if r != 0 || (st.st_size as usize) < len {
+            Some(format!("segment is {} bytes, expected {len}", st.st_size))
+        } else {
+            identity.filter(|&id| id != found).map(|id| {
+                format!(
+                    "this is not the owner's segment (device/inode {found:?}, the owner's \
+                     {id:?}): PEs with one node id must share /dev/shm and the pid namespace \
+                     (/proc); give PEs in other containers another RSHMEM_NODE_ID"
+                )
+            })
+        };
+        if let Some(why) = refused {
             // SAFETY: fd is open.
             unsafe { libc::close(fd) };
             return Err(Error::Shm {
                 op: "open",
                 path: path.to_string(),
                 size: len,
-                source: io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "this is not the owner's segment (device/inode {found:?}, the owner's \
-                         {:?}): PEs with one node id must share /dev/shm and the pid namespace \
-                         (/proc); give PEs in other containers another RSHMEM_NODE_ID",
-                        identity.unwrap_or_default()
-                    ),
-                ),
+                source: io::Error::new(io::ErrorKind::InvalidData, why),
             });
         }
         let seg = Self::map_fd(fd, path, len, skew);
@@ -425,6 +416,7 @@ fn check_shm_space(path: &str, len: usize) -> Result<()> {
         .and_then(|p| p.to_str())
         .unwrap_or("/dev/shm");
     let c = CString::new(dir).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    // SAFETY: libc::statvfs is plain old data; all-zero is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid path and out-pointer.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
