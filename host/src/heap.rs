@@ -168,18 +168,15 @@ impl Segment {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
         let locator = format!("/proc/{pid}/fd/{}", fd.as_raw_fd());
-        Ok((seg, SegmentName::Memfd { fd, locator }))
-    }
-
-    /// [`Segment::open`], refusing a file whose (device, inode) is not `identity` (the
-    /// owner's [`SegmentName::identity`]).
-    pub fn open_identified(
-        path: &str,
-        len: usize,
-        skew: usize,
-        identity: (u64, u64),
-    ) -> Result<Segment> {
-        Self::open_inner(path, len, skew, Some(identity))
+        let identity = file_identity(&locator)?;
+        Ok((
+            seg,
+            SegmentName {
+                locator,
+                identity,
+                memfd: Some(fd),
+            },
+        ))
     }
 
     /// Opens and maps an existing segment created by another PE of this node, `skew` bytes
@@ -325,25 +322,30 @@ impl Drop for Segment {
 /// peers as `/proc/<pid>/fd/<fd>`; closed on drop). Dropping the name never unmaps anything:
 /// every mapping keeps its own reference to the memory.
 #[derive(Debug)]
-pub enum SegmentName {
-    File(String),
-    Memfd { fd: OwnedFd, locator: String },
+pub struct SegmentName {
+    /// The path a node peer opens.
+    locator: String,
+    /// (device, inode) of the segment's file: a peer checks that the locator opened this
+    /// very file (`/proc/<pid>/fd/<fd>` names another process's fd, or a wrong one, in a
+    /// peer that runs in another pid namespace).
+    identity: (u64, u64),
+    /// The memfd, for a segment that is one.
+    memfd: Option<OwnedFd>,
 }
 
 impl SegmentName {
     /// The path a node peer opens to map the segment.
     pub fn locator(&self) -> &str {
-        match self {
-            SegmentName::File(p) => p,
-            SegmentName::Memfd { locator, .. } => locator,
-        }
+        &self.locator
     }
 
-    /// (device, inode) of the segment's file: a peer checks that the locator opened this
-    /// very file (`/proc/<pid>/fd/<fd>` names another process's fd, or a wrong one, in a
-    /// peer that runs in another pid namespace).
-    pub fn identity(&self) -> Result<(u64, u64)> {
-        file_identity(self.locator())
+    /// What a node peer needs to map the segment ([`open_node_segment`]): the identity
+    /// (device, inode; little-endian) and the locator.
+    pub fn record(&self) -> Vec<u8> {
+        let mut r = self.identity.0.to_le_bytes().to_vec();
+        r.extend(self.identity.1.to_le_bytes());
+        r.extend(self.locator.as_bytes());
+        r
     }
 }
 
@@ -361,11 +363,26 @@ fn file_identity(path: &str) -> Result<(u64, u64)> {
 
 impl Drop for SegmentName {
     fn drop(&mut self) {
-        // The memfd closes with its OwnedFd.
-        if let SegmentName::File(p) = self {
-            unlink(p);
+        // A memfd closes with its OwnedFd.
+        if self.memfd.is_none() {
+            unlink(&self.locator);
         }
     }
+}
+
+/// Maps the segment a node peer published as `record` ([`SegmentName::record`]), `skew`
+/// bytes into a fresh reservation; refuses a file whose (device, inode) is not the owner's.
+pub fn open_node_segment(record: &[u8], len: usize, skew: usize) -> Result<Segment> {
+    if record.len() < 16 {
+        return Err(Error::InvalidArgument(format!(
+            "a heap locator record of {} bytes (at least 16)",
+            record.len()
+        )));
+    }
+    let id = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let identity = (id(&record[..8]), id(&record[8..16]));
+    let at = String::from_utf8_lossy(&record[16..]);
+    Segment::open_inner(&at, len, skew, Some(identity))
 }
 
 /// Creates PE `rank`'s segment of job `job_id` for its node peers to map: the file
@@ -385,7 +402,16 @@ pub fn create_node_segment(
     let file = check_shm_space(&path, len.saturating_mul(node_pes.max(1)))
         .and_then(|()| Segment::create(&path, len, skew));
     let file_err = match file {
-        Ok(seg) => return Ok((seg, SegmentName::File(path))),
+        Ok(seg) => {
+            let mut name = SegmentName {
+                identity: (0, 0),
+                locator: path,
+                memfd: None,
+            };
+            // Dropped on an error, the name removes the file.
+            name.identity = file_identity(&name.locator)?;
+            return Ok((seg, name));
+        }
         Err(e) => e,
     };
     Segment::create_memfd(&format!("rshmem-{job_id}-pe{rank}"), len, skew).map_err(|m| {
@@ -668,8 +694,11 @@ mod tests {
         // The owner's identity opens it; another file's (a peer in another pid namespace
         // reaching a different process's fd by the same path) is refused.
         let (_t, other) = Segment::create_memfd("rshmem-unittest-other", 1 << 20, 0).unwrap();
-        Segment::open_identified(&at, 1 << 20, 0, name.identity().unwrap()).unwrap();
-        let e = Segment::open_identified(&at, 1 << 20, 0, other.identity().unwrap())
+        open_node_segment(&name.record(), 1 << 20, 0).unwrap();
+        let mut wrong = other.record();
+        wrong.truncate(16);
+        wrong.extend(at.as_bytes());
+        let e = open_node_segment(&wrong, 1 << 20, 0)
             .unwrap_err()
             .to_string();
         assert!(e.contains("this is not the owner's segment"), "{e}");

@@ -237,19 +237,14 @@ impl Pe {
         // small): each PE publishes where its segment opens, and maps its node peers'.
         let node_ids = boot.node_ids().to_vec();
         let local: Vec<usize> = (0..n).filter(|&r| node_ids[r] == node_ids[rank]).collect();
-        let created = heap::create_node_segment(
+        let (mine, my_name) = match heap::create_node_segment(
             &job_id,
             rank,
             heap_size,
             heap::mapping_skew(rank),
             local.len(),
-        )
-        .and_then(|(seg, name)| {
-            let id = name.identity()?;
-            Ok((seg, name, id))
-        });
-        let (mine, my_name) = match created {
-            Ok((seg, name, id)) => (Ok(seg), Some((name, id))),
+        ) {
+            Ok((seg, name)) => (Ok(seg), Some(name)),
             Err(e) => (Err(e), None),
         };
         // Whatever happens next, the name goes away when init ends (the file is removed,
@@ -257,29 +252,16 @@ impl Pe {
         // and nobody needs it).
         exchange_status(&boot, &world_group, "create its symmetric heap", &mine)?;
         let mine = mine?;
-        let (my_name, (dev, ino)) = my_name.expect("a created segment has a name");
-        // Where each segment opens, after its (device, inode): a peer that reaches another
+        let my_name = my_name.expect("a created segment has a name");
+        // Where each segment opens, with its (device, inode): a peer that reaches another
         // file by that path (another pid namespace) is refused, not mapped.
-        let mut record = dev.to_le_bytes().to_vec();
-        record.extend(ino.to_le_bytes());
-        record.extend(my_name.locator().as_bytes());
-        let locators = boot.allgather(&world_group, &record)?;
+        let records = boot.allgather(&world_group, &my_name.record())?;
         let mut peers: Vec<Option<Segment>> = (0..n).map(|_| None).collect();
         let opened: Result<()> = local.iter().filter(|&&r| r != rank).try_for_each(|&r| {
-            let rec = &locators[r];
-            if rec.len() < 16 {
-                return Err(Error::InvalidArgument(format!(
-                    "PE {r}'s heap locator record is {} bytes (at least 16)",
-                    rec.len()
-                )));
-            }
-            let id = (le_u64(&rec[..8]), le_u64(&rec[8..16]));
-            let at = String::from_utf8_lossy(&rec[16..]);
-            peers[r] = Some(Segment::open_identified(
-                &at,
+            peers[r] = Some(heap::open_node_segment(
+                &records[r],
                 heap_size,
                 heap::mapping_skew(r),
-                id,
             )?);
             Ok(())
         });

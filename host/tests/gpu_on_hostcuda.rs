@@ -102,6 +102,13 @@ fn rshmem_env(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     )
 }
 
+/// The JSON object a `--json` run printed (its first line starting with `{`); fails the
+/// test, with the whole output, when there is none or it does not parse.
+fn json_of(out: &str, what: &str) -> serde_json::Value {
+    let line = out.lines().find(|l| l.starts_with('{')).unwrap_or("");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{what}: {e}\n{out}"))
+}
+
 /// gpu-check's selftest-2, -3 and -8: every host-layer and device-API case passes with
 /// its exact check count; only host_nvrtc is skipped (no NVRTC here).
 #[test]
@@ -185,9 +192,8 @@ fn atomics_over_p2p_without_native_atomics_are_refused() {
     for (op, rows) in [("put", 4), ("get", 4), ("p", 1)] {
         let (rc, out) = bench(op);
         assert_eq!(rc, Some(0), "{op}: {out}");
-        let json = out.lines().find(|l| l.starts_with('{')).expect("JSON");
-        let v: serde_json::Value = serde_json::from_str(json).unwrap();
-        assert_eq!(v["rows"].as_array().unwrap().len(), rows, "{op}: {json}");
+        let v = json_of(&out, op);
+        assert_eq!(v["rows"].as_array().unwrap().len(), rows, "{op}: {v}");
     }
     // Read-modify-writes: the signal bench's counting put_signal ADD, and a fetch-add.
     for (op, what) in [
@@ -233,9 +239,7 @@ fn atomics_over_p2p_without_native_atomics_are_refused() {
         ],
     );
     assert_eq!(rc, Some(0), "ep: {out}");
-    let json = out.lines().find(|l| l.starts_with('{')).expect("JSON");
-    let v: serde_json::Value = serde_json::from_str(json).unwrap();
-    assert_eq!(v["validated"], true, "{json}");
+    assert_eq!(json_of(&out, "ep")["validated"], true, "{out}");
 }
 
 /// gpu-check's selftest-proxy-2: the device API's cases over IBGDA queues in registered
@@ -316,9 +320,7 @@ fn the_device_benches_run_and_their_records_check() {
             "--json",
         ]);
         assert_eq!(rc, Some(0), "{op} {scope}: {out}");
-        let json = out.lines().find(|l| l.starts_with('{')).unwrap_or("");
-        let v: serde_json::Value =
-            serde_json::from_str(json).unwrap_or_else(|e| panic!("{op} {scope}: {e}\n{out}"));
+        let v = json_of(&out, &format!("{op} {scope}"));
         let rows = v["rows"].as_array().expect("rows");
         assert!(!rows.is_empty(), "{op} {scope}: {out}");
         for r in rows {
@@ -420,12 +422,16 @@ fn the_gpu_ep_suite_passes_over_the_proxy() {
 /// longer bound for the others' barrier.)
 #[test]
 fn the_gpu_ep_bench_runs_and_validates() {
-    let lib = hostcuda_build::hostcuda_lib();
-    let o = Command::new(env!("CARGO_BIN_EXE_rshmem"))
-        .args([
-            "bench", "ep", "--device", "gpu", "--pes", "4", "--tokens", "16",
-        ])
-        .args([
+    let (rc, out) = rshmem_env(
+        &[
+            "bench",
+            "ep",
+            "--device",
+            "gpu",
+            "--pes",
+            "4",
+            "--tokens",
+            "16",
             "--hidden",
             "2048",
             "--experts",
@@ -434,28 +440,20 @@ fn the_gpu_ep_bench_runs_and_validates() {
             "4",
             "--iters",
             "3",
-        ])
-        .args(["--warmup", "1", "--json"])
-        .env("RSHMEM_CUDA_LIB", &lib)
-        .env("HOSTCUDA_KERNEL_LIBS", kernel_libs())
-        .env("HOSTCUDA_SMS", "8")
-        .env("HOSTCUDA_LAUNCH_TIMEOUT_S", "120")
-        .env("RSHMEM_TIMEOUT_MS", "120000")
-        // Two GPUs, two PEs on each: the start gate every PE's stream waits on must be
-        // addressable from both (hostcuda refuses another GPU's cuMemAlloc memory).
-        .env("HOSTCUDA_DEVICES", "2")
-        .env_remove("RSHMEM_DEVICE")
-        .output()
-        .expect("run rshmem");
-    let out = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
+            "--warmup",
+            "1",
+            "--json",
+        ],
+        &[
+            ("RSHMEM_TIMEOUT_MS", "120000"),
+            // Two GPUs, two PEs on each: the start gate every PE's stream waits on must be
+            // addressable from both (hostcuda refuses another GPU's cuMemAlloc memory and
+            // pinned memory without PORTABLE).
+            ("HOSTCUDA_DEVICES", "2"),
+        ],
     );
-    assert_eq!(o.status.code(), Some(0), "{out}");
-    let json = String::from_utf8_lossy(&o.stdout);
-    let v: serde_json::Value =
-        serde_json::from_str(json.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(rc, Some(0), "{out}");
+    let v = json_of(&out, "ep");
     assert_eq!(v["validated"], true, "{out}");
     assert_eq!(v["pes"], 4, "{out}");
     assert_eq!(v["gpu"], "hostcuda 0 (CPU stand-in)", "{out}");

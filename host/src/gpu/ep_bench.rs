@@ -1385,14 +1385,11 @@ fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate: &HostGate) -> Result<O
         }
         Ok(())
     })();
-    if r.is_err() {
-        // Every PE's stream may be parked on the gate, and a free while a stream is parked
-        // can wait for it: open the gate for good before anything is freed. A PE's error
-        // reaches PE 0 through the bounded host barriers, so PE 0 gets here on every
-        // failure (and OpenForGood covers the paths that return before).
-        open(gate_open_for_good(total));
-    }
     destroy_events(g, &ev);
+    // On an error every PE's stream may be parked on the gate, and a free while a stream is
+    // parked can wait for it: returning drops PE 0's OpenForGood before the buffers
+    // declared above it are freed (a PE's error reaches PE 0 through the bounded host
+    // barriers, so PE 0 returns on every failure).
     r?;
     if let Some((h, c)) = last {
         let d = buf.read_dispatch(&h)?;

@@ -1657,20 +1657,19 @@ fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, usize)>
 fn process_nonce() -> u64 {
     static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *NONCE.get_or_init(|| {
-        use std::io::Read;
-        let mut b = [0u8; 8];
-        let drawn = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
-        let v = u64::from_le_bytes(b);
-        if drawn.is_ok() && v != 0 {
-            v
-        } else {
+        // 64 bits of a job-token draw (hex from /dev/urandom).
+        let drawn = crate::pe::random_token()
+            .ok()
+            .and_then(|t| u64::from_str_radix(t.get(..16)?, 16).ok())
+            .filter(|&v| v != 0);
+        drawn.unwrap_or_else(|| {
             // No urandom: pid and clock, still distinct from another namespace's pid 1
             // started at another instant.
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
             (std::process::id() as u64) << 32 ^ t | 1
-        }
+        })
     })
 }
 

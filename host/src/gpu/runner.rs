@@ -181,7 +181,7 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
     // The order cases run in: the host-layer cases, the device API's kernel cases, and
     // last host_nvrtc, the one case that depends on more than the driver (NVRTC on the
     // machine): a case whose PE returns an error ends the run, and the kernel cases must
-    // not depend on it. `kernel[i]`: the manifest test of case i (None: a host case).
+    // not depend on it. Each case: its name and its manifest test (None: a host case).
     let late = |c: &str| c == "host_nvrtc";
     let order: Vec<(String, Option<usize>)> = host
         .iter()
@@ -199,9 +199,7 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
                 .map(|c| (c.to_string(), None)),
         )
         .collect();
-    let names: Vec<String> = order.iter().map(|(n, _)| n.clone()).collect();
-    let kernel: Vec<Option<usize>> = order.iter().map(|(_, k)| *k).collect();
-    let verdicts: Mutex<Vec<Option<bool>>> = Mutex::new(vec![None; names.len()]);
+    let verdicts: Mutex<Vec<Option<bool>>> = Mutex::new(vec![None; order.len()]);
     let current: Mutex<Vec<Option<usize>>> = Mutex::new(vec![None; n]);
     let mods: Vec<String> = tests
         .iter()
@@ -230,7 +228,7 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
         let kernels = g.load_library_module("rshmem_kernels", sources.ptx_dir.as_deref())?;
         let scratch = g.malloc(max_scratch)?;
         let result = DevBuf::new(g.ctx(), 64, "the test result record")?;
-        for (i, name) in names.iter().enumerate() {
+        for (i, (name, kernel)) in order.iter().enumerate() {
             current.lock().unwrap()[me] = Some(i);
             let out = if queues
                 && (P2P_HOST_CASES.contains(&name.as_str())
@@ -239,7 +237,7 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
                 PeOutcome::Skipped(format!(
                     "needs peer heaps mapped here; the {transport} transport maps none"
                 ))
-            } else if let Some(k) = kernel[i] {
+            } else if let Some(k) = *kernel {
                 let t = &tests[k];
                 kernel_case(g, t, &loaded[&t.module], scratch.offset(), &result)?
             } else {
@@ -252,7 +250,7 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
                     name,
                     i,
                     n,
-                    kernel[i].map(|k| &tests[k]),
+                    kernel.map(|k| &tests[k]),
                     &outcomes.lock().unwrap(),
                 );
                 verdicts.lock().unwrap()[i] = v;
@@ -267,7 +265,7 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
         if let Err(e) = r {
             ok = false;
             let at = current.lock().unwrap()[pe]
-                .map(|i| names[i].as_str())
+                .map(|i| order[i].0.as_str())
                 .unwrap_or("setup");
             println!("gpu selftest: PE {pe} failed in {at}: {e}");
         }

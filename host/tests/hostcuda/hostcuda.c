@@ -1270,12 +1270,10 @@ static CUresult enqueue_value(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned 
   const int dev = legacy(s) ? ((struct ctx *)current)->device : ((struct stream *)s)->device;
   pthread_mutex_lock(&lock);
   const int ok = device_accessible((uintptr_t)a, 4);
-  int owner = -1;
-  for (int i = 0; i < MAX_RANGES; ++i)
-    if ((ranges[i].kind == R_ALLOC || ranges[i].kind == R_HOSTALLOC ||
-         ranges[i].kind == R_REGISTERED) &&
-        (uintptr_t)a >= ranges[i].lo && (uintptr_t)a < ranges[i].hi)
-      owner = ranges[i].device;
+  const struct range *g = find_range(R_ALLOC, (uintptr_t)a);
+  if (!g) g = find_range(R_HOSTALLOC, (uintptr_t)a);
+  if (!g) g = find_range(R_REGISTERED, (uintptr_t)a);
+  const int owner = g ? g->device : -1;
   pthread_mutex_unlock(&lock);
   if (!ok) return CUDA_ERROR_INVALID_VALUE;
   if (owner >= 0 && owner != dev) {
