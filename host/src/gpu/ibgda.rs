@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::softhca::engine::QpHandle;
 use crate::softhca::ibgda_table::{IbgdaQp, IbgdaTable, QueueAddrs};
 use crate::softhca::mr::{Access, MrTable};
-use crate::softhca::proxy::{GpuProxyView, ProxyBackend};
+use crate::softhca::proxy::{GpuProxyView, ProxyBackend, Staging};
 use crate::softhca::{CqMode, QpConfig, QueueMemory};
 use cudarc::driver::sys;
 use std::alloc::Layout;
@@ -272,7 +272,7 @@ pub(crate) struct ProxyGpu {
     locks: DevBuf,
     qps: Vec<GpuQp>,
     results_reg: HostRegistration,
-    _results: HostBuf,
+    _results: Staging,
     heap_reg: HostRegistration,
     pd: Arc<MrTable>,
     heap_lkey: u32,
@@ -319,22 +319,22 @@ impl ProxyGpu {
         // SAFETY: as above; deregistered in Drop before the heap goes.
         let heap_lkey =
             unsafe { pd.register(heap_host, heap_reg.dev(), heap_size as u64, Access::ALL) };
-        let results = HostBuf::new((RESULT_SLOTS as usize + 1) * 8)?;
+        // Fetched values and read results land here: with a fabric endpoint, in memory
+        // registered with it (its backend refuses local buffers outside its regions).
+        let results = Staging::new_for(
+            ((RESULT_SLOTS as usize + 1) * 8).next_multiple_of(crate::config::page_size()),
+            view.fabric.as_ref(),
+        )?;
         // SAFETY: `results` is a field of the value returned (dropped after this registration).
         let results_reg = unsafe {
-            HostRegistration::new(
-                ctx,
-                results.ptr,
-                results.layout.size(),
-                "the IBGDA result slots",
-            )?
+            HostRegistration::new(ctx, results.base(), results.len(), "the IBGDA result slots")?
         };
         // SAFETY: as above; deregistered in Drop.
         let results_lkey = unsafe {
             pd.register(
-                results.ptr,
+                results.base(),
                 results_reg.dev(),
-                results.layout.size() as u64,
+                results.len() as u64,
                 Access::LOCAL_WRITE,
             )
         };

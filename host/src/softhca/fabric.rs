@@ -382,7 +382,12 @@ impl FabricBackend {
     /// to itself. A write still in flight to the leaving PE, or sent by a peer that does not
     /// know yet that it left, would break every PE pair on that connection, not just the
     /// ones of the PE that left (docs/ep.md, "A PE thread that leaves").
+    /// The region also leaves the list of local buffers WQEs may use.
     pub fn retire(&mut self, mr: Arc<MemoryRegion>, memory: Box<dyn Send>) {
+        self.regions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|r| !Arc::ptr_eq(r, &mr));
         self.revoked.push(mr.remote().key);
         self.retired.push(Retired {
             _mr: mr,

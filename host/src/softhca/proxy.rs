@@ -117,8 +117,13 @@ impl Backend for ProxyBackend {
     }
 
     fn set_urgent(&mut self, urgent: bool) {
+        // A GPU producer waits for completions by polling its CQ in memory, which the
+        // engine cannot see (no `Waker::wait_completion`): with GPU PEs in the process,
+        // every round is urgent, or lazily confirmed writes to fabric peers would never
+        // complete for them (their confirmation waits for a CPU waiter or LAZY_LIMIT
+        // writes).
         if let Some(f) = self.fabric.as_mut() {
-            f.set_urgent(urgent);
+            f.set_urgent(urgent || self.gpu_pes > 0);
         }
     }
 
@@ -128,6 +133,7 @@ impl Backend for ProxyBackend {
 }
 
 /// This process's fabric endpoint, as a PE uses it.
+#[derive(Clone)]
 pub(crate) struct FabricCtx {
     pub domain: Arc<Domain>,
     pub regions: Regions,
@@ -182,9 +188,10 @@ pub(crate) fn insert_fabric_peer(
     })
 }
 
-/// Page-aligned zeroed memory for staging; allocated through the fabric domain (so the
-/// FabricBackend may use it, and in-flight operations keep it alive) when one exists.
-struct Staging {
+/// Page-aligned zeroed memory for staging (and a GPU PE's result slots); allocated through
+/// the fabric domain (so the FabricBackend may use it, and in-flight operations keep it
+/// alive) when one exists.
+pub(crate) struct Staging {
     base: *mut u8,
     len: usize,
     fabric: Option<(Arc<MemoryRegion>, Regions)>,
@@ -196,6 +203,22 @@ unsafe impl Send for Staging {}
 unsafe impl Sync for Staging {}
 
 impl Staging {
+    /// Fabric-registered memory when `fabric` is Some, plain memory otherwise.
+    pub(crate) fn new_for(len: usize, fabric: Option<&FabricCtx>) -> Result<Staging> {
+        match fabric {
+            Some(ctx) => Staging::new_fabric(len, ctx),
+            None => Staging::new(len),
+        }
+    }
+
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     fn new(len: usize) -> Result<Staging> {
         let l = Layout::from_size_align(len, crate::config::page_size())
             .map_err(|e| Error::InvalidArgument(format!("staging layout: {e}")))?;
@@ -332,6 +355,22 @@ pub(crate) struct GpuProxyView {
     pub pd: Arc<MrTable>,
     pub hca: Arc<SoftHca<ProxyBackend>>,
     pub peers: Vec<Option<(u64, u32, PeerKind)>>,
+    /// The process's fabric endpoint when some peer is reached through it: the GPU PE's
+    /// local buffers (result slots) must be registered there too.
+    pub fabric: Option<FabricCtx>,
+}
+
+impl Drop for Proxy {
+    /// A heap registration not handed to [`retire_heap`] leaves the local-buffer list
+    /// with the Proxy (the heap mapping is dropped after it).
+    fn drop(&mut self) {
+        if let (Some(m), Some(f)) = (self.heap_mr.take(), self.fabric.as_ref()) {
+            f.regions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|r| !Arc::ptr_eq(r, &m));
+        }
+    }
 }
 
 impl Proxy {
@@ -361,6 +400,7 @@ impl Proxy {
                     })
                 })
                 .collect(),
+            fabric: self.fabric.clone(),
         }
     }
 
@@ -382,7 +422,16 @@ impl Proxy {
     ) -> Result<Proxy> {
         let n = peers.len();
         let (fabric, heap_mr) = match fabric {
-            Some((f, m)) => (Some(f), Some(m)),
+            Some((f, m)) => {
+                // The heap may be a WQE's local buffer too (a GPU PE's puts read from it
+                // and its gets land in it; the FabricBackend finds local buffers in this
+                // list). Removed when the PE leaves (FabricBackend::retire) or in Drop.
+                f.regions
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(m.clone());
+                (Some(f), Some(m))
+            }
             None => (None, None),
         };
         Ok(Proxy {
