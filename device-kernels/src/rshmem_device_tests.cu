@@ -1072,13 +1072,20 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_team_block(rshme
   const int lt = (mt + ts - 1) % ts, rt = (mt + 1) % ts;
   auto world = [par](int k) { return par + 2 * k; };
   const uint32_t tid = threadIdx.x;
+  // RSHMEM_TEAM_SHARED is this PE's node. The runner describes it (param0 = 1 + its size,
+  // param1 = this PE's index in it, param2 = 1 + the index in it of world PE `par`, 0 when
+  // that PE is on another node); param0 = 0: every PE is on one node.
+  const bool one_node = a.param0 == 0;
+  const uint64_t shared_n = one_node ? static_cast<uint64_t>(n) : a.param0 - 1;
+  const uint64_t shared_me = one_node ? static_cast<uint64_t>(me) : a.param1;
+  const uint64_t shared_par = one_node ? static_cast<uint64_t>(par) : a.param2 - 1;
   if (tid == 0) {
     c.eq(0, static_cast<uint64_t>(me / 2), static_cast<uint64_t>(mt));
     c.eq(1, static_cast<uint64_t>((n - par + 1) / 2), static_cast<uint64_t>(ts));
     c.eq(2, static_cast<uint64_t>(me), static_cast<uint64_t>(rshmem_team_my_pe(RSHMEM_TEAM_WORLD)));
     c.eq(3, static_cast<uint64_t>(n), static_cast<uint64_t>(rshmem_team_n_pes(RSHMEM_TEAM_WORLD)));
-    c.eq(4, static_cast<uint64_t>(me), static_cast<uint64_t>(rshmem_team_my_pe(RSHMEM_TEAM_SHARED)));
-    c.eq(5, static_cast<uint64_t>(n), static_cast<uint64_t>(rshmem_team_n_pes(RSHMEM_TEAM_SHARED)));
+    c.eq(4, shared_me, static_cast<uint64_t>(rshmem_team_my_pe(RSHMEM_TEAM_SHARED)));
+    c.eq(5, shared_n, static_cast<uint64_t>(rshmem_team_n_pes(RSHMEM_TEAM_SHARED)));
     c.eq(6, static_cast<uint64_t>(me), static_cast<uint64_t>(rshmem_team_translate_pe(T, mt, RSHMEM_TEAM_WORLD)));
     c.eq(7, static_cast<uint64_t>(mt), static_cast<uint64_t>(rshmem_team_translate_pe(RSHMEM_TEAM_WORLD, me, T)));
     const int nb = (me + 1) % n;
@@ -1091,7 +1098,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_team_block(rshme
     c.eq(12, none, static_cast<uint64_t>(rshmem_team_my_pe(64)));
     c.eq(13, none, static_cast<uint64_t>(rshmem_team_translate_pe(RSHMEM_TEAM_INVALID, 0, RSHMEM_TEAM_WORLD)));
     c.eq(14, none, static_cast<uint64_t>(rshmem_team_translate_pe(T, ts, RSHMEM_TEAM_WORLD)));
-    c.eq(15, static_cast<uint64_t>(par), static_cast<uint64_t>(rshmem_team_translate_pe(T, 0, RSHMEM_TEAM_SHARED)));
+    c.eq(15, shared_par, static_cast<uint64_t>(rshmem_team_translate_pe(T, 0, RSHMEM_TEAM_SHARED)));
   }
   // Team barriers at block and warp scope.
   uint64_t *rounds = reinterpret_cast<uint64_t *>(s);        // 3 x 64 words

@@ -77,10 +77,14 @@ fn rshmem(args: &[&str]) -> (Option<i32>, String) {
 
 /// [`rshmem`] with extra environment variables.
 fn rshmem_env(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let lib = hostcuda_build::hostcuda_lib();
-    let o = Command::new(env!("CARGO_BIN_EXE_rshmem"))
-        .args(args)
-        .env("RSHMEM_CUDA_LIB", &lib)
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rshmem"));
+    c.args(args);
+    output_of(hostcuda_env(&mut c).envs(env.iter().copied()))
+}
+
+/// The environment of every run here: hostcuda as libcuda with the kernel libraries.
+fn hostcuda_env(c: &mut Command) -> &mut Command {
+    c.env("RSHMEM_CUDA_LIB", hostcuda_build::hostcuda_lib())
         .env("HOSTCUDA_KERNEL_LIBS", kernel_libs())
         // 8 SMs: collective grids of a few blocks per PE (each block is a process).
         .env("HOSTCUDA_SMS", "8")
@@ -89,9 +93,11 @@ fn rshmem_env(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
         .env("RSHMEM_TIMEOUT_MS", "20000")
         .env("RSHMEM_SYMMETRIC_SIZE", "8M")
         .env_remove("RSHMEM_DEVICE")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run rshmem");
+}
+
+/// Runs `c`; (exit code, stdout + stderr).
+fn output_of(c: &mut Command) -> (Option<i32>, String) {
+    let o = c.output().expect("run the command");
     (
         o.status.code(),
         format!(
@@ -466,4 +472,196 @@ fn the_gpu_ep_bench_runs_and_validates() {
     ] {
         assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {out}");
     }
+}
+
+/// The JSON object PE 0 printed under a launcher: the line that starts with `tag` (the
+/// launcher's prefix, "[pe 0] " or "[host 0 pe 0] ") followed by `{`.
+fn json_of_pe0(out: &str, tag: &str, what: &str) -> serde_json::Value {
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix(tag).filter(|r| r.starts_with('{')))
+        .unwrap_or("");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{what}: {e}\n{out}"))
+}
+
+/// A small EP bench shape (2 PEs: 16 experts divide), quick on hostcuda.
+const EP_SMALL: &[&str] = &[
+    "bench",
+    "ep",
+    "--device",
+    "gpu",
+    "--tokens",
+    "16",
+    "--hidden",
+    "2048",
+    "--experts",
+    "16",
+    "--topk",
+    "4",
+    "--iters",
+    "3",
+    "--warmup",
+    "1",
+    "--json",
+];
+
+/// `bench ep --device gpu` with each GPU PE a process of its own under `rshmem run` (as a
+/// cluster runs it: one process per GPU), over p2p between two GPUs; and the refusal when
+/// the processes' PEs would share one GPU (kernels of different processes take turns on
+/// a GPU, and the EP kernels wait for each other).
+#[test]
+fn the_gpu_ep_bench_runs_as_processes_under_rshmem_run() {
+    let run = |gpus: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rshmem"));
+        c.args(["run", "-n", "2", "--", env!("CARGO_BIN_EXE_rshmem")])
+            .args(EP_SMALL);
+        output_of(
+            hostcuda_env(&mut c)
+                .env("HOSTCUDA_DEVICES", gpus)
+                // PE 0 measures the copy bandwidth (512 MiB copies) while PE 1 waits.
+                .env("RSHMEM_TIMEOUT_MS", "120000"),
+        )
+    };
+    let (rc, out) = run("2");
+    assert_eq!(rc, Some(0), "{out}");
+    let v = json_of_pe0(&out, "[pe 0] ", "ep as processes");
+    assert_eq!(v["validated"], true, "{out}");
+    assert_eq!(v["pes"], 2, "{out}");
+    assert_eq!(v["transport"], "p2p", "{out}");
+    assert!(
+        v["dispatch_us_median"].as_f64().is_some_and(|x| x > 0.0),
+        "{out}"
+    );
+    assert!(!out.contains("[pe 1] {"), "only PE 0 reports: {out}");
+
+    // Every PE refuses; `rshmem run` may stop PE 1 before it prints, once PE 0 exited.
+    let (rc, out) = run("1");
+    assert_eq!(rc, Some(1), "{out}");
+    assert!(
+        out.contains(
+            "[pe 0] rshmem bench ep: invalid argument: rshmem bench ep --device gpu: GPU 0 \
+             (hostcuda 0 (CPU stand-in)) holds GPU PEs of 2 processes of this job"
+        ),
+        "{out}"
+    );
+}
+
+/// `selftest --device gpu` as processes under `rshmem run`: the host-layer cases that map
+/// peers (VMM heaps shared by fd passing between processes) and a device-API case over
+/// p2p, PE 0 reporting; refused when the processes' PEs would share one GPU.
+#[test]
+fn the_gpu_selftest_runs_as_processes_under_rshmem_run() {
+    let cases = [
+        "host_heap_mapping",
+        "host_put_get_on_stream",
+        "host_signal_on_stream",
+        "rshmem_test_put_signal_thread",
+    ];
+    let run = |gpus: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rshmem"));
+        c.args(["run", "-n", "2", "--", env!("CARGO_BIN_EXE_rshmem")])
+            .args(["selftest", "--device", "gpu"]);
+        for k in cases {
+            c.args(["--case", k]);
+        }
+        output_of(hostcuda_env(&mut c).env("HOSTCUDA_DEVICES", gpus))
+    };
+    let (rc, out) = run("2");
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(
+        out.contains("[pe 0] gpu selftest: 2 PEs as processes, transport auto"),
+        "{out}"
+    );
+    for k in cases {
+        assert!(
+            out.contains(&format!("[pe 0] gpu selftest {k}: ok (checks ")),
+            "{k}: {out}"
+        );
+    }
+    assert!(
+        out.contains(
+            "[pe 0] gpu selftest: 4 passed, 0 failed, 0 skipped or not run, of 4 case(s) on 2 PEs"
+        ),
+        "{out}"
+    );
+    assert!(
+        !out.contains("[pe 1] gpu selftest"),
+        "only PE 0 reports: {out}"
+    );
+
+    let (rc, out) = run("1");
+    assert_eq!(rc, Some(1), "{out}");
+    assert!(
+        out.contains("rshmem selftest --device gpu: GPU 0 (hostcuda 0 (CPU stand-in)) holds GPU PEs of 2 processes"),
+        "{out}"
+    );
+}
+
+#[path = "netns-support/mod.rs"]
+mod netns_support;
+
+/// GPU PEs on two "hosts" (network namespaces, scripts/netns-hosts), one PE each, over
+/// the proxy: every operation goes from the GPU's IBGDA queue through the soft HCA and
+/// libfabric (tcp) to the other host. The device API's self-test (every case but those
+/// that need mapped peers), then `bench ep --device gpu`. Until 2026-12-06 neither worked:
+/// the heap and the GPU's result slots were not among the fabric backend's local regions
+/// (every WQE completed with LOCAL_PROT), and lazily confirmed writes never completed for
+/// a GPU producer (it cannot tell the engine it waits). Under `auto` the GPU PEs have no
+/// transport to each other (p2p is node-local), which the EP buffer refuses on both,
+/// naming the cure.
+#[test]
+fn gpu_pes_on_two_hosts_over_the_proxy() {
+    use netns_support::{clean_command, netns_available, unique_prefix, SCRIPT};
+    if !netns_available("gpu_pes_on_two_hosts_over_the_proxy") {
+        return;
+    }
+    let run = |transport: &str, args: &[&str]| {
+        let mut c = clean_command(SCRIPT);
+        c.args(["run-job", "--hosts", "2", "--pes-per-host", "1"])
+            .args(["--prefix", &unique_prefix(), "--port", "29591", "--"])
+            .arg(env!("CARGO_BIN_EXE_rshmem"))
+            .args(args);
+        output_of(
+            hostcuda_env(&mut c)
+                .env("RSHMEM_TRANSPORT", transport)
+                // Each PE is alone on its GPU: 2 SMs keep the grids (block processes) small.
+                .env("HOSTCUDA_SMS", "2")
+                // Every block is a process polling the queues, as in
+                // the_gpu_selftest_passes_over_the_proxy; PE 0's copy bandwidth (512 MiB
+                // copies) runs while PE 1 waits.
+                .env("RSHMEM_TIMEOUT_MS", "60000"),
+        )
+    };
+    let (rc, out) = run("proxy", &["selftest", "--device", "gpu"]);
+    assert_eq!(rc, Some(0), "{out}");
+    let cases = 5 + rshmem::gpu::manifest::Manifest::load(None)
+        .unwrap()
+        .tests
+        .len();
+    let want = format!(
+        "[host 0 pe 0] gpu selftest: {} passed, 0 failed, 5 skipped or not run, of {cases} \
+         case(s) on 2 PEs",
+        cases - 5
+    );
+    assert!(out.contains(&want), "want {want:?}\n{out}");
+    assert!(
+        out.contains("gpu selftest: 2 PEs as processes, transport proxy"),
+        "{out}"
+    );
+
+    let (rc, out) = run("proxy", EP_SMALL);
+    assert_eq!(rc, Some(0), "{out}");
+    let v = json_of_pe0(&out, "[host 0 pe 0] ", "ep across hosts");
+    assert_eq!(v["validated"], true, "{out}");
+    assert_eq!(v["pes"], 2, "{out}");
+    assert_eq!(v["transport"], "proxy", "{out}");
+
+    let (rc, out) = run("auto", EP_SMALL);
+    assert_ne!(rc, Some(0), "{out}");
+    assert!(
+        out.contains("GPU PE 0 has no transport to PE(s) [1]")
+            && out.contains("GPU PE 1 has no transport to PE(s) [0]")
+            && out.contains("RSHMEM_TRANSPORT=proxy"),
+        "{out}"
+    );
 }

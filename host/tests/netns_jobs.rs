@@ -13,11 +13,12 @@ use rshmem::{Error, Pe};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/netns-hosts");
+#[path = "netns-support/mod.rs"]
+mod netns_support;
+use netns_support::{clean_command, netns_available, unique_prefix, SCRIPT};
 /// Port of the bootstrap root in host 0 (each job has its own host 0 namespace).
 const PORT: u16 = 29577;
 
@@ -385,81 +386,6 @@ fn intruder() -> rshmem::Result<()> {
 
 /// Whether network namespaces can be made here. Panics (fails the test) when they cannot,
 /// unless RSHMEM_SKIP_NETNS=1, in which case it prints a loud SKIPPED line and says no.
-fn netns_available(test: &str) -> bool {
-    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
-    let r = PROBE.get_or_init(|| {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("they must run as root (they create network namespaces)".into());
-        }
-        let name = format!("rshmem-probe-{}", std::process::id());
-        let out = Command::new("ip").args(["netns", "add", &name]).output();
-        match out {
-            Err(e) => Err(format!("`ip` (iproute2) cannot be run: {e}")),
-            Ok(o) if !o.status.success() => Err(format!(
-                "`ip netns add` failed: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            )),
-            Ok(_) => {
-                let _ = Command::new("ip").args(["netns", "del", &name]).status();
-                Ok(())
-            }
-        }
-    });
-    match r {
-        Ok(()) => true,
-        Err(why) if std::env::var("RSHMEM_SKIP_NETNS").as_deref() == Ok("1") => {
-            // Straight to the stderr handle: the test harness captures eprintln!, and a skip
-            // must be seen.
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n**************** SKIPPED {test}: network-namespace tests cannot run: {why} \
-                 (RSHMEM_SKIP_NETNS=1) ****************\n"
-            );
-            false
-        }
-        Err(why) => panic!(
-            "network-namespace test {test} cannot run: {why}. Run the tests as root with \
-             iproute2 installed, or set RSHMEM_SKIP_NETNS=1 to skip them explicitly."
-        ),
-    }
-}
-
-/// A prefix no other test (in this or another process) uses.
-fn unique_prefix() -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "rt{}x{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn clean_command(program: &str) -> Command {
-    let mut c = Command::new(program);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("RSHMEM_")
-            || k.starts_with("OMPI_")
-            || k.starts_with("SLURM_")
-            || k.starts_with("PMI_")
-            || k.starts_with("NETNS_")
-        {
-            c.env_remove(k);
-        }
-    }
-    for k in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ] {
-        c.env_remove(k);
-    }
-    c
-}
-
 /// A running `netns-hosts run-job` whose output is collected line by line.
 struct Job {
     prefix: String,

@@ -53,8 +53,9 @@ pub struct EpBenchArgs {
     /// Combine from the zero-copy buffer.
     #[arg(long)]
     pub zero_copy: bool,
-    /// cpu, gpu (GPU PEs as threads of this process on the visible GPU), or auto (gpu
-    /// when a CUDA device is visible, else cpu).
+    /// cpu, gpu (GPU PEs as threads of this process on the visible GPUs; under a
+    /// launcher, this process is one GPU PE), or auto (gpu when a CUDA device is visible,
+    /// else cpu).
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Transport between the PEs: p2p (loads and stores into node-local peers' heaps;
@@ -217,7 +218,7 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
         }
     };
     if device == "gpu" {
-        return crate::gpu::ep_bench::run(a).map(Some);
+        return crate::gpu::ep_bench::run(a);
     }
     if a.check {
         return Err(Error::InvalidArgument(

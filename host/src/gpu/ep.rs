@@ -295,6 +295,39 @@ pub fn needs_stage_in(
     })
 }
 
+/// Refuses a team with a member this GPU PE has no transport to (`TRANSPORT_NONE`: under
+/// `p2p` / `auto`, a PE on another node or a GPU without P2P access): the kernels would
+/// trap at the first message to it.
+pub fn unreachable_members(
+    me: usize,
+    peers: &[super::state::DevicePeer],
+    members: &[u32],
+) -> Result<()> {
+    let missing: Vec<u32> = members
+        .iter()
+        .copied()
+        .filter(|&q| {
+            q as usize != me
+                && peers
+                    .get(q as usize)
+                    .is_none_or(|p| p.transport == super::state::TRANSPORT_NONE)
+        })
+        .collect();
+    match missing.first() {
+        None => Ok(()),
+        Some(&first) => Err(Error::Unreachable {
+            pe: first as usize,
+            from: me,
+            reason: format!(
+                "ep::GpuBuffer::new: GPU PE {me} has no transport to PE(s) {missing:?} of the \
+                 team (the p2p transport reaches only GPUs of this node with P2P access): set \
+                 RSHMEM_TRANSPORT=proxy (the soft HCA, over libfabric to other nodes) or ibgda \
+                 (a ConnectX NIC) on every PE"
+            ),
+        }),
+    }
+}
+
 /// The name of `kind`'s instance for `hidden` and the dispatch format, or a clear error
 /// when no instance is compiled for that hidden size.
 pub fn kernel_name(kind: Kernel, hidden: usize, fp8: bool) -> Result<String> {
@@ -1100,6 +1133,7 @@ impl<'g> GpuBuffer<'g> {
             |w| format!("{w:?} (N, H, E, K, fp8, round_scale)"),
         )?;
         let layout = check_config(cfg, team.n_pes())?;
+        unreachable_members(g.my_pe(), g.peer_table(), team.members())?;
         let mut names: [String; 5] = Default::default();
         for (n, k) in names.iter_mut().zip(KERNELS) {
             *n = kernel_name(k, cfg.hidden, cfg.use_fp8)?;
@@ -1920,6 +1954,34 @@ mod tests {
         assert!(needs_stage(1, &one));
         assert!(!needs_stage(2, &one));
         assert!(!needs_stage(0, &[]));
+    }
+
+    #[test]
+    fn a_member_without_transport_is_refused() {
+        use crate::gpu::state::{DevicePeer, TRANSPORT_IBGDA, TRANSPORT_NONE, TRANSPORT_P2P};
+        let peer = |transport| DevicePeer {
+            transport,
+            ..Default::default()
+        };
+        let peers = [
+            peer(TRANSPORT_P2P),
+            peer(TRANSPORT_NONE),
+            peer(TRANSPORT_IBGDA),
+            peer(TRANSPORT_NONE),
+        ];
+        // The PE's own entry and non-members do not count.
+        assert!(unreachable_members(1, &peers, &[0, 1, 2]).is_ok());
+        assert!(unreachable_members(0, &peers, &[0, 2]).is_ok());
+        let e = unreachable_members(0, &peers, &[0, 1, 2, 3])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("GPU PE 0 has no transport to PE(s) [1, 3]")
+                && e.contains("RSHMEM_TRANSPORT=proxy"),
+            "{e}"
+        );
+        // A member past the table (a bad team) is refused too.
+        assert!(unreachable_members(0, &peers, &[0, 7]).is_err());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `rshmem bench ep --device gpu`: the EP benchmark on GPU PEs (threads of this process
-//! sharing the visible GPU), and its correctness suite (`--check`, run by
-//! scripts/gpu-check's `ep` step).
+//! sharing the visible GPUs, or under a launcher one process per GPU: [`run_launched`]),
+//! and its correctness suite (`--check`, run by scripts/gpu-check's `ep` step).
 //!
 //! The suite runs, for each PE count, cases over EP.md's shapes on [`GpuBuffer`] and
 //! compares every output with the CPU implementation ([`crate::ep::Buffer`], the oracle,
@@ -11,9 +11,10 @@
 //! by all, and a CUDA graph of dispatch + combine replayed with new routing each time.
 //!
 //! The bench measures, per iteration, every PE's dispatch and combine with CUDA events on
-//! its stream; all PEs start each phase together (each stream waits on a device word that
-//! PE 0 sets once every PE has enqueued its work, `cuStreamWaitValue32`), so host launch
-//! skew is not timed. Reported: the slowest PE per iteration, median and p99; and, against
+//! its stream; all PEs start each phase together (each stream waits on a host word that
+//! PE 0 sets once every PE has enqueued its work, `cuStreamWaitValue32`; under a launcher
+//! each process's own word, set after the same host barrier), so host launch skew is not
+//! timed. Reported: the slowest PE per iteration, median and p99; and, against
 //! the device-to-device copy bandwidth measured in the same run, the bytes every PE reads
 //! from send buffers plus writes into receive buffers (dispatch: each selected slot reads
 //! its bf16 token row, `2H`, and writes one message into the owner's receive area; combine:
@@ -1040,7 +1041,8 @@ fn wait_event(g: &GpuPe, e: sys::CUevent, what: &str) -> Result<()> {
 /// The bench point's caller owns it, so the word and PE 0's context (which the allocation
 /// belongs to) outlive every PE thread: a stream on another GPU may still wait on the word
 /// after PE 0 returned (an error path), and freeing it then, or tearing down PE 0's
-/// context, could leave that wait reading freed memory.
+/// context, could leave that wait reading freed memory. Under a launcher every process's
+/// PE has a gate of its own ([`run_launched`]); "PE 0" below is then that PE.
 #[derive(Default)]
 struct HostGate(std::sync::Mutex<Option<(Arc<Ctx>, usize)>>);
 
@@ -1171,32 +1173,24 @@ fn copy_bandwidth(g: &GpuPe) -> Result<(f64, f64)> {
     r
 }
 
-/// `rshmem bench ep --device gpu`.
-pub fn run(a: &EpBenchArgs) -> Result<EpReport> {
+/// `rshmem bench ep --device gpu`: Some(report) where this process reports (not on the
+/// PEs other than 0 of a launched job).
+pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
+    if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--iters, --pes and --tokens must be at least 1".into(),
+        ));
+    }
+    if let Some(info) = LaunchInfo::from_env()? {
+        return run_launched(a, &info);
+    }
     // Arguments first (a clear error on any machine), then the driver.
     for &n in &a.pes {
         for &t in &a.tokens {
             super::ep::check_config(&config_of(a, t), n)?;
         }
     }
-    if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
-        return Err(Error::InvalidArgument(
-            "--iters, --pes and --tokens must be at least 1".into(),
-        ));
-    }
     driver()?;
-    if LaunchInfo::from_env()?.is_some() {
-        return Err(Error::InvalidArgument(
-            "--device gpu starts its own PEs as threads sharing the GPU: run it without a \
-             launcher"
-                .into(),
-        ));
-    }
-    if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
-        return Err(Error::InvalidArgument(
-            "--iters, --pes and --tokens must be at least 1".into(),
-        ));
-    }
     let mut points = Vec::new();
     for &n in &a.pes {
         for &t in &a.tokens {
@@ -1206,7 +1200,7 @@ pub fn run(a: &EpBenchArgs) -> Result<EpReport> {
             let out = run_gpu_threads(
                 n,
                 settings_for(crate::ep::bench::settings_of(a)?, &cfg, n)?,
-                |g| point(g, a, t, &gate),
+                |g| point(g, a, t, &gate, g.my_pe() == 0),
             )?;
             let mut first = None;
             // Every PE's error: the one that failed first is often not PE 0, whose own
@@ -1229,7 +1223,57 @@ pub fn run(a: &EpBenchArgs) -> Result<EpReport> {
         .last()
         .cloned()
         .ok_or_else(|| Error::Verification("no points".into()))?;
-    Ok(EpReport { last, points })
+    Ok(Some(EpReport { last, points }))
+}
+
+/// The bench under a launcher (`rshmem run`, torchrun, mpirun, srun, or
+/// scripts/netns-hosts across nodes): this process is one GPU PE of the job, on the GPU
+/// its local rank picks, reaching its peers over the job's transport. Each process gates
+/// its own stream (a host barrier comes before every opening, so the PEs start each phase
+/// within the barrier's skew, not the launch skew). PEs whose kernels wait for each other
+/// must not time-slice on one GPU: a GPU shared by PEs of several processes is refused.
+fn run_launched(a: &EpBenchArgs, info: &LaunchInfo) -> Result<Option<EpReport>> {
+    if a.check {
+        return Err(Error::InvalidArgument(
+            "--check runs its GPU PEs as threads of one process next to the CPU PEs it \
+             compares them with: run it without a launcher"
+                .into(),
+        ));
+    }
+    if a.pes.len() > 1 {
+        return Err(Error::InvalidArgument(
+            "--pes sweeps need the bench to start its own PEs (not under a launcher)".into(),
+        ));
+    }
+    let mut settings = Settings::from_env()?;
+    if let Some(t) = a.transport {
+        t.check_launched(&settings)?;
+    }
+    let n = info.world_size;
+    for &t in &a.tokens {
+        let cfg = config_of(a, t);
+        super::ep::check_config(&cfg, n)?;
+        settings = settings_for(settings, &cfg, n)?;
+    }
+    let g = GpuPe::init_from_settings(settings)?;
+    let r = (|| -> Result<Vec<EpPoint>> {
+        g.refuse_gpus_shared_across_processes("rshmem bench ep --device gpu")?;
+        let mut points = Vec::new();
+        for &t in &a.tokens {
+            // This PE's own gate (each PE opens its own; see the function's comment).
+            let gate = HostGate::default();
+            points.extend(point(&g, a, t, &gate, true)?);
+        }
+        Ok(points)
+    })();
+    let f = g.finalize();
+    let points = r?;
+    f?;
+    if points.is_empty() {
+        return Ok(None);
+    }
+    let last = points.last().cloned().expect("not empty");
+    Ok(Some(EpReport { last, points }))
 }
 
 /// The gate value that satisfies every wait of a run of `total` iterations (waits for
@@ -1238,8 +1282,16 @@ fn gate_open_for_good(total: usize) -> u32 {
     2 * total as u32 + 2
 }
 
-/// One bench point on one GPU PE; Some on PE 0.
-fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate: &HostGate) -> Result<Option<EpPoint>> {
+/// One bench point on one GPU PE; Some on PE 0. `opener`: this PE creates and opens
+/// `gate` (PE 0 of PEs that are threads of one process, which share PE 0's gate; every PE
+/// of a launched job, each with its own).
+fn point(
+    g: &GpuPe,
+    a: &EpBenchArgs,
+    tokens: usize,
+    gate: &HostGate,
+    opener: bool,
+) -> Result<Option<EpPoint>> {
     let (me, n) = (g.my_pe(), g.n_pes());
     let pe = g.pe();
     let cfg = config_of(a, tokens);
@@ -1317,7 +1369,7 @@ fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate: &HostGate) -> Result<O
     // above them and less than 2^31 past them — not u32::MAX, which reads as "behind"
     // every small value.
     let total = a.warmup + a.iters;
-    let open_for_good = if me == 0 {
+    let open_for_good = if opener {
         Some(OpenForGood(gate.create(g)?, gate_open_for_good(total)))
     } else {
         None
@@ -1326,7 +1378,7 @@ fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate: &HostGate) -> Result<O
     let gate_host = gate.word();
     if gate_host.is_null() {
         return Err(Error::InvalidArgument(
-            "EP bench: PE 0 passed the barrier without creating the start gate".into(),
+            "EP bench: the barrier passed before the start gate was created".into(),
         ));
     }
     g.enter()?;
@@ -1341,7 +1393,7 @@ fn point(g: &GpuPe, a: &EpBenchArgs, tokens: usize, gate: &HostGate) -> Result<O
     let ev = events(g, 6)?;
     let mut times = vec![[0f64; 6]; a.iters];
     let open = |v: u32| {
-        if me == 0 {
+        if opener {
             open_gate(gate_host, v);
         }
     };

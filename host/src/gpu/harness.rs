@@ -53,6 +53,25 @@ const _: () = {
 };
 
 impl TestResult {
+    /// The device's layout (little-endian words in field order).
+    pub fn to_bytes(&self) -> [u8; 64] {
+        let mut b = [0u8; 64];
+        let w = [
+            self.checks,
+            self.failures,
+            self.first_index,
+            self.expected,
+            self.observed,
+            self.reserved[0],
+            self.reserved[1],
+            self.reserved[2],
+        ];
+        for (c, v) in b.chunks_exact_mut(8).zip(w) {
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
     pub fn from_bytes(b: &[u8; 64]) -> TestResult {
         let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         TestResult {

@@ -326,6 +326,8 @@ pub struct GpuPe {
     heap_size: usize,
     /// PEs of the node (this one included) whose heap is on the same GPU.
     sharing: usize,
+    /// Processes those PEs live in (1 when every one is in this process).
+    sharing_processes: usize,
     peer_table: Vec<DevicePeer>,
     flags: u32,
     timeout: Duration,
@@ -438,8 +440,13 @@ pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
 impl GpuPe {
     /// Starts this process's GPU PE from the environment, like [`Pe::init`].
     pub fn init() -> Result<GpuPe> {
+        GpuPe::init_from_settings(Settings::from_env()?)
+    }
+
+    /// [`GpuPe::init`] with `settings` instead of the environment's (their
+    /// `symmetric_size` is the GPU heap size; every PE must pass the same).
+    pub fn init_from_settings(settings: Settings) -> Result<GpuPe> {
         driver()?;
-        let settings = Settings::from_env()?;
         let pe = Pe::init_from_settings(cpu_settings(&settings))?;
         GpuPe::from_pe(pe, settings)
     }
@@ -476,7 +483,14 @@ impl GpuPe {
         let rank = pe.my_pe();
         let n = pe.n_pes();
         let node: Vec<usize> = pe.node().members().iter().map(|&r| r as usize).collect();
-        let ((ctx, stream, info, rdma), ids, sharing) = open_device(&pe, true)?;
+        let (
+            (ctx, stream, info, rdma),
+            ids,
+            Sharing {
+                pes: sharing,
+                processes: sharing_processes,
+            },
+        ) = open_device(&pe, true)?;
         let ordinal = info.ordinal;
 
         // A job-wide secret for the fd exchange: PE 0's random token.
@@ -664,6 +678,7 @@ impl GpuPe {
             info,
             heap_size,
             sharing,
+            sharing_processes,
             peer_table,
             flags,
             timeout: settings.timeout,
@@ -678,7 +693,14 @@ impl GpuPe {
     fn from_pe_proxy(pe: Pe, settings: Settings) -> Result<GpuPe> {
         let world = pe.world().group();
         let boot = pe.boot();
-        let ((ctx, stream, info, _), _, sharing) = open_device(&pe, false)?;
+        let (
+            (ctx, stream, info, _),
+            _,
+            Sharing {
+                pes: sharing,
+                processes: sharing_processes,
+            },
+        ) = open_device(&pe, false)?;
         let heap_size = pe.heap_size();
         let built = (|| -> Result<(super::ibgda::ProxyGpu, DevBuf, Pinned, Module)> {
             let view = pe
@@ -722,6 +744,7 @@ impl GpuPe {
             info,
             heap_size,
             sharing,
+            sharing_processes,
             peer_table,
             flags: checks | state::STATE_SELF_IBGDA,
             timeout: settings.timeout,
@@ -736,7 +759,14 @@ impl GpuPe {
     fn from_pe_ibgda(pe: Pe, settings: Settings) -> Result<GpuPe> {
         let world = pe.world().group();
         let boot = pe.boot();
-        let ((ctx, stream, info, rdma), _, sharing) = open_device(&pe, true)?;
+        let (
+            (ctx, stream, info, rdma),
+            _,
+            Sharing {
+                pes: sharing,
+                processes: sharing_processes,
+            },
+        ) = open_device(&pe, true)?;
         let ordinal = info.ordinal;
         use sys::CUdevice_attribute as A;
         let ordering = attr(
@@ -814,6 +844,7 @@ impl GpuPe {
             info,
             heap_size,
             sharing,
+            sharing_processes,
             peer_table,
             flags: checks | state::STATE_SELF_IBGDA,
             timeout: settings.timeout,
@@ -844,6 +875,32 @@ impl GpuPe {
     /// PEs of the node whose heaps are on this PE's GPU (this one included).
     pub fn pes_sharing_gpu(&self) -> usize {
         self.sharing
+    }
+    /// Processes the PEs on this PE's GPU live in (1: all in this one). Kernels of
+    /// different processes take turns on a GPU (unless MPS runs), so PEs whose kernels wait
+    /// for each other must share a process there.
+    pub fn processes_sharing_gpu(&self) -> usize {
+        self.sharing_processes
+    }
+
+    /// World-collective: refuses, on every PE, a job in which some GPU holds PEs of more
+    /// than one process, for `what` (whose kernels wait for each other's).
+    pub fn refuse_gpus_shared_across_processes(&self, what: &str) -> Result<()> {
+        let shared = self.sharing_processes;
+        let mine = if shared > 1 {
+            Err(Error::InvalidArgument(format!(
+                "{what}: GPU {} ({}) holds GPU PEs of {shared} processes of this job: kernels \
+                 of different processes take turns on a GPU, and these kernels wait for each \
+                 other's (they would time out). Start one process per GPU, or run without a \
+                 launcher (--pes N: PEs as threads of one process)",
+                self.info.ordinal, self.info.name
+            )))
+        } else {
+            Ok(())
+        };
+        let pe = &self.pe;
+        crate::pe::exchange_status(pe.boot(), &pe.world().group(), what, &mine)?;
+        mine
     }
     /// The peer table as written to the device.
     pub fn peer_table(&self) -> &[DevicePeer] {
@@ -1622,7 +1679,13 @@ type DeviceSetup = (Arc<Ctx>, Stream, DeviceInfo, bool);
 /// every PE fails together naming who failed — then allgathers the PCI bus ids. Returns
 /// the setup, the bus ids by rank, and how many PEs of the node use this GPU (this one
 /// included; node ids come from the bootstrap).
-fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, usize)> {
+/// How many PEs of the node have their heap on a PE's GPU, and in how many processes.
+struct Sharing {
+    pes: usize,
+    processes: usize,
+}
+
+fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, Sharing)> {
     let world = pe.world().group();
     let boot = pe.boot();
     let rank = pe.my_pe();
@@ -1644,13 +1707,19 @@ fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, usize)>
     exchange_status(boot, &world, "set up its GPU", &setup)?;
     let setup = setup?;
     let ids = boot.allgather(&world, setup.2.pci_bus_id.as_bytes())?;
-    let pids = boot.allgather(&world, &std::process::id().to_le_bytes())?;
+    // The process nonce, not the pid: containers with their own pid namespaces on one
+    // node may run PEs under the same pid.
+    let procs = boot.allgather(&world, &process_nonce().to_le_bytes())?;
     let node_ids = boot.node_ids();
     let here = sharers(node_ids, &ids, rank);
-    if let Some(w) = cross_process_warning(&here, &ids[rank], &pids, rank) {
+    if let Some(w) = cross_process_warning(&here, &ids[rank], &procs, rank) {
         eprintln!("{w}");
     }
-    Ok((setup, ids, here.len()))
+    let sharing = Sharing {
+        pes: here.len(),
+        processes: processes_of(&here, &procs),
+    };
+    Ok((setup, ids, sharing))
 }
 
 /// A random number naming this process among the job's (drawn once; never 0).
@@ -1693,11 +1762,9 @@ fn cross_process_warning(
     pids: &[Vec<u8>],
     rank: usize,
 ) -> Option<String> {
-    let mut procs: Vec<&[u8]> = here.iter().map(|&r| pids[r].as_slice()).collect();
-    procs.sort();
-    procs.dedup();
+    let procs = processes_of(here, pids);
     let first_here = here.iter().find(|&&r| pids[r] == pids[rank]) == Some(&rank);
-    if procs.len() < 2 || !first_here {
+    if procs < 2 || !first_here {
         return None;
     }
     Some(format!(
@@ -1706,8 +1773,16 @@ fn cross_process_warning(
          device-side waits between them can crawl or time out: run a GPU's PEs in one \
          process (run_gpu_threads) or under MPS",
         String::from_utf8_lossy(bus_id),
-        procs.len()
+        procs
     ))
+}
+
+/// The distinct processes among the ranks `here` (`pids`: each rank's process identity).
+fn processes_of(here: &[usize], pids: &[Vec<u8>]) -> usize {
+    let mut procs: Vec<&[u8]> = here.iter().map(|&r| pids[r].as_slice()).collect();
+    procs.sort();
+    procs.dedup();
+    procs.len()
 }
 
 fn device_setup(ordinal: i32, vmm: bool) -> Result<DeviceSetup> {

@@ -54,6 +54,29 @@ enum PeOutcome {
     Skipped(String),
 }
 
+impl PeOutcome {
+    /// As the PEs allgather it: 0 and the 64-byte record, or 1 and the reason.
+    fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            PeOutcome::Result(r) => std::iter::once(0).chain(r.to_bytes()).collect(),
+            PeOutcome::Skipped(why) => std::iter::once(1).chain(why.bytes()).collect(),
+        }
+    }
+
+    fn from_bytes(b: &[u8]) -> Result<PeOutcome> {
+        match (b.first(), b.get(1..)) {
+            (Some(0), Some(r)) if r.len() == 64 => Ok(PeOutcome::Result(TestResult::from_bytes(
+                r.try_into().expect("64 bytes"),
+            ))),
+            (Some(1), Some(why)) => Ok(PeOutcome::Skipped(String::from_utf8_lossy(why).into())),
+            _ => Err(Error::Verification(format!(
+                "gpu selftest: a malformed case outcome of {} bytes",
+                b.len()
+            ))),
+        }
+    }
+}
+
 /// Built-in host-layer cases, run before the manifest's.
 pub const HOST_CASES: &[&str] = &[
     "host_heap_mapping",
@@ -108,8 +131,12 @@ pub fn list(sources: &Sources) -> Result<Vec<String>> {
 }
 
 /// Runs the selected cases; Ok(true) when every case that ran passed and none failed.
+/// Without a launcher the PEs are `o.pes` threads of this process; under one (`rshmem
+/// run`, torchrun, mpirun, srun, scripts/netns-hosts) this process is one PE of the job,
+/// and PE 0 reports.
 pub fn selftest(o: &SelftestOpts) -> Result<bool> {
-    if o.pes == 0 || o.pes > 64 {
+    let launched = crate::config::LaunchInfo::from_env()?;
+    if launched.is_none() && (o.pes == 0 || o.pes > 64) {
         return Err(Error::InvalidArgument(format!(
             "--pes {} is out of range 1..=64 for GPU PEs in one process",
             o.pes
@@ -168,16 +195,24 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
     let transport = settings.transport.name();
     let need = crate::heap::RESERVED_BYTES + max_scratch.next_multiple_of(1 << 20) + (1 << 20);
     settings.symmetric_size = settings.symmetric_size.max(need);
-    let n = o.pes;
-    println!(
-        "gpu selftest: {n} PEs as threads, transport {}, {} host-layer case(s), {} kernel case(s)",
-        settings.transport.name(),
-        host.len(),
-        tests.len()
-    );
+    let (n, me_launched) = match &launched {
+        Some(info) => (info.world_size, Some(info.rank)),
+        None => (o.pes, None),
+    };
+    if me_launched.unwrap_or(0) == 0 {
+        println!(
+            "gpu selftest: {n} PEs as {}, transport {}, {} host-layer case(s), {} kernel case(s)",
+            if launched.is_some() {
+                "processes"
+            } else {
+                "threads"
+            },
+            settings.transport.name(),
+            host.len(),
+            tests.len()
+        );
+    }
 
-    // (case index, pe) -> outcome; the case each PE is in (for errors).
-    let outcomes: Mutex<BTreeMap<(usize, usize), PeOutcome>> = Mutex::new(BTreeMap::new());
     // The order cases run in: the host-layer cases, the device API's kernel cases, and
     // last host_nvrtc, the one case that depends on more than the driver (NVRTC on the
     // machine): a case whose PE returns an error ends the run, and the kernel cases must
@@ -200,6 +235,7 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
         )
         .collect();
     let verdicts: Mutex<Vec<Option<bool>>> = Mutex::new(vec![None; order.len()]);
+    // The case each PE is in (for errors).
     let current: Mutex<Vec<Option<usize>>> = Mutex::new(vec![None; n]);
     let mods: Vec<String> = tests
         .iter()
@@ -209,59 +245,37 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
         .collect();
     let sources = o.sources.clone();
 
-    let res = run_gpu_threads(n, settings, |g| {
-        let me = g.my_pe();
-        if me == 0 {
-            let d = g.device();
-            println!(
-                "gpu selftest: GPU {} {} (sm_{}{}, {} SMs), heap {} MiB per PE, {} PE(s) on this GPU",
-                d.ordinal, d.name, d.cc.0, d.cc.1, d.sms, g.heap_size() >> 20, g.pes_sharing_gpu()
-            );
+    let plan = Plan {
+        order: &order,
+        tests: &tests,
+        mods: &mods,
+        sources: &sources,
+        queues,
+        transport,
+        max_scratch,
+        current: &current,
+        verdicts: &verdicts,
+    };
+    // (PE, its outcome): every PE's when they are threads, this process's under a launcher.
+    let res: Vec<(usize, Result<()>)> = match me_launched {
+        None => run_gpu_threads(n, settings, |g| pe_cases(g, &plan))?
+            .into_iter()
+            .enumerate()
+            .collect(),
+        Some(me) => {
+            let r = GpuPe::init_from_settings(settings).and_then(|g| {
+                let r = g
+                    .refuse_gpus_shared_across_processes("rshmem selftest --device gpu")
+                    .and_then(|()| pe_cases(&g, &plan));
+                let f = g.finalize();
+                r.and(f)
+            });
+            vec![(me, r)]
         }
-        let mut loaded: BTreeMap<String, Module> = BTreeMap::new();
-        for m in &mods {
-            loaded.insert(
-                m.clone(),
-                g.load_library_module(m, sources.ptx_dir.as_deref())?,
-            );
-        }
-        let kernels = g.load_library_module("rshmem_kernels", sources.ptx_dir.as_deref())?;
-        let scratch = g.malloc(max_scratch)?;
-        let result = DevBuf::new(g.ctx(), 64, "the test result record")?;
-        for (i, (name, kernel)) in order.iter().enumerate() {
-            current.lock().unwrap()[me] = Some(i);
-            let out = if queues
-                && (P2P_HOST_CASES.contains(&name.as_str())
-                    || P2P_KERNEL_CASES.contains(&name.as_str()))
-            {
-                PeOutcome::Skipped(format!(
-                    "needs peer heaps mapped here; the {transport} transport maps none"
-                ))
-            } else if let Some(k) = *kernel {
-                let t = &tests[k];
-                kernel_case(g, t, &loaded[&t.module], scratch.offset(), &result)?
-            } else {
-                host_case(g, name, &kernels, scratch.offset())?
-            };
-            outcomes.lock().unwrap().insert((i, me), out);
-            g.pe().barrier_all()?;
-            if me == 0 {
-                let v = report_case(
-                    name,
-                    i,
-                    n,
-                    kernel.map(|k| &tests[k]),
-                    &outcomes.lock().unwrap(),
-                );
-                verdicts.lock().unwrap()[i] = v;
-            }
-            g.pe().barrier_all()?;
-        }
-        current.lock().unwrap()[me] = None;
-        Ok(())
-    })?;
+    };
     let mut ok = true;
-    for (pe, r) in res.iter().enumerate() {
+    for (pe, r) in &res {
+        let pe = *pe;
         if let Err(e) = r {
             ok = false;
             let at = current.lock().unwrap()[pe]
@@ -269,6 +283,10 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
                 .unwrap_or("setup");
             println!("gpu selftest: PE {pe} failed in {at}: {e}");
         }
+    }
+    if me_launched.is_some_and(|me| me != 0) {
+        // PE 0 reports the cases; this PE its own failure, above.
+        return Ok(ok);
     }
     let v = verdicts.into_inner().unwrap();
     let passed = v.iter().filter(|x| **x == Some(true)).count();
@@ -280,6 +298,85 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
         ok = false;
     }
     Ok(ok && failed == 0)
+}
+
+/// What every PE of a self-test run shares: the cases in order and where to find them.
+struct Plan<'a> {
+    /// Each case: its name and its manifest test (None: a host case).
+    order: &'a [(String, Option<usize>)],
+    tests: &'a [TestCase],
+    mods: &'a [String],
+    sources: &'a Sources,
+    /// Peers are reached through queues (proxy, ibgda): the cases needing mappings skip.
+    queues: bool,
+    transport: &'static str,
+    max_scratch: usize,
+    /// The case each PE is in (for errors; this process's PEs only).
+    current: &'a Mutex<Vec<Option<usize>>>,
+    /// Each case's verdict, as PE 0 reports it.
+    verdicts: &'a Mutex<Vec<Option<bool>>>,
+}
+
+/// One PE's run of every case of `p`: each case's outcome is allgathered, and PE 0 reports.
+fn pe_cases(g: &GpuPe, p: &Plan) -> Result<()> {
+    let (order, tests, sources, queues, transport) =
+        (p.order, p.tests, p.sources, p.queues, p.transport);
+    let (mods, max_scratch, current, verdicts) = (p.mods, p.max_scratch, p.current, p.verdicts);
+    let n = g.n_pes();
+
+    let me = g.my_pe();
+    if me == 0 {
+        let d = g.device();
+        println!(
+            "gpu selftest: GPU {} {} (sm_{}{}, {} SMs), heap {} MiB per PE, {} PE(s) on this GPU",
+            d.ordinal,
+            d.name,
+            d.cc.0,
+            d.cc.1,
+            d.sms,
+            g.heap_size() >> 20,
+            g.pes_sharing_gpu()
+        );
+    }
+    let mut loaded: BTreeMap<String, Module> = BTreeMap::new();
+    for m in mods {
+        loaded.insert(
+            m.clone(),
+            g.load_library_module(m, sources.ptx_dir.as_deref())?,
+        );
+    }
+    let kernels = g.load_library_module("rshmem_kernels", sources.ptx_dir.as_deref())?;
+    let scratch = g.malloc(max_scratch)?;
+    let result = DevBuf::new(g.ctx(), 64, "the test result record")?;
+    for (i, (name, kernel)) in order.iter().enumerate() {
+        current.lock().unwrap()[me] = Some(i);
+        let out = if queues
+            && (P2P_HOST_CASES.contains(&name.as_str())
+                || P2P_KERNEL_CASES.contains(&name.as_str()))
+        {
+            PeOutcome::Skipped(format!(
+                "needs peer heaps mapped here; the {transport} transport maps none"
+            ))
+        } else if let Some(k) = *kernel {
+            let t = &tests[k];
+            kernel_case(g, t, &loaded[&t.module], scratch.offset(), &result)?
+        } else {
+            host_case(g, name, &kernels, scratch.offset())?
+        };
+        let pe = g.pe();
+        let all = pe.boot().allgather(&pe.world().group(), &out.to_bytes())?;
+        if me == 0 {
+            let mut outcomes = BTreeMap::new();
+            for (q, b) in all.iter().enumerate() {
+                outcomes.insert((i, q), PeOutcome::from_bytes(b)?);
+            }
+            let v = report_case(name, i, n, kernel.map(|k| &tests[k]), &outcomes);
+            verdicts.lock().unwrap()[i] = v;
+        }
+        g.pe().barrier_all()?;
+    }
+    current.lock().unwrap()[me] = None;
+    Ok(())
 }
 
 /// Prints one case's line (PE 0); Some(pass) or None when skipped.
@@ -370,6 +467,12 @@ fn kernel_case(
         Some(tm) => g.device_team(tm)?,
         None => 0,
     };
+    // A team case on several nodes: RSHMEM_TEAM_SHARED is this PE's node, which the kernel
+    // cannot assume is the world (rshmem_test_team_block's params).
+    let p = match (&team, g.pe().node()) {
+        (Some(_), node) if node.n_pes() != n => shared_team_params(node, g.my_pe()),
+        _ => p,
+    };
     let args = HarnessArgs {
         scratch: scratch as u64,
         scratch_bytes: t.scratch_bytes,
@@ -390,6 +493,19 @@ fn kernel_case(
     let mut b = [0u8; 64];
     result.read(&mut b)?;
     Ok(PeOutcome::Result(TestResult::from_bytes(&b)))
+}
+
+/// rshmem_test_team_block's description of RSHMEM_TEAM_SHARED (this PE's node team) when
+/// it is not the world: 1 + its size, this PE's index in it, 1 + the index in it of world
+/// PE `my_pe % 2` (0: on another node).
+fn shared_team_params(node: &crate::team::Team, me: usize) -> [u64; 3] {
+    let par = (me % 2) as u32;
+    let par_in_node = node.members().iter().position(|&w| w == par);
+    [
+        node.n_pes() as u64 + 1,
+        node.my_pe() as u64,
+        par_in_node.map_or(0, |i| i as u64 + 1),
+    ]
 }
 
 /// A host-case result: `checks` of `expected` (stored in reserved[0]), failures.
@@ -1336,6 +1452,20 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two nodes of two PEs (ranks 0, 1 and 2, 3): each node team describes itself, and
+    /// world PE `me % 2` is on node 0 only.
+    #[test]
+    fn the_shared_team_is_described_per_node() {
+        use crate::team::Team;
+        let node = |members: Vec<u32>, me: usize| Team::new(1, members, me, 1, true);
+        assert_eq!(shared_team_params(&node(vec![0, 1], 0), 0), [3, 0, 1]);
+        assert_eq!(shared_team_params(&node(vec![0, 1], 1), 1), [3, 1, 2]);
+        assert_eq!(shared_team_params(&node(vec![2, 3], 2), 2), [3, 0, 0]);
+        assert_eq!(shared_team_params(&node(vec![2, 3], 3), 3), [3, 1, 0]);
+        // One PE per node.
+        assert_eq!(shared_team_params(&node(vec![1], 1), 1), [2, 0, 1]);
+    }
 
     #[test]
     fn stats_are_exact() {
