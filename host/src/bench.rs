@@ -192,7 +192,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub manifest: Option<std::path::PathBuf>,
     /// Transport between the PEs: p2p or proxy (GPU: p2p only; ibgda runs through
-    /// `bench ep --device gpu` and `selftest --device gpu`).
+    /// `bench ep --device gpu` and `selftest --device gpu`). Under a launcher it must
+    /// match the PEs' RSHMEM_TRANSPORT.
     #[arg(long, default_value = "p2p", value_parser = kind_transport)]
     pub transport: Transport,
     /// put and signal: where the source buffer lives — `heap` (a symmetric allocation, as
@@ -335,7 +336,12 @@ fn gpu_cli(a: &BenchArgs) -> i32 {
         }
     };
     if a.transport != Transport::P2p {
-        eprintln!("rshmem bench {op} --device gpu: GPU PEs use the p2p transport only");
+        eprintln!(
+            "rshmem bench {op} --device gpu: the device benches run over p2p only (their \
+             kernels are compiled without the IBGDA path, RSHMEM_NO_IBGDA, to keep 1024-thread \
+             blocks free of spills); GPU PEs over proxy or ibgda are measured by `bench ep \
+             --device gpu` and `bench ibgda-rate --device gpu`"
+        );
         return 2;
     }
     crate::gpu::runner::bench_cli(crate::gpu::runner::BenchOpts {

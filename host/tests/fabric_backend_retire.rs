@@ -159,8 +159,22 @@ fn a_leaving_pe_breaks_no_connection_and_its_region_refuses_access() {
         // the end of the test; 8-byte aligned offsets inside its 1 MiB.
         unsafe { std::ptr::read_volatile((q_mem + off) as *const u64) }
     };
+    // A PE's heap is one of the local buffers WQEs may use while the PE lives (a GPU PE's
+    // puts read from it); retiring it takes it off that list.
+    let regions = w.a.regions();
+    regions.lock().unwrap().push(hq.clone());
+    let listed = || {
+        regions
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.as_ptr() as usize == q_mem)
+            .count()
+    };
+    assert_eq!(listed(), 1);
     w.a.retire(hq, Box::new(()));
     assert_eq!(w.a.retired(), 1);
+    assert_eq!(listed(), 0, "a retired heap stays a local buffer");
 
     // 3. A's later operations to Q complete at once with REMOTE_ACCESS, as after a
     //    ConnectX's MR was deregistered; nothing reaches Q's memory.

@@ -327,6 +327,7 @@ fn the_device_benches_run_and_their_records_check() {
         ]);
         assert_eq!(rc, Some(0), "{op} {scope}: {out}");
         let v = json_of(&out, &format!("{op} {scope}"));
+        assert_eq!(v["transport"], "p2p", "{op} {scope}: {out}");
         let rows = v["rows"].as_array().expect("rows");
         assert!(!rows.is_empty(), "{op} {scope}: {out}");
         for r in rows {
@@ -336,6 +337,15 @@ fn the_device_benches_run_and_their_records_check() {
             );
         }
     }
+    // The bench kernels are compiled for p2p only: other transports are refused, naming
+    // the benches that measure them.
+    let (rc, out) = rshmem(&["bench", "put", "--device", "gpu", "--transport", "proxy"]);
+    assert_eq!(rc, Some(2), "{out}");
+    assert!(
+        out.contains("the device benches run over p2p only")
+            && out.contains("bench ep --device gpu"),
+        "{out}"
+    );
     let (rc, out) = rshmem(&[
         "bench",
         "copy",
@@ -534,12 +544,13 @@ fn the_gpu_ep_bench_runs_as_processes_under_rshmem_run() {
     );
     assert!(!out.contains("[pe 1] {"), "only PE 0 reports: {out}");
 
-    // Every PE refuses; `rshmem run` may stop PE 1 before it prints, once PE 0 exited.
+    // Every PE refuses; `rshmem run` may stop one PE before it prints, once the other
+    // exited.
     let (rc, out) = run("1");
     assert_eq!(rc, Some(1), "{out}");
     assert!(
         out.contains(
-            "[pe 0] rshmem bench ep: invalid argument: rshmem bench ep --device gpu: GPU 0 \
+            "] rshmem bench ep: invalid argument: rshmem bench ep --device gpu: GPU 0 \
              (hostcuda 0 (CPU stand-in)) holds GPU PEs of 2 processes of this job"
         ),
         "{out}"
@@ -589,6 +600,28 @@ fn the_gpu_selftest_runs_as_processes_under_rshmem_run() {
         "only PE 0 reports: {out}"
     );
 
+    // A device bench the same way: PE 0 reports.
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rshmem"));
+    c.args(["run", "-n", "2", "--", env!("CARGO_BIN_EXE_rshmem")])
+        .args([
+            "bench", "p", "--device", "gpu", "--iters", "20", "--reps", "1", "--json",
+        ]);
+    let (rc, out) = output_of(hostcuda_env(&mut c).env("HOSTCUDA_DEVICES", "2"));
+    assert_eq!(rc, Some(0), "{out}");
+    let v = json_of_pe0(&out, "[pe 0] ", "bench p as processes");
+    assert_eq!(
+        (v["pes"].as_u64(), v["transport"].as_str()),
+        (Some(2), Some("p2p")),
+        "{out}"
+    );
+    assert!(
+        v["rows"][0]["latency_us_median"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{out}"
+    );
+    assert!(!out.contains("[pe 1] {"), "only PE 0 reports: {out}");
+
     let (rc, out) = run("1");
     assert_eq!(rc, Some(1), "{out}");
     assert!(
@@ -627,9 +660,10 @@ fn gpu_pes_on_two_hosts_over_the_proxy() {
                 // Each PE is alone on its GPU: 2 SMs keep the grids (block processes) small.
                 .env("HOSTCUDA_SMS", "2")
                 // Every block is a process polling the queues, as in
-                // the_gpu_selftest_passes_over_the_proxy; PE 0's copy bandwidth (512 MiB
-                // copies) runs while PE 1 waits.
-                .env("RSHMEM_TIMEOUT_MS", "60000"),
+                // the_gpu_selftest_passes_over_the_proxy, and the EP bench's copy
+                // bandwidth (512 MiB copies) takes long on a loaded CPU (a CI run with the
+                // other tests beside it went past 60 s once).
+                .env("RSHMEM_TIMEOUT_MS", "120000"),
         )
     };
     let (rc, out) = run("proxy", &["selftest", "--device", "gpu"]);
@@ -656,11 +690,21 @@ fn gpu_pes_on_two_hosts_over_the_proxy() {
     assert_eq!(v["pes"], 2, "{out}");
     assert_eq!(v["transport"], "proxy", "{out}");
 
+    // The device benches run over p2p only, which does not reach the other host.
+    let (rc, out) = run("auto", &["bench", "p", "--device", "gpu", "--iters", "5"]);
+    assert_ne!(rc, Some(0), "{out}");
+    assert!(
+        out.contains("is not reachable from PE")
+            && out.contains("the device benches run over p2p (mapped peer heaps)"),
+        "{out}"
+    );
+
+    // Both PEs refuse; the job stops the other PE once one exited, maybe before it printed.
     let (rc, out) = run("auto", EP_SMALL);
     assert_ne!(rc, Some(0), "{out}");
     assert!(
-        out.contains("GPU PE 0 has no transport to PE(s) [1]")
-            && out.contains("GPU PE 1 has no transport to PE(s) [0]")
+        (out.contains("GPU PE 0 has no transport to PE(s) [1]")
+            || out.contains("GPU PE 1 has no transport to PE(s) [0]"))
             && out.contains("RSHMEM_TRANSPORT=proxy"),
         "{out}"
     );

@@ -1255,20 +1255,21 @@ fn run_launched(a: &EpBenchArgs, info: &LaunchInfo) -> Result<Option<EpReport>> 
         super::ep::check_config(&cfg, n)?;
         settings = settings_for(settings, &cfg, n)?;
     }
+    // This PE's own gates (each PE opens its own; see the function's comment), declared
+    // before the PE so that they outlive it: a stream may still wait on one until the PE
+    // is finalized or dropped (HostGate).
+    let gates: Vec<HostGate> = a.tokens.iter().map(|_| HostGate::default()).collect();
     let g = GpuPe::init_from_settings(settings)?;
     let r = (|| -> Result<Vec<EpPoint>> {
         g.refuse_gpus_shared_across_processes("rshmem bench ep --device gpu")?;
         let mut points = Vec::new();
-        for &t in &a.tokens {
-            // This PE's own gate (each PE opens its own; see the function's comment).
-            let gate = HostGate::default();
-            points.extend(point(&g, a, t, &gate, true)?);
+        for (&t, gate) in a.tokens.iter().zip(&gates) {
+            points.extend(point(&g, a, t, gate, true)?);
         }
         Ok(points)
     })();
-    let f = g.finalize();
-    let points = r?;
-    f?;
+    let points = g.finish(r)?;
+    drop(gates);
     if points.is_empty() {
         return Ok(None);
     }
@@ -1295,8 +1296,10 @@ fn point(
     let (me, n) = (g.my_pe(), g.n_pes());
     let pe = g.pe();
     let cfg = config_of(a, tokens);
-    // The copy bandwidth first, alone on the GPU.
-    let copy = if me == 0 {
+    // The copy bandwidth first, alone on the GPU: PE 0 of PEs that are threads sharing the
+    // GPUs; under a launcher every PE on its own GPU at once (so no PE waits out the
+    // measurement at the next barrier), and PE 0's is reported.
+    let copy = if opener {
         Some(copy_bandwidth(g)?)
     } else {
         None

@@ -883,6 +883,21 @@ impl GpuPe {
         self.sharing_processes
     }
 
+    /// Ends this PE with the outcome `r` of its work: [`GpuPe::finalize`] (collective)
+    /// after success; after an error, a drop without it, as a PE thread of
+    /// [`run_gpu_threads`] leaves: its peers then see it leave and report it, instead of
+    /// pairing their next barrier with its finalize (and waiting for a kernel launch that
+    /// never comes).
+    pub fn finish<T>(self, r: Result<T>) -> Result<T> {
+        match r {
+            Ok(v) => self.finalize().map(|()| v),
+            Err(e) => {
+                drop(self);
+                Err(e)
+            }
+        }
+    }
+
     /// World-collective: refuses, on every PE, a job in which some GPU holds PEs of more
     /// than one process, for `what` (whose kernels wait for each other's).
     pub fn refuse_gpus_shared_across_processes(&self, what: &str) -> Result<()> {
@@ -899,7 +914,8 @@ impl GpuPe {
             Ok(())
         };
         let pe = &self.pe;
-        crate::pe::exchange_status(pe.boot(), &pe.world().group(), what, &mine)?;
+        let step = format!("start {what}");
+        crate::pe::exchange_status(pe.boot(), &pe.world().group(), &step, &mine)?;
         mine
     }
     /// The peer table as written to the device.

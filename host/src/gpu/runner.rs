@@ -267,8 +267,7 @@ pub fn selftest(o: &SelftestOpts) -> Result<bool> {
                 let r = g
                     .refuse_gpus_shared_across_processes("rshmem selftest --device gpu")
                     .and_then(|()| pe_cases(&g, &plan));
-                let f = g.finalize();
-                r.and(f)
+                g.finish(r)
             });
             vec![(me, r)]
         }
@@ -469,8 +468,9 @@ fn kernel_case(
     };
     // A team case on several nodes: RSHMEM_TEAM_SHARED is this PE's node, which the kernel
     // cannot assume is the world (rshmem_test_team_block's params).
+    // (The manifest gives such cases no params of their own.)
     let p = match (&team, g.pe().node()) {
-        (Some(_), node) if node.n_pes() != n => shared_team_params(node, g.my_pe()),
+        (Some(_), node) if node.n_pes() != n && p == [0; 3] => shared_team_params(node, g.my_pe()),
         _ => p,
     };
     let args = HarnessArgs {
@@ -906,7 +906,11 @@ pub fn bench_cli(o: BenchOpts) -> i32 {
     let r = if o.op == "copy" {
         copy_bench(&o).map(|r| print_copy(&r, o.json))
     } else {
-        bench(&o).map(|r| print_bench(&r, o.json))
+        bench(&o).map(|r| {
+            if let Some(r) = r {
+                print_bench(&r, o.json)
+            }
+        })
     };
     match r {
         Ok(()) => 0,
@@ -926,11 +930,12 @@ fn print_bench(r: &GpuReport, json: bool) {
         return;
     }
     println!(
-        "rshmem bench {} (scope {}): {} PEs, device gpu ({}), transport p2p, latency = {}; kernels {} / {}",
+        "rshmem bench {} (scope {}): {} PEs, device gpu ({}), transport {}, latency = {}; kernels {} / {}",
         r.bench,
         r.scope,
         r.pes,
         r.gpu,
+        r.transport,
         r.latency_kind,
         r.latency_kernel.as_deref().unwrap_or("-"),
         r.bandwidth_kernel.as_deref().unwrap_or("-")
@@ -1005,8 +1010,15 @@ fn bench_kernels<'a>(
     Ok((lat, bw))
 }
 
-/// Runs one GPU benchmark; PE 0's records give the numbers.
-pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
+/// Runs one GPU benchmark; PE 0's records give the numbers. Without a launcher the PEs
+/// are `o.pes` threads of this process; under one this process is one PE of the job, and
+/// Some(report) comes back on PE 0 only.
+pub fn bench(o: &BenchOpts) -> Result<Option<GpuReport>> {
+    let launched = crate::config::LaunchInfo::from_env()?;
+    let o = &BenchOpts {
+        pes: launched.as_ref().map_or(o.pes, |i| i.world_size),
+        ..o.clone()
+    };
     validate_bench(o)?;
     let m = Manifest::load(o.sources.manifest.as_deref())?;
     let (lat, bw) = bench_kernels(&m, &o.op, &o.scope)?;
@@ -1017,7 +1029,13 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
         .max()
         .unwrap_or(8);
     let sizes = bench_sizes(&o.op, o.min_size, o.max_size, scratch);
+    // The bench kernels take the p2p path only (RSHMEM_NO_IBGDA in rshmem_device_bench.cu).
     let mut settings = Settings::from_env()?;
+    if launched.is_some() {
+        crate::bench::Transport::P2p.check_launched(&settings)?;
+    } else {
+        settings.transport = crate::config::TransportMode::P2p;
+    }
     settings.symmetric_size = settings.symmetric_size.max(
         crate::heap::RESERVED_BYTES + (scratch as usize).next_multiple_of(1 << 20) + (1 << 20),
     );
@@ -1027,8 +1045,35 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
         .map(|b| b.module.clone())
         .collect();
     let sources = o.sources.clone();
-    let rows = run_gpu_threads(o.pes, settings, |g| {
+    let body = |g: &GpuPe| -> Result<Option<(Vec<GpuRow>, String, &'static str)>> {
         let me = g.my_pe();
+        // PEs 0 and 1 take part: each must reach the other through a mapping (on another
+        // node, or a GPU without P2P access, it cannot). Collective, so all PEs agree.
+        let other = match me {
+            0 => Some(1),
+            1 => Some(0),
+            _ => None,
+        };
+        let reach = match other {
+            Some(q) if g.peer_table()[q].transport != state::TRANSPORT_P2P => {
+                Err(Error::Unreachable {
+                    pe: q,
+                    from: me,
+                    reason: "the device benches run over p2p (mapped peer heaps): that PE is \
+                             on another node, or its GPU has no P2P access to this one"
+                        .into(),
+                })
+            }
+            _ => Ok(()),
+        };
+        let pe = g.pe();
+        crate::pe::exchange_status(
+            pe.boot(),
+            &pe.world().group(),
+            "reach its bench peer",
+            &reach,
+        )?;
+        reach?;
         let mut loaded = BTreeMap::new();
         for name in &mods {
             loaded.insert(
@@ -1148,22 +1193,36 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
             }
             rows.push(row);
         }
-        Ok((me == 0).then(|| (rows, g.device().name.clone())))
-    })?;
-    let mut it = rows.into_iter();
-    let first = it
-        .next()
-        .ok_or_else(|| Error::Verification("no PE ran".into()))??;
-    for (pe, r) in it.enumerate() {
-        r.map_err(|e| Error::Verification(format!("PE {}: {e}", pe + 1)))?;
-    }
-    let (rows, gpu) = first.expect("PE 0 reports");
-    Ok(GpuReport {
+        Ok((me == 0).then(|| (rows, g.device().name.clone(), g.transport().name())))
+    };
+    let first = match &launched {
+        None => {
+            let mut it = run_gpu_threads(o.pes, settings, body)?.into_iter();
+            let first = it
+                .next()
+                .ok_or_else(|| Error::Verification("no PE ran".into()))??;
+            for (pe, r) in it.enumerate() {
+                r.map_err(|e| Error::Verification(format!("PE {}: {e}", pe + 1)))?;
+            }
+            first
+        }
+        Some(_) => {
+            let g = GpuPe::init_from_settings(settings)?;
+            let r = g
+                .refuse_gpus_shared_across_processes(&format!("rshmem bench {} --device gpu", o.op))
+                .and_then(|()| body(&g));
+            g.finish(r)?
+        }
+    };
+    let Some((rows, gpu, transport)) = first else {
+        return Ok(None);
+    };
+    Ok(Some(GpuReport {
         bench: o.op.clone(),
         scope: o.scope.clone(),
         pes: o.pes,
         device: "gpu",
-        transport: "p2p",
+        transport,
         gpu,
         // As the CPU benches name it (latency_divisor).
         latency_kind: if latency_divisor(&o.op) == 2.0 {
@@ -1174,7 +1233,7 @@ pub fn bench(o: &BenchOpts) -> Result<GpuReport> {
         latency_kernel: lat.map(|b| b.name.clone()),
         bandwidth_kernel: bw.map(|b| b.name.clone()),
         rows,
-    })
+    }))
 }
 
 // ---------------------------------------------------------------------- copy bench
@@ -1286,6 +1345,13 @@ fn time_stream(g: &GpuPe, n: usize, mut op: impl FnMut() -> Result<()>) -> Resul
 /// Device-to-device copy bandwidth (rshmem_copy and cuMemcpyDtoD) and, when the manifest
 /// has a put bandwidth kernel, put bandwidth in the same run.
 pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
+    if crate::config::LaunchInfo::from_env()?.is_some() {
+        return Err(Error::InvalidArgument(
+            "bench copy measures one GPU with PEs as threads of this process: run it \
+             without a launcher"
+                .into(),
+        ));
+    }
     let o = BenchOpts {
         pes: o.pes.max(2),
         ..o.clone()

@@ -362,13 +362,12 @@ pub(crate) struct GpuProxyView {
 
 impl Drop for Proxy {
     /// A heap registration not handed to [`retire_heap`] leaves the local-buffer list
-    /// with the Proxy (the heap mapping is dropped after it).
+    /// with the Proxy (the heap mapping is dropped after it). `Pe::drop` always takes it
+    /// first ([`Proxy::take_heap_mr`]) and retires it; this is for any other drop, which
+    /// then closes the registration at once.
     fn drop(&mut self) {
-        if let (Some(m), Some(f)) = (self.heap_mr.take(), self.fabric.as_ref()) {
-            f.regions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .retain(|r| !Arc::ptr_eq(r, &m));
+        if let Some(m) = self.heap_mr.take() {
+            self.unlist(&m);
         }
     }
 }
@@ -376,10 +375,23 @@ impl Drop for Proxy {
 impl Proxy {
     /// This PE's heap registration with the fabric, and the process engine, for
     /// [`retire_heap`] (None when the PE has no fabric registration).
+    /// The region leaves the local-buffer list here, whatever the caller does with it.
     pub(crate) fn take_heap_mr(
         &mut self,
     ) -> Option<(Arc<SoftHca<ProxyBackend>>, Arc<MemoryRegion>)> {
-        self.heap_mr.take().map(|m| (self.hca.clone(), m))
+        let m = self.heap_mr.take()?;
+        self.unlist(&m);
+        Some((self.hca.clone(), m))
+    }
+
+    /// Removes `m` from the fabric backend's local-buffer list.
+    fn unlist(&self, m: &Arc<MemoryRegion>) {
+        if let Some(f) = self.fabric.as_ref() {
+            f.regions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|r| !Arc::ptr_eq(r, m));
+        }
     }
 
     /// See [`GpuProxyView`].
