@@ -84,7 +84,11 @@ fn gpu_argument_errors_are_clear() {
         &[],
     );
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o).contains("p2p transport only"), "{}", text(&o));
+    assert!(
+        text(&o).contains("the device benches run over p2p only"),
+        "{}",
+        text(&o)
+    );
     let o = run(&["selftest", "--device", "tpu"], &[]);
     assert_eq!(o.status.code(), Some(2));
     let o = run(&["selftest", "--device", "gpu", "--pes", "0"], &[]);
