@@ -439,27 +439,7 @@ fn the_gpu_ep_suite_passes_over_the_proxy() {
 #[test]
 fn the_gpu_ep_bench_runs_and_validates() {
     let (rc, out) = rshmem_env(
-        &[
-            "bench",
-            "ep",
-            "--device",
-            "gpu",
-            "--pes",
-            "4",
-            "--tokens",
-            "16",
-            "--hidden",
-            "2048",
-            "--experts",
-            "16",
-            "--topk",
-            "4",
-            "--iters",
-            "3",
-            "--warmup",
-            "1",
-            "--json",
-        ],
+        &[EP_SMALL, &["--pes", "4"]].concat(),
         &[
             ("RSHMEM_TIMEOUT_MS", "120000"),
             // Two GPUs, two PEs on each: the start gate every PE's stream waits on must be
@@ -494,7 +474,7 @@ fn json_of_pe0(out: &str, tag: &str, what: &str) -> serde_json::Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("{what}: {e}\n{out}"))
 }
 
-/// A small EP bench shape (2 PEs: 16 experts divide), quick on hostcuda.
+/// A small EP bench shape (16 experts: 2 or 4 PEs divide them), quick on hostcuda.
 const EP_SMALL: &[&str] = &[
     "bench",
     "ep",
