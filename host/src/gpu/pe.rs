@@ -324,10 +324,8 @@ pub struct GpuPe {
     cuda: CudaSide,
     info: DeviceInfo,
     heap_size: usize,
-    /// PEs of the node (this one included) whose heap is on the same GPU.
-    sharing: usize,
-    /// Processes those PEs live in (1 when every one is in this process).
-    sharing_processes: usize,
+    /// Who else has a heap on this PE's GPU.
+    sharing: Sharing,
     peer_table: Vec<DevicePeer>,
     flags: u32,
     timeout: Duration,
@@ -483,14 +481,7 @@ impl GpuPe {
         let rank = pe.my_pe();
         let n = pe.n_pes();
         let node: Vec<usize> = pe.node().members().iter().map(|&r| r as usize).collect();
-        let (
-            (ctx, stream, info, rdma),
-            ids,
-            Sharing {
-                pes: sharing,
-                processes: sharing_processes,
-            },
-        ) = open_device(&pe, true)?;
+        let ((ctx, stream, info, rdma), ids, sharing) = open_device(&pe, true)?;
         let ordinal = info.ordinal;
 
         // A job-wide secret for the fd exchange: PE 0's random token.
@@ -678,7 +669,6 @@ impl GpuPe {
             info,
             heap_size,
             sharing,
-            sharing_processes,
             peer_table,
             flags,
             timeout: settings.timeout,
@@ -693,14 +683,7 @@ impl GpuPe {
     fn from_pe_proxy(pe: Pe, settings: Settings) -> Result<GpuPe> {
         let world = pe.world().group();
         let boot = pe.boot();
-        let (
-            (ctx, stream, info, _),
-            _,
-            Sharing {
-                pes: sharing,
-                processes: sharing_processes,
-            },
-        ) = open_device(&pe, false)?;
+        let ((ctx, stream, info, _), _, sharing) = open_device(&pe, false)?;
         let heap_size = pe.heap_size();
         let built = (|| -> Result<(super::ibgda::ProxyGpu, DevBuf, Pinned, Module)> {
             let view = pe
@@ -744,7 +727,6 @@ impl GpuPe {
             info,
             heap_size,
             sharing,
-            sharing_processes,
             peer_table,
             flags: checks | state::STATE_SELF_IBGDA,
             timeout: settings.timeout,
@@ -759,14 +741,7 @@ impl GpuPe {
     fn from_pe_ibgda(pe: Pe, settings: Settings) -> Result<GpuPe> {
         let world = pe.world().group();
         let boot = pe.boot();
-        let (
-            (ctx, stream, info, rdma),
-            _,
-            Sharing {
-                pes: sharing,
-                processes: sharing_processes,
-            },
-        ) = open_device(&pe, true)?;
+        let ((ctx, stream, info, rdma), _, sharing) = open_device(&pe, true)?;
         let ordinal = info.ordinal;
         use sys::CUdevice_attribute as A;
         let ordering = attr(
@@ -844,7 +819,6 @@ impl GpuPe {
             info,
             heap_size,
             sharing,
-            sharing_processes,
             peer_table,
             flags: checks | state::STATE_SELF_IBGDA,
             timeout: settings.timeout,
@@ -874,13 +848,13 @@ impl GpuPe {
     }
     /// PEs of the node whose heaps are on this PE's GPU (this one included).
     pub fn pes_sharing_gpu(&self) -> usize {
-        self.sharing
+        self.sharing.pes
     }
     /// Processes the PEs on this PE's GPU live in (1: all in this one). Kernels of
     /// different processes take turns on a GPU (unless MPS runs), so PEs whose kernels wait
     /// for each other must share a process there.
     pub fn processes_sharing_gpu(&self) -> usize {
-        self.sharing_processes
+        self.sharing.processes
     }
 
     /// Ends this PE with the outcome `r` of its work: [`GpuPe::finalize`] (collective)
@@ -901,7 +875,7 @@ impl GpuPe {
     /// World-collective: refuses, on every PE, a job in which some GPU holds PEs of more
     /// than one process, for `what` (whose kernels wait for each other's).
     pub fn refuse_gpus_shared_across_processes(&self, what: &str) -> Result<()> {
-        let shared = self.sharing_processes;
+        let shared = self.sharing.processes;
         let mine = if shared > 1 {
             Err(Error::InvalidArgument(format!(
                 "{what}: GPU {} ({}) holds GPU PEs of {shared} processes of this job: kernels \
@@ -1569,12 +1543,12 @@ impl GpuPe {
             block,
             per_sm.max(0) as u32,
             self.info.sms,
-            self.sharing as u32,
+            self.sharing.pes as u32,
             requested,
         )?;
         Ok((
             grid,
-            super::launch::use_cooperative(self.sharing as u32, self.info.cooperative),
+            super::launch::use_cooperative(self.sharing.pes as u32, self.info.cooperative),
         ))
     }
 
@@ -1695,7 +1669,8 @@ type DeviceSetup = (Arc<Ctx>, Stream, DeviceInfo, bool);
 /// every PE fails together naming who failed — then allgathers the PCI bus ids. Returns
 /// the setup, the bus ids by rank, and how many PEs of the node use this GPU (this one
 /// included; node ids come from the bootstrap).
-/// How many PEs of the node have their heap on a PE's GPU, and in how many processes.
+/// How many PEs of the node have their heap on a PE's GPU (this one included), and in how
+/// many processes (1: all in this one).
 struct Sharing {
     pes: usize,
     processes: usize,
