@@ -107,17 +107,17 @@ pub enum Transport {
     Ibgda,
 }
 
+/// Why `--transport ibgda` is refused on CPU PEs.
+pub(crate) const IBGDA_NEEDS_GPU: &str = "--transport ibgda is for GPU PEs (GPU threads write the \
+     NIC's queues): add --device gpu, or use p2p or proxy on CPU PEs";
+
 /// `bench KIND --transport`: the transports these benchmarks run over.
 fn kind_transport(s: &str) -> std::result::Result<Transport, String> {
     match s {
         "p2p" => Ok(Transport::P2p),
         "proxy" => Ok(Transport::Proxy),
-        "ibgda" => Err(
-            "bench KIND runs over p2p or proxy; ibgda (GPU PEs over a ConnectX NIC) \
-                        runs through `bench ep --device gpu` and `selftest --device gpu`"
-                .into(),
-        ),
-        _ => Err("expected p2p or proxy".into()),
+        "ibgda" => Ok(Transport::Ibgda),
+        _ => Err("expected p2p, proxy or ibgda (ibgda: --device gpu only)".into()),
     }
 }
 
@@ -191,9 +191,9 @@ pub struct BenchArgs {
     /// (device-kernels/src/rshmem_device_tests.json; also RSHMEM_GPU_MANIFEST).
     #[arg(long)]
     pub manifest: Option<std::path::PathBuf>,
-    /// Transport between the PEs: p2p or proxy (GPU: p2p only; ibgda runs through
-    /// `bench ep --device gpu` and `selftest --device gpu`). Under a launcher it must
-    /// match the PEs' RSHMEM_TRANSPORT.
+    /// Transport between the PEs: p2p or proxy; with --device gpu also ibgda (GPU
+    /// threads write a ConnectX NIC's queues). Under a launcher it must match the PEs'
+    /// RSHMEM_TRANSPORT.
     #[arg(long, default_value = "p2p", value_parser = kind_transport)]
     pub transport: Transport,
     /// put and signal: where the source buffer lives — `heap` (a symmetric allocation, as
@@ -291,6 +291,10 @@ pub fn run_cli(args: BenchArgs) -> i32 {
         eprintln!("rshmem bench copy: a GPU benchmark; pass --device gpu");
         return 2;
     }
+    if args.transport == Transport::Ibgda {
+        eprintln!("rshmem bench {:?}: {IBGDA_NEEDS_GPU}", args.kind);
+        return 2;
+    }
     if args.kind == Kind::Softhca {
         return match engine_bench(&args) {
             Ok(()) => 0,
@@ -335,12 +339,11 @@ fn gpu_cli(a: &BenchArgs) -> i32 {
             return 2;
         }
     };
-    if a.transport != Transport::P2p {
+    if a.kind == Kind::Copy && a.transport != Transport::P2p {
         eprintln!(
-            "rshmem bench {op} --device gpu: the device benches run over p2p only (their \
-             kernels are compiled without the IBGDA path, RSHMEM_NO_IBGDA, to keep 1024-thread \
-             blocks free of spills); GPU PEs over proxy or ibgda are measured by `bench ep \
-             --device gpu` and `bench ibgda-rate --device gpu`"
+            "rshmem bench copy --device gpu: --transport {}: the copy bench measures one \
+             GPU's device-to-device copy and uses no transport",
+            a.transport.name()
         );
         return 2;
     }
@@ -352,6 +355,7 @@ fn gpu_cli(a: &BenchArgs) -> i32 {
         max_size: a.max_size,
         iters: a.iters.min(100_000),
         reps: a.reps,
+        transport: a.transport,
         json: a.json,
         sources: crate::gpu::runner::Sources::from_env(a.manifest.clone()),
     })
@@ -364,6 +368,9 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         return Err(Error::InvalidArgument(
             "bench copy and --device gpu run through the GPU runner (rshmem bench ... --device gpu)".into(),
         ));
+    }
+    if args.transport == Transport::Ibgda {
+        return Err(Error::InvalidArgument(IBGDA_NEEDS_GPU.into()));
     }
     if args.kind == Kind::Softhca {
         return Err(Error::InvalidArgument(

@@ -79,13 +79,27 @@ fn gpu_argument_errors_are_clear() {
         "{}",
         text(&o)
     );
+    // ibgda is for GPU PEs; a CPU bench refuses it, naming --device gpu.
+    for kind in ["put", "p"] {
+        let o = run(&["bench", kind, "--transport", "ibgda"], &[]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains("--transport ibgda is for GPU PEs")
+                && text(&o).contains("add --device gpu"),
+            "{}",
+            text(&o)
+        );
+    }
     let o = run(
-        &["bench", "put", "--device", "gpu", "--transport", "proxy"],
+        &["bench", "copy", "--device", "gpu", "--transport", "proxy"],
         &[],
     );
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("uses no transport"), "{}", text(&o));
+    let o = run(&["bench", "put", "--transport", "rdma"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        text(&o).contains("the device benches run over p2p only"),
+        text(&o).contains("expected p2p, proxy or ibgda"),
         "{}",
         text(&o)
     );

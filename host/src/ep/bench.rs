@@ -231,11 +231,7 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
         ));
     }
     if a.transport == Some(crate::bench::Transport::Ibgda) {
-        return Err(Error::InvalidArgument(
-            "--transport ibgda is for GPU PEs (GPU threads write the NIC's queues): add \
-             --device gpu, or use p2p or proxy on CPU PEs"
-                .into(),
-        ));
+        return Err(Error::InvalidArgument(crate::bench::IBGDA_NEEDS_GPU.into()));
     }
     let launched = LaunchInfo::from_env()?.is_some();
     let mut points = Vec::new();

@@ -297,8 +297,9 @@ pub fn needs_stage_in(
 
 /// Refuses a team with a member this GPU PE has no transport to (`TRANSPORT_NONE`: under
 /// `p2p` / `auto`, a PE on another node or a GPU without P2P access): the kernels would
-/// trap at the first message to it.
+/// trap at the first message to it. `what` (the caller) starts the message.
 pub fn unreachable_members(
+    what: &str,
     me: usize,
     peers: &[super::state::DevicePeer],
     members: &[u32],
@@ -319,7 +320,7 @@ pub fn unreachable_members(
             pe: first as usize,
             from: me,
             reason: format!(
-                "ep::GpuBuffer::new: GPU PE {me} has no transport to PE(s) {missing:?} of the \
+                "{what}: GPU PE {me} has no transport to PE(s) {missing:?} of the \
                  team (the p2p transport reaches only GPUs of this node with P2P access): set \
                  RSHMEM_TRANSPORT=proxy (the soft HCA, over libfabric to other nodes) or ibgda \
                  (a ConnectX NIC) on every PE"
@@ -1133,7 +1134,12 @@ impl<'g> GpuBuffer<'g> {
             |w| format!("{w:?} (N, H, E, K, fp8, round_scale)"),
         )?;
         let layout = check_config(cfg, team.n_pes())?;
-        unreachable_members(g.my_pe(), g.peer_table(), team.members())?;
+        unreachable_members(
+            "ep::GpuBuffer::new",
+            g.my_pe(),
+            g.peer_table(),
+            team.members(),
+        )?;
         let mut names: [String; 5] = Default::default();
         for (n, k) in names.iter_mut().zip(KERNELS) {
             *n = kernel_name(k, cfg.hidden, cfg.use_fp8)?;
@@ -1970,18 +1976,18 @@ mod tests {
             peer(TRANSPORT_NONE),
         ];
         // The PE's own entry and non-members do not count.
-        assert!(unreachable_members(1, &peers, &[0, 1, 2]).is_ok());
-        assert!(unreachable_members(0, &peers, &[0, 2]).is_ok());
-        let e = unreachable_members(0, &peers, &[0, 1, 2, 3])
+        assert!(unreachable_members("t", 1, &peers, &[0, 1, 2]).is_ok());
+        assert!(unreachable_members("t", 0, &peers, &[0, 2]).is_ok());
+        let e = unreachable_members("t", 0, &peers, &[0, 1, 2, 3])
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("GPU PE 0 has no transport to PE(s) [1, 3]")
+            e.contains("t: GPU PE 0 has no transport to PE(s) [1, 3]")
                 && e.contains("RSHMEM_TRANSPORT=proxy"),
             "{e}"
         );
         // A member past the table (a bad team) is refused too.
-        assert!(unreachable_members(0, &peers, &[0, 7]).is_err());
+        assert!(unreachable_members("t", 0, &peers, &[0, 7]).is_err());
     }
 
     #[test]

@@ -833,7 +833,12 @@ mod tests {
         ringing.sort();
         assert_eq!(
             ringing,
-            ["ep_ll", "rshmem_device_tests", "rshmem_ibgda_producer"],
+            [
+                "ep_ll",
+                "rshmem_device_bench",
+                "rshmem_device_tests",
+                "rshmem_ibgda_producer"
+            ],
             "the modules built on rshmem/ibgda/queue.cuh"
         );
     }

@@ -798,6 +798,9 @@ pub struct BenchOpts {
     pub max_size: usize,
     pub iters: usize,
     pub reps: usize,
+    /// p2p, proxy or ibgda: the bench kernels take whichever path the device API picks
+    /// per peer. Under a launcher it must match the PEs' RSHMEM_TRANSPORT.
+    pub transport: crate::bench::Transport,
     pub json: bool,
     pub sources: Sources,
 }
@@ -1029,12 +1032,11 @@ pub fn bench(o: &BenchOpts) -> Result<Option<GpuReport>> {
         .max()
         .unwrap_or(8);
     let sizes = bench_sizes(&o.op, o.min_size, o.max_size, scratch);
-    // The bench kernels take the p2p path only (RSHMEM_NO_IBGDA in rshmem_device_bench.cu).
     let mut settings = Settings::from_env()?;
     if launched.is_some() {
-        crate::bench::Transport::P2p.check_launched(&settings)?;
+        o.transport.check_launched(&settings)?;
     } else {
-        settings.transport = crate::config::TransportMode::P2p;
+        settings.transport = o.transport.mode();
     }
     settings.symmetric_size = settings.symmetric_size.max(
         crate::heap::RESERVED_BYTES + (scratch as usize).next_multiple_of(1 << 20) + (1 << 20),
@@ -1047,22 +1049,11 @@ pub fn bench(o: &BenchOpts) -> Result<Option<GpuReport>> {
     let sources = o.sources.clone();
     let body = |g: &GpuPe| -> Result<Option<(Vec<GpuRow>, String, &'static str)>> {
         let me = g.my_pe();
-        // PEs 0 and 1 take part: each must reach the other through a mapping (on another
-        // node, or a GPU without P2P access, it cannot). Collective, so all PEs agree.
-        let other = match me {
-            0 => Some(1),
-            1 => Some(0),
-            _ => None,
-        };
-        let reach = match other {
-            Some(q) if g.peer_table()[q].transport != state::TRANSPORT_P2P => {
-                Err(Error::Unreachable {
-                    pe: q,
-                    from: me,
-                    reason: "the device benches run over p2p (mapped peer heaps): that PE is \
-                             on another node, or its GPU has no P2P access to this one"
-                        .into(),
-                })
+        // PEs 0 and 1 take part: each must have a transport to the other (p2p reaches
+        // only this node's GPUs with P2P access). Collective, so all PEs agree.
+        let reach = match me {
+            0 | 1 => {
+                super::ep::unreachable_members("the device bench", me, g.peer_table(), &[0, 1])
             }
             _ => Ok(()),
         };
@@ -1592,6 +1583,7 @@ mod tests {
             max_size: 64,
             iters: 10,
             reps: 1,
+            transport: crate::bench::Transport::P2p,
             json: true,
             sources: Sources::default(),
         }
