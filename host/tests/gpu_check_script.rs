@@ -319,12 +319,14 @@ fn runs_every_step_and_ends_with_the_table() {
         })
         .collect();
     // doctor, 3 selftests, traps, example-ring, 5 ops x 3 scopes, copy, ep,
-    // selftest-proxy-2, ibgda-rate, ep-proxy.
-    assert_eq!(rows.len(), 1 + 3 + 2 + 15 + 1 + 1 + 3, "{summary}");
+    // selftest-proxy-2, ibgda-rate, ep-proxy, 2 benches over the proxy.
+    assert_eq!(rows.len(), 1 + 3 + 2 + 15 + 1 + 1 + 3 + 2, "{summary}");
     assert!(
         summary.contains("selftest-proxy-2")
             && summary.contains("ibgda-rate")
-            && summary.contains("ep-proxy"),
+            && summary.contains("ep-proxy")
+            && summary.contains("bench-proxy-p-thread")
+            && summary.contains("bench-proxy-put-block"),
         "{summary}"
     );
     let row = |prefix: &str| {
@@ -515,6 +517,8 @@ fn every_step_reaches_its_first_kernel_launch_on_hostcuda() {
         "bench-put-block",
         "bench-get-thread",
         "bench-atomic-thread",
+        "bench-proxy-p-thread",
+        "bench-proxy-put-block",
     ] {
         assert!(
             launched.iter().any(|s| s == want),
