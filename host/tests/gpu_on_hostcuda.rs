@@ -306,82 +306,59 @@ fn every_trap_case_passes() {
 /// launch's record matches what it launched (iterations, bytes, checksum).
 #[test]
 fn the_device_benches_run_and_their_records_check() {
-    for (op, scope) in [
+    // Over p2p, and the same kernels over the proxy, where GPU threads write WQEs that
+    // the soft HCA executes (gpu-check measures that path's latency on a GPU).
+    let p2p = [
         ("put", "block"),
         ("put", "thread"),
         ("get", "warp"),
         ("p", "thread"),
         ("atomic", "thread"),
         ("signal", "thread"),
-    ] {
-        let (rc, out) = rshmem(&[
-            "bench",
-            op,
-            "--device",
-            "gpu",
-            "--scope",
-            scope,
-            "--pes",
-            "2",
-            "--iters",
-            "20",
-            "--reps",
-            "2",
-            "--max-size",
-            "16K",
-            "--json",
-        ]);
-        assert_eq!(rc, Some(0), "{op} {scope}: {out}");
-        let v = json_of(&out, &format!("{op} {scope}"));
-        assert_eq!(v["transport"], "p2p", "{op} {scope}: {out}");
-        let rows = v["rows"].as_array().expect("rows");
-        assert!(!rows.is_empty(), "{op} {scope}: {out}");
-        for r in rows {
-            assert!(
-                r["latency_us_median"].as_f64().is_some_and(|x| x > 0.0),
-                "{op} {scope}: {r}"
-            );
-        }
-    }
-    // The same kernels over the proxy: GPU threads write WQEs that the soft HCA executes
-    // (gpu-check measures this path's latency on a GPU). Every launch's record is
-    // checked as over p2p.
-    for (op, scope) in [
+    ];
+    let proxy = [
         ("put", "thread"),
         ("get", "block"),
         ("p", "thread"),
         ("atomic", "thread"),
         ("signal", "warp"),
+    ];
+    for (transport, cases, iters, reps, max) in [
+        ("p2p", &p2p[..], "20", "2", "16K"),
+        ("proxy", &proxy[..], "10", "1", "4K"),
     ] {
-        let (rc, out) = rshmem(&[
-            "bench",
-            op,
-            "--device",
-            "gpu",
-            "--transport",
-            "proxy",
-            "--scope",
-            scope,
-            "--pes",
-            "2",
-            "--iters",
-            "10",
-            "--reps",
-            "1",
-            "--max-size",
-            "4K",
-            "--json",
-        ]);
-        assert_eq!(rc, Some(0), "proxy {op} {scope}: {out}");
-        let v = json_of(&out, &format!("proxy {op} {scope}"));
-        assert_eq!(v["transport"], "proxy", "{op} {scope}: {out}");
-        let rows = v["rows"].as_array().expect("rows");
-        assert!(!rows.is_empty(), "{op} {scope}: {out}");
-        for r in rows {
-            assert!(
-                r["latency_us_median"].as_f64().is_some_and(|x| x > 0.0),
-                "proxy {op} {scope}: {r}"
-            );
+        for &(op, scope) in cases {
+            let what = format!("{transport} {op} {scope}");
+            let (rc, out) = rshmem(&[
+                "bench",
+                op,
+                "--device",
+                "gpu",
+                "--transport",
+                transport,
+                "--scope",
+                scope,
+                "--pes",
+                "2",
+                "--iters",
+                iters,
+                "--reps",
+                reps,
+                "--max-size",
+                max,
+                "--json",
+            ]);
+            assert_eq!(rc, Some(0), "{what}: {out}");
+            let v = json_of(&out, &what);
+            assert_eq!(v["transport"], transport, "{what}: {out}");
+            let rows = v["rows"].as_array().expect("rows");
+            assert!(!rows.is_empty(), "{what}: {out}");
+            for r in rows {
+                assert!(
+                    r["latency_us_median"].as_f64().is_some_and(|x| x > 0.0),
+                    "{what}: {r}"
+                );
+            }
         }
     }
     let (rc, out) = rshmem(&[
