@@ -292,7 +292,7 @@ pub fn run_cli(args: BenchArgs) -> i32 {
         return 2;
     }
     if args.transport == Transport::Ibgda {
-        eprintln!("rshmem bench {:?}: {IBGDA_NEEDS_GPU}", args.kind);
+        eprintln!("rshmem bench {}: {IBGDA_NEEDS_GPU}", args.kind.name());
         return 2;
     }
     if args.kind == Kind::Softhca {
@@ -333,8 +333,8 @@ fn gpu_cli(a: &BenchArgs) -> i32 {
         | Kind::Alltoall
         | Kind::Reduce => {
             eprintln!(
-                "rshmem bench {:?} --device gpu: not a GPU benchmark (GPU: put, get, p, atomic, signal, copy)",
-                a.kind
+                "rshmem bench {} --device gpu: not a GPU benchmark (GPU: put, get, p, atomic, signal, copy)",
+                a.kind.name()
             );
             return 2;
         }
@@ -443,6 +443,12 @@ fn validate(a: &BenchArgs) -> Result<()> {
 const COLL_BUF_MAX: usize = 32 << 20;
 
 impl Kind {
+    /// The name on the command line (`put`, `ibgda-rate`, ...).
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map_or_else(|| format!("{self:?}"), |v| v.get_name().to_string())
+    }
+
     /// The collectives (every PE calls, every PE's result checked).
     pub fn collective(self) -> bool {
         matches!(
@@ -536,7 +542,7 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
             indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} sizes")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        b.set_message(format!("bench {:?}", a.kind));
+        b.set_message(format!("bench {}", a.kind.name()));
         b
     });
     let mut rows = Vec::new();

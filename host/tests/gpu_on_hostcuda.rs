@@ -716,9 +716,12 @@ fn gpu_pes_on_two_hosts_over_the_proxy() {
     let (rc, out) = run("auto", &["bench", "p", "--device", "gpu", "--iters", "5"]);
     assert_ne!(rc, Some(0), "{out}");
     assert!(
-        (out.contains("the device bench: GPU PE 0 has no transport to PE(s) [1]")
-            || out.contains("the device bench: GPU PE 1 has no transport to PE(s) [0]"))
-            && out.contains("RSHMEM_TRANSPORT=proxy"),
+        (out.contains(
+            "the device bench, PE 0 and its peer PE 1: GPU PE 0 has no transport to PE(s) [1]"
+        ) || out.contains(
+            "the device bench, PE 0 and its peer PE 1: GPU PE 1 has no transport to PE(s) [0]"
+        )) && out.contains("run it with --transport proxy")
+            && out.contains("export the same RSHMEM_TRANSPORT to every PE"),
         "{out}"
     );
 
@@ -726,9 +729,11 @@ fn gpu_pes_on_two_hosts_over_the_proxy() {
     let (rc, out) = run("auto", EP_SMALL);
     assert_ne!(rc, Some(0), "{out}");
     assert!(
-        (out.contains("GPU PE 0 has no transport to PE(s) [1]")
-            || out.contains("GPU PE 1 has no transport to PE(s) [0]"))
-            && out.contains("RSHMEM_TRANSPORT=proxy"),
+        (out.contains(
+            "ep::GpuBuffer::new, a member of the team: GPU PE 0 has no transport to PE(s) [1]"
+        ) || out.contains(
+            "ep::GpuBuffer::new, a member of the team: GPU PE 1 has no transport to PE(s) [0]"
+        )) && out.contains("RSHMEM_TRANSPORT=proxy"),
         "{out}"
     );
 }

@@ -80,8 +80,8 @@ fn cpu_pes_refuse_the_ibgda_transport() {
         (
             vec!["bench", "put", "--transport", "ibgda", "--iters", "10"],
             2,
-            "invalid value 'ibgda' for '--transport <TRANSPORT>': bench KIND runs over p2p or \
-             proxy; ibgda (GPU PEs over a ConnectX NIC) runs through `bench ep --device gpu`",
+            "rshmem bench put: --transport ibgda is for GPU PEs (GPU threads write the NIC's \
+             queues): add --device gpu",
         ),
         (
             vec!["bench", "ep", "--transport", "ibgda", "--tokens", "4"],

@@ -297,12 +297,14 @@ pub fn needs_stage_in(
 
 /// Refuses a team with a member this GPU PE has no transport to (`TRANSPORT_NONE`: under
 /// `p2p` / `auto`, a PE on another node or a GPU without P2P access): the kernels would
-/// trap at the first message to it. `what` (the caller) starts the message.
+/// trap at the first message to it. `what` (the caller and its group of PEs) starts the
+/// message and `cure` ends it: how this caller picks another transport.
 pub fn unreachable_members(
     what: &str,
     me: usize,
     peers: &[super::state::DevicePeer],
     members: &[u32],
+    cure: &str,
 ) -> Result<()> {
     let missing: Vec<u32> = members
         .iter()
@@ -320,10 +322,8 @@ pub fn unreachable_members(
             pe: first as usize,
             from: me,
             reason: format!(
-                "{what}: GPU PE {me} has no transport to PE(s) {missing:?} of the \
-                 team (the p2p transport reaches only GPUs of this node with P2P access): set \
-                 RSHMEM_TRANSPORT=proxy (the soft HCA, over libfabric to other nodes) or ibgda \
-                 (a ConnectX NIC) on every PE"
+                "{what}: GPU PE {me} has no transport to PE(s) {missing:?} (the p2p \
+                 transport reaches only GPUs of this node with P2P access): {cure}"
             ),
         }),
     }
@@ -1135,10 +1135,12 @@ impl<'g> GpuBuffer<'g> {
         )?;
         let layout = check_config(cfg, team.n_pes())?;
         unreachable_members(
-            "ep::GpuBuffer::new",
+            "ep::GpuBuffer::new, a member of the team",
             g.my_pe(),
             g.peer_table(),
             team.members(),
+            "set RSHMEM_TRANSPORT=proxy (the soft HCA, over libfabric to other nodes) or \
+             ibgda (a ConnectX NIC) on every PE",
         )?;
         let mut names: [String; 5] = Default::default();
         for (n, k) in names.iter_mut().zip(KERNELS) {
@@ -1976,18 +1978,18 @@ mod tests {
             peer(TRANSPORT_NONE),
         ];
         // The PE's own entry and non-members do not count.
-        assert!(unreachable_members("t", 1, &peers, &[0, 1, 2]).is_ok());
-        assert!(unreachable_members("t", 0, &peers, &[0, 2]).is_ok());
-        let e = unreachable_members("t", 0, &peers, &[0, 1, 2, 3])
+        assert!(unreachable_members("t", 1, &peers, &[0, 1, 2], "c").is_ok());
+        assert!(unreachable_members("t", 0, &peers, &[0, 2], "c").is_ok());
+        let e = unreachable_members("t", 0, &peers, &[0, 1, 2, 3], "the cure")
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("t: GPU PE 0 has no transport to PE(s) [1, 3]")
-                && e.contains("RSHMEM_TRANSPORT=proxy"),
+            e.contains("t: GPU PE 0 has no transport to PE(s) [1, 3] (the p2p transport")
+                && e.ends_with("P2P access): the cure"),
             "{e}"
         );
         // A member past the table (a bad team) is refused too.
-        assert!(unreachable_members("t", 0, &peers, &[0, 7]).is_err());
+        assert!(unreachable_members("t", 0, &peers, &[0, 7], "c").is_err());
     }
 
     #[test]

@@ -60,6 +60,11 @@ pub const EMBEDDED: Option<&str> = Some(include_str!(concat!(
 /// to load it from disk instead of the embedded copy).
 pub const SOURCE_PATH: &str = "device-kernels/src/rshmem_device_tests.json";
 
+/// The most threads a bench kernel's block may have: the launch bounds of
+/// rshmem_device_bench.cu (`__launch_bounds__(256, 1)`, which keeps the IBGDA arms free of
+/// spills). A launch with more fails in the driver; the manifest refuses it first.
+pub const BENCH_MAX_BLOCK: u32 = 256;
+
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 pub struct Manifest {
     pub tests: Vec<TestCase>,
@@ -321,6 +326,7 @@ pub struct BenchCase {
     /// latency or bandwidth.
     pub kind: String,
     pub grid: u32,
+    /// Threads per block, 1..=[`BENCH_MAX_BLOCK`].
     pub block: u32,
     pub scratch_bytes: u64,
     #[serde(default)]
@@ -454,11 +460,12 @@ impl Manifest {
             if b.op.is_empty() || b.module.is_empty() {
                 return bad(&b.name, "op and module must not be empty".into());
             }
-            if b.block == 0 || b.block > 1024 || b.grid == 0 {
+            if b.block == 0 || b.block > BENCH_MAX_BLOCK || b.grid == 0 {
                 return bad(
                     &b.name,
                     format!(
-                        "grid {} block {}: need grid >= 1 and block in 1..=1024",
+                        "grid {} block {}: need grid >= 1 and block in 1..={BENCH_MAX_BLOCK} \
+                         (the bench kernels' launch bounds, rshmem_device_bench.cu)",
                         b.grid, b.block
                     ),
                 );
@@ -605,7 +612,7 @@ mod tests {
         {"name": "rshmem_bench_put_lat_thread", "module": "rshmem_device_bench", "op": "put", "scope": "thread",
          "kind": "latency", "grid": 1, "block": 1, "scratch_bytes": 33554432, "doc": "..."},
         {"name": "rshmem_bench_put_bw_block", "module": "rshmem_device_bench", "op": "put", "scope": "block",
-         "kind": "bandwidth", "grid": 32, "block": 1024, "scratch_bytes": 33554432}
+         "kind": "bandwidth", "grid": 32, "block": 256, "scratch_bytes": 33554432}
       ]
     }"#;
 
@@ -628,7 +635,7 @@ mod tests {
         );
         assert_eq!(m.benches.len(), 2);
         let k = m.bench("put", "block", "bandwidth").unwrap();
-        assert_eq!((k.grid, k.block), (32, 1024));
+        assert_eq!((k.grid, k.block), (32, 256));
         assert!(m.bench("put", "warp", "latency").is_none());
         assert_eq!(
             m.modules().into_iter().collect::<Vec<_>>(),
@@ -724,6 +731,15 @@ mod tests {
         let e = Manifest::parse(&v.to_string()).unwrap_err().to_string();
         assert!(
             e.contains("scope \"grid\" is not thread, warp or block"),
+            "{e}"
+        );
+        // A bench block past the kernels' launch bounds.
+        let mut v: serde_json::Value = serde_json::from_str(SAMPLE).unwrap();
+        v["benches"][1]["block"] = 512.into();
+        let e = Manifest::parse(&v.to_string()).unwrap_err().to_string();
+        assert!(
+            e.contains("rshmem_bench_put_bw_block")
+                && e.contains("grid 32 block 512: need grid >= 1 and block in 1..=256"),
             "{e}"
         );
     }

@@ -1052,9 +1052,15 @@ pub fn bench(o: &BenchOpts) -> Result<Option<GpuReport>> {
         // PEs 0 and 1 take part: each must have a transport to the other (p2p reaches
         // only this node's GPUs with P2P access). Collective, so all PEs agree.
         let reach = match me {
-            0 | 1 => {
-                super::ep::unreachable_members("the device bench", me, g.peer_table(), &[0, 1])
-            }
+            0 | 1 => super::ep::unreachable_members(
+                "the device bench, PE 0 and its peer PE 1",
+                me,
+                g.peer_table(),
+                &[0, 1],
+                "run it with --transport proxy (the soft HCA, over libfabric to other nodes) \
+                 or ibgda (a ConnectX NIC), and under a launcher export the same \
+                 RSHMEM_TRANSPORT to every PE",
+            ),
             _ => Ok(()),
         };
         let pe = g.pe();
@@ -1369,6 +1375,9 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
     settings.symmetric_size = settings
         .symmetric_size
         .max(crate::heap::RESERVED_BYTES + scratch.next_multiple_of(1 << 20) + (1 << 20));
+    // The put row is the p2p put between two PEs of one GPU that issue 3's target compares
+    // with the copy: never over another transport, whatever RSHMEM_TRANSPORT says.
+    settings.transport = crate::config::TransportMode::P2p;
     let sources = o.sources.clone();
     let out = run_gpu_threads(o.pes, settings, |g| {
         let me = g.my_pe();
