@@ -899,6 +899,38 @@ pub fn iters_for(size: usize, iters: usize, bandwidth: bool) -> u64 {
     (iters.min(budget / size.max(1)).max(10)) as u64
 }
 
+/// PE 0's result of a run of PE threads when every PE succeeded; else the error that
+/// explains the failure: the first (by PE) that is not [`Error::PeerDied`], else the
+/// first. A PE that fails leaves the job without finalizing, and its peers then fail
+/// with "PE k died" at their next collective step: PE 0's error alone would hide why.
+/// Another PE's error that does not start with its PE gets it as a prefix.
+fn pe0_of<R>(out: Vec<Result<R>>) -> Result<R> {
+    let mut errors: Vec<(usize, Error)> = Vec::new();
+    let mut first = None;
+    for (pe, r) in out.into_iter().enumerate() {
+        match r {
+            Ok(v) if pe == 0 => first = Some(v),
+            Ok(_) => {}
+            Err(e) => errors.push((pe, e)),
+        }
+    }
+    let cause = errors
+        .iter()
+        .position(|(_, e)| !matches!(e, Error::PeerDied { .. }))
+        .unwrap_or(0);
+    if errors.is_empty() {
+        return first.ok_or_else(|| Error::Verification("no PE ran".into()));
+    }
+    let (pe, e) = errors.swap_remove(cause);
+    Err(
+        if pe == 0 || e.to_string().starts_with(&format!("PE {pe}")) {
+            e
+        } else {
+            Error::Verification(format!("PE {pe}: {e}"))
+        },
+    )
+}
+
 /// Median, p99 (nearest rank) and mean of samples: [`crate::bench::stats`], None for none.
 pub fn stats(v: &[f64]) -> Option<(f64, f64, f64)> {
     (!v.is_empty()).then(|| crate::bench::stats(v.to_vec()))
@@ -1193,16 +1225,7 @@ pub fn bench(o: &BenchOpts) -> Result<Option<GpuReport>> {
         Ok((me == 0).then(|| (rows, g.device().name.clone(), g.transport().name())))
     };
     let first = match &launched {
-        None => {
-            let mut it = run_gpu_threads(o.pes, settings, body)?.into_iter();
-            let first = it
-                .next()
-                .ok_or_else(|| Error::Verification("no PE ran".into()))??;
-            for (pe, r) in it.enumerate() {
-                r.map_err(|e| Error::Verification(format!("PE {}: {e}", pe + 1)))?;
-            }
-            first
-        }
+        None => pe0_of(run_gpu_threads(o.pes, settings, body)?)?,
         Some(_) => {
             let g = GpuPe::init_from_settings(settings)?;
             let r = g
@@ -1495,14 +1518,7 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
         }
         Ok((me == 0).then(|| (rows, g.device().name.clone(), grid, block)))
     })?;
-    let mut it = out.into_iter();
-    let first = it
-        .next()
-        .ok_or_else(|| Error::Verification("no PE ran".into()))??;
-    for (pe, r) in it.enumerate() {
-        r.map_err(|e| Error::Verification(format!("PE {}: {e}", pe + 1)))?;
-    }
-    let (rows, gpu, grid, block) = first.expect("PE 0 reports");
+    let (rows, gpu, grid, block) = pe0_of(out)?.expect("PE 0 reports");
     Ok(CopyReport {
         bench: "copy",
         device: "gpu",
@@ -1573,6 +1589,42 @@ mod tests {
         for op in ["get", "atomic"] {
             assert_eq!(latency_divisor(op), 1.0, "{op}");
         }
+    }
+
+    #[test]
+    fn a_run_of_pes_reports_the_error_that_explains_it() {
+        let died = |pe| Error::PeerDied {
+            pe,
+            detail: "left".into(),
+        };
+        assert_eq!(pe0_of(vec![Ok(7), Ok(8)]).unwrap(), 7);
+        // PE 1 failed on its own; PE 0 and PE 2 saw it leave.
+        let e = pe0_of::<u32>(vec![
+            Err(died(1)),
+            Err(Error::Timeout {
+                pe: 1,
+                waited_ms: 5,
+                what: "the ping word".into(),
+            }),
+            Err(died(1)),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert_eq!(e, "PE 1: timed out after 5 ms waiting for the ping word");
+        // PE 0's own error wins over a later PE's.
+        let e = pe0_of::<u32>(vec![Err(Error::InvalidArgument("x".into())), Err(died(0))])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("invalid argument: x") && !e.starts_with("PE "),
+            "{e}"
+        );
+        // Only deaths: the first.
+        let e = pe0_of::<u32>(vec![Ok(1), Err(died(0))])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "data check failed: PE 1: PE 0 died: left");
+        assert!(pe0_of::<u32>(vec![]).is_err());
     }
 
     #[test]
