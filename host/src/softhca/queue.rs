@@ -245,6 +245,11 @@ impl QueueMemory {
         // SAFETY: an 8-aligned word of this queue memory, accessed only atomically.
         unsafe { AtomicU64::from_ptr(self.parts.doorbell.cast()) }
     }
+    /// Whether the doorbell is a device register (a NIC's queues from
+    /// [`QueueMemory::from_parts`]) rather than a word of host memory.
+    pub fn doorbell_is_device(&self) -> bool {
+        self.owner.is_some()
+    }
     /// The consumer index, `[0]` of the CQ doorbell record.
     pub fn cq_dbrec_ci(&self) -> &AtomicU32 {
         self.word32(self.parts.cq_dbrec)
@@ -975,10 +980,24 @@ impl SendQueue {
                         Ordering::Release,
                     );
                     // Then the doorbell word (the UAR write of a real NIC). Release keeps
-                    // it after the record.
+                    // it after the record in host memory; a NIC register also needs the
+                    // record ordered before a device store for the NIC, which observes
+                    // from outside the inner-shareable domain (dmb osh on aarch64, as
+                    // rdma-core's mmio_wc_start; mfence on x86).
+                    if self.mem.doorbell_is_device() {
+                        crate::verbs::relay::before_device_store();
+                    }
                     self.mem
                         .doorbell()
                         .store(doorbell_word(ready as u16, self.qpn), Ordering::Release);
+                    if self.mem.doorbell_is_device() {
+                        // A NIC's BlueFlame register is mapped write-combining: the store
+                        // may sit in the core's WC buffer until something drains it. Drain
+                        // it now (mfence on x86, dsb st on aarch64), as rdma-core's
+                        // mmio_flush_writes does after a doorbell; soft queues (plain
+                        // memory) skip the barrier.
+                        crate::verbs::relay::flush_device_store();
+                    }
                     self.rung.store(ready, Ordering::Release);
                 }
                 self.ring_lock.store(false, Ordering::Release);

@@ -313,6 +313,8 @@ mod tests {
         use crate::softhca::proxy::ProxyBackend;
         use crate::softhca::queue::{CqMode, QueueMemory};
         let mem = Arc::new(QueueMemory::new(8, 8).unwrap());
+        // Soft queues: ring() stores to plain memory without the device barriers.
+        assert!(!mem.doorbell_is_device());
         let pd = Arc::new(MrTable::new());
         let remote = Arc::new(MrTable::new());
         let mut rbuf = vec![0u64; 4].into_boxed_slice();

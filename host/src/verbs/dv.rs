@@ -262,6 +262,8 @@ mod tests {
         let ptr = base as usize;
         // SAFETY: parts point into `mem`, which the QueueMemory owns (moved into owner).
         let qm = unsafe { QueueMemory::from_parts(parts, 4, 4, Box::new(mem)) }.unwrap();
+        // A NIC's queues: ring() brackets the doorbell with the device-store barriers.
+        assert!(qm.doorbell_is_device());
         let sq = SendQueue::new(
             Arc::new(qm),
             0xabc,

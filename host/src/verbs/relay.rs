@@ -55,9 +55,10 @@ impl MmioRegister {
     }
 }
 
-/// Orders every earlier memory access before a later store to a device mapping.
+/// Orders every earlier memory access before a later store to a device mapping. Also
+/// used by [`crate::softhca::queue::SendQueue::ring`] on a NIC's own queues.
 #[inline(always)]
-fn before_device_store() {
+pub(crate) fn before_device_store() {
     #[cfg(target_arch = "aarch64")]
     // SAFETY: a barrier instruction; no memory is touched.
     unsafe {
@@ -69,9 +70,10 @@ fn before_device_store() {
     fence(Ordering::SeqCst);
 }
 
-/// Completes an earlier store to a (write-combining) device mapping now.
+/// Completes an earlier store to a (write-combining) device mapping now. Also used by
+/// [`crate::softhca::queue::SendQueue::ring`] on a NIC's own queues.
 #[inline(always)]
-fn flush_device_store() {
+pub(crate) fn flush_device_store() {
     #[cfg(target_arch = "aarch64")]
     // SAFETY: a barrier instruction; no memory is touched.
     unsafe {
