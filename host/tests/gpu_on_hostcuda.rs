@@ -639,6 +639,66 @@ fn the_gpu_selftest_runs_as_processes_under_rshmem_run() {
         out.contains("rshmem selftest --device gpu: GPU 0 (hostcuda 0 (CPU stand-in)) holds GPU PEs of 2 processes"),
         "{out}"
     );
+
+    // Cases whose kernels wait for nobody run on one GPU shared by two processes: each
+    // maps the other's heap from the fd it was passed (gpu-check's selftest-procs-2).
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rshmem"));
+    c.args(["run", "-n", "2", "--", env!("CARGO_BIN_EXE_rshmem")])
+        .args(["selftest", "--device", "gpu"]);
+    for k in rshmem::gpu::runner::CROSS_PROCESS_SAFE_CASES {
+        c.args(["--case", k]);
+    }
+    let (rc, out) = output_of(hostcuda_env(&mut c).env("HOSTCUDA_DEVICES", "1"));
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(
+        out.contains(
+            "[pe 0] gpu selftest: 2 passed, 0 failed, 0 skipped or not run, of 2 case(s) on 2 PEs"
+        ),
+        "{out}"
+    );
+}
+
+/// A driver that cannot export POSIX-fd handles (gVisor's nvproxy forwards no such ioctl,
+/// while the device attribute still says yes): GPU PEs that are threads of one process
+/// map each other by address and export nothing, so they work; PEs in two processes need
+/// the fd and every PE fails at the export, naming the call.
+#[test]
+fn gpu_pes_of_one_process_export_no_heap_fd() {
+    let cases = ["host_heap_mapping", "host_put_get_on_stream"];
+    let mut args = vec!["selftest", "--device", "gpu", "--pes", "2"];
+    for k in cases {
+        args.extend(["--case", k]);
+    }
+    let (rc, out) = rshmem_env(&args, &[("HOSTCUDA_NO_FD_EXPORT", "1")]);
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(
+        out.contains(
+            "gpu selftest: 2 passed, 0 failed, 0 skipped or not run, of 2 case(s) on 2 PEs"
+        ),
+        "{out}"
+    );
+
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rshmem"));
+    c.args(["run", "-n", "2", "--", env!("CARGO_BIN_EXE_rshmem")])
+        .args(["selftest", "--device", "gpu", "--case", "host_heap_mapping"]);
+    let (rc, out) = output_of(
+        hostcuda_env(&mut c)
+            .env("HOSTCUDA_DEVICES", "2")
+            .env("HOSTCUDA_NO_FD_EXPORT", "1"),
+    );
+    assert_ne!(rc, Some(0), "{out}");
+    // Both fail there (the export's status is exchanged), but `rshmem run` stops the other
+    // PE as soon as the first exits, so only the first one's line is certain.
+    assert!(
+        (0..2).any(|pe| out.contains(&format!(
+            "[pe {pe}] gpu selftest: PE {pe} failed in setup: CUDA cuMemExportToShareableHandle failed"
+        ))),
+        "{out}"
+    );
+    assert!(
+        out.contains("GPU PEs that are threads of one process need no fd"),
+        "{out}"
+    );
 }
 
 #[path = "netns-support/mod.rs"]

@@ -254,7 +254,10 @@ impl VmmMapping {
             )
         };
         ck(rc, "cuMemExportToShareableHandle", || {
-            "exporting this PE's GPU heap as an fd".into()
+            "exporting this PE's GPU heap as an fd for node peers in other processes (GPU PEs \
+             that are threads of one process need no fd: run them as `--pes N` without a \
+             launcher, or over RSHMEM_TRANSPORT=proxy)"
+                .into()
         })?;
         // SAFETY: the driver handed us a fresh descriptor.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })

@@ -524,8 +524,19 @@ impl GpuPe {
             Ok((crate::pe::le_u64(&p[..8]), crate::pe::le_u64(&p[8..])))
         };
 
-        // Exchange handles with the node's PEs: serve ours, barrier, fetch theirs.
+        // Exchange handles with the node's PEs in other processes: serve ours, barrier,
+        // fetch theirs. Node peers in this process are mapped through their address
+        // (below) and take no fd, so a job whose GPU PEs are threads of one process
+        // exports nothing: it does not depend on POSIX-fd handles (which a sandboxed
+        // driver, gVisor's nvproxy, may not forward). Whether r is in another process is
+        // symmetric, so a PE serves exactly the peers that fetch from it.
         let others: BTreeSet<usize> = node.iter().copied().filter(|&r| r != rank).collect();
+        let mut elsewhere = BTreeSet::new();
+        for &r in &others {
+            if place_of(r)?.0 != process_nonce() {
+                elsewhere.insert(r);
+            }
+        }
         let ex = super::fdpass::FdExchange {
             job: pe.job_id().to_string(),
             rank,
@@ -533,10 +544,14 @@ impl GpuPe {
             heap_size: heap_size as u64,
             timeout: settings.timeout,
         };
-        let served = mine.export().and_then(|fd| {
-            use std::os::fd::AsRawFd;
-            ex.serve(fd.as_raw_fd(), others.clone())
-        });
+        let served = if elsewhere.is_empty() {
+            Ok(None)
+        } else {
+            mine.export().and_then(|fd| {
+                use std::os::fd::AsRawFd;
+                ex.serve(fd.as_raw_fd(), elsewhere.clone()).map(Some)
+            })
+        };
         exchange_status(boot, &world, "export its GPU heap", &served)?;
         let server = served?;
         boot.barrier(&world)?;
@@ -545,7 +560,12 @@ impl GpuPe {
         // Peers reached over P2P without native atomics (PEER_NO_P2P_ATOMICS).
         let mut no_atomics = vec![false; n];
         let imported: Result<()> = others.iter().try_for_each(|&r| {
-            let fd = ex.fetch(r)?;
+            let (process, va) = place_of(r)?;
+            let fd = if elsewhere.contains(&r) {
+                Some(ex.fetch(r)?)
+            } else {
+                None
+            };
             // The peer's GPU as this process numbers it, and whether we can reach it.
             let peer_bus = String::from_utf8_lossy(&ids[r]).into_owned();
             let mut peer_ord = None;
@@ -605,29 +625,21 @@ impl GpuPe {
                 None => false,
             };
             if reachable {
-                let (process, va) = place_of(r)?;
-                // A peer in this process (several GPU PEs per process) is mapped through its
-                // allocation, as NCCL maps same-process peers: CUDA documents importing a
-                // POSIX fd in another process, not in the one that exported it. The fd
-                // import stays as the fallback.
-                heaps[r] = Some(if process == process_nonce() {
-                    match VmmMapping::retain(va, heap_size, ordinal, r) {
-                        Ok(m) => m,
-                        Err(e) => {
-                            eprintln!(
-                                "rshmem: PE {rank}: mapping PE {r}'s heap through its address \
-                                 in this process failed ({e}); importing its fd instead"
-                            );
-                            VmmMapping::import(fd, heap_size, ordinal, r)?
-                        }
+                // A peer in this process (several GPU PEs per process) is mapped through
+                // its allocation (cuMemRetainAllocationHandle), as NCCL maps same-process
+                // peers: CUDA documents importing a POSIX fd in another process, not in
+                // the one that exported it.
+                heaps[r] = Some(match fd {
+                    Some(fd) => VmmMapping::import(fd, heap_size, ordinal, r)?,
+                    None => {
+                        debug_assert_eq!(process, process_nonce());
+                        VmmMapping::retain(va, heap_size, ordinal, r)?
                     }
-                } else {
-                    VmmMapping::import(fd, heap_size, ordinal, r)?
                 });
             }
             Ok(())
         });
-        let joined = server.join();
+        let joined = server.map_or(Ok(()), |s| s.join());
         let imported = imported.and(joined);
         exchange_status(boot, &world, "map its node peers' GPU heaps", &imported)?;
         imported?;

@@ -513,6 +513,10 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
                                              unsigned long long flags) {
   if (!h || !out || flags) return CUDA_ERROR_INVALID_VALUE;
   if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  // HOSTCUDA_NO_FD_EXPORT=1: a driver that cannot create POSIX-fd handles although the
+  // device attribute says it can (gVisor's nvproxy forwards no export ioctl).
+  const char *e = getenv("HOSTCUDA_NO_FD_EXPORT");
+  if (e && strcmp(e, "1") == 0) return CUDA_ERROR_NOT_SUPPORTED;
   int fd = dup(((struct alloc *)(uintptr_t)h)->fd);
   if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
   *(int *)out = fd;
