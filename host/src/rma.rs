@@ -716,8 +716,8 @@ impl Pe {
     }
 
     /// The signal half of put_signal / signal_op through the proxy: fenced after the data
-    /// (FENCE on the QP), ADD as a fetch-add, SET as an 8-byte WRITE (one Release store on
-    /// the target). Completes at quiet, like a put.
+    /// (FENCE on the signal's own WQE), ADD as a fetch-add, SET as an 8-byte WRITE (one
+    /// Release store on the target). Completes at quiet, like a put.
     fn proxy_signal(
         &self,
         sig: SymPtr<u64>,
@@ -729,10 +729,7 @@ impl Pe {
         let p = self.proxy();
         match op {
             SignalOp::Add => p.post_add(pe, sig.offset(), signal, true, name),
-            SignalOp::Set => {
-                p.fence_to(pe);
-                p.put(pe, sig.offset(), &signal.to_ne_bytes(), name)
-            }
+            SignalOp::Set => p.post_set(pe, sig.offset(), signal, name),
         }
     }
 

@@ -74,6 +74,7 @@ const MASKED_CS64: u32 = 12;
 const PUT_SIGNAL: u32 = 13;
 const QUIET: u32 = 14;
 const FENCE: u32 = 15;
+const SIGNAL: u32 = 16;
 const SIGNAL_SET: u64 = 0;
 const SIGNAL_ADD: u64 = 1;
 
@@ -446,7 +447,7 @@ fn wqebbs(op: &TestOp) -> u64 {
     match op.kind {
         WRITE_INLINE => inline_wqebbs(op.len),
         MASKED_CS64 | PUT_SIGNAL => 2,
-        QUIET | FENCE => 0,
+        QUIET => 0,
         _ => 1,
     }
 }
@@ -723,7 +724,7 @@ fn plan(env: &mut Env, threads: usize, per: usize, wqe_cnt: u32, seed: u64) -> P
     let wqes = all
         .clone()
         .map(|o| match o.kind {
-            QUIET | FENCE => 0,
+            QUIET => 0,
             PUT_SIGNAL => 2,
             _ => 1,
         })
@@ -1087,8 +1088,11 @@ fn the_last_publisher_rings_the_doorbell() {
     }
 }
 
+/// fence is a NOP of its own with fence mode FENCE (not a mark for whichever reservation
+/// comes next, which another thread may have made before the caller's earlier WQEs);
+/// put_signal's signal WQE and a lone signal update carry FENCE themselves.
 #[test]
-fn fence_marks_the_next_wqe_and_the_signal_of_put_signal() {
+fn fence_is_a_fenced_nop_and_signals_carry_their_own() {
     let env = Env::new(16, 4096);
     let op = |kind: u32| TestOp {
         kind,
@@ -1103,7 +1107,21 @@ fn fence_marks_the_next_wqe_and_the_signal_of_put_signal() {
         lkey: env.lkey,
         ..TestOp::default()
     };
-    let ops = vec![op(WRITE), op(FENCE), op(WRITE), op(PUT_SIGNAL), op(WRITE)];
+    let signal = |word: usize, b: u64, a: u64| TestOp {
+        raddr: env.raddr(word),
+        b,
+        a,
+        ..op(SIGNAL)
+    };
+    let ops = vec![
+        op(WRITE),
+        op(FENCE),
+        op(WRITE),
+        op(PUT_SIGNAL),
+        signal(2, SIGNAL_ADD, 5),
+        signal(3, SIGNAL_SET, 7),
+        op(WRITE),
+    ];
     let mem = Arc::new(QueueMemory::new(16, 16).unwrap());
     let out = run(
         &env,
@@ -1116,8 +1134,9 @@ fn fence_marks_the_next_wqe_and_the_signal_of_put_signal() {
     );
     assert_eq!(out.status, vec![status::OK]);
     // fm_ce_se (byte 11 of each control segment): CQ update always; FENCE (0x40) on the
-    // WQE after fence() and on put_signal's signal WQE; opcodes in posting order.
-    let fm: Vec<(u8, u8)> = (0..5)
+    // fence's NOP, on put_signal's signal WQE (not its data) and on both signal updates;
+    // opcodes in posting order.
+    let fm: Vec<(u8, u8)> = (0..8)
         .map(|i| {
             // SAFETY: slot i of a 16-WQEBB ring; the engine is done with it (the run quieted).
             let s = unsafe { std::slice::from_raw_parts(mem.sq().add(64 * i), 16) };
@@ -1128,13 +1147,20 @@ fn fence_marks_the_next_wqe_and_the_signal_of_put_signal() {
         fm,
         vec![
             (opcode::RDMA_WRITE, 0x08),
-            (opcode::RDMA_WRITE, 0x48),
+            (opcode::NOP, 0x48),
+            (opcode::RDMA_WRITE, 0x08),
             (opcode::RDMA_WRITE, 0x08),
             (opcode::ATOMIC_FA, 0x48),
+            (opcode::ATOMIC_FA, 0x48),
+            (opcode::RDMA_WRITE, 0x48),
             (opcode::RDMA_WRITE, 0x08),
         ]
     );
-    assert_eq!(env.remote[1], 5, "the signal");
+    assert_eq!(
+        (env.remote[1], env.remote[2], env.remote[3]),
+        (5, 5, 7),
+        "the signals"
+    );
 }
 
 fn discard_run(mode: CqMode, wqe_cnt: u32, cqe_cnt: u32) {

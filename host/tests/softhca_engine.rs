@@ -459,6 +459,7 @@ fn send_queue_producer_against_engine_core() {
         None,
     );
     let mut expect = 0u64;
+    let mut next = 0u64;
     for round in 0..40u64 {
         let remote = RaddrSeg::new(r.raddr(0), r.rkey);
         let res = Sge8 {
@@ -466,7 +467,10 @@ fn send_queue_producer_against_engine_core() {
             lkey: r.lkey,
         };
         if round % 3 == 2 {
-            sq.fence();
+            // fence: a NOP of its own, with fence mode FENCE.
+            let f = sq.fence().unwrap();
+            assert_eq!(f.index, next);
+            next += 1;
         }
         let p = sq
             .post(&WqeOp::AtomicFa {
@@ -475,7 +479,8 @@ fn send_queue_producer_against_engine_core() {
                 result: res,
             })
             .unwrap();
-        assert_eq!(p.index, round);
+        assert_eq!(p.index, next);
+        next += 1;
         expect += round;
         for _ in 0..10 {
             r.core.progress();
@@ -488,7 +493,7 @@ fn send_queue_producer_against_engine_core() {
     }
     assert_eq!(r.local[0], 0);
     assert_eq!(r.rbuf[0], expect);
-    assert_eq!(sq.completed(), 40);
+    assert_eq!(sq.completed(), 40 + 13, "40 fetch-adds and 13 fence NOPs");
 }
 
 // ------------------------------------------------------------------ reference model

@@ -105,7 +105,7 @@ pub struct IbgdaQp {
     pub ready: AtomicU64,
     pub rung: AtomicU64,
     pub ring_lock: AtomicU32,
-    pub fence_next: AtomicU32,
+    pad2a: u32,
     pad2: [u64; 5],
     // Line 3.
     pub completed: AtomicU64,
@@ -134,7 +134,7 @@ const _: () = {
     assert!(offset_of!(IbgdaQp, reserved) == 64);
     assert!(offset_of!(IbgdaQp, doorbell_mode) == 72);
     assert!(offset_of!(IbgdaQp, ready) == 128);
-    assert!(offset_of!(IbgdaQp, fence_next) == 148);
+    assert!(offset_of!(IbgdaQp, ring_lock) == 144);
     assert!(offset_of!(IbgdaQp, completed) == 192);
     assert!(offset_of!(IbgdaQp, broken) == 208);
     assert!(offset_of!(IbgdaQp, first_error) == 256);
@@ -189,7 +189,7 @@ impl IbgdaQp {
             ready: AtomicU64::new(0),
             rung: AtomicU64::new(0),
             ring_lock: AtomicU32::new(0),
-            fence_next: AtomicU32::new(0),
+            pad2a: 0,
             pad2: [0; 5],
             completed: AtomicU64::new(0),
             cq_ci: AtomicU32::new(0),
@@ -345,7 +345,6 @@ pub fn layout_facts() -> Vec<u64> {
         o!(IbgdaQp, ready),
         o!(IbgdaQp, rung),
         o!(IbgdaQp, ring_lock),
-        o!(IbgdaQp, fence_next),
         o!(IbgdaQp, completed),
         o!(IbgdaQp, cq_ci),
         o!(IbgdaQp, cq_lock),

@@ -857,21 +857,46 @@ impl Proxy {
     ) -> Result<()> {
         let (q, peer) = self.qp(pe)?;
         self.check_state(q, pe, op)?;
-        if fenced {
-            q.sq.fence();
-        }
         let remote = RaddrSeg::new(peer.base + offset as u64, peer.rkey);
-        let _ =
-            q.sq.post_fn(1, false, |idx| WqeOp::AtomicFa {
-                remote,
-                add: v,
-                // The old value lands in the slot's chunk; nobody reads it.
-                result: Sge8 {
-                    addr: q.chunk(idx) as u64,
-                    lkey: q.staging_key,
-                },
-            })
-            .map_err(|e| self.err(pe, op, e))?;
+        let build = |idx| WqeOp::AtomicFa {
+            remote,
+            add: v,
+            // The old value lands in the slot's chunk; nobody reads it.
+            result: Sge8 {
+                addr: q.chunk(idx) as u64,
+                lkey: q.staging_key,
+            },
+        };
+        // FENCE on the fetch-add's own WQE: after every WQE reserved before it, whatever
+        // other threads post meanwhile.
+        let posted = if fenced {
+            q.sq.post_fn_fenced(1, build)
+        } else {
+            q.sq.post_fn(1, false, build)
+        };
+        let _ = posted.map_err(|e| self.err(pe, op, e))?;
+        Ok(())
+    }
+
+    /// Posts an 8-byte WRITE of `v` to the word at `offset` of `pe`'s heap, FENCEd after
+    /// every earlier WQE of the QP (a signal SET after the data it announces); completes
+    /// at quiet, like a put.
+    pub(crate) fn post_set(&self, pe: usize, offset: usize, v: u64, op: OpName) -> Result<()> {
+        let (q, peer) = self.qp(pe)?;
+        self.check_state(q, pe, op)?;
+        let bytes = v.to_ne_bytes();
+        let w = WqeOp::RdmaWrite {
+            remote: RaddrSeg::new(peer.base + offset as u64, peer.rkey),
+            payload: Payload::Inline(&bytes),
+        };
+        if matches!(peer.via, PeerKind::Fabric(_)) {
+            // As put's inline WRITE: hand it to the network now (caller-driven progress).
+            let _drive = self.waker.drive();
+            let _ = q.sq.post_fenced(&w).map_err(|e| self.err(pe, op, e))?;
+            let _ = self.assist();
+        } else {
+            let _ = q.sq.post_fenced(&w).map_err(|e| self.err(pe, op, e))?;
+        }
         Ok(())
     }
 
@@ -886,17 +911,17 @@ impl Proxy {
         self.waker.drive()
     }
 
-    /// Orders the next WQE to `pe` after every earlier one (FENCE), if the QP exists.
-    pub(crate) fn fence_to(&self, pe: usize) {
-        if let Some(Ok(q)) = self.qps.get(pe).and_then(|q| q.get()) {
-            q.sq.fence();
-        }
-    }
-
-    /// `fence`: every QP's next WQE is fenced.
+    /// `fence`: a FENCEd NOP on every QP with work in flight (SendQueue::fence). A QP
+    /// whose every reserved WQE completed has nothing to order: this thread's earlier
+    /// WQEs there are below `reserved` as it reads it, and all of those are done. A NOP
+    /// that cannot be posted breaks its queue, which the next operation or quiet on it
+    /// reports (naming the QP); `shmem_fence` itself returns nothing.
     pub(crate) fn fence(&self) {
         for q in self.qps.iter().filter_map(|q| q.get()).flatten() {
-            q.sq.fence();
+            let end = q.sq.reserved();
+            if q.sq.completed() < end {
+                let _ = q.sq.fence();
+            }
         }
     }
 

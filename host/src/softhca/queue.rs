@@ -499,7 +499,6 @@ pub struct SendQueue {
     sizes: Box<[AtomicU8]>,
     /// Slots whose staging a producer still reads after completion (see post_held).
     held: Box<[AtomicBool]>,
-    fence_next: AtomicBool,
     cq: Mutex<CqConsumer>,
     first_error: Mutex<Option<CqeReport>>,
     has_error: AtomicBool,
@@ -570,7 +569,6 @@ impl SendQueue {
             completed: AtomicU64::new(0),
             rung: AtomicU64::new(0),
             ring_lock: AtomicBool::new(false),
-            fence_next: AtomicBool::new(false),
             cq: Mutex::new(CqConsumer::default()),
             first_error: Mutex::new(None),
             has_error: AtomicBool::new(false),
@@ -629,23 +627,35 @@ impl SendQueue {
         self.cq.lock().unwrap_or_else(|e| e.into_inner()).last
     }
 
-    /// The next WQE posted carries fence mode FENCE: the engine starts it only after every
-    /// earlier WQE of the QP has completed.
-    pub fn fence(&self) {
-        // Relaxed: a hint consumed by whichever post comes next; ordering with respect to
-        // earlier WQEs is the engine's job once the bit is in a WQE.
-        self.fence_next.store(true, Ordering::Relaxed);
+    /// OpenSHMEM fence on this QP: posts a NOP with fence mode FENCE. Every WQE reserved
+    /// before the call (the caller's earlier ones) completes before the NOP starts, and
+    /// every WQE reserved after it (the caller's later ones) starts after it. A WQE, not a
+    /// flag for "the next post": with concurrent producers the next reservation may be
+    /// another thread's, made before the caller's earlier WQEs, and a FENCE there would
+    /// order nothing the caller posted (CUDA twin: queue.cuh `fence`).
+    pub fn fence(&self) -> Result<Posted, SqError> {
+        self.post_inner(1, false, false, true, |_| WqeOp::Nop)
     }
 
     /// Builds and posts `op` (every rshmem WQE requests a CQE).
     pub fn post(&self, op: &WqeOp<'_>) -> Result<Posted, SqError> {
+        self.post_op(op, false)
+    }
+
+    /// [`SendQueue::post`] with fence mode FENCE on `op` itself: it starts only after every
+    /// WQE reserved before it completed (a signal after the data it announces).
+    pub fn post_fenced(&self, op: &WqeOp<'_>) -> Result<Posted, SqError> {
+        self.post_op(op, true)
+    }
+
+    fn post_op(&self, op: &WqeOp<'_>, fenced: bool) -> Result<Posted, SqError> {
         let mut buf = [0u8; MAX_WQEBBS * WQEBB];
         let size =
             build_wqe(&mut buf, &WqeCtrl::default(), op).map_err(|source| SqError::Build {
                 qpn: self.qpn,
                 source,
             })?;
-        self.post_fn(size.wqebbs(), false, |_| *op)
+        self.post_inner(size.wqebbs(), false, false, fenced, |_| *op)
     }
 
     /// Reserves `wqebbs` WQEBBs and posts the WQE `f(index)` builds there (for WQEs whose
@@ -659,7 +669,17 @@ impl SendQueue {
         hold: bool,
         f: impl FnOnce(u64) -> WqeOp<'a>,
     ) -> Result<Posted, SqError> {
-        self.post_inner(wqebbs, hold, false, f)
+        self.post_inner(wqebbs, hold, false, false, f)
+    }
+
+    /// [`SendQueue::post_fn`] with fence mode FENCE on the WQE (see
+    /// [`SendQueue::post_fenced`]).
+    pub fn post_fn_fenced<'a>(
+        &self,
+        wqebbs: u16,
+        f: impl FnOnce(u64) -> WqeOp<'a>,
+    ) -> Result<Posted, SqError> {
+        self.post_inner(wqebbs, false, false, true, f)
     }
 
     fn post_inner<'a>(
@@ -667,6 +687,7 @@ impl SendQueue {
         wqebbs: u16,
         hold: bool,
         force_signal: bool,
+        fenced: bool,
         f: impl FnOnce(u64) -> WqeOp<'a>,
     ) -> Result<Posted, SqError> {
         if self.broken.load(Ordering::Acquire) {
@@ -695,10 +716,7 @@ impl SendQueue {
             self.held[(idx & self.mask) as usize].store(true, Ordering::Relaxed);
         }
         // 2. Build and write.
-        // Load first: the common case (no fence pending) costs no read-modify-write.
-        let fence = if self.fence_next.load(Ordering::Relaxed)
-            && self.fence_next.swap(false, Ordering::Relaxed)
-        {
+        let fence = if fenced {
             FenceMode::Fence
         } else {
             FenceMode::None
@@ -1101,7 +1119,7 @@ impl SendQueue {
             && self.signaled_end.load(Ordering::Acquire) < end
         {
             // No signalled WQE covers `end` yet: one more, so that a CQE will.
-            let _ = self.post_inner(1, false, true, |_| WqeOp::Nop)?;
+            let _ = self.post_inner(1, false, true, false, |_| WqeOp::Nop)?;
             // Relaxed: a statistic.
             self.signal_nops.fetch_add(1, Ordering::Relaxed);
         }

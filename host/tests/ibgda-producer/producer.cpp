@@ -50,7 +50,10 @@ enum {
   IBGDA_OP_MASKED_CS64 = 12,
   IBGDA_OP_PUT_SIGNAL = 13,  // put_signal (b = RSHMEM_SIGNAL_SET/ADD, c = signal raddr, d = scratch)
   IBGDA_OP_QUIET = 14,
-  IBGDA_OP_FENCE = 15,
+  IBGDA_OP_FENCE = 15,        // fence (a FENCEd NOP)
+  IBGDA_OP_SIGNAL = 16,       // a signal update as the device API posts it, FENCEd: b = SET
+                              // (8-byte inline WRITE of a) or ADD (fetch-add of a, old value
+                              // to d) at raddr
 };
 
 struct ibgda_test_run {
@@ -103,13 +106,12 @@ int run_batch(rshmem_ibgda_qp_t *qp, const ibgda_test_op *ops, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) total += wqebbs_of(ops[i]);
   if (total > m5::MAX_WQEBBS) return RSHMEM_IBGDA_ERR_TOO_BIG;
   uint64_t idx;
-  bool fence;
-  int st = ib::reserve(qp, total, &idx, &fence);
+  int st = ib::reserve(qp, total, &idx);
   if (st != RSHMEM_IBGDA_OK) return st;
   alignas(16) uint8_t buf[m5::MAX_WQEBBS * m5::WQEBB];
   uint32_t at = 0;
   for (uint32_t i = 0; i < n; ++i) {
-    build(buf + at * m5::WQEBB, ib::ctrl_at(qp, idx + at, fence && i == 0), ops[i]);
+    build(buf + at * m5::WQEBB, ib::ctrl_at(qp, idx + at, false), ops[i]);
     at += wqebbs_of(ops[i]);
   }
   ib::write_wqe(qp, idx, buf, total);
@@ -150,7 +152,11 @@ int run_one(rshmem_ibgda_qp_t *qp, const ibgda_test_op &o) {
       return ib::put_signal(qp, o.raddr, o.rkey, o.laddr, o.lkey, o.len, o.c, o.a, (uint32_t)o.b, o.d,
                             o.lkey);
     case IBGDA_OP_QUIET: return ib::quiet(qp);
-    case IBGDA_OP_FENCE: ib::fence(qp); return RSHMEM_IBGDA_OK;
+    case IBGDA_OP_FENCE: return ib::fence(qp);
+    case IBGDA_OP_SIGNAL:
+      return o.b == RSHMEM_SIGNAL_ADD
+                 ? ib::post_atomic_fa(qp, o.raddr, o.rkey, o.d, o.lkey, o.a, nullptr, true)
+                 : ib::post_write_inline_small(qp, o.raddr, o.rkey, &o.a, 8, nullptr, true);
     default: return -1;
   }
 }
@@ -209,7 +215,7 @@ size_t ibgda_layout(uint64_t *out, size_t cap) {
       OFF(rshmem_ibgda_qp_t, reserved), OFF(rshmem_ibgda_qp_t, doorbell_mode),
       OFF(rshmem_ibgda_qp_t, ready),
       OFF(rshmem_ibgda_qp_t, rung), OFF(rshmem_ibgda_qp_t, ring_lock),
-      OFF(rshmem_ibgda_qp_t, fence_next), OFF(rshmem_ibgda_qp_t, completed),
+      OFF(rshmem_ibgda_qp_t, completed),
       OFF(rshmem_ibgda_qp_t, cq_ci), OFF(rshmem_ibgda_qp_t, cq_lock),
       OFF(rshmem_ibgda_qp_t, broken), OFF(rshmem_ibgda_qp_t, first_error),
       OFF(rshmem_ibgda_qp_t, first_error_syndrome), OFF(rshmem_ibgda_qp_t, first_error_vendor),

@@ -173,7 +173,10 @@ __device__ __noinline__ inline void rshmemi_ibgda_quiet() {
   }
 }
 
-// fence on every queue of the table.
+// fence on every queue of the table that has work in flight: a FENCEd NOP (queue.cuh
+// fence). A queue whose every reserved WQE has completed has nothing to order, and gets
+// no NOP: this thread's earlier WQEs there are below `reserved` as it reads it (its own
+// reservations come first in that word's order), and all of those have completed.
 __device__ __noinline__ inline void rshmemi_ibgda_fence() {
   const rshmem_ibgda_table_t *t = rshmemi_ibgda_table();
   if (t == nullptr) return;
@@ -181,7 +184,11 @@ __device__ __noinline__ inline void rshmemi_ibgda_fence() {
   for (uint32_t i = 0; i < n; ++i) {
     rshmem_ibgda_qp_t *qp = rshmem::ibgda::table_qp(t, i);
     if (qp == nullptr) return;
-    rshmem::ibgda::fence(qp);
+    // Acquire both: `reserved` covers this thread's earlier reservations; `completed`
+    // pairs with poll_cq's release (the WQEs below it finished).
+    const uint64_t end = rshmem::ibgda::ld_acquire_gpu_u64(&qp->reserved);
+    if (rshmem::ibgda::ld_acquire_gpu_u64(&qp->completed) >= end) continue;
+    rshmemi_ibgda_check(qp, rshmem::ibgda::fence(qp), -1);
   }
 }
 
@@ -279,17 +286,18 @@ RSHMEM_DEVICE void rshmemi_ibgda_sig_op_check(int sig_op, int pe, uint64_t sig, 
                  "invalid signal operator (not SET or ADD)");
 }
 
-// The signal update of the 8-byte word `sig` on pe, FENCEd behind the queue's earlier
-// WQEs: ADD = ATOMIC_FA (old value to the discard slot), SET = an 8-byte inline WRITE.
+// The signal update of the 8-byte word `sig` on pe, its own WQE FENCEd behind the queue's
+// earlier WQEs (this thread's puts among them, whatever other threads post meanwhile):
+// ADD = ATOMIC_FA (old value to the discard slot), SET = an 8-byte inline WRITE.
 __device__ __noinline__ inline void rshmemi_ibgda_signal(int pe, uint64_t sig, uint64_t value, int sig_op,
                                                          const char *what) {
   rshmemi_ibgda_sig_op_check(sig_op, pe, sig, what);
   const rshmemi_ibgda_dest_t d = rshmemi_ibgda_dest(pe, sig, what);
-  rshmem::ibgda::fence(d.qp);
   const int st = sig_op == RSHMEM_SIGNAL_ADD
                      ? rshmem::ibgda::post_atomic_fa(d.qp, d.raddr, d.rkey, rshmemi_ibgda_discard(),
-                                                     rshmemi_ibgda_table()->results_lkey, value)
-                     : rshmem::ibgda::post_write_inline_small(d.qp, d.raddr, d.rkey, &value, 8);
+                                                     rshmemi_ibgda_table()->results_lkey, value, nullptr,
+                                                     true)
+                     : rshmem::ibgda::post_write_inline_small(d.qp, d.raddr, d.rkey, &value, 8, nullptr, true);
   rshmemi_ibgda_check(d.qp, st, pe);
 }
 

@@ -104,9 +104,15 @@ __device__ __forceinline__ uint64_t wait_tag(const uint64_t *p, uint64_t tag, in
 // blocks share out the work (the dispatch receive's packing) agree on each source's
 // counts. A word that arrives after it was settled still overwrites the marker; a reader
 // that comes later sees it: only a PE that answers after the whole timeout can make the
-// blocks of that one call disagree. Memory ordering: the found word is read with
-// ld.acquire; a CAS that finds the word arrived is relaxed, so a system fence follows it
-// before the caller reads the data the word announces.
+// blocks of that one call disagree. The CAS is the device API's (rshmem_atomic_compare_swap
+// on this PE), not a raw atomicCAS_system: under the proxy transport the word is host
+// memory that the soft HCA's engine threads store to, and a GPU atomic on mapped host
+// memory is not atomic against the CPU's stores (the engine's write could fall between
+// the CAS's read and write and be lost); the device API sends an atomic on its own heap
+// through the loopback queue there, so the engine performs it, and uses atom.cas.sys on
+// P2P heaps (GPU memory), as before. Memory ordering: the found word is read with
+// ld.acquire; the CAS is acq_rel, and a system fence follows one that finds the word
+// arrived anyway, before the caller reads the data the word announces.
 template <class GiveUp>
 __device__ uint64_t settle_tag(uint64_t *p, uint64_t tag, uint64_t budget_ns, GiveUp give_up) {
   uint64_t v = ld_acquire(p);
@@ -118,9 +124,7 @@ __device__ uint64_t settle_tag(uint64_t *p, uint64_t tag, uint64_t budget_ns, Gi
   }
   const uint64_t marker = tag << 32 | EP_SHRUNK;
   for (;;) {
-    const uint64_t old = atomicCAS_system(reinterpret_cast<unsigned long long *>(p),
-                                          static_cast<unsigned long long>(v),
-                                          static_cast<unsigned long long>(marker));
+    const uint64_t old = rshmem_atomic_compare_swap<uint64_t>(p, v, marker, state().my_pe);
     if (old == v) return marker;
     v = old;
     if ((v >> 32) == tag) {

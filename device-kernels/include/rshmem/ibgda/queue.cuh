@@ -34,9 +34,13 @@
 //    reused yet), record the first error CQE, store the CQ doorbell record, then
 //    completed (release).
 // 6. quiet: wait until completed >= reserved as read at entry; an error CQE at or before
-//    that point → RSHMEM_IBGDA_ERR_CQE. fence: the next reservation's first WQE carries
-//    fence mode FENCE (0x40), which the NIC / soft HCA honours by finishing every earlier
-//    WQE of the QP first.
+//    that point → RSHMEM_IBGDA_ERR_CQE. fence: a NOP with fence mode FENCE (0x40), which
+//    the NIC / soft HCA starts only after every earlier WQE of the QP completed, and
+//    before every later one; a WQE that must follow the caller's earlier ones (a signal)
+//    carries FENCE itself. The mark is a WQE, not a flag for "the next reservation":
+//    with concurrent producers the next reservation may be another thread's, reserved
+//    before the caller's earlier WQEs were (a flag could land on a WQE that orders
+//    nothing the caller posted).
 //
 // Every wait is bounded by qp->timeout_ns and returns RSHMEM_IBGDA_ERR_TIMEOUT; a timeout
 // while holding an unpublished reservation marks the queue broken (later posts fail at
@@ -262,20 +266,15 @@ RSHMEM_HOST_DEVICE uint32_t poll_cq(rshmem_ibgda_qp_t *qp) {
 
 // ---- producer ---------------------------------------------------------------------------
 
-// Reserves n WQEBBs (one WQE or a batch); on success *index is the first and *fence says
-// whether its first WQE must carry FENCE. Waits (bounded) until the slots are free.
-RSHMEM_HOST_DEVICE int reserve(rshmem_ibgda_qp_t *qp, uint32_t n, uint64_t *index,
-                               bool *fence) {
+// Reserves n WQEBBs (one WQE or a batch); on success *index is the first. Waits
+// (bounded) until the slots are free.
+RSHMEM_HOST_DEVICE int reserve(rshmem_ibgda_qp_t *qp, uint32_t n, uint64_t *index) {
   if (n == 0 || n > qp->wqe_cnt) return RSHMEM_IBGDA_ERR_TOO_BIG;
   // Acquire: a producer that sees the queue broken sees why (the timed-out waiter's state).
   if (ld_acquire_gpu_u32(&qp->broken)) return RSHMEM_IBGDA_ERR_BROKEN;
   // Relaxed: reservations are totally ordered by this read-modify-write alone; nothing is
   // published by it (slot reuse is ordered by the acquire of `completed` below).
   uint64_t idx = fetch_add_relaxed_gpu_u64(&qp->reserved, n);
-  // Relaxed: a hint consumed by the next reservation; ordering against earlier WQEs is the
-  // NIC's job once the bit is in a WQE. Load first: no read-modify-write in the common case.
-  *fence = ld_relaxed_gpu_u32(&qp->fence_next) != 0 &&
-           exchange_relaxed_gpu_u32(&qp->fence_next, 0) != 0;
   *index = idx;
   // Acquire: the NIC finished reading the slots before the CQEs that advanced `completed`.
   if (idx + n <= ld_acquire_gpu_u64(&qp->completed) + qp->wqe_cnt) return RSHMEM_IBGDA_OK;
@@ -376,12 +375,6 @@ RSHMEM_HOST_DEVICE int quiet(rshmem_ibgda_qp_t *qp) {
   return wait_index(qp, ld_acquire_gpu_u64(&qp->reserved));
 }
 
-// The next reservation's first WQE carries fence mode FENCE (OpenSHMEM fence: the NIC
-// starts it only after every earlier WQE of the QP completed).
-RSHMEM_HOST_DEVICE void fence(rshmem_ibgda_qp_t *qp) {
-  // Relaxed: a flag consumed by the next reserve; the ordering itself is the NIC's.
-  st_relaxed_gpu_u32(&qp->fence_next, 1);
-}
 
 // ---- posting ---------------------------------------------------------------------------
 
@@ -392,23 +385,30 @@ RSHMEM_HOST_DEVICE uint32_t write_inline_wqebbs(uint32_t len) {
 
 // Reserve n WQEBBs, build with `build(buf, ctrl)` into a local buffer of MAXBB WQEBBs,
 // store, publish. The local buffer keeps the WQE in registers for fixed-size WQEs and
-// turns the ring stores into 16-byte stores.
+// turns the ring stores into 16-byte stores. `fenced`: the WQE carries fence mode FENCE
+// (it starts only after every earlier WQE of the QP completed).
 template <uint32_t MAXBB, typename Build>
 RSHMEM_HOST_DEVICE int post(rshmem_ibgda_qp_t *qp, uint32_t n, const Build &build,
-                            posted *out) {
+                            posted *out, bool fenced = false) {
   if (n > MAXBB) return RSHMEM_IBGDA_ERR_TOO_BIG;
   uint64_t idx;
-  bool fence_first;
-  int st = reserve(qp, n, &idx, &fence_first);
+  int st = reserve(qp, n, &idx);
   if (st != RSHMEM_IBGDA_OK) return st;
   alignas(16) uint8_t buf[MAXBB * mlx5::WQEBB];
-  build(buf, ctrl_at(qp, idx, fence_first));
+  build(buf, ctrl_at(qp, idx, fenced));
   write_wqe(qp, idx, buf, n);
   if (out) {
     out->index = idx;
     out->wqebbs = n;
   }
   return publish(qp, idx, n);
+}
+
+// OpenSHMEM fence on this QP: a NOP with fence mode FENCE. Every WQE reserved before the
+// call (the caller's earlier ones included) completes before the NOP starts, and every
+// WQE reserved after it (the caller's later ones) starts after the NOP. One WQEBB.
+RSHMEM_HOST_DEVICE int fence(rshmem_ibgda_qp_t *qp, posted *out = nullptr) {
+  return post<1>(qp, 1, [&](uint8_t *b, const mlx5::wqe_ctrl &c) { mlx5::nop(b, c); }, out, true);
 }
 
 // RDMA WRITE of `bytes` from registered local memory (laddr, lkey). One WQEBB.
@@ -420,14 +420,15 @@ RSHMEM_HOST_DEVICE int post_write(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_
   }, out);
 }
 
-// RDMA WRITE with the payload inline, len <= SMALL_INLINE: one WQEBB.
+// RDMA WRITE with the payload inline, len <= SMALL_INLINE: one WQEBB. `fenced`: after
+// every earlier WQE of the QP (a signal SET).
 RSHMEM_HOST_DEVICE int post_write_inline_small(rshmem_ibgda_qp_t *qp, uint64_t raddr,
                                                uint32_t rkey, const void *data, uint32_t len,
-                                               posted *out = nullptr) {
+                                               posted *out = nullptr, bool fenced = false) {
   if (len > SMALL_INLINE) return RSHMEM_IBGDA_ERR_TOO_BIG;
   return post<1>(qp, 1, [&](uint8_t *b, const mlx5::wqe_ctrl &c) {
     mlx5::rdma_write_inline(b, c, mlx5::make_raddr_seg(raddr, rkey), data, len);
-  }, out);
+  }, out, fenced);
 }
 
 // RDMA WRITE with the payload inline, len <= MAX_INLINE (up to 5 WQEBBs).
@@ -459,12 +460,13 @@ RSHMEM_HOST_DEVICE int post_read(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t
 }
 
 // 8-byte fetch-add; the old value lands big-endian at (result, lkey). One WQEBB.
+// `fenced`: after every earlier WQE of the QP (a signal ADD).
 RSHMEM_HOST_DEVICE int post_atomic_fa(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t rkey,
                                       uint64_t result, uint32_t lkey, uint64_t add,
-                                      posted *out = nullptr) {
+                                      posted *out = nullptr, bool fenced = false) {
   return post<1>(qp, 1, [&](uint8_t *b, const mlx5::wqe_ctrl &c) {
     mlx5::atomic_fa(b, c, mlx5::make_raddr_seg(raddr, rkey), mlx5::sge8{result, lkey}, add);
-  }, out);
+  }, out, fenced);
 }
 
 // 8-byte compare-and-swap; the old value lands big-endian at (result, lkey). One WQEBB.
@@ -522,16 +524,14 @@ RSHMEM_HOST_DEVICE int put_signal(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_
                                   uint64_t scratch, uint32_t scratch_lkey,
                                   posted *out = nullptr) {
   uint64_t idx;
-  bool fence_first;
-  int st = reserve(qp, 2, &idx, &fence_first);
+  int st = reserve(qp, 2, &idx);
   if (st != RSHMEM_IBGDA_OK) return st;
   alignas(16) uint8_t buf[2 * mlx5::WQEBB];
   mlx5::raddr_seg r = mlx5::make_raddr_seg(raddr, rkey);
   if (bytes <= SMALL_INLINE)
-    mlx5::rdma_write_inline(buf, ctrl_at(qp, idx, fence_first), r,
-                            (const void *)(uintptr_t)laddr, bytes);
+    mlx5::rdma_write_inline(buf, ctrl_at(qp, idx, false), r, (const void *)(uintptr_t)laddr, bytes);
   else
-    mlx5::rdma_write(buf, ctrl_at(qp, idx, fence_first), r, mlx5::make_data_seg(bytes, lkey, laddr));
+    mlx5::rdma_write(buf, ctrl_at(qp, idx, false), r, mlx5::make_data_seg(bytes, lkey, laddr));
   mlx5::wqe_ctrl c2 = ctrl_at(qp, idx + 1, true);
   mlx5::raddr_seg s = mlx5::make_raddr_seg(sig_raddr, rkey);
   if (sig_op == RSHMEM_SIGNAL_ADD)
@@ -627,15 +627,13 @@ RSHMEM_DEVICE int post_write_warp(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_
   const uint32_t count = (uint32_t)__popc(mask);
   const uint32_t rank = (uint32_t)__popc(mask & ((1u << lane) - 1u));
   uint64_t idx = 0;
-  bool fence_first = false;
   int st = RSHMEM_IBGDA_OK;
-  if ((int)lane == leader) st = reserve(qp, count, &idx, &fence_first);
+  if ((int)lane == leader) st = reserve(qp, count, &idx);
   st = __shfl_sync(mask, st, leader);
   if (st != RSHMEM_IBGDA_OK) return st;
   idx = __shfl_sync(mask, idx, leader);
-  fence_first = __shfl_sync(mask, (int)fence_first, leader) != 0;
   alignas(16) uint8_t buf[mlx5::WQEBB];
-  mlx5::rdma_write(buf, ctrl_at(qp, idx + rank, fence_first && rank == 0),
+  mlx5::rdma_write(buf, ctrl_at(qp, idx + rank, false),
                    mlx5::make_raddr_seg(raddr, rkey), mlx5::make_data_seg(bytes, lkey, laddr));
   write_wqe(qp, idx + rank, buf, 1);
   // Each lane's WQE stores before the leader's publication: fence (system scope) in every
