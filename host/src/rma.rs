@@ -12,7 +12,7 @@
 //! complete at `quiet` (OpenSHMEM's contract); gets and every atomic return complete, as
 //! with p2p. The engine executes a QP's WQEs in order with the same memory effects as
 //! the p2p code below (Release store of a put's last word, AcqRel atomics), and `fence`
-//! marks each QP's next WQE FENCE.
+//! posts a FENCEd NOP on each QP with work in flight (signals FENCE their own WQE).
 //!
 //! # Transport and completion (p2p)
 //! The p2p transport moves data with CPU loads and stores into the peer's heap, which is
@@ -629,7 +629,9 @@ impl Pe {
 
     /// Orders this PE's puts, AMOs and signals to each PE: those before the fence are
     /// visible before those after it (OpenSHMEM `shmem_fence`). A Release fence; through
-    /// the proxy, every QP's next WQE also carries fence mode FENCE.
+    /// the proxy, a FENCEd NOP on every QP that needs one ([`SendQueue::fence_needed`]).
+    ///
+    /// [`SendQueue::fence_needed`]: crate::softhca::queue::SendQueue::fence_needed
     pub fn fence(&self) {
         if let Some(p) = &self.proxy {
             p.fence();

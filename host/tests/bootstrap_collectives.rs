@@ -272,14 +272,31 @@ fn invalid_groups_are_rejected_locally() {
     });
 }
 
+/// A port that is free now and outside the kernel's ephemeral range, so that neither
+/// another test's `bind(:0)` nor an outgoing connection's source port takes it between
+/// its release and the root's bind (a released ephemeral port did get taken in CI:
+/// AddrInUse).
+fn free_port_below_ephemeral_range() -> u16 {
+    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    assert!(low > 11000, "ephemeral range starts at {low}");
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+    (0..1000u32)
+        .map(|i| 10000 + (seed.wrapping_add(i.wrapping_mul(7919))) % (low - 10000))
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok())
+        .expect("a free port below the ephemeral range") as u16
+}
+
 #[test]
 fn pes_may_start_before_the_root() {
     // Reserve a free port, release it, and start the PEs before the root binds it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port_below_ephemeral_range();
     let addr = format!("127.0.0.1:{port}");
     let n = 3;
     let handles: Vec<_> = (0..n)

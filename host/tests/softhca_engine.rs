@@ -447,6 +447,54 @@ fn write_imm_writes_and_drops_the_immediate() {
     assert_eq!(&r.rbytes()[32..48], &[5; 16]);
 }
 
+/// fence_needed: a fence has nothing to order on an idle queue, and one FENCEd NOP reserved
+/// after every WQE so far serves every later fence until another WQE is reserved.
+#[test]
+fn fence_needed_skips_idle_queues_and_covered_fences() {
+    let mut r = rig(8, 8, CqMode::Normal);
+    let sq = SendQueue::new(
+        r.mem.clone(),
+        QPN,
+        CqMode::Normal,
+        Duration::from_secs(5),
+        None,
+    );
+    assert!(!sq.fence_needed(), "idle queue");
+    let write = |sq: &SendQueue, r: &Rig<LocalBackend>| {
+        sq.post(&WqeOp::RdmaWrite {
+            remote: RaddrSeg::new(r.raddr(0), r.rkey),
+            payload: Payload::Inline(&[1, 2, 3, 4, 5, 6, 7, 8]),
+        })
+        .unwrap()
+    };
+    let w = write(&sq, &r);
+    assert!(sq.fence_needed(), "a WRITE in flight");
+    let f = sq.fence().unwrap();
+    assert_eq!(f.index, w.index + 1);
+    assert!(
+        !sq.fence_needed(),
+        "the NOP follows every WQE reserved so far"
+    );
+    let _ = write(&sq, &r);
+    assert!(sq.fence_needed(), "a WQE after the NOP");
+    let _ = sq.fence().unwrap();
+    sq.ring();
+    for _ in 0..10 {
+        r.core.progress();
+    }
+    sq.quiet().unwrap();
+    assert_eq!(sq.completed(), sq.reserved());
+    assert!(!sq.fence_needed(), "everything completed");
+    // Only the NOPs carry FENCE (0x40 in fm_ce_se, byte 11 of the control segment).
+    let fm: Vec<u8> = (0..4)
+        .map(|i| {
+            // SAFETY: slot i of the 8-WQEBB ring; the engine is done with it (quiet).
+            (unsafe { *r.mem.sq().add(64 * i + 11) }) & 0xe0
+        })
+        .collect();
+    assert_eq!(fm, vec![0, 0x40, 0, 0x40]);
+}
+
 #[test]
 fn send_queue_producer_against_engine_core() {
     // SendQueue (the producer protocol) posting while the engine is driven by hand.

@@ -46,6 +46,12 @@ typedef enum rshmem_transport {
 // memory that the soft HCA updates with CPU atomics (GPU PEs over the proxy transport),
 // since a word must not mix GPU atomics with the engine's (docs/ibgda-device.md).
 #define RSHMEM_STATE_SELF_IBGDA 0x2u
+// The heap is host memory mapped into the GPU (GPU PEs over the proxy transport; also set
+// with RSHMEM_STATE_SELF_IBGDA there). Code that must update a heap word atomically
+// against incoming signal stores uses the device API's atomics then (the engine performs
+// them); on a GPU heap (P2P, or a NIC whose RDMA WRITEs are not atomic against its own
+// atomics) a GPU atomic is the one that is atomic against the incoming 8-byte stores.
+#define RSHMEM_STATE_HOST_HEAP 0x4u
 
 // rshmem_peer_t.flags bits.
 // The P2P link to this peer has no native atomics (CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_

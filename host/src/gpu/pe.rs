@@ -531,12 +531,14 @@ impl GpuPe {
         // driver, gVisor's nvproxy, may not forward). Whether r is in another process is
         // symmetric, so a PE serves exactly the peers that fetch from it.
         let others: BTreeSet<usize> = node.iter().copied().filter(|&r| r != rank).collect();
-        let mut elsewhere = BTreeSet::new();
-        for &r in &others {
-            if place_of(r)?.0 != process_nonce() {
-                elsewhere.insert(r);
-            }
-        }
+        // A malformed place fails here through the status exchange below (collectively).
+        let elsewhere: Result<BTreeSet<usize>> = others
+            .iter()
+            .filter_map(|&r| match place_of(r) {
+                Ok((process, _)) => (process != process_nonce()).then_some(Ok(r)),
+                Err(e) => Some(Err(e)),
+            })
+            .collect();
         let ex = super::fdpass::FdExchange {
             job: pe.job_id().to_string(),
             rank,
@@ -544,16 +546,17 @@ impl GpuPe {
             heap_size: heap_size as u64,
             timeout: settings.timeout,
         };
-        let served = if elsewhere.is_empty() {
-            Ok(None)
-        } else {
-            mine.export().and_then(|fd| {
-                use std::os::fd::AsRawFd;
-                ex.serve(fd.as_raw_fd(), elsewhere.clone()).map(Some)
-            })
-        };
+        let served = elsewhere.and_then(|elsewhere| {
+            if elsewhere.is_empty() {
+                return Ok((elsewhere, None));
+            }
+            let fd = mine.export()?;
+            use std::os::fd::AsRawFd;
+            let server = ex.serve(fd.as_raw_fd(), elsewhere.clone())?;
+            Ok((elsewhere, Some(server)))
+        });
         exchange_status(boot, &world, "export its GPU heap", &served)?;
-        let server = served?;
+        let (elsewhere, server) = served?;
         boot.barrier(&world)?;
         let mut heaps: Vec<Option<VmmMapping>> = (0..n).map(|_| None).collect();
         let my_dev_count = device_count()?;
@@ -740,7 +743,7 @@ impl GpuPe {
             heap_size,
             sharing,
             peer_table,
-            flags: checks | state::STATE_SELF_IBGDA,
+            flags: checks | state::STATE_SELF_IBGDA | state::STATE_HOST_HEAP,
             timeout: settings.timeout,
             alloc: Mutex::new(Allocator::new(RESERVED_BYTES, heap_size)),
             pe,

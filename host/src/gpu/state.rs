@@ -20,6 +20,9 @@ pub const STATE_CHECKS: u32 = 0x1;
 /// loopback IBGDA queue (GPU PEs over the proxy transport: the heap is host memory the soft
 /// HCA updates with CPU atomics).
 pub const STATE_SELF_IBGDA: u32 = 0x2;
+/// `RSHMEM_STATE_HOST_HEAP`: the heap is host memory mapped into the GPU (GPU PEs over the
+/// proxy transport): a GPU atomic on it is not atomic against the soft HCA's CPU stores.
+pub const STATE_HOST_HEAP: u32 = 0x4;
 
 /// `rshmem_transport_t`.
 pub const TRANSPORT_NONE: u32 = 0;
@@ -335,6 +338,7 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("RSHMEM_STATE_VERSION", STATE_VERSION as u64),
         ("RSHMEM_STATE_CHECKS", STATE_CHECKS as u64),
         ("RSHMEM_STATE_SELF_IBGDA", STATE_SELF_IBGDA as u64),
+        ("RSHMEM_STATE_HOST_HEAP", STATE_HOST_HEAP as u64),
         ("RSHMEM_PEER_NO_P2P_ATOMICS", PEER_NO_P2P_ATOMICS as u64),
         ("RSHMEM_TRANSPORT_NONE", TRANSPORT_NONE as u64),
         ("RSHMEM_TRANSPORT_P2P", TRANSPORT_P2P as u64),

@@ -106,7 +106,8 @@ pub struct IbgdaQp {
     pub rung: AtomicU64,
     pub ring_lock: AtomicU32,
     pad2a: u32,
-    pad2: [u64; 5],
+    pub last_fence: AtomicU64,
+    pad2: [u64; 4],
     // Line 3.
     pub completed: AtomicU64,
     pub cq_ci: AtomicU32,
@@ -135,6 +136,7 @@ const _: () = {
     assert!(offset_of!(IbgdaQp, doorbell_mode) == 72);
     assert!(offset_of!(IbgdaQp, ready) == 128);
     assert!(offset_of!(IbgdaQp, ring_lock) == 144);
+    assert!(offset_of!(IbgdaQp, last_fence) == 152);
     assert!(offset_of!(IbgdaQp, completed) == 192);
     assert!(offset_of!(IbgdaQp, broken) == 208);
     assert!(offset_of!(IbgdaQp, first_error) == 256);
@@ -190,7 +192,8 @@ impl IbgdaQp {
             rung: AtomicU64::new(0),
             ring_lock: AtomicU32::new(0),
             pad2a: 0,
-            pad2: [0; 5],
+            last_fence: AtomicU64::new(0),
+            pad2: [0; 4],
             completed: AtomicU64::new(0),
             cq_ci: AtomicU32::new(0),
             cq_lock: AtomicU32::new(0),
@@ -345,6 +348,7 @@ pub fn layout_facts() -> Vec<u64> {
         o!(IbgdaQp, ready),
         o!(IbgdaQp, rung),
         o!(IbgdaQp, ring_lock),
+        o!(IbgdaQp, last_fence),
         o!(IbgdaQp, completed),
         o!(IbgdaQp, cq_ci),
         o!(IbgdaQp, cq_lock),

@@ -911,15 +911,13 @@ impl Proxy {
         self.waker.drive()
     }
 
-    /// `fence`: a FENCEd NOP on every QP with work in flight (SendQueue::fence). A QP
-    /// whose every reserved WQE completed has nothing to order: this thread's earlier
-    /// WQEs there are below `reserved` as it reads it, and all of those are done. A NOP
-    /// that cannot be posted breaks its queue, which the next operation or quiet on it
-    /// reports (naming the QP); `shmem_fence` itself returns nothing.
+    /// `fence`: a FENCEd NOP on every QP that needs one (SendQueue::fence_needed: work
+    /// in flight, and no FENCEd NOP reserved after it yet). A NOP that cannot be posted
+    /// breaks its queue, which the next operation or quiet on it reports (naming the QP);
+    /// `shmem_fence` itself returns nothing.
     pub(crate) fn fence(&self) {
         for q in self.qps.iter().filter_map(|q| q.get()).flatten() {
-            let end = q.sq.reserved();
-            if q.sq.completed() < end {
+            if q.sq.fence_needed() {
                 let _ = q.sq.fence();
             }
         }

@@ -499,6 +499,8 @@ pub struct SendQueue {
     sizes: Box<[AtomicU8]>,
     /// Slots whose staging a producer still reads after completion (see post_held).
     held: Box<[AtomicBool]>,
+    /// 1 + the index of the latest FENCEd NOP [`SendQueue::fence`] reserved (0: none).
+    last_fence: AtomicU64,
     cq: Mutex<CqConsumer>,
     first_error: Mutex<Option<CqeReport>>,
     has_error: AtomicBool,
@@ -560,6 +562,7 @@ impl SendQueue {
             mask: n as u64 - 1,
             sizes: (0..n).map(|_| AtomicU8::new(1)).collect(),
             held: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            last_fence: AtomicU64::new(0),
             mem,
             qpn,
             cq_mode,
@@ -634,7 +637,28 @@ impl SendQueue {
     /// another thread's, made before the caller's earlier WQEs, and a FENCE there would
     /// order nothing the caller posted (CUDA twin: queue.cuh `fence`).
     pub fn fence(&self) -> Result<Posted, SqError> {
-        self.post_inner(1, false, false, true, |_| WqeOp::Nop)
+        let p = self.post_inner(1, false, false, true, |_| WqeOp::Nop)?;
+        // Release: whoever acquires this value and then reserves comes after the NOP's
+        // reservation in `reserved`'s order.
+        self.last_fence.fetch_max(p.index + 1, Ordering::Release);
+        Ok(p)
+    }
+
+    /// Whether the calling thread's fence needs a NOP here: not when every WQE reserved so
+    /// far completed (nothing to order), nor when the latest reservation so far is a
+    /// FENCEd NOP (`last_fence >= reserved`: no WQE starts at or after the NOP's end, so
+    /// every other one, the caller's earlier ones included — they lie below `reserved` as
+    /// read here, its own fetch-adds coming first in that word's order — lies below the
+    /// NOP; its later ones will follow the NOP, whose reservation happens before the
+    /// release of `last_fence` acquired here). CUDA twin: queue.cuh `fence_needed`.
+    pub fn fence_needed(&self) -> bool {
+        // Acquire all three: `reserved` covers this thread's reservations; `completed`
+        // pairs with poll_cq's release; `last_fence` with fence's release.
+        let end = self.reserved.load(Ordering::Acquire);
+        if self.completed.load(Ordering::Acquire) >= end {
+            return false;
+        }
+        self.last_fence.load(Ordering::Acquire) < end
     }
 
     /// Builds and posts `op` (every rshmem WQE requests a CQE).

@@ -215,7 +215,7 @@ size_t ibgda_layout(uint64_t *out, size_t cap) {
       OFF(rshmem_ibgda_qp_t, reserved), OFF(rshmem_ibgda_qp_t, doorbell_mode),
       OFF(rshmem_ibgda_qp_t, ready),
       OFF(rshmem_ibgda_qp_t, rung), OFF(rshmem_ibgda_qp_t, ring_lock),
-      OFF(rshmem_ibgda_qp_t, completed),
+      OFF(rshmem_ibgda_qp_t, last_fence), OFF(rshmem_ibgda_qp_t, completed),
       OFF(rshmem_ibgda_qp_t, cq_ci), OFF(rshmem_ibgda_qp_t, cq_lock),
       OFF(rshmem_ibgda_qp_t, broken), OFF(rshmem_ibgda_qp_t, first_error),
       OFF(rshmem_ibgda_qp_t, first_error_syndrome), OFF(rshmem_ibgda_qp_t, first_error_vendor),

@@ -24,10 +24,11 @@
 // reused on return, as OpenSHMEM requires; _nbi puts return at once (source reusable after
 // quiet). Gets, g and fetching atomics wait for their WQE. Gets _nbi are blocking too
 // (a stronger guarantee than OpenSHMEM's: complete on return, as on p2p). quiet waits for
-// everything reserved on every queue of the table; fence marks the next WQE of every
-// queue FENCE (the NIC starts it after the earlier WQEs of that queue completed).
-// Signal updates are FENCEd so they land after this queue's earlier WRITEs (put_signal's
-// rule, applied to signal_op too).
+// everything reserved on every queue of the table; fence posts a FENCEd NOP on every
+// queue that has work in flight (the NIC starts it after the earlier WQEs of that queue
+// completed, and the later ones after it). Signal updates carry FENCE on their own WQE so
+// they land after this queue's earlier WRITEs (put_signal's rule, applied to signal_op
+// too).
 //
 // Atomics (ConnectX has FA and CS, plus the masked 4/8-byte forms): fetch = FA 0 (4 B:
 // masked FA 0); add/inc = FA; compare_swap = CS (4 B: masked CS with full masks); swap and
@@ -173,10 +174,8 @@ __device__ __noinline__ inline void rshmemi_ibgda_quiet() {
   }
 }
 
-// fence on every queue of the table that has work in flight: a FENCEd NOP (queue.cuh
-// fence). A queue whose every reserved WQE has completed has nothing to order, and gets
-// no NOP: this thread's earlier WQEs there are below `reserved` as it reads it (its own
-// reservations come first in that word's order), and all of those have completed.
+// fence on every queue of the table that needs one (queue.cuh fence_needed: work in
+// flight, and no FENCEd NOP reserved after it yet): a FENCEd NOP.
 __device__ __noinline__ inline void rshmemi_ibgda_fence() {
   const rshmem_ibgda_table_t *t = rshmemi_ibgda_table();
   if (t == nullptr) return;
@@ -184,11 +183,7 @@ __device__ __noinline__ inline void rshmemi_ibgda_fence() {
   for (uint32_t i = 0; i < n; ++i) {
     rshmem_ibgda_qp_t *qp = rshmem::ibgda::table_qp(t, i);
     if (qp == nullptr) return;
-    // Acquire both: `reserved` covers this thread's earlier reservations; `completed`
-    // pairs with poll_cq's release (the WQEs below it finished).
-    const uint64_t end = rshmem::ibgda::ld_acquire_gpu_u64(&qp->reserved);
-    if (rshmem::ibgda::ld_acquire_gpu_u64(&qp->completed) >= end) continue;
-    rshmemi_ibgda_check(qp, rshmem::ibgda::fence(qp), -1);
+    if (rshmem::ibgda::fence_needed(qp)) rshmemi_ibgda_check(qp, rshmem::ibgda::fence(qp), -1);
   }
 }
 

@@ -104,15 +104,17 @@ __device__ __forceinline__ uint64_t wait_tag(const uint64_t *p, uint64_t tag, in
 // blocks share out the work (the dispatch receive's packing) agree on each source's
 // counts. A word that arrives after it was settled still overwrites the marker; a reader
 // that comes later sees it: only a PE that answers after the whole timeout can make the
-// blocks of that one call disagree. The CAS is the device API's (rshmem_atomic_compare_swap
-// on this PE), not a raw atomicCAS_system: under the proxy transport the word is host
-// memory that the soft HCA's engine threads store to, and a GPU atomic on mapped host
-// memory is not atomic against the CPU's stores (the engine's write could fall between
-// the CAS's read and write and be lost); the device API sends an atomic on its own heap
-// through the loopback queue there, so the engine performs it, and uses atom.cas.sys on
-// P2P heaps (GPU memory), as before. Memory ordering: the found word is read with
-// ld.acquire; the CAS is acq_rel, and a system fence follows one that finds the word
-// arrived anyway, before the caller reads the data the word announces.
+// blocks of that one call disagree. Which CAS: on a host-memory heap (the proxy
+// transport, RSHMEM_STATE_HOST_HEAP) the word is written by the soft HCA's engine threads
+// with CPU stores, and a GPU atomic on mapped host memory is not atomic against those
+// (the engine's write could fall between the CAS's read and write and be lost), so the
+// CAS is the device API's on this PE, which goes through the loopback queue and is done
+// by the engine. On a GPU heap (P2P peers, or a NIC's RDMA WRITEs) it is atomicCAS_system:
+// L2 serialises it with the incoming 8-byte stores, while a NIC's own atomic (what the
+// device API would post on a NIC's loopback queue) is atomic only against other NIC
+// atomics, not against a WRITE arriving on another queue pair. Memory ordering: the found
+// word is read with ld.acquire; a CAS that finds the word arrived is followed by a system
+// fence before the caller reads the data the word announces.
 template <class GiveUp>
 __device__ uint64_t settle_tag(uint64_t *p, uint64_t tag, uint64_t budget_ns, GiveUp give_up) {
   uint64_t v = ld_acquire(p);
@@ -124,7 +126,12 @@ __device__ uint64_t settle_tag(uint64_t *p, uint64_t tag, uint64_t budget_ns, Gi
   }
   const uint64_t marker = tag << 32 | EP_SHRUNK;
   for (;;) {
-    const uint64_t old = rshmem_atomic_compare_swap<uint64_t>(p, v, marker, state().my_pe);
+    const uint64_t old =
+        (state().flags & RSHMEM_STATE_HOST_HEAP) != 0
+            ? rshmem_atomic_compare_swap<uint64_t>(p, v, marker, state().my_pe)
+            : static_cast<uint64_t>(atomicCAS_system(reinterpret_cast<unsigned long long *>(p),
+                                                     static_cast<unsigned long long>(v),
+                                                     static_cast<unsigned long long>(marker)));
     if (old == v) return marker;
     v = old;
     if ((v >> 32) == tag) {

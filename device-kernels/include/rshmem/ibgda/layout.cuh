@@ -73,13 +73,16 @@ typedef struct rshmem_ibgda_qp {
   uint64_t pad1[6];
   // Line 2 — publication: `ready` = WQEBBs published in order; `rung` = the value the
   // doorbell record was last set to; `ring_lock` serialises ringers (the record never
-  // moves backwards). (`pad2a` held a "fence the next reservation" flag until
+  // moves backwards); `last_fence` = 1 + the index of the latest FENCEd NOP that fence
+  // reserved (0: none), so a fence that finds it is the latest reservation posts no
+  // other. (`pad2a` held a "fence the next reservation" flag until
   // 2026-12-06: fence is a FENCEd NOP now, see queue.cuh.)
   uint64_t ready;
   uint64_t rung;
   uint32_t ring_lock;
   uint32_t pad2a;
-  uint64_t pad2[5];
+  uint64_t last_fence;
+  uint64_t pad2[4];
   // Line 3 — completion: every WQEBB before `completed` has completed (its CQE was
   // consumed); `cq_ci` = CQEs consumed (normal mode); `cq_lock` = one CQ poller at a time;
   // `broken` = a reservation will never be published (a wait timed out).
@@ -135,6 +138,7 @@ static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, reserved) == 64, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, doorbell_mode) == 72, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, ready) == 128, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, ring_lock) == 144, "layout");
+static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, last_fence) == 152, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, completed) == 192, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, broken) == 208, "layout");
 static_assert(__builtin_offsetof(rshmem_ibgda_qp_t, first_error) == 256, "layout");

@@ -108,6 +108,9 @@ RSHMEM_DEVICE uint32_t exchange_relaxed_gpu_u32(uint32_t *p, uint32_t v) {
   asm volatile("atom.relaxed.gpu.exch.b32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
   return old;
 }
+RSHMEM_DEVICE void fetch_max_release_gpu_u64(uint64_t *p, uint64_t v) {
+  asm volatile("red.release.gpu.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 // true when *p was `expect` and is now `desired`.
 RSHMEM_DEVICE bool cas_acquire_gpu_u32(uint32_t *p, uint32_t expect, uint32_t desired) {
   uint32_t old;
@@ -151,6 +154,12 @@ inline uint64_t fetch_add_relaxed_gpu_u64(uint64_t *p, uint64_t v) {
 }
 inline uint32_t exchange_relaxed_gpu_u32(uint32_t *p, uint32_t v) {
   return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
+}
+inline void fetch_max_release_gpu_u64(uint64_t *p, uint64_t v) {
+  uint64_t old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (old < v &&
+         !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+  }
 }
 inline bool cas_acquire_gpu_u32(uint32_t *p, uint32_t expect, uint32_t desired) {
   return __atomic_compare_exchange_n(p, &expect, desired, false, __ATOMIC_ACQUIRE,

@@ -406,9 +406,32 @@ RSHMEM_HOST_DEVICE int post(rshmem_ibgda_qp_t *qp, uint32_t n, const Build &buil
 
 // OpenSHMEM fence on this QP: a NOP with fence mode FENCE. Every WQE reserved before the
 // call (the caller's earlier ones included) completes before the NOP starts, and every
-// WQE reserved after it (the caller's later ones) starts after the NOP. One WQEBB.
+// WQE reserved after it (the caller's later ones) starts after the NOP. One WQEBB. The
+// NOP's index is recorded in last_fence (see fence_needed).
 RSHMEM_HOST_DEVICE int fence(rshmem_ibgda_qp_t *qp, posted *out = nullptr) {
-  return post<1>(qp, 1, [&](uint8_t *b, const mlx5::wqe_ctrl &c) { mlx5::nop(b, c); }, out, true);
+  posted p = {0, 0};
+  const int st =
+      post<1>(qp, 1, [&](uint8_t *b, const mlx5::wqe_ctrl &c) { mlx5::nop(b, c); }, &p, true);
+  // Release: whoever acquires this value and then reserves comes after the NOP's
+  // reservation in `reserved`'s order (its own fetch-add happens after ours).
+  if (st == RSHMEM_IBGDA_OK) fetch_max_release_gpu_u64(&qp->last_fence, p.index + 1);
+  if (out) *out = p;
+  return st;
+}
+
+// Whether the calling thread's fence needs a NOP on this QP: not when every WQE reserved
+// so far completed (nothing to order), nor when the latest reservation so far is a FENCEd
+// NOP (last_fence >= reserved: no WQE starts at or after the NOP's end, so every other
+// one lies below it, the caller's earlier ones included, which are below `reserved` as
+// read here since its own fetch-adds come first in that word's order; its later ones
+// will be reserved after that NOP, whose reservation happens before the release of
+// last_fence acquired here). Saves a warp of fencing threads 31 NOPs.
+RSHMEM_HOST_DEVICE bool fence_needed(rshmem_ibgda_qp_t *qp) {
+  // Acquire all three: `reserved` covers this thread's reservations; `completed` pairs
+  // with poll_cq's release; `last_fence` with fence's release.
+  const uint64_t end = ld_acquire_gpu_u64(&qp->reserved);
+  if (ld_acquire_gpu_u64(&qp->completed) >= end) return false;
+  return ld_acquire_gpu_u64(&qp->last_fence) < end;
 }
 
 // RDMA WRITE of `bytes` from registered local memory (laddr, lkey). One WQEBB.
