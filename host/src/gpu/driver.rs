@@ -48,6 +48,7 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuEventElapsedTime_v2",
     "cuEventDestroy_v2",
     "cuModuleLoadData",
+    "cuModuleLoadDataEx",
     "cuModuleUnload",
     "cuModuleGetGlobal_v2",
     "cuModuleGetFunction",

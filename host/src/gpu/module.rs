@@ -336,7 +336,8 @@ impl Module {
         }
     }
 
-    /// `cuModuleLoadData` of `image`, then every kernel loaded.
+    /// `cuModuleLoadDataEx` of `image` (with the JIT's error log, which a refused PTX
+    /// error message then carries), then every kernel loaded.
     ///
     /// # Safety
     /// `image` points at a complete PTX (NUL-terminated) or cubin image that stays valid
@@ -349,9 +350,38 @@ impl Module {
     ) -> Result<Module> {
         ctx.enter()?;
         let mut raw: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: the caller's image; valid out-pointer; context current.
-        let rc = unsafe { sys::cuModuleLoadData(&mut raw, image) };
-        ck(rc, "cuModuleLoadData", what)?;
+        // The JIT's error log: what ptxas said about a PTX the driver refuses (an
+        // unsupported .version or .target, a ptxas error), the first thing to read on a
+        // new driver.
+        let mut log = vec![0u8; 8192];
+        let mut opts = [
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        ];
+        let mut vals: [*mut std::ffi::c_void; 2] =
+            [log.as_mut_ptr().cast(), log.len() as *mut std::ffi::c_void];
+        // SAFETY: the caller's image; valid out-pointer; context current; two options
+        // whose values are the log buffer and its size (the driver writes at most that
+        // many bytes, NUL included, and the size it used back into vals[1]).
+        let rc = unsafe {
+            sys::cuModuleLoadDataEx(
+                &mut raw,
+                image,
+                opts.len() as u32,
+                opts.as_mut_ptr(),
+                vals.as_mut_ptr(),
+            )
+        };
+        ck(rc, "cuModuleLoadDataEx", || {
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            let text = String::from_utf8_lossy(&log[..end]);
+            let text = text.trim();
+            if text.is_empty() {
+                what()
+            } else {
+                format!("{}; the JIT said: {text}", what())
+            }
+        })?;
         let m = Module {
             raw,
             ctx: ctx.clone(),

@@ -709,6 +709,15 @@ static void parse_var(struct module *m, const char *s) {
   add_range(R_GLOBAL, (uintptr_t)g->at, g->size);
 }
 
+EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image);
+// The options are the JIT's (log buffers): no JIT runs here, so the error log stays empty.
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *out, const void *image, unsigned n,
+                                   CUjit_option *opts, void **vals) {
+  if (n && (!opts || !vals)) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < n; ++i)
+    if (opts[i] == CU_JIT_ERROR_LOG_BUFFER && vals[i]) *(char *)vals[i] = 0;
+  return cuModuleLoadData(out, image);
+}
 EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image) {
   CUresult r = need_ctx();
   if (r) return r;
