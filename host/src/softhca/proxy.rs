@@ -599,22 +599,7 @@ impl Proxy {
         self.check_state(q, pe, op)?;
         let raddr = peer.base + offset as u64;
         if src.len() <= MAX_INLINE_PUT {
-            let w = WqeOp::RdmaWrite {
-                remote: RaddrSeg::new(raddr, peer.rkey),
-                payload: Payload::Inline(src),
-            };
-            if matches!(peer.via, PeerKind::Fabric(_)) {
-                // Hand it to the network now rather than wake the engine thread (a context
-                // switch; it may sleep up to IDLE_WAIT): caller-driven progress. As a
-                // driver, the doorbell does not unpark the engine; if our round misses it
-                // (another thread held the engine), dropping the guard hands over.
-                let _drive = self.waker.drive();
-                let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
-                let _ = self.assist();
-            } else {
-                let _ = q.sq.post(&w).map_err(|e| self.err(pe, op, e))?;
-            }
-            return Ok(());
+            return self.post_inline_write(q, peer, pe, raddr, src, false, op);
         }
         for (i, chunk) in src.chunks(q.chunk_len).enumerate() {
             let at = raddr + (i * q.chunk_len) as u64;
@@ -884,18 +869,44 @@ impl Proxy {
     pub(crate) fn post_set(&self, pe: usize, offset: usize, v: u64, op: OpName) -> Result<()> {
         let (q, peer) = self.qp(pe)?;
         self.check_state(q, pe, op)?;
-        let bytes = v.to_ne_bytes();
+        let raddr = peer.base + offset as u64;
+        self.post_inline_write(q, peer, pe, raddr, &v.to_ne_bytes(), true, op)
+    }
+
+    /// One inline RDMA WRITE of `data` (at most [`MAX_INLINE_PUT`] bytes) to `raddr` on
+    /// `pe`'s QP; `fenced`: with fence mode FENCE on it.
+    #[allow(clippy::too_many_arguments)]
+    fn post_inline_write(
+        &self,
+        q: &ProxyQp,
+        peer: &ProxyPeer,
+        pe: usize,
+        raddr: u64,
+        data: &[u8],
+        fenced: bool,
+        op: OpName,
+    ) -> Result<()> {
         let w = WqeOp::RdmaWrite {
-            remote: RaddrSeg::new(peer.base + offset as u64, peer.rkey),
-            payload: Payload::Inline(&bytes),
+            remote: RaddrSeg::new(raddr, peer.rkey),
+            payload: Payload::Inline(data),
+        };
+        let post = || {
+            if fenced {
+                q.sq.post_fenced(&w)
+            } else {
+                q.sq.post(&w)
+            }
         };
         if matches!(peer.via, PeerKind::Fabric(_)) {
-            // As put's inline WRITE: hand it to the network now (caller-driven progress).
+            // Hand it to the network now rather than wake the engine thread (a context
+            // switch; it may sleep up to IDLE_WAIT): caller-driven progress. As a
+            // driver, the doorbell does not unpark the engine; if our round misses it
+            // (another thread held the engine), dropping the guard hands over.
             let _drive = self.waker.drive();
-            let _ = q.sq.post_fenced(&w).map_err(|e| self.err(pe, op, e))?;
+            let _ = post().map_err(|e| self.err(pe, op, e))?;
             let _ = self.assist();
         } else {
-            let _ = q.sq.post_fenced(&w).map_err(|e| self.err(pe, op, e))?;
+            let _ = post().map_err(|e| self.err(pe, op, e))?;
         }
         Ok(())
     }
