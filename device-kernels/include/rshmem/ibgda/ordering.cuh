@@ -103,11 +103,6 @@ RSHMEM_DEVICE uint64_t fetch_add_relaxed_gpu_u64(uint64_t *p, uint64_t v) {
   asm volatile("atom.relaxed.gpu.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
   return old;
 }
-RSHMEM_DEVICE uint32_t exchange_relaxed_gpu_u32(uint32_t *p, uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.relaxed.gpu.exch.b32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
 RSHMEM_DEVICE void fetch_max_release_gpu_u64(uint64_t *p, uint64_t v) {
   asm volatile("red.release.gpu.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -151,9 +146,6 @@ inline void st_relaxed_gpu_u32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v,
 inline void st_relaxed_gpu_u64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 inline uint64_t fetch_add_relaxed_gpu_u64(uint64_t *p, uint64_t v) {
   return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
-}
-inline uint32_t exchange_relaxed_gpu_u32(uint32_t *p, uint32_t v) {
-  return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
 }
 inline void fetch_max_release_gpu_u64(uint64_t *p, uint64_t v) {
   uint64_t old = __atomic_load_n(p, __ATOMIC_RELAXED);
