@@ -393,3 +393,37 @@ fn gpu_pe_process_child() {
     r.expect("the GPU PE's work");
     f.expect("finalize");
 }
+
+/// hostcuda's host registration behaves as the real driver's does to the memory: shared
+/// with the kernels (forked block processes) while registered, the program's private
+/// memory again afterwards, contents kept, with the driver's errors for a double
+/// registration or unregistration. Until 2026-12-06 unregistration left the pages shared:
+/// malloc reused them once freed and a block process's malloc corrupted the parent's heap
+/// (CI: "malloc(): unsorted double linked list corrupted", an IBGDA queue timed out).
+#[test]
+fn host_registration_is_undone_at_unregistration() {
+    let lib = hostcuda();
+    let dir = lib.parent().unwrap();
+    let exe = dir.join("register_fork");
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostcuda/register_fork.c");
+    let o = Command::new("cc")
+        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(hostcuda_build::cuda_include())
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .output()
+        .expect("cc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(&exe).output().expect("run register_fork");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    assert_eq!(text, "register_fork: ok\n");
+}

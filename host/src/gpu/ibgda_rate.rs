@@ -164,6 +164,8 @@ const PATTERN: u64 = 0x0123_4567_89ab_cdef;
 
 pub fn run(a: &IbgdaRateArgs) -> Result<RateReport> {
     validate(a)?;
+    // The producers' queue waits are bounded by RSHMEM_TIMEOUT_MS, as a PE's are.
+    let timeout = crate::config::Settings::from_env()?.timeout;
     driver()?;
     let ordinal = std::env::var("RSHMEM_DEVICE")
         .ok()
@@ -178,7 +180,7 @@ pub fn run(a: &IbgdaRateArgs) -> Result<RateReport> {
     for engine in &a.engines {
         for warp in [false, true] {
             for &blocks in &a.blocks {
-                rows.push(one_run(&ctx, &m, a, engine, warp, blocks)?);
+                rows.push(one_run(&ctx, &m, a, engine, warp, blocks, timeout)?);
             }
         }
     }
@@ -200,6 +202,7 @@ fn one_run(
     engine: &str,
     warp: bool,
     blocks: u32,
+    timeout: Duration,
 ) -> Result<RateRow> {
     let threads = blocks as u64 * a.threads as u64;
     let wqes = threads * a.iters as u64;
@@ -283,7 +286,7 @@ fn one_run(
         1,
         qpn,
         CqMode::Collapsed,
-        Duration::from_secs(10),
+        timeout,
     );
     let qbuf = DevBuf::new(ctx, 320, "the benchmark descriptor")?;
     qbuf.write(&descriptor_bytes(std::slice::from_ref(&desc)))?;
@@ -328,7 +331,8 @@ fn one_run(
         "cuLaunchKernel",
         || format!("rshmem_ibgda_post_writes ({blocks} x {})", a.threads),
     )
-    // SAFETY: no preconditions; the kernel's waits are bounded (10 s), so this returns.
+    // SAFETY: no preconditions; the kernel's waits are bounded (RSHMEM_TIMEOUT_MS), so this
+    // returns.
     .and_then(|()| {
         ck(
             unsafe { sys::cuCtxSynchronize() },

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The pinned toolchain's `cuda.h` directory (as host/tests/gpu_ptx.rs finds ptxas).
-fn cuda_include() -> PathBuf {
+pub fn cuda_include() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let venv = std::env::var_os("RSHMEM_CUDA_VENV")
         .map(PathBuf::from)

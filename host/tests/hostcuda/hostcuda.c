@@ -68,6 +68,8 @@ struct range {
   uintptr_t lo, hi;
   int access;    // R_MAPPED: cuMemSetAccess granted read-write
   void *handle;  // R_MAPPED: the allocation handle
+  int moved;     // R_REGISTERED: share_range moved the range onto a memfd (undone at
+                 // unregistration)
   int device;    // R_ALLOC, and R_HOSTALLOC / R_REGISTERED without PORTABLE: the device
                  // whose context made it (else -1: every context)
 };
@@ -76,7 +78,7 @@ static struct range ranges[MAX_RANGES];
 static struct range *add_range(enum kind k, uintptr_t lo, size_t len) {
   for (int i = 0; i < MAX_RANGES; ++i)
     if (ranges[i].kind == R_FREE) {
-      ranges[i] = (struct range){k, lo, lo + len, 0, NULL, -1};
+      ranges[i] = (struct range){k, lo, lo + len, 0, NULL, 0, -1};
       return &ranges[i];
     }
   return NULL;
@@ -344,9 +346,11 @@ static int mapped_shared(uintptr_t p) {
 // private page-aligned range is moved, contents and address kept, onto a shared memfd
 // mapping. (Host memory a GPU reads and writes over PCIe is the same memory for both
 // sides; a fork would otherwise give the blocks a copy.) Registration happens before the
-// range is in use by other threads (as it must on a GPU too).
-static CUresult share_range(void *p, size_t len) {
+// range is in use by other threads (as it must on a GPU too). Sets *moved when it moved
+// the range.
+static CUresult share_range(void *p, size_t len, int *moved) {
   const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  *moved = 0;
   if ((uintptr_t)p % page || len % page || mapped_shared((uintptr_t)p)) return CUDA_SUCCESS;
   int fd = memfd_create("hostcuda-registered", MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
@@ -356,35 +360,66 @@ static CUresult share_range(void *p, size_t len) {
   }
   void *m = mmap(p, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
   close(fd);
-  return m == p ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
+  if (m != p) return CUDA_ERROR_OPERATING_SYSTEM;
+  *moved = 1;
+  return CUDA_SUCCESS;
+}
+
+// Unregistration moves a range share_range moved back onto private anonymous memory,
+// contents and address kept. Without it the pages stay shared with every block process
+// forked later: once the program frees the buffer, malloc reuses those pages (a small
+// page-aligned buffer lies in the brk heap) for its own chunk headers, and a block
+// process's malloc then corrupts the parent's heap ("malloc(): unsorted double linked
+// list corrupted" in CI, 2026-12-06), which a real driver's pinning never does. As at
+// registration, nobody else writes the range meanwhile (it is about to be freed).
+static CUresult unshare_range(void *p, size_t len) {
+  void *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (copy == MAP_FAILED) return CUDA_ERROR_OPERATING_SYSTEM;
+  memcpy(copy, p, len);
+  // mremap moves the private copy over the range in one step (the old shared mapping is
+  // unmapped by it), so the address never points at nothing.
+  void *m = mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, p);
+  if (m != p) {
+    munmap(copy, len);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemHostRegister(void *p, size_t len, unsigned int flags) {
   CUresult r = need_ctx();
   if (r) return r;
   if (!p || len == 0 || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
-  if ((r = share_range(p, len))) return r;
+  pthread_mutex_lock(&lock);
+  const int taken =
+      find_range(R_REGISTERED, (uintptr_t)p) || find_range(R_REGISTERED, (uintptr_t)p + len - 1);
+  pthread_mutex_unlock(&lock);
+  if (taken) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  int moved = 0;
+  if ((r = share_range(p, len, &moved))) return r;
   pthread_mutex_lock(&lock);
   CUresult out = CUDA_SUCCESS;
-  if (find_range(R_REGISTERED, (uintptr_t)p) || find_range(R_REGISTERED, (uintptr_t)p + len - 1))
-    out = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  struct range *g = add_range(R_REGISTERED, (uintptr_t)p, len);
+  if (!g)
+    out = CUDA_ERROR_OUT_OF_MEMORY;
   else {
-    struct range *g = add_range(R_REGISTERED, (uintptr_t)p, len);
-    if (!g)
-      out = CUDA_ERROR_OUT_OF_MEMORY;
-    else if (!(flags & CU_MEMHOSTREGISTER_PORTABLE))
-      g->device = ((struct ctx *)current)->device;
+    g->moved = moved;
+    if (!(flags & CU_MEMHOSTREGISTER_PORTABLE)) g->device = ((struct ctx *)current)->device;
   }
   pthread_mutex_unlock(&lock);
+  if (out && moved) unshare_range(p, len);
   return out;
 }
 EXPORT CUresult cuMemHostUnregister(void *p) {
   implicit_sync();
   pthread_mutex_lock(&lock);
   struct range *g = find_exact(R_REGISTERED, (uintptr_t)p);
+  const int moved = g && g->moved;
+  const size_t len = g ? g->hi - g->lo : 0;
   if (g) g->kind = R_FREE;
   pthread_mutex_unlock(&lock);
-  return g ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  if (!g) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  return moved ? unshare_range(p, len) : CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned int flags) {
   CUresult r = need_ctx();
