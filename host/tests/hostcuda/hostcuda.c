@@ -36,7 +36,9 @@
 #include <string.h>
 #include <dlfcn.h>
 #include <signal.h>
+#include <errno.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -324,22 +326,24 @@ EXPORT CUresult cuMemFreeHost(void *p) {
   munmap(p, len);
   return CUDA_SUCCESS;
 }
-// Whether the page at `p` belongs to a shared mapping (/proc/self/maps).
-static int mapped_shared(uintptr_t p) {
+// How much of [p, p + len) shared mappings cover (/proc/self/maps): 2 all of it, 1 part,
+// 0 none.
+static int shared_coverage(uintptr_t p, size_t len) {
   FILE *f = fopen("/proc/self/maps", "r");
   if (!f) return 0;
   char line[512];
-  int shared = 0;
+  uintptr_t cur = p;  // the lines are sorted: the first byte not yet known shared
+  int some = 0;
   while (fgets(line, sizeof line, f)) {
     unsigned long lo, hi;
     char perms[8];
-    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && p >= lo && p < hi) {
-      shared = perms[3] == 's';
-      break;
-    }
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || hi <= p || lo >= p + len) continue;
+    if (perms[3] != 's') continue;
+    some = 1;
+    if (lo <= cur && hi > cur) cur = hi;
   }
   fclose(f);
-  return shared;
+  return cur >= p + len ? 2 : some;
 }
 
 // Registered host memory must be shared with the launch's block processes (forked): a
@@ -351,7 +355,17 @@ static int mapped_shared(uintptr_t p) {
 static CUresult share_range(void *p, size_t len, int *moved) {
   const size_t page = (size_t)sysconf(_SC_PAGESIZE);
   *moved = 0;
-  if ((uintptr_t)p % page || len % page || mapped_shared((uintptr_t)p)) return CUDA_SUCCESS;
+  const int cover = shared_coverage((uintptr_t)p, len);
+  if (cover == 2) return CUDA_SUCCESS;
+  // The real driver pins any range; this stand-in can only share whole private pages. A
+  // range it cannot share would silently be a copy in the block processes: refuse it.
+  if ((uintptr_t)p % page || len % page || cover) {
+    fprintf(stderr,
+            "hostcuda: cannot share host range %p + %zu with the block processes (%s): "
+            "register whole private pages\n",
+            p, len, cover ? "partly shared already" : "not page-aligned");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   int fd = memfd_create("hostcuda-registered", MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
   if (ftruncate(fd, (off_t)len) || pwrite(fd, p, len, 0) != (ssize_t)len) {
@@ -360,7 +374,11 @@ static CUresult share_range(void *p, size_t len, int *moved) {
   }
   void *m = mmap(p, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
   close(fd);
-  if (m != p) return CUDA_ERROR_OPERATING_SYSTEM;
+  if (m != p) {
+    // MAP_FIXED may have unmapped the range already: the program's memory is gone.
+    perror("hostcuda: moving a registered range onto shared memory");
+    abort();
+  }
   *moved = 1;
   return CUDA_SUCCESS;
 }
@@ -372,54 +390,80 @@ static CUresult share_range(void *p, size_t len, int *moved) {
 // process's malloc then corrupts the parent's heap ("malloc(): unsorted double linked
 // list corrupted" in CI, 2026-12-06), which a real driver's pinning never does. As at
 // registration, nobody else writes the range meanwhile (it is about to be freed).
-static CUresult unshare_range(void *p, size_t len) {
+static void unshare_range(void *p, size_t len) {
   void *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (copy == MAP_FAILED) return CUDA_ERROR_OPERATING_SYSTEM;
-  memcpy(copy, p, len);
   // mremap moves the private copy over the range in one step (the old shared mapping is
-  // unmapped by it), so the address never points at nothing.
-  void *m = mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, p);
-  if (m != p) {
-    munmap(copy, len);
-    return CUDA_ERROR_OPERATING_SYSTEM;
+  // unmapped by it), so the address never points at nothing. A range left shared is the
+  // heap corruption above, silently: a failure here ends the process.
+  if (copy == MAP_FAILED) {
+    perror("hostcuda: unregistration: a private copy of the range");
+    abort();
   }
-  return CUDA_SUCCESS;
+  memcpy(copy, p, len);
+  if (mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, p) != p) {
+    perror("hostcuda: unregistration: moving the range back onto private memory");
+    abort();
+  }
 }
+
+// Whether a registration shares a page with [lo, hi) (page-aligned; the real driver
+// refuses any page registered twice). Called with `lock` held.
+static int registered_overlap(uintptr_t lo, uintptr_t hi) {
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  for (int i = 0; i < MAX_RANGES; ++i) {
+    const struct range *g = &ranges[i];
+    if (g->kind == R_REGISTERED && g->lo / page * page < hi && lo < (g->hi + page - 1) / page * page)
+      return 1;
+  }
+  return 0;
+}
+
+// Serialises registrations and unregistrations with the moves of their pages (not `lock`:
+// unregistration's implicit sync takes it).
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 
 EXPORT CUresult cuMemHostRegister(void *p, size_t len, unsigned int flags) {
   CUresult r = need_ctx();
   if (r) return r;
   if (!p || len == 0 || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t lo = (uintptr_t)p / page * page, hi = ((uintptr_t)p + len + page - 1) / page * page;
+  pthread_mutex_lock(&reg_lock);
   pthread_mutex_lock(&lock);
-  const int taken =
-      find_range(R_REGISTERED, (uintptr_t)p) || find_range(R_REGISTERED, (uintptr_t)p + len - 1);
+  const int taken = registered_overlap(lo, hi);
   pthread_mutex_unlock(&lock);
-  if (taken) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
   int moved = 0;
-  if ((r = share_range(p, len, &moved))) return r;
+  if (taken)
+    r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  else
+    r = share_range(p, len, &moved);
+  if (r) {
+    pthread_mutex_unlock(&reg_lock);
+    return r;
+  }
   pthread_mutex_lock(&lock);
-  CUresult out = CUDA_SUCCESS;
   struct range *g = add_range(R_REGISTERED, (uintptr_t)p, len);
-  if (!g)
-    out = CUDA_ERROR_OUT_OF_MEMORY;
-  else {
+  if (g) {
     g->moved = moved;
     if (!(flags & CU_MEMHOSTREGISTER_PORTABLE)) g->device = ((struct ctx *)current)->device;
   }
   pthread_mutex_unlock(&lock);
-  if (out && moved) unshare_range(p, len);
-  return out;
+  if (!g && moved) unshare_range(p, len);
+  pthread_mutex_unlock(&reg_lock);
+  return g ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 EXPORT CUresult cuMemHostUnregister(void *p) {
   implicit_sync();
+  pthread_mutex_lock(&reg_lock);
   pthread_mutex_lock(&lock);
   struct range *g = find_exact(R_REGISTERED, (uintptr_t)p);
   const int moved = g && g->moved;
   const size_t len = g ? g->hi - g->lo : 0;
   if (g) g->kind = R_FREE;
   pthread_mutex_unlock(&lock);
-  if (!g) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-  return moved ? unshare_range(p, len) : CUDA_SUCCESS;
+  if (moved) unshare_range(p, len);
+  pthread_mutex_unlock(&reg_lock);
+  return g ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }
 EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned int flags) {
   CUresult r = need_ctx();
@@ -991,13 +1035,23 @@ static void run_launch(struct captured *c) {
   pid_t *kids = calloc(c->grid, sizeof *kids);
   fflush(NULL);
   unsigned started = 0;
+  const pid_t parent = getpid();
   for (; started < c->grid; ++started) {
     const pid_t pid = fork();
     if (pid < 0) {
+      // The blocks started would wait for this one at their grid barriers until the
+      // bound: they are killed (below) and the launch fails now.
+      fprintf(stderr, "hostcuda: fork for block %u of %s failed: %s\n", started, c->f->name,
+              strerror(errno));
+      for (unsigned b = 0; b < started; ++b) kill(kids[b], SIGKILL);
       fail_ctx(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
       break;
     }
     if (pid == 0) {
+      // A block does not outlive the process that launched it (a PE killed by its test
+      // would otherwise leave its blocks polling until their bound, on the same cores).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
       c->run(c->f->name, params, c->f->sizes, c->f->nparams, c->grid, c->block, started, state,
              state_bytes);
       fflush(NULL);
@@ -1177,9 +1231,15 @@ EXPORT CUresult cuStreamDestroy(CUstream s) {
   for (int i = 0; i < 256; ++i)
     if (streams[i] == st) streams[i] = NULL;
   pthread_mutex_unlock(&lock);
+  // The struct is left allocated (idle, magic cleared): another thread's
+  // sync_all_streams may have taken it in its snapshot and be about to lock its mutex.
+  // (Freeing it was a use after free when PEs finalised together.) Small, and test code.
+  pthread_mutex_lock(&st->m);
   st->magic = 0;
   free(st->launches);
-  free(st);
+  st->launches = NULL;
+  st->n = 0;
+  pthread_mutex_unlock(&st->m);
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamQuery(CUstream s) {

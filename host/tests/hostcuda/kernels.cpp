@@ -88,8 +88,15 @@ extern "C" __attribute__((visibility("default"))) void hostcuda_run_block(
     fprintf(stderr, "hostcuda kernels: cannot call %s (%d parameters)\n", name, nparams);
     _exit(4);
   }
-  if (state && &rshmemi_device_state != nullptr && state_bytes == sizeof(rshmemi_device_state))
+  if (state && &rshmemi_device_state != nullptr) {
+    // A module whose state differs in size from this build's would run unbound: say so.
+    if (state_bytes != sizeof(rshmemi_device_state)) {
+      fprintf(stderr, "hostcuda kernels: %s: the module's device state is %zu bytes, this build's %zu\n",
+              name, state_bytes, sizeof(rshmemi_device_state));
+      _exit(4);
+    }
     memcpy(&rshmemi_device_state, state, state_bytes);
+  }
   g_params = params;
   g_sizes = sizes;
   g_nparams = nparams;
