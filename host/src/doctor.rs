@@ -319,6 +319,9 @@ fn render_table(r: &Report) -> String {
     if let Some(q) = &r.cuda.hardware_queues_detail {
         lines.push(kv("HW queues", q.clone()));
     }
+    if let Some(f) = &r.cuda.fd_export {
+        lines.push(kv("heap fd export", f.clone()));
+    }
     for m in &r.cuda.modules {
         lines.push(kv(&format!("module {}", m.module), m.load.clone()));
     }
@@ -457,6 +460,7 @@ mod tests {
             p2p_detail: None,
             hardware_queues: Some(32),
             hardware_queues_detail: None,
+            fd_export: None,
             modules: Vec::new(),
         }
     }

@@ -278,6 +278,26 @@ fn the_doctor_reads_the_device_through_the_driver() {
     assert_eq!(d["posix_fd_handles"], true, "{out}");
     assert_eq!(d["gpudirect_rdma_vmm"], false, "{out}");
     assert_eq!(d["dma_buf"], false, "{out}");
+    // The doctor also tries the heap's fd export, which a sandbox may refuse although the
+    // attribute says yes (hostcuda's HOSTCUDA_NO_FD_EXPORT=1 refuses it as gVisor would).
+    assert_eq!(v["cuda"]["fd_export"], "ok", "{out}");
+    let o = Command::new(env!("CARGO_BIN_EXE_rshmem"))
+        .arg("doctor")
+        .env("RSHMEM_CUDA_LIB", hostcuda())
+        .env("HOSTCUDA_NO_FD_EXPORT", "1")
+        .output()
+        .expect("run rshmem doctor");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("heap fd export"))
+        .unwrap_or_else(|| panic!("no fd export line: {text}"));
+    assert!(
+        line.contains("refused although the device reports POSIX-fd handles")
+            && line.contains("cuMemExportToShareableHandle"),
+        "{line}"
+    );
 }
 
 /// The self-test's host-layer case that needs no kernel, through the CLI as gpu-check runs
@@ -397,7 +417,8 @@ fn gpu_pe_process_child() {
 /// hostcuda's host registration behaves as the real driver's does to the memory: shared
 /// with the kernels (forked block processes) while registered, the program's private
 /// memory again afterwards, contents kept, with the driver's errors for a double
-/// registration or unregistration. Until 2026-12-06 unregistration left the pages shared:
+/// registration (also of a range sharing a page with one) or unregistration, and a
+/// refusal of a private range it could not share whole. Until 2026-12-06 unregistration left the pages shared:
 /// malloc reused them once freed and a block process's malloc corrupted the parent's heap
 /// (CI: "malloc(): unsorted double linked list corrupted", an IBGDA queue timed out).
 #[test]
@@ -425,5 +446,12 @@ fn host_registration_is_undone_at_unregistration() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert_eq!(o.status.code(), Some(0), "{text}");
-    assert_eq!(text, "register_fork: ok\n");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "register_fork: ok\n");
+    // The one refusal it provokes says why.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("cannot share host range") && err.contains("(not page-aligned)"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
 }

@@ -150,6 +150,11 @@ pub struct CudaReport {
     /// One line on `hardware_queues` (the source, and how many PEs per process fit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hardware_queues_detail: Option<String>,
+    /// Whether GPU 0 exported a heap allocation as a POSIX fd when tried ("ok", or why
+    /// not): GPU PEs in different processes of a node exchange their heaps this way. Tried
+    /// only where the device reports POSIX-fd handles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fd_export: Option<String>,
     /// How each library module loads on the first GPU: a prebuilt cubin from
     /// `RSHMEM_PTX_DIR` (the GPU bundle's), or its PTX, JIT-compiled, and why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -239,6 +244,7 @@ pub(super) fn probe() -> CudaReport {
                 p2p_detail: None,
                 hardware_queues: None,
                 hardware_queues_detail: None,
+                fd_export: None,
                 modules: Vec::new(),
             }
         }
@@ -267,6 +273,7 @@ pub(super) fn probe() -> CudaReport {
             p2p_detail: None,
             hardware_queues: None,
             hardware_queues_detail: None,
+            fd_export: None,
             modules: Vec::new(),
         };
     }
@@ -287,6 +294,7 @@ pub(super) fn probe() -> CudaReport {
             p2p_detail: None,
             hardware_queues: None,
             hardware_queues_detail: None,
+            fd_export: None,
             modules: Vec::new(),
         };
     }
@@ -309,9 +317,17 @@ pub(super) fn probe() -> CudaReport {
                 .collect()
         })
         .unwrap_or_default();
+    let fd_export = devices.first().map(|d| match d.posix_fd_handles {
+        Some(true) => match crate::gpu::heap::probe_fd_export(0) {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("refused although the device reports POSIX-fd handles: {e}"),
+        },
+        _ => "not tried: the device reports no POSIX-fd handles".to_string(),
+    });
     CudaReport {
         present: true,
         detail: format!("{} loaded, {version_text}, {count} device(s)", drv.soname),
+        fd_export,
         driver_version,
         devices,
         p2p,

@@ -71,6 +71,22 @@ pub fn granularity(ordinal: i32) -> Result<usize> {
     Ok(g)
 }
 
+/// Whether device `ordinal` really exports a heap allocation as a POSIX fd (what GPU PEs in
+/// different processes of a node need): creates a minimum-granularity allocation in the
+/// device's primary context, exports it and frees both. The device attribute can say yes
+/// where the export still fails (a sandbox such as gVisor's nvproxy forwards no export):
+/// `rshmem doctor` tries it.
+pub fn probe_fd_export(ordinal: i32) -> Result<()> {
+    let ctx = super::module::Ctx::retain(ordinal)?;
+    ctx.enter()?;
+    let g = granularity(ordinal)?;
+    let m = VmmMapping::create(ordinal, g, false, false)?;
+    let fd = m.export()?;
+    drop(fd);
+    drop(m);
+    Ok(())
+}
+
 /// One mapping of a heap allocation (this PE's own, or a peer's imported one) in the
 /// current context, readable and writable by device `ordinal`.
 #[derive(Debug)]
