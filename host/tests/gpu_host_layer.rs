@@ -417,7 +417,7 @@ fn gpu_pe_process_child() {
 /// hostcuda's host registration behaves as the real driver's does to the memory: shared
 /// with the kernels (forked block processes) while registered, the program's private
 /// memory again afterwards, contents kept, with the driver's errors for a double
-/// registration (also of a range sharing a page with one) or unregistration, and a
+/// registration (also of a range overlapping one) or unregistration, and a
 /// refusal of a private range it could not share whole. Until 2026-12-06 unregistration left the pages shared:
 /// malloc reused them once freed and a block process's malloc corrupted the parent's heap
 /// (CI: "malloc(): unsorted double linked list corrupted", an IBGDA queue timed out).

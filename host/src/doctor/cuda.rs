@@ -320,7 +320,19 @@ pub(super) fn probe() -> CudaReport {
     let fd_export = devices.first().map(|d| match d.posix_fd_handles {
         Some(true) => match crate::gpu::heap::probe_fd_export(0) {
             Ok(()) => "ok".to_string(),
-            Err(e) => format!("refused although the device reports POSIX-fd handles: {e}"),
+            Err(Error::Cuda {
+                call: "cuMemExportToShareableHandle",
+                detail,
+            }) => format!(
+                "refused although the device reports POSIX-fd handles: \
+                 cuMemExportToShareableHandle returned {} (GPU PEs in different \
+                 processes of this node cannot share heaps: run them as threads, `--pes N`, \
+                 or over RSHMEM_TRANSPORT=proxy)",
+                // The status only: the rest says what the runtime was doing.
+                detail.split(" while ").next().unwrap_or(&detail)
+            ),
+            // A context or allocation that failed says nothing about the export.
+            Err(e) => format!("not tried: {e}"),
         },
         _ => "not tried: the device reports no POSIX-fd handles".to_string(),
     });

@@ -148,9 +148,9 @@ pub fn choose_port(devices: &[DeviceInfo], want: Option<&str>) -> Result<(String
 }
 
 /// The page-aligned ranges `(start, len)` covering `pieces` (`(addr, len)`), merged where
-/// they touch or overlap, in address order: each is registered with CUDA once
-/// (`cuMemHostRegister` refuses a page registered twice, and libmlx5 keeps several
-/// queues' doorbell records in one page).
+/// they touch or overlap, in address order: each is registered with CUDA once (libmlx5
+/// keeps several queues' doorbell records in one page, and `cuMemHostRegister` refuses a
+/// range overlapping one already registered, as each piece rounded to its pages would).
 pub fn page_ranges(pieces: &[(u64, u64)], page: u64) -> Vec<(u64, u64)> {
     debug_assert!(page.is_power_of_two());
     let mut r: Vec<(u64, u64)> = pieces

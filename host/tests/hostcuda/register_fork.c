@@ -100,15 +100,15 @@ int main(void) {
     CHECK(sharing(again) == 'p', "malloc's next page is %c, expected private", sharing(again));
     free(again);
   }
-  // The driver refuses a page registered twice, also by a range that only shares a page
-  // with a registration; hostcuda refuses a private range it cannot share whole (the real
-  // driver would pin it; here the blocks would see a copy).
+  // The driver refuses a range overlapping a registered one; hostcuda refuses a private
+  // range it cannot share whole (the real driver would pin it; here the blocks would see
+  // a copy).
   unsigned char *two = aligned_alloc(page, 2 * page);
   if (two) {
     CHECK(cuMemHostRegister(two, page, 0) == CUDA_SUCCESS, "registering page 0 failed");
     r = cuMemHostRegister(two + page - 8, 16, 0);
     CHECK(r == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
-          "a range sharing a registered page returned %d", (int)r);
+          "a range overlapping a registered one returned %d", (int)r);
     r = cuMemHostRegister(two + page + 8, 8, 0);
     CHECK(r == CUDA_ERROR_NOT_SUPPORTED, "an unaligned private range returned %d", (int)r);
     CHECK(sharing(two + page) == 'p', "the refused range's page is %c, expected private",
