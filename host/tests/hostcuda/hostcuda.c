@@ -41,6 +41,9 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434  // the same number on every architecture (Linux 5.3)
+#endif
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -424,7 +427,8 @@ static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 EXPORT CUresult cuMemHostRegister(void *p, size_t len, unsigned int flags) {
   CUresult r = need_ctx();
   if (r) return r;
-  if (!p || len == 0 || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
+  if (!p || len == 0 || (flags & ~0xfu) || (uintptr_t)p + len < (uintptr_t)p)
+    return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&reg_lock);
   pthread_mutex_lock(&lock);
   const int taken = registered_overlap((uintptr_t)p, (uintptr_t)p + len);
@@ -1065,7 +1069,11 @@ static void run_launch(struct captured *c) {
     // A pidfd per block: the wait below sleeps until one ends instead of polling (with 8
     // PEs' streams polling every 100 µs, the waits took a share of CI's 2 cores from the
     // blocks). Where pidfd_open is missing, the wait polls.
-    pidfds[started] = (int)syscall(SYS_pidfd_open, pid, 0);
+    // At most 256 (a 132-SM grid of PE threads would otherwise take the fd table's
+    // 1024), and none after one failed: that launch polls.
+    pidfds[started] = started < 256 && (started == 0 || pidfds[started - 1] >= 0)
+                          ? (int)syscall(SYS_pidfd_open, pid, 0)
+                          : -1;
   }
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -1074,7 +1082,14 @@ static void run_launch(struct captured *c) {
   while (left > 0) {
     for (unsigned b = 0; b < started; ++b) {
       int status = 0;
-      if (kids[b] == 0 || waitpid(kids[b], &status, WNOHANG) != kids[b]) continue;
+      if (kids[b] == 0) continue;
+      const pid_t w = waitpid(kids[b], &status, WNOHANG);
+      if (w == -1 && errno == ECHILD) {  // reaped elsewhere: it ended, status unknown
+        kids[b] = 0;
+        --left;
+        continue;
+      }
+      if (w != kids[b]) continue;
       kids[b] = 0;
       --left;
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
@@ -1104,10 +1119,7 @@ static void run_launch(struct captured *c) {
         if (pidfds[b] < 0) all = 0;
         pfds[n++] = (struct pollfd){.fd = pidfds[b], .events = POLLIN};
       }
-    if (all)
-      poll(pfds, n, 100);
-    else
-      usleep(100);
+    if (!all || (poll(pfds, n, 100) < 0 && errno != EINTR)) usleep(100);
   }
   for (unsigned b = 0; b < started; ++b)
     if (pidfds[b] >= 0) close(pidfds[b]);
