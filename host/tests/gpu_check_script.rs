@@ -147,6 +147,13 @@ fn a_bare_driver_name_is_found_on_the_loader_path() {
             .any(|l| l.starts_with("/dev/shm: ") && l.contains(" MiB free of ")),
         "{summary}"
     );
+    // So is the doctor's fd-export probe (the fake driver has no VMM calls: not tried).
+    assert!(
+        summary
+            .lines()
+            .any(|l| l.starts_with("heap fd export (doctor): not tried: ")),
+        "{summary}"
+    );
 }
 
 const FAKE_CUDA_C: &str = r#"
