@@ -447,18 +447,23 @@ fn write_imm_writes_and_drops_the_immediate() {
     assert_eq!(&r.rbytes()[32..48], &[5; 16]);
 }
 
-/// fence_needed: a fence has nothing to order on an idle queue, and one FENCEd NOP reserved
-/// after every WQE so far serves every later fence until another WQE is reserved.
-#[test]
-fn fence_needed_skips_idle_queues_and_covered_fences() {
-    let mut r = rig(8, 8, CqMode::Normal);
-    let sq = SendQueue::new(
+/// A producer on the rig's queue (normal CQ, 5 s bound, no waker).
+fn normal_sq(r: &Rig<LocalBackend>) -> SendQueue {
+    SendQueue::new(
         r.mem.clone(),
         QPN,
         CqMode::Normal,
         Duration::from_secs(5),
         None,
-    );
+    )
+}
+
+/// fence_needed: a fence has nothing to order on an idle queue, and one FENCEd NOP reserved
+/// after every WQE so far serves every later fence until another WQE is reserved.
+#[test]
+fn fence_needed_skips_idle_queues_and_covered_fences() {
+    let mut r = rig(8, 8, CqMode::Normal);
+    let sq = normal_sq(&r);
     assert!(!sq.fence_needed(), "idle queue");
     let write = |sq: &SendQueue, r: &Rig<LocalBackend>| {
         sq.post(&WqeOp::RdmaWrite {
@@ -499,13 +504,7 @@ fn fence_needed_skips_idle_queues_and_covered_fences() {
 fn send_queue_producer_against_engine_core() {
     // SendQueue (the producer protocol) posting while the engine is driven by hand.
     let mut r = rig(8, 8, CqMode::Normal);
-    let sq = SendQueue::new(
-        r.mem.clone(),
-        QPN,
-        CqMode::Normal,
-        Duration::from_secs(5),
-        None,
-    );
+    let sq = normal_sq(&r);
     let mut expect = 0u64;
     let mut next = 0u64;
     for round in 0..40u64 {
