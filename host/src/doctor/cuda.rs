@@ -320,17 +320,13 @@ pub(super) fn probe() -> CudaReport {
     let fd_export = devices.first().map(|d| match d.posix_fd_handles {
         Some(true) => match crate::gpu::heap::probe_fd_export(0) {
             Ok(()) => "ok".to_string(),
-            Err(Error::Cuda {
-                call: "cuMemExportToShareableHandle",
-                detail,
-            }) => format!(
-                "refused although the device reports POSIX-fd handles: \
-                 cuMemExportToShareableHandle returned {} (GPU PEs in different \
-                 processes of this node cannot share heaps: run them as threads, `--pes N`, \
-                 or over RSHMEM_TRANSPORT=proxy)",
-                // The status only: the rest says what the runtime was doing.
-                detail.split(" while ").next().unwrap_or(&detail)
-            ),
+            // The export's own error names the cure (GPU PEs as threads, or the proxy).
+            Err(
+                e @ Error::Cuda {
+                    call: "cuMemExportToShareableHandle",
+                    ..
+                },
+            ) => format!("refused although the device reports POSIX-fd handles: {e}"),
             // A context or allocation that failed says nothing about the export.
             Err(e) => format!("not tried: {e}"),
         },

@@ -80,11 +80,10 @@ pub fn probe_fd_export(ordinal: i32) -> Result<()> {
     let ctx = super::module::Ctx::retain(ordinal)?;
     ctx.enter()?;
     let g = granularity(ordinal)?;
-    let m = VmmMapping::create(ordinal, g, false, false)?;
-    let fd = m.export()?;
-    drop(fd);
-    drop(m);
-    Ok(())
+    // The fd and the allocation are closed and freed as they drop.
+    VmmMapping::create(ordinal, g, false, false)?
+        .export()
+        .map(drop)
 }
 
 /// One mapping of a heap allocation (this PE's own, or a peer's imported one) in the
