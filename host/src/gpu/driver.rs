@@ -220,7 +220,8 @@ pub fn driver() -> Result<()> {
             Refusal::Library(detail) => Error::LibraryMissing {
                 library: "libcuda.so.1".into(),
                 package: DRIVER_PACKAGE.into(),
-                detail: format!("{detail}: install the NVIDIA driver"),
+                // The package names the cure; the detail says only what was found.
+                detail,
             },
             Refusal::Chosen(detail) => Error::LibraryMissing {
                 library: "libcuda.so.1".into(),
