@@ -405,6 +405,23 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     } else {
         args.max_size.saturating_mul(3) + (4 << 20)
     };
+    // The PEs are threads of this process, so their heaps all come from this node.
+    if let Some(mem) = crate::heap::node_memory_bytes() {
+        let all = need as u128 * args.pes as u128;
+        if all > mem {
+            let h = |n: u128| crate::doctor::human_bytes(u64::try_from(n).unwrap_or(u64::MAX));
+            return Err(Error::InvalidArgument(format!(
+                "bench {}: --max-size {} needs a {} heap on each of {} PEs ({}), more than \
+                 this node's memory ({} of RAM and swap): lower --max-size",
+                args.kind.name(),
+                h(args.max_size as u128),
+                h(need as u128),
+                args.pes,
+                h(all),
+                h(mem)
+            )));
+        }
+    }
     let mut settings = settings;
     settings.transport = args.transport.mode();
     if settings.symmetric_size < need {

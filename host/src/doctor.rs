@@ -228,7 +228,7 @@ fn yes_no(b: bool) -> &'static str {
 }
 
 /// `12.3 GiB`.
-fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

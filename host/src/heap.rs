@@ -235,11 +235,11 @@ impl Segment {
     }
 
     fn map_fd(fd: libc::c_int, path: &str, len: usize, skew: usize) -> Result<Segment> {
-        let err = |op, source| Error::Shm {
+        let err = |op, source: io::Error| Error::Shm {
             op,
             path: path.to_string(),
             size: len,
-            source,
+            source: with_map_count(source),
         };
         let skew = skew.min(MAX_SKEW - 4096) & !4095;
         // Always reserve the full slack: the kernel hands out reservations top-down, so a
@@ -429,6 +429,68 @@ pub fn create_node_segment(
     })
 }
 
+/// An mmap's ENOMEM is often the process's mapping count reaching `vm.max_map_count`
+/// rather than memory: every PE maps every node peer's heap (up to 3 mappings each), so a
+/// process of many PEs as threads holds about 3 × PEs² of them. Says so when near.
+fn with_map_count(e: io::Error) -> io::Error {
+    if e.raw_os_error() != Some(libc::ENOMEM) {
+        return e;
+    }
+    let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    let now = std::fs::read_to_string("/proc/self/maps")
+        .map(|m| m.lines().count())
+        .ok();
+    map_count_hint(e, max, now)
+}
+
+/// [`with_map_count`] given the limit and the count.
+fn map_count_hint(e: io::Error, max: Option<usize>, now: Option<usize>) -> io::Error {
+    match (max, now) {
+        (Some(max), Some(now)) if e.raw_os_error() == Some(libc::ENOMEM) && now + 64 >= max => {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!(
+                    "{e}: this process holds {now} memory mappings, vm.max_map_count is {max} \
+                 (each PE maps every node peer's heap: start fewer PEs per process, or raise \
+                 vm.max_map_count)"
+                ),
+            )
+        }
+        _ => e,
+    }
+}
+
+/// The memory that can back this node's shared memory: RAM (or the cgroup v2 limit of this
+/// process, where lower) plus swap. None where `/proc/meminfo` cannot be read.
+pub fn node_memory_bytes() -> Option<u128> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u128> {
+        let line = meminfo.lines().find(|l| l.starts_with(name))?;
+        let kib: u128 = line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    };
+    let mut ram = field("MemTotal:")?;
+    // cgroup v2: the line "0::/path" names this process's group.
+    let limit = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| {
+            let path = c.lines().find_map(|l| l.strip_prefix("0::"))?.to_string();
+            std::fs::read_to_string(format!("/sys/fs/cgroup{path}/memory.max")).ok()
+        })
+        .and_then(|m| m.trim().parse::<u128>().ok());
+    if let Some(l) = limit {
+        ram = ram.min(l);
+    }
+    Some(ram + field("SwapTotal:").unwrap_or(0))
+}
+
 /// Removes a segment file; missing files are fine.
 pub fn unlink(path: &str) {
     let _ = std::fs::remove_file(path);
@@ -457,7 +519,8 @@ fn check_shm_space(path: &str, len: usize) -> Result<()> {
             source: io::Error::new(
                 io::ErrorKind::OutOfMemory,
                 format!(
-                    "{dir} has only {free} bytes free; lower RSHMEM_SYMMETRIC_SIZE or enlarge {dir}"
+                    "{dir} has only {} free; lower RSHMEM_SYMMETRIC_SIZE or enlarge {dir}",
+                    crate::doctor::human_bytes(u64::try_from(free).unwrap_or(u64::MAX))
                 ),
             ),
         });
@@ -667,6 +730,32 @@ mod tests {
         unsafe { assert_eq!(o.base().add(12345).read(), 0xAB) };
         let e = Segment::open(&path, 4096, 0).unwrap_err();
         assert!(e.to_string().contains(&path), "{e}");
+    }
+
+    /// ENOMEM near vm.max_map_count names the limit and the cure; other errors and an
+    /// ENOMEM far from the limit stay as they are.
+    #[test]
+    fn mapping_count_hint() {
+        let enomem = || io::Error::from_raw_os_error(libc::ENOMEM);
+        let s = map_count_hint(enomem(), Some(65530), Some(65500)).to_string();
+        assert_eq!(
+            s,
+            "Cannot allocate memory (os error 12): this process holds 65500 memory mappings, \
+             vm.max_map_count is 65530 (each PE maps every node peer's heap: start fewer PEs \
+             per process, or raise vm.max_map_count)"
+        );
+        let far = map_count_hint(enomem(), Some(65530), Some(1000));
+        assert_eq!(far.raw_os_error(), Some(libc::ENOMEM));
+        let other = map_count_hint(
+            io::Error::from_raw_os_error(libc::EACCES),
+            Some(10),
+            Some(10),
+        );
+        assert_eq!(other.raw_os_error(), Some(libc::EACCES));
+        assert_eq!(
+            map_count_hint(enomem(), None, Some(1 << 20)).raw_os_error(),
+            Some(libc::ENOMEM)
+        );
     }
 
     #[test]

@@ -123,6 +123,12 @@ fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
             "need 1 <= min <= max",
         ),
         (vec!["bench", "put", "--iters", "0"], "--iters"),
+        // Heaps past the node's memory: refused, not killed by the OOM killer mid-run.
+        (
+            vec!["bench", "put", "--max-size", "1T"],
+            "bench put: --max-size 1.0 TiB needs a 3.0 TiB heap on each of 2 PEs (6.0 TiB), \
+             more than this node's memory (",
+        ),
     ] {
         let o = Command::new(BIN).args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
