@@ -166,11 +166,32 @@ fn bench_ep_rejects_bad_arguments() {
         (vec!["--topk", "12"], "num_topk (12) must be in 1..=11"),
         (vec!["--hidden", "200"], "must be a multiple of 128"),
         (vec!["--iters", "0"], "--iters"),
+        (
+            vec!["--pes", "2,0"],
+            "--pes 0: every value of --pes must be at least 1",
+        ),
+        (
+            vec!["--tokens", "0"],
+            "--tokens 0: every value of --tokens must be at least 1",
+        ),
+        (
+            vec!["--plot", "/nonexistent/lat.png"],
+            "--plot /nonexistent/lat.png: /nonexistent is not an existing folder",
+        ),
+        (
+            // 2 experts × 4 PEs × 2^20 tokens of 8192 bf16 per PE: more than any machine.
+            vec!["--hidden", "8192", "--tokens", "1048576"],
+            "lower --tokens or --pes",
+        ),
+        (
+            vec!["--plot", "lat.svg"],
+            "--plot lat.svg: the plot is a PNG file: give a name ending in .png",
+        ),
     ] {
         let o = Command::new(BIN)
             .args(["bench", "ep", "--tokens", "4", "--experts", "8"])
             .args(&args)
-            .args(if args[0] == "--hidden" {
+            .args(if args.contains(&"--hidden") {
                 vec![]
             } else {
                 vec!["--hidden", "256"]
@@ -180,6 +201,12 @@ fn bench_ep_rejects_bad_arguments() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(msg), "{args:?}: {err}");
+        // Refused before anything ran: no table.
+        assert!(
+            o.stdout.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
     }
 }
 

@@ -140,6 +140,13 @@ pub fn run_cli(a: EpBenchArgs) -> i32 {
     if a.check {
         return crate::gpu::ep_bench::check_cli(&a);
     }
+    if let Some(p) = &a.plot {
+        // Refused before the run rather than after it.
+        if let Err(e) = plot_precheck(p) {
+            eprintln!("rshmem bench ep: --plot {}: {e}", p.display());
+            return 1;
+        }
+    }
     match run(&a) {
         Ok(None) => 0,
         Ok(Some(rep)) => {
@@ -200,8 +207,27 @@ fn transports(pe: &Pe) -> String {
     v.join("+")
 }
 
+/// `--iters`, and every value of `--pes` and `--tokens`, at least 1 (before the device is
+/// chosen, so that both devices give the same error).
+pub(crate) fn check_counts(a: &EpBenchArgs) -> Result<()> {
+    if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--iters, --pes and --tokens must be at least 1".into(),
+        ));
+    }
+    for (flag, v) in [("--pes", &a.pes), ("--tokens", &a.tokens)] {
+        if v.contains(&0) {
+            return Err(Error::InvalidArgument(format!(
+                "{flag} 0: every value of {flag} must be at least 1"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Runs every point; Some(report) where this process reports.
 pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
+    check_counts(a)?;
     let device = match a.device.as_str() {
         "cpu" | "gpu" => a.device.clone(),
         "auto" => {
@@ -223,11 +249,6 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
     if a.check {
         return Err(Error::InvalidArgument(
             "--check is the GPU correctness suite (--device gpu); CPU runs always validate".into(),
-        ));
-    }
-    if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
-        return Err(Error::InvalidArgument(
-            "--iters, --pes and --tokens must be at least 1".into(),
         ));
     }
     if a.transport == Some(crate::bench::Transport::Ibgda) {
@@ -255,10 +276,17 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
             return Ok(None);
         }
     } else {
+        // Every point's arguments before any point runs.
         for &n in &a.pes {
             for &t in &a.tokens {
                 let cfg = config_of(a, t);
                 cfg.validate(n)?;
+                check_memory(a, &cfg, n, Layout::size_hint(&cfg, n)? + (16 << 20))?;
+            }
+        }
+        for &n in &a.pes {
+            for &t in &a.tokens {
+                let cfg = config_of(a, t);
                 let mut s = settings_of(a)?;
                 let need = Layout::size_hint(&cfg, n)? + (16 << 20);
                 if s.symmetric_size < need {
@@ -287,6 +315,44 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
         .cloned()
         .ok_or_else(|| Error::Verification("no points".into()))?;
     Ok(Some(EpReport { last, points }))
+}
+
+/// Refuses a point whose PEs (threads of this process) would touch more than this node's
+/// memory, where the OOM killer would end the run instead of an error. Per PE: the heap
+/// regions written (all but the zero-copy combine region, unless zero-copy; the heap is a
+/// sparse file or memfd), the received rows of the dispatch output (at most
+/// `R·N·min(K, L)`; the rest is never touched) and, unless zero-copy, the experts' bf16
+/// output `[L, R·N, H]`, which `point` fills. Measured against this estimate on a 23.5 GiB
+/// machine, 4 PEs: 1024 tokens ran in 18.6 GB (estimate 18.8 GB), 4096 were OOM-killed.
+fn check_memory(a: &EpBenchArgs, cfg: &Config, n: usize, heap: usize) -> Result<()> {
+    let Some(mem) = crate::heap::node_memory_bytes() else {
+        return Ok(());
+    };
+    let lay = Layout::new(cfg, n)?;
+    let zero_copy_region = 2 * lay.combine_send.bytes as u128;
+    let heap = heap as u128 - if a.zero_copy { 0 } else { zero_copy_region };
+    let hidden = cfg.hidden as u128;
+    let elem = if cfg.use_fp8 { 1 } else { 2 };
+    let mut host = n as u128 * lay.slots_per_src as u128 * hidden * elem;
+    if !a.zero_copy {
+        host += cfg.num_experts as u128 * lay.num_max_tokens as u128 * hidden * 2;
+    }
+    let all = (heap + host) * n as u128;
+    if all <= mem {
+        return Ok(());
+    }
+    let h = |v: u128| crate::doctor::human_bytes(u64::try_from(v).unwrap_or(u64::MAX));
+    Err(Error::InvalidArgument(format!(
+        "bench ep: {n} PEs with {} tokens need {} each ({} of symmetric heap, {} of \
+         the bench's own arrays), {} in all, more than this node's memory ({} of RAM and swap): \
+         lower --tokens or --pes",
+        cfg.num_max_dispatch_tokens_per_rank,
+        h(heap + host),
+        h(heap),
+        h(host),
+        h(all),
+        h(mem)
+    )))
 }
 
 /// Median and p99, as every rshmem bench computes them (`crate::bench::stats`).
@@ -587,6 +653,28 @@ const FONTS: [&str; 3] = [
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
 ];
+
+/// What `plot` needs that can be checked before a run: a `.png` name, an existing folder
+/// to write it in, a font.
+fn plot_precheck(path: &std::path::Path) -> std::result::Result<(), String> {
+    let png = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !png {
+        return Err("the plot is a PNG file: give a name ending in .png".into());
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!("{} is not an existing folder", dir.display()));
+    }
+    if !FONTS.iter().any(|f| std::path::Path::new(f).is_file()) {
+        return Err("no TrueType font found (install fonts-dejavu-core)".into());
+    }
+    Ok(())
+}
 
 /// One line of the plot: its name, colour and the value it draws.
 type Series = (&'static str, plotters::style::RGBColor, fn(&EpPoint) -> f64);

@@ -1176,11 +1176,7 @@ fn copy_bandwidth(g: &GpuPe) -> Result<(f64, f64)> {
 /// `rshmem bench ep --device gpu`: Some(report) where this process reports (not on the
 /// PEs other than 0 of a launched job).
 pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
-    if a.iters == 0 || a.pes.is_empty() || a.tokens.is_empty() {
-        return Err(Error::InvalidArgument(
-            "--iters, --pes and --tokens must be at least 1".into(),
-        ));
-    }
+    crate::ep::bench::check_counts(a)?;
     if let Some(info) = LaunchInfo::from_env()? {
         return run_launched(a, &info);
     }
