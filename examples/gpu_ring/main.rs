@@ -391,7 +391,7 @@ mod tests {
         }
         let e = run(&parse_args(&[]).unwrap()).unwrap_err().to_string();
         assert!(
-            e.contains("libcuda.so.1 not found: install the NVIDIA driver"),
+            e.contains("libcuda.so.1 not found); install the NVIDIA driver"),
             "{e}"
         );
     }
