@@ -134,6 +134,16 @@ fn selftest(a: SelftestArgs) -> i32 {
         }
         return 0;
     }
+    // Names first: a typo is refused before the PE joins its job (no "PE died" from the
+    // bootstrap root after the error).
+    let mut named = a.cases.clone();
+    if a.crash_pe.is_some() {
+        named.push(a.crash_at.clone());
+    }
+    if let Err(e) = rshmem::selftest::check_names(&named) {
+        eprintln!("rshmem selftest: {e}");
+        return 1;
+    }
     let pe = match rshmem::Pe::init() {
         Ok(pe) => pe,
         Err(e) => {

@@ -69,8 +69,8 @@ pub const CASES: &[Case] = &[
     },
 ];
 
-/// Runs the named cases (all when `names` is empty); returns how many ran.
-pub fn run(pe: &Pe, names: &[String], mut report: impl FnMut(&str)) -> Result<usize> {
+/// Every name is a case of [`CASES`] (the CLI checks before it starts the PE).
+pub fn check_names(names: &[String]) -> Result<()> {
     for n in names {
         if !CASES.iter().any(|c| c.name == n) {
             return Err(Error::InvalidArgument(format!(
@@ -79,6 +79,12 @@ pub fn run(pe: &Pe, names: &[String], mut report: impl FnMut(&str)) -> Result<us
             )));
         }
     }
+    Ok(())
+}
+
+/// Runs the named cases (all when `names` is empty); returns how many ran.
+pub fn run(pe: &Pe, names: &[String], mut report: impl FnMut(&str)) -> Result<usize> {
+    check_names(names)?;
     let mut ran = 0;
     for c in CASES
         .iter()
