@@ -181,12 +181,12 @@ pub struct BenchArgs {
     /// operations of the GPU bench kernels, PEs as threads sharing the GPU(s)).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu"])]
     pub device: String,
-    /// GPU: scope of the device operation (thread, warp or block).
-    #[arg(long, default_value = "thread", value_parser = ["thread", "warp", "block"])]
-    pub scope: String,
-    /// GPU: kernel launches per size (median and p99 are over launches).
-    #[arg(long, default_value_t = 10)]
-    pub reps: usize,
+    /// GPU: scope of the device operation (thread, warp or block; default thread).
+    #[arg(long, value_parser = ["thread", "warp", "block"])]
+    pub scope: Option<String>,
+    /// GPU: kernel launches per size (median and p99 are over launches; default 10).
+    #[arg(long)]
+    pub reps: Option<usize>,
     /// GPU: the kernel manifest to use instead of the embedded one
     /// (device-kernels/src/rshmem_device_tests.json; also RSHMEM_GPU_MANIFEST).
     #[arg(long)]
@@ -287,6 +287,24 @@ pub fn run_cli(args: BenchArgs) -> i32 {
     if args.device == "gpu" {
         return gpu_cli(&args);
     }
+    let gpu_only: Vec<&str> = [
+        ("--scope", args.scope.is_some()),
+        ("--reps", args.reps.is_some()),
+        ("--manifest", args.manifest.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+    .collect();
+    if !gpu_only.is_empty() {
+        eprintln!(
+            "rshmem bench {}: {} only appl{} to GPU benches (add --device gpu); CPU PEs run \
+             host operations",
+            args.kind.name(),
+            gpu_only.join(", "),
+            if gpu_only.len() == 1 { "ies" } else { "y" }
+        );
+        return 2;
+    }
     if args.kind == Kind::Copy {
         eprintln!("rshmem bench copy: a GPU benchmark; pass --device gpu");
         return 2;
@@ -349,12 +367,12 @@ fn gpu_cli(a: &BenchArgs) -> i32 {
     }
     crate::gpu::runner::bench_cli(crate::gpu::runner::BenchOpts {
         op: op.to_string(),
-        scope: a.scope.clone(),
+        scope: a.scope.clone().unwrap_or_else(|| "thread".into()),
         pes: a.pes,
         min_size: a.min_size,
         max_size: a.max_size,
         iters: a.iters.min(100_000),
-        reps: a.reps,
+        reps: a.reps.unwrap_or(10),
         transport: a.transport,
         json: a.json,
         sources: crate::gpu::runner::Sources::from_env(a.manifest.clone()),

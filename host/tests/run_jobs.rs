@@ -44,6 +44,23 @@ fn selftest_under_rshmem_run() {
     }
 }
 
+/// A case name that does not exist is refused before the PEs join the job: one line per
+/// PE naming the cases, no "PE died" report from the bootstrap root, exit 1.
+#[test]
+fn selftest_refuses_an_unknown_case_before_starting() {
+    let (ok, out, err) = run(2, &["selftest", "--case", "put-gte"]);
+    assert!(!ok, "{out}\n{err}");
+    assert!(
+        err.contains(
+            "rshmem selftest: invalid argument: no self-test case \"put-gte\"; cases: alloc, \
+             put-get,"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("died"), "{err}");
+    assert!(!out.contains("selftest: PE"), "{out}");
+}
+
 #[test]
 fn bench_json_under_rshmem_run() {
     for kind in ["put", "get", "p", "atomic", "signal", "barrier"] {
@@ -134,6 +151,23 @@ fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(msg), "{args:?}: {err}");
+    }
+    // GPU-only options on a CPU bench: a usage error (2), not silently ignored.
+    for (args, msg) in [
+        (
+            vec!["bench", "put", "--scope", "warp"],
+            "rshmem bench put: --scope only applies to GPU benches (add --device gpu)",
+        ),
+        (
+            vec!["bench", "signal", "--reps", "3", "--manifest", "m.json"],
+            "rshmem bench signal: --reps, --manifest only apply to GPU benches",
+        ),
+    ] {
+        let o = Command::new(BIN).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(msg), "{args:?}: {err}");
+        assert!(o.stdout.is_empty(), "{args:?}");
     }
 }
 
