@@ -71,7 +71,9 @@ pub enum Error {
     #[error(
         "symmetric heap exhausted on PE {pe}: requested {requested} bytes (alignment {align}), \
          {free} bytes free, largest free block {largest_free} bytes; \
-         raise RSHMEM_SYMMETRIC_SIZE (now {heap_size} bytes)"
+         raise RSHMEM_SYMMETRIC_SIZE (now {heap_size} bytes; with this PE's other allocations \
+         this one needs about {}M or more)",
+        heap_needed_mib(*heap_size, *largest_free, *requested, *align)
     )]
     HeapExhausted {
         pe: usize,
@@ -260,4 +262,15 @@ impl Error {
             source,
         }
     }
+}
+
+/// A heap size in MiB (rounded up) that would hold an allocation of `requested` bytes
+/// beside what is allocated now: the heap grows by what the largest free block lacks (the
+/// free space at the end of the heap is usually that block), plus the alignment.
+fn heap_needed_mib(heap_size: usize, largest_free: usize, requested: usize, align: usize) -> usize {
+    let short = requested.saturating_sub(largest_free);
+    heap_size
+        .saturating_add(short)
+        .saturating_add(align)
+        .div_ceil(1 << 20)
 }

@@ -181,11 +181,18 @@ fn heap_exhaustion_reports_requested_and_free_bytes() {
         let e = pe.malloc(free + 1).unwrap_err();
         let a = pe.malloc(free)?; // exactly the rest still fits
         pe.free(a)?;
-        Ok((e, free))
+        Ok((e, free, pe.heap_size()))
     })
     .unwrap();
     for r in out {
-        let (e, free) = r.unwrap();
+        let (e, free, heap) = r.unwrap();
+        // One byte short: the cure names a heap one MiB larger (whole MiB, rounded up).
+        let cure = format!(
+            "raise RSHMEM_SYMMETRIC_SIZE (now {heap} bytes; with this PE's other allocations \
+             this one needs about {}M or more)",
+            heap / (1 << 20) + 1
+        );
+        assert!(e.to_string().ends_with(&cure), "{e}");
         match e {
             rshmem::Error::HeapExhausted {
                 requested, free: f, ..
