@@ -8,6 +8,30 @@
 //! The runtime is handle-based: a [`Pe`] is a value, so one process can host one PE or
 //! several (one thread each). See the README for what is supported where.
 
+/// `eprintln!` that writes its line with one `write` call. std's writes every formatted
+/// piece separately to the unbuffered stderr, so a PE that `rshmem run` stops (SIGTERM,
+/// once another PE failed) while it prints its own error left half a line. Defined before
+/// the modules, so it replaces std's in this crate; the binary imports it. A failed write
+/// is ignored (std's would panic on a closed stderr).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! eprintln {
+    () => {
+        $crate::write_stderr_line(::std::string::String::new())
+    };
+    ($($arg:tt)*) => {
+        $crate::write_stderr_line(::std::format!($($arg)*))
+    };
+}
+
+/// The body of [`eprintln!`]: `line` and a newline in one `write_all`.
+#[doc(hidden)]
+pub fn write_stderr_line(mut line: String) {
+    use std::io::Write;
+    line.push('\n');
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 pub mod assist;
 pub mod atomic;
 pub mod bench;

@@ -1,5 +1,7 @@
 //! The `rshmem` command-line tool.
 use clap::{Parser, Subcommand};
+// One write per error line (see the macro).
+use rshmem::eprintln;
 
 #[derive(Parser)]
 #[command(
