@@ -462,10 +462,17 @@ fn map_count_hint(e: io::Error, max: Option<usize>, now: Option<usize>) -> io::E
     }
 }
 
-/// The memory that can back this node's shared memory: RAM (or the cgroup v2 limit of this
-/// process, where lower) plus swap. None where `/proc/meminfo` cannot be read.
+/// The memory that can back this node's shared memory: RAM plus swap, each capped by the
+/// lowest cgroup v2 limit (`memory.max`, `memory.swap.max`) on the path from this
+/// process's group to the root. None where `/proc/meminfo` cannot be read.
 pub fn node_memory_bytes() -> Option<u128> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    node_memory_from(&read)
+}
+
+/// [`node_memory_bytes`] over a file reader (tests give it a made-up tree).
+fn node_memory_from(read: &dyn Fn(&str) -> Option<String>) -> Option<u128> {
+    let meminfo = read("/proc/meminfo")?;
     let field = |name: &str| -> Option<u128> {
         let line = meminfo.lines().find(|l| l.starts_with(name))?;
         let kib: u128 = line[name.len()..]
@@ -477,18 +484,31 @@ pub fn node_memory_bytes() -> Option<u128> {
         Some(kib * 1024)
     };
     let mut ram = field("MemTotal:")?;
-    // cgroup v2: the line "0::/path" names this process's group.
-    let limit = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|c| {
-            let path = c.lines().find_map(|l| l.strip_prefix("0::"))?.to_string();
-            std::fs::read_to_string(format!("/sys/fs/cgroup{path}/memory.max")).ok()
-        })
-        .and_then(|m| m.trim().parse::<u128>().ok());
-    if let Some(l) = limit {
-        ram = ram.min(l);
+    let mut swap = field("SwapTotal:").unwrap_or(0);
+    // cgroup v2: the line "0::/path" names this process's group; "max" parses as no limit.
+    const ROOT: &str = "/sys/fs/cgroup";
+    let group = read("/proc/self/cgroup").and_then(|c| {
+        c.lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .map(String::from)
+    });
+    let mut dir = group.map(|g| format!("{ROOT}{}", g.trim_end_matches('/')));
+    // The root group has no limit files in cgroup v2: it is not read.
+    while let Some(d) = dir.filter(|d| d != ROOT) {
+        let limit =
+            |file: &str| -> Option<u128> { read(&format!("{d}/{file}"))?.trim().parse().ok() };
+        if let Some(l) = limit("memory.max") {
+            ram = ram.min(l);
+        }
+        if let Some(l) = limit("memory.swap.max") {
+            swap = swap.min(l);
+        }
+        dir = match d.rsplit_once('/') {
+            Some((parent, _)) if parent.starts_with(ROOT) => Some(parent.to_string()),
+            _ => None,
+        };
     }
-    Some(ram + field("SwapTotal:").unwrap_or(0))
+    Some(ram + swap)
 }
 
 /// Removes a segment file; missing files are fine.
@@ -519,7 +539,8 @@ fn check_shm_space(path: &str, len: usize) -> Result<()> {
             source: io::Error::new(
                 io::ErrorKind::OutOfMemory,
                 format!(
-                    "{dir} has only {} free; lower RSHMEM_SYMMETRIC_SIZE or enlarge {dir}",
+                    "{dir} has only {free} bytes ({}) free; lower RSHMEM_SYMMETRIC_SIZE or \
+                     enlarge {dir}",
                     crate::doctor::human_bytes(u64::try_from(free).unwrap_or(u64::MAX))
                 ),
             ),
@@ -732,6 +753,43 @@ mod tests {
         assert!(e.to_string().contains(&path), "{e}");
     }
 
+    /// RAM and swap, each capped by the lowest limit of the process's cgroup and its
+    /// parents ("max" is no limit); a cgroup v1 machine (no limit files) gets meminfo's.
+    #[test]
+    fn node_memory_takes_the_lowest_cgroup_limits() {
+        let tree = |files: &'static [(&'static str, &'static str)]| {
+            move |p: &str| {
+                files
+                    .iter()
+                    .find(|(k, _)| *k == p)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let plain = tree(&[
+            (
+                "/proc/meminfo",
+                "MemTotal:       1000 kB\nSwapTotal:       300 kB\n",
+            ),
+            ("/proc/self/cgroup", "4:memory:/x\n0::/\n"),
+        ]);
+        assert_eq!(node_memory_from(&plain), Some(1300 * 1024));
+        let nested = tree(&[
+            (
+                "/proc/meminfo",
+                "MemTotal:       1000 kB\nMemFree: 5 kB\nSwapTotal:       300 kB\n",
+            ),
+            ("/proc/self/cgroup", "0::/pod/job\n"),
+            ("/sys/fs/cgroup/pod/job/memory.max", "max\n"),
+            ("/sys/fs/cgroup/pod/job/memory.swap.max", "0\n"),
+            ("/sys/fs/cgroup/pod/memory.max", "204800\n"),
+            // cgroup v2's root has no such file: a value there is not read.
+            ("/sys/fs/cgroup/memory.max", "1\n"),
+        ]);
+        // The pod's 200 KiB and the job's zero swap.
+        assert_eq!(node_memory_from(&nested), Some(200 * 1024));
+        assert_eq!(node_memory_from(&tree(&[])), None);
+    }
+
     /// ENOMEM near vm.max_map_count names the limit and the cure; other errors and an
     /// ENOMEM far from the limit stay as they are.
     #[test]
@@ -740,9 +798,12 @@ mod tests {
         let s = map_count_hint(enomem(), Some(65530), Some(65500)).to_string();
         assert_eq!(
             s,
-            "Cannot allocate memory (os error 12): this process holds 65500 memory mappings, \
-             vm.max_map_count is 65530 (each PE maps every node peer's heap: start fewer PEs \
-             per process, or raise vm.max_map_count)"
+            format!(
+                "{}: this process holds 65500 memory mappings, vm.max_map_count is 65530 \
+                 (each PE maps every node peer's heap: start fewer PEs per process, or raise \
+                 vm.max_map_count)",
+                enomem()
+            )
         );
         let far = map_count_hint(enomem(), Some(65530), Some(1000));
         assert_eq!(far.raw_os_error(), Some(libc::ENOMEM));

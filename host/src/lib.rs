@@ -11,10 +11,9 @@
 /// `eprintln!` that writes its line with one `write` call. std's writes every formatted
 /// piece separately to the unbuffered stderr, so a PE that `rshmem run` stops (SIGTERM,
 /// once another PE failed) while it prints its own error left half a line. Defined before
-/// the modules, so it replaces std's in this crate; the binary imports it. A failed write
-/// is ignored (std's would panic on a closed stderr).
-#[doc(hidden)]
-#[macro_export]
+/// the modules, so it replaces std's in this crate (not exported: a user's glob import
+/// would make `eprintln!` ambiguous); main.rs has the same three lines. A failed write is
+/// ignored (std's would panic on a closed stderr).
 macro_rules! eprintln {
     () => {
         $crate::write_stderr_line(::std::string::String::new())

@@ -1,7 +1,12 @@
 //! The `rshmem` command-line tool.
 use clap::{Parser, Subcommand};
-// One write per error line (see the macro).
-use rshmem::eprintln;
+
+/// One write per error line, as in the library (lib.rs says why).
+macro_rules! eprintln {
+    ($($arg:tt)*) => {
+        rshmem::write_stderr_line(::std::format!($($arg)*))
+    };
+}
 
 #[derive(Parser)]
 #[command(

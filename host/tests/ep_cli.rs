@@ -179,8 +179,9 @@ fn bench_ep_rejects_bad_arguments() {
             "--plot /nonexistent/lat.png: /nonexistent is not an existing folder",
         ),
         (
-            // 2 experts × 4 PEs × 2^20 tokens of 8192 bf16 per PE: more than any machine.
-            vec!["--hidden", "8192", "--tokens", "1048576"],
+            // Expert outputs of 8 experts × 2^20 tokens × 2^20 bf16 channels on each of the
+            // 4 PEs: 64 TiB, more than any machine.
+            vec!["--hidden", "1048576", "--tokens", "1048576"],
             "lower --tokens or --pes",
         ),
         (

@@ -140,8 +140,13 @@ pub fn run_cli(a: EpBenchArgs) -> i32 {
     if a.check {
         return crate::gpu::ep_bench::check_cli(&a);
     }
-    if let Some(p) = &a.plot {
-        // Refused before the run rather than after it.
+    // Refused before the run rather than after it, where the plot is drawn: not by the
+    // other PEs of a launched job (PE 0 draws it).
+    let plots_here = LaunchInfo::from_env()
+        .ok()
+        .flatten()
+        .is_none_or(|l| l.rank == 0);
+    if let Some(p) = a.plot.as_ref().filter(|_| plots_here) {
         if let Err(e) = plot_precheck(p) {
             eprintln!("rshmem bench ep: --plot {}: {e}", p.display());
             return 1;
@@ -319,24 +324,30 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
 
 /// Refuses a point whose PEs (threads of this process) would touch more than this node's
 /// memory, where the OOM killer would end the run instead of an error. Per PE: the heap
-/// regions written (all but the zero-copy combine region, unless zero-copy; the heap is a
-/// sparse file or memfd), the received rows of the dispatch output (at most
-/// `R·N·min(K, L)`; the rest is never touched) and, unless zero-copy, the experts' bf16
-/// output `[L, R·N, H]`, which `point` fills. Measured against this estimate on a 23.5 GiB
-/// machine, 4 PEs: 1024 tokens ran in 18.6 GB (estimate 18.8 GB), 4096 were OOM-killed.
+/// regions written (the heap is a sparse file or memfd), the received rows of the dispatch
+/// output (at most `R·N·min(K, L)`; the rest is never touched) and the expert outputs:
+/// without zero-copy the bench's bf16 `[L, R·N, H]` array, which `point` fills whole; with
+/// it, only the received rows of the zero-copy combine region (the rest of that region is
+/// never touched either way). Measured against this estimate on the 23.5 GiB VM, 4 PEs,
+/// default shape: 1024 tokens ran in 18.6 GB (estimate 19.4 GiB), 4096 were OOM-killed.
 fn check_memory(a: &EpBenchArgs, cfg: &Config, n: usize, heap: usize) -> Result<()> {
     let Some(mem) = crate::heap::node_memory_bytes() else {
         return Ok(());
     };
     let lay = Layout::new(cfg, n)?;
-    let zero_copy_region = 2 * lay.combine_send.bytes as u128;
-    let heap = heap as u128 - if a.zero_copy { 0 } else { zero_copy_region };
     let hidden = cfg.hidden as u128;
+    let recv_rows = n as u128 * lay.slots_per_src as u128;
+    // The two sets' zero-copy regions (inside `heap`, which holds at least both sets).
+    let heap = heap as u128 - 2 * lay.combine_send.bytes as u128;
     let elem = if cfg.use_fp8 { 1 } else { 2 };
-    let mut host = n as u128 * lay.slots_per_src as u128 * hidden * elem;
-    if !a.zero_copy {
-        host += cfg.num_experts as u128 * lay.num_max_tokens as u128 * hidden * 2;
-    }
+    let recv_x = recv_rows * hidden * elem;
+    let (heap, host) = if a.zero_copy {
+        // Expert outputs in the heap: at most the received rows of each set's region.
+        (heap + 2 * recv_rows * hidden * 2, recv_x)
+    } else {
+        let experts_out = cfg.num_experts as u128 * lay.num_max_tokens as u128 * hidden * 2;
+        (heap, recv_x + experts_out)
+    };
     let all = (heap + host) * n as u128;
     if all <= mem {
         return Ok(());
