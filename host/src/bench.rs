@@ -423,6 +423,9 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     } else {
         args.max_size.saturating_mul(3) + (4 << 20)
     };
+    // A collective size that no PE could run is refused before any PE starts (bench_pe
+    // checks the same on every PE of a launched job).
+    coll_sizes(args, args.pes)?;
     // The PEs are threads of this process, so their heaps all come from this node.
     if let Some(mem) = crate::heap::node_memory_bytes() {
         let all = need as u128 * args.pes as u128;
@@ -539,21 +542,29 @@ pub fn sizes(kind: Kind, min: usize, max: usize) -> Vec<usize> {
     }
 }
 
-fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
-    let blocks = a.kind.coll_blocks(pe.n_pes());
+/// The sizes `a` measures with `n_pes` PEs: for collectives, those whose blocks fit the
+/// collective buffer, and an error when none does.
+fn coll_sizes(a: &BenchArgs, n_pes: usize) -> Result<Vec<usize>> {
+    let blocks = a.kind.coll_blocks(n_pes);
     let mut sizes = sizes(a.kind, a.min_size, a.max_size);
     if a.kind.collective() {
-        sizes.retain(|&s| s * blocks <= COLL_BUF_MAX);
+        sizes.retain(|&s| s.saturating_mul(blocks) <= COLL_BUF_MAX);
         if sizes.is_empty() {
             return Err(Error::InvalidArgument(format!(
-                "bench {:?}: --min-size {} times {blocks} PEs passes the {} MiB collective \
+                "bench {}: --min-size {} times {blocks} PEs passes the {} MiB collective \
                  buffer",
-                a.kind,
+                a.kind.name(),
                 a.min_size,
                 COLL_BUF_MAX >> 20
             )));
         }
     }
+    Ok(sizes)
+}
+
+fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
+    let blocks = a.kind.coll_blocks(pe.n_pes());
+    let sizes = coll_sizes(a, pe.n_pes())?;
     let max = sizes.iter().copied().max().unwrap_or(8).max(8);
     let coll = if a.kind.collective() {
         Some((
@@ -1130,6 +1141,28 @@ const ENGINE_WARMUP_OPS: u64 = 1_000_000;
 /// and at most 1 GiB moved, but never under 1000), plus 8-byte inline WRITEs.
 fn engine_bench(a: &BenchArgs) -> Result<()> {
     validate(a)?;
+    // One WRITE per op: a data segment's length has 31 bits (the top bit of the word marks
+    // an inline segment), so a message stays below 2 GiB.
+    if a.max_size >= 1 << 31 {
+        return Err(Error::InvalidArgument(format!(
+            "bench softhca: --max-size {}: one RDMA WRITE carries less than 2 GiB (a data \
+             segment's length has 31 bits)",
+            crate::doctor::human_bytes(a.max_size as u64)
+        )));
+    }
+    // A source and a destination of the largest size.
+    if let Some(mem) = crate::heap::node_memory_bytes() {
+        let need = 2 * (a.max_size.max(1 << 20) as u128);
+        if need > mem {
+            return Err(Error::InvalidArgument(format!(
+                "bench softhca: --max-size {} needs {} (source and destination), more than \
+                 this node's memory ({} of RAM and swap): lower --max-size",
+                crate::doctor::human_bytes(a.max_size as u64),
+                crate::doctor::human_bytes(u64::try_from(need).unwrap_or(u64::MAX)),
+                crate::doctor::human_bytes(u64::try_from(mem).unwrap_or(u64::MAX))
+            )));
+        }
+    }
     // The cost that bounds the rate on this machine, before and after the rows (it can
     // change during a run on a VM; see core_round_trip_ns).
     let rtt_before = crate::softhca::engine::core_round_trip_ns(CORE_RTT_ROUNDS);

@@ -262,7 +262,26 @@ fn bench_collectives_as_threads_processes_and_over_the_proxy() {
         .unwrap();
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{e}");
-    assert!(e.contains("passes the 32 MiB collective buffer"), "{e}");
+    // Refused before the PEs start: one line, no PE reported dead.
+    assert_eq!(
+        e,
+        "rshmem bench: invalid argument: bench alltoall: --min-size 16777216 times 4 PEs \
+         passes the 32 MiB collective buffer\n"
+    );
+    // The soft HCA bench posts one WRITE per op: messages stay below 2 GiB.
+    let o = Command::new(BIN)
+        .args(["bench", "softhca", "--min-size", "2G", "--max-size", "2G"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains(
+            "bench softhca: --max-size 2.0 GiB: one RDMA WRITE carries less than 2 GiB (a data \
+             segment's length has 31 bits)"
+        ),
+        "{e}"
+    );
 }
 
 /// Runs `script` with sh in a private mount namespace whose /dev/shm is a 1 MiB tmpfs (a
