@@ -429,6 +429,50 @@ pub fn create_node_segment(
     })
 }
 
+/// Memory mappings one PE's view of one node peer's heap takes: the mapping and the two
+/// PROT_NONE ends of its reservation ([`Segment`]'s skew).
+pub const MAPPINGS_PER_PEER_HEAP: usize = 3;
+
+/// Refuses `n` PEs as threads of this process when their heap mappings (every PE maps
+/// every PE's heap: [`MAPPINGS_PER_PEER_HEAP`] × n², plus a stack and its guard per
+/// thread) would pass what `vm.max_map_count` leaves this process: past it a mapping, or
+/// any allocation, fails mid-init (`bench ep --pes 1025` aborted in malloc).
+pub fn check_thread_pes_mappings(n: usize) -> Result<()> {
+    let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    let now = std::fs::read_to_string("/proc/self/maps")
+        .map(|m| m.lines().count())
+        .ok();
+    let (Some(max), Some(now)) = (max, now) else {
+        return Ok(());
+    };
+    thread_pes_mapping_check(n, max, now)
+}
+
+/// [`check_thread_pes_mappings`] given the limit and the mappings the process has now.
+fn thread_pes_mapping_check(n: usize, max: usize, now: usize) -> Result<()> {
+    let need = n
+        .saturating_mul(n)
+        .saturating_mul(MAPPINGS_PER_PEER_HEAP)
+        .saturating_add(n.saturating_mul(2));
+    let budget = max.saturating_sub(now);
+    if need <= budget {
+        return Ok(());
+    }
+    // The most PEs that fit: k·k·3 + 2k <= budget.
+    let mut k = ((budget / MAPPINGS_PER_PEER_HEAP) as f64).sqrt() as usize;
+    while k > 0 && k * k * MAPPINGS_PER_PEER_HEAP + 2 * k > budget {
+        k -= 1;
+    }
+    Err(Error::InvalidArgument(format!(
+        "{n} PEs as threads of one process need about {need} memory mappings (each PE maps \
+         every PE's heap), but vm.max_map_count ({max}) leaves this process {budget}: run at \
+         most {k} PEs per process, start them as processes (rshmem run -n {n} -- ...), or \
+         raise vm.max_map_count"
+    )))
+}
+
 /// An mmap's ENOMEM is often the process's mapping count reaching `vm.max_map_count`
 /// rather than memory: every PE maps every node peer's heap (up to 3 mappings each), so a
 /// process of many PEs as threads holds about 3 × PEs² of them. Says so when near.
@@ -788,6 +832,27 @@ mod tests {
         // The pod's 200 KiB and the job's zero swap.
         assert_eq!(node_memory_from(&nested), Some(200 * 1024));
         assert_eq!(node_memory_from(&tree(&[])), None);
+    }
+
+    /// PEs as threads: refused by name where their heap mappings pass the mapping limit,
+    /// with the most that fit.
+    #[test]
+    fn thread_pes_past_the_mapping_limit_are_refused() {
+        assert!(thread_pes_mapping_check(128, 65530, 500).is_ok());
+        let e = thread_pes_mapping_check(200, 65530, 500)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "invalid argument: 200 PEs as threads of one process need about 120400 memory \
+             mappings (each PE maps every PE's heap), but vm.max_map_count (65530) leaves \
+             this process 65030: run at most 146 PEs per process, start them as processes \
+             (rshmem run -n 200 -- ...), or raise vm.max_map_count"
+        );
+        // The most that fit is the most said: 146² · 3 + 292 = 64240, 147² · 3 + 294 = 65121.
+        assert!(thread_pes_mapping_check(146, 65530, 500).is_ok());
+        assert!(thread_pes_mapping_check(147, 65530, 500).is_err());
+        assert!(thread_pes_mapping_check(usize::MAX, 65530, 500).is_err());
     }
 
     /// ENOMEM near vm.max_map_count names the limit and the cure; other errors and an
