@@ -161,9 +161,10 @@ pub struct BenchArgs {
     /// Operation to measure.
     #[arg(value_enum)]
     pub kind: Kind,
-    /// PEs to start when not launched as a PE (as threads of this process).
-    #[arg(long, default_value_t = 2)]
-    pub pes: usize,
+    /// PEs to start when not launched as a PE (as threads of this process; default 2).
+    /// Under a launcher the job's size is the PE count: --pes may only repeat it.
+    #[arg(long)]
+    pub pes: Option<usize>,
     /// Smallest message size (bytes; units like 64K accepted).
     #[arg(long, default_value = "8", value_parser = parse_size_arg)]
     pub min_size: usize,
@@ -282,8 +283,37 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
+impl BenchArgs {
+    /// `--pes`, or its default.
+    pub fn pe_count(&self) -> usize {
+        self.pes.unwrap_or(2)
+    }
+}
+
+/// Under a launcher the job's size is the PE count: a `--pes` given there must be that
+/// size (it was ignored before). Not launched, or no `--pes`: nothing to check.
+pub(crate) fn launched_pes_match(pes: Option<&[usize]>) -> std::result::Result<(), String> {
+    let (Some(pes), Ok(Some(info))) = (pes, LaunchInfo::from_env()) else {
+        return Ok(());
+    };
+    if pes == [info.world_size] {
+        return Ok(());
+    }
+    let given: Vec<String> = pes.iter().map(|p| p.to_string()).collect();
+    Err(format!(
+        "--pes {}: this process is a PE of a job of {} PEs, whose size is the PE count \
+         under a launcher (omit --pes, or start the job with that many)",
+        given.join(","),
+        info.world_size
+    ))
+}
+
 /// Entry point of the CLI: returns the process exit code.
 pub fn run_cli(args: BenchArgs) -> i32 {
+    if let Err(e) = launched_pes_match(args.pes.map(|p| vec![p]).as_deref()) {
+        eprintln!("rshmem bench {}: {e}", args.kind.name());
+        return 2;
+    }
     if args.device == "gpu" {
         return gpu_cli(&args);
     }
@@ -368,7 +398,7 @@ fn gpu_cli(a: &BenchArgs) -> i32 {
     crate::gpu::runner::bench_cli(crate::gpu::runner::BenchOpts {
         op: op.to_string(),
         scope: a.scope.clone().unwrap_or_else(|| "thread".into()),
-        pes: a.pes,
+        pes: a.pe_count(),
         min_size: a.min_size,
         max_size: a.max_size,
         iters: a.iters.min(100_000),
@@ -409,26 +439,27 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         pe.finalize()?;
         return Ok(r);
     }
-    if args.pes < 2 && !args.kind.all_pes() {
+    if args.pe_count() < 2 && !args.kind.all_pes() {
         return Err(Error::InvalidArgument(format!(
             "bench {:?} needs --pes 2 or more (got {})",
-            args.kind, args.pes
+            args.kind,
+            args.pe_count()
         )));
     }
     let settings = Settings::from_env()?;
     // Destination (and heap source) of the largest size, plus room; collectives: a source
     // and a destination of PEs blocks each, at most COLL_BUF_MAX.
     let need = if args.kind.collective() {
-        2 * COLL_BUF_MAX.min(args.max_size.saturating_mul(args.pes)) + (4 << 20)
+        2 * COLL_BUF_MAX.min(args.max_size.saturating_mul(args.pe_count())) + (4 << 20)
     } else {
         args.max_size.saturating_mul(3) + (4 << 20)
     };
     // A collective size that no PE could run is refused before any PE starts (bench_pe
     // checks the same on every PE of a launched job).
-    coll_sizes(args, args.pes)?;
+    coll_sizes(args, args.pe_count())?;
     // The PEs are threads of this process, so their heaps all come from this node.
     if let Some(mem) = crate::heap::node_memory_bytes() {
-        let all = need as u128 * args.pes as u128;
+        let all = need as u128 * args.pe_count() as u128;
         if all > mem {
             let h = |n: u128| crate::doctor::human_bytes(u64::try_from(n).unwrap_or(u64::MAX));
             return Err(Error::InvalidArgument(format!(
@@ -437,7 +468,7 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
                 args.kind.name(),
                 h(args.max_size as u128),
                 h(need as u128),
-                args.pes,
+                args.pe_count(),
                 h(all),
                 h(mem)
             )));
@@ -448,7 +479,7 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     if settings.symmetric_size < need {
         settings.symmetric_size = need.next_multiple_of(1 << 20);
     }
-    let mut out = run_threads(args.pes, settings, |pe| bench_pe(pe, args))?;
+    let mut out = run_threads(args.pe_count(), settings, |pe| bench_pe(pe, args))?;
     // Report the first failure (by rank) if any.
     for r in out.iter_mut() {
         if let Err(e) = r {
@@ -468,10 +499,10 @@ fn validate(a: &BenchArgs) -> Result<()> {
     if a.iters == 0 {
         return Err(Error::InvalidArgument("--iters must be at least 1".into()));
     }
-    if a.pes == 0 || a.pes > 1024 {
+    if a.pe_count() == 0 || a.pe_count() > 1024 {
         return Err(Error::InvalidArgument(format!(
             "--pes {} is out of range 1..=1024",
-            a.pes
+            a.pe_count()
         )));
     }
     Ok(())

@@ -61,6 +61,47 @@ fn selftest_refuses_an_unknown_case_before_starting() {
     assert!(!out.contains("selftest: PE"), "{out}");
 }
 
+/// Under a launcher the job's size is the PE count: a `--pes` that differs is refused on
+/// every PE (it was ignored), one that repeats it is accepted.
+#[test]
+fn bench_pes_under_a_launcher_must_be_the_job_size() {
+    for (args, want) in [
+        (
+            &["bench", "put", "--pes", "3"][..],
+            "[pe 1] rshmem bench put: --pes 3: this process is a PE of a job of 2 PEs, whose \
+             size is the PE count under a launcher (omit --pes, or start the job with that many)",
+        ),
+        (
+            &["bench", "ep", "--pes", "2,4"][..],
+            "[pe 0] rshmem bench ep: --pes 2,4: this process is a PE of a job of 2 PEs",
+        ),
+    ] {
+        let (ok, out, err) = run(2, args);
+        assert!(!ok, "{args:?}: {out}\n{err}");
+        assert!(
+            out.contains(want) || err.contains(want),
+            "{args:?}: {out}\n{err}"
+        );
+    }
+    let (ok, out, err) = run(
+        2,
+        &[
+            "bench",
+            "put",
+            "--pes",
+            "2",
+            "--iters",
+            "10",
+            "--warmup",
+            "1",
+            "--max-size",
+            "16",
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("[pe 0]         16 "), "{out}");
+}
+
 #[test]
 fn bench_json_under_rshmem_run() {
     for kind in ["put", "get", "p", "atomic", "signal", "barrier"] {

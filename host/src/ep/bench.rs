@@ -19,8 +19,9 @@ use std::time::Instant;
 /// Arguments of `rshmem bench ep`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EpBenchArgs {
-    /// PEs (threads of this process unless launched as a PE); a comma list sweeps.
-    #[arg(long, value_delimiter = ',', default_value = "4")]
+    /// PEs (threads of this process unless launched as a PE; default 4); a comma list
+    /// sweeps. Under a launcher the job's size is the PE count: --pes may only repeat it.
+    #[arg(long, value_delimiter = ',')]
     pub pes: Vec<usize>,
     /// Tokens per PE (T = N); a comma list sweeps.
     #[arg(long, value_delimiter = ',', default_value = "128")]
@@ -136,7 +137,14 @@ pub struct EpReport {
 }
 
 /// Entry point of the CLI: the process exit code.
-pub fn run_cli(a: EpBenchArgs) -> i32 {
+pub fn run_cli(mut a: EpBenchArgs) -> i32 {
+    if let Err(e) = crate::bench::launched_pes_match((!a.pes.is_empty()).then_some(&a.pes[..])) {
+        eprintln!("rshmem bench ep: {e}");
+        return 2;
+    }
+    if a.pes.is_empty() {
+        a.pes = vec![4];
+    }
     if a.check {
         return crate::gpu::ep_bench::check_cli(&a);
     }
