@@ -433,18 +433,24 @@ pub fn create_node_segment(
 /// PROT_NONE ends of its reservation ([`Segment`]'s skew).
 pub const MAPPINGS_PER_PEER_HEAP: usize = 3;
 
-/// Refuses `n` PEs as threads of this process when their heap mappings (every PE maps
-/// every PE's heap: [`MAPPINGS_PER_PEER_HEAP`] × n², plus a stack and its guard per
-/// thread) would pass what `vm.max_map_count` leaves this process: past it a mapping, or
-/// any allocation, fails mid-init (`bench ep --pes 1025` aborted in malloc).
-pub fn check_thread_pes_mappings(n: usize) -> Result<()> {
+/// `vm.max_map_count`, and the memory mappings this process holds now (None where
+/// unreadable).
+fn map_limit_and_count() -> (Option<usize>, Option<usize>) {
     let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok());
     let now = std::fs::read_to_string("/proc/self/maps")
         .map(|m| m.lines().count())
         .ok();
-    let (Some(max), Some(now)) = (max, now) else {
+    (max, now)
+}
+
+/// Refuses `n` PEs as threads of this process when their heap mappings (every PE maps
+/// every PE's heap: [`MAPPINGS_PER_PEER_HEAP`] × n², plus a stack and its guard per
+/// thread) would pass what `vm.max_map_count` leaves this process: past it a mapping, or
+/// any allocation, fails mid-init (`bench ep --pes 1025` aborted in malloc).
+pub fn check_thread_pes_mappings(n: usize) -> Result<()> {
+    let (Some(max), Some(now)) = map_limit_and_count() else {
         return Ok(());
     };
     thread_pes_mapping_check(n, max, now)
@@ -480,12 +486,7 @@ fn with_map_count(e: io::Error) -> io::Error {
     if e.raw_os_error() != Some(libc::ENOMEM) {
         return e;
     }
-    let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok());
-    let now = std::fs::read_to_string("/proc/self/maps")
-        .map(|m| m.lines().count())
-        .ok();
+    let (max, now) = map_limit_and_count();
     map_count_hint(e, max, now)
 }
 
