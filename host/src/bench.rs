@@ -461,7 +461,7 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     if let Some(mem) = crate::heap::node_memory_bytes() {
         let all = need as u128 * args.pe_count() as u128;
         if all > mem {
-            let h = |n: u128| crate::doctor::human_bytes(u64::try_from(n).unwrap_or(u64::MAX));
+            let h = crate::doctor::human_bytes_wide;
             return Err(Error::InvalidArgument(format!(
                 "bench {}: --max-size {} needs a {} heap on each of {} PEs ({}), more than \
                  this node's memory ({} of RAM and swap): lower --max-size",
@@ -1189,8 +1189,8 @@ fn engine_bench(a: &BenchArgs) -> Result<()> {
                 "bench softhca: --max-size {} needs {} (source and destination), more than \
                  this node's memory ({} of RAM and swap): lower --max-size",
                 crate::doctor::human_bytes(a.max_size as u64),
-                crate::doctor::human_bytes(u64::try_from(need).unwrap_or(u64::MAX)),
-                crate::doctor::human_bytes(u64::try_from(mem).unwrap_or(u64::MAX))
+                crate::doctor::human_bytes_wide(need),
+                crate::doctor::human_bytes_wide(mem)
             )));
         }
     }

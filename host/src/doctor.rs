@@ -227,6 +227,11 @@ fn yes_no(b: bool) -> &'static str {
     }
 }
 
+/// [`human_bytes`] of a sum the memory checks add up in u128 (saturating at u64::MAX).
+pub(crate) fn human_bytes_wide(n: u128) -> String {
+    human_bytes(u64::try_from(n).unwrap_or(u64::MAX))
+}
+
 /// `12.3 GiB`.
 pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -586,7 +586,7 @@ fn check_shm_space(path: &str, len: usize) -> Result<()> {
                 format!(
                     "{dir} has only {free} bytes ({}) free; lower RSHMEM_SYMMETRIC_SIZE or \
                      enlarge {dir}",
-                    crate::doctor::human_bytes(u64::try_from(free).unwrap_or(u64::MAX))
+                    crate::doctor::human_bytes_wide(free)
                 ),
             ),
         });

@@ -337,7 +337,7 @@ pub fn run(a: &EpBenchArgs) -> Result<Option<EpReport>> {
 /// without zero-copy the bench's bf16 `[L, R·N, H]` array, which `point` fills whole; with
 /// it, only the received rows of the zero-copy combine region (the rest of that region is
 /// never touched either way). Measured against this estimate on the 23.5 GiB VM, 4 PEs,
-/// default shape: 1024 tokens ran in 18.6 GB (estimate 19.4 GiB), 4096 were OOM-killed.
+/// default shape: 1024 tokens peaked at 17.7 GiB (estimate 19.4 GiB), 4096 were OOM-killed.
 fn check_memory(a: &EpBenchArgs, cfg: &Config, n: usize, heap: usize) -> Result<()> {
     let Some(mem) = crate::heap::node_memory_bytes() else {
         return Ok(());
@@ -360,7 +360,7 @@ fn check_memory(a: &EpBenchArgs, cfg: &Config, n: usize, heap: usize) -> Result<
     if all <= mem {
         return Ok(());
     }
-    let h = |v: u128| crate::doctor::human_bytes(u64::try_from(v).unwrap_or(u64::MAX));
+    let h = crate::doctor::human_bytes_wide;
     Err(Error::InvalidArgument(format!(
         "bench ep: {n} PEs with {} tokens need {} each ({} of symmetric heap, {} of \
          the bench's own arrays), {} in all, more than this node's memory ({} of RAM and swap): \
