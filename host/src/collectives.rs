@@ -1,4 +1,4 @@
-//! OpenSHMEM 1.5 team collectives on CPU PEs: broadcast, fcollect, alltoall and the
+//! OpenSHMEM 1.5 team collectives on CPU PEs: broadcast, fcollect, collect, alltoall and the
 //! reductions (`shmem_TYPE_OP_reduce`).
 //!
 //! Every call has the same frame, so that an error anywhere reaches every member and no
@@ -19,8 +19,10 @@
 //!    the result on every member and sources may be reused; a member that failed returns
 //!    its error and the others a `CollectiveMismatch` naming it.
 //!
+//! `collect` (counts that differ per member) exchanges instead of agreeing in step 2.
+//!
 //! Simple algorithms (O(n) messages per member), correct on any transport, not tuned;
-//! two bootstrap exchanges per call (three for reduce).
+//! two exchanges per call (over the heap when every member's heap is mapped here).
 use crate::error::{Error, Result};
 use crate::pe::Pe;
 use crate::team::Team;
@@ -108,6 +110,7 @@ enum Coll {
     Fcollect = 2,
     Alltoall = 3,
     Reduce = 4,
+    Collect = 5,
 }
 
 impl Coll {
@@ -117,6 +120,7 @@ impl Coll {
             2 => "fcollect",
             3 => "alltoall",
             4 => "reduce",
+            5 => "collect",
             _ => "another call",
         }
     }
@@ -127,6 +131,7 @@ impl Coll {
             Coll::Fcollect => "fcollect",
             Coll::Alltoall => "alltoall",
             Coll::Reduce => "reduce",
+            Coll::Collect => "collect",
         }
     }
 }
@@ -153,6 +158,15 @@ impl<T> std::ops::Deref for Snapshot<T> {
     }
 }
 
+/// The element type by name (FNV-1a), so that i32 and f32 differ too.
+fn type_code<T>() -> u64 {
+    std::any::type_name::<T>()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        })
+}
+
 /// A zero-filled local buffer (every bit pattern of an `Element` is a value).
 fn zeroed<T: Element>(n: usize) -> Vec<T> {
     // SAFETY: Element types are primitive numbers; all-zero bytes are a valid value.
@@ -176,15 +190,9 @@ impl Pe {
         ready: Result<()>,
     ) -> Result<()> {
         let ready = ready.and(self.try_quiet());
-        // The element type by name (FNV-1a), so that i32 and f32 differ too.
-        let ty_code = std::any::type_name::<T>()
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-            });
         let args = [
             coll as u64,
-            ty_code,
+            type_code::<T>(),
             std::mem::size_of::<T>() as u64,
             dest_need as u64,
             source_need as u64,
@@ -382,6 +390,94 @@ impl Pe {
         nelems: usize,
     ) -> Result<()> {
         self.exchange_blocks(Coll::Alltoall, team, dest, source, nelems)
+    }
+
+    /// Concatenates every member's `nelems` elements of `source` into `dest` on every
+    /// member, in team order; unlike [`Pe::fcollect`], `nelems` may differ between members
+    /// (OpenSHMEM `shmem_collect`). `dest` needs the sum of every member's `nelems`.
+    pub fn collect<T: Element>(
+        &self,
+        team: &Team,
+        dest: SymPtr<T>,
+        source: SymPtr<T>,
+        nelems: usize,
+    ) -> Result<()> {
+        let coll = Coll::Collect;
+        // Step 1. The total is known only after step 2, so the whole dest counts as
+        // written when deciding whether the source must be copied first.
+        let (data, ready) = self.snapshot(coll, source, nelems, dest, dest.len());
+        let ready = ready.and(self.try_quiet());
+        // Step 2: an exchange, not an agreement: the counts differ by design. The first
+        // four words must agree; the rest is each member's own.
+        let args = [
+            coll as u64,
+            type_code::<T>(),
+            size_of::<T>() as u64,
+            dest.offset() as u64,
+            dest.len() as u64,
+            source.offset() as u64,
+            nelems as u64,
+            ready.is_ok() as u64,
+        ];
+        let show = |v: &[u64]| {
+            let a = |i: usize| v.get(i).copied().unwrap_or(u64::MAX);
+            format!(
+                "{} of type {:#x} ({} B), dest at {:#x} ({} elements), source at {:#x}, \
+                 nelems {}, ready: {}",
+                Coll::from_code(a(0)),
+                a(1),
+                a(2),
+                a(3),
+                a(4),
+                a(5),
+                a(6),
+                a(7) == 1
+            )
+        };
+        let all = self.gather_in(team, coll.name(), &args, show);
+        ready?;
+        let all = all?;
+        if all.iter().any(|r| r[..4] != args[..4] || r[7] != 1) {
+            return Err(crate::pe::mismatch(team, coll.name(), &all, |r| show(r)));
+        }
+        // Every member computes the same offsets and the same verdicts from the same records.
+        let counts: Vec<usize> = all.iter().map(|r| r[6] as usize).collect();
+        let total = counts
+            .iter()
+            .try_fold(0usize, |t, &c| t.checked_add(c))
+            .unwrap_or(usize::MAX);
+        if let Some((i, r)) = all
+            .iter()
+            .enumerate()
+            .find(|(_, r)| (r[4] as usize) < total)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "collect: dest on PE {} has {} elements, the members' nelems ({}) sum to {total}",
+                team.world_pe(i).expect("member index below n_pes"),
+                r[4],
+                counts
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            )));
+        }
+        let me = team.my_pe();
+        let at: usize = counts[..me].iter().sum();
+        let moved = (|| {
+            if nelems == 0 {
+                return Ok(());
+            }
+            let n = team.n_pes();
+            for k in 1..=n {
+                let pe = team
+                    .world_pe((me + k) % n)
+                    .expect("member index below n_pes");
+                self.put_nbi(dest.slice(at..at + nelems), &data, pe)?;
+            }
+            Ok(())
+        })();
+        self.coll_status(team, "collect (completion)", moved)
     }
 
     /// fcollect (every member gets this member's one source block) and alltoall (member j

@@ -45,11 +45,13 @@ pub mod fabric;
 pub mod gpu;
 pub mod heap;
 pub mod launcher;
+mod lock;
 pub mod mlx5;
 pub mod pe;
 mod rma;
 pub mod selftest;
 pub mod softhca;
+mod strided;
 pub mod team;
 #[cfg(test)]
 mod test_child;

@@ -103,6 +103,8 @@ pub struct Pe {
     node: Team,
     /// Team slots in use on this PE (bit i = slot i).
     pub(crate) slots: Mutex<u64>,
+    /// Heap offsets of the distributed locks this PE holds (lock.rs).
+    pub(crate) locks: Mutex<Vec<usize>>,
     /// Polls a waiting PE spins before it starts yielding (see rma.rs).
     pub(crate) spin_polls: u64,
     /// The bootstrap root, when this PE hosts it (rank 0 under torchrun/mpirun, or a
@@ -467,6 +469,7 @@ impl Pe {
             world,
             node,
             slots: Mutex::new(0b11),
+            locks: Mutex::new(Vec::new()),
             root,
         })
     }
@@ -815,35 +818,54 @@ impl Pe {
         args: &[u64],
         show: impl Fn(&[u64]) -> String,
     ) -> Result<()> {
-        if team.p2p() && args.len() <= AGREE_WORDS - 2 {
-            return self.agree_in_heap(team, op, args, show);
-        }
-        let bytes: Vec<u8> = args.iter().flat_map(|a| a.to_le_bytes()).collect();
-        let all = self.boot().allgather(&team.group(), &bytes)?;
-        if all.iter().any(|b| *b != bytes) {
-            let vals: Vec<Vec<u64>> = all
-                .iter()
-                .map(|b| b.chunks_exact(8).map(le_u64).collect())
-                .collect();
-            return Err(mismatch(team, op, &vals, |v| show(v)));
+        let all = self.gather_in(team, op, args, &show)?;
+        if all.iter().any(|r| r.as_slice() != args) {
+            return Err(mismatch(team, op, &all, |r| show(r)));
         }
         Ok(())
     }
 
-    /// [`Pe::agree_in`] on a team whose heaps are all mapped here, without the bootstrap:
+    /// Every member's `args` (one record per member, in team order; every member passes
+    /// the same number of words), which may differ: the exchange under [`Pe::agree_in`],
+    /// also used where members pass different counts (`collect`). Also a barrier. A member
+    /// that passed a different number of words, or is at another exchange of this team,
+    /// is a `CollectiveMismatch` on every member (`show` renders a record's arguments).
+    pub(crate) fn gather_in(
+        &self,
+        team: &Team,
+        op: &'static str,
+        args: &[u64],
+        show: impl Fn(&[u64]) -> String,
+    ) -> Result<Vec<Vec<u64>>> {
+        if team.p2p() && args.len() <= AGREE_WORDS - 2 {
+            return self.gather_in_heap(team, op, args, show);
+        }
+        let bytes: Vec<u8> = args.iter().flat_map(|a| a.to_le_bytes()).collect();
+        let all = self.boot().allgather(&team.group(), &bytes)?;
+        let vals: Vec<Vec<u64>> = all
+            .iter()
+            .map(|b| b.chunks_exact(8).map(le_u64).collect())
+            .collect();
+        if all.iter().any(|b| b.len() != bytes.len()) {
+            return Err(mismatch(team, op, &vals, |v| show(v)));
+        }
+        Ok(vals)
+    }
+
+    /// [`Pe::gather_in`] on a team whose heaps are all mapped here, without the bootstrap:
     /// every member writes its record (sequence number, argument count, arguments) into
     /// its own runtime region (team slot, agreement half `seq % 2`), a team barrier, then
     /// every member reads every member's record. Two halves by turns: a member writes the
     /// half of call k + 2 only after the barrier of call k + 1, which every member reaches
     /// only after it read the records of call k. About two orders of magnitude faster than
     /// the bootstrap's allgather through the root (docs/runtime.md, "Team collectives").
-    fn agree_in_heap(
+    fn gather_in_heap(
         &self,
         team: &Team,
         op: &'static str,
         args: &[u64],
         show: impl Fn(&[u64]) -> String,
-    ) -> Result<()> {
+    ) -> Result<Vec<Vec<u64>>> {
         let seq = team.next_agreement();
         let base = psync_offset(team.slot(), AGREE_WORD0 + (seq % 2) as usize * AGREE_WORDS);
         let mine = self.runtime_word(self.my_pe(), base)?;
@@ -870,8 +892,8 @@ impl Pe {
                 .collect();
             all.push(r);
         }
-        if all.iter().all(|r| *r == rec) {
-            return Ok(());
+        if all.iter().all(|r| r[..2] == rec[..2]) {
+            return Ok(all.into_iter().map(|r| r[2..].to_vec()).collect());
         }
         Err(mismatch(team, op, &all, |r| {
             if r[0] != seq {
@@ -903,7 +925,12 @@ impl Pe {
 
 /// The error of an agreement that found members' arguments differ: "PE p: <what p
 /// passed>" for the first 32 members (`records` in team order).
-fn mismatch<V>(team: &Team, op: &'static str, records: &[V], show: impl Fn(&V) -> String) -> Error {
+pub(crate) fn mismatch<V>(
+    team: &Team,
+    op: &'static str,
+    records: &[V],
+    show: impl Fn(&V) -> String,
+) -> Error {
     let detail = team
         .members()
         .iter()

@@ -52,6 +52,14 @@ pub const CASES: &[Case] = &[
         run: atomics_concurrent,
     },
     Case {
+        name: "strided",
+        run: strided,
+    },
+    Case {
+        name: "locks",
+        run: locks,
+    },
+    Case {
         name: "barrier",
         run: barrier,
     },
@@ -860,6 +868,28 @@ fn collectives(pe: &Pe) -> Result<()> {
         (n * (n - 1)) as f64 / 2.0 + 0.5 * n as f64,
     )?;
 
+    // collect: PE p contributes p % 3 words (none from some PEs), concatenated in order.
+    let counts: Vec<usize> = (0..n).map(|p| p % 3).collect();
+    let total: usize = counts.iter().sum();
+    pe.collect(&world, dst, src, counts[me])?;
+    let want: Vec<u64> = (0..n)
+        .flat_map(|p| (0..p % 3).map(move |i| v(p, i)))
+        .collect();
+    check(
+        || "collect of p % 3 words from PE p".into(),
+        read(total)?,
+        want,
+    )?;
+    // In place: the source is dest's block of this PE (copied before anyone writes).
+    let at: usize = counts[..me].iter().sum();
+    let mine_in_dst: Vec<u64> = (0..counts[me]).map(|i| v(me, 100 + i)).collect();
+    pe.put(dst.slice(at..at + counts[me]), &mine_in_dst, me)?;
+    pe.collect(&world, dst, dst.slice(at..at + counts[me]), counts[me])?;
+    let want: Vec<u64> = (0..n)
+        .flat_map(|p| (0..p % 3).map(move |i| v(p, 100 + i)))
+        .collect();
+    check(|| "collect in place".into(), read(total)?, want)?;
+
     // On a sub-team: the even PEs fcollect their first word.
     let evens = pe.team_split_strided(&world, 0, 2, n.div_ceil(2))?;
     if let Some(t) = &evens {
@@ -892,6 +922,24 @@ fn collectives(pe: &Pe) -> Result<()> {
         pe.fcollect(&world, dst.slice(0..n), src, 2),
         |e| matches!(e, Error::InvalidArgument(m) if m.contains("dest has")),
     )?;
+    if total > 0 {
+        let short = pe.collect(&world, dst.slice(0..total - 1), src, counts[me]);
+        expect_err(
+            "collect into a short dest",
+            short,
+            |e| matches!(e, Error::InvalidArgument(m) if m.contains("sum to")),
+        )?;
+    }
+    if n > 1 {
+        let r = if me == 0 {
+            pe.collect(&world, dst, src, 1)
+        } else {
+            pe.collect(&world, dst.slice(1..3 * n + 8), src, 1)
+        };
+        expect_err("collect with dest at different offsets", r, |e| {
+            matches!(e, Error::CollectiveMismatch { op: "collect", .. })
+        })?;
+    }
     expect_err(
         "broadcast from a root outside the team",
         pe.broadcast(&world, dst, src, 1, n),
@@ -967,6 +1015,134 @@ fn atomics_concurrent(pe: &Pe) -> Result<()> {
     pe.barrier_all()?;
     pe.free(seen)?;
     pe.free(ctr)
+}
+
+fn strided(pe: &Pe) -> Result<()> {
+    let me = pe.my_pe();
+    let (next, prev) = neighbours(pe);
+    // iput: 5 elements of my source at stride 2 into the next PE's dest at stride 3.
+    let dest = pe.calloc::<u32>(16)?;
+    let src: Vec<u32> = (0..9).map(|i| pat(me, i) as u32).collect();
+    pe.iput(dest, &src, 3, 2, 5, next)?;
+    pe.barrier_all()?;
+    let mut got = vec![0u32; 16];
+    pe.get(&mut got, dest, me)?;
+    let mut want = vec![0u32; 16];
+    for i in 0..5 {
+        want[3 * i] = pat(prev, 2 * i) as u32;
+    }
+    check(|| format!("iput from PE {prev}, strides 3 / 2"), got, want)?;
+    // iget: every third element of the next PE's dest, into every other element here.
+    let mut back = vec![7u32; 9];
+    pe.iget(&mut back, dest, 2, 3, 5, next)?;
+    let mut want = vec![7u32; 9];
+    for i in 0..5 {
+        want[2 * i] = pat(me, 2 * i) as u32;
+    }
+    check(|| format!("iget from PE {next}, strides 2 / 3"), back, want)?;
+    // Unit strides are a plain put; 0 elements move nothing.
+    let w = pe.calloc::<u64>(4)?;
+    pe.iput(w, &[1, 2, 3], 1, 1, 3, me)?;
+    pe.iput(w, &[9], 5, 5, 0, me)?;
+    let mut v = [0u64; 4];
+    pe.get(&mut v, w, me)?;
+    check(|| "iput with unit strides".into(), v, [1, 2, 3, 0])?;
+    // Bad input is refused before anything moves.
+    expect_err(
+        "iput with stride 0",
+        pe.iput(w, &[5, 5], 0, 1, 2, me),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("strides")),
+    )?;
+    expect_err(
+        "iput past dest",
+        pe.iput(w, &[5, 5, 5], 2, 1, 3, me),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("span 5 elements, dest has 4")),
+    )?;
+    expect_err(
+        "iget past its local buffer",
+        pe.iget(&mut [0u64; 2], w, 2, 1, 2, me),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("dest has 2")),
+    )?;
+    expect_err(
+        "iput to a PE that does not exist",
+        pe.iput(w, &[5, 5], 2, 1, 2, pe.n_pes()),
+        |e| matches!(e, Error::InvalidPe { .. }),
+    )?;
+    pe.get(&mut v, w, me)?;
+    check(|| "refused iputs wrote nothing".into(), v, [1, 2, 3, 0])?;
+    pe.barrier_all()?;
+    pe.free(w)?;
+    pe.free(dest)
+}
+
+fn locks(pe: &Pe) -> Result<()> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let lock = pe.calloc::<u64>(1)?;
+    let data = pe.calloc::<u64>(2)?;
+    // Mutual exclusion: a non-atomic read-modify-write of a word on the last PE, under
+    // the lock. Lost updates would show as a short count.
+    const K: u64 = 50;
+    let owner = n - 1;
+    for _ in 0..K {
+        pe.set_lock(lock)?;
+        let v = pe.g(data.at(0), owner)?;
+        pe.p(data.at(0), v + 1, owner)?;
+        pe.clear_lock(lock)?;
+    }
+    // test_lock: taken here, so another try fails and nobody else gets it meanwhile.
+    let mut taken = 0u64;
+    while !pe.test_lock(lock)? {
+        std::thread::yield_now();
+    }
+    taken += 1;
+    expect_err(
+        "set_lock on a lock this PE holds",
+        pe.set_lock(lock),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("already holds")),
+    )?;
+    let v = pe.g(data.at(1), owner)?;
+    pe.p(data.at(1), v + taken, owner)?;
+    pe.clear_lock(lock)?;
+    expect_err(
+        "clear_lock on a lock this PE does not hold",
+        pe.clear_lock(lock),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("does not hold")),
+    )?;
+    pe.barrier_all()?;
+    if me == owner {
+        check(
+            || "updates under the lock".into(),
+            pe.g(data.at(0), owner)?,
+            K * n as u64,
+        )?;
+        check(
+            || "test_lock holders".into(),
+            pe.g(data.at(1), owner)?,
+            n as u64,
+        )?;
+    }
+    // Free at the end: as many tickets served as taken.
+    let w = pe.atomic_fetch(lock, 0)?;
+    check(
+        || "lock word (next ticket, serving)".into(),
+        (w >> 32, w & 0xffff_ffff),
+        ((K + 1) * n as u64, (K + 1) * n as u64),
+    )?;
+    // A word that was not zero before use is refused, not waited on.
+    let junk = pe.calloc::<u64>(1)?;
+    if me == 0 {
+        pe.p(junk, 0x0000_0000_8000_0000, 0)?;
+    }
+    pe.barrier_all()?;
+    expect_err(
+        "set_lock on a word that is not a lock",
+        pe.set_lock(junk),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("is not a lock")),
+    )?;
+    pe.barrier_all()?;
+    pe.free(junk)?;
+    pe.free(data)?;
+    pe.free(lock)
 }
 
 fn barrier(pe: &Pe) -> Result<()> {
@@ -1090,6 +1266,56 @@ fn teams(pe: &Pe) -> Result<()> {
     )?;
     pe.team_barrier(&again)?;
     pe.team_destroy(again)?;
+    // 2-D splits: rows (x-axis teams) and columns (y-axis teams), with a short last row
+    // when n is not a multiple of xrange, and xrange past n taken as n. Each axis team
+    // gathers its members' world ranks, so disjoint rows sharing a slot run at once.
+    let ranks = pe.calloc::<u64>(n)?;
+    let mine = pe.calloc::<u64>(1)?;
+    pe.p(mine, me as u64, me)?;
+    for xrange in [1, 2, 3, n + 1] {
+        let xr = xrange.min(n);
+        let (xt, yt) = pe.team_split_2d(&world, xrange)?;
+        let row: Vec<usize> = (me / xr * xr..(me / xr * xr + xr).min(n)).collect();
+        let column: Vec<usize> = (me % xr..n).step_by(xr).collect();
+        for (axis, t, want, idx) in [("x", &xt, row, me % xr), ("y", &yt, column, me / xr)] {
+            let what = |k: &str| format!("team_split_2d(xrange {xrange}) {axis}-axis {k}");
+            check(|| what("my_pe"), t.my_pe(), idx)?;
+            let members: Vec<usize> = t.members().iter().map(|&m| m as usize).collect();
+            check(|| what("members"), members, want.clone())?;
+            pe.fcollect(t, ranks, mine, 1)?;
+            let mut got = vec![0u64; want.len()];
+            pe.get(&mut got, ranks.slice(0..want.len()), me)?;
+            let want: Vec<u64> = want.iter().map(|&w| w as u64).collect();
+            check(|| what("fcollect of world ranks"), got, want)?;
+            pe.team_barrier(t)?;
+        }
+        pe.team_destroy(xt)?;
+        pe.team_destroy(yt)?;
+        pe.barrier_all()?;
+    }
+    expect_err(
+        "2-D split with xrange 0",
+        pe.team_split_2d(&world, 0),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("xrange")),
+    )?;
+    if n > 1 {
+        expect_err(
+            "2-D split with different xrange",
+            pe.team_split_2d(&world, 1 + me % 2),
+            |e| {
+                matches!(
+                    e,
+                    Error::CollectiveMismatch {
+                        op: "team_split_2d",
+                        ..
+                    }
+                )
+            },
+        )?;
+    }
+    pe.barrier_all()?;
+    pe.free(mine)?;
+    pe.free(ranks)?;
     // Bad arguments and mismatches fail on every PE.
     expect_err(
         "split with stride 0",

@@ -198,6 +198,78 @@ impl Pe {
         Ok(Some(Team::new(uid, members, self.my_pe(), slot, p2p)))
     }
 
+    /// Collective over `parent`: splits it into a 2-D grid of `xrange` columns, parent
+    /// member i at x = i % xrange, y = i / xrange, and returns this PE's two teams
+    /// (OpenSHMEM `shmem_team_split_2d`): the x-axis team (the PEs of its row, numbered by
+    /// x) and the y-axis team (the PEs of its column, numbered by y). When the parent's
+    /// size is not a multiple of `xrange` the last row is shorter, and so are the columns
+    /// past its end; an `xrange` above the parent's size is taken as its size (one row).
+    /// Every parent member must pass the same `xrange`; the teams take two barrier slots
+    /// (the same two in every row and column).
+    pub fn team_split_2d(&self, parent: &Team, xrange: usize) -> Result<(Team, Team)> {
+        let free_mask = !*self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = [xrange as u64, free_mask];
+        let bytes: Vec<u8> = mine.iter().flat_map(|a| a.to_le_bytes()).collect();
+        let all = self.boot().allgather(&parent.group(), &bytes)?;
+        let vals: Vec<[u64; 2]> = all
+            .iter()
+            .map(|b| {
+                let w = |i: usize| b.get(8 * i..8 * i + 8).map(le_u64).unwrap_or(u64::MAX);
+                [w(0), w(1)]
+            })
+            .collect();
+        if vals.iter().any(|v| v[0] != mine[0]) {
+            let detail = parent
+                .members()
+                .iter()
+                .zip(&vals)
+                .take(32)
+                .map(|(pe, v)| format!("PE {pe}: xrange {}", v[0]))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(Error::CollectiveMismatch {
+                op: "team_split_2d",
+                detail,
+            });
+        }
+        // Every parent PE advances the parent's split counter, as team_split_strided does.
+        let nth = parent.inner.splits.fetch_add(1, Ordering::Relaxed);
+        if xrange == 0 {
+            return Err(Error::InvalidArgument(
+                "team_split_2d: xrange must be at least 1".into(),
+            ));
+        }
+        let n = parent.n_pes();
+        let xr = xrange.min(n);
+        let mask = vals.iter().fold(u64::MAX, |m, v| m & v[1]);
+        if mask.count_ones() < 2 {
+            return Err(Error::InvalidArgument(format!(
+                "team_split_2d: needs two team slots free on every member of the parent, \
+                 and {} of {TEAM_SLOTS} are; destroy unused teams",
+                mask.count_ones()
+            )));
+        }
+        let xslot = mask.trailing_zeros() as usize;
+        let yslot = (mask & !(1u64 << xslot)).trailing_zeros() as usize;
+        let me = parent.my_pe();
+        let (x, y) = (me % xr, me / xr);
+        let row: Vec<u32> = (y * xr..((y + 1) * xr).min(n))
+            .map(|i| parent.members()[i])
+            .collect();
+        let column: Vec<u32> = (x..n).step_by(xr).map(|i| parent.members()[i]).collect();
+        *self.slots.lock().unwrap_or_else(|e| e.into_inner()) |= (1u64 << xslot) | (1u64 << yslot);
+        let team = |axis: u64, index: usize, members: Vec<u32>, slot: usize| {
+            let mut key = parent.uid().to_le_bytes().to_vec();
+            key.extend_from_slice(&nth.to_le_bytes());
+            key.extend_from_slice(&axis.to_le_bytes());
+            key.extend_from_slice(&(index as u64).to_le_bytes());
+            let uid = fnv(&key) & !(1 << 63) | 1; // never 0 (world) nor a node-team uid
+            let p2p = members.iter().all(|&m| self.is_local(m as usize));
+            Team::new(uid, members, self.my_pe(), slot, p2p)
+        };
+        Ok((team(0, y, row, xslot), team(1, x, column, yslot)))
+    }
+
     /// Number of world PE `pe` in `team`.
     pub fn team_translate_pe(&self, src: &Team, pe: usize, dest: &Team) -> Option<usize> {
         src.translate_pe(pe, dest)
