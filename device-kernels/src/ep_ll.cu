@@ -385,17 +385,56 @@ __device__ uint64_t first_bad_id(const Ctx &c, const ep_ll_args_t &a) {
   return s_bad;
 }
 
+// With ids repeated within a token (sent once per slot, as DeepEP), the smallest index of
+// topk_idx [T, K] (ids in [-1, E)) that names its expert for the (N+1)-th time, or ~0:
+// more than N rows from this PE would overrun the expert's N rows per source PE. Without
+// repeats an expert gets at most T <= N rows, so the quadratic count runs only when some
+// token repeats an id (the CPU's first_overflow, same answer).
+__device__ uint64_t first_overflow(const Ctx &c, const ep_ll_args_t &a) {
+  __shared__ unsigned long long s_bad;
+  __shared__ int s_repeats;
+  if (threadIdx.x == 0) {
+    s_bad = ~0ull;
+    s_repeats = 0;
+  }
+  __syncthreads();
+  const uint64_t n = static_cast<uint64_t>(c.T) * c.K;
+  for (uint64_t i = threadIdx.x; i < n; i += kThreads) {
+    const int64_t e = idx_at(a, i);
+    if (e < 0) continue;
+    for (uint64_t j = i - i % c.K; j < i; ++j)
+      if (idx_at(a, j) == e) s_repeats = 1;  // every writer stores 1
+  }
+  __syncthreads();
+  if (s_repeats) {  // block-uniform: read after the barrier
+    for (uint64_t i = threadIdx.x; i < n; i += kThreads) {
+      const int64_t e = idx_at(a, i);
+      if (e < 0) continue;
+      uint64_t before = 0;
+      for (uint64_t j = 0; j < i; ++j) before += idx_at(a, j) == e;
+      if (before >= c.N) atomicMin(&s_bad, static_cast<unsigned long long>(i));
+    }
+  }
+  __syncthreads();
+  return s_bad;
+}
+
 __device__ __forceinline__ uint64_t fault_word(uint64_t code, uint64_t value) {
   return EP_POISON | code << 24 | (value < EP_COUNT_MASK ? value : EP_COUNT_MASK);
 }
 
-// The input fault of a send kernel, in the CPU's order: host-detected, T > N, bad id.
+// The input fault of a send kernel, in the CPU's order: host-detected, T > N, bad id,
+// and in dispatch (check_tokens) an expert named more than N times.
 __device__ uint64_t send_fault(const Ctx &c, const ep_ll_args_t &a, bool check_tokens) {
   uint64_t fault = a.fault;
   if (fault == 0 && check_tokens && c.T > c.N) fault = fault_word(EP_FAULT_TOO_MANY_TOKENS, c.T);
   if (fault == 0) {
     const uint64_t bad = first_bad_id(c, a);
     if (bad != ~0ull) fault = fault_word(EP_FAULT_BAD_EXPERT, bad);
+  }
+  if (fault == 0 && check_tokens) {  // dispatch only, as on the CPU
+    const uint64_t over = first_overflow(c, a);
+    if (over != ~0ull) fault = fault_word(EP_FAULT_EXPERT_OVERFLOW, over);
   }
   return fault;
 }

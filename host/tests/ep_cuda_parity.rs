@@ -586,6 +586,8 @@ struct KCase {
     dies_in: Option<&'static str>,
     /// EP teams (world PEs, strided splits: every PE in one), or None: the world team.
     teams: Option<Vec<Vec<usize>>>,
+    /// Slot 1 of every token repeats slot 0's expert (where slot 0 is not -1).
+    repeat_ids: bool,
 }
 
 impl KCase {
@@ -606,7 +608,17 @@ impl KCase {
 
 fn routing(c: &KCase) -> Vec<check::Routing> {
     (0..c.pes)
-        .map(|p| check::random_routing(11, p, c.tokens[p], &c.cfg, c.experts.as_deref(), 3))
+        .map(|p| {
+            let mut r = check::random_routing(11, p, c.tokens[p], &c.cfg, c.experts.as_deref(), 3);
+            if c.repeat_ids {
+                for row in r.topk_idx.chunks_mut(c.cfg.num_topk) {
+                    if row[0] >= 0 {
+                        row[1] = row[0];
+                    }
+                }
+            }
+            r
+        })
         .collect()
 }
 
@@ -958,12 +970,19 @@ fn compare_repeat(
                     assert_eq!((g.0, g.2), (w.0, w.2), "{at}: block ({le}, {s}) row {i}");
                     let t = g.0 as usize;
                     let slots = &routes[members[s]].topk_idx[t * k..(t + 1) * k];
-                    let want_k = slots.iter().position(|&x| x == (me * l + le) as i64);
+                    // The slot names this expert; a token that names it twice has a row
+                    // per slot, in slot order.
                     assert_eq!(
-                        Some(g.1 as usize),
-                        want_k,
+                        slots.get(g.1 as usize),
+                        Some(&((me * l + le) as i64)),
                         "{at}: recv_topk_slot of ({le}, {s}) row {i}"
                     );
+                    if i > 0 && er[i - 1].0 == g.0 {
+                        assert!(
+                            er[i - 1].1 < g.1,
+                            "{at}: rows of token {t} in block ({le}, {s}) in slot order"
+                        );
+                    }
                     rows_checked += 1;
                 }
             }
@@ -1076,6 +1095,7 @@ fn kcase(
         shrink: None,
         dies_in: None,
         teams: None,
+        repeat_ids: false,
     }
 }
 
@@ -1150,6 +1170,23 @@ fn kernels_emulated_bad_expert_id_poisons_every_pe() {
     let c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 3]);
     // topk_idx[1][2] = E on PE 1: fault code 2 with the flat index 1 * K + 2 = 5.
     check_poisoned(c, 1, (1 << 31) | (2 << 24) | 5, |r| r.topk_idx[5] = 6);
+}
+
+/// Repeated ids within N rows per expert are sent, counted and combined once per slot,
+/// as on the CPU.
+#[test]
+fn kernels_emulated_repeated_expert_ids_match_the_oracle() {
+    let mut c = kcase(3, 8, 2048, 6, 3, true, 2, &[4, 3, 4]);
+    c.repeat_ids = true;
+    check_kernels(c);
+}
+
+#[test]
+fn kernels_emulated_expert_named_more_than_n_times_poisons_every_pe() {
+    let c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 3]);
+    // Every id of PE 2's 3 tokens is expert 4: the fifth entry naming it (N = 4), index
+    // 4, is fault code 5 with that index.
+    check_poisoned(c, 2, (1 << 31) | (5 << 24) | 4, |r| r.topk_idx.fill(4));
 }
 
 #[test]

@@ -24,6 +24,8 @@ struct Case {
     masked_slots: usize,
     /// Token 0 has every slot -1.
     all_masked_token: bool,
+    /// Slot 1 of every token repeats slot 0's expert (where slot 0 is not -1).
+    repeat_ids: bool,
     hook: bool,
     zero_copy: bool,
     int32: bool,
@@ -49,6 +51,7 @@ fn case(pes: usize, c: Config, tokens: usize) -> Case {
         experts: None,
         masked_slots: 3,
         all_masked_token: false,
+        repeat_ids: false,
         hook: false,
         zero_copy: false,
         int32: false,
@@ -77,6 +80,13 @@ fn one_pe(pe: &Pe, c: &Case) -> rshmem::Result<Vec<(u64, u64)>> {
     );
     if c.all_masked_token && c.tokens > 0 {
         r.topk_idx[..c.cfg.num_topk].fill(-1);
+    }
+    if c.repeat_ids {
+        for row in r.topk_idx.chunks_mut(c.cfg.num_topk) {
+            if row[0] >= 0 {
+                row[1] = row[0];
+            }
+        }
     }
     let all = check::allgather_routing(pe, &team, &r)?;
     let masked = vec![false; n];
@@ -151,6 +161,18 @@ fn one_pe_fp8_t_equals_n() {
 #[test]
 fn two_pes_bf16_hidden_2048_k1() {
     run(case(2, cfg(6, 2048, 8, 1, false), 6));
+}
+
+/// A token may name an expert more than once: each slot is sent, counted and combined
+/// (DeepEP's semantics), as long as no expert gets more than N rows from one PE.
+#[test]
+fn three_pes_repeated_expert_ids_within_n() {
+    let mut c = case(3, cfg(8, 256, 6, 3, true), 4);
+    c.repeat_ids = true;
+    c.masked_slots = 1;
+    run(c.clone());
+    c.zero_copy = true;
+    run(c);
 }
 
 #[test]
@@ -733,6 +755,20 @@ fn expert_id_below_minus_one_fails_on_every_pe() {
     );
 }
 
+/// Repeated ids that would send one expert more than N = 4 rows from one PE (they would
+/// overrun its rows for that PE): every token names expert 0 twice, and the fifth entry
+/// naming it, topk_idx[2][0], is refused on every PE.
+#[test]
+fn an_expert_named_more_than_n_times_fails_on_every_pe() {
+    bad_dispatch(
+        1,
+        |idx, _| idx.fill(0),
+        "topk_idx[2][0] names expert 0 once more than allowed (5 times so far)",
+        "its topk_idx[2][0] names an expert 5 times, more rows than \
+         num_max_dispatch_tokens_per_rank = 4 allows",
+    );
+}
+
 #[test]
 fn timeout_names_the_pe_and_expert_waited_for() {
     let c = cfg(2, 128, 4, 1, false);
@@ -856,5 +892,107 @@ fn the_checks_catch_tampered_outputs() {
     .unwrap();
     for o in out {
         assert_eq!(o.unwrap(), 6);
+    }
+}
+
+/// Output storage of another buffer (another format, another N) handed to `recycle` is
+/// dropped, not reused: the next dispatch still delivers this buffer's shape.
+#[test]
+fn recycling_another_buffers_output_is_ignored() {
+    let fp8 = cfg(4, 128, 4, 2, true);
+    let (bf, big) = (cfg(4, 128, 4, 2, false), cfg(8, 128, 4, 2, true));
+    let out = run_threads(2, settings(20_000), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut a = Buffer::new(pe, &team, fp8)?;
+        let mut others = [Buffer::new(pe, &team, bf)?, Buffer::new(pe, &team, big)?];
+        let r = check::random_routing(3, me, 4, &fp8, None, 0);
+        let all = check::allgather_routing(pe, &team, &r)?;
+        let x = check::origin_x(me, 4, 128);
+        for o in &mut others {
+            let foreign = o.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+            a.recycle(foreign);
+            let d = a.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+            check::validate_dispatch(&fp8, me, &all, &[false; 2], &d)?;
+            match &d.recv_x {
+                rshmem::ep::RecvX::Fp8 { data, .. } => assert_eq!(data.len(), 2 * 2 * 4 * 128),
+                rshmem::ep::RecvX::Bf16(_) => panic!("bf16 output from an FP8 buffer"),
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+    }
+}
+
+/// A hidden size whose rows overflow the address space is an error, not a wrapped (tiny)
+/// layout in release builds or a panic in debug builds.
+#[test]
+fn a_hidden_size_past_the_address_space_is_refused() {
+    for (h, fp8) in [(1usize << 63, false), (usize::MAX / 128 * 128, true)] {
+        let c = cfg(4, h, 4, 2, fp8);
+        for e in [Layout::new(&c, 2).err(), Layout::size_hint(&c, 2).err()] {
+            let m = e.expect("refused").to_string();
+            assert!(m.contains("overflow the address space"), "H={h}: {m}");
+        }
+    }
+}
+
+/// Combine with a topk_idx other than the dispatch's (here two slots of a token swapped,
+/// which keeps every per-PE count) fails on every PE instead of combining rows under the
+/// wrong weights; the buffer stays usable.
+#[test]
+fn combine_with_another_routing_fails_on_every_pe() {
+    let c = cfg(4, 128, 4, 2, true);
+    let bad = 1;
+    let out = run_threads(2, settings(20_000), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, c)?;
+        let r = check::random_routing(5, me, 4, &c, None, 0);
+        let all = check::allgather_routing(pe, &team, &r)?;
+        let x = check::origin_x(me, 4, 128);
+        let mut e = vec![bf16::ZERO; 2 * 2 * 4 * 128];
+        let o = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+        check::expert_forward(&c, 2, me, &o, &scale, &mut e);
+        let mut idx = r.topk_idx.clone();
+        if me == bad {
+            idx.swap(0, 1);
+        }
+        let err = buf
+            .low_latency_combine(&e, &idx, &r.topk_weights, &o.handle, false, false)
+            .and_then(|y| y.wait())
+            .err();
+        // Still usable: a full round with the right routing validates.
+        let o = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+        check::validate_dispatch(&c, me, &all, &[false; 2], &o)?;
+        check::expert_forward(&c, 2, me, &o, &scale, &mut e);
+        let y = buf
+            .low_latency_combine(&e, &r.topk_idx, &r.topk_weights, &o.handle, false, false)?
+            .wait()?;
+        check::validate_combine(&c, 2, me, &r, &[false; 2], &scale, &y)?;
+        Ok(err)
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        let e = o
+            .unwrap_or_else(|e| panic!("PE {r}: {e}"))
+            .expect("the call fails");
+        let m = e.to_string();
+        if r == bad {
+            assert!(
+                matches!(e, Error::InvalidArgument(_))
+                    && m.contains("topk_idx differs from the one this PE dispatched with"),
+                "PE {r}: {m}"
+            );
+        } else {
+            assert!(
+                matches!(e, Error::EpPeerFailed { peer, .. } if peer == bad)
+                    && m.contains("its combine topk_idx differs from the one it dispatched with"),
+                "PE {r}: {m}"
+            );
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! `rshmem bench ep`: LL dispatch + combine latency with DeepEP's test checks on every run.
 //!
 //! Per iteration every PE: sync, time dispatch (send + receive), sync, simulated expert
-//! and checks (identity, untimed), sync, time combine, sync, checks (untimed). The syncs
+//! and checks (a scale per expert, untimed), sync, time combine, sync, checks (untimed). The syncs
 //! after the timed phases keep one PE's untimed work out of another's timed phase when PEs
 //! outnumber cores. Reported per iteration is the slowest PE's
 //! time; median and p99 over the measured iterations. The first and last iterations are
@@ -407,7 +407,10 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
         b.set_message(format!("bench ep: {n} PEs, {tokens} tokens"));
         b
     });
-    let identity = |_e: usize| 1.0f32;
+    // The simulated expert scales by 1 + (e % 4) / 4, as the tests' does: with one factor
+    // for every expert, combine could take another expert's row for a token's slot and
+    // still validate.
+    let expert = |e: usize| 1.0 + (e % 4) as f32 * 0.25;
     let mut times = vec![[0f64; 6]; a.iters];
     let mut hashes: Option<(u64, u64)> = None;
     let mut problem: Option<String> = None;
@@ -436,9 +439,9 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
         };
         if a.zero_copy {
             let zc = buf.get_next_low_latency_combine_buffer(&out.handle)?;
-            check::expert_forward(&cfg, n, me, &out, &identity, zc);
+            check::expert_forward(&cfg, n, me, &out, &expert, zc);
         } else {
-            check::expert_forward(&cfg, n, me, &out, &identity, &mut expert_out);
+            check::expert_forward(&cfg, n, me, &out, &expert, &mut expert_out);
         }
         pe.sync_all()?;
         let t1 = Instant::now();
@@ -455,7 +458,7 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
         let t_comb = t1.elapsed();
         pe.sync_all()?; // likewise before the untimed checks
         if check_now && problem.is_none() {
-            match check::validate_combine(&cfg, n, me, &routing, &masked, &identity, &combined) {
+            match check::validate_combine(&cfg, n, me, &routing, &masked, &expert, &combined) {
                 Ok(dv) => diff = dv,
                 Err(e) => problem = Some(e.to_string()),
             }

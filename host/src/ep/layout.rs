@@ -75,14 +75,25 @@ impl Layout {
         let n = cfg.num_max_dispatch_tokens_per_rank;
         let h = cfg.hidden;
         let k = cfg.num_topk;
-        let payload = if cfg.use_fp8 { h + h / 128 * 4 } else { h * 2 };
-        let msg_bytes = (HEADER_BYTES + payload).next_multiple_of(16);
         let slots_per_src = n * k.min(l);
         let overflow = || {
             Error::InvalidArgument(format!(
                 "ep::Layout: the buffers for {cfg:?} on {num_pes} PEs overflow the address space"
             ))
         };
+        // Checked: `hidden` is bounded only by the address space (a release build would
+        // wrap `h * 2` to a tiny layout).
+        let row_bf16 = h.checked_mul(2).ok_or_else(overflow)?;
+        let payload = if cfg.use_fp8 {
+            h.checked_add(h / 128 * 4)
+        } else {
+            Some(row_bf16)
+        };
+        let msg_bytes = payload
+            .and_then(|p| p.checked_add(HEADER_BYTES + 15))
+            .ok_or_else(overflow)?
+            / 16
+            * 16;
         let mut at = 0usize;
         let mut region = |bytes: Option<usize>| -> Result<Region> {
             let bytes = bytes.ok_or_else(overflow)?;
@@ -104,9 +115,9 @@ impl Layout {
         let combine_send = region(
             l.checked_mul(r)
                 .and_then(|x| x.checked_mul(n))
-                .and_then(|x| x.checked_mul(h * 2)),
+                .and_then(|x| x.checked_mul(row_bf16)),
         )?;
-        let combine_recv = region(n.checked_mul(k).and_then(|x| x.checked_mul(h * 2)))?;
+        let combine_recv = region(n.checked_mul(k).and_then(|x| x.checked_mul(row_bf16)))?;
         let set_bytes = at;
         let total_bytes = set_bytes.checked_mul(2).ok_or_else(overflow)?;
         Ok(Layout {

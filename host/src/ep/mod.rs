@@ -240,6 +240,8 @@ pub struct Handle {
     pub recv_count: Vec<i32>,
     /// `[L, R*N]`: top-k slot of each received row on its source PE.
     row_k: Vec<i32>,
+    /// [`routing_hash`] of the dispatch's `topk_idx` (0 for a detached handle).
+    routing: u64,
 }
 
 impl Handle {
@@ -267,6 +269,7 @@ impl Handle {
             layout_range,
             recv_count,
             row_k,
+            routing: 0,
         }
     }
 
@@ -342,6 +345,10 @@ pub(crate) enum Fault {
     BadExpert(u64),
     Shape,
     Handle,
+    /// The entry of topk_idx that names its expert for the (N+1)-th time (its index).
+    ExpertOverflow(u64),
+    /// Combine's topk_idx is not the dispatch's.
+    Routing,
 }
 
 impl Fault {
@@ -351,6 +358,8 @@ impl Fault {
             Fault::BadExpert(i) => (2, i),
             Fault::Shape => (3, 0),
             Fault::Handle => (4, 0),
+            Fault::ExpertOverflow(i) => (5, i),
+            Fault::Routing => (6, 0),
         };
         POISON | c << 24 | v.min(COUNT_MASK)
     }
@@ -369,9 +378,61 @@ impl Fault {
             ),
             3 => "its input shapes do not match the config".into(),
             4 => "it passed a handle of another buffer, or a wrong zero-copy buffer".into(),
+            5 => format!(
+                "its topk_idx[{}][{}] names an expert {} times, more rows than \
+                 num_max_dispatch_tokens_per_rank = {} allows",
+                v / cfg.num_topk as u64,
+                v % cfg.num_topk as u64,
+                cfg.num_max_dispatch_tokens_per_rank + 1,
+                cfg.num_max_dispatch_tokens_per_rank
+            ),
+            6 => "its combine topk_idx differs from the one it dispatched with".into(),
             c => format!("unknown fault code {c}"),
         }
     }
+}
+
+/// FNV-1a of a `topk_idx` (as i64 values): combine checks that it gets the dispatch's.
+fn routing_hash<I: ExpertId>(idx: &[I]) -> u64 {
+    idx.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+        v.to_i64()
+            .to_le_bytes()
+            .iter()
+            .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    })
+}
+
+/// The first entry of `idx` (row-major) outside [-1, e), as [`Fault::BadExpert`].
+fn first_bad_id<I: ExpertId>(idx: &[I], e: usize) -> Option<usize> {
+    idx.iter().position(|v| {
+        let v = v.to_i64();
+        v < -1 || v >= e as i64
+    })
+}
+
+/// With ids repeated within a token (sent once per slot, as DeepEP), the first entry of
+/// `idx` (row-major, `k` per token, ids in [-1, e)) that names its expert for the
+/// (n+1)-th time: one PE sending more than `n` rows to an expert would overrun the
+/// expert's `n` rows per source PE (and the receiver's area for this PE). Without
+/// repeats an expert gets at most T <= n rows, so only then are the ids counted. The GPU
+/// kernels check the same (`first_overflow` in ep_ll.cu).
+fn first_overflow<I: ExpertId>(idx: &[I], k: usize, e: usize, n: usize) -> Option<usize> {
+    let repeats = idx.chunks(k).any(|row| {
+        row.iter()
+            .enumerate()
+            .any(|(j, v)| v.to_i64() >= 0 && row[..j].iter().any(|w| w.to_i64() == v.to_i64()))
+    });
+    if !repeats {
+        return None;
+    }
+    let mut count = vec![0usize; e];
+    idx.iter().position(|v| {
+        let Ok(v) = usize::try_from(v.to_i64()) else {
+            return false;
+        };
+        count[v] += 1;
+        count[v] > n
+    })
 }
 
 fn tag(seq: u64) -> u64 {
@@ -729,9 +790,21 @@ impl<'p> Buffer<'p> {
 
     /// Hands output storage back for reuse by later dispatches (saves page faults on
     /// large shapes; the rows beyond `recv_count` of later outputs are then stale).
+    /// Storage of another shape or format (an output of another buffer) is dropped.
     pub fn recycle(&self, out: DispatchOutput) {
+        let cfg = &self.sh.cfg;
+        let (h, rows) = (
+            cfg.hidden,
+            self.sh.l() * self.sh.n() * cfg.num_max_dispatch_tokens_per_rank,
+        );
+        let fits = match &out.recv_x {
+            RecvX::Bf16(v) => !cfg.use_fp8 && v.len() == rows * h,
+            RecvX::Fp8 { data, scales } => {
+                cfg.use_fp8 && data.len() == rows * h && scales.len() == rows * (h / fp8::GROUP)
+            }
+        };
         let mut p = self.sh.pool.lock().unwrap_or_else(|e| e.into_inner());
-        if p.len() < 4 {
+        if fits && p.len() < 4 {
             p.push(out.recv_x);
         }
     }
@@ -794,6 +867,7 @@ impl<'p> Buffer<'p> {
             seq,
             masked: self.masked.clone(),
             num_tokens: t_count,
+            routing: routing_hash(topk_idx),
             fault: fault.map(|(_, e)| e),
         };
         sent.map_err(|e| self.sh.broke(seq, e))?;
@@ -843,10 +917,7 @@ impl<'p> Buffer<'p> {
                 format!("x has {} values, expected T*H = {t}*{h}", x.len()),
             );
         }
-        if let Some(i) = idx.iter().position(|v| {
-            let v = v.to_i64();
-            v < -1 || v >= e as i64
-        }) {
+        if let Some(i) = first_bad_id(idx, e) {
             return bad(
                 Fault::BadExpert(i as u64),
                 format!(
@@ -854,6 +925,21 @@ impl<'p> Buffer<'p> {
                     i / k,
                     i % k,
                     idx[i].to_i64()
+                ),
+            );
+        }
+        if let Some(i) = first_overflow(idx, k, e, n) {
+            return bad(
+                Fault::ExpertOverflow(i as u64),
+                format!(
+                    "topk_idx[{}][{}] names expert {} once more than allowed ({} times so \
+                     far): an expert gets at most num_max_dispatch_tokens_per_rank = {n} \
+                     rows from one PE, and a token that names an expert several times sends \
+                     it a row each time",
+                    i / k,
+                    i % k,
+                    idx[i].to_i64(),
+                    n + 1
                 ),
             );
         }
@@ -1084,10 +1170,7 @@ impl<'p> Buffer<'p> {
                     expert_out.len()
                 ),
             )
-        } else if let Some(i) = topk_idx.iter().position(|v| {
-            let v = v.to_i64();
-            v < -1 || v >= cfg.num_experts as i64
-        }) {
+        } else if let Some(i) = first_bad_id(topk_idx, cfg.num_experts) {
             bad(
                 Fault::BadExpert(i as u64),
                 format!(
@@ -1096,6 +1179,13 @@ impl<'p> Buffer<'p> {
                     i % k,
                     cfg.num_experts
                 ),
+            )
+        } else if routing_hash(topk_idx) != handle.routing {
+            bad(
+                Fault::Routing,
+                "topk_idx differs from the one this PE dispatched with (combine needs the \
+                 dispatch's topk_idx; -1 entries included)"
+                    .into(),
             )
         } else {
             None
@@ -1249,6 +1339,8 @@ pub struct DispatchHook<'p> {
     seq: u64,
     masked: Vec<bool>,
     num_tokens: usize,
+    /// [`routing_hash`] of this PE's `topk_idx`, which combine must pass again.
+    routing: u64,
     fault: Option<Error>,
 }
 
@@ -1456,6 +1548,7 @@ impl DispatchHook<'_> {
                 layout_range,
                 recv_count,
                 row_k,
+                routing: self.routing,
             },
         })
     }

@@ -43,6 +43,9 @@
 #define EP_FAULT_BAD_EXPERT 2ull
 #define EP_FAULT_SHAPE 3ull
 #define EP_FAULT_HANDLE 4ull
+#define EP_FAULT_EXPERT_OVERFLOW 5ull
+// 6: combine topk_idx differs from the dispatch's (checked on CPU PEs only: the GPU path has no
+// host synchronisation to compare them).
 
 // ep_layout_init results (0 = ok); the same conditions as Config::validate / Layout::new.
 #define EP_LAYOUT_OK 0
