@@ -923,23 +923,49 @@ impl Pe {
     }
 }
 
-/// The error of an agreement that found members' arguments differ: "PE p: <what p
-/// passed>" for the first 32 members (`records` in team order).
-pub(crate) fn mismatch<V>(
+/// The error of an agreement that found members' arguments differ (`records` in team
+/// order; see [`describe_records`]).
+pub(crate) fn mismatch<V: PartialEq>(
     team: &Team,
     op: &'static str,
     records: &[V],
     show: impl Fn(&V) -> String,
 ) -> Error {
-    let detail = team
-        .members()
-        .iter()
-        .zip(records)
-        .take(32)
-        .map(|(pe, r)| format!("PE {pe}: {}", show(r)))
-        .collect::<Vec<_>>()
-        .join("; ");
+    let detail = describe_records(team.members(), records, show);
     Error::CollectiveMismatch { op, detail }
+}
+
+/// "PE p: <what p passed>" for every member of a team of up to [`LISTED`] members, in team
+/// order. In a larger team the members whose record differs from the most common one come
+/// first (up to [`LISTED`] of them, then how many more), then the most common record once
+/// with how many members passed it, so the PE at fault is named whatever the team's size.
+pub(crate) fn describe_records<V: PartialEq>(
+    members: &[u32],
+    records: &[V],
+    show: impl Fn(&V) -> String,
+) -> String {
+    const LISTED: usize = 32;
+    let line = |i: usize| format!("PE {}: {}", members[i], show(&records[i]));
+    if records.len() <= LISTED {
+        return (0..records.len()).map(line).collect::<Vec<_>>().join("; ");
+    }
+    // Quadratic, on an error path only.
+    let common = (0..records.len())
+        .max_by_key(|&i| records.iter().filter(|r| **r == records[i]).count())
+        .unwrap_or(0);
+    let odd: Vec<usize> = (0..records.len())
+        .filter(|&i| records[i] != records[common])
+        .collect();
+    let mut parts: Vec<String> = odd.iter().take(LISTED).map(|&i| line(i)).collect();
+    if odd.len() > LISTED {
+        parts.push(format!("{} more PEs differ", odd.len() - LISTED));
+    }
+    parts.push(format!(
+        "the other {} PEs: {}",
+        records.len() - odd.len(),
+        show(&records[common])
+    ));
+    parts.join("; ")
 }
 
 /// Runs `n` PEs as threads of this process, with a bootstrap root hosted here. Each thread
@@ -1085,4 +1111,36 @@ pub fn random_token() -> Result<String> {
 /// Milliseconds since `t`, saturating.
 pub(crate) fn ms_since(t: Instant) -> u64 {
     t.elapsed().as_millis().min(u64::MAX as u128) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_records;
+
+    #[test]
+    fn small_teams_list_every_member_in_order() {
+        let members: Vec<u32> = (10..14).collect();
+        let d = describe_records(&members, &[1, 1, 2, 1], |v| format!("n {v}"));
+        assert_eq!(d, "PE 10: n 1; PE 11: n 1; PE 12: n 2; PE 13: n 1");
+    }
+
+    /// Past 32 members, the ones that differ come first: PE 35's wrong count is named.
+    #[test]
+    fn large_teams_name_the_members_that_differ_first() {
+        let members: Vec<u32> = (0..40).collect();
+        let mut counts = vec![16u64; 40];
+        counts[35] = 8;
+        let d = describe_records(&members, &counts, |v| format!("count {v}"));
+        assert_eq!(d, "PE 35: count 8; the other 39 PEs: count 16");
+        let mut counts = vec![1u64; 100];
+        for c in counts.iter_mut().skip(50).step_by(1).take(34) {
+            *c = 2;
+        }
+        let d = describe_records(&(0..100).collect::<Vec<u32>>(), &counts, |v| v.to_string());
+        assert!(d.starts_with("PE 50: 2; PE 51: 2; "), "{d}");
+        assert!(
+            d.ends_with("PE 81: 2; 2 more PEs differ; the other 66 PEs: 1"),
+            "{d}"
+        );
+    }
 }

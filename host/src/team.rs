@@ -11,7 +11,7 @@ use crate::atomic::AtomicWord;
 use crate::bootstrap::Group;
 use crate::error::{Error, Result};
 use crate::heap::{psync_offset, PSYNC_WORDS, TEAM_SLOTS};
-use crate::pe::{fnv, le_u64, Pe};
+use crate::pe::{describe_records, fnv, le_u64, Pe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -150,14 +150,10 @@ impl Pe {
             })
             .collect();
         if vals.iter().any(|v| v[..3] != mine[..3]) {
-            let detail = parent
-                .members()
-                .iter()
-                .zip(&vals)
-                .take(32)
-                .map(|(pe, v)| format!("PE {pe}: start {} stride {} size {}", v[0], v[1], v[2]))
-                .collect::<Vec<_>>()
-                .join("; ");
+            let args: Vec<[u64; 3]> = vals.iter().map(|v| [v[0], v[1], v[2]]).collect();
+            let detail = describe_records(parent.members(), &args, |v| {
+                format!("start {} stride {} size {}", v[0], v[1], v[2])
+            });
             return Err(Error::CollectiveMismatch {
                 op: "team_split_strided",
                 detail,
@@ -219,14 +215,8 @@ impl Pe {
             })
             .collect();
         if vals.iter().any(|v| v[0] != mine[0]) {
-            let detail = parent
-                .members()
-                .iter()
-                .zip(&vals)
-                .take(32)
-                .map(|(pe, v)| format!("PE {pe}: xrange {}", v[0]))
-                .collect::<Vec<_>>()
-                .join("; ");
+            let args: Vec<u64> = vals.iter().map(|v| v[0]).collect();
+            let detail = describe_records(parent.members(), &args, |v| format!("xrange {v}"));
             return Err(Error::CollectiveMismatch {
                 op: "team_split_2d",
                 detail,
