@@ -41,14 +41,31 @@
 //!   sends SIGTERM to the other PEs, SIGKILL to any still alive [`STOP_GRACE`] later, and
 //!   exits with the failing PE's code, or 128 + signal number. Only the first failure
 //!   counts; PEs stopped by the launcher are not reported.
-//! * SIGINT (Ctrl-C) or SIGTERM to the launcher: it prints
-//!   `rshmem run: interrupted, stopping N PEs`, stops the PEs the same way and exits 130
-//!   (SIGINT) or 143 (SIGTERM). A second signal while stopping sends SIGKILL at once.
+//! * Which PE is named: the PEs that are told of a death by the bootstrap root usually
+//!   fail too (exit 1), so when the root this launcher hosts saw a PE leave without
+//!   finalize, that PE is named (once reaped, waiting at most [`DEATH_REAP_WAIT`] for it),
+//!   even when it exited 0: then the message is `rshmem run: PE 2 exited with code 0
+//!   without finalize` and the launcher exits 1. Otherwise, of the PEs that ended
+//!   together, one killed by a signal comes before one that exited non-zero, then the
+//!   lowest rank. A job whose PEs all exit 0 exits 0.
+//! * SIGINT (Ctrl-C), SIGTERM, SIGHUP (a closed terminal or ssh session) or SIGQUIT to the
+//!   launcher: it prints `rshmem run: interrupted, stopping N PEs`, stops the PEs the same
+//!   way and exits 128 + the signal number: 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP),
+//!   131 (SIGQUIT). A second signal while stopping sends SIGKILL at once. Messages that
+//!   cannot be written (the terminal is gone) are dropped; they never stop the launcher.
 //!
 //! Each PE runs in its own process group, and signals go to the whole group, so helper
 //! processes a PE started (e.g. a shell's children) are stopped with it. Each PE also has
 //! `PR_SET_PDEATHSIG=SIGKILL`: if the launcher itself is killed, the PEs die with it
 //! (their own children are not covered by this; they lose their output pipe instead).
+//!
+//! # Open files
+//!
+//! The launcher holds two descriptors per PE for the bootstrap root it hosts (the PE's
+//! connection and its writer's duplicate) and, when prefixing, the read ends of two output
+//! pipes per PE; it raises its soft `RLIMIT_NOFILE` to [`open_files_needed`] (at most the
+//! hard limit, which it cannot exceed: a job that needs more is refused before it starts).
+//! PEs inherit the raised limit.
 //!
 //! After the job, successful or not, files in `/dev/shm` named `rshmem-<job id>-*` are
 //! removed. PEs normally unlink their segments right after mapping them, so only a crashed
@@ -80,6 +97,14 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Longest line relayed in one piece; longer lines are cut.
 pub const MAX_LINE: usize = 1 << 20;
 
+/// How long the launcher waits, after a PE failed, for the PE that the bootstrap root saw
+/// die first to be reaped, so that it can name that PE instead of the failed one.
+pub const DEATH_REAP_WAIT: Duration = Duration::from_millis(500);
+
+/// Descriptors the launcher needs besides its per-PE ones: stdio, the root's listener, the
+/// `/dev/null` and pipes of the PE being started, and whatever else the process has open.
+const OPEN_FILES_SLACK: u64 = 64;
+
 /// Environment variables the launcher sets for every PE; callers cannot override them.
 pub const PE_VARIABLES: [&str; 9] = [
     "RSHMEM_RANK",
@@ -105,8 +130,11 @@ Output: every line is relayed as '[pe RANK] line', stdout to stdout and stderr t
 stderr, whole lines only; a last line without newline gets one.
 
 Failure: when a PE exits non-zero or dies by a signal, the other PEs get SIGTERM, then
-SIGKILL after 2 s, and rshmem exits with that PE's exit code (128+N for signal N).
-Ctrl-C or SIGTERM stops all PEs the same way; rshmem then exits 130 or 143.
+SIGKILL after 2 s, and rshmem exits with that PE's exit code (128+N for signal N). The PE
+named is the first one the bootstrap root saw leave without finalize, if any (PEs told of
+its death fail too); if that PE exited 0, rshmem exits 1.
+Ctrl-C, SIGTERM, SIGHUP or SIGQUIT stops all PEs the same way; rshmem then exits 128+N
+(130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP).
 
 Cleanup: leftover shared-memory segments of the job (/dev/shm/rshmem-JOBID-*) are
 removed at the end.
@@ -145,9 +173,9 @@ pub struct LaunchOptions {
     pub prefix_output: bool,
     /// Job token; `None`: the launcher's `RSHMEM_TOKEN`, else a random one.
     pub token: Option<String>,
-    /// Catch SIGINT and SIGTERM while the job runs and stop the PEs on them. The handlers
-    /// are process-wide: only one launch with this set may run at a time, and the previous
-    /// handlers are restored when it returns.
+    /// Catch SIGINT, SIGTERM, SIGHUP and SIGQUIT while the job runs and stop the PEs on
+    /// them. The handlers are process-wide: only one launch with this set may run at a
+    /// time, and the previous handlers are restored when it returns.
     pub handle_signals: bool,
 }
 
@@ -180,9 +208,12 @@ pub struct LaunchOutcome {
     pub job_id: String,
     /// How each PE ended, by rank.
     pub pe_exits: Vec<PeExit>,
-    /// The first PE that failed (non-zero exit or signal) on its own, if any.
+    /// The PE named for the job's failure, if any: the first PE the bootstrap root saw
+    /// leave without finalize (its exit may then be `Code(0)`), else the first PE that
+    /// exited non-zero or died by a signal on its own. PEs the launcher stopped are never
+    /// named.
     pub first_failure: Option<(usize, PeExit)>,
-    /// The signal (SIGINT or SIGTERM) that interrupted the job, if any.
+    /// The signal (SIGINT, SIGTERM, SIGHUP or SIGQUIT) that interrupted the job, if any.
     pub interrupted_by: Option<i32>,
     /// Leftover shared-memory segments of the job removed afterwards.
     pub removed_segments: usize,
@@ -218,10 +249,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         Some(t) => t.clone(),
         None => token_from_env_or_random()?,
     };
-    if opts.prefix_output {
-        // Two pipes per PE, plus some slack for the root's sockets.
-        process::ensure_fd_limit(2 * opts.npes as u64 + 64)?;
-    }
+    process::ensure_fd_limit(open_files_needed(opts.npes, opts.prefix_output))?;
     let signals = if opts.handle_signals {
         Some(signals::SignalGuard::install()?)
     } else {
@@ -235,15 +263,16 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         let job_id = root.job_id().to_string();
         let env = pe_environment(opts, port, &token, &job_id);
         let job = process::Job::spawn(&program, opts, &env)?;
-        (job.supervise(signals.as_ref()), job_id)
+        let first_death = || root.first_death().map(|(rank, _)| rank);
+        (job.supervise(signals.as_ref(), &first_death), job_id)
     };
 
     let removed_segments = remove_leftover_segments(std::path::Path::new("/dev/shm"), &job_id);
     if removed_segments > 0 {
-        eprintln!(
+        say(format_args!(
             "rshmem run: removed {removed_segments} leftover shared-memory segment{} of job {job_id}",
             if removed_segments == 1 { "" } else { "s" }
-        );
+        ));
     }
     drop(signals);
 
@@ -255,6 +284,22 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         interrupted_by: report.interrupted_by,
         removed_segments,
     })
+}
+
+/// Open files the launcher needs for a job of `npes` PEs: two per PE for the bootstrap
+/// root it hosts (each PE's connection and the duplicate its writer thread owns), two
+/// more per PE when relaying output (the read ends of its stdout and stderr pipes), and
+/// [`OPEN_FILES_SLACK`].
+pub fn open_files_needed(npes: usize, prefix_output: bool) -> u64 {
+    let per_pe = if prefix_output { 4 } else { 2 };
+    per_pe * npes as u64 + OPEN_FILES_SLACK
+}
+
+/// Writes one line to stderr, ignoring errors: after SIGHUP the terminal may be gone
+/// (EIO), and `eprintln!` would panic instead of letting the launcher stop its PEs.
+fn say(msg: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{msg}");
 }
 
 /// Hosts the bootstrap root for `npes` PEs on an ephemeral loopback port. It serves PEs
@@ -368,6 +413,15 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn open_files_cover_the_roots_sockets_with_or_without_relaying() {
+        // 2 per PE for the root (connection + writer's duplicate), 2 per PE of pipes.
+        assert_eq!(open_files_needed(1, true), 68);
+        assert_eq!(open_files_needed(300, true), 1264);
+        assert_eq!(open_files_needed(300, false), 664);
+        assert_eq!(open_files_needed(MAX_PES, true), 16448);
     }
 
     #[test]

@@ -221,6 +221,71 @@ fn dropped_pe_fails_pending_allgather_with_peer_died() {
     }
 }
 
+/// Polls `live` until its dead PEs are `want` (true) or 5 s passed (false).
+fn wait_for_dead(live: &rshmem::bootstrap::Liveness, want: &[usize]) -> bool {
+    let end = Instant::now() + Duration::from_secs(5);
+    while live.dead_pes() != want {
+        if Instant::now() >= end {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+#[test]
+fn every_death_is_reported_not_only_the_first() {
+    // PE 3 dies, the survivors tolerate it, then PE 2 dies: PEs 0 and 1 must hear of both
+    // (a PE that tolerates a death goes on, so a later death is news to it).
+    let n = 4;
+    let root = Root::bind("127.0.0.1:0", n, TOKEN).unwrap();
+    let addr = root.local_addr().to_string();
+    let first_seen = Arc::new(Barrier::new(3));
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let p = params(&addr, rank, n, 5000);
+            let first_seen = first_seen.clone();
+            thread::spawn(move || {
+                let b = Bootstrap::join(&p).unwrap();
+                b.barrier(&Group::world(n)).unwrap();
+                if rank == 3 {
+                    drop(b); // no finalize: the first death
+                    return None;
+                }
+                let live = b.liveness();
+                let saw_first = wait_for_dead(&live, &[3]);
+                if rank < 2 {
+                    live.tolerate(3).unwrap();
+                }
+                first_seen.wait();
+                if rank == 2 {
+                    drop(b); // the second death, after everyone saw the first
+                    return Some((saw_first, true, Vec::new(), Ok(())));
+                }
+                let saw_second = wait_for_dead(&live, &[3, 2]);
+                Some((saw_first, saw_second, live.dead_pes(), live.check()))
+            })
+        })
+        .collect();
+    for (rank, h) in handles.into_iter().enumerate() {
+        let Some((saw_first, saw_second, dead, check)) = h.join().unwrap() else {
+            continue;
+        };
+        assert!(saw_first, "PE {rank} never heard of PE 3's death");
+        if rank == 2 {
+            continue;
+        }
+        assert!(saw_second, "PE {rank}: dead PEs {dead:?}, expected [3, 2]");
+        assert_eq!(dead, [3, 2], "PE {rank}");
+        // PE 3's death is tolerated, PE 2's is not.
+        assert!(
+            matches!(check, Err(Error::PeerDied { pe: 2, .. })),
+            "PE {rank}: {check:?}"
+        );
+    }
+    assert_eq!(root.first_death().map(|(pe, _)| pe), Some(3));
+}
+
 #[test]
 fn finalized_pe_is_not_reported_dead() {
     let n = 3;

@@ -100,6 +100,198 @@ fn pes_join_the_root_hosted_by_the_launcher() {
     );
 }
 
+/// Runs `rshmem run -n N -- THIS_TEST_BINARY --exact TEST` with `PE_MODE=mode` (the PEs
+/// run `test` in that mode), through `sh -c 'SHELL_PREFIX; exec rshmem ...'`, bounded by
+/// `limit`. Returns the launcher's exit code, stdout and stderr.
+fn run_pes(
+    n: usize,
+    test: &str,
+    mode: &str,
+    shell_prefix: &str,
+    limit: Duration,
+) -> (Option<i32>, String, String) {
+    let exe = std::env::current_exe().expect("test binary path");
+    let started = Instant::now();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{shell_prefix}\nexec \"$@\""))
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_rshmem"))
+        .args(["run", "-n", &n.to_string(), "--"])
+        .arg(exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(PE_MODE, mode)
+        .env_remove("RSHMEM_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rshmem");
+    // Pipes are read on threads so that a chatty job never blocks on them.
+    let drain = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            String::from_utf8_lossy(&v).into_owned()
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr")));
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if started.elapsed() > limit {
+            // SIGTERM first: the launcher then stops its PEs.
+            // SAFETY: kill has no memory-safety preconditions; the pid is our live child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            std::thread::sleep(Duration::from_secs(3));
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("job did not finish in {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stdout = out.join().expect("stdout reader");
+    let stderr = err.join().expect("stderr reader");
+    (status.code(), stdout, stderr)
+}
+
+/// Joins the launcher's root as the PE it was started as (join timeout `timeout`).
+fn join_from_env(timeout: Duration) -> Bootstrap {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
+    Bootstrap::join(&JoinParams {
+        rank: var("RSHMEM_RANK").parse().expect("RSHMEM_RANK"),
+        world_size: var("RSHMEM_WORLD_SIZE").parse().expect("RSHMEM_WORLD_SIZE"),
+        root_addr: format!(
+            "{}:{}",
+            var("RSHMEM_MASTER_ADDR"),
+            var("RSHMEM_MASTER_PORT")
+        ),
+        token: var("RSHMEM_TOKEN"),
+        node_id: "local".to_string(),
+        timeout,
+    })
+    .expect("join the launcher's root")
+}
+
+/// PE side of `the_pe_that_died_is_named_not_the_pes_told_of_it`: PE 2 leaves after a
+/// world barrier without finalize, exiting 0 (`exit0`) or killed by SIGKILL (`kill`);
+/// the others wait in a second barrier, fail with PeerDied and exit 1.
+fn dying_pe_main(mode: &str) {
+    let boot = join_from_env(Duration::from_secs(10));
+    let world = Group::world(boot.world_size());
+    boot.barrier(&world).expect("first barrier");
+    if boot.rank() == 2 {
+        if mode == "kill" {
+            // SAFETY: raise has no memory-safety preconditions; SIGKILL ends this process.
+            unsafe { libc::raise(libc::SIGKILL) };
+        }
+        std::process::exit(0); // without finalize: the root reports PE 2 dead
+    }
+    match boot.barrier(&world) {
+        Err(rshmem::Error::PeerDied { pe: 2, .. }) => std::process::exit(1),
+        other => {
+            eprintln!("PE {}: expected PE 2's death, got {other:?}", boot.rank());
+            std::process::exit(3);
+        }
+    }
+}
+
+#[test]
+fn the_pe_that_died_is_named_not_the_pes_told_of_it() {
+    const TEST: &str = "the_pe_that_died_is_named_not_the_pes_told_of_it";
+    if let Ok(mode) = std::env::var(PE_MODE) {
+        dying_pe_main(&mode);
+        return;
+    }
+    // PE 2 exits 0 without finalize; PEs 0 and 1 exit 1 on learning it. The launcher
+    // names PE 2 (not PE 0, the first failure by rank) and exits 1.
+    let (code, _, stderr) = run_pes(4, TEST, "exit0", "", Duration::from_secs(20));
+    assert_eq!(code, Some(1), "stderr: {stderr}");
+    let named: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("rshmem run: PE "))
+        .collect();
+    assert_eq!(
+        named,
+        ["rshmem run: PE 2 exited with code 0 without finalize"],
+        "stderr: {stderr}"
+    );
+    // Killed: named with its signal, and the exit code is 128 + 9.
+    let (code, _, stderr) = run_pes(4, TEST, "kill", "", Duration::from_secs(20));
+    assert_eq!(code, Some(137), "stderr: {stderr}");
+    let named: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("rshmem run: PE "))
+        .collect();
+    assert_eq!(
+        named,
+        ["rshmem run: PE 2 was killed by signal 9 (SIGKILL)"],
+        "stderr: {stderr}"
+    );
+}
+
+/// The soft and hard open-file limits of this process.
+fn nofile_limits() -> (u64, u64) {
+    // SAFETY: rlimit is plain old data; getrlimit fills it in.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: `lim` is valid writable storage for the call.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    (lim.rlim_cur as u64, lim.rlim_max as u64)
+}
+
+#[test]
+fn three_hundred_pes_join_under_a_soft_limit_of_1024_open_files() {
+    const TEST: &str = "three_hundred_pes_join_under_a_soft_limit_of_1024_open_files";
+    if std::env::var_os(PE_MODE).is_some() {
+        let boot = join_from_env(Duration::from_secs(60));
+        boot.barrier(&Group::world(boot.world_size()))
+            .expect("barrier");
+        boot.finalize().expect("finalize");
+        return;
+    }
+    let n = 300;
+    let needed = rshmem::launcher::open_files_needed(n, true);
+    let refused = |code: Option<i32>, stderr: &str, hard: u64| {
+        assert_eq!(code, Some(2), "stderr: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "the job needs {needed} open files in the launcher (its PEs' connections to \
+                 the bootstrap root and output pipes), but the hard limit (ulimit -Hn) is {hard}"
+            )),
+            "stderr: {stderr}"
+        );
+    };
+    // Soft and hard limits of 1024: the launcher cannot raise the soft limit far enough,
+    // and says so before starting any PE.
+    let (code, _, stderr) = run_pes(
+        n,
+        TEST,
+        "join",
+        "ulimit -n 1024 || exit 99",
+        Duration::from_secs(90),
+    );
+    refused(code, &stderr, 1024);
+    // A soft limit of 1024 under this machine's hard limit: 300 PEs hold 600 root sockets
+    // and 600 pipe ends in the launcher, more than 1024, so the launcher raises the soft
+    // limit (the old launcher ran out of files); where the hard limit is too low it refuses
+    // as above.
+    let (_, hard) = nofile_limits();
+    let (code, _, stderr) = run_pes(
+        n,
+        TEST,
+        "join",
+        "ulimit -Sn 1024 || exit 99",
+        Duration::from_secs(90),
+    );
+    if hard >= needed {
+        assert_eq!(code, Some(0), "stderr: {stderr}");
+    } else {
+        refused(code, &stderr, hard);
+    }
+}
+
 #[test]
 fn launch_reports_each_pe_and_the_first_failure() {
     let mut opts = LaunchOptions::new(

@@ -324,8 +324,9 @@ fn all_pes_succeed_gives_zero_even_when_they_end_at_different_times() {
     assert_eq!(out.stdout, b"");
 }
 
-/// Starts a 2-PE job of sleepers, waits until both report their pid, sends `sig` to the
-/// launcher, and checks the exit code and that the PEs are gone.
+/// Starts a 2-PE job of shells that each wait for a background sleeper, waits until both
+/// report their pids, sends `sig` to the launcher, and checks the exit code and that the
+/// PEs and their children are gone.
 fn interrupt_with(sig: i32, expected_code: i32) {
     let started = Instant::now();
     let mut child = rshmem(&[
@@ -335,7 +336,7 @@ fn interrupt_with(sig: i32, expected_code: i32) {
         "--",
         "sh",
         "-c",
-        "echo pid=$$; exec sleep 30",
+        "sleep 30 & echo pid=$$ bg=$!; wait",
     ])
     .spawn()
     .expect("spawn rshmem");
@@ -384,6 +385,11 @@ fn interrupt_with(sig: i32, expected_code: i32) {
     for pid in pes {
         assert!(!alive(pid), "PE process {pid} survived");
     }
+    let children = pids(&out.stdout_text(), "bg=");
+    assert_eq!(children.len(), 2);
+    for pid in children {
+        assert!(!alive(pid), "a PE's child {pid} survived");
+    }
     assert!(
         out.elapsed < Duration::from_secs(8),
         "took {:?}",
@@ -399,6 +405,17 @@ fn sigint_stops_pes_and_exits_130() {
 #[test]
 fn sigterm_stops_pes_and_exits_143() {
     interrupt_with(libc::SIGTERM, 143);
+}
+
+#[test]
+fn sighup_stops_pes_and_exits_129() {
+    // A dropped ssh session or closed terminal.
+    interrupt_with(libc::SIGHUP, 129);
+}
+
+#[test]
+fn sigquit_stops_pes_and_exits_131() {
+    interrupt_with(libc::SIGQUIT, 131);
 }
 
 #[test]

@@ -64,7 +64,8 @@ struct HubState {
     joined: usize,
     node_ids: Vec<String>,
     pending: HashMap<(u64, u64), Pending>,
-    /// The first death: once set, the job is broken and pending collectives are dropped.
+    /// The first death: once set, the job is broken (joins are refused, pending and later
+    /// collectives dropped). Every death, this one and later ones, is sent as PeerDied.
     broken: Option<(u32, String)>,
 }
 
@@ -157,6 +158,16 @@ impl Root {
     /// How many PEs have joined so far.
     pub fn joined(&self) -> usize {
         lock(&self.hub.state).joined
+    }
+
+    /// The first PE whose connection closed without finalize (its rank and why), once
+    /// one has: the death that broke the job. A launcher hosting the root names this PE
+    /// rather than the PEs that failed because they were told of its death.
+    pub fn first_death(&self) -> Option<(usize, String)> {
+        lock(&self.hub.state)
+            .broken
+            .as_ref()
+            .map(|(rank, detail)| (*rank as usize, detail.clone()))
     }
 
     /// Waits (at most `timeout`) until every PE that joined has left — finalized or died —
@@ -343,10 +354,13 @@ fn serve_connection(hub: &Arc<Hub>, mut stream: TcpStream, peer: SocketAddr) {
         if st.broken.is_none() {
             st.broken = Some((rank, detail.clone()));
             st.pending.clear();
-            let msg: Arc<[u8]> = Arc::from(Frame::PeerDied { rank, detail }.encode());
-            for p in st.peers.iter().flatten() {
-                let _ = p.tx.send(msg.clone());
-            }
+        }
+        // Every death is reported, not only the first: a PE that tolerates a death
+        // (`Liveness::tolerate`, EP shrink mode) goes on and must learn of later ones.
+        // A rank dies at most once (it joins once), so no PE hears of a death twice.
+        let msg: Arc<[u8]> = Arc::from(Frame::PeerDied { rank, detail }.encode());
+        for p in st.peers.iter().flatten() {
+            let _ = p.tx.send(msg.clone());
         }
     }
 }

@@ -7,7 +7,7 @@
 
 use super::output::{OutputPump, Target};
 use super::signals::SignalGuard;
-use super::{LaunchOptions, STOP_GRACE};
+use super::{say, LaunchOptions, DEATH_REAP_WAIT, STOP_GRACE};
 use crate::error::{Error, Result};
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -183,7 +183,10 @@ pub(super) fn ensure_fd_limit(needed: u64) -> Result<()> {
     }
     if lim.rlim_max < needed {
         return Err(Error::Launch(format!(
-            "relaying output needs {needed} open files, but the hard limit (ulimit -Hn) is {}",
+            "the job needs {needed} open files in the launcher (its PEs' connections to the \
+             bootstrap root and output pipes), but the hard limit (ulimit -Hn) is {}: raise \
+             it (as root: ulimit -Hn {needed}, or nofile in /etc/security/limits.conf) or \
+             start fewer PEs",
             lim.rlim_max
         )));
     }
@@ -224,10 +227,37 @@ impl Report {
             return 128 + sig;
         }
         match self.first_failure {
-            Some((_, exit)) => exit.shell_code(),
+            // A PE that exited 0 is named only when it left without finalize: still a
+            // failure of the job.
+            Some((_, exit)) => match exit.shell_code() {
+                0 => 1,
+                code => code,
+            },
             None => 0,
         }
     }
+}
+
+/// Which PE to name when PEs that ended together (`batch`, by rank) include a failure:
+/// `root_first`, the first PE the bootstrap root saw die (with its exit, once reaped),
+/// since the others usually failed because they were told of its death; else the first PE
+/// of the batch killed by a signal (a crash); else the first that exited non-zero. None
+/// when nothing in the batch failed.
+fn blame(
+    batch: &[(usize, PeExit)],
+    root_first: Option<(usize, PeExit)>,
+) -> Option<(usize, PeExit)> {
+    if batch.iter().all(|(_, exit)| exit.is_success()) {
+        return None;
+    }
+    root_first
+        .or_else(|| {
+            batch
+                .iter()
+                .find(|(_, exit)| matches!(exit, PeExit::Signal(_)))
+                .copied()
+        })
+        .or_else(|| batch.iter().find(|(_, exit)| !exit.is_success()).copied())
 }
 
 /// Sends `sig` to the process group `pgid`; false if the group no longer exists.
@@ -399,9 +429,39 @@ impl Job {
         !groups.is_empty() && live_members_in(Path::new("/proc"), &groups)
     }
 
+    /// After a failure: the first PE the bootstrap root saw die (`first_death`) and its
+    /// exit, waiting up to [`DEATH_REAP_WAIT`] (relaying output) for it to be reaped; None
+    /// when the root saw no death, or that PE is still running (it closed its connection
+    /// but lives on). PEs reaped meanwhile are added to `batch`.
+    fn root_first_death(
+        &mut self,
+        first_death: &dyn Fn() -> Option<usize>,
+        batch: &mut Vec<(usize, PeExit)>,
+    ) -> Option<(usize, PeExit)> {
+        let rank = first_death().filter(|&r| r < self.pes.len())?;
+        let deadline = Instant::now() + DEATH_REAP_WAIT;
+        loop {
+            if let Some(exit) = self.pes[rank].exit {
+                return Some((rank, exit));
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            self.output.pump(Duration::from_millis(5));
+            for r in self.reap() {
+                batch.push((r, self.pes[r].exit.unwrap_or(PeExit::Unknown)));
+            }
+        }
+    }
+
     /// Relays output and waits for every PE, stopping the job on the first failure or on
-    /// SIGINT/SIGTERM (when `signals` is given). Returns once every PE is reaped.
-    pub(super) fn supervise(mut self, signals: Option<&SignalGuard>) -> Report {
+    /// a signal (when `signals` is given). `first_death` returns the first PE the bootstrap
+    /// root saw die, if any (see [`blame`]). Returns once every PE is reaped.
+    pub(super) fn supervise(
+        mut self,
+        signals: Option<&SignalGuard>,
+        first_death: &dyn Fn() -> Option<usize>,
+    ) -> Report {
         let mut first_failure: Option<(usize, PeExit)> = None;
         let mut interrupted_by = None;
         // Some(deadline for SIGKILL) once the job is being stopped.
@@ -411,11 +471,24 @@ impl Job {
 
         loop {
             self.output.pump(POLL_INTERVAL);
-            for rank in self.reap() {
-                let exit = self.pes[rank].exit.unwrap_or(PeExit::Unknown);
-                if stopping.is_none() && first_failure.is_none() && !exit.is_success() {
+            let mut batch: Vec<(usize, PeExit)> = self
+                .reap()
+                .into_iter()
+                .map(|rank| (rank, self.pes[rank].exit.unwrap_or(PeExit::Unknown)))
+                .collect();
+            let failed = batch.iter().any(|(_, exit)| !exit.is_success());
+            if stopping.is_none() && first_failure.is_none() && failed {
+                let root_first = self.root_first_death(first_death, &mut batch);
+                if let Some((rank, exit)) = blame(&batch, root_first) {
                     first_failure = Some((rank, exit));
-                    eprintln!("rshmem run: PE {rank} {}", exit.describe());
+                    if exit.is_success() {
+                        say(format_args!(
+                            "rshmem run: PE {rank} {} without finalize",
+                            exit.describe()
+                        ));
+                    } else {
+                        say(format_args!("rshmem run: PE {rank} {}", exit.describe()));
+                    }
                 }
             }
 
@@ -424,15 +497,17 @@ impl Job {
                     signals_seen = count;
                     if stopping.is_none() {
                         let running = self.running();
-                        eprintln!(
+                        say(format_args!(
                             "rshmem run: interrupted, stopping {running} PE{}",
                             if running == 1 { "" } else { "s" }
-                        );
+                        ));
                         interrupted_by = sig;
                         self.signal_all(libc::SIGTERM);
                         stopping = Some(Instant::now() + STOP_GRACE);
                     } else if !killed {
-                        eprintln!("rshmem run: interrupted again, sending SIGKILL");
+                        say(format_args!(
+                            "rshmem run: interrupted again, sending SIGKILL"
+                        ));
                         self.signal_all(libc::SIGKILL);
                         killed = true;
                     }
@@ -442,10 +517,10 @@ impl Job {
             if stopping.is_none() && first_failure.is_some() {
                 let running = self.running();
                 if running > 0 {
-                    eprintln!(
+                    say(format_args!(
                         "rshmem run: stopping {running} remaining PE{}",
                         if running == 1 { "" } else { "s" }
-                    );
+                    ));
                 }
                 self.signal_all(libc::SIGTERM);
                 stopping = Some(Instant::now() + STOP_GRACE);
@@ -460,11 +535,11 @@ impl Job {
                     if past_deadline && !killed {
                         let running = self.running();
                         if running > 0 {
-                            eprintln!(
+                            say(format_args!(
                                 "rshmem run: {running} PE{} still alive after {} s, sending SIGKILL",
                                 if running == 1 { "" } else { "s" },
                                 STOP_GRACE.as_secs()
-                            );
+                            ));
                         }
                         self.signal_all(libc::SIGKILL);
                         killed = true;
@@ -504,6 +579,49 @@ mod tests {
         );
         assert_eq!(PeExit::Signal(9).shell_code(), 137);
         assert_eq!(PeExit::Signal(64).describe(), "was killed by signal 64");
+    }
+
+    #[test]
+    fn blame_prefers_the_roots_first_death_then_a_signal() {
+        use PeExit::{Code, Signal};
+        // Nothing failed: nobody is named, whatever the root saw.
+        assert_eq!(blame(&[(0, Code(0))], Some((2, Code(0)))), None);
+        // Survivors told of PE 2's death exit 1; PE 2 exited 0 without finalize.
+        assert_eq!(
+            blame(&[(0, Code(1)), (1, Code(1))], Some((2, Code(0)))),
+            Some((2, Code(0)))
+        );
+        assert_eq!(
+            blame(&[(0, Code(1)), (2, Signal(9))], Some((2, Signal(9)))),
+            Some((2, Signal(9)))
+        );
+        // No death seen by the root: a signal before a code, then the lowest rank.
+        assert_eq!(
+            blame(&[(0, Code(1)), (1, Code(0)), (3, Signal(11))], None),
+            Some((3, Signal(11)))
+        );
+        assert_eq!(
+            blame(&[(0, Code(0)), (1, Code(3)), (2, Code(4))], None),
+            Some((1, Code(3)))
+        );
+        assert_eq!(
+            blame(&[(4, Code(0)), (5, PeExit::Unknown)], None),
+            Some((5, PeExit::Unknown))
+        );
+    }
+
+    #[test]
+    fn exit_code_of_a_pe_that_exited_0_without_finalize_is_1() {
+        let report = |first_failure, interrupted_by| Report {
+            pe_exits: Vec::new(),
+            first_failure,
+            interrupted_by,
+        };
+        assert_eq!(report(Some((2, PeExit::Code(0))), None).exit_code(), 1);
+        assert_eq!(report(Some((2, PeExit::Code(7))), None).exit_code(), 7);
+        assert_eq!(report(Some((2, PeExit::Signal(9))), None).exit_code(), 137);
+        assert_eq!(report(None, Some(libc::SIGHUP)).exit_code(), 129);
+        assert_eq!(report(None, None).exit_code(), 0);
     }
 
     #[test]

@@ -1,4 +1,9 @@
-//! SIGINT/SIGTERM handling while a job runs.
+//! SIGINT, SIGTERM, SIGHUP and SIGQUIT handling while a job runs.
+//!
+//! All four stop the job the same way (the launcher exits 128 + the signal). SIGHUP
+//! matters most when the launcher runs in an ssh session or terminal that goes away: its
+//! default action would kill the launcher at once, and though `PR_SET_PDEATHSIG` takes the
+//! PEs along, their own children would live on and `/dev/shm` would not be cleaned.
 //!
 //! The handler only records the signal in two atomics; the supervisor loop polls them
 //! every few milliseconds (its `poll` also returns early with EINTR when the signal lands
@@ -20,7 +25,8 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// The launcher's pid, to recognise a forked PE that has not exec'd yet.
 static LAUNCHER_PID: AtomicI32 = AtomicI32::new(0);
 
-const CAUGHT: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+/// The signals that stop the job.
+const CAUGHT: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 extern "C" fn record_signal(sig: libc::c_int) {
     // A PE between fork and exec still has this handler. Were the launcher's SIGTERM
@@ -40,7 +46,7 @@ extern "C" fn record_signal(sig: libc::c_int) {
     SIGNAL_COUNT.fetch_add(1, Ordering::Relaxed);
 }
 
-/// SIGINT and SIGTERM handlers installed for the life of the guard; the previous
+/// Handlers for the [`CAUGHT`] signals installed for the life of the guard; the previous
 /// dispositions come back when it is dropped.
 pub(super) struct SignalGuard {
     previous: Vec<(libc::c_int, libc::sigaction)>,
@@ -50,7 +56,8 @@ impl SignalGuard {
     pub(super) fn install() -> Result<SignalGuard> {
         if INSTALLED.swap(true, Ordering::Relaxed) {
             return Err(Error::Launch(
-                "another launch already handles SIGINT/SIGTERM in this process".to_string(),
+                "another launch already handles SIGINT/SIGTERM/SIGHUP/SIGQUIT in this process"
+                    .to_string(),
             ));
         }
         LAUNCHER_PID.store(std::process::id() as i32, Ordering::Relaxed);
