@@ -2193,6 +2193,15 @@ mod tests {
             }
             e => panic!("{e}"),
         }
+        let over = Fault::ExpertOverflow(5 * 8 + 1).encode();
+        let e = status_error(&st(STATUS_DISPATCH_PEER, 2, over, 0, 4), &c, 0, 3).unwrap();
+        assert!(
+            e.to_string().contains(
+                "its topk_idx[5][1] names an expert 129 times, more rows than \
+                 num_max_dispatch_tokens_per_rank = 128 allows"
+            ),
+            "{e}"
+        );
         let t = Fault::TooManyTokens(200).encode();
         let e = status_error(&st(STATUS_DISPATCH_INPUT, 1, t, 0, 1), &c, 1, 0)
             .unwrap()

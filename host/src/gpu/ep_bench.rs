@@ -451,6 +451,8 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
     let mut long_idx = good.topk_idx.clone();
     long_idx.resize(t_max * 2, -1);
     let idx_long = upload(g, &idx_bytes(&long_idx, IdxType::I64), "topk_idx")?;
+    // Every slot of 16 tokens names expert 0: its 17th entry (index 16) passes N = 16.
+    let idx_over = upload(g, &idx_bytes(&[0i64; 32], IdxType::I64), "topk_idx")?;
     let expect = |r: Result<DispatchOutput>, culprit: usize, text: &str| -> Result<()> {
         match r {
             Ok(_) => Err(Error::Verification(format!(
@@ -481,16 +483,28 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
         };
         let h = buf.low_latency_dispatch(x.ptr(), p, IdxType::I64, t, false)?;
         let second = expect(buf.read_dispatch(&h), 0, "tokens");
+        // 2b: on the last PE, an expert named more than N times (fault code 5).
+        let p = if me == n - 1 {
+            idx_over.ptr()
+        } else {
+            idx_ok.ptr()
+        };
+        let h = buf.low_latency_dispatch(x.ptr(), p, IdxType::I64, 16, false)?;
+        let over = expect(
+            buf.read_dispatch(&h),
+            n - 1,
+            "its topk_idx[8][0] names an expert 17 times",
+        );
         // 3: a valid call afterwards works (the credits flowed through the failed calls).
         let all = check::allgather_routing(g.pe(), g.pe().world(), &good)?;
         let h = buf.low_latency_dispatch(x.ptr(), idx_ok.ptr(), IdxType::I64, 16, false)?;
         let third =
             check::validate_dispatch(&cfg, me, &all, &vec![false; n], &buf.read_dispatch(&h)?);
-        first.and(second).and(third)
+        first.and(second).and(over).and(third)
     })();
     // Every PE reaches the collective destroy, even after an error above.
     let d = buf.destroy();
-    drop((x, idx, idx_ok, idx_long));
+    drop((x, idx, idx_ok, idx_long, idx_over));
     body.and(d)
 }
 
