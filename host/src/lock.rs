@@ -5,11 +5,15 @@
 //! first served, as OpenSHMEM requires. Every access is an atomic on PE 0 through the
 //! transport that reaches it (p2p, proxy or fabric), so locks work between nodes too.
 //!
-//! Each PE remembers the locks it holds, so that clearing a lock it does not hold or
-//! setting one it already holds is an error (OpenSHMEM leaves both undefined; the second
-//! would wait forever). A `set_lock` that gives up after the PE's timeout keeps its ticket
-//! (a ticket cannot be withdrawn without breaking the order of those behind it): the lock
-//! stays unusable, which the error says.
+//! Each PE remembers the locks it holds or waits for (marked before it takes a ticket, in
+//! one step with the check), so that clearing a lock it does not hold, or setting one it
+//! holds or waits for (from another thread sharing the `Pe`), is an error (OpenSHMEM leaves
+//! both undefined; the second would wait forever). It also keeps each PE to one ticket per
+//! lock, so a queue longer than the job means the word was not zero before use, which is
+//! refused before taking a ticket. A `set_lock` that fails after taking its ticket (the
+//! timeout, a dead PE, a transport error) leaves the ticket queued (it cannot be withdrawn
+//! without breaking the order of those behind it): the lock stays unusable, which the error
+//! says.
 
 use crate::error::{Error, Result};
 use crate::pe::{ms_since, Pe};
@@ -33,20 +37,31 @@ impl Pe {
     /// Waits until this PE holds `lock` (OpenSHMEM `shmem_set_lock`), in the order PEs
     /// asked for it. The wait is bounded by the PE's timeout.
     pub fn set_lock(&self, lock: SymPtr<u64>) -> Result<()> {
-        self.lock_not_held(lock, "set_lock")?;
-        let old = self.atomic_fetch_add(lock, TICKET, HOME)?;
-        let mine = next(old);
-        // At most one ticket per PE is outstanding on a lock, so a longer queue means the
-        // word was not zero before first use (or is not a lock).
-        let ahead = mine.wrapping_sub(serving(old));
-        if ahead as usize >= self.n_pes() {
+        self.claim_lock(lock, "set_lock")?;
+        let r = self.take_lock(lock);
+        if r.is_err() {
+            self.unclaim_lock(lock);
+        }
+        r
+    }
+
+    fn take_lock(&self, lock: SymPtr<u64>) -> Result<()> {
+        // A word whose queue is longer than one ticket per PE (the claim above keeps each
+        // PE to one) was not zero before first use: refused before taking a ticket, so the
+        // word is left as it was.
+        let seen = self.atomic_fetch(lock, HOME)?;
+        let queued = next(seen).wrapping_sub(serving(seen));
+        if queued as usize >= self.n_pes() {
             return Err(Error::InvalidArgument(format!(
                 "set_lock: the word at offset {:#x} on PE {HOME} is not a lock (next ticket \
-                 {mine}, serving {}): a lock must be zero before its first use",
+                 {}, serving {}): a lock must be zero before its first use",
                 lock.offset(),
-                serving(old)
+                next(seen),
+                serving(seen)
             )));
         }
+        let old = self.atomic_fetch_add(lock, TICKET, HOME)?;
+        let mine = next(old);
         let start = Instant::now();
         let mut polls = 0u32;
         let mut last = old;
@@ -78,71 +93,94 @@ impl Pe {
             // is visible once its release is seen here.
             last = self.atomic_fetch(lock, HOME)?;
         }
-        self.held_locks().push(lock.offset());
         Ok(())
     }
 
     /// Takes `lock` if it is free (OpenSHMEM `shmem_test_lock`): true when this PE now
     /// holds it, false when another PE held it or was queued for it. Never waits.
     pub fn test_lock(&self, lock: SymPtr<u64>) -> Result<bool> {
-        self.lock_not_held(lock, "test_lock")?;
-        let v = self.atomic_fetch(lock, HOME)?;
-        if next(v) != serving(v) {
-            return Ok(false);
+        self.claim_lock(lock, "test_lock")?;
+        let r = (|| {
+            let v = self.atomic_fetch(lock, HOME)?;
+            if next(v) != serving(v) {
+                return Ok(false);
+            }
+            // A free lock: take the next ticket only if nobody took it since (AcqRel). A
+            // failure means another PE did.
+            Ok(self.atomic_compare_swap(lock, v, v.wrapping_add(TICKET), HOME)? == v)
+        })();
+        if !matches!(r, Ok(true)) {
+            self.unclaim_lock(lock);
         }
-        // A free lock: take the next ticket only if nobody took it since (AcqRel). A
-        // failure means another PE did.
-        let taken = self.atomic_compare_swap(lock, v, v.wrapping_add(TICKET), HOME)? == v;
-        if taken {
-            self.held_locks().push(lock.offset());
-        }
-        Ok(taken)
+        r
     }
 
     /// Releases `lock`, held by this PE, to the next PE in line (OpenSHMEM
     /// `shmem_clear_lock`), after completing this PE's puts and atomics (quiet), so the
-    /// next holder sees them.
+    /// next holder sees them. On an error the PE still holds the lock.
     pub fn clear_lock(&self, lock: SymPtr<u64>) -> Result<()> {
-        if !self.held_locks().contains(&lock.offset()) {
+        // Taken out of the held set first, so that two threads of this PE cannot both
+        // release it (serving would advance twice).
+        if !self.unclaim_lock(lock) {
             return Err(Error::InvalidArgument(format!(
                 "clear_lock: PE {} does not hold the lock at offset {:#x}",
                 self.my_pe(),
                 lock.offset()
             )));
         }
-        self.try_quiet()?;
-        // Serve the next ticket: the low half plus one, without carrying into the high half
-        // (a carry would hand out a ticket nobody holds). Other PEs may take tickets
-        // meanwhile, so a compare-and-swap, retried until it lands; AcqRel: the release
-        // publishes this PE's writes (completed by the quiet above) to the next holder.
+        let r = self.try_quiet().and_then(|()| self.serve_next(lock));
+        if r.is_err() {
+            self.held_locks().push(lock.offset());
+        }
+        r
+    }
+
+    /// Serves the next ticket: the low half plus one, without carrying into the high half
+    /// (a carry would hand out a ticket nobody holds). Other PEs may take tickets
+    /// meanwhile, so a compare-and-swap, retried until it lands; AcqRel: the release
+    /// publishes this PE's writes (completed by the quiet before) to the next holder.
+    fn serve_next(&self, lock: SymPtr<u64>) -> Result<()> {
         let mut v = self.atomic_fetch(lock, HOME)?;
         loop {
             let served = (v & !0xffff_ffff) | serving(v).wrapping_add(1) as u64;
             let seen = self.atomic_compare_swap(lock, v, served, HOME)?;
             if seen == v {
-                break;
+                return Ok(());
             }
             v = seen;
         }
-        let mut held = self.held_locks();
-        if let Some(i) = held.iter().position(|&o| o == lock.offset()) {
-            held.swap_remove(i);
-        }
-        Ok(())
     }
 
     fn held_locks(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
         self.locks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_not_held(&self, lock: SymPtr<u64>, op: &str) -> Result<()> {
-        if self.held_locks().contains(&lock.offset()) {
+    /// Marks `lock` as held or waited for by this PE, in one step with the check that it
+    /// is not already (locks are not recursive, and one ticket per PE keeps a queue no
+    /// longer than the job).
+    fn claim_lock(&self, lock: SymPtr<u64>, op: &str) -> Result<()> {
+        let mut held = self.held_locks();
+        if held.contains(&lock.offset()) {
             return Err(Error::InvalidArgument(format!(
-                "{op}: PE {} already holds the lock at offset {:#x} (locks are not recursive)",
+                "{op}: PE {} already holds or waits for the lock at offset {:#x} (locks are \
+                 not recursive)",
                 self.my_pe(),
                 lock.offset()
             )));
         }
+        held.push(lock.offset());
         Ok(())
+    }
+
+    /// Removes `lock` from this PE's held set; false when it was not there.
+    fn unclaim_lock(&self, lock: SymPtr<u64>) -> bool {
+        let mut held = self.held_locks();
+        match held.iter().position(|&o| o == lock.offset()) {
+            Some(i) => {
+                held.swap_remove(i);
+                true
+            }
+            None => false,
+        }
     }
 }

@@ -1070,6 +1070,26 @@ fn strided(pe: &Pe) -> Result<()> {
     )?;
     pe.get(&mut v, w, me)?;
     check(|| "refused iputs wrote nothing".into(), v, [1, 2, 3, 0])?;
+    // A pointer made by hand that runs past the heap: refused whole, the last word of the
+    // heap (its first element) untouched.
+    let heap = pe.heap_size();
+    let last = SymPtr::<u64>::from_raw(heap - 8, 1);
+    let before = pe.g(last, me)?;
+    expect_err(
+        "iput running past the heap end",
+        pe.iput(SymPtr::from_raw(heap - 8, 4), &[!before, 1], 2, 1, 2, me),
+        |e| matches!(e, Error::OutOfBounds { .. }),
+    )?;
+    check(
+        || "the heap's last word after a refused iput".into(),
+        pe.g(last, me)?,
+        before,
+    )?;
+    expect_err(
+        "iget running past the heap end",
+        pe.iget(&mut [0u64; 2], SymPtr::from_raw(heap - 8, 4), 1, 2, 2, me),
+        |e| matches!(e, Error::OutOfBounds { .. }),
+    )?;
     pe.barrier_all()?;
     pe.free(w)?;
     pe.free(dest)
@@ -1138,6 +1158,12 @@ fn locks(pe: &Pe) -> Result<()> {
         "set_lock on a word that is not a lock",
         pe.set_lock(junk),
         |e| matches!(e, Error::InvalidArgument(m) if m.contains("is not a lock")),
+    )?;
+    pe.barrier_all()?;
+    check(
+        || "a word refused as a lock is left as it was".into(),
+        pe.atomic_fetch(junk, 0)?,
+        0x0000_0000_8000_0000,
     )?;
     pe.barrier_all()?;
     pe.free(junk)?;

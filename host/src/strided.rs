@@ -41,6 +41,20 @@ fn check(
 }
 
 impl Pe {
+    /// The PE and the whole strided span of `sym` on it, checked before any element moves
+    /// (a `SymPtr` made with `from_raw` may reach past the heap; each element's own check
+    /// would then fail only after the earlier ones moved).
+    fn check_span<T>(&self, pe: usize, sym: SymPtr<T>, stride: usize, nelems: usize) -> Result<()> {
+        let bytes = span(nelems, stride)
+            .and_then(|n| n.checked_mul(size_of::<T>()))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{nelems} elements at stride {stride} span more than the address space"
+                ))
+            })?;
+        self.route(pe, sym.offset(), bytes).map(|_| ())
+    }
+
     /// `dest[i * dst] = source[i * sst]` on PE `pe` for `i < nelems` (OpenSHMEM
     /// `shmem_iput`; strides in elements). `source` may be reused on return; the data is
     /// complete at the next quiet, as with [`Pe::put`].
@@ -60,8 +74,7 @@ impl Pe {
         if dst == 1 && sst == 1 {
             return self.put(dest.slice(0..nelems), &source[..nelems], pe);
         }
-        // The first element also checks the PE and that dest is in its heap (every other
-        // element lies inside the span checked above), so a bad PE changes nothing.
+        self.check_span(pe, dest, dst, nelems)?;
         for i in 0..nelems {
             let s = i * sst;
             self.put_nbi(dest.at(i * dst), &source[s..s + 1], pe)?;
@@ -87,6 +100,7 @@ impl Pe {
         if dst == 1 && sst == 1 {
             return self.get(&mut dest[..nelems], source.slice(0..nelems), pe);
         }
+        self.check_span(pe, source, sst, nelems)?;
         for i in 0..nelems {
             let d = i * dst;
             self.get(&mut dest[d..d + 1], source.at(i * sst), pe)?;

@@ -429,3 +429,37 @@ fn tolerated_death(s: Settings) {
         );
     }
 }
+
+/// Two threads sharing one PE: the second `set_lock` while the first holds the lock is an
+/// error (OpenSHMEM locks exclude PEs, not threads of one PE) that takes no ticket, so the
+/// lock stays usable; once released, either thread can take it.
+#[test]
+fn a_lock_held_by_one_thread_of_a_pe_is_refused_to_another() {
+    let out = run_threads(1, settings(), |pe| {
+        let lock = pe.calloc::<u64>(1)?;
+        pe.set_lock(lock)?;
+        let refused = std::thread::scope(|s| {
+            s.spawn(|| pe.set_lock(lock).map_err(|e| e.to_string()))
+                .join()
+                .expect("thread")
+        });
+        let word_while_held = pe.atomic_fetch(lock, 0)?;
+        pe.clear_lock(lock)?;
+        std::thread::scope(|s| {
+            s.spawn(|| pe.set_lock(lock).and_then(|()| pe.clear_lock(lock)))
+                .join()
+                .expect("thread")
+        })?;
+        Ok((refused, word_while_held, pe.atomic_fetch(lock, 0)?))
+    })
+    .expect("job starts");
+    let (refused, held, end) = out.into_iter().next().unwrap().expect("PE 0");
+    let e = refused.expect_err("the second set_lock is refused");
+    assert!(
+        e.contains("already holds or waits for the lock at offset"),
+        "{e}"
+    );
+    // One ticket taken and served while held (no ticket for the refused call), two at the end.
+    assert_eq!((held >> 32, held & 0xffff_ffff), (1, 0));
+    assert_eq!((end >> 32, end & 0xffff_ffff), (2, 2));
+}
