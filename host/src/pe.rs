@@ -755,6 +755,54 @@ impl Pe {
             .map_err(|e| Error::InvalidArgument(format!("free: {e}")))
     }
 
+    /// Collective: resizes an allocation to `count` elements on every PE (OpenSHMEM
+    /// `shmem_realloc`; all must pass the same pointer and count). The block may move;
+    /// each PE's contents are kept up to the smaller of the two sizes (the rest is
+    /// uninitialised). An empty `ptr` allocates, a `count` of 0 frees and returns an empty
+    /// pointer. The PE's puts complete first, and no PE returns before every PE has
+    /// copied its contents (so writes into the new block after the call are not lost).
+    /// When the heap has no room the old block is left as it was, on every PE.
+    pub fn realloc<T: Element>(&self, ptr: SymPtr<T>, count: usize) -> Result<SymPtr<T>> {
+        let bytes = bytes_of::<T>(count)?;
+        let quiet = self.try_quiet();
+        let args = [ptr.offset() as u64, bytes as u64, quiet.is_ok() as u64];
+        self.agree("realloc", &args, |a| {
+            format!("offset {:#x} bytes {} ready {}", a[0], a[1], a[2] == 1)
+        })?;
+        quiet?;
+        if ptr.offset() == 0 {
+            let o = self.alloc_collective("realloc", bytes, align_of_elem::<T>(), false)?;
+            return Ok(SymPtr::from_raw(o, count));
+        }
+        let old_bytes = {
+            let a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+            a.size_of(ptr.offset()).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "realloc: offset {:#x} is not the start of a symmetric allocation",
+                    ptr.offset()
+                ))
+            })?
+        };
+        if count == 0 {
+            self.free(ptr)?;
+            return Ok(SymPtr::from_raw(0, 0));
+        }
+        let off = self.alloc_collective("realloc", bytes, align_of_elem::<T>(), false)?;
+        let keep = bytes.min(old_bytes).min(ptr.bytes());
+        if keep > 0 {
+            let from = self.target(self.rank, ptr.offset(), keep)?;
+            let to = self.target(self.rank, off, keep)?;
+            // SAFETY: both ranges lie in this PE's own mapping (checked by target) and do
+            // not overlap (the new block was allocated while the old one was live). No PE
+            // writes either block during the call (puts were completed and agreed above).
+            unsafe { crate::copy::copy_bytes(from, to, keep) };
+        }
+        self.free(ptr)?;
+        // Every PE has copied before any returns and writes into the new block.
+        self.sync_team(&self.world)?;
+        Ok(SymPtr::from_raw(off, count))
+    }
+
     /// Bytes still free in the symmetric heap, and the largest free block.
     pub fn heap_free(&self) -> (usize, usize) {
         let a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());

@@ -221,6 +221,66 @@ fn alloc(pe: &Pe) -> Result<()> {
     let z = pe.malloc(0)?;
     check(|| "malloc(0) length".into(), z.len(), 0)?;
     pe.free(z)?;
+    // realloc keeps each PE's contents up to the smaller size, wherever the block goes: a
+    // block behind the first one makes growing move it.
+    let me = pe.my_pe();
+    let r = pe.realloc(SymPtr::<u64>::from_raw(0, 0), 8)?;
+    let fence_block = pe.malloc(64)?;
+    let mine: Vec<u64> = (0..8).map(|i| pat(me, i)).collect();
+    pe.put(r, &mine, me)?;
+    let grown = pe.realloc(r, 1000)?;
+    check(
+        || "realloc grows and moves".into(),
+        grown.offset() != r.offset(),
+        true,
+    )?;
+    let mut got = vec![0u64; 8];
+    pe.get(&mut got, grown.slice(0..8), next)?;
+    check(
+        || format!("PE {next}'s contents after growing"),
+        got,
+        (0..8).map(|i| pat(next, i)).collect::<Vec<_>>(),
+    )?;
+    let shrunk = pe.realloc(grown, 3)?;
+    let mut got = vec![0u64; 3];
+    pe.get(&mut got, shrunk, me)?;
+    check(
+        || "contents after shrinking".into(),
+        got,
+        mine[..3].to_vec(),
+    )?;
+    // No room: refused on every PE, the block and its contents unchanged.
+    let (free1, _) = pe.heap_free();
+    expect_err(
+        "realloc beyond the heap",
+        pe.realloc(shrunk, pe.heap_size()),
+        |e| matches!(e, Error::HeapExhausted { .. }),
+    )?;
+    let mut got = vec![0u64; 3];
+    pe.get(&mut got, shrunk, me)?;
+    check(
+        || "contents after a refused realloc".into(),
+        got,
+        mine[..3].to_vec(),
+    )?;
+    check(
+        || "free bytes after a refused realloc".into(),
+        pe.heap_free().0,
+        free1,
+    )?;
+    expect_err(
+        "realloc of a non-allocation",
+        pe.realloc(shrunk.slice(1..3), 4),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("not the start")),
+    )?;
+    let gone = pe.realloc(shrunk, 0)?;
+    check(|| "realloc to 0 is empty".into(), gone.len(), 0)?;
+    pe.free(fence_block)?;
+    check(
+        || "free bytes after realloc and free".into(),
+        pe.heap_free().0,
+        free0,
+    )?;
     Ok(())
 }
 
