@@ -241,10 +241,13 @@ fn every_death_is_reported_not_only_the_first() {
     let root = Root::bind("127.0.0.1:0", n, TOKEN).unwrap();
     let addr = root.local_addr().to_string();
     let first_seen = Arc::new(Barrier::new(3));
+    // PEs 0 and 1 leave (their Bootstrap dropped: a death too) only after both looked.
+    let both_looked = Arc::new(Barrier::new(2));
     let handles: Vec<_> = (0..n)
         .map(|rank| {
             let p = params(&addr, rank, n, 5000);
             let first_seen = first_seen.clone();
+            let both_looked = both_looked.clone();
             thread::spawn(move || {
                 let b = Bootstrap::join(&p).unwrap();
                 b.barrier(&Group::world(n)).unwrap();
@@ -263,7 +266,9 @@ fn every_death_is_reported_not_only_the_first() {
                     return Some((saw_first, true, Vec::new(), Ok(())));
                 }
                 let saw_second = wait_for_dead(&live, &[3, 2]);
-                Some((saw_first, saw_second, live.dead_pes(), live.check()))
+                let seen = (saw_first, saw_second, live.dead_pes(), live.check());
+                both_looked.wait();
+                Some(seen)
             })
         })
         .collect();
