@@ -42,12 +42,14 @@
 //!   exits with the failing PE's code, or 128 + signal number. Only the first failure
 //!   counts; PEs stopped by the launcher are not reported.
 //! * Which PE is named: the PEs that are told of a death by the bootstrap root usually
-//!   fail too (exit 1), so when the root this launcher hosts saw a PE leave without
-//!   finalize, that PE is named (once reaped, waiting at most [`DEATH_REAP_WAIT`] for it),
-//!   even when it exited 0: then the message is `rshmem run: PE 2 exited with code 0
-//!   without finalize` and the launcher exits 1. Otherwise, of the PEs that ended
-//!   together, one killed by a signal comes before one that exited non-zero, then the
-//!   lowest rank. A job whose PEs all exit 0 exits 0.
+//!   fail too (exit 1), so when the first PE the root this launcher hosts saw leave
+//!   without finalize crashed or exited non-zero itself, that PE is named (once reaped,
+//!   waiting at most [`DEATH_REAP_WAIT`] for it). If it exited 0, the failure is named as
+//!   below and keeps its code, and a second line says `rshmem run: PE 2 had left the job
+//!   first, exiting 0 without finalize: ...`. Otherwise, of the PEs that ended together,
+//!   one killed by a signal comes before one that exited non-zero, then the lowest rank.
+//!   A job whose PEs all exit 0 exits 0.
+//! * A signal the launcher was started with ignored (`nohup`) stays ignored.
 //! * SIGINT (Ctrl-C), SIGTERM, SIGHUP (a closed terminal or ssh session) or SIGQUIT to the
 //!   launcher: it prints `rshmem run: interrupted, stopping N PEs`, stops the PEs the same
 //!   way and exits 128 + the signal number: 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP),
@@ -63,9 +65,11 @@
 //!
 //! The launcher holds two descriptors per PE for the bootstrap root it hosts (the PE's
 //! connection and its writer's duplicate) and, when prefixing, the read ends of two output
-//! pipes per PE; it raises its soft `RLIMIT_NOFILE` to [`open_files_needed`] (at most the
-//! hard limit, which it cannot exceed: a job that needs more is refused before it starts).
-//! PEs inherit the raised limit.
+//! pipes per PE; it raises its soft `RLIMIT_NOFILE` to [`open_files_needed`], or as far as
+//! the hard limit allows (which it cannot exceed). A job whose output pipes alone do not
+//! fit is refused before it starts; one whose PEs' connections to the root do not all fit
+//! starts with a warning naming how many can join (a plain command never joins). PEs
+//! inherit the raised limit.
 //!
 //! After the job, successful or not, files in `/dev/shm` named `rshmem-<job id>-*` are
 //! removed. PEs normally unlink their segments right after mapping them, so only a crashed
@@ -131,10 +135,11 @@ stderr, whole lines only; a last line without newline gets one.
 
 Failure: when a PE exits non-zero or dies by a signal, the other PEs get SIGTERM, then
 SIGKILL after 2 s, and rshmem exits with that PE's exit code (128+N for signal N). The PE
-named is the first one the bootstrap root saw leave without finalize, if any (PEs told of
-its death fail too); if that PE exited 0, rshmem exits 1.
-Ctrl-C, SIGTERM, SIGHUP or SIGQUIT stops all PEs the same way; rshmem then exits 128+N
-(130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP).
+named is the first one the bootstrap root saw leave without finalize when it crashed or
+failed itself (PEs told of its death fail too); one that left first exiting 0 is named on
+a second line. Ctrl-C, SIGTERM, SIGHUP or SIGQUIT stops all PEs the same way; rshmem then
+exits 128+N (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP); a signal rshmem was
+started with ignored (nohup) stays ignored.
 
 Cleanup: leftover shared-memory segments of the job (/dev/shm/rshmem-JOBID-*) are
 removed at the end.
@@ -209,9 +214,8 @@ pub struct LaunchOutcome {
     /// How each PE ended, by rank.
     pub pe_exits: Vec<PeExit>,
     /// The PE named for the job's failure, if any: the first PE the bootstrap root saw
-    /// leave without finalize (its exit may then be `Code(0)`), else the first PE that
-    /// exited non-zero or died by a signal on its own. PEs the launcher stopped are never
-    /// named.
+    /// leave without finalize when it failed itself, else the first PE that exited
+    /// non-zero or died by a signal on its own. PEs the launcher stopped are never named.
     pub first_failure: Option<(usize, PeExit)>,
     /// The signal (SIGINT, SIGTERM, SIGHUP or SIGQUIT) that interrupted the job, if any.
     pub interrupted_by: Option<i32>,
@@ -249,7 +253,11 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         Some(t) => t.clone(),
         None => token_from_env_or_random()?,
     };
-    process::ensure_fd_limit(open_files_needed(opts.npes, opts.prefix_output))?;
+    let pipes = open_files_needed(opts.npes, opts.prefix_output) - 2 * opts.npes as u64;
+    let needed = open_files_needed(opts.npes, opts.prefix_output);
+    if let Some(w) = process::ensure_fd_limit(opts.npes, pipes, needed)? {
+        say(format_args!("{w}"));
+    }
     let signals = if opts.handle_signals {
         Some(signals::SignalGuard::install()?)
     } else {

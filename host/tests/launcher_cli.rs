@@ -36,6 +36,28 @@ fn rshmem(args: &[&str]) -> Command {
     cmd
 }
 
+/// Sets the launcher's dispositions of the signals it handles: `ignored` ignored, the
+/// others default (so the tests do not depend on what the test runner was started with:
+/// a background job of a script has SIGINT and SIGQUIT ignored).
+fn with_signals(cmd: &mut Command, ignored: &'static [i32]) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure calls only signal(2), which is
+    // async-signal-safe, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+                let how = if ignored.contains(&sig) {
+                    libc::SIG_IGN
+                } else {
+                    libc::SIG_DFL
+                };
+                libc::signal(sig, how);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Reads a pipe to its end on a thread; the bytes arrive on the returned channel.
 fn collect(mut pipe: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
     let (tx, rx) = mpsc::channel();
@@ -329,7 +351,7 @@ fn all_pes_succeed_gives_zero_even_when_they_end_at_different_times() {
 /// PEs and their children are gone.
 fn interrupt_with(sig: i32, expected_code: i32) {
     let started = Instant::now();
-    let mut child = rshmem(&[
+    let mut cmd = rshmem(&[
         "run",
         "-n",
         "2",
@@ -337,9 +359,9 @@ fn interrupt_with(sig: i32, expected_code: i32) {
         "sh",
         "-c",
         "sleep 30 & echo pid=$$ bg=$!; wait",
-    ])
-    .spawn()
-    .expect("spawn rshmem");
+    ]);
+    with_signals(&mut cmd, &[]);
+    let mut child = cmd.spawn().expect("spawn rshmem");
     let mut stdout = child.stdout.take().expect("stdout piped");
     // Read until both PEs have printed their pid.
     let (tx, rx) = mpsc::channel();
@@ -405,6 +427,32 @@ fn sigint_stops_pes_and_exits_130() {
 #[test]
 fn sigterm_stops_pes_and_exits_143() {
     interrupt_with(libc::SIGTERM, 143);
+}
+
+/// `nohup rshmem run ...`: started with SIGHUP ignored, the launcher leaves it ignored
+/// (for its PEs too) and the job runs to its end.
+#[test]
+fn an_ignored_sighup_stays_ignored() {
+    let started = Instant::now();
+    let mut cmd = rshmem(&[
+        "run",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo up; sleep 1; kill -HUP $$; echo done",
+    ]);
+    with_signals(&mut cmd, &[libc::SIGHUP]);
+    let mut child = cmd.spawn().expect("spawn rshmem");
+    let stdout = collect(child.stdout.take().expect("stdout piped"));
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill has no memory-safety preconditions; the pid is our live child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGHUP) }, 0);
+    let f = finish(child, started, stdout);
+    assert_eq!(f.code, Some(0), "stderr: {}", f.stderr);
+    let out = f.stdout_text();
+    assert_eq!(out.matches("done").count(), 2, "stdout: {out}");
 }
 
 #[test]

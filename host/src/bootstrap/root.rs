@@ -88,7 +88,10 @@ struct Pending {
 }
 
 fn log(msg: impl std::fmt::Display) {
-    eprintln!("rshmem bootstrap: {msg}");
+    // Not eprintln!: after the terminal went away (SIGHUP) a write error must not panic
+    // a connection thread before it records a death.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "rshmem bootstrap: {msg}");
 }
 
 fn random_job_id() -> Result<String> {

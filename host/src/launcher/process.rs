@@ -167,8 +167,12 @@ fn check_executable(path: &Path) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Raises the soft open-file limit to at least `needed` (up to the hard limit).
-pub(super) fn ensure_fd_limit(needed: u64) -> Result<()> {
+/// Raises the soft open-file limit to `needed` (the output pipes and the root's sockets
+/// of every PE), or as far as the hard limit allows. Refuses only when the hard limit is
+/// below `must` (what the launcher itself opens: the pipes and the slack); between the two
+/// it returns a warning, since programs that never join the bootstrap root (a plain
+/// command) run anyway, and rshmem programs past the room would fail to join.
+pub(super) fn ensure_fd_limit(npes: usize, must: u64, needed: u64) -> Result<Option<String>> {
     // SAFETY: rlimit is plain old data; zeroed is a valid value, filled in by getrlimit.
     let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: `lim` is valid writable storage for the call.
@@ -178,27 +182,37 @@ pub(super) fn ensure_fd_limit(needed: u64) -> Result<()> {
             std::io::Error::last_os_error(),
         ));
     }
-    if lim.rlim_cur >= needed {
-        return Ok(());
-    }
-    if lim.rlim_max < needed {
+    let cure = |n: u64| format!("as root: ulimit -Hn {n}, or nofile in /etc/security/limits.conf");
+    if lim.rlim_max < must {
         return Err(Error::Launch(format!(
-            "the job needs {needed} open files in the launcher (its PEs' connections to the \
-             bootstrap root and output pipes), but the hard limit (ulimit -Hn) is {}: raise \
-             it (as root: ulimit -Hn {needed}, or nofile in /etc/security/limits.conf) or \
-             start fewer PEs",
-            lim.rlim_max
+            "the job needs {must} open files in the launcher for its PEs' output pipes ({needed} \
+             with their connections to the bootstrap root), but the hard limit (ulimit -Hn) is \
+             {}: raise it ({}) or start fewer PEs",
+            lim.rlim_max,
+            cure(needed)
         )));
     }
-    lim.rlim_cur = needed;
-    // SAFETY: `lim` is a valid rlimit with rlim_cur <= rlim_max.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        return Err(Error::io(
-            format!("raising the open-file limit to {needed} (setrlimit)"),
-            std::io::Error::last_os_error(),
-        ));
+    let want = needed.min(lim.rlim_max);
+    if lim.rlim_cur < want {
+        lim.rlim_cur = want;
+        // SAFETY: `lim` is a valid rlimit with rlim_cur <= rlim_max.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(Error::io(
+                format!("raising the open-file limit to {want} (setrlimit)"),
+                std::io::Error::last_os_error(),
+            ));
+        }
     }
-    Ok(())
+    Ok((want < needed).then(|| {
+        format!(
+            "rshmem run: the hard open-file limit (ulimit -Hn) is {}: room for {} of the \
+             {npes} PEs to join the bootstrap root (2 open files each in the launcher); \
+             programs that use rshmem need {needed}: raise it ({})",
+            lim.rlim_max,
+            (want - must) / 2,
+            cure(needed)
+        )
+    }))
 }
 
 struct Pe {
@@ -227,10 +241,8 @@ impl Report {
             return 128 + sig;
         }
         match self.first_failure {
-            // A PE that exited 0 is named only when it left without finalize: still a
-            // failure of the job.
             Some((_, exit)) => match exit.shell_code() {
-                0 => 1,
+                0 => 1, // not expected: only failures are recorded
                 code => code,
             },
             None => 0,
@@ -239,8 +251,9 @@ impl Report {
 }
 
 /// Which PE to name when PEs that ended together (`batch`, by rank) include a failure:
-/// `root_first`, the first PE the bootstrap root saw die (with its exit, once reaped),
-/// since the others usually failed because they were told of its death; else the first PE
+/// `root_first`, the first PE the bootstrap root saw die (with its exit, once reaped) when
+/// it failed itself, since the others usually failed because they were told of its death
+/// (supervise names a first death that exited 0 separately); else the first PE
 /// of the batch killed by a signal (a crash); else the first that exited non-zero. None
 /// when nothing in the batch failed.
 fn blame(
@@ -478,17 +491,23 @@ impl Job {
                 .collect();
             let failed = batch.iter().any(|(_, exit)| !exit.is_success());
             if stopping.is_none() && first_failure.is_none() && failed {
+                // The first PE the root saw die is blamed when it failed itself (a crash,
+                // a non-zero exit); one that exited 0 without finalize is named after the
+                // failure, which keeps its own code (it may have nothing to do with it).
                 let root_first = self.root_first_death(first_death, &mut batch);
-                if let Some((rank, exit)) = blame(&batch, root_first) {
+                let (crashed, left) = match root_first {
+                    Some((r, exit)) if exit.is_success() => (None, Some(r)),
+                    other => (other, None),
+                };
+                if let Some((rank, exit)) = blame(&batch, crashed) {
                     first_failure = Some((rank, exit));
-                    if exit.is_success() {
-                        say(format_args!(
-                            "rshmem run: PE {rank} {} without finalize",
-                            exit.describe()
-                        ));
-                    } else {
-                        say(format_args!("rshmem run: PE {rank} {}", exit.describe()));
-                    }
+                    say(format_args!("rshmem run: PE {rank} {}", exit.describe()));
+                }
+                if let Some(r) = left {
+                    say(format_args!(
+                        "rshmem run: PE {r} had left the job first, exiting 0 without \
+                         finalize: the other PEs' failures may follow from it"
+                    ));
                 }
             }
 

@@ -1,6 +1,8 @@
 //! SIGINT, SIGTERM, SIGHUP and SIGQUIT handling while a job runs.
 //!
-//! All four stop the job the same way (the launcher exits 128 + the signal). SIGHUP
+//! All four stop the job the same way (the launcher exits 128 + the signal), unless the
+//! launcher was started with the signal ignored (`nohup`, a script's background job):
+//! then it stays ignored, for the launcher and its PEs. SIGHUP
 //! matters most when the launcher runs in an ssh session or terminal that goes away: its
 //! default action would kill the launcher at once, and though `PR_SET_PDEATHSIG` takes the
 //! PEs along, their own children would live on and `/dev/shm` would not be cleaned.
@@ -67,6 +69,18 @@ impl SignalGuard {
             previous: Vec::new(),
         };
         for sig in CAUGHT {
+            // A signal the launcher was started with ignored stays ignored, for it and its
+            // PEs (an ignored disposition survives exec): `nohup rshmem run ...` must
+            // outlive its terminal, and a shell starts background jobs of a script with
+            // SIGINT and SIGQUIT ignored.
+            // SAFETY: a zeroed sigaction is valid storage for the current action.
+            let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: a null new action only reads the current one into `current`.
+            if unsafe { libc::sigaction(sig, std::ptr::null(), &mut current) } == 0
+                && current.sa_sigaction == libc::SIG_IGN
+            {
+                continue;
+            }
             // SAFETY: sigaction is plain old data; all-zero is a valid (empty) value that
             // we fill in before use.
             let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
