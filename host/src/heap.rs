@@ -670,6 +670,31 @@ impl Allocator {
         Ok(())
     }
 
+    /// Shrinks the allocation at `offset` in place to `size` bytes (rounded to 16 as
+    /// [`Allocator::alloc`] does), returning its tail to the free list; false (nothing
+    /// changes) when `offset` is not an allocation or `size` is not smaller.
+    pub fn shrink(&mut self, offset: usize, size: usize) -> bool {
+        let Some(&(b, l)) = self.used.get(&offset) else {
+            return false;
+        };
+        let Some(size) = size.max(1).checked_add(15).map(|s| s & !15) else {
+            return false;
+        };
+        let keep = offset - b + size;
+        if keep >= l {
+            return false;
+        }
+        self.used.insert(offset, (b, keep));
+        // The tail [b + keep, b + l) becomes free, merged with a free block right after it
+        // (nothing free can end where the tail starts: that is inside the kept block).
+        let (t, mut tl) = (b + keep, l - keep);
+        if let Some(nl) = self.free.remove(&(t + tl)) {
+            tl += nl;
+        }
+        self.free.insert(t, tl);
+        true
+    }
+
     /// Usable size of the allocation at `offset`, if it is one.
     pub fn size_of(&self, offset: usize) -> Option<usize> {
         self.used.get(&offset).map(|&(_, l)| l)
@@ -694,6 +719,29 @@ impl Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shrink_in_place_frees_the_tail_and_merges_it() {
+        let mut a = Allocator::new(4096, 4096 + 1024);
+        let x = a.alloc(512, 16).unwrap();
+        let y = a.alloc(256, 16).unwrap();
+        assert_eq!((x, y), (4096, 4096 + 512));
+        // y's tail merges with the free block after it; x's tail stands alone.
+        assert!(a.shrink(y, 100));
+        assert_eq!(a.size_of(y), Some(112));
+        assert_eq!(a.largest_free(), 1024 - 512 - 112);
+        assert!(a.shrink(x, 16));
+        assert_eq!(a.size_of(x), Some(16));
+        assert_eq!(a.free_bytes(), 1024 - 16 - 112);
+        // Not smaller, or not an allocation: nothing changes.
+        assert!(!a.shrink(x, 16));
+        assert!(!a.shrink(x, 4000));
+        assert!(!a.shrink(x + 16, 1));
+        // Freeing both coalesces everything back.
+        a.free(x).unwrap();
+        a.free(y).unwrap();
+        assert_eq!(a.largest_free(), 1024);
+    }
 
     #[test]
     fn first_fit_reuse_and_coalesce() {

@@ -756,9 +756,9 @@ impl Pe {
     }
 
     /// Collective: resizes an allocation to `count` elements on every PE (OpenSHMEM
-    /// `shmem_realloc`; all must pass the same pointer and count). The block may move;
-    /// each PE's contents are kept up to the smaller of the two sizes (the rest is
-    /// uninitialised). An empty `ptr` allocates, a `count` of 0 frees and returns an empty
+    /// `shmem_realloc`; all must pass the same pointer and count). Shrinking happens in
+    /// place; growing may move the block; each PE's contents are kept up to the smaller of
+    /// the two sizes (the rest is uninitialised). An empty `ptr` allocates, a `count` of 0 frees and returns an empty
     /// pointer. The PE's puts complete first, and no PE returns before every PE has
     /// copied its contents (so writes into the new block after the call are not lost).
     /// When the heap has no room the old block is left as it was, on every PE.
@@ -786,6 +786,12 @@ impl Pe {
         if count == 0 {
             self.free(ptr)?;
             return Ok(SymPtr::from_raw(0, 0));
+        }
+        if bytes <= old_bytes {
+            // Shrinks in place (always room): every PE runs the same allocator step.
+            let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+            a.shrink(ptr.offset(), bytes);
+            return Ok(SymPtr::from_raw(ptr.offset(), count));
         }
         let off = self.alloc_collective("realloc", bytes, align_of_elem::<T>(), false)?;
         let keep = bytes.min(old_bytes).min(ptr.bytes());

@@ -242,6 +242,11 @@ fn alloc(pe: &Pe) -> Result<()> {
         (0..8).map(|i| pat(next, i)).collect::<Vec<_>>(),
     )?;
     let shrunk = pe.realloc(grown, 3)?;
+    check(
+        || "realloc shrinks in place".into(),
+        shrunk.offset(),
+        grown.offset(),
+    )?;
     let mut got = vec![0u64; 3];
     pe.get(&mut got, shrunk, me)?;
     check(
