@@ -281,7 +281,7 @@ fn three_hundred_pes_join_under_a_soft_limit_of_1024_open_files() {
     assert_eq!(code, Some(2), "stderr: {stderr}");
     assert!(
         stderr.contains(&format!(
-            "the job needs {pipes} open files in the launcher for its PEs' output pipes \
+            "the job needs {pipes} open files in the launcher for itself and its PEs' output pipes \
              ({all} with their connections to the bootstrap root), but the hard limit \
              (ulimit -Hn) is 1024"
         )),

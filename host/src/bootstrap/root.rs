@@ -202,6 +202,8 @@ impl Drop for Root {
 }
 
 fn accept_loop(hub: &Arc<Hub>, listener: TcpListener) {
+    // The errno of the last accept error logged (None after a successful accept).
+    let mut last_error: Option<Option<i32>> = None;
     // Relaxed: see `Root::drop`.
     while !hub.stop.load(Ordering::Relaxed) {
         let mut pfd = libc::pollfd {
@@ -217,6 +219,7 @@ fn accept_loop(hub: &Arc<Hub>, listener: TcpListener) {
         }
         match listener.accept() {
             Ok((stream, peer)) => {
+                last_error = None;
                 let h = hub.clone();
                 let spawned = thread::Builder::new()
                     .name("rshmem-root-conn".into())
@@ -229,8 +232,21 @@ fn accept_loop(hub: &Arc<Hub>, listener: TcpListener) {
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => {
-                // E.g. out of file descriptors: back off instead of spinning.
-                log(format!("accept failed: {e}"));
+                // E.g. out of file descriptors: back off instead of spinning, and say so
+                // once (until an accept succeeds again) rather than every 10 ms.
+                let kind = e.raw_os_error();
+                if last_error != Some(kind) {
+                    log(format!(
+                        "accept failed: {e}{}",
+                        if kind == Some(libc::EMFILE) {
+                            " (the root's process is out of open files: PEs cannot join; \
+                             raise its open-file limit)"
+                        } else {
+                            ""
+                        }
+                    ));
+                    last_error = Some(kind);
+                }
                 thread::sleep(Duration::from_millis(10));
             }
         }

@@ -185,9 +185,9 @@ pub(super) fn ensure_fd_limit(npes: usize, must: u64, needed: u64) -> Result<Opt
     let cure = |n: u64| format!("as root: ulimit -Hn {n}, or nofile in /etc/security/limits.conf");
     if lim.rlim_max < must {
         return Err(Error::Launch(format!(
-            "the job needs {must} open files in the launcher for its PEs' output pipes ({needed} \
-             with their connections to the bootstrap root), but the hard limit (ulimit -Hn) is \
-             {}: raise it ({}) or start fewer PEs",
+            "the job needs {must} open files in the launcher for itself and its PEs' output \
+             pipes ({needed} with their connections to the bootstrap root), but the hard \
+             limit (ulimit -Hn) is {}: raise it ({}) or start fewer PEs",
             lim.rlim_max,
             cure(needed)
         )));
