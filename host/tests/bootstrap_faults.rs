@@ -461,3 +461,53 @@ fn lost_root_is_reported_as_pe_0() {
     }
     assert!(matches!(live.check(), Err(Error::PeerDied { pe: 0, .. })));
 }
+
+/// A root hosted by a PE waits, at that PE's exit, for the PEs still running after a death
+/// (they may tolerate it and go on using the root), not only until the first death.
+#[test]
+fn the_root_waits_for_survivors_after_a_death() {
+    let n = 3;
+    let root = Root::bind("127.0.0.1:0", n, TOKEN).unwrap();
+    let addr = root.local_addr().to_string();
+    let died = Arc::new(Barrier::new(3));
+    let survivor_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let p = params(&addr, rank, n, 5000);
+            let died = died.clone();
+            let done = survivor_done.clone();
+            thread::spawn(move || {
+                let b = Bootstrap::join(&p).unwrap();
+                b.barrier(&Group::world(n)).unwrap();
+                if rank == 2 {
+                    drop(b); // dies without finalize
+                    died.wait();
+                    return;
+                }
+                assert!(wait_for_dead(&b.liveness(), &[2]), "PE {rank}");
+                died.wait();
+                if rank == 1 {
+                    // Still working after the death, then leaves.
+                    thread::sleep(Duration::from_millis(300));
+                    // SeqCst: ordered before the farewell the root waits for.
+                    done.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                let _ = b.finalize();
+            })
+        })
+        .collect();
+    // Once the root has seen the death (the job is broken for it).
+    let end = Instant::now() + Duration::from_secs(5);
+    while root.first_death().is_none() {
+        assert!(Instant::now() < end, "the root never saw PE 2 die");
+        thread::sleep(Duration::from_millis(5));
+    }
+    root.wait_all_left(Duration::from_secs(20));
+    assert!(
+        survivor_done.load(std::sync::atomic::Ordering::SeqCst),
+        "the root stopped waiting while PE 1 was still running"
+    );
+    for h in handles {
+        h.join().unwrap();
+    }
+}

@@ -173,15 +173,17 @@ impl Root {
             .map(|(rank, detail)| (*rank as usize, detail.clone()))
     }
 
-    /// Waits (at most `timeout`) until every PE that joined has left — finalized or died —
-    /// or the job broke. A PE hosting the root calls this before its process exits, so the
-    /// other PEs' farewells are still answered.
+    /// Waits (at most `timeout`) until every PE that joined has left — finalized or died,
+    /// also after a death (PEs that tolerate it go on). A PE hosting the root calls this
+    /// before its process exits, so the other PEs' farewells are still answered.
     pub fn wait_all_left(&self, timeout: std::time::Duration) {
         let t0 = std::time::Instant::now();
         while t0.elapsed() < timeout {
             {
                 let st = lock(&self.hub.state);
-                if st.broken.is_some() || (st.joined > 0 && st.peers.iter().all(|p| p.is_none())) {
+                // Not "or the job broke": PEs that tolerate a death (EP shrink mode) go on
+                // using the root after it, so a rank-0-hosted root waits for them too.
+                if st.joined > 0 && st.peers.iter().all(|p| p.is_none()) {
                     return;
                 }
             }
