@@ -160,11 +160,7 @@ impl<T> std::ops::Deref for Snapshot<T> {
 
 /// The element type by name (FNV-1a), so that i32 and f32 differ too.
 fn type_code<T>() -> u64 {
-    std::any::type_name::<T>()
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        })
+    crate::pe::fnv(std::any::type_name::<T>().as_bytes())
 }
 
 /// A zero-filled local buffer (every bit pattern of an `Element` is a value).
@@ -304,25 +300,23 @@ impl Pe {
         }
     }
 
-    /// Step 3 of fcollect and alltoall: `block(j)` (of `nelems` elements) goes to member
-    /// `j`'s `dest` at block `my index`, starting with the next member so that the members
-    /// do not all write to member 0 first.
+    /// Step 3 of fcollect, alltoall, collect and reduce: `block(j)` goes to member `j`'s
+    /// `dest` (the range this member writes, the same on every member), starting with the
+    /// next member so that the members do not all write to member 0 first.
     fn push_blocks<'a, T: Element>(
         &self,
         team: &Team,
         dest: SymPtr<T>,
-        nelems: usize,
         block: impl Fn(usize) -> &'a [T],
     ) -> Result<()> {
-        if nelems == 0 {
+        if dest.is_empty() {
             return Ok(());
         }
         let (n, me) = (team.n_pes(), team.my_pe());
-        let at = me * nelems;
         for k in 1..=n {
             let j = (me + k) % n;
             let pe = team.world_pe(j).expect("member index below n_pes");
-            self.put_nbi(dest.slice(at..at + nelems), block(j), pe)?;
+            self.put_nbi(dest, block(j), pe)?;
         }
         Ok(())
     }
@@ -464,19 +458,7 @@ impl Pe {
         }
         let me = team.my_pe();
         let at: usize = counts[..me].iter().sum();
-        let moved = (|| {
-            if nelems == 0 {
-                return Ok(());
-            }
-            let n = team.n_pes();
-            for k in 1..=n {
-                let pe = team
-                    .world_pe((me + k) % n)
-                    .expect("member index below n_pes");
-                self.put_nbi(dest.slice(at..at + nelems), &data, pe)?;
-            }
-            Ok(())
-        })();
+        let moved = self.push_blocks(team, dest.slice(at..at + nelems), |_| &data[..]);
         self.coll_status(team, "collect (completion)", moved)
     }
 
@@ -495,7 +477,8 @@ impl Pe {
         let source_need = if per_member { total } else { nelems };
         let (data, ready) = self.snapshot(coll, source, source_need, dest, total);
         self.coll_agree(team, coll, dest, total, source, source_need, 0, 0, ready)?;
-        let moved = self.push_blocks(team, dest, nelems, |j| {
+        let at = team.my_pe() * nelems;
+        let moved = self.push_blocks(team, dest.slice(at..at + nelems), |j| {
             if per_member {
                 &data[j * nelems..(j + 1) * nelems]
             } else {
@@ -570,18 +553,7 @@ impl Pe {
         // has read all of them before it writes dest[i] anywhere: dest may be source with
         // no agreement between the reads and the writes. A member whose read failed writes
         // nothing and reports the failure in the completion exchange.
-        let written = read.and_then(|()| {
-            if hi == lo {
-                return Ok(());
-            }
-            for k in 1..=n {
-                let pe = team
-                    .world_pe((me + k) % n)
-                    .expect("member index below n_pes");
-                self.put_nbi(dest.slice(lo..hi), &acc, pe)?;
-            }
-            Ok(())
-        });
+        let written = read.and_then(|()| self.push_blocks(team, dest.slice(lo..hi), |_| &acc[..]));
         self.coll_status(team, "reduce (completion)", written)
     }
 }

@@ -62,6 +62,8 @@ impl Pe {
         }
         let old = self.atomic_fetch_add(lock, TICKET, HOME)?;
         let mine = next(old);
+        // Not `Pe::poll`: its loop holds the proxy engine's progress handover while it
+        // spins, and each step here is itself an atomic through the proxy or fabric.
         let start = Instant::now();
         let mut polls = 0u32;
         let mut last = old;

@@ -1134,9 +1134,16 @@ fn per_pe(v: &[u64], show: impl Fn(u64) -> String) -> String {
 }
 
 pub(crate) fn fnv(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
-        (h ^ x as u64).wrapping_mul(0x100000001b3)
-    })
+    fnv_from(FNV_OFFSET, b)
+}
+
+/// FNV-1a's starting value.
+pub(crate) const FNV_OFFSET: u64 = 0xcbf29ce484222325;
+
+/// FNV-1a of `b` continued from the hash `h` (to hash a sequence without joining it).
+pub(crate) fn fnv_from(h: u64, b: &[u8]) -> u64 {
+    b.iter()
+        .fold(h, |h, &x| (h ^ x as u64).wrapping_mul(0x100000001b3))
 }
 
 fn bytes_of<T>(count: usize) -> Result<usize> {

@@ -187,11 +187,20 @@ impl Pe {
             return Ok(None);
         }
         *self.slots.lock().unwrap_or_else(|e| e.into_inner()) |= 1u64 << slot;
-        let mut key = parent.uid().to_le_bytes().to_vec();
-        key.extend_from_slice(&nth.to_le_bytes());
-        let uid = fnv(&key) & !(1 << 63) | 1; // never 0 (world) nor a node-team uid
+        Ok(Some(self.child_team(parent, &[nth], members, slot)))
+    }
+
+    /// A team split from `parent` (this PE among `members`): its uid derives from the
+    /// parent's uid and `key` (the split's number, then what tells its teams apart), so
+    /// every member computes the same without exchanging it.
+    fn child_team(&self, parent: &Team, key: &[u64], members: Vec<u32>, slot: usize) -> Team {
+        let bytes: Vec<u8> = std::iter::once(parent.uid())
+            .chain(key.iter().copied())
+            .flat_map(u64::to_le_bytes)
+            .collect();
+        let uid = fnv(&bytes) & !(1 << 63) | 1; // never 0 (world) nor a node-team uid
         let p2p = members.iter().all(|&m| self.is_local(m as usize));
-        Ok(Some(Team::new(uid, members, self.my_pe(), slot, p2p)))
+        Team::new(uid, members, self.my_pe(), slot, p2p)
     }
 
     /// Collective over `parent`: splits it into a 2-D grid of `xrange` columns, parent
@@ -248,16 +257,10 @@ impl Pe {
             .collect();
         let column: Vec<u32> = (x..n).step_by(xr).map(|i| parent.members()[i]).collect();
         *self.slots.lock().unwrap_or_else(|e| e.into_inner()) |= (1u64 << xslot) | (1u64 << yslot);
-        let team = |axis: u64, index: usize, members: Vec<u32>, slot: usize| {
-            let mut key = parent.uid().to_le_bytes().to_vec();
-            key.extend_from_slice(&nth.to_le_bytes());
-            key.extend_from_slice(&axis.to_le_bytes());
-            key.extend_from_slice(&(index as u64).to_le_bytes());
-            let uid = fnv(&key) & !(1 << 63) | 1; // never 0 (world) nor a node-team uid
-            let p2p = members.iter().all(|&m| self.is_local(m as usize));
-            Team::new(uid, members, self.my_pe(), slot, p2p)
-        };
-        Ok((team(0, y, row, xslot), team(1, x, column, yslot)))
+        Ok((
+            self.child_team(parent, &[nth, 0, y as u64], row, xslot),
+            self.child_team(parent, &[nth, 1, x as u64], column, yslot),
+        ))
     }
 
     /// Number of world PE `pe` in `team`.

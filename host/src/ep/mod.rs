@@ -394,11 +394,8 @@ impl Fault {
 
 /// FNV-1a of a `topk_idx` (as i64 values): combine checks that it gets the dispatch's.
 fn routing_hash<I: ExpertId>(idx: &[I]) -> u64 {
-    idx.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
-        v.to_i64()
-            .to_le_bytes()
-            .iter()
-            .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    idx.iter().fold(crate::pe::FNV_OFFSET, |h, v| {
+        crate::pe::fnv_from(h, &v.to_i64().to_le_bytes())
     })
 }
 
