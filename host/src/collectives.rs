@@ -17,7 +17,7 @@
 //!    alltoall), every member pulls all sources (reduce).
 //! 4. Quiet and exchange each member's outcome (another allgather): on success dest holds
 //!    the result on every member and sources may be reused; a member that failed returns
-//!    its error and the others a `CollectiveMismatch` naming it.
+//!    its error and the others a `CollectiveFailed` naming it.
 //!
 //! `collect` (counts that differ per member) exchanges instead of agreeing in step 2.
 //!
@@ -111,6 +111,7 @@ enum Coll {
     Alltoall = 3,
     Reduce = 4,
     Collect = 5,
+    Alltoalls = 6,
 }
 
 impl Coll {
@@ -121,7 +122,20 @@ impl Coll {
             3 => "alltoall",
             4 => "reduce",
             5 => "collect",
+            6 => "alltoalls",
             _ => "another call",
+        }
+    }
+
+    /// The name of step 4's exchange, for a member found at another exchange there.
+    fn completion(self) -> &'static str {
+        match self {
+            Coll::Broadcast => "broadcast (completion)",
+            Coll::Fcollect => "fcollect (completion)",
+            Coll::Alltoall => "alltoall (completion)",
+            Coll::Reduce => "reduce (completion)",
+            Coll::Collect => "collect (completion)",
+            Coll::Alltoalls => "alltoalls (completion)",
         }
     }
 
@@ -132,6 +146,7 @@ impl Coll {
             Coll::Alltoall => "alltoall",
             Coll::Reduce => "reduce",
             Coll::Collect => "collect",
+            Coll::Alltoalls => "alltoalls",
         }
     }
 }
@@ -185,6 +200,36 @@ impl Pe {
         op: u64,
         ready: Result<()>,
     ) -> Result<()> {
+        self.coll_agree_strided(
+            team,
+            coll,
+            dest,
+            dest_need,
+            source,
+            source_need,
+            root,
+            op,
+            (1, 1),
+            ready,
+        )
+    }
+
+    /// [`Pe::coll_agree`] with the strides (dest, source) of `alltoalls` agreed too
+    /// (1 and 1 elsewhere).
+    #[allow(clippy::too_many_arguments)]
+    fn coll_agree_strided<T: Element>(
+        &self,
+        team: &Team,
+        coll: Coll,
+        dest: SymPtr<T>,
+        dest_need: usize,
+        source: SymPtr<T>,
+        source_need: usize,
+        root: usize,
+        op: u64,
+        (dst, sst): (usize, usize),
+        ready: Result<()>,
+    ) -> Result<()> {
         let ready = ready.and(self.try_quiet());
         let args = [
             coll as u64,
@@ -199,12 +244,15 @@ impl Pe {
             source.offset() as u64,
             (source.len() >= source_need) as u64,
             ready.is_ok() as u64,
+            dst as u64,
+            sst as u64,
         ];
         let agreed = self.agree_in(team, coll.name(), &args, |v| {
             let a = |i: usize| v.get(i).copied().unwrap_or(u64::MAX);
             format!(
                 "{} of type {:#x} ({} B), counts {} / {}, root {}, op {}, dest at {:#x} \
-                 (long enough: {}), source at {:#x} (long enough: {}), ready: {}",
+                 (long enough: {}), source at {:#x} (long enough: {}), ready: {}, strides \
+                 {} / {}",
                 Coll::from_code(a(0)),
                 a(1),
                 a(2),
@@ -216,7 +264,9 @@ impl Pe {
                 a(8) == 1,
                 a(9),
                 a(10) == 1,
-                a(11) == 1
+                a(11) == 1,
+                a(12),
+                a(13)
             )
         });
         // A member whose own step 1 failed reports that; the others the mismatch.
@@ -244,10 +294,11 @@ impl Pe {
         Ok(())
     }
 
-    /// Step 4 (and reduce's middle step): quiet, then every member's outcome exchanged.
-    fn coll_status(&self, team: &Team, stage: &'static str, done: Result<()>) -> Result<()> {
+    /// Step 4: quiet, then every member's outcome exchanged. A member whose part failed
+    /// returns its own error, the others a `CollectiveFailed` naming every such member.
+    fn coll_status(&self, team: &Team, coll: Coll, done: Result<()>) -> Result<()> {
         let done = done.and(self.try_quiet());
-        let agreed = self.agree_in(team, stage, &[done.is_ok() as u64], |v| {
+        let all = self.gather_in(team, coll.completion(), &[done.is_ok() as u64], |v| {
             match v.first() {
                 Some(1) => "completed",
                 _ => "failed",
@@ -255,7 +306,20 @@ impl Pe {
             .to_string()
         });
         done?;
-        agreed
+        let failed: Vec<usize> = all?
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.first() != Some(&1))
+            .map(|(i, _)| team.world_pe(i).expect("member index below n_pes"))
+            .collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::CollectiveFailed {
+                op: coll.name(),
+                failed,
+            })
+        }
     }
 
     /// This member's first `n` elements of `source` as step 3 sends them (step 1): when
@@ -359,7 +423,7 @@ impl Pe {
             }
             Ok(())
         })();
-        self.coll_status(team, "broadcast (completion)", moved)
+        self.coll_status(team, Coll::Broadcast, moved)
     }
 
     /// Concatenates every member's `nelems`-element `source` into `dest` on every member,
@@ -384,6 +448,83 @@ impl Pe {
         nelems: usize,
     ) -> Result<()> {
         self.exchange_blocks(Coll::Alltoall, team, dest, source, nelems)
+    }
+
+    /// [`Pe::alltoall`] with strides (OpenSHMEM `shmem_alltoalls`; in elements, at least
+    /// 1): element `k` of the block for member `j` is `source[(j * nelems + k) * sst]`,
+    /// and it lands in member `j`'s `dest[(i * nelems + k) * dst]`, `i` being this
+    /// member's index. `source` needs `(n_pes * nelems - 1) * sst + 1` elements, `dest`
+    /// `(n_pes * nelems - 1) * dst + 1`; the elements of `dest` between the strides are
+    /// left as they were.
+    pub fn alltoalls<T: Element>(
+        &self,
+        team: &Team,
+        dest: SymPtr<T>,
+        source: SymPtr<T>,
+        dst: usize,
+        sst: usize,
+        nelems: usize,
+    ) -> Result<()> {
+        let coll = Coll::Alltoalls;
+        let total = team.n_pes().saturating_mul(nelems);
+        // Elements a side spans; usize::MAX (never long enough) when it overflows.
+        let span = |stride: usize| match total {
+            0 => 0,
+            t => (t - 1)
+                .checked_mul(stride)
+                .and_then(|x| x.checked_add(1))
+                .unwrap_or(usize::MAX),
+        };
+        let (dest_need, source_need) = (span(dst), span(sst));
+        // Step 1: the source's whole span (copied first when it overlaps dest).
+        let (whole, ready) = if dst == 0 || sst == 0 {
+            let e = Error::InvalidArgument(format!(
+                "alltoalls: strides must be at least 1 element (dest stride {dst}, source \
+                 stride {sst})"
+            ));
+            (Snapshot::Copy(Vec::new()), Err(e))
+        } else {
+            self.snapshot(coll, source, source_need, dest, dest_need)
+        };
+        self.coll_agree_strided(
+            team,
+            coll,
+            dest,
+            dest_need,
+            source,
+            source_need,
+            0,
+            0,
+            (dst, sst),
+            ready,
+        )?;
+        // Every sst-th element, read only now: the agreement's quiet has completed this
+        // PE's earlier puts to its own source (through the proxy they land only then).
+        let picked: Vec<T>;
+        let data: &[T] = if sst == 1 {
+            &whole
+        } else {
+            picked = whole.iter().step_by(sst).copied().collect();
+            &picked
+        };
+        let block = |j: usize| &data[j * nelems..(j + 1) * nelems];
+        let at = team.my_pe() * nelems;
+        let moved = if nelems == 0 {
+            Ok(())
+        } else if dst == 1 {
+            self.push_blocks(team, dest.slice(at..at + nelems), block)
+        } else {
+            // Strided: one element at a time (iput), from the next member on as in
+            // `push_blocks`.
+            let from = dest.slice(at * dst..dest_need);
+            let (n, me) = (team.n_pes(), team.my_pe());
+            (1..=n).try_for_each(|k| {
+                let j = (me + k) % n;
+                let pe = team.world_pe(j).expect("member index below n_pes");
+                self.iput(from, block(j), dst, 1, nelems, pe)
+            })
+        };
+        self.coll_status(team, coll, moved)
     }
 
     /// Concatenates every member's `nelems` elements of `source` into `dest` on every
@@ -459,7 +600,7 @@ impl Pe {
         let me = team.my_pe();
         let at: usize = counts[..me].iter().sum();
         let moved = self.push_blocks(team, dest.slice(at..at + nelems), |_| &data[..]);
-        self.coll_status(team, "collect (completion)", moved)
+        self.coll_status(team, coll, moved)
     }
 
     /// fcollect (every member gets this member's one source block) and alltoall (member j
@@ -485,11 +626,7 @@ impl Pe {
                 &data[..]
             }
         });
-        let stage = match coll {
-            Coll::Alltoall => "alltoall (completion)",
-            _ => "fcollect (completion)",
-        };
-        self.coll_status(team, stage, moved)
+        self.coll_status(team, coll, moved)
     }
 
     /// `dest[i] = source[i] op source[i] op ...` over every member's `source`, on every
@@ -554,6 +691,70 @@ impl Pe {
         // no agreement between the reads and the writes. A member whose read failed writes
         // nothing and reports the failure in the completion exchange.
         let written = read.and_then(|()| self.push_blocks(team, dest.slice(lo..hi), |_| &acc[..]));
-        self.coll_status(team, "reduce (completion)", written)
+        self.coll_status(team, Coll::Reduce, written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Coll;
+    use crate::config::Settings;
+    use crate::error::Error;
+    use crate::pe::run_threads;
+
+    /// Step 4 on a team of the odd world PEs (1, 3, 5) of 6: members 1 and 5 report a
+    /// failed data phase; each returns its own error, member 3 a `CollectiveFailed` naming
+    /// world PEs 1 and 5; the even PEs, not in the team, take no part.
+    #[test]
+    fn a_failed_data_phase_is_named_on_every_member() {
+        let settings = Settings::from_lookup(|_| None).expect("default settings");
+        let out = run_threads(6, settings, |pe| {
+            let world = pe.world().clone();
+            let odds = pe.team_split_strided(&world, 1, 2, 3)?;
+            let Some(odds) = odds else {
+                return Ok(None);
+            };
+            let done = match pe.my_pe() {
+                1 | 5 => Err(Error::InvalidArgument(format!("part of PE {}", pe.my_pe()))),
+                _ => Ok(()),
+            };
+            let r = pe.coll_status(&odds, Coll::Fcollect, done);
+            pe.team_destroy(odds)?;
+            Ok(Some(r))
+        })
+        .expect("threads ran");
+        for (p, r) in out.into_iter().enumerate() {
+            let r = r.expect("PE ran");
+            match (p, r) {
+                (0 | 2 | 4, None) => {}
+                (1 | 5, Some(Err(Error::InvalidArgument(m)))) => {
+                    assert_eq!(m, format!("part of PE {p}"))
+                }
+                (3, Some(Err(e @ Error::CollectiveFailed { .. }))) => {
+                    assert!(
+                        matches!(&e, Error::CollectiveFailed { op: "fcollect", failed } if failed == &[1, 5])
+                    );
+                    assert_eq!(
+                        e.to_string(),
+                        "collective fcollect failed on PEs 1 and 5: moving its data failed \
+                         there (each returns its own error); dest is undefined on every member"
+                    );
+                }
+                (p, r) => panic!("PE {p}: unexpected {r:?}"),
+            }
+        }
+    }
+
+    /// Every member completed: Ok on every member.
+    #[test]
+    fn a_completed_data_phase_is_ok_everywhere() {
+        let settings = Settings::from_lookup(|_| None).expect("default settings");
+        let out = run_threads(3, settings, |pe| {
+            pe.coll_status(pe.world(), Coll::Broadcast, Ok(()))
+        })
+        .expect("threads ran");
+        for r in out {
+            r.expect("completed on every member");
+        }
     }
 }

@@ -88,6 +88,20 @@ pub enum Error {
     #[error("collective {op} called with mismatched arguments across PEs: {detail}")]
     CollectiveMismatch { op: &'static str, detail: String },
 
+    /// The members agreed on a collective call, but moving its data failed on some of
+    /// them (a transport error, a peer that died): they return their own error, every
+    /// other member this one naming them.
+    #[error(
+        "collective {op} failed on {}: moving its data failed there (each returns its own \
+         error); dest is undefined on every member",
+        pe_list(failed)
+    )]
+    CollectiveFailed {
+        op: &'static str,
+        /// World PE numbers of the members whose part failed, in team order.
+        failed: Vec<usize>,
+    },
+
     /// A bounded wait on symmetric memory expired.
     #[error(
         "PE {pe}: timed out after {waited_ms} ms in {op} waiting for the value at symmetric \
@@ -273,4 +287,35 @@ fn heap_needed_mib(heap_size: usize, largest_free: usize, requested: usize, alig
         .saturating_add(short)
         .saturating_add(align)
         .div_ceil(1 << 20)
+}
+
+/// "PE 3" or "PEs 1, 4 and 6" (at most 16 listed, then how many more).
+fn pe_list(pes: &[usize]) -> String {
+    const SHOWN: usize = 16;
+    let mut names: Vec<String> = pes.iter().take(SHOWN).map(|p| p.to_string()).collect();
+    if pes.len() > SHOWN {
+        names.push(format!("{} more", pes.len() - SHOWN));
+    }
+    match names.len() {
+        0 => "no PE".to_string(),
+        1 => format!("PE {}", names[0]),
+        n => format!("PEs {} and {}", names[..n - 1].join(", "), names[n - 1]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pe_list;
+
+    #[test]
+    fn pe_lists_read_as_english() {
+        assert_eq!(pe_list(&[3]), "PE 3");
+        assert_eq!(pe_list(&[1, 5]), "PEs 1 and 5");
+        assert_eq!(pe_list(&[1, 4, 6]), "PEs 1, 4 and 6");
+        let many: Vec<usize> = (0..20).collect();
+        assert_eq!(
+            pe_list(&many),
+            "PEs 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 and 4 more"
+        );
+    }
 }

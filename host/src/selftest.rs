@@ -861,7 +861,7 @@ fn atomics_float<T: AtomicWord>(pe: &Pe, a: T, b: T, nan: T) -> Result<()> {
 }
 
 /// Team collectives with exact values, on the world team and on the even PEs: broadcast
-/// (root included), fcollect, alltoall, reductions (integer sum/max/xor in place, f64 sum);
+/// (root included), fcollect, alltoall, alltoalls, reductions (integer sum/max/xor in place, f64 sum);
 /// mismatched counts, a bitwise float reduction and a short dest are refused on every
 /// member.
 fn collectives(pe: &Pe) -> Result<()> {
@@ -894,6 +894,23 @@ fn collectives(pe: &Pe) -> Result<()> {
         .flat_map(|p| (0..2).map(move |i| v(p, 2 * me + i)))
         .collect();
     check(|| "alltoall".into(), read(2 * n)?, want)?;
+    // alltoalls, dest stride 2 and source stride 3: element k < 2 of member j's block for
+    // me is its source[(2me + k) * 3], landing at my dest[(2j + k) * 2]; the words between
+    // keep their filler.
+    let (ss, sd) = (pe.calloc::<u64>(6 * n)?, pe.calloc::<u64>(4 * n)?);
+    let filler = 0xf111_u64;
+    pe.put(ss, &(0..6 * n).map(|i| v(me, i)).collect::<Vec<_>>(), me)?;
+    pe.put(sd, &vec![filler; 4 * n], me)?;
+    pe.alltoalls(&world, sd, ss, 2, 3, 2)?;
+    let mut got = vec![0u64; 4 * n];
+    pe.get(&mut got, sd, me)?;
+    let want: Vec<u64> = (0..4 * n)
+        .map(|i| match i % 2 {
+            0 => v(i / 4, (2 * me + (i / 2) % 2) * 3),
+            _ => filler,
+        })
+        .collect();
+    check(|| "alltoalls (strides 2 / 3)".into(), got, want)?;
 
     let isrc = src.cast::<i64>();
     let idst = dst.cast::<i64>();
@@ -1006,11 +1023,39 @@ fn collectives(pe: &Pe) -> Result<()> {
         })?;
     }
     expect_err(
+        "alltoalls with stride 0",
+        pe.alltoalls(&world, sd, ss, 0, 1, 1),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("strides must be at least 1")),
+    )?;
+    expect_err(
+        "alltoalls into a short dest",
+        pe.alltoalls(&world, sd.slice(0..4 * n - 2), ss, 2, 3, 2),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("dest has")),
+    )?;
+    if n > 1 {
+        let sst = if me == 0 { 2 } else { 3 };
+        expect_err(
+            "alltoalls with different source strides",
+            pe.alltoalls(&world, sd, ss, 2, sst, 2),
+            |e| {
+                matches!(
+                    e,
+                    Error::CollectiveMismatch {
+                        op: "alltoalls",
+                        ..
+                    }
+                )
+            },
+        )?;
+    }
+    expect_err(
         "broadcast from a root outside the team",
         pe.broadcast(&world, dst, src, 1, n),
         |e| matches!(e, Error::InvalidArgument(m) if m.contains("root")),
     )?;
     pe.barrier_all()?;
+    pe.free(sd)?;
+    pe.free(ss)?;
     pe.free(f)?;
     pe.free(x)?;
     pe.free(dst)?;
