@@ -1,6 +1,7 @@
 //! The soft HCA engine driven by hand (EngineCore::progress): queue layout, every error
-//! path with its syndrome and the WR_FLUSH that follows, CQ modes, WRITE_IMM, random WQE
-//! streams against a reference model, and an asynchronous backend completing out of order.
+//! path with its syndrome and the WR_FLUSH that follows, CQ modes, the CE bits, WRITE_IMM,
+//! random WQE streams against a reference model, and asynchronous backends (completing out
+//! of order; failing a WQE at once behind in-flight ones).
 use proptest::prelude::*;
 use rshmem::mlx5::cqe::{CqeOpcode, Syndrome, OP_OWN_INIT};
 use rshmem::mlx5::wqe::{
@@ -10,8 +11,8 @@ use rshmem::mlx5::{Be32, WireStruct};
 use rshmem::softhca::backend::{Backend, Op};
 use rshmem::softhca::queue::{EVENT_CQ_ERR, EVENT_QP_FATAL};
 use rshmem::softhca::{
-    Access, CqMode, EngineCore, EngineQp, LocalBackend, LocalPeer, MrTable, QpConfig, QueueLayout,
-    QueueMemory, SendQueue,
+    Access, CqMode, CqeReport, EngineCore, EngineQp, LocalBackend, LocalPeer, MrTable, QpConfig,
+    QueueLayout, QueueMemory, SendQueue, SqError,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -447,6 +448,53 @@ fn write_imm_writes_and_drops_the_immediate() {
     assert_eq!(&r.rbytes()[32..48], &[5; 16]);
 }
 
+/// CE (bits 3:2 of fm_ce_se): 2 ("CQ update") and 3 ("CQ update + EQE", rdma-core's
+/// MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE) ask for a CQE on success; 0 and 1 do not.
+#[test]
+fn ce_2_and_3_request_a_cqe_0_and_1_do_not() {
+    let mut r = rig(16, 16, CqMode::Normal);
+    // NOPs at 0..5 with CE 0, 3, 1, 2, 3.
+    for ce in [0u8, 3, 1, 2, 3] {
+        let mut b = [0u8; 64];
+        CtrlSeg::new(
+            r.pi as u16,
+            opcode::NOP,
+            0,
+            QPN,
+            ce << 2,
+            1,
+            0,
+            Be32::new(0),
+        )
+        .write_to(&mut b)
+        .unwrap();
+        r.put_raw(&b);
+    }
+    // A WRITE at 5 with CE 3 plus the solicited bit (fm_ce_se 0x0e).
+    let mut b = [0u8; 1024];
+    let ctrl = WqeCtrl {
+        wqe_index: r.pi as u16,
+        qpn: QPN,
+        fence: FenceMode::None,
+        cq_update: false,
+        solicited: true,
+    };
+    let w = r.write(8, &[6; 8]);
+    let size = build_wqe(&mut b, &ctrl, &w).unwrap();
+    assert_eq!(b[11], 0x02);
+    b[11] |= 0x0c;
+    r.put_raw(&b[..size.bytes()]);
+    r.run();
+    assert_eq!(cqe(&r.mem, 0), (REQ, 0, opcode::NOP, 1, 0));
+    assert_eq!(cqe(&r.mem, 1), (REQ, 0, opcode::NOP, 3, 0));
+    assert_eq!(cqe(&r.mem, 2), (REQ, 0, opcode::NOP, 4, 0));
+    assert_eq!(cqe(&r.mem, 3), (REQ, 0, opcode::RDMA_WRITE, 5, 0));
+    assert_eq!(r.mem.read_cqe(3).byte_cnt.get(), 8);
+    assert_eq!(r.mem.cqe_op_own(4), OP_OWN_INIT, "no extra CQE");
+    assert_eq!(&r.rbytes()[8..16], &[6; 8]);
+    assert!(!r.qp.in_error.load(std::sync::atomic::Ordering::Acquire));
+}
+
 /// A producer on the rig's queue (normal CQ, 5 s bound, no waker).
 fn normal_sq(r: &Rig<LocalBackend>) -> SendQueue {
     SendQueue::new(
@@ -541,6 +589,89 @@ fn send_queue_producer_against_engine_core() {
     assert_eq!(r.local[0], 0);
     assert_eq!(r.rbuf[0], expect);
     assert_eq!(sq.completed(), 40 + 13, "40 fetch-adds and 13 fence NOPs");
+}
+
+/// A WRITE (0), a READ with a bad rkey (1) and two WRITEs (2, 3), all posted before anyone
+/// polls. A normal CQ names the failed READ, and waits before it succeed. A collapsed CQ
+/// keeps only the last CQE, the WR_FLUSH of WQE 3, so the poller never sees the READ's
+/// REMOTE_ACCESS and `completed` jumps past it: every wait must fail there (as the CUDA
+/// producer's `wait_index` does), reporting that WR_FLUSH.
+#[test]
+fn collapsed_cq_send_queue_fails_every_wait_after_an_error() {
+    for mode in [CqMode::Normal, CqMode::Collapsed] {
+        let mut r = rig(16, 16, mode);
+        let sq = SendQueue::new(r.mem.clone(), QPN, mode, Duration::from_secs(5), None);
+        let write = |r: &Rig<LocalBackend>, at: usize, v: u8| WqeOp::RdmaWrite {
+            remote: RaddrSeg::new(r.raddr(at), r.rkey),
+            payload: Payload::Inline(Box::leak(Box::new([v; 8]))),
+        };
+        let good = sq.post(&write(&r, 0, 1)).unwrap();
+        let seg = [DataSeg::new(8, r.lkey, r.laddr(0))];
+        let bad = sq
+            .post(&WqeOp::RdmaRead {
+                remote: RaddrSeg::new(r.raddr(0), 0xbeef),
+                local: &seg,
+            })
+            .unwrap();
+        let later = [
+            sq.post(&write(&r, 16, 2)).unwrap(),
+            sq.post(&write(&r, 24, 3)).unwrap(),
+        ];
+        assert_eq!(
+            [good.index, bad.index, later[0].index, later[1].index],
+            [0, 1, 2, 3]
+        );
+        sq.ring();
+        for _ in 0..10 {
+            r.core.progress();
+        }
+        let failed = |first: CqeReport| -> Result<(), SqError> {
+            Err(SqError::Completion { qpn: QPN, first })
+        };
+        match mode {
+            CqMode::Normal => {
+                let first = CqeReport {
+                    cqe_opcode: ERR,
+                    wqe_opcode: opcode::RDMA_READ,
+                    wqe_counter: 1,
+                    index: 1,
+                    syndrome: Syndrome::RemoteAccess as u8,
+                    vendor_err_synd: 0,
+                    byte_cnt: 0,
+                };
+                assert_eq!(sq.wait_posted(good), Ok(()));
+                assert_eq!(sq.wait_posted(bad), failed(first));
+                assert_eq!(sq.wait_posted(later[1]), failed(first));
+                assert_eq!(sq.quiet(), failed(first));
+            }
+            CqMode::Collapsed => {
+                // Four CQEs written to entry 0 (owner bits 0, 1, 0, 1): the last remains.
+                assert_eq!(cqe(&r.mem, 0), (ERR, 0x05, opcode::RDMA_WRITE, 3, 1));
+                let first = CqeReport {
+                    cqe_opcode: ERR,
+                    wqe_opcode: opcode::RDMA_WRITE,
+                    wqe_counter: 3,
+                    index: 3,
+                    syndrome: Syndrome::WrFlush as u8,
+                    vendor_err_synd: 0,
+                    byte_cnt: 0,
+                };
+                assert_eq!(sq.wait_posted(bad), failed(first));
+                assert_eq!(sq.wait_posted(good), failed(first));
+                assert_eq!(sq.wait_posted(later[0]), failed(first));
+                assert_eq!(sq.quiet(), failed(first));
+            }
+        }
+        assert_eq!(sq.completed(), 4, "{mode:?}");
+        assert_eq!(
+            sq.error().map(|e| e.index),
+            Some(if mode == CqMode::Normal { 1 } else { 3 })
+        );
+        // Only the first WRITE ran; the READ wrote nothing.
+        assert_eq!(&r.rbytes()[..8], &[1; 8], "{mode:?}");
+        assert_eq!(&r.rbytes()[8..32], &[0; 24], "{mode:?}");
+        assert_eq!(&r.lbytes()[..8], &[0; 8], "{mode:?}");
+    }
 }
 
 // ------------------------------------------------------------------ reference model
@@ -884,5 +1015,187 @@ fn async_backend_out_of_order_completions_retire_in_order_and_fence_drains() {
     assert_eq!(r.core.backend().executed.len(), 4);
     for i in 0..4u32 {
         assert_eq!(cqe(&r.mem, i), (REQ, 0, opcode::RDMA_WRITE, i as u16, 0));
+    }
+}
+
+/// Starts every operation asynchronously (it completes on the next `poll`) except a WRITE
+/// with rkey [`BAD_RKEY`], which it rejects at once with REMOTE_ACCESS, as the fabric
+/// backend rejects an unknown rkey before posting. Records the raddr of every WRITE it
+/// started: what reached the network.
+#[derive(Default)]
+struct RejectBadRkey {
+    pending: Vec<u64>,
+    started: Vec<u64>,
+    /// Operations in flight complete with REMOTE_ACCESS instead (a remote NAK).
+    fail_in_flight: bool,
+}
+
+const BAD_RKEY: u32 = 0xdead;
+
+impl Backend for RejectBadRkey {
+    type Peer = ();
+    type Cache = ();
+    fn execute(
+        &mut self,
+        _: &(),
+        _: &mut (),
+        token: u64,
+        op: &Op<'_>,
+    ) -> Option<Result<(), Syndrome>> {
+        if let Op::Write { rkey, raddr, .. } = *op {
+            if rkey == BAD_RKEY {
+                return Some(Err(Syndrome::RemoteAccess));
+            }
+            self.started.push(raddr);
+        }
+        self.pending.push(token);
+        None
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u64, Result<(), Syndrome>)) {
+        let s = match self.fail_in_flight {
+            true => Err(Syndrome::RemoteAccess),
+            false => Ok(()),
+        };
+        for t in self.pending.drain(..) {
+            done(t, s);
+        }
+    }
+}
+
+/// The in-flight WRITE fails later (a remote NAK) and the WQE behind it had failed at once
+/// (a bad lkey): only the first failure keeps its syndrome; the second, like every later
+/// WQE, completes as WR_FLUSH, as a ConnectX reports it.
+#[test]
+fn async_backend_only_the_first_failure_keeps_its_syndrome() {
+    let mut r = rig_with(
+        RejectBadRkey {
+            fail_in_flight: true,
+            ..Default::default()
+        },
+        |_| (),
+        16,
+        16,
+        CqMode::Normal,
+    );
+    let a = r.write(0, &[1; 8]);
+    r.post(&a);
+    let seg = [DataSeg::new(8, 0xbeef, r.laddr(0))];
+    let b = WqeOp::RdmaWrite {
+        remote: RaddrSeg::new(r.raddr(8), r.rkey),
+        payload: Payload::Sge(&seg),
+    };
+    r.post(&b);
+    let c = r.write(64, &[3; 8]);
+    r.post(&c);
+    r.ring();
+    r.run();
+    assert_eq!(
+        cqe(&r.mem, 0),
+        (ERR, Syndrome::RemoteAccess as u8, opcode::RDMA_WRITE, 0, 0)
+    );
+    for i in 1..3u32 {
+        assert_eq!(
+            cqe(&r.mem, i),
+            (
+                ERR,
+                Syndrome::WrFlush as u8,
+                opcode::RDMA_WRITE,
+                i as u16,
+                0
+            ),
+            "CQE {i}"
+        );
+    }
+    assert_eq!(r.mem.cqe_op_own(3), OP_OWN_INIT, "no extra CQE");
+}
+
+/// A WQE that fails at once (before reaching the backend, or rejected by it) while an
+/// earlier WRITE is still in flight: its error CQE waits for that WRITE's, but nothing after
+/// it may execute meanwhile — the later WRITEs, a FENCEd one included, are flushed in
+/// order without being started, as on a ConnectX.
+#[test]
+fn async_backend_wqe_failing_at_once_behind_inflight_flushes_the_rest_unexecuted() {
+    type Bad = fn(&mut Rig<RejectBadRkey>) -> (u16, u8);
+    let cases: [(&str, Syndrome, Bad); 3] = [
+        (
+            "bad rkey (rejected by the backend)",
+            Syndrome::RemoteAccess,
+            |r| {
+                let w = WqeOp::RdmaWrite {
+                    remote: RaddrSeg::new(r.raddr(8), BAD_RKEY),
+                    payload: Payload::Inline(&[2; 8]),
+                };
+                (r.post(&w), opcode::RDMA_WRITE)
+            },
+        ),
+        ("bad lkey", Syndrome::LocalProt, |r| {
+            let seg = [DataSeg::new(8, 0xbeef, r.laddr(0))];
+            let w = WqeOp::RdmaWrite {
+                remote: RaddrSeg::new(r.raddr(8), r.rkey),
+                payload: Payload::Sge(&seg),
+            };
+            (r.post(&w), opcode::RDMA_WRITE)
+        }),
+        ("unknown opcode (parse error)", Syndrome::LocalQpOp, |r| {
+            let mut b = [0u8; 64];
+            CtrlSeg::new(r.pi as u16, 0x3f, 0, QPN, 0x08, 1, 0, Be32::new(0))
+                .write_to(&mut b)
+                .unwrap();
+            (r.put_raw(&b), 0x3f)
+        }),
+    ];
+    for (name, syndrome, bad) in cases {
+        let mut r = rig_with(RejectBadRkey::default(), |_| (), 16, 16, CqMode::Normal);
+        let a0 = r.raddr(0);
+        let a = r.write(0, &[1; 8]);
+        let ia = r.post(&a);
+        let (ib, bad_op) = bad(&mut r);
+        let c = r.write(64, &[3; 8]);
+        let ic = r.post(&c);
+        let d = r.write(128, &[4; 8]);
+        let id = r.post_fenced(&d, FenceMode::Fence);
+        let e = r.write(192, &[5; 8]);
+        let ie = r.post(&e);
+        assert_eq!([ia, ib, ic, id, ie], [0, 1, 2, 3, 4], "{name}");
+        r.ring();
+        // First round: A starts; B fails while A is in flight; C, D, E must not start.
+        r.core.progress();
+        assert_eq!(r.core.backend().started, vec![a0], "{name}");
+        assert_eq!(
+            r.mem.cqe_op_own(0),
+            OP_OWN_INIT,
+            "{name}: A is still in flight"
+        );
+        assert_eq!(
+            r.qp.wqes.load(std::sync::atomic::Ordering::Relaxed),
+            5,
+            "{name}"
+        );
+        r.run();
+        assert_eq!(r.core.backend().started, vec![a0], "{name}");
+        assert_eq!(cqe(&r.mem, 0), (REQ, 0, opcode::RDMA_WRITE, 0, 0), "{name}");
+        assert_eq!(
+            cqe(&r.mem, 1),
+            (ERR, syndrome as u8, bad_op, 1, 0),
+            "{name}"
+        );
+        for i in 2..5u32 {
+            assert_eq!(
+                cqe(&r.mem, i),
+                (
+                    ERR,
+                    Syndrome::WrFlush as u8,
+                    opcode::RDMA_WRITE,
+                    i as u16,
+                    0
+                ),
+                "{name}: CQE {i}"
+            );
+        }
+        assert_eq!(r.mem.cqe_op_own(5), OP_OWN_INIT, "{name}: no extra CQE");
+        assert!(
+            r.qp.in_error.load(std::sync::atomic::Ordering::Acquire),
+            "{name}"
+        );
     }
 }

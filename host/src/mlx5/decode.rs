@@ -307,11 +307,13 @@ fn fm_ce_se_text(b: u8) -> String {
         Some(f) => format!("{f:?}"),
         None => format!("reserved {}", b >> 5),
     };
+    // CE, bits 3:2: 2 is rdma-core's MLX5_WQE_CTRL_CQ_UPDATE, 3 its
+    // MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE (a CQE always, plus an event).
     let ce = match (b >> 2) & 3 {
-        2 => "CQ update",
         0 => "no CQE",
         1 => "CQE on error",
-        _ => "CE 3",
+        2 => "CQ update",
+        _ => "CQ update + EQE",
     };
     let se = if b & 2 != 0 { ", solicited" } else { "" };
     format!("fence {fence}, {ce}{se}")
@@ -424,5 +426,23 @@ pub fn run_cli(args: Mlx5Args) -> i32 {
                 2
             }
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fm_ce_se_text;
+
+    #[test]
+    fn fm_ce_se_text_names_every_ce_value() {
+        assert_eq!(fm_ce_se_text(0x00), "fence None, no CQE");
+        assert_eq!(fm_ce_se_text(0x04), "fence None, CQE on error");
+        assert_eq!(fm_ce_se_text(0x08), "fence None, CQ update");
+        // CE 3: rdma-core's MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE.
+        assert_eq!(fm_ce_se_text(0x0c), "fence None, CQ update + EQE");
+        assert_eq!(
+            fm_ce_se_text(0x40 | 0x0c | 0x02),
+            "fence Fence, CQ update + EQE, solicited"
+        );
     }
 }

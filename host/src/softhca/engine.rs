@@ -12,9 +12,11 @@
 //!   the region, or LOCAL_WRITE missing for a READ/atomic result → LOCAL_PROT (0x04);
 //! - hands the operation to its [`Backend`], which checks the remote side (REMOTE_ACCESS
 //!   0x13, REMOTE_INVAL_REQ 0x12 for a misaligned atomic);
-//! - writes a CQE when the WQE asks for one (CE = always) or failed, in WQE order; the
-//!   first failure puts the QP in the error state and every later WQE completes with
-//!   WR_FLUSH (0x05), like a ConnectX;
+//! - writes a CQE when the WQE asks for one (CE = 2 or 3, "CQ update" with or without an
+//!   event) or failed, in WQE order; the first failure puts the QP in the error state and
+//!   every later WQE completes with WR_FLUSH (0x05) without being executed, like a
+//!   ConnectX — also when the failure is found while earlier WQEs are still in flight
+//!   (asynchronous backends), before its own CQE can be written;
 //! - never overwrites an unconsumed CQE: a completion due when a normal-mode CQ is full
 //!   is a CQ overrun, which (like a ConnectX) puts the CQ and the QP in the error state
 //!   and raises the asynchronous events CQ_ERR and QP_FATAL in the queue memory.
@@ -113,6 +115,11 @@ struct QpRun<P, C> {
     /// again only when this says the CQ is full, not once per WQE.
     cq_ci_seen: u32,
     error: bool,
+    /// A WQE failed while earlier WQEs were still in flight: its error CQE waits in
+    /// `inflight` for them, and `error` is set only when it is retired. Until then every
+    /// later WQE is queued as WR_FLUSH without being executed, as a ConnectX executes
+    /// nothing after a failing WQE.
+    error_queued: bool,
     /// The CQ overran: no completion is written any more (see `complete`).
     cq_error: bool,
     lkeys: MrSnapshot,
@@ -166,6 +173,7 @@ impl<B: Backend> EngineCore<B> {
             cq_pi: 0,
             cq_ci_seen: 0,
             error: false,
+            error_queued: false,
             cq_error: false,
             lkeys,
             inflight: VecDeque::new(),
@@ -252,7 +260,10 @@ impl<B: Backend> EngineCore<B> {
                 ctrl.fence(),
                 Some(FenceMode::Fence | FenceMode::SmallAndFence | FenceMode::StrongOrdering)
             );
-            if fenced && !r.inflight.is_empty() {
+            // A WQE the QP will flush starts nothing, so a FENCE has nothing to order: it is
+            // queued behind the in-flight ones (its CQE stays in WQE order).
+            let flush = r.error || r.error_queued;
+            if fenced && !flush && !r.inflight.is_empty() {
                 break; // FENCE: start only after every earlier WQE completed
             }
             // WQEBBs this WQE spans per its ds, limited to what was published (and ≥ 1).
@@ -281,8 +292,10 @@ impl<B: Backend> EngineCore<B> {
                 &wrap[..len]
             };
             let index = r.ci;
-            let ce = ctrl.fm_ce_se & 0x0c == CTRL_CQ_UPDATE;
-            let status: Option<(u8, u32, Result<(), Syndrome>)> = if r.error {
+            // CE (bits 3:2) = 2 (CQ update) or 3 (CQ update and EQE): a CQE always; 0 and 1
+            // ask for one only on error, which `complete` writes regardless.
+            let ce = ctrl.fm_ce_se & CTRL_CQ_UPDATE != 0;
+            let status: Option<(u8, u32, Result<(), Syndrome>)> = if flush {
                 Some((ctrl.opcode(), 0, Err(Syndrome::WrFlush)))
             } else {
                 match parse_wqe_with(bytes, r.qp.cfg.max_inline) {
@@ -319,6 +332,9 @@ impl<B: Backend> EngineCore<B> {
                 if r.inflight.is_empty() {
                     complete(r, mem, index, op, bc, ce, s);
                 } else {
+                    // Behind in-flight work: the CQE waits for theirs, but a failure
+                    // stops the QP now — nothing after it may execute meanwhile.
+                    r.error_queued |= s.is_err();
                     r.inflight.push_back(Pending {
                         token: u64::MAX,
                         index,
@@ -355,7 +371,9 @@ fn retire<P, C>(r: &mut QpRun<P, C>) -> usize {
     while let Some(p) = r.inflight.front() {
         let Some(mut s) = p.status else { break };
         let p = r.inflight.pop_front().expect("front exists");
-        if r.error && s.is_ok() {
+        // Everything after the QP's first failure completes as WR_FLUSH, also a WQE that
+        // failed on its own behind it (a ConnectX reports only the first failure).
+        if r.error {
             s = Err(Syndrome::WrFlush);
         }
         complete(r, mem, p.index, p.opcode, p.byte_cnt, p.ce, s);

@@ -325,7 +325,10 @@ pub enum CqMode {
     #[default]
     Normal,
     /// Always CQE 0 (IBGDA's collapsed CQ): the owner bit alternates per write and
-    /// `wqe_counter` tells how far the QP got. Overrun is allowed by definition.
+    /// `wqe_counter` tells how far the QP got. Overrun is allowed by definition. A failed
+    /// WQE's CQE may be overwritten by the WR_FLUSH CQEs after it before anyone reads it,
+    /// so a [`SendQueue`] on a collapsed CQ fails every wait once it saw any error, and
+    /// the error it reports may be WR_FLUSH rather than the original syndrome.
     Collapsed,
 }
 
@@ -400,7 +403,9 @@ pub enum SqError {
         last: String,
         waited_ms: u64,
     },
-    /// The QP went to the error state at or before the WQE waited for.
+    /// The QP went to the error state at or before the WQE waited for (with a collapsed
+    /// CQ: at all — any error seen fails every wait, and `first` may be a later WQE's
+    /// WR_FLUSH rather than the failed WQE's own CQE).
     #[error("QP {qpn:#x}: {}", first.describe())]
     Completion { qpn: u32, first: CqeReport },
     /// A WQE could not be built (a caller error).
@@ -618,7 +623,8 @@ impl SendQueue {
             broken: self.broken.load(Ordering::Acquire),
         }
     }
-    /// The first error CQE seen, if the QP is in the error state.
+    /// The first error CQE seen, if the QP is in the error state (with a collapsed CQ it
+    /// may be a WR_FLUSH CQE after the WQE that failed: see [`CqMode::Collapsed`]).
     pub fn error(&self) -> Option<CqeReport> {
         if !self.has_error.load(Ordering::Acquire) {
             return None;
@@ -1129,7 +1135,7 @@ impl SendQueue {
     }
 
     /// Waits until the WQE `p` completed; fails if the QP entered the error state at or
-    /// before it.
+    /// before it — with a collapsed CQ, if any error CQE was seen (see `wait_index`).
     pub fn wait_posted(&self, p: Posted) -> Result<(), SqError> {
         self.wait_index(
             p.index + p.wqebbs as u64,
@@ -1154,11 +1160,19 @@ impl SendQueue {
                 self.completed.load(Ordering::Acquire) >= end
             })?;
         }
+        // A normal CQ has a CQE for every failed WQE, so the first error names the exact
+        // WQE. A collapsed CQ does not: the engine rewrites CQE 0 for every flushed WQE,
+        // so the poller may see only a later WR_FLUSH CQE, past `end`, while the WQE
+        // that failed lies before it. There any error fails every wait, as the CUDA
+        // producer's `wait_index` does (rshmem/ibgda/queue.cuh), and the error reported
+        // may be that WR_FLUSH rather than the original syndrome.
         match self.error() {
-            Some(first) if first.index < end => Err(SqError::Completion {
-                qpn: self.qpn,
-                first,
-            }),
+            Some(first) if first.index < end || self.cq_mode == CqMode::Collapsed => {
+                Err(SqError::Completion {
+                    qpn: self.qpn,
+                    first,
+                })
+            }
             _ => Ok(()),
         }
     }
