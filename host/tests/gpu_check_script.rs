@@ -32,6 +32,9 @@ fn repo(tag: &str, bundle: bool) -> PathBuf {
 fn run(root: &Path, envs: &[(&str, &str)]) -> Output {
     let mut c = Command::new("bash");
     c.arg(root.join("scripts/gpu-check")).arg(root.join("out"));
+    // The step logs, kept here for the tests to read (by default a temporary folder;
+    // out/logs.tgz has them either way).
+    c.env("RSHMEM_GPU_LOGS", root.join("logs"));
     c.env_remove("LD_LIBRARY_PATH");
     c.env_remove("RSHMEM_CUDA_LIB");
     c.env_remove("CUDA_DEVICE_MAX_CONNECTIONS");
@@ -90,7 +93,7 @@ fn a_bundle_that_does_not_start_stops_the_run() {
         std::fs::read_to_string(root.join("out/summary.txt")).unwrap(),
         "gpu-check: no GPU check ran (the bundle does not start here)\n"
     );
-    assert!(!root.join("out/doctor.log").exists(), "no step ran");
+    assert!(!root.join("logs/doctor.log").exists(), "no step ran");
 }
 
 #[test]
@@ -117,6 +120,38 @@ fn refuses_without_libcuda() {
         text(&o).contains("libcuda.so.1 not found at RSHMEM_CUDA_LIB=libcuda-absent.so.1"),
         "{}",
         text(&o)
+    );
+}
+
+/// The bundle's programs travel xz-compressed (the device tool carries 64 MiB with the
+/// repository): gpu-check unpacks .gpu/rshmem.xz into an executable .gpu/rshmem before
+/// anything runs it; here the run then gets as far as the driver check.
+#[test]
+fn the_bundles_programs_are_unpacked() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = repo("xzbin", true);
+    let z = Command::new("xz")
+        .args(["-0", "-T2"])
+        .arg(root.join(".gpu/rshmem"))
+        .output()
+        .expect("xz (xz-utils)");
+    assert!(z.status.success(), "{}", text(&z));
+    assert!(!root.join(".gpu/rshmem").exists());
+    let o = run(&root, &[("RSHMEM_CUDA_LIB", "/nonexistent/libcuda.so.1")]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("libcuda.so.1 not found at RSHMEM_CUDA_LIB="),
+        "{t}"
+    );
+    let mode = std::fs::metadata(root.join(".gpu/rshmem"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o111, 0o111, "unpacked executable: {mode:o}");
+    assert_eq!(
+        std::fs::read(root.join(".gpu/rshmem")).unwrap(),
+        std::fs::read(BIN).unwrap()
     );
 }
 
@@ -261,7 +296,7 @@ fn the_bundles_cubins_are_unpacked_for_the_run() {
         t.contains(".gpu/ptx/t.sm_90.cubin.xz: its module will be JIT-compiled"),
         "{t}"
     );
-    let doctor = std::fs::read_to_string(root.join("out/doctor.log")).unwrap();
+    let doctor = std::fs::read_to_string(root.join("logs/doctor.log")).unwrap();
     // The doctor's JSON lists the RSHMEM_* variables it saw.
     let key = r#"{"name":"RSHMEM_PTX_DIR","value":""#;
     let dir = doctor
@@ -321,13 +356,15 @@ fn runs_every_step_and_ends_with_the_table() {
                 || l.starts_with("traps ")
                 || l.starts_with("example-ring ")
                 || l.starts_with("ep ")
+                || l.starts_with("ep-check ")
                 || l.starts_with("ep-proxy ")
                 || l.starts_with("ibgda-")
         })
         .collect();
     // doctor, 3 selftests and selftest-procs-2, traps, example-ring, 5 ops x 3 scopes,
-    // copy, ep, selftest-proxy-2, ibgda-rate, ep-proxy, 2 benches over the proxy.
-    assert_eq!(rows.len(), 1 + 4 + 2 + 15 + 1 + 1 + 3 + 2, "{summary}");
+    // copy, ep-check and ep, selftest-proxy-2, ibgda-rate, ep-proxy, 2 benches over the
+    // proxy.
+    assert_eq!(rows.len(), 1 + 4 + 2 + 15 + 1 + 2 + 3 + 2, "{summary}");
     assert!(
         summary.contains("selftest-proxy-2")
             && summary.contains("ibgda-rate")
@@ -376,12 +413,12 @@ fn runs_every_step_and_ends_with_the_table() {
         summary.contains("\nnvshmem-pingpong: .gpu/nvshmem/nvshmem_pingpong is not in the bundle"),
         "{summary}"
     );
-    let log = std::fs::read_to_string(root.join("out/selftest-2.log")).unwrap();
+    let log = std::fs::read_to_string(root.join("logs/selftest-2.log")).unwrap();
     assert!(log.contains("libcuda.so.1 lacks cuGetErrorString"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
     // traps: one child per trap case of the bundle's manifest; each child stops at the
     // driver check and the parent reports that child's error as the case's failure.
-    let log = std::fs::read_to_string(root.join("out/traps.log")).unwrap();
+    let log = std::fs::read_to_string(root.join("logs/traps.log")).unwrap();
     assert!(
         log.contains("selftest --device gpu --traps --manifest .gpu/rshmem_device_tests.json"),
         "{log}"
@@ -407,28 +444,54 @@ fn runs_every_step_and_ends_with_the_table() {
         "{log}"
     );
     assert!(!log.contains("panicked"), "{log}");
-    let log = std::fs::read_to_string(root.join("out/example-ring.log")).unwrap();
+    let log = std::fs::read_to_string(root.join("logs/example-ring.log")).unwrap();
     assert!(
         log.contains(".gpu/gpu_ring is missing: rerun scripts/build-gpu-bundle"),
         "{log}"
     );
-    // The ep step runs both commands (the suite, then the bench), each failing cleanly.
-    let ep = rows.iter().find(|r| r.starts_with("ep ")).unwrap();
-    assert!(ep.contains("FAIL (rc 1)"), "{summary}");
-    let log = std::fs::read_to_string(root.join("out/ep.log")).unwrap();
-    assert!(
-        log.contains(
-            "rshmem bench ep --check: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"
+    // The EP suite, then the bench, each its own step, each failing cleanly.
+    for (step, says) in [
+        (
+            "ep-check",
+            "rshmem bench ep --check: libcuda.so.1 could not be loaded (libcuda.so.1 lacks",
         ),
-        "{log}"
-    );
-    assert!(
-        log.contains("rshmem bench ep: libcuda.so.1 could not be loaded (libcuda.so.1 lacks"),
-        "{log}"
-    );
-    assert!(!log.contains("panicked"), "{log}");
+        (
+            "ep",
+            "rshmem bench ep: libcuda.so.1 could not be loaded (libcuda.so.1 lacks",
+        ),
+    ] {
+        let r = rows
+            .iter()
+            .find(|r| r.starts_with(&format!("{step} ")))
+            .unwrap();
+        assert!(r.contains("FAIL (rc 1)"), "{summary}");
+        let log = std::fs::read_to_string(root.join(format!("logs/{step}.log"))).unwrap();
+        assert!(log.contains(says), "{log}");
+        assert!(!log.contains("panicked"), "{log}");
+    }
+    // What comes back from the device tool (at most 8 files): the summary and every log
+    // in one archive, nothing else.
+    let mut back: Vec<String> = std::fs::read_dir(root.join("out"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    back.sort();
+    assert_eq!(back, ["logs.tgz", "summary.txt"]);
+    let listed = Command::new("tar")
+        .arg("tzf")
+        .arg(root.join("out/logs.tgz"))
+        .output()
+        .expect("tar");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    for step in ["doctor", "selftest-2", "ep-check", "ep", "selftest-3"] {
+        assert!(
+            listed.lines().any(|l| l == format!("./{step}.log")),
+            "{step}.log not in logs.tgz: {listed}"
+        );
+    }
     // ep-proxy: the suite over the proxy transport, refused at the driver check likewise.
-    let log = std::fs::read_to_string(root.join("out/ep-proxy.log")).unwrap();
+    let log = std::fs::read_to_string(root.join("logs/ep-proxy.log")).unwrap();
     assert!(
         log.contains("bench ep --device gpu --check --pes 2 --transport proxy")
             && log.contains(
@@ -438,7 +501,7 @@ fn runs_every_step_and_ends_with_the_table() {
     );
     assert!(!log.contains("panicked"), "{log}");
     for step in ["selftest-proxy-2", "ibgda-rate"] {
-        let log = std::fs::read_to_string(root.join(format!("out/{step}.log"))).unwrap();
+        let log = std::fs::read_to_string(root.join(format!("logs/{step}.log"))).unwrap();
         assert!(
             log.contains("libcuda.so.1 lacks cuGetErrorString"),
             "{step}: {log}"
@@ -487,7 +550,7 @@ fn every_step_reaches_its_first_kernel_launch_on_hostcuda() {
         "{summary}"
     );
     let mut launched = Vec::new();
-    for e in std::fs::read_dir(root.join("out")).unwrap().flatten() {
+    for e in std::fs::read_dir(root.join("logs")).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().to_string();
         let Some(step) = name.strip_suffix(".log") else {
             continue;
@@ -540,6 +603,7 @@ fn every_step_reaches_its_first_kernel_launch_on_hostcuda() {
         "selftest-8",
         "selftest-proxy-2",
         "traps",
+        "ep-check",
         "ep",
         "ep-proxy",
         "ibgda-rate",

@@ -226,7 +226,7 @@ fn ep_buffers_are_created_masked_and_destroyed() {
 }
 
 /// GPU PEs over the proxy transport: host heaps registered into CUDA and IBGDA queues
-/// drained by the soft HCA; setup, a local write and read, finalize.
+/// drained by the soft HCA; setup, a local write and read, a stream ADD refused, finalize.
 #[test]
 fn gpu_pes_set_up_and_finalize_over_the_proxy() {
     on_gpu_pes(2, "proxy", |g| {
@@ -238,6 +238,13 @@ fn gpu_pes_set_up_and_finalize_over_the_proxy() {
         if got != pattern(me, 256) {
             return Err(Error::Verification("read back over the proxy heap".into()));
         }
+        // A stream ADD on its own heap would be a GPU atomic against the soft HCA's CPU
+        // atomics: refused before anything is launched.
+        let e = g
+            .signal_on_stream(a.offset(), 1, rshmem::SignalOp::Add, me)
+            .unwrap_err()
+            .to_string();
+        expect_text(&e, "the soft HCA's CPU atomics")?;
         g.pe().barrier_all()?;
         g.free(a)
     });

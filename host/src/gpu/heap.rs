@@ -80,10 +80,12 @@ pub fn probe_fd_export(ordinal: i32) -> Result<()> {
     let ctx = super::module::Ctx::retain(ordinal)?;
     ctx.enter()?;
     let g = granularity(ordinal)?;
-    // The fd and the allocation are closed and freed as they drop.
-    VmmMapping::create(ordinal, g, false, false)?
-        .export()
-        .map(drop)
+    // The fd and the allocation are closed and freed as they drop, the allocation before
+    // `ctx` (a temporary in the tail expression would outlive it).
+    let m = VmmMapping::create(ordinal, g, false, false)?;
+    let r = m.export().map(drop);
+    drop(m);
+    r
 }
 
 /// One mapping of a heap allocation (this PE's own, or a peer's imported one) in the

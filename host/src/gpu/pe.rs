@@ -30,6 +30,7 @@ use crate::types::{SignalOp, SymPtr};
 use cudarc::driver::sys;
 use std::collections::BTreeSet;
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -244,9 +245,11 @@ struct CudaSide {
     /// (dropped first: the engine or the NIC lets go of the queues before anything they
     /// name goes; the heap's NIC registration goes before `heaps`).
     ibgda: Option<Queues>,
-    signal: Module,
-    err: Pinned,
-    peers_table: DevBuf,
+    /// The next three are dropped by hand (`Drop for CudaSide`): after `ibgda`, as their
+    /// declaration order says, and not at all while a kernel may still use them.
+    signal: ManuallyDrop<Module>,
+    err: ManuallyDrop<Pinned>,
+    peers_table: ManuallyDrop<DevBuf>,
     /// Mapping of every node peer's heap (this PE's own at its rank), by world rank.
     heaps: Vec<Option<VmmMapping>>,
     stream: Stream,
@@ -258,6 +261,7 @@ impl Drop for CudaSide {
     /// outstanding work on the stream a bounded chance to finish before memory is unmapped.
     fn drop(&mut self) {
         if self.ctx.enter().is_err() {
+            // No driver call can be made: the fields dropped by hand are left too.
             return;
         }
         let until = Instant::now() + Duration::from_secs(2);
@@ -273,11 +277,17 @@ impl Drop for CudaSide {
         if busy() {
             // A kernel still runs (a wait that has not timed out yet). Unmapping the heaps
             // under it would fault, and the fault is sticky in the context every PE of
-            // this process shares: leave the mappings to the process's exit instead.
-            // (Frees of plain device memory wait for the kernel; they stay.)
+            // this process shares: leave the mappings to the process's exit instead. The
+            // same for what the kernel reads or writes (the peer table, the error record)
+            // and its module: whether cuMemFree and cuModuleUnload wait for a running
+            // kernel is not promised. Leaking those also keeps their references to the
+            // context, so the primary context is not released under the kernel either.
+            // The stream may go: cuStreamDestroy with work pending returns at once and
+            // frees the stream when the work is done.
             eprintln!(
                 "rshmem: GPU {}: work still running on a PE's stream 2 s after it ended; \
-                 its heap mappings are left in place until the process exits",
+                 its heap mappings, peer table, error record and module are left in place \
+                 until the process exits",
                 self.ctx.ordinal
             );
             for m in std::mem::take(&mut self.heaps) {
@@ -289,6 +299,17 @@ impl Drop for CudaSide {
             if matches!(self.ibgda, Some(Queues::Nic(_))) {
                 std::mem::forget(self.ibgda.take());
             }
+            return;
+        }
+        // The queues first (the engine or the NIC lets go of them before anything they
+        // name goes), then the three dropped by hand, then the rest in field order.
+        drop(self.ibgda.take());
+        // SAFETY: each is dropped once, here, and not used after (the struct is being
+        // dropped; its remaining fields do not refer to them).
+        unsafe {
+            ManuallyDrop::drop(&mut self.signal);
+            ManuallyDrop::drop(&mut self.err);
+            ManuallyDrop::drop(&mut self.peers_table);
         }
     }
 }
@@ -562,7 +583,7 @@ impl GpuPe {
         let my_dev_count = device_count()?;
         // Peers reached over P2P without native atomics (PEER_NO_P2P_ATOMICS).
         let mut no_atomics = vec![false; n];
-        let imported: Result<()> = others.iter().try_for_each(|&r| {
+        let mut import_one = |r: usize| -> Result<()> {
             let (process, va) = place_of(r)?;
             let fd = if elsewhere.contains(&r) {
                 Some(ex.fetch(r)?)
@@ -641,7 +662,18 @@ impl GpuPe {
                 });
             }
             Ok(())
-        });
+        };
+        let mut imported: Result<()> = Ok(());
+        for &r in &others {
+            if imported.is_ok() {
+                imported = import_one(r);
+            } else if elsewhere.contains(&r) {
+                // After a failure, still take (and close) the fd of every later peer that
+                // serves this PE: its server would otherwise wait for this PE until its
+                // bound before the failure could be shared.
+                drop(ex.fetch(r));
+            }
+        }
         let joined = server.map_or(Ok(()), |s| s.join());
         let imported = imported.and(joined);
         exchange_status(boot, &world, "map its node peers' GPU heaps", &imported)?;
@@ -674,9 +706,9 @@ impl GpuPe {
         Ok(GpuPe {
             cuda: CudaSide {
                 ibgda: None,
-                signal,
-                err,
-                peers_table,
+                signal: ManuallyDrop::new(signal),
+                err: ManuallyDrop::new(err),
+                peers_table: ManuallyDrop::new(peers_table),
                 heaps,
                 stream,
                 ctx,
@@ -732,9 +764,9 @@ impl GpuPe {
         Ok(GpuPe {
             cuda: CudaSide {
                 ibgda: Some(Queues::Proxy(ibgda)),
-                signal,
-                err,
-                peers_table,
+                signal: ManuallyDrop::new(signal),
+                err: ManuallyDrop::new(err),
+                peers_table: ManuallyDrop::new(peers_table),
                 heaps: (0..pe.n_pes()).map(|_| None).collect(),
                 stream,
                 ctx,
@@ -824,9 +856,9 @@ impl GpuPe {
         Ok(GpuPe {
             cuda: CudaSide {
                 ibgda: Some(Queues::Nic(nic)),
-                signal,
-                err,
-                peers_table,
+                signal: ManuallyDrop::new(signal),
+                err: ManuallyDrop::new(err),
+                peers_table: ManuallyDrop::new(peers_table),
                 heaps,
                 stream,
                 ctx,
@@ -1279,8 +1311,30 @@ impl GpuPe {
                 from: self.my_pe(),
                 reason: "signal_on_stream ADD is an atomic, and the P2P link has no native \
                          atomics (GPUs on PCIe without atomics); use SET, NVLink-connected \
-                         GPUs or RSHMEM_TRANSPORT=proxy"
+                         GPUs, or RSHMEM_TRANSPORT=proxy and rshmem_signal_op from a kernel"
                     .into(),
+            });
+        }
+        // Over the queue transports (proxy, ibgda) the only heap reachable here is this
+        // PE's own, and the peers' atomics on it are the soft HCA's CPU atomics or the
+        // NIC's, which a GPU atomic is not atomic against (state.cuh, SELF_IBGDA): a
+        // concurrent ADD from a peer could be lost. The device API's signal_op sends such
+        // an update through the loopback queue instead.
+        if op == SignalOp::Add && self.cuda.ibgda.is_some() {
+            return Err(Error::Unreachable {
+                pe,
+                from: self.my_pe(),
+                reason: format!(
+                    "signal_on_stream ADD would be a GPU atomic on a heap word that the {} \
+                     transport's peers update with {} atomics, and the two are not atomic \
+                     against each other; use SET, or rshmem_signal_op from a kernel (it \
+                     goes through this PE's loopback queue)",
+                    self.transport().name(),
+                    match self.cuda.ibgda {
+                        Some(Queues::Nic(_)) => "the NIC's",
+                        _ => "the soft HCA's CPU",
+                    }
+                ),
             });
         }
         let f = self.cuda.signal.function("rshmem_host_signal")?;
@@ -1392,9 +1446,12 @@ impl GpuPe {
     pub fn bind_module(&self, m: &mut Module) -> Result<()> {
         if !Arc::ptr_eq(&m.ctx, self.ctx()) {
             return Err(Error::InvalidArgument(format!(
-                "module {} was loaded in another GPU's context than PE {}'s",
+                "module {} was loaded by another GPU PE (on GPU {}) than PE {} (on GPU {}): \
+                 a module belongs to the PE that loaded it (load it once per PE)",
                 m.name,
-                self.my_pe()
+                m.ctx.ordinal,
+                self.my_pe(),
+                self.ctx().ordinal
             )));
         }
         let (ptr, size) = m.global(state::STATE_SYMBOL)?.ok_or_else(|| {
