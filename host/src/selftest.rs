@@ -910,7 +910,26 @@ fn collectives(pe: &Pe) -> Result<()> {
             _ => filler,
         })
         .collect();
-    check(|| "alltoalls (strides 2 / 3)".into(), got, want)?;
+    check(|| "alltoalls (strides 2 / 3)".into(), got.clone(), want)?;
+    // Dest stride 1 (block pushes) with source stride 2, then source stride 1 (the source
+    // sent as it is) with dest stride 2, one element per member each.
+    pe.put(sd, &vec![filler; 4 * n], me)?;
+    pe.alltoalls(&world, sd, ss, 1, 2, 1)?;
+    pe.get(&mut got, sd, me)?;
+    let want: Vec<u64> = (0..4 * n)
+        .map(|i| if i < n { v(i, 2 * me) } else { filler })
+        .collect();
+    check(|| "alltoalls (strides 1 / 2)".into(), got.clone(), want)?;
+    pe.put(sd, &vec![filler; 4 * n], me)?;
+    pe.alltoalls(&world, sd, ss, 2, 1, 1)?;
+    pe.get(&mut got, sd, me)?;
+    let want: Vec<u64> = (0..4 * n)
+        .map(|i| match i {
+            i if i % 2 == 0 && i < 2 * n => v(i / 2, me),
+            _ => filler,
+        })
+        .collect();
+    check(|| "alltoalls (strides 2 / 1)".into(), got, want)?;
 
     let isrc = src.cast::<i64>();
     let idst = dst.cast::<i64>();

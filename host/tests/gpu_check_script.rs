@@ -159,16 +159,31 @@ fn the_bundles_programs_are_unpacked() {
 fn a_bare_driver_name_is_found_on_the_loader_path() {
     let root = repo("barename", true);
     let lib = fake_libcuda(&root);
+    // The step logs in gpu-check's default place, a temporary folder (RSHMEM_GPU_LOGS
+    // empty): they come back in out/logs.tgz only.
     let o = run(
         &root,
         &[
             ("RSHMEM_CUDA_LIB", "libcuda.so.1"),
             ("LD_LIBRARY_PATH", lib.to_str().unwrap()),
             ("RSHMEM_NVRTC_LIB", "/nonexistent/libnvrtc.so.13"),
+            ("RSHMEM_GPU_LOGS", ""),
         ],
     );
     let t = text(&o);
     assert!(!t.contains("not found at RSHMEM_CUDA_LIB"), "{t}");
+    assert!(!root.join("logs").exists(), "{t}");
+    let listed = Command::new("tar")
+        .arg("tzf")
+        .arg(root.join("out/logs.tgz"))
+        .output()
+        .expect("tar");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.lines().any(|l| l == "./doctor.log")
+            && listed.lines().any(|l| l == "./selftest-3.log"),
+        "{listed}"
+    );
     // Past the driver check, the steps ran against the stand-in driver.
     let summary = std::fs::read_to_string(root.join("out/summary.txt")).unwrap();
     assert!(

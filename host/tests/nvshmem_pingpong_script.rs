@@ -349,6 +349,7 @@ fn gpu_check_runs_the_step_and_puts_its_finding_under_the_table() {
     let o = Command::new("bash")
         .arg(root.join("scripts/gpu-check"))
         .arg(root.join("out"))
+        .env("RSHMEM_GPU_LOGS", root.join("logs"))
         .env("LD_LIBRARY_PATH", &lib)
         .env("RSHMEM_NVSHMEM_LIB_DIR", root.join("nvlib"))
         .env("RSHMEM_NVSHMEM_MPS", "0")
@@ -371,8 +372,10 @@ fn gpu_check_runs_the_step_and_puts_its_finding_under_the_table() {
         ),
         "{summary}"
     );
-    let log = std::fs::read_to_string(root.join("out/nvshmem-pingpong.log")).unwrap();
-    assert!(log.starts_with("== nvshmem-pingpong (bash scripts/nvshmem-pingpong --iters 1000 --reps 20 --budget-s 55), limit 60s\n"), "{log}");
+    let log = std::fs::read_to_string(root.join("logs/nvshmem-pingpong.log")).unwrap();
+    assert!(log.starts_with("== nvshmem-pingpong (bash scripts/nvshmem-pingpong --iters 1000 --reps 20), limit 60s\n"), "{log}");
+    // Its budget comes from the step's limit, 15 s inside it.
+    assert!(log.contains("(limit 15s)"), "{log}");
 
     // NVSHMEM refusing: the row is n/a, not a failure, and the reason is under the table.
     let o = Command::new("bash")

@@ -1591,15 +1591,9 @@ impl GpuPe {
         unsafe { self.launch_raw(m, kernel, grid, block, 0, &mut params, cooperative) }
     }
 
-    /// Grid and launch mode for a collective kernel (co-resident with the other PEs' grids
-    /// on this GPU; see [`super::launch`]).
-    pub fn collective_grid(
-        &self,
-        m: &Module,
-        kernel: &str,
-        block: u32,
-        requested: u32,
-    ) -> Result<(u32, bool)> {
+    /// How many blocks of `kernel` (at `block` threads, no dynamic shared memory) one SM
+    /// holds at once (the driver's occupancy calculator).
+    pub fn blocks_per_sm(&self, m: &Module, kernel: &str, block: u32) -> Result<u32> {
         let f = m.function(kernel)?;
         let mut per_sm = 0;
         // SAFETY: valid out-pointer and function; no dynamic shared memory.
@@ -1610,10 +1604,23 @@ impl GpuPe {
             "cuOccupancyMaxActiveBlocksPerMultiprocessor",
             || format!("sizing {kernel}"),
         )?;
+        Ok(per_sm.max(0) as u32)
+    }
+
+    /// Grid and launch mode for a collective kernel (co-resident with the other PEs' grids
+    /// on this GPU; see [`super::launch`]).
+    pub fn collective_grid(
+        &self,
+        m: &Module,
+        kernel: &str,
+        block: u32,
+        requested: u32,
+    ) -> Result<(u32, bool)> {
+        let per_sm = self.blocks_per_sm(m, kernel, block)?;
         let grid = super::launch::co_resident_grid(
             kernel,
             block,
-            per_sm.max(0) as u32,
+            per_sm,
             self.info.sms,
             self.sharing.pes as u32,
             requested,

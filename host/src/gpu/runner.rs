@@ -1199,7 +1199,8 @@ pub fn bench(o: &BenchOpts) -> Result<Option<GpuReport>> {
                             || sum.is_some_and(|w| w != r.checksum)
                         {
                             return Err(Error::Verification(format!(
-                                "{} at {size} B: the kernel's record says {} iterations, {} bytes,                                  checksum {:#x}; the launch wants {iters}, {bytes}{}",
+                                "{} at {size} B: the kernel's record says {} iterations, {} bytes, \
+                                 checksum {:#x}; the launch wants {iters}, {bytes}{}",
                                 case.name,
                                 r.iters,
                                 r.bytes,
@@ -1291,6 +1292,11 @@ pub struct CopyReport {
     pub copy_grid: u32,
     pub copy_block: u32,
     pub put_kernel: Option<String>,
+    /// The put kernel's grid and block: as many blocks as the GPU holds at once, up to
+    /// the copy's grid (PE 0 alone runs it), not the manifest's 32, so that the ratio
+    /// compares the paths rather than the grids.
+    pub put_grid: Option<u32>,
+    pub put_block: Option<u32>,
     pub put_unavailable: Option<String>,
     pub rows: Vec<CopyRow>,
 }
@@ -1304,14 +1310,18 @@ fn print_copy(r: &CopyReport, json: bool) {
         return;
     }
     println!(
-        "rshmem bench copy --device gpu ({}): rshmem_copy grid {} block {}; put kernel {}",
+        "rshmem bench copy --device gpu ({}): rshmem_copy grid {} block {}; put kernel {}{}",
         r.gpu,
         r.copy_grid,
         r.copy_block,
         r.put_kernel
             .as_deref()
             .or(r.put_unavailable.as_deref())
-            .unwrap_or("-")
+            .unwrap_or("-"),
+        match (r.put_grid, r.put_block) {
+            (Some(g), Some(b)) => format!(" grid {g} block {b}"),
+            _ => String::new(),
+        }
     );
     println!(
         "{:>10} {:>14} {:>14} {:>12} {:>10}",
@@ -1424,6 +1434,7 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
         let rec = DevBuf::new(g.ctx(), 64, "the bench record")?;
         let grid = g.device().sms * 4;
         let block = 512u32;
+        let mut put_shape: Option<(u32, u32)> = None;
         let mut rows = Vec::new();
         for &size in &sizes {
             let mut row = CopyRow {
@@ -1487,6 +1498,17 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                 if size <= bench_cap(p.scratch_bytes) {
                     let mut samples = Vec::new();
                     let iters = iters_for(size, o.iters, true);
+                    // PE 0 alone runs the put kernel: the whole GPU's co-resident blocks
+                    // (its blocks meet, so all must be resident), at most the copy's grid.
+                    let resident = g.blocks_per_sm(pm, &p.name, p.block)? * g.device().sms;
+                    if resident == 0 {
+                        return Err(Error::InvalidArgument(format!(
+                            "{} (block {}) cannot be resident on this GPU",
+                            p.name, p.block
+                        )));
+                    }
+                    let put_grid = resident.min(grid);
+                    put_shape = Some((put_grid, p.block));
                     for rep in 0..=o.reps {
                         g.memset(buf.offset(), 0, p.scratch_bytes as usize)?;
                         rec.write(&[0u8; 64])?;
@@ -1502,7 +1524,7 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                                 seed: 0xc0 + size as u64,
                                 team: 0,
                             };
-                            g.launch_harness(pm, &p.name, p.grid, p.block, &args, false)?;
+                            g.launch_harness(pm, &p.name, put_grid, p.block, &args, false)?;
                             g.sync(&p.name)?;
                             let mut b = [0u8; 64];
                             rec.read(&mut b)?;
@@ -1510,6 +1532,17 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                             let ns = r.elapsed_ns().ok_or_else(|| {
                                 Error::Verification(format!("{}: no timing", p.name))
                             })?;
+                            // The record must be this launch's, or the timing is of
+                            // something else.
+                            let (bytes, _) = bench_expected("put", false, size as u64, iters, 0, 1);
+                            if r.iters != iters || r.bytes != bytes {
+                                return Err(Error::Verification(format!(
+                                    "{} at {size} B (grid {put_grid}): the kernel's record \
+                                     says {} iterations, {} bytes; the launch wants {iters}, \
+                                     {bytes}",
+                                    p.name, r.iters, r.bytes
+                                )));
+                            }
                             if rep > 0 {
                                 samples.push(r.bytes as f64 / ns as f64);
                             }
@@ -1527,9 +1560,9 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
             g.pe().barrier_all()?;
             rows.push(row);
         }
-        Ok((me == 0).then(|| (rows, g.device().name.clone(), grid, block)))
+        Ok((me == 0).then(|| (rows, g.device().name.clone(), grid, block, put_shape)))
     })?;
-    let (rows, gpu, grid, block) = pe0_of(out)?.expect("PE 0 reports");
+    let (rows, gpu, grid, block, put_shape) = pe0_of(out)?.expect("PE 0 reports");
     Ok(CopyReport {
         bench: "copy",
         device: "gpu",
@@ -1537,6 +1570,8 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
         copy_grid: grid,
         copy_block: block,
         put_kernel: put.map(|p| p.name),
+        put_grid: put_shape.map(|s| s.0),
+        put_block: put_shape.map(|s| s.1),
         put_unavailable,
         rows,
     })

@@ -120,6 +120,9 @@ RSHMEM_DEVICE void rshmem_fence() {
 template <int S, bool Nbi = false>
 RSHMEM_DEVICE void rshmemi_putmem(void *dest, const void *source, size_t bytes, int pe,
                                   const char *what) {
+  // Warp/block scope: what any thread of the group wrote to source before the call is what
+  // the group sends (a thread's copy share, or rank 0's WQE, reads other threads' words).
+  rshmemi_scope_sync<S>();
   const rshmemi_target_t t = rshmemi_resolve(dest, bytes, pe, what);
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P:
@@ -141,6 +144,8 @@ RSHMEM_DEVICE void rshmemi_putmem(void *dest, const void *source, size_t bytes, 
 template <int S>
 RSHMEM_DEVICE void rshmemi_getmem(void *dest, const void *source, size_t bytes, int pe,
                                   const char *what) {
+  // Warp/block scope: every thread of the group is done with dest before any writes it.
+  rshmemi_scope_sync<S>();
   const rshmemi_target_t t = rshmemi_resolve(source, bytes, pe, what);
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P:
@@ -343,6 +348,8 @@ template <int S, bool Nbi = false>
 RSHMEM_DEVICE void rshmemi_putmem_signal(void *dest, const void *source, size_t bytes,
                                          uint64_t *sig_addr, uint64_t signal, int sig_op, int pe,
                                          const char *what) {
+  // Warp/block scope: the group's writes to source before the call are what it sends.
+  rshmemi_scope_sync<S>();
   // amo: the signal is an atomic update (the whole operation takes the loopback queue
   // when the state routes the own PE's atomics through it); rmw only for the signal, and
   // only an ADD is a read-modify-write.
