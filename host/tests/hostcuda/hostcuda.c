@@ -986,7 +986,13 @@ struct captured {
 struct event {
   struct timespec at;
   int recorded;  // set by the stream's worker when it reaches the record
+  // Records enqueued and not reached yet, and whether cuEventDestroy came: as the real
+  // driver documents, destroying an event whose record is pending returns at once and
+  // the event is released once the record completes (under ev_lock).
+  int pending;
+  int destroyed;
 };
+static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
 enum op_kind { OP_LAUNCH, OP_COPY, OP_SET, OP_EVENT, OP_WAIT32, OP_WRITE32 };
 struct op {
   enum op_kind kind;
@@ -1142,10 +1148,15 @@ static void run_op(struct op *o) {
     case OP_LAUNCH: run_launch(&o->launch); break;
     case OP_COPY: memmove(o->dst, o->src, o->len); break;
     case OP_SET: memset(o->dst, o->byte, o->len); break;
-    case OP_EVENT:
+    case OP_EVENT: {
+      pthread_mutex_lock(&ev_lock);
       clock_gettime(CLOCK_MONOTONIC, &o->ev->at);
       __atomic_store_n(&o->ev->recorded, 1, __ATOMIC_RELEASE);
+      const int release = --o->ev->pending == 0 && o->ev->destroyed;
+      pthread_mutex_unlock(&ev_lock);
+      if (release) free(o->ev);
       break;
+    }
     case OP_WAIT32: {
       struct timespec t0;
       clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -1309,11 +1320,20 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
   if (r || (r = check_stream(s))) return r;
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   struct event *ev = (struct event *)e;
+  pthread_mutex_lock(&ev_lock);
   __atomic_store_n(&ev->recorded, 0, __ATOMIC_RELEASE);
+  ev->pending++;
+  pthread_mutex_unlock(&ev_lock);
   struct op *o = calloc(1, sizeof *o);
   o->kind = OP_EVENT;
   o->ev = ev;
-  return enqueue(s, o);
+  CUresult q = enqueue(s, o);
+  if (q) {
+    pthread_mutex_lock(&ev_lock);
+    ev->pending--;
+    pthread_mutex_unlock(&ev_lock);
+  }
+  return q;
 }
 EXPORT CUresult cuEventQuery(CUevent e) {
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
@@ -1331,7 +1351,12 @@ EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
 }
 EXPORT CUresult cuEventDestroy(CUevent e) {
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
-  free(e);
+  struct event *ev = (struct event *)e;
+  pthread_mutex_lock(&ev_lock);
+  ev->destroyed = 1;
+  const int release = ev->pending == 0;
+  pthread_mutex_unlock(&ev_lock);
+  if (release) free(ev);
   return CUDA_SUCCESS;
 }
 
