@@ -814,11 +814,12 @@ fn run_plan(
     assert_eq!(env.remote[shared + 1], plan.signal_sum, "signal sum");
     // Results.
     let lb = env.local_bytes();
+    // As a ConnectX writes them: 4-byte results big-endian, 8-byte ones in host order.
     let be = |off: usize, size: u8| -> u64 {
         if size == 4 {
             u32::from_be_bytes(lb[off..off + 4].try_into().unwrap()) as u64
         } else {
-            u64::from_be_bytes(lb[off..off + 8].try_into().unwrap())
+            u64::from_ne_bytes(lb[off..off + 8].try_into().unwrap())
         }
     };
     let mut fetched = Vec::new();

@@ -581,8 +581,9 @@ fn send_queue_producer_against_engine_core() {
             r.core.progress();
         }
         sq.wait_posted(p).unwrap();
+        // An 8-byte result in host byte order, as a ConnectX writes it.
         assert_eq!(
-            u64::from_be_bytes(r.lbytes()[8..16].try_into().unwrap()),
+            u64::from_ne_bytes(r.lbytes()[8..16].try_into().unwrap()),
             expect - round
         );
     }
@@ -814,11 +815,12 @@ fn model_atomic(
     let m = if size == 4 { 0xffff_ffffu64 } else { u64::MAX };
     let old = rd(rm, r, size);
     wr(rm, r, size, f(old) & m);
-    // The fetched value lands big-endian.
+    // The fetched value lands as a ConnectX writes it: 4 bytes big-endian, 8 bytes in
+    // host byte order (the driver's host-endianness mode for 8-byte atomic responses).
     if size == 4 {
         lm[l..l + 4].copy_from_slice(&(old as u32).to_be_bytes());
     } else {
-        lm[l..l + 8].copy_from_slice(&old.to_be_bytes());
+        lm[l..l + 8].copy_from_slice(&old.to_ne_bytes());
     }
 }
 

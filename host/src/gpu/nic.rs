@@ -340,9 +340,33 @@ struct Opened {
     results: HostBuf,
 }
 
+/// Refuses a device whose atomics IBGDA cannot use: the device API reads an 8-byte atomic's
+/// result in host byte order, as NVSHMEM does, which is how a ConnectX answers when the
+/// mlx5 driver put it in host-endianness mode for 8-byte atomic responses; the driver
+/// reports `IBV_ATOMIC_HCA` only then (else `IBV_ATOMIC_NONE`).
+pub fn check_atomic_cap(name: &str, atomic_cap: u32) -> Result<()> {
+    if atomic_cap == crate::verbs::sys::IBV_ATOMIC_HCA {
+        return Ok(());
+    }
+    let what = match atomic_cap {
+        crate::verbs::sys::IBV_ATOMIC_NONE => "IBV_ATOMIC_NONE".to_string(),
+        crate::verbs::sys::IBV_ATOMIC_GLOB => "IBV_ATOMIC_GLOB".to_string(),
+        n => format!("{n}"),
+    };
+    Err(Error::InvalidArgument(format!(
+        "RSHMEM_TRANSPORT=ibgda: device {name} reports atomic_cap {what}, not IBV_ATOMIC_HCA: \
+         the mlx5 driver reports HCA atomics only when the NIC answers 8-byte atomics in host \
+         byte order, which the device API's atomics read (as NVSHMEM's IBGDA does). Use \
+         another device (RSHMEM_HCA) or RSHMEM_TRANSPORT=proxy"
+    )))
+}
+
 fn open_nic(s: &NicSetup<'_>) -> Result<Opened> {
     let devices = crate::verbs::list_devices()?;
     let (name, port) = choose_port(&devices, s.hca.as_deref())?;
+    if let Some(d) = devices.iter().find(|d| d.name == name) {
+        check_atomic_cap(&name, d.atomic_cap)?;
+    }
     let rd_atom = devices
         .iter()
         .find(|d| d.name == name)
@@ -689,6 +713,27 @@ mod tests {
     use crate::verbs::device::PORT_ACTIVE;
     use crate::verbs::PortInfo;
 
+    /// Only HCA atomics (8-byte results in host byte order on mlx5) are taken.
+    #[test]
+    fn devices_without_host_endian_atomics_are_refused() {
+        use crate::verbs::sys::{IBV_ATOMIC_GLOB, IBV_ATOMIC_HCA, IBV_ATOMIC_NONE};
+        check_atomic_cap("mlx5_0", IBV_ATOMIC_HCA).unwrap();
+        for (cap, says) in [
+            (
+                IBV_ATOMIC_NONE,
+                "atomic_cap IBV_ATOMIC_NONE, not IBV_ATOMIC_HCA",
+            ),
+            (
+                IBV_ATOMIC_GLOB,
+                "atomic_cap IBV_ATOMIC_GLOB, not IBV_ATOMIC_HCA",
+            ),
+            (7, "atomic_cap 7, not IBV_ATOMIC_HCA"),
+        ] {
+            let e = check_atomic_cap("mlx5_1", cap).unwrap_err().to_string();
+            assert!(e.contains(&format!("device mlx5_1 reports {says}")), "{e}");
+        }
+    }
+
     fn dev(name: &str, mlx5: bool, ports: &[(u8, bool)]) -> DeviceInfo {
         DeviceInfo {
             name: name.into(),
@@ -696,6 +741,7 @@ mod tests {
             fw_ver: String::new(),
             max_qp_rd_atom: 16,
             max_qp_init_rd_atom: 16,
+            atomic_cap: crate::verbs::sys::IBV_ATOMIC_HCA,
             ports: ports
                 .iter()
                 .map(|&(port, up)| PortInfo {

@@ -130,8 +130,9 @@ pub enum Op<'a> {
         len: u64,
         dst: &'a [LocalBuf],
     },
-    /// An atomic; the old value is written to `result` big-endian, `op.size()` bytes (as
-    /// a ConnectX writes it).
+    /// An atomic; the old value is written to `result`, `op.size()` bytes, as a ConnectX
+    /// writes it: an 8-byte one in host byte order, a 4-byte one big-endian (see
+    /// [`fetched_bytes`]).
     Atomic {
         raddr: u64,
         rkey: u32,
@@ -211,8 +212,7 @@ impl LocalPeer {
 /// Semantics:
 /// - The target of an atomic is a native-endian word updated with a CPU atomic (AcqRel),
 ///   so PEs' own atomics on the same word stay coherent with the engine's. The old value
-///   is written to the local result buffer big-endian (as a ConnectX does); producers
-///   convert it with `from_be_bytes`.
+///   is written to the local result buffer as a ConnectX writes it ([`fetched_bytes`]).
 /// - WRITE: the bytes are copied in order; when the last 8 destination bytes are 8-aligned
 ///   (or the write is 4 aligned bytes) they are stored last with a Release atomic store —
 ///   the p2p transport's property that a PE polling the last word of a put sees all of
@@ -345,16 +345,10 @@ impl Backend for LocalBackend {
                     // region; every access rshmem makes to such words is atomic.
                     let old = unsafe { atomic_rmw(t, op) };
                     let n = (result.len).min(size as usize);
-                    let be = if size == 8 {
-                        old.to_be_bytes()
-                    } else {
-                        let mut a = [0u8; 8];
-                        a[..4].copy_from_slice(&(old as u32).to_be_bytes());
-                        a
-                    };
+                    let bytes = fetched_bytes(old, size as usize);
                     // SAFETY: result was resolved through an lkey with LOCAL_WRITE for
                     // result.len bytes.
-                    unsafe { std::ptr::copy_nonoverlapping(be.as_ptr(), result.ptr, n) };
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), result.ptr, n) };
                     Ok(())
                 })
             }
@@ -400,5 +394,31 @@ unsafe fn atomic_rmw(t: *mut u8, op: AtomicOp) -> u64 {
                 }
             }
         }
+    }
+}
+
+/// The bytes a ConnectX writes to an atomic's local result buffer for the old value `old`
+/// of a `size`-byte atomic (in the first `size` bytes): 8-byte results in host byte order,
+/// 4-byte results big-endian. The mlx5 driver puts the NIC in host-endianness mode for
+/// 8-byte atomic responses wherever it can, and reports atomics to verbs only then
+/// (`IBV_ATOMIC_HCA`); 4-byte (masked) results stay big-endian. NVSHMEM's IBGDA reads
+/// them the same way (byte-swaps 4-byte results only). Before 2026-12-06 rshmem wrote and
+/// read both big-endian, which a real NIC would have returned byte-swapped.
+pub fn fetched_bytes(old: u64, size: usize) -> [u8; 8] {
+    if size == 8 {
+        old.to_ne_bytes()
+    } else {
+        let mut a = [0u8; 8];
+        a[..4].copy_from_slice(&(old as u32).to_be_bytes());
+        a
+    }
+}
+
+/// The old value from an atomic's result bytes, as [`fetched_bytes`] lays them out.
+pub fn fetched_value(b: [u8; 8], size: usize) -> u64 {
+    if size == 8 {
+        u64::from_ne_bytes(b)
+    } else {
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64
     }
 }

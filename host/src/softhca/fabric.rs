@@ -11,8 +11,9 @@
 //!   0 with swap 0 = AND with `!swap_mask` (`FI_BAND`); compare_mask 0 with swap =
 //!   swap_mask = OR (`FI_BOR`); both masks all ones = `FI_CSWAP`; masked fetch-add with no
 //!   field boundary = `FI_SUM`. Any other masked form completes with REMOTE_OP (0x14).
-//!   The fetched value arrives native-endian and is rewritten big-endian at completion
-//!   (what a ConnectX writes; the producer converts).
+//!   The fetched value arrives native-endian and is rewritten at completion as a ConnectX
+//!   writes it (`backend::fetched_bytes`: 8-byte results as they are, 4-byte ones
+//!   big-endian; the producer converts).
 //! - Remote checks happen here, before posting, against the peer's heap as exchanged at
 //!   init (mlx5 key, virtual base, length): tcp;ofi_rxm answers a bad key or an
 //!   out-of-bounds write by dropping the connection (docs/fabric.md), a ConnectX with
@@ -155,7 +156,8 @@ struct Pending {
     left: u32,
     status: std::result::Result<(), Syndrome>,
     bounce: Bounce,
-    /// Atomic result to rewrite big-endian at completion: (address, bytes, size).
+    /// Atomic result to rewrite as a ConnectX writes it at completion: (address, bytes,
+    /// size).
     swap_be: Option<(usize, usize, usize)>,
 }
 
@@ -565,15 +567,13 @@ impl FabricBackend {
             unsafe {
                 let mut b = [0u8; 8];
                 std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), size);
-                let be = if size == 8 {
-                    u64::from_ne_bytes(b).to_be_bytes()
+                let old = if size == 8 {
+                    u64::from_ne_bytes(b)
                 } else {
-                    let mut a = [0u8; 8];
-                    let v = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
-                    a[..4].copy_from_slice(&v.to_be_bytes());
-                    a
+                    u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as u64
                 };
-                std::ptr::copy_nonoverlapping(be.as_ptr(), addr as *mut u8, n.min(size));
+                let out = super::backend::fetched_bytes(old, size);
+                std::ptr::copy_nonoverlapping(out.as_ptr(), addr as *mut u8, n.min(size));
             }
         }
         (p.token, p.status)

@@ -755,12 +755,9 @@ impl Proxy {
             }
             q.sq.release(p);
             r.map_err(|e| self.err(pe, op, e))?;
-            // The engine writes the old value big-endian, as a ConnectX does.
-            Ok(if size == 4 {
-                u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64
-            } else {
-                u64::from_be_bytes(b)
-            })
+            // The engine writes the old value as a ConnectX does (8 bytes in host order,
+            // 4 bytes big-endian).
+            Ok(super::backend::fetched_value(b, size))
         };
         let mwqebbs = if size == 4 { 1 } else { 2 };
         let cas = |cond: u64, v: u64| -> Result<u64> {

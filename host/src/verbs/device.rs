@@ -73,6 +73,10 @@ pub struct DeviceInfo {
     pub max_qp_rd_atom: i32,
     /// Outstanding RDMA READs/atomics a QP may issue as initiator.
     pub max_qp_init_rd_atom: i32,
+    /// `ibv_device_attr.atomic_cap` (`IBV_ATOMIC_NONE` 0, `_HCA` 1, `_GLOB` 2). The mlx5
+    /// driver reports HCA only when the NIC answers 8-byte atomics in host byte order,
+    /// which IBGDA relies on (`gpu::nic::check_atomic_cap`).
+    pub atomic_cap: u32,
     pub ports: Vec<PortInfo>,
     /// Why ports could not be read (opening or querying failed), if so.
     pub error: Option<String>,
@@ -161,6 +165,7 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>> {
             fw_ver: String::new(),
             max_qp_rd_atom: 0,
             max_qp_init_rd_atom: 0,
+            atomic_cap: 0,
             ports: Vec::new(),
             error: None,
         };
@@ -179,6 +184,7 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>> {
                     .into_owned();
                 info.max_qp_rd_atom = attr.max_qp_rd_atom;
                 info.max_qp_init_rd_atom = attr.max_qp_init_rd_atom;
+                info.atomic_cap = attr.atomic_cap;
                 info.ports = ports;
             }
             Err(e) => info.error = Some(e.to_string()),

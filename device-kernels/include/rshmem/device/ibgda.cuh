@@ -372,7 +372,8 @@ __device__ __noinline__ inline uint64_t rshmemi_ibgda_amo(int pe, uint64_t addr,
   const uint32_t slot = rshmemi_ibgda_slot_take(what);
   const uint64_t at = rshmemi_ibgda_slot_addr(slot);
   rshmem::ibgda::posted p = {0, 0};
-  // Fetching: the value lands big-endian in the slot once the WQE completed.
+  // Fetching: the value lands in the slot once the WQE completed (8 bytes in host order,
+  // 4 bytes big-endian: fetched_u64 / fetched_u32).
   auto run = [&](int o, uint64_t x, uint64_t y) -> uint64_t {
     rshmemi_ibgda_check(d.qp, rshmemi_ibgda_post_amo(d, size, o, x, y, at, lkey, &p), pe);
     rshmemi_ibgda_check(d.qp, rshmem::ibgda::wait_posted(d.qp, p), pe);

@@ -482,7 +482,8 @@ RSHMEM_HOST_DEVICE int post_read(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t
   }, out);
 }
 
-// 8-byte fetch-add; the old value lands big-endian at (result, lkey). One WQEBB.
+// 8-byte fetch-add; the old value lands at (result, lkey) in host byte order (fetched_u64).
+// One WQEBB.
 // `fenced`: after every earlier WQE of the QP (a signal ADD).
 RSHMEM_HOST_DEVICE int post_atomic_fa(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t rkey,
                                       uint64_t result, uint32_t lkey, uint64_t add,
@@ -492,7 +493,8 @@ RSHMEM_HOST_DEVICE int post_atomic_fa(rshmem_ibgda_qp_t *qp, uint64_t raddr, uin
   }, out, fenced);
 }
 
-// 8-byte compare-and-swap; the old value lands big-endian at (result, lkey). One WQEBB.
+// 8-byte compare-and-swap; the old value lands at (result, lkey) in host byte order. One
+// WQEBB.
 RSHMEM_HOST_DEVICE int post_atomic_cs(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t rkey,
                                       uint64_t result, uint32_t lkey, uint64_t compare,
                                       uint64_t swap, posted *out = nullptr) {
@@ -569,10 +571,14 @@ RSHMEM_HOST_DEVICE int put_signal(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_
   return publish(qp, idx, 2);
 }
 
-// A fetched value (big-endian, as the NIC writes it) read after its WQE completed.
+// A fetched value read after its WQE completed, as the NIC writes it: an 8-byte result in
+// host byte order (the mlx5 driver puts ConnectX in host-endianness mode for 8-byte atomic
+// responses, and reports atomics to verbs only then), a 4-byte (masked) result big-endian.
+// NVSHMEM's IBGDA reads them the same way. (Before 2026-12-06 both were swapped, which a
+// real NIC would have answered byte-swapped; the soft HCA writes them alike.)
 RSHMEM_HOST_DEVICE uint64_t fetched_u64(uint64_t result) {
   // Relaxed, system scope: the NIC wrote it before the CQE that wait_index acquired.
-  return mlx5::bswap64(ld_relaxed_sys_u64((const uint64_t *)(uintptr_t)result));
+  return ld_relaxed_sys_u64((const uint64_t *)(uintptr_t)result);
 }
 RSHMEM_HOST_DEVICE uint32_t fetched_u32(uint64_t result) {
   return mlx5::bswap32(ld_relaxed_sys_u32((const uint32_t *)(uintptr_t)result));
