@@ -186,38 +186,10 @@ fn zeroed<T: Element>(n: usize) -> Vec<T> {
 
 impl Pe {
     /// Step 2 of the frame (module comment): agreement, then the checks every member makes
-    /// alike. `ready` is step 1's outcome.
+    /// alike. `ready` is step 1's outcome; `(dst, sst)` are the element strides of dest and
+    /// source (`alltoalls`; 1 and 1 elsewhere), agreed like the counts.
     #[allow(clippy::too_many_arguments)]
     fn coll_agree<T: Element>(
-        &self,
-        team: &Team,
-        coll: Coll,
-        dest: SymPtr<T>,
-        dest_need: usize,
-        source: SymPtr<T>,
-        source_need: usize,
-        root: usize,
-        op: u64,
-        ready: Result<()>,
-    ) -> Result<()> {
-        self.coll_agree_strided(
-            team,
-            coll,
-            dest,
-            dest_need,
-            source,
-            source_need,
-            root,
-            op,
-            (1, 1),
-            ready,
-        )
-    }
-
-    /// [`Pe::coll_agree`] with the strides (dest, source) of `alltoalls` agreed too
-    /// (1 and 1 elsewhere).
-    #[allow(clippy::too_many_arguments)]
-    fn coll_agree_strided<T: Element>(
         &self,
         team: &Team,
         coll: Coll,
@@ -412,6 +384,7 @@ impl Pe {
             nelems,
             root,
             0,
+            (1, 1),
             ready,
         )?;
         let moved = (|| {
@@ -486,7 +459,7 @@ impl Pe {
         } else {
             self.snapshot(coll, source, source_need, dest, dest_need)
         };
-        self.coll_agree_strided(
+        self.coll_agree(
             team,
             coll,
             dest,
@@ -617,7 +590,18 @@ impl Pe {
         let per_member = matches!(coll, Coll::Alltoall);
         let source_need = if per_member { total } else { nelems };
         let (data, ready) = self.snapshot(coll, source, source_need, dest, total);
-        self.coll_agree(team, coll, dest, total, source, source_need, 0, 0, ready)?;
+        self.coll_agree(
+            team,
+            coll,
+            dest,
+            total,
+            source,
+            source_need,
+            0,
+            0,
+            (1, 1),
+            ready,
+        )?;
         let at = team.my_pe() * nelems;
         let moved = self.push_blocks(team, dest.slice(at..at + nelems), |j| {
             if per_member {
@@ -652,6 +636,7 @@ impl Pe {
             nreduce,
             0,
             code,
+            (1, 1),
             Ok(()),
         )?;
         let zero = zeroed::<T>(1)[0];

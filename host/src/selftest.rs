@@ -900,36 +900,46 @@ fn collectives(pe: &Pe) -> Result<()> {
     let (ss, sd) = (pe.calloc::<u64>(6 * n)?, pe.calloc::<u64>(4 * n)?);
     let filler = 0xf111_u64;
     pe.put(ss, &(0..6 * n).map(|i| v(me, i)).collect::<Vec<_>>(), me)?;
-    pe.put(sd, &vec![filler; 4 * n], me)?;
-    pe.alltoalls(&world, sd, ss, 2, 3, 2)?;
-    let mut got = vec![0u64; 4 * n];
-    pe.get(&mut got, sd, me)?;
+    // Each run: dest refilled, alltoalls(dst, sst, nelems), dest read back.
+    let alltoalls = |dst: usize, sst: usize, nelems: usize| -> Result<Vec<u64>> {
+        pe.put(sd, &vec![filler; 4 * n], me)?;
+        pe.alltoalls(&world, sd, ss, dst, sst, nelems)?;
+        let mut got = vec![0u64; 4 * n];
+        pe.get(&mut got, sd, me)?;
+        Ok(got)
+    };
     let want: Vec<u64> = (0..4 * n)
         .map(|i| match i % 2 {
             0 => v(i / 4, (2 * me + (i / 2) % 2) * 3),
             _ => filler,
         })
         .collect();
-    check(|| "alltoalls (strides 2 / 3)".into(), got.clone(), want)?;
+    check(
+        || "alltoalls (strides 2 / 3)".into(),
+        alltoalls(2, 3, 2)?,
+        want,
+    )?;
     // Dest stride 1 (block pushes) with source stride 2, then source stride 1 (the source
     // sent as it is) with dest stride 2, one element per member each.
-    pe.put(sd, &vec![filler; 4 * n], me)?;
-    pe.alltoalls(&world, sd, ss, 1, 2, 1)?;
-    pe.get(&mut got, sd, me)?;
     let want: Vec<u64> = (0..4 * n)
         .map(|i| if i < n { v(i, 2 * me) } else { filler })
         .collect();
-    check(|| "alltoalls (strides 1 / 2)".into(), got.clone(), want)?;
-    pe.put(sd, &vec![filler; 4 * n], me)?;
-    pe.alltoalls(&world, sd, ss, 2, 1, 1)?;
-    pe.get(&mut got, sd, me)?;
+    check(
+        || "alltoalls (strides 1 / 2)".into(),
+        alltoalls(1, 2, 1)?,
+        want,
+    )?;
     let want: Vec<u64> = (0..4 * n)
         .map(|i| match i {
             i if i % 2 == 0 && i < 2 * n => v(i / 2, me),
             _ => filler,
         })
         .collect();
-    check(|| "alltoalls (strides 2 / 1)".into(), got, want)?;
+    check(
+        || "alltoalls (strides 2 / 1)".into(),
+        alltoalls(2, 1, 1)?,
+        want,
+    )?;
 
     let isrc = src.cast::<i64>();
     let idst = dst.cast::<i64>();

@@ -44,6 +44,16 @@ fn run(root: &Path, envs: &[(&str, &str)]) -> Output {
     c.output().expect("run gpu-check")
 }
 
+/// The names `tar tzf` lists in out/logs.tgz, one per line.
+fn logs_in_archive(root: &Path) -> String {
+    let o = Command::new("tar")
+        .arg("tzf")
+        .arg(root.join("out/logs.tgz"))
+        .output()
+        .expect("tar");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -173,12 +183,7 @@ fn a_bare_driver_name_is_found_on_the_loader_path() {
     let t = text(&o);
     assert!(!t.contains("not found at RSHMEM_CUDA_LIB"), "{t}");
     assert!(!root.join("logs").exists(), "{t}");
-    let listed = Command::new("tar")
-        .arg("tzf")
-        .arg(root.join("out/logs.tgz"))
-        .output()
-        .expect("tar");
-    let listed = String::from_utf8_lossy(&listed.stdout);
+    let listed = logs_in_archive(&root);
     assert!(
         listed.lines().any(|l| l == "./doctor.log")
             && listed.lines().any(|l| l == "./selftest-3.log"),
@@ -493,12 +498,7 @@ fn runs_every_step_and_ends_with_the_table() {
         .collect();
     back.sort();
     assert_eq!(back, ["logs.tgz", "summary.txt"]);
-    let listed = Command::new("tar")
-        .arg("tzf")
-        .arg(root.join("out/logs.tgz"))
-        .output()
-        .expect("tar");
-    let listed = String::from_utf8_lossy(&listed.stdout);
+    let listed = logs_in_archive(&root);
     for step in ["doctor", "selftest-2", "ep-check", "ep", "selftest-3"] {
         assert!(
             listed.lines().any(|l| l == format!("./{step}.log")),

@@ -156,9 +156,10 @@ struct Pending {
     left: u32,
     status: std::result::Result<(), Syndrome>,
     bounce: Bounce,
-    /// Atomic result to rewrite as a ConnectX writes it at completion: (address, bytes,
-    /// size).
-    swap_be: Option<(usize, usize, usize)>,
+    /// A 4-byte atomic result to rewrite big-endian at completion, as a ConnectX writes it
+    /// (`backend::fetched_bytes`; an 8-byte one is already in host order): (address,
+    /// bytes).
+    result_be32: Option<(usize, usize)>,
 }
 
 /// Executes soft-HCA operations over one libfabric endpoint. Asynchronous.
@@ -429,7 +430,7 @@ impl FabricBackend {
             left,
             status: Ok(()),
             bounce,
-            swap_be: None,
+            result_be32: None,
         };
         match self.ops_free.pop() {
             Some(i) => {
@@ -560,20 +561,15 @@ impl FabricBackend {
         if let Bounce::Slot(s) = p.bounce {
             self.bounce_free.push(s);
         }
-        if let (Ok(()), Some((addr, n, size))) = (p.status, p.swap_be) {
+        if let (Ok(()), Some((addr, n))) = (p.status, p.result_be32) {
             // SAFETY: the result buffer was resolved through an lkey with LOCAL_WRITE by
             // the engine and stays valid until the CQE of this WQE (backend contract); the
-            // provider wrote `size` native-endian bytes there.
+            // provider wrote 4 native-endian bytes there.
             unsafe {
-                let mut b = [0u8; 8];
-                std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), size);
-                let old = if size == 8 {
-                    u64::from_ne_bytes(b)
-                } else {
-                    u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as u64
-                };
-                let out = super::backend::fetched_bytes(old, size);
-                std::ptr::copy_nonoverlapping(out.as_ptr(), addr as *mut u8, n.min(size));
+                let mut b = [0u8; 4];
+                std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), 4);
+                let out = super::backend::fetched_bytes(u32::from_ne_bytes(b) as u64, 4);
+                std::ptr::copy_nonoverlapping(out.as_ptr(), addr as *mut u8, n.min(4));
             }
         }
         (p.token, p.status)
@@ -873,7 +869,9 @@ impl FabricBackend {
                 };
                 let i = self.new_op(token, key, 1, Bounce::None);
                 if let Some(p) = self.ops[i as usize].as_mut() {
-                    p.swap_be = Some((result.ptr as usize, result.len, size as usize));
+                    if size == 4 {
+                        p.result_be32 = Some((result.ptr as usize, result.len));
+                    }
                 }
                 let mut post = Some(Post::Atomic {
                     ty,
