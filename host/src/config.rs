@@ -275,7 +275,7 @@ pub struct Settings {
     /// PEs outnumber its cores), `1` on, `0` off.
     pub p2p_assist: crate::assist::AssistMode,
     /// RSHMEM_HCA: the NIC of `RSHMEM_TRANSPORT=ibgda` (`mlx5_0` or `mlx5_0:1`); unset, the
-    /// first mlx5 device with an active port.
+    /// mlx5 device with an active port nearest the GPU on PCIe (`gpu::nic::choose_port`).
     pub hca: Option<String>,
     /// RSHMEM_IBGDA_DOORBELL: `auto` (default: GPU threads ring the NIC's doorbell; a CPU
     /// thread relays it when the driver cannot map the doorbell page into the GPU) or

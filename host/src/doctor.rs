@@ -69,7 +69,13 @@ pub fn probe() -> Report {
     let rdma = rdma::probe();
     let libfabric = fabric::probe();
     let summary = summarize(&cuda, &rdma, &libfabric);
-    let ibgda = rdma::ibgda(&rdma, cuda.devices.len());
+    let gpus: Vec<(i32, Option<String>)> = cuda
+        .devices
+        .iter()
+        .map(|d| (d.ordinal, d.pci_bus_id.clone()))
+        .collect();
+    let hca = std::env::var("RSHMEM_HCA").ok();
+    let ibgda = rdma::ibgda(&rdma, &gpus, &crate::topo::sysfs_root(), hca.as_deref());
     Report {
         cpu,
         cuda,
@@ -296,6 +302,9 @@ fn render_table(r: &Report) -> String {
                 .unwrap_or_else(|| "? memory".into()),
             d.compute_capability.as_deref().unwrap_or("?"),
         );
+        if let Some(bus) = &d.pci_bus_id {
+            v.push_str(&format!(", PCI {bus}"));
+        }
         if let Some(e) = &d.error {
             v.push_str(&format!(" [{e}]"));
         }
@@ -357,6 +366,12 @@ fn render_table(r: &Report) -> String {
             if let Some(fw) = &d.fw_ver {
                 v.push_str(&format!(", firmware {fw}"));
             }
+            if let Some(a) = &d.atomic_cap {
+                v.push_str(&format!(", atomics {a}"));
+            }
+            if let Some(pci) = &d.pci {
+                v.push_str(&format!(", PCI {pci}"));
+            }
             if let Some(e) = &d.error {
                 v.push_str(&format!(" [{e}]"));
             }
@@ -400,6 +415,15 @@ fn render_table(r: &Report) -> String {
         lines.push(kv(k, v));
     }
     lines.push(kv("GPU PE path", g.gpu_pe_path.clone()));
+    for n in &g.nics {
+        lines.push(kv(
+            &format!("NIC of GPU {}", n.gpu),
+            match &n.nic {
+                Some(nic) => format!("{nic} ({})", n.why),
+                None => n.why.clone(),
+            },
+        ));
+    }
 
     lines.push((Some("libfabric"), String::new()));
     lines.push(kv("libfabric", r.libfabric.detail.clone()));
@@ -453,6 +477,7 @@ mod tests {
                     name: Some("H200".into()),
                     total_mem_bytes: Some(1 << 30),
                     compute_capability: Some("9.0".into()),
+                    pci_bus_id: None,
                     error: None,
                     vmm: Some(true),
                     posix_fd_handles: Some(true),
@@ -485,6 +510,8 @@ mod tests {
                     mlx5,
                     mlx5dv: Some(mlx5),
                     fw_ver: None,
+                    atomic_cap: Some("HCA".into()),
+                    pci: None,
                     ports: Vec::new(),
                     error: None,
                 })

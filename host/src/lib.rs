@@ -55,6 +55,7 @@ mod strided;
 pub mod team;
 #[cfg(test)]
 mod test_child;
+pub mod topo;
 pub mod types;
 pub mod verbs;
 

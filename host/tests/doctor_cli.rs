@@ -307,6 +307,11 @@ int cuDeviceGetP2PAttribute(int *v, int attr, int src, int dst) {
     *v = 0;                                                /* PCIe without atomics */
     return 0;
 }
+int cuDeviceGetPCIBusId(char *id, int len, int d) {
+    if (d == 1) return 101;
+    snprintf(id, len, "0000:1B:00.0");
+    return 0;
+}
 int cuGetErrorName(int rc, const char **s) {
     switch (rc) {
     case 100: *s = "CUDA_ERROR_NO_DEVICE"; return 0;
@@ -418,6 +423,8 @@ fn fake_cuda_driver_is_reported_device_by_device() {
     assert_eq!(devs[0]["name"], "Fake H200 0");
     assert_eq!(devs[0]["total_mem_bytes"].as_u64(), Some(143771 << 20));
     assert_eq!(devs[0]["compute_capability"], "9.0");
+    assert_eq!(devs[0]["pci_bus_id"], "0000:1B:00.0");
+    assert!(devs[1]["pci_bus_id"].is_null());
     assert!(devs[0]["error"].is_null());
     assert!(devs[1]["name"].is_null());
     assert_eq!(
@@ -493,7 +500,7 @@ fn fake_cuda_driver_is_reported_device_by_device() {
     let table = doctor(&[], &[("LD_LIBRARY_PATH", path)]);
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(
-        text.contains("GPU 0                  Fake H200 0, 140.4 GiB, compute capability 9.0"),
+        text.contains("GPU 0                  Fake H200 0, 140.4 GiB, compute capability 9.0, PCI 0000:1B:00.0"),
         "{text}"
     );
     assert!(
@@ -541,6 +548,9 @@ fn fake_mlx5_device_is_found_and_named_in_the_ibgda_line() {
     assert_eq!(devs.len(), 1);
     assert_eq!(devs[0]["name"], "mlx5_0");
     assert_eq!(devs[0]["mlx5"], Value::Bool(true));
+    // It could not be opened: no atomic capability, no active port, so no GPU has a NIC.
+    assert!(devs[0]["atomic_cap"].is_null());
+    assert_eq!(j["ibgda"]["nics"], Value::Array(vec![]));
     // The real libmlx5 needs symbols of the real libibverbs, so next to the fake it may
     // not load; the ibgda line is available exactly when it does, and names mlx5 either way.
     let ibgda = summary_line(&j, "ibgda");

@@ -23,6 +23,7 @@ const PACKAGE: &str = "the NVIDIA driver";
 //   CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
 //   CUresult cuGetErrorName(CUresult error, const char **pStr);
 //   CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
+//   CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
 type CuResult = c_int;
 type CuDevice = c_int;
 const CUDA_SUCCESS: CuResult = 0;
@@ -61,6 +62,7 @@ type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuR
 type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, CuDevice) -> CuResult;
 type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CuDevice) -> CuResult;
 type CuGetErrorName = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
+type CuDeviceGetPciBusId = unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult;
 type CuDeviceCanAccessPeer = unsafe extern "C" fn(*mut c_int, CuDevice, CuDevice) -> CuResult;
 type CuDeviceGetP2PAttribute =
     unsafe extern "C" fn(*mut c_int, c_int, CuDevice, CuDevice) -> CuResult;
@@ -82,6 +84,8 @@ struct Driver {
     can_access_peer: Option<CuDeviceCanAccessPeer>,
     /// Optional, as above.
     p2p_attribute: Option<CuDeviceGetP2PAttribute>,
+    /// Optional, as above.
+    pci_bus_id: Option<CuDeviceGetPciBusId>,
     /// Keeps the function pointers above valid; never dropped (see `dl`).
     _opened: Opened,
 }
@@ -119,6 +123,7 @@ fn driver() -> Result<&'static Driver, &'static Error> {
                     get_error_name: dl::symbol(&opened, "cuGetErrorName", PACKAGE)?,
                     can_access_peer: dl::symbol(&opened, "cuDeviceCanAccessPeer", PACKAGE).ok(),
                     p2p_attribute: dl::symbol(&opened, "cuDeviceGetP2PAttribute", PACKAGE).ok(),
+                    pci_bus_id: dl::symbol(&opened, "cuDeviceGetPCIBusId", PACKAGE).ok(),
                     _opened: opened,
                 })
             }
@@ -210,6 +215,8 @@ pub struct CudaDevice {
     pub total_mem_bytes: Option<u64>,
     /// `"9.0"` for an H100/H200.
     pub compute_capability: Option<String>,
+    /// `0000:1B:00.0` (cuDeviceGetPCIBusId): where the GPU sits, for the NIC nearest it.
+    pub pci_bus_id: Option<String>,
     /// The first failing driver call for this device, by error name.
     pub error: Option<String>,
     /// CUDA virtual memory management (the GPU heap needs it). None: the attribute query
@@ -352,6 +359,7 @@ fn device(drv: &Driver, ordinal: c_int) -> CudaDevice {
         name: None,
         total_mem_bytes: None,
         compute_capability: None,
+        pci_bus_id: None,
         error: None,
         vmm: None,
         posix_fd_handles: None,
@@ -406,6 +414,19 @@ fn device(drv: &Driver, ordinal: c_int) -> CudaDevice {
             rc_minor
         };
         fail(&mut out, "cuDeviceGetAttribute(compute capability)", rc);
+    }
+    if let Some(f) = drv.pci_bus_id {
+        let mut b = [0 as c_char; 64];
+        // SAFETY: `b` is writable for the length passed (one less than its size, so the
+        // last byte stays NUL).
+        let rc = unsafe { f(b.as_mut_ptr(), b.len() as c_int - 1, dev) };
+        if rc == CUDA_SUCCESS {
+            // SAFETY: NUL-terminated (its last byte was never written).
+            let s = unsafe { CStr::from_ptr(b.as_ptr()) };
+            out.pci_bus_id = Some(s.to_string_lossy().into_owned());
+        } else {
+            fail(&mut out, "cuDeviceGetPCIBusId", rc);
+        }
     }
     let flag = |a: c_int| {
         let mut v: c_int = 0;

@@ -46,9 +46,26 @@ pub struct RdmaDevice {
     /// `mlx5dv_is_supported`; null when libmlx5 is not loaded.
     pub mlx5dv: Option<bool>,
     pub fw_ver: Option<String>,
+    /// `ibv_device_attr.atomic_cap`: `HCA` (what IBGDA needs: 8-byte atomic results in
+    /// host byte order), `NONE`, `GLOB`, else the number; null when the device could not
+    /// be queried.
+    pub atomic_cap: Option<String>,
+    /// The device's PCI address (`0000:1b:00.0`), from sysfs; null for a device without
+    /// a PCI function (rxe, siw).
+    pub pci: Option<String>,
     pub ports: Vec<verbs::PortInfo>,
     /// Why the device could not be opened or queried, if so.
     pub error: Option<String>,
+}
+
+/// The NIC a GPU PE on one GPU would take (`gpu::nic::choose_port`).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct GpuNic {
+    pub gpu: i32,
+    pub pci_bus_id: Option<String>,
+    /// `mlx5_0:1`, or null when none would do (see `why`).
+    pub nic: Option<String>,
+    pub why: String,
 }
 
 /// One IBGDA capability: `yes`, `no` or `unknown`, with what decided it.
@@ -79,6 +96,9 @@ pub struct IbgdaReport {
     /// The capability booleans the planner was given.
     pub caps: PathCaps,
     pub plan: PathPlan,
+    /// Per GPU, the NIC its PEs would take over `RSHMEM_TRANSPORT=ibgda` (`RSHMEM_HCA`,
+    /// else the one nearest it on PCIe); empty without GPUs or an active mlx5 port.
+    pub nics: Vec<GpuNic>,
     /// `plan.summary()`: e.g. `proxy over libfabric: no mlx5 device`.
     pub gpu_pe_path: String,
 }
@@ -163,15 +183,77 @@ fn describe(d: DeviceInfo, libmlx5: bool) -> RdmaDevice {
             .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
     let mlx5dv = libmlx5.then_some(d.mlx5);
     let mlx5 = mlx5dv.unwrap_or_else(|| is_mlx5(&d.name, kernel_driver.as_deref()));
+    let queried = d.error.is_none();
     RdmaDevice {
+        pci: crate::topo::rdma_place(&crate::topo::sysfs_root(), &d.name).map(|p| p.bdf),
         name: d.name,
         kernel_driver,
         mlx5,
         mlx5dv,
         fw_ver: (!d.fw_ver.is_empty()).then_some(d.fw_ver),
+        atomic_cap: queried.then(|| atomic_cap_name(d.atomic_cap)),
         ports: d.ports,
         error: d.error,
     }
+}
+
+/// `HCA`, `NONE`, `GLOB` for `ibv_atomic_cap`, else the number.
+fn atomic_cap_name(v: u32) -> String {
+    match v {
+        verbs::sys::IBV_ATOMIC_NONE => "NONE".into(),
+        verbs::sys::IBV_ATOMIC_HCA => "HCA".into(),
+        verbs::sys::IBV_ATOMIC_GLOB => "GLOB".into(),
+        n => n.to_string(),
+    }
+}
+
+/// Per GPU `(ordinal, PCI bus id)`, the NIC `gpu::nic::choose_port` would take, with
+/// `hca` (`RSHMEM_HCA`) and NIC places read under `sysfs`.
+pub(super) fn nic_per_gpu(
+    r: &RdmaReport,
+    gpus: &[(i32, Option<String>)],
+    sysfs: &Path,
+    hca: Option<&str>,
+) -> Vec<GpuNic> {
+    let devices: Vec<DeviceInfo> = r
+        .devices
+        .iter()
+        .map(|d| DeviceInfo {
+            name: d.name.clone(),
+            mlx5: d.mlx5,
+            fw_ver: String::new(),
+            max_qp_rd_atom: 0,
+            max_qp_init_rd_atom: 0,
+            atomic_cap: match d.atomic_cap.as_deref() {
+                Some("HCA") => verbs::sys::IBV_ATOMIC_HCA,
+                Some("GLOB") => verbs::sys::IBV_ATOMIC_GLOB,
+                _ => verbs::sys::IBV_ATOMIC_NONE,
+            },
+            ports: d.ports.clone(),
+            error: d.error.clone(),
+        })
+        .collect();
+    gpus.iter()
+        .map(|(ordinal, bus)| {
+            let near = crate::gpu::nic::Near {
+                gpu: bus
+                    .as_deref()
+                    .and_then(|b| crate::topo::pci_place(sysfs, b)),
+                ordinal: (*ordinal).max(0) as usize,
+                sysfs: sysfs.to_path_buf(),
+            };
+            let (nic, why) = match crate::gpu::nic::choose_port(&devices, hca, Some(&near)) {
+                Ok(c) => (Some(format!("{}:{}", c.name, c.port)), c.why),
+                Err(e) => (None, e.to_string()),
+            };
+            GpuNic {
+                gpu: *ordinal,
+                pci_bus_id: bus.clone(),
+                nic,
+                why,
+            }
+        })
+        .collect()
 }
 
 /// The sysfs driver decides; the `mlx5_` name prefix is the fallback when sysfs says
@@ -228,8 +310,16 @@ fn kernel_option(config: &str, name: &str) -> Option<bool> {
     None
 }
 
-/// The IBGDA capabilities from the rdma-core report and the number of CUDA GPUs.
-pub(super) fn ibgda(r: &RdmaReport, gpus: usize) -> IbgdaReport {
+/// The IBGDA capabilities from the rdma-core report and the CUDA GPUs
+/// (`(ordinal, PCI bus id)`), with each GPU's NIC ([`nic_per_gpu`], from `sysfs` and
+/// `hca`, which is `RSHMEM_HCA`).
+pub(super) fn ibgda(
+    r: &RdmaReport,
+    gpu_list: &[(i32, Option<String>)],
+    sysfs: &Path,
+    hca: Option<&str>,
+) -> IbgdaReport {
+    let gpus = gpu_list.len();
     let active = |d: &RdmaDevice| {
         d.ports
             .iter()
@@ -321,6 +411,11 @@ pub(super) fn ibgda(r: &RdmaReport, gpus: usize) -> IbgdaReport {
             ),
         },
         plan,
+        nics: if both {
+            nic_per_gpu(r, gpu_list, sysfs, hca)
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -381,6 +476,8 @@ mod tests {
             mlx5,
             mlx5dv: Some(mlx5),
             fw_ver: None,
+            atomic_cap: Some("HCA".into()),
+            pci: None,
             ports: vec![verbs::PortInfo {
                 port: 1,
                 state: if active {
@@ -397,9 +494,74 @@ mod tests {
         }
     }
 
+    /// GPUs 0..n with unknown PCI addresses.
+    fn gpus(n: i32) -> Vec<(i32, Option<String>)> {
+        (0..n).map(|i| (i, None)).collect()
+    }
+
+    #[test]
+    fn each_gpu_gets_the_nic_nearest_it() {
+        use crate::topo::tests::{tree, Scratch};
+        let dir = Scratch::new("doctor-nics");
+        let root = dir.0.as_path();
+        let sw = |i: u32| format!("pci0000:00/0000:00:0{i}.0/0000:{i}0:00.0");
+        tree(
+            root,
+            &[
+                (&format!("{}/0000:{}1:00.0", sw(1), 1), 0),
+                (&format!("{}/0000:{}2:00.0", sw(1), 1), 0),
+                (&format!("{}/0000:{}1:00.0", sw(2), 2), 0),
+                (&format!("{}/0000:{}2:00.0", sw(2), 2), 0),
+            ],
+            &[
+                ("mlx5_0", &format!("{}/0000:{}2:00.0", sw(2), 2)),
+                ("mlx5_1", &format!("{}/0000:{}2:00.0", sw(1), 1)),
+            ],
+        )
+        .unwrap();
+        let rep = report(vec![dev("mlx5_0", true, true), dev("mlx5_1", true, true)]);
+        let gpus = [
+            (0, Some("0000:11:00.0".to_string())),
+            (1, Some("0000:21:00.0".to_string())),
+            (2, None),
+        ];
+        let r = ibgda(&rep, &gpus, root, None);
+        let got: Vec<(i32, Option<&str>)> =
+            r.nics.iter().map(|n| (n.gpu, n.nic.as_deref())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, Some("mlx5_1:1")),
+                (1, Some("mlx5_0:1")),
+                (2, Some("mlx5_0:1"))
+            ]
+        );
+        assert_eq!(
+            r.nics[0].why,
+            "nearest GPU 0000:11:00.0: shares a PCIe switch (2 hops)"
+        );
+        assert!(
+            r.nics[2].why.contains("place is unknown"),
+            "{}",
+            r.nics[2].why
+        );
+        // RSHMEM_HCA is what every GPU takes; a bad one is its error.
+        let r = ibgda(&rep, &gpus, root, Some("mlx5_0"));
+        assert!(r.nics.iter().all(|n| n.nic.as_deref() == Some("mlx5_0:1")));
+        let r = ibgda(&rep, &gpus, root, Some("mlx5_7"));
+        assert!(r
+            .nics
+            .iter()
+            .all(|n| n.nic.is_none() && n.why.contains("no RDMA device mlx5_7")));
+        // Without a GPU there is nothing to place.
+        assert!(ibgda(&rep, &[], root, None).nics.is_empty());
+    }
+
     #[test]
     fn ibgda_capabilities() {
         // This machine's shape: libibverbs, no devices, no GPU.
+        let none = Path::new("/nonexistent-sysfs");
+        let ibgda = |r: &RdmaReport, n: i32| ibgda(r, &gpus(n), none, None);
         let r = ibgda(&report(vec![]), 0);
         assert_eq!(r.mlx5_device, cap(Some(false), "no mlx5 device"));
         assert_eq!(

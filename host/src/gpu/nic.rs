@@ -3,8 +3,8 @@
 //! soft HCA) writing WQEs into the NIC's own send queues (docs/ibgda.md, step 10).
 //!
 //! Set-up, per PE:
-//! 1. pick the NIC: `RSHMEM_HCA` (`mlx5_0` or `mlx5_0:1`), else the first mlx5 device
-//!    with an active port ([`choose_port`]);
+//! 1. pick the NIC: `RSHMEM_HCA` (`mlx5_0` or `mlx5_0:1`), else the mlx5 device with an
+//!    active port nearest the GPU on PCIe ([`choose_port`], [`crate::topo`]);
 //! 2. register the GPU heap: `ibv_reg_dmabuf_mr` on a dma-buf of it
 //!    (`cuMemGetHandleForAddressRange`), else `ibv_reg_mr` on its address (needs
 //!    nvidia-peermem); either way the MR's iova is the heap's GPU address, which is what
@@ -52,8 +52,35 @@ pub const SEND_WR: u32 = 256;
 /// Result slots of fetching operations (as for the proxy transport).
 pub const RESULT_SLOTS: u32 = super::ibgda::RESULT_SLOTS;
 
+/// Where a GPU PE's GPU sits, for choosing the NIC nearest it.
+#[derive(Debug, Clone)]
+pub struct Near {
+    /// The GPU's PCI place; None where sysfs does not give it (the first NIC is taken).
+    pub gpu: Option<crate::topo::PciPlace>,
+    /// The GPU's CUDA ordinal: GPUs with several equally near NICs spread over them.
+    pub ordinal: usize,
+    /// The sysfs root the NICs' places are read from (`/sys`).
+    pub sysfs: std::path::PathBuf,
+}
+
+/// The NIC and port a PE's QPs use, and why that one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicChoice {
+    pub name: String,
+    pub port: u8,
+    /// `RSHMEM_HCA`, `nearest GPU 0000:1b:00.0: shares a PCIe switch (4 hops)`, ...
+    pub why: String,
+}
+
 /// The (device, port) a PE's QPs use. `want` is `RSHMEM_HCA`: `name` or `name:port`.
-pub fn choose_port(devices: &[DeviceInfo], want: Option<&str>) -> Result<(String, u8)> {
+/// Without it: the mlx5 device with an active port nearest the GPU (`near`), GPUs with
+/// several equally near ones spread over them by ordinal (what NCCL and NVSHMEM do), the
+/// first one where the GPU's place is unknown.
+pub fn choose_port(
+    devices: &[DeviceInfo],
+    want: Option<&str>,
+    near: Option<&Near>,
+) -> Result<NicChoice> {
     use crate::verbs::device::PORT_ACTIVE;
     let listing = || {
         if devices.is_empty() {
@@ -90,10 +117,55 @@ pub fn choose_port(devices: &[DeviceInfo], want: Option<&str>) -> Result<(String
             .join("; ")
     };
     let Some(want) = want.map(str::trim).filter(|w| !w.is_empty()) else {
-        for d in devices.iter().filter(|d| d.mlx5) {
-            if let Some(p) = d.ports.iter().find(|p| p.state == PORT_ACTIVE) {
-                return Ok((d.name.clone(), p.port));
-            }
+        let usable: Vec<(&DeviceInfo, u8)> = devices
+            .iter()
+            .filter(|d| d.mlx5)
+            .filter_map(|d| Some((d, d.ports.iter().find(|p| p.state == PORT_ACTIVE)?.port)))
+            .collect();
+        // A device without HCA atomics is refused later (check_atomic_cap): pass over it
+        // when another one has them.
+        let hca = crate::verbs::sys::IBV_ATOMIC_HCA;
+        let usable = if usable.iter().any(|(d, _)| d.atomic_cap == hca) {
+            usable
+                .into_iter()
+                .filter(|(d, _)| d.atomic_cap == hca)
+                .collect()
+        } else {
+            usable
+        };
+        if let Some(&(first, port)) = usable.first() {
+            let pick = |(d, port): (&DeviceInfo, u8), why: String| NicChoice {
+                name: d.name.clone(),
+                port,
+                why,
+            };
+            let Some((n, gpu)) = near.and_then(|n| Some((n, n.gpu.as_ref()?))) else {
+                return Ok(pick(
+                    (first, port),
+                    "the first mlx5 device with an active port (the GPU's PCI place is unknown)"
+                        .into(),
+                ));
+            };
+            let places: Vec<_> = usable
+                .iter()
+                .map(|(d, _)| crate::topo::rdma_place(&n.sysfs, &d.name))
+                .collect();
+            let (ties, link) = crate::topo::nearest(gpu, &places).expect("usable is not empty");
+            let at = ties[n.ordinal % ties.len()];
+            let of = if ties.len() > 1 {
+                format!(
+                    ", GPU {} takes {} of {} as near",
+                    n.ordinal,
+                    at + 1,
+                    ties.len()
+                )
+            } else {
+                String::new()
+            };
+            return Ok(pick(
+                usable[at],
+                format!("nearest GPU {}: {}{of}", gpu.bdf, link.describe()),
+            ));
         }
         return Err(Error::InvalidArgument(format!(
             "RSHMEM_TRANSPORT=ibgda needs an mlx5 (ConnectX) device with an active port; \
@@ -144,7 +216,11 @@ pub fn choose_port(devices: &[DeviceInfo], want: Option<&str>) -> Result<(String
     if p.state != PORT_ACTIVE {
         return Err(bad(format!("port {name}:{} is not active", p.port)));
     }
-    Ok((d.name.clone(), p.port))
+    Ok(NicChoice {
+        name: d.name.clone(),
+        port: p.port,
+        why: "RSHMEM_HCA".into(),
+    })
 }
 
 /// The page-aligned ranges `(start, len)` covering `pieces` (`(addr, len)`), merged where
@@ -320,6 +396,8 @@ pub(crate) struct NicSetup<'a> {
     /// Distinct per job (initial PSNs).
     pub salt: u64,
     pub hca: Option<String>,
+    /// Where the GPU sits (the NIC nearest it is taken unless `hca` names one).
+    pub near: Near,
     pub cpu_doorbell: bool,
 }
 
@@ -328,6 +406,8 @@ pub(crate) struct NicSetup<'a> {
 struct Opened {
     name: String,
     port: u8,
+    /// Why this NIC ([`NicChoice::why`]).
+    why: String,
     port_info: crate::verbs::PortInfo,
     /// The device's (initiator, responder) limits of outstanding READs/atomics per QP.
     rd_atom: (i32, i32),
@@ -363,7 +443,7 @@ pub fn check_atomic_cap(name: &str, atomic_cap: u32) -> Result<()> {
 
 fn open_nic(s: &NicSetup<'_>) -> Result<Opened> {
     let devices = crate::verbs::list_devices()?;
-    let (name, port) = choose_port(&devices, s.hca.as_deref())?;
+    let NicChoice { name, port, why } = choose_port(&devices, s.hca.as_deref(), Some(&s.near))?;
     if let Some(d) = devices.iter().find(|d| d.name == name) {
         check_atomic_cap(&name, d.atomic_cap)?;
     }
@@ -422,6 +502,7 @@ fn open_nic(s: &NicSetup<'_>) -> Result<Opened> {
     Ok(Opened {
         name,
         port,
+        why,
         port_info,
         rd_atom,
         pd,
@@ -662,7 +743,10 @@ impl NicGpu {
             _pd: o.pd,
             heap_va: s.heap_va,
             peer_table,
-            summary: format!("{}:{}, heap by {}, {bell_how}", o.name, o.port, o.heap_how),
+            summary: format!(
+                "{}:{} ({}), heap by {}, {bell_how}",
+                o.name, o.port, o.why, o.heap_how
+            ),
         })
     }
 
@@ -757,6 +841,11 @@ mod tests {
         }
     }
 
+    /// (name, port) of a choice.
+    fn np(c: NicChoice) -> (String, u8) {
+        (c.name, c.port)
+    }
+
     #[test]
     fn the_hca_is_the_first_active_mlx5_port_or_the_one_named() {
         let devs = [
@@ -764,13 +853,16 @@ mod tests {
             dev("mlx5_0", true, &[(1, false)]),
             dev("mlx5_1", true, &[(1, false), (2, true)]),
         ];
-        assert_eq!(choose_port(&devs, None).unwrap(), ("mlx5_1".into(), 2));
+        let first = choose_port(&devs, None, None).unwrap();
+        assert_eq!(np(first.clone()), ("mlx5_1".into(), 2));
+        assert!(first.why.contains("first mlx5 device"), "{}", first.why);
+        let named = choose_port(&devs, Some("mlx5_1"), None).unwrap();
         assert_eq!(
-            choose_port(&devs, Some("mlx5_1")).unwrap(),
-            ("mlx5_1".into(), 2)
+            (np(named.clone()), named.why.as_str()),
+            (("mlx5_1".into(), 2), "RSHMEM_HCA")
         );
         assert_eq!(
-            choose_port(&devs, Some(" mlx5_1:2 ")).unwrap(),
+            np(choose_port(&devs, Some(" mlx5_1:2 "), None).unwrap()),
             ("mlx5_1".into(), 2)
         );
         for (want, says) in [
@@ -782,22 +874,125 @@ mod tests {
             ("mlx5_1:0", "port >= 1"),
             ("mlx5_1:x", "port >= 1"),
         ] {
-            let e = choose_port(&devs, Some(want)).unwrap_err().to_string();
+            let e = choose_port(&devs, Some(want), None)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("RSHMEM_HCA") && e.contains(says), "{want}: {e}");
         }
         // What was found is listed.
-        let e = choose_port(&devs, Some("mlx5_9")).unwrap_err().to_string();
+        let e = choose_port(&devs, Some("mlx5_9"), None)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("mlx5_1:2 active") && e.contains("rxe0 (not mlx5"),
             "{e}"
         );
-        let e = choose_port(&devs[..2], None).unwrap_err().to_string();
+        let e = choose_port(&devs[..2], None, None).unwrap_err().to_string();
         assert!(
             e.contains("RSHMEM_TRANSPORT=ibgda") && e.contains("RSHMEM_TRANSPORT=proxy"),
             "{e}"
         );
-        let e = choose_port(&[], None).unwrap_err().to_string();
+        let e = choose_port(&[], None, None).unwrap_err().to_string();
         assert!(e.contains("found: no RDMA devices"), "{e}");
+    }
+
+    /// A node like a DGX's: two GPUs per PCIe switch pair, one NIC per switch, a second
+    /// socket; the NIC nearest each GPU is taken, equally near ones spread by ordinal.
+    #[test]
+    fn the_hca_is_the_one_nearest_the_gpu() {
+        use crate::topo::{pci_place, tests::tree, tests::Scratch};
+        let dir = Scratch::new("nic-choice");
+        let root = dir.0.clone();
+        let sw0 = "pci0000:00/0000:00:01.0/0000:01:00.0";
+        let sw1 = "pci0000:00/0000:00:03.0/0000:11:00.0";
+        let far = "pci0000:80/0000:80:01.0/0000:81:00.0";
+        let node0b = "pci0000:40/0000:40:01.0";
+        let gpu_a = format!("{sw0}/0000:02:00.0/0000:03:00.0");
+        let nic_a = format!("{sw0}/0000:02:01.0/0000:04:00.0");
+        let gpu_b = format!("{sw1}/0000:12:00.0/0000:13:00.0");
+        let nic_b = format!("{sw1}/0000:12:01.0/0000:14:00.0");
+        let nic_far = format!("{far}/0000:82:00.0");
+        let nic_node0 = format!("{node0b}/0000:41:00.0");
+        let gpu_c = format!("{far}/0000:83:00.0");
+        tree(
+            &root,
+            &[
+                (&gpu_a, 0),
+                (&nic_a, 0),
+                (&gpu_b, 0),
+                (&nic_b, 0),
+                (&nic_far, 1),
+                (&nic_node0, 0),
+                (&gpu_c, 1),
+            ],
+            &[
+                ("mlx5_far", &nic_far),
+                ("mlx5_b", &nic_b),
+                ("mlx5_a", &nic_a),
+                ("mlx5_n0", &nic_node0),
+            ],
+        )
+        .unwrap();
+        let near = |bdf: &str, ordinal| Near {
+            gpu: pci_place(&root, bdf),
+            ordinal,
+            sysfs: root.clone(),
+        };
+        let devs = [
+            dev("mlx5_far", true, &[(1, true)]),
+            dev("mlx5_b", true, &[(1, true)]),
+            dev("mlx5_a", true, &[(1, true)]),
+            dev("mlx5_n0", true, &[(1, true)]),
+            dev("mlx5_x", true, &[(1, true)]), // no sysfs entry: ranks last
+        ];
+        let pick =
+            |bdf: &str, ordinal| choose_port(&devs, None, Some(&near(bdf, ordinal))).unwrap();
+        let a = pick("0000:03:00.0", 0);
+        assert_eq!(np(a.clone()), ("mlx5_a".into(), 1));
+        assert_eq!(
+            a.why,
+            "nearest GPU 0000:03:00.0: shares a PCIe switch (4 hops)"
+        );
+        assert_eq!(np(pick("0000:13:00.0", 1)), ("mlx5_b".into(), 1));
+        // GPU C, on the other socket, shares a switch with mlx5_far.
+        let c = pick("0000:83:00.0", 2);
+        assert_eq!(
+            (c.name.as_str(), c.why.contains("(2 hops)")),
+            ("mlx5_far", true)
+        );
+        // RSHMEM_HCA wins over nearness.
+        assert_eq!(
+            np(choose_port(&devs, Some("mlx5_b"), Some(&near("0000:03:00.0", 0))).unwrap()),
+            ("mlx5_b".into(), 1)
+        );
+        // A GPU whose place is unknown takes the first device.
+        let unknown = choose_port(&devs, None, Some(&near("0000:99:00.0", 0))).unwrap();
+        assert_eq!(unknown.name, "mlx5_far");
+        // Without switch-mates, the NUMA node decides; two equally near NICs are spread
+        // over GPUs by ordinal.
+        let node_only = [
+            dev("mlx5_far", true, &[(1, true)]),
+            dev("mlx5_n0", true, &[(1, true)]),
+            dev("mlx5_x", true, &[(1, true)]),
+        ];
+        let p = choose_port(&node_only, None, Some(&near("0000:03:00.0", 0))).unwrap();
+        assert_eq!(p.name, "mlx5_n0");
+        assert!(p.why.contains("same NUMA node"), "{}", p.why);
+        let far_only = [
+            dev("mlx5_far", true, &[(1, true)]),
+            dev("mlx5_x", true, &[(1, true)]),
+        ];
+        for (ordinal, want) in [(0, "mlx5_far"), (1, "mlx5_x"), (2, "mlx5_far")] {
+            let p = choose_port(&far_only, None, Some(&near("0000:03:00.0", ordinal))).unwrap();
+            assert_eq!(p.name, want, "ordinal {ordinal}");
+            assert!(p.why.contains(" of 2 as near"), "{}", p.why);
+        }
+        // The nearest device without HCA atomics is passed over for one that has them.
+        let mut no_hca = devs.clone();
+        no_hca[2].atomic_cap = crate::verbs::sys::IBV_ATOMIC_NONE;
+        let p = choose_port(&no_hca, None, Some(&near("0000:03:00.0", 0))).unwrap();
+        assert_eq!(p.name, "mlx5_b", "{}", p.why);
+        assert!(p.why.contains("shares a PCIe root complex"), "{}", p.why);
     }
 
     #[test]

@@ -839,6 +839,11 @@ impl GpuPe {
                 timeout: settings.timeout,
                 salt: job_salt(pe.job_id()),
                 hca: settings.hca.clone(),
+                near: super::nic::Near {
+                    gpu: crate::topo::pci_place(&crate::topo::sysfs_root(), &info.pci_bus_id),
+                    ordinal: ordinal.max(0) as usize,
+                    sysfs: crate::topo::sysfs_root(),
+                },
                 cpu_doorbell: settings.ibgda_cpu_doorbell,
             },
             boot,
