@@ -45,7 +45,7 @@ pub mod fabric;
 pub mod gpu;
 pub mod heap;
 pub mod launcher;
-mod lock;
+pub(crate) mod lock;
 pub mod mlx5;
 pub mod pe;
 mod rma;

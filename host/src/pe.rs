@@ -103,8 +103,9 @@ pub struct Pe {
     node: Team,
     /// Team slots in use on this PE (bit i = slot i).
     pub(crate) slots: Mutex<u64>,
-    /// Heap offsets of the distributed locks this PE holds (lock.rs).
-    pub(crate) locks: Mutex<Vec<usize>>,
+    /// Heap offsets of the distributed locks this PE holds, waits for, or keeps a
+    /// stranded ticket of (lock.rs).
+    pub(crate) locks: Mutex<Vec<(usize, crate::lock::Claim)>>,
     /// Polls a waiting PE spins before it starts yielding (see rma.rs).
     pub(crate) spin_polls: u64,
     /// The bootstrap root, when this PE hosts it (rank 0 under torchrun/mpirun, or a

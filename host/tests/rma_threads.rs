@@ -463,3 +463,73 @@ fn a_lock_held_by_one_thread_of_a_pe_is_refused_to_another() {
     assert_eq!((held >> 32, held & 0xffff_ffff), (1, 0));
     assert_eq!((end >> 32, end & 0xffff_ffff), (2, 2));
 }
+
+/// A `set_lock` that times out keeps its ticket queued; the PE's next `test_lock` or
+/// `set_lock` waits for that same ticket, so the lock goes on working: PE 1 times out
+/// behind PE 0, cannot clear a lock it does not hold yet, gets it in its turn once PE 0
+/// releases it, and a fresh round takes a fresh ticket.
+#[test]
+fn a_timed_out_set_lock_resumes_its_ticket() {
+    let mut s = settings();
+    s.timeout = std::time::Duration::from_millis(300);
+    // Outside the PE's bounded waits (its 300 ms would end them): poll a local flag.
+    fn await_flag(pe: &rshmem::Pe, flag: rshmem::SymPtr<u64>) -> rshmem::Result<()> {
+        let t0 = std::time::Instant::now();
+        while pe.atomic_fetch(flag, pe.my_pe())? == 0 {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "flag never set"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(())
+    }
+    let out = run_threads(2, s, |pe| {
+        let lock = pe.calloc::<u64>(1)?;
+        let flags = pe.calloc::<u64>(3)?;
+        let mut seen = Vec::new();
+        if pe.my_pe() == 0 {
+            pe.set_lock(lock)?;
+            pe.atomic_set(flags.at(0), 1u64, 1)?; // PE 1: PE 0 holds it
+            await_flag(pe, flags.at(1))?; // PE 1 timed out
+            pe.clear_lock(lock)?; // serves PE 1's kept ticket
+            pe.atomic_set(flags.at(2), 1u64, 1)?;
+            await_flag(pe, flags.at(2))?; // PE 1 is done
+        } else {
+            await_flag(pe, flags.at(0))?;
+            let e = pe.set_lock(lock).unwrap_err();
+            seen.push(format!("{e}"));
+            seen.push(format!("{}", pe.clear_lock(lock).unwrap_err()));
+            seen.push(format!("{}", pe.test_lock(lock)?));
+            pe.atomic_set(flags.at(1), 1u64, 0)?;
+            await_flag(pe, flags.at(2))?; // PE 0 released it
+            let w = pe.atomic_fetch(lock, 0)?;
+            seen.push(format!("{} {}", w >> 32, w & 0xffff_ffff));
+            seen.push(format!("{}", pe.test_lock(lock)?)); // its ticket is served
+            pe.clear_lock(lock)?;
+            pe.set_lock(lock)?; // a fresh ticket
+            pe.clear_lock(lock)?;
+            let w = pe.atomic_fetch(lock, 0)?;
+            seen.push(format!("{} {}", w >> 32, w & 0xffff_ffff));
+            pe.atomic_set(flags.at(2), 1u64, 0)?;
+        }
+        Ok(seen)
+    })
+    .expect("job starts");
+    let mut out = out.into_iter();
+    assert_eq!(out.next().unwrap().expect("PE 0"), Vec::<String>::new());
+    let seen = out.next().unwrap().expect("PE 1");
+    assert!(
+        seen[0].contains("it serves ticket 0, this PE holds ticket 1, 1 ahead of it")
+            && seen[0].contains("the next set_lock or test_lock of this PE waits for it again"),
+        "{}",
+        seen[0]
+    );
+    assert!(
+        seen[1]
+            .contains("its ticket 1, left queued by a set_lock that failed, waits behind ticket 0"),
+        "{}",
+        seen[1]
+    );
+    assert_eq!(&seen[2..], ["false", "2 1", "true", "3 3"]);
+}
