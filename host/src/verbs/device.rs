@@ -320,15 +320,17 @@ impl Context {
         }))
     }
 
-    /// Port attributes plus the populated GID table.
+    /// Port attributes plus the populated GID table. An entry that cannot be read (other
+    /// than empty) is skipped, as NCCL does: a RoCE table can hold entries the kernel
+    /// refuses to report (a netdev gone, a namespace); the port fails only when every
+    /// entry failed.
     pub fn port_info(&self, port: u8) -> Result<PortInfo> {
         let a = self.query_port(port)?;
-        let mut gids = Vec::new();
-        for i in 0..a.gid_tbl_len.max(0) as u32 {
-            if let Some(g) = self.query_gid(port, i)? {
-                if g.gid != [0; 16] {
-                    gids.push(g);
-                }
+        let (gids, first_error) =
+            collect_gids((0..a.gid_tbl_len.max(0) as u32).map(|i| self.query_gid(port, i)));
+        if gids.is_empty() {
+            if let Some(e) = first_error {
+                return Err(e);
             }
         }
         Ok(PortInfo {
@@ -340,6 +342,23 @@ impl Context {
             gids,
         })
     }
+}
+
+/// The populated, non-zero GIDs of a table read entry by entry, and the first entry's
+/// error, if any failed.
+fn collect_gids(entries: impl Iterator<Item = Result<Option<Gid>>>) -> (Vec<Gid>, Option<Error>) {
+    let mut gids = Vec::new();
+    let mut first_error = None;
+    for e in entries {
+        match e {
+            Ok(Some(g)) if g.gid != [0; 16] => gids.push(g),
+            Ok(_) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    (gids, first_error)
 }
 
 impl Drop for Context {
@@ -608,5 +627,38 @@ impl Drop for CompletionQueue {
             // SAFETY: QPs using this CQ hold an Arc to it, so none is alive.
             let _ = unsafe { f(self.ptr) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gid_tables_skip_unreadable_entries_and_fail_only_when_all_do() {
+        let gid = |i: u16, b: u8| Gid {
+            index: i,
+            gid: [b; 16],
+            kind: GidKind::RoceV2,
+        };
+        let err = |i: u32| Error::InvalidArgument(format!("entry {i} unreadable"));
+        let (g, e) = collect_gids(
+            [
+                Ok(Some(gid(0, 0xfe))),
+                Err(err(1)),
+                Ok(None),
+                Ok(Some(gid(3, 0))),
+                Err(err(4)),
+                Ok(Some(gid(5, 0x0a))),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(g, vec![gid(0, 0xfe), gid(5, 0x0a)]);
+        assert_eq!(e.map(|e| e.to_string()), Some(err(1).to_string()));
+        let (g, e) = collect_gids([Err(err(0)), Ok(None)].into_iter());
+        assert!(g.is_empty());
+        assert!(e.unwrap().to_string().contains("entry 0 unreadable"));
+        let (g, e) = collect_gids(std::iter::empty());
+        assert!(g.is_empty() && e.is_none());
     }
 }
