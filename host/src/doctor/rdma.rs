@@ -501,22 +501,22 @@ mod tests {
 
     #[test]
     fn each_gpu_gets_the_nic_nearest_it() {
-        use crate::topo::tests::{tree, Scratch};
+        use crate::topo::tests::{gpu, nic, tree, Scratch};
         let dir = Scratch::new("doctor-nics");
         let root = dir.0.as_path();
         let sw = |i: u32| format!("pci0000:00/0000:00:0{i}.0/0000:{i}0:00.0");
+        let (g1, n1) = (
+            format!("{}/0000:11:00.0", sw(1)),
+            format!("{}/0000:12:00.0", sw(1)),
+        );
+        let (g2, n2) = (
+            format!("{}/0000:21:00.0", sw(2)),
+            format!("{}/0000:22:00.0", sw(2)),
+        );
         tree(
             root,
-            &[
-                (&format!("{}/0000:{}1:00.0", sw(1), 1), 0),
-                (&format!("{}/0000:{}2:00.0", sw(1), 1), 0),
-                (&format!("{}/0000:{}1:00.0", sw(2), 2), 0),
-                (&format!("{}/0000:{}2:00.0", sw(2), 2), 0),
-            ],
-            &[
-                ("mlx5_0", &format!("{}/0000:{}2:00.0", sw(2), 2)),
-                ("mlx5_1", &format!("{}/0000:{}2:00.0", sw(1), 1)),
-            ],
+            &[gpu(&g1, 0), nic(&n1, 0), gpu(&g2, 0), nic(&n2, 0)],
+            &[("mlx5_0", &n2), ("mlx5_1", &n1)],
         )
         .unwrap();
         let rep = report(vec![dev("mlx5_0", true, true), dev("mlx5_1", true, true)]);

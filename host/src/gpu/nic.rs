@@ -117,55 +117,8 @@ pub fn choose_port(
             .join("; ")
     };
     let Some(want) = want.map(str::trim).filter(|w| !w.is_empty()) else {
-        let usable: Vec<(&DeviceInfo, u8)> = devices
-            .iter()
-            .filter(|d| d.mlx5)
-            .filter_map(|d| Some((d, d.ports.iter().find(|p| p.state == PORT_ACTIVE)?.port)))
-            .collect();
-        // A device without HCA atomics is refused later (check_atomic_cap): pass over it
-        // when another one has them.
-        let hca = crate::verbs::sys::IBV_ATOMIC_HCA;
-        let usable = if usable.iter().any(|(d, _)| d.atomic_cap == hca) {
-            usable
-                .into_iter()
-                .filter(|(d, _)| d.atomic_cap == hca)
-                .collect()
-        } else {
-            usable
-        };
-        if let Some(&(first, port)) = usable.first() {
-            let pick = |(d, port): (&DeviceInfo, u8), why: String| NicChoice {
-                name: d.name.clone(),
-                port,
-                why,
-            };
-            let Some((n, gpu)) = near.and_then(|n| Some((n, n.gpu.as_ref()?))) else {
-                return Ok(pick(
-                    (first, port),
-                    "the first mlx5 device with an active port (the GPU's PCI place is unknown)"
-                        .into(),
-                ));
-            };
-            let places: Vec<_> = usable
-                .iter()
-                .map(|(d, _)| crate::topo::rdma_place(&n.sysfs, &d.name))
-                .collect();
-            let (ties, link) = crate::topo::nearest(gpu, &places).expect("usable is not empty");
-            let at = ties[n.ordinal % ties.len()];
-            let of = if ties.len() > 1 {
-                format!(
-                    ", GPU {} takes {} of {} as near",
-                    n.ordinal,
-                    at + 1,
-                    ties.len()
-                )
-            } else {
-                String::new()
-            };
-            return Ok(pick(
-                usable[at],
-                format!("nearest GPU {}: {}{of}", gpu.bdf, link.describe()),
-            ));
+        if let Some(c) = nearest_port(devices, near) {
+            return Ok(c);
         }
         return Err(Error::InvalidArgument(format!(
             "RSHMEM_TRANSPORT=ibgda needs an mlx5 (ConnectX) device with an active port; \
@@ -221,6 +174,58 @@ pub fn choose_port(
         port: p.port,
         why: "RSHMEM_HCA".into(),
     })
+}
+
+/// The choice without `RSHMEM_HCA`: among mlx5 devices with an active port — those with
+/// HCA atomics when any has them (another is refused later, [`check_atomic_cap`]), and
+/// InfiniBand ones when link layers are mixed (every PE must reach every other PE's NIC,
+/// which a separate Ethernet network does not promise) — the one nearest the GPU; GPUs
+/// equally near several spread over them by their place among the node's GPUs
+/// ([`crate::topo::spread_index`]; by CUDA ordinal where sysfs lists no GPUs). None when
+/// no device qualifies.
+fn nearest_port(devices: &[DeviceInfo], near: Option<&Near>) -> Option<NicChoice> {
+    use crate::verbs::device::PORT_ACTIVE;
+    let mut usable: Vec<(&DeviceInfo, &crate::verbs::PortInfo)> = devices
+        .iter()
+        .filter(|d| d.mlx5)
+        .filter_map(|d| Some((d, d.ports.iter().find(|p| p.state == PORT_ACTIVE)?)))
+        .collect();
+    let hca = crate::verbs::sys::IBV_ATOMIC_HCA;
+    if usable.iter().any(|(d, _)| d.atomic_cap == hca) {
+        usable.retain(|(d, _)| d.atomic_cap == hca);
+    }
+    let ib = crate::verbs::device::LINK_LAYER_IB;
+    if usable.iter().any(|(_, p)| p.link_layer == ib) {
+        usable.retain(|(_, p)| p.link_layer == ib);
+    }
+    let pick = |(d, p): (&DeviceInfo, &crate::verbs::PortInfo), why: String| NicChoice {
+        name: d.name.clone(),
+        port: p.port,
+        why,
+    };
+    let first = *usable.first()?;
+    let Some((n, gpu)) = near.and_then(|n| Some((n, n.gpu.as_ref()?))) else {
+        return Some(pick(
+            first,
+            "the first mlx5 device with an active port (the GPU's PCI place is unknown)".into(),
+        ));
+    };
+    let places: Vec<_> = usable
+        .iter()
+        .map(|(d, _)| crate::topo::rdma_place(&n.sysfs, &d.name))
+        .collect();
+    let (ties, link) = crate::topo::nearest(gpu, &places)?;
+    let k = crate::topo::spread_index(gpu, &crate::topo::nvidia_gpus(&n.sysfs), &places, &ties)
+        .unwrap_or(n.ordinal % ties.len());
+    let of = if ties.len() > 1 {
+        format!("; {} as near, this GPU takes number {}", ties.len(), k + 1)
+    } else {
+        String::new()
+    };
+    Some(pick(
+        usable[ties[k]],
+        format!("nearest GPU {}: {}{of}", gpu.bdf, link.describe()),
+    ))
 }
 
 /// The page-aligned ranges `(start, len)` covering `pieces` (`(addr, len)`), merged where
@@ -896,11 +901,12 @@ mod tests {
         assert!(e.contains("found: no RDMA devices"), "{e}");
     }
 
-    /// A node like a DGX's: two GPUs per PCIe switch pair, one NIC per switch, a second
-    /// socket; the NIC nearest each GPU is taken, equally near ones spread by ordinal.
+    /// A node like a DGX's: a GPU and a NIC behind each PCIe switch, a second socket;
+    /// the NIC nearest each GPU is taken, equally near ones spread over the GPUs.
     #[test]
     fn the_hca_is_the_one_nearest_the_gpu() {
-        use crate::topo::{pci_place, tests::tree, tests::Scratch};
+        use crate::topo::pci_place;
+        use crate::topo::tests::{gpu, nic, tree, Scratch};
         let dir = Scratch::new("nic-choice");
         let root = dir.0.clone();
         let sw0 = "pci0000:00/0000:00:01.0/0000:01:00.0";
@@ -911,19 +917,22 @@ mod tests {
         let nic_a = format!("{sw0}/0000:02:01.0/0000:04:00.0");
         let gpu_b = format!("{sw1}/0000:12:00.0/0000:13:00.0");
         let nic_b = format!("{sw1}/0000:12:01.0/0000:14:00.0");
+        // Placed like a GPU but not listed as an NVIDIA one (vendor/class of a NIC).
+        let unlisted = format!("{sw1}/0000:12:02.0/0000:15:00.0");
         let nic_far = format!("{far}/0000:82:00.0");
         let nic_node0 = format!("{node0b}/0000:41:00.0");
         let gpu_c = format!("{far}/0000:83:00.0");
         tree(
             &root,
             &[
-                (&gpu_a, 0),
-                (&nic_a, 0),
-                (&gpu_b, 0),
-                (&nic_b, 0),
-                (&nic_far, 1),
-                (&nic_node0, 0),
-                (&gpu_c, 1),
+                gpu(&gpu_a, 0),
+                nic(&nic_a, 0),
+                gpu(&gpu_b, 0),
+                nic(&nic_b, 0),
+                nic(&unlisted, 0),
+                nic(&nic_far, 1),
+                nic(&nic_node0, 0),
+                gpu(&gpu_c, 1),
             ],
             &[
                 ("mlx5_far", &nic_far),
@@ -945,17 +954,18 @@ mod tests {
             dev("mlx5_n0", true, &[(1, true)]),
             dev("mlx5_x", true, &[(1, true)]), // no sysfs entry: ranks last
         ];
-        let pick =
-            |bdf: &str, ordinal| choose_port(&devs, None, Some(&near(bdf, ordinal))).unwrap();
-        let a = pick("0000:03:00.0", 0);
+        let choose = |devs: &[DeviceInfo], bdf: &str, ordinal| {
+            choose_port(devs, None, Some(&near(bdf, ordinal))).unwrap()
+        };
+        let a = choose(&devs, "0000:03:00.0", 0);
         assert_eq!(np(a.clone()), ("mlx5_a".into(), 1));
         assert_eq!(
             a.why,
             "nearest GPU 0000:03:00.0: shares a PCIe switch (4 hops)"
         );
-        assert_eq!(np(pick("0000:13:00.0", 1)), ("mlx5_b".into(), 1));
+        assert_eq!(np(choose(&devs, "0000:13:00.0", 0)), ("mlx5_b".into(), 1));
         // GPU C, on the other socket, shares a switch with mlx5_far.
-        let c = pick("0000:83:00.0", 2);
+        let c = choose(&devs, "0000:83:00.0", 0);
         assert_eq!(
             (c.name.as_str(), c.why.contains("(2 hops)")),
             ("mlx5_far", true)
@@ -966,33 +976,56 @@ mod tests {
             ("mlx5_b".into(), 1)
         );
         // A GPU whose place is unknown takes the first device.
-        let unknown = choose_port(&devs, None, Some(&near("0000:99:00.0", 0))).unwrap();
+        let unknown = choose(&devs, "0000:99:00.0", 0);
         assert_eq!(unknown.name, "mlx5_far");
-        // Without switch-mates, the NUMA node decides; two equally near NICs are spread
-        // over GPUs by ordinal.
+        assert!(unknown.why.contains("place is unknown"), "{}", unknown.why);
+        // Without switch-mates, the NUMA node decides.
         let node_only = [
             dev("mlx5_far", true, &[(1, true)]),
             dev("mlx5_n0", true, &[(1, true)]),
             dev("mlx5_x", true, &[(1, true)]),
         ];
-        let p = choose_port(&node_only, None, Some(&near("0000:03:00.0", 0))).unwrap();
+        let p = choose(&node_only, "0000:03:00.0", 0);
         assert_eq!(p.name, "mlx5_n0");
         assert!(p.why.contains("same NUMA node"), "{}", p.why);
-        let far_only = [
-            dev("mlx5_far", true, &[(1, true)]),
+        // Two equally near NICs for GPUs A and B (and not C, nearer to mlx5_far): A, first
+        // of them in PCI order, takes the first, B the second, whatever their CUDA
+        // ordinals (each process may see its GPU as 0).
+        let two = [
             dev("mlx5_x", true, &[(1, true)]),
+            dev("mlx5_y", true, &[(1, true)]),
         ];
-        for (ordinal, want) in [(0, "mlx5_far"), (1, "mlx5_x"), (2, "mlx5_far")] {
-            let p = choose_port(&far_only, None, Some(&near("0000:03:00.0", ordinal))).unwrap();
-            assert_eq!(p.name, want, "ordinal {ordinal}");
-            assert!(p.why.contains(" of 2 as near"), "{}", p.why);
+        for (bdf, want, k) in [("0000:03:00.0", "mlx5_x", 1), ("0000:13:00.0", "mlx5_y", 2)] {
+            for ordinal in [0, 1, 5] {
+                let p = choose(&two, bdf, ordinal);
+                assert_eq!(p.name, want, "{bdf} ordinal {ordinal}");
+                assert!(
+                    p.why
+                        .ends_with(&format!("; 2 as near, this GPU takes number {k}")),
+                    "{}",
+                    p.why
+                );
+            }
         }
+        // A device sysfs does not list as an NVIDIA GPU spreads by CUDA ordinal.
+        assert_eq!(choose(&two, "0000:15:00.0", 0).name, "mlx5_x");
+        assert_eq!(choose(&two, "0000:15:00.0", 3).name, "mlx5_y");
         // The nearest device without HCA atomics is passed over for one that has them.
         let mut no_hca = devs.clone();
         no_hca[2].atomic_cap = crate::verbs::sys::IBV_ATOMIC_NONE;
-        let p = choose_port(&no_hca, None, Some(&near("0000:03:00.0", 0))).unwrap();
+        let p = choose(&no_hca, "0000:03:00.0", 0);
         assert_eq!(p.name, "mlx5_b", "{}", p.why);
         assert!(p.why.contains("shares a PCIe root complex"), "{}", p.why);
+        // Mixed link layers: InfiniBand ports only (an Ethernet mlx5 near the GPU is the
+        // storage network, not the one every PE reaches); all Ethernet is fine.
+        let eth = crate::verbs::device::LINK_LAYER_IB + 1;
+        let mut mixed = devs.clone();
+        mixed[2].ports[0].link_layer = eth;
+        assert_eq!(choose(&mixed, "0000:03:00.0", 0).name, "mlx5_b");
+        for d in &mut mixed {
+            d.ports[0].link_layer = eth;
+        }
+        assert_eq!(choose(&mixed, "0000:03:00.0", 0).name, "mlx5_a");
     }
 
     #[test]
