@@ -302,6 +302,39 @@ impl Drop for ProxyGpu {
 }
 
 impl ProxyGpu {
+    /// For a PE dropped while its kernel may still use its queues (`CudaSide`'s drop
+    /// found its stream busy): the engine lets go of the queues as in a normal drop, so
+    /// no WQE naming the host heap executes after the heap goes, but everything the
+    /// kernel may still read or write — queues with their CQs and doorbell records,
+    /// result slots, table, descriptors, locks — stays allocated and registered with
+    /// the GPU until the process exits. Freed, a waiting kernel's next read of its CQ
+    /// would be an illegal address, a fault that poisons the context every PE of the
+    /// process shares. The heap's registration stays too: its pages stay pinned (the
+    /// driver holds them) after the PE unmaps the heap, so late stores land in them.
+    pub(crate) fn abandon(mut self) {
+        for q in self.qps.drain(..) {
+            let GpuQp {
+                _handle,
+                _reg,
+                _mem,
+            } = q;
+            drop(_handle);
+            std::mem::forget(_reg);
+            std::mem::forget(_mem);
+        }
+        self.pd.deregister(self.heap_lkey);
+        self.pd.deregister(self.results_lkey);
+        self.hca
+            .with_backend(|b| b.gpu_pes = b.gpu_pes.saturating_sub(1));
+        // SAFETY: `hca` and `pd` are read out once and `self` is then forgotten, so
+        // neither is dropped twice; they are dropped here (the engine stops with the
+        // last reference, as in a normal drop). The other fields are leaked on purpose.
+        let (hca, pd) = unsafe { (std::ptr::read(&self.hca), std::ptr::read(&self.pd)) };
+        std::mem::forget(self);
+        drop(pd);
+        drop(hca);
+    }
+
     /// Registers the heap `[heap_host, heap_host + heap_size)` and builds the queues, the
     /// result slots and the table for a PE whose CPU-side proxy is `view`.
     pub(crate) fn new(

@@ -286,18 +286,21 @@ impl Drop for CudaSide {
             // frees the stream when the work is done.
             eprintln!(
                 "rshmem: GPU {}: work still running on a PE's stream 2 s after it ended; \
-                 its heap mappings, peer table, error record and module are left in place \
-                 until the process exits",
+                 its heap mappings, queues, peer table, error record and module are left \
+                 in place until the process exits",
                 self.ctx.ordinal
             );
             for m in std::mem::take(&mut self.heaps) {
                 std::mem::forget(m);
             }
-            // Likewise a NIC's queues, registrations and MRs: the kernel may still post
-            // (the NIC then still reads and writes them). The soft HCA's queues are let
-            // go as usual: their engine must stop before the host heap goes.
-            if matches!(self.ibgda, Some(Queues::Nic(_))) {
-                std::mem::forget(self.ibgda.take());
+            // Likewise the queues: a NIC's with their registrations and MRs (the kernel
+            // may still post, and the NIC then still reads and writes them); the soft
+            // HCA's memory, while its engine lets go of them (it must stop before the
+            // host heap goes).
+            match self.ibgda.take() {
+                Some(Queues::Nic(n)) => std::mem::forget(n),
+                Some(Queues::Proxy(p)) => p.abandon(),
+                None => {}
             }
             return;
         }
