@@ -5,20 +5,22 @@
 //! first served, as OpenSHMEM requires. Every access is an atomic on PE 0 through the
 //! transport that reaches it (p2p, proxy or fabric), so locks work between nodes too.
 //!
-//! Each PE remembers the locks it holds or waits for (marked before it takes a ticket, in
-//! one step with the check), so that clearing a lock it does not hold, or setting one it
-//! holds or waits for (from another thread sharing the `Pe`), is an error (OpenSHMEM leaves
-//! both undefined; the second would wait forever). It also keeps each PE to one ticket per
-//! lock, so a queue longer than the job means the word was not zero before use, which is
-//! refused before taking a ticket.
+//! Each PE remembers, per lock, whether a call of it waits for the lock, holds it, is
+//! releasing it, or keeps a stranded ticket (below): marked before it takes a ticket, in
+//! one step with the check. So clearing a lock it does not hold (another thread of it may
+//! be waiting for it), or setting one it holds or waits for (from another thread sharing
+//! the `Pe`), is an error (OpenSHMEM leaves both undefined; the second would wait
+//! forever). It also keeps each PE to one ticket per lock, so a queue longer than the job
+//! means the word was not zero before use, which is refused before taking a ticket.
 //!
 //! A `set_lock` that fails after taking its ticket (the timeout, a dead PE, a transport
 //! error) cannot withdraw it without breaking the order of those behind it, so the PE
 //! keeps the ticket ("stranded"): its next `set_lock` or `test_lock` on that lock waits
 //! for or tests that same ticket instead of taking another, so a PE that retries after a
 //! timeout gets the lock in its turn and everyone behind it goes on. `clear_lock` on a
-//! stranded ticket that is being served passes the lock on; before its turn it is an
-//! error that says so.
+//! stranded ticket that is being served gives it up (the lock passes on); before its
+//! turn it is an error that says so. PEs queued behind a stranded ticket wait until its
+//! PE comes back, as in any FIFO lock.
 
 use crate::error::{Error, Result};
 use crate::pe::{ms_since, Pe};
@@ -38,12 +40,23 @@ fn serving(v: u64) -> u32 {
     v as u32
 }
 
-/// What a PE's entry for a lock says: held or waited for by a call now running, or a
-/// ticket a failed `set_lock` left queued.
+/// What a PE's entry for a lock says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Claim {
-    Busy,
+    /// A `set_lock` or `test_lock` of this PE runs for it.
+    Waiting,
+    /// This PE holds it.
+    Held,
+    /// A `clear_lock` of this PE runs for it.
+    Releasing,
+    /// A ticket a failed `set_lock` left queued.
     Stranded(u32),
+}
+
+/// Whether ticket `mine` was served and passed on already (`serving` is past it, by less
+/// than half the ticket space; a ticket not yet served is behind by at most the job).
+fn passed(serving: u32, mine: u32) -> bool {
+    (serving.wrapping_sub(mine) as i32) > 0
 }
 
 impl Pe {
@@ -56,7 +69,10 @@ impl Pe {
             None => self.take_lock(lock),
         };
         match r {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.set_claim(lock, Claim::Held);
+                Ok(())
+            }
             Err((e, Some(ticket))) => {
                 self.set_claim(lock, Claim::Stranded(ticket));
                 Err(e)
@@ -110,6 +126,11 @@ impl Pe {
         // visible once its release is seen here.
         let mut last = self.atomic_fetch(lock, HOME).map_err(fail)?;
         while serving(last) != mine {
+            if passed(serving(last), mine) {
+                // Only a release whose reply was lost gets here (nobody else passes this
+                // PE's ticket on): the ticket is spent, and the next call takes a new one.
+                return Err((self.spent(lock, mine, serving(last)), None));
+            }
             polls = polls.saturating_add(1);
             if polls % 64 == 0 {
                 self.live.check().map_err(fail)?;
@@ -119,8 +140,9 @@ impl Pe {
                         what: format!(
                             "the lock at offset {:#x} (kept on PE {HOME}): it serves ticket \
                              {}, this PE holds ticket {mine}{}, {} ahead of it; the ticket \
-                             stays queued: the next set_lock or test_lock of this PE waits \
-                             for it again",
+                             stays queued, and the PEs behind it wait: this PE's next \
+                             set_lock or test_lock waits for it again, and clear_lock gives \
+                             it up once it is served",
                             lock.offset(),
                             serving(last),
                             if resumed {
@@ -144,15 +166,30 @@ impl Pe {
         Ok(())
     }
 
+    fn spent(&self, lock: SymPtr<u64>, mine: u32, serving: u32) -> Error {
+        Error::InvalidArgument(format!(
+            "the lock at offset {:#x} serves ticket {serving}, past ticket {mine} that PE {} \
+             kept from a failed set_lock: that ticket was passed on (a release whose reply \
+             was lost) and is dropped",
+            lock.offset(),
+            self.my_pe()
+        ))
+    }
+
     /// Takes `lock` if it is free (OpenSHMEM `shmem_test_lock`): true when this PE now
     /// holds it, false when another PE held it or was queued for it. Never waits. With a
     /// ticket a failed `set_lock` left queued, true exactly when that ticket is served.
     pub fn test_lock(&self, lock: SymPtr<u64>) -> Result<bool> {
         let stranded = self.claim_lock(lock, "test_lock")?;
+        let mut spent = false;
         let r = (|| {
             // Acquire, as in wait_turn.
             let v = self.atomic_fetch(lock, HOME)?;
             if let Some(mine) = stranded {
+                if passed(serving(v), mine) {
+                    spent = true;
+                    return Err(self.spent(lock, mine, serving(v)));
+                }
                 return Ok(serving(v) == mine);
             }
             if next(v) != serving(v) {
@@ -163,9 +200,9 @@ impl Pe {
             Ok(self.atomic_compare_swap(lock, v, v.wrapping_add(TICKET), HOME)? == v)
         })();
         match (r.as_ref(), stranded) {
-            (Ok(true), _) => {}
-            (_, Some(t)) => self.set_claim(lock, Claim::Stranded(t)),
-            (_, None) => {
+            (Ok(true), _) => self.set_claim(lock, Claim::Held),
+            (_, Some(t)) if !spent => self.set_claim(lock, Claim::Stranded(t)),
+            _ => {
                 self.unclaim_lock(lock);
             }
         }
@@ -178,37 +215,58 @@ impl Pe {
     /// `set_lock` left queued is given up here once it is served (the lock passes on);
     /// before that it is an error.
     pub fn clear_lock(&self, lock: SymPtr<u64>) -> Result<()> {
-        // Taken out of the held set first, so that two threads of this PE cannot both
-        // release it (serving would advance twice).
-        let Some(claim) = self.unclaim_lock(lock) else {
-            return Err(Error::InvalidArgument(format!(
-                "clear_lock: PE {} does not hold the lock at offset {:#x}",
-                self.my_pe(),
-                lock.offset()
-            )));
-        };
-        if let Claim::Stranded(mine) = claim {
-            let r = self.atomic_fetch(lock, HOME).and_then(|v| {
-                if serving(v) == mine {
-                    return self.serve_next(lock);
+        // Marked as being released first (in one step with the check), so that two
+        // threads of this PE cannot both release it (serving would advance twice), and no
+        // other thread takes a second ticket meanwhile.
+        let claim = {
+            let mut held = self.held_locks();
+            let entry = held.iter_mut().find(|(o, _)| *o == lock.offset());
+            match entry {
+                Some((_, c @ (Claim::Held | Claim::Stranded(_)))) => {
+                    let was = *c;
+                    *c = Claim::Releasing;
+                    was
                 }
-                Err(Error::InvalidArgument(format!(
-                    "clear_lock: PE {} does not hold the lock at offset {:#x}: its ticket \
-                     {mine}, left queued by a set_lock that failed, waits behind ticket {} \
-                     (set_lock waits for it again)",
-                    self.my_pe(),
-                    lock.offset(),
-                    serving(v)
-                )))
-            });
-            if r.is_err() {
-                self.held_locks().push((lock.offset(), claim));
+                other => {
+                    let why = match other.map(|(_, c)| *c) {
+                        Some(Claim::Waiting) => " (another thread of it waits for it)",
+                        Some(Claim::Releasing) => " (another thread of it is releasing it)",
+                        _ => "",
+                    };
+                    return Err(Error::InvalidArgument(format!(
+                        "clear_lock: PE {} does not hold the lock at offset {:#x}{why}",
+                        self.my_pe(),
+                        lock.offset()
+                    )));
+                }
             }
-            return r;
-        }
-        let r = self.try_quiet().and_then(|()| self.serve_next(lock));
-        if r.is_err() {
-            self.held_locks().push((lock.offset(), claim));
+        };
+        let r = match claim {
+            Claim::Stranded(mine) => self.atomic_fetch(lock, HOME).and_then(|v| {
+                if serving(v) == mine {
+                    // Nothing was written under the lock: no quiet needed.
+                    self.serve_next(lock)
+                } else if passed(serving(v), mine) {
+                    // Given up already (a release whose reply was lost): nothing to do.
+                    Ok(())
+                } else {
+                    Err(Error::InvalidArgument(format!(
+                        "clear_lock: PE {} does not hold the lock at offset {:#x}: its ticket \
+                         {mine}, left queued by a set_lock that failed, waits behind ticket \
+                         {} (set_lock waits for it again)",
+                        self.my_pe(),
+                        lock.offset(),
+                        serving(v)
+                    )))
+                }
+            }),
+            _ => self.try_quiet().and_then(|()| self.serve_next(lock)),
+        };
+        match r {
+            Ok(()) => {
+                self.unclaim_lock(lock);
+            }
+            Err(_) => self.set_claim(lock, claim),
         }
         r
     }
@@ -233,36 +291,41 @@ impl Pe {
         self.locks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Marks `lock` as held or waited for by this PE, in one step with the check that it
-    /// is not already (locks are not recursive, and one ticket per PE keeps a queue no
-    /// longer than the job). A ticket a failed `set_lock` left is returned, to be waited
-    /// for again.
+    /// Marks `lock` as waited for by this PE, in one step with the check that no call of
+    /// it waits for, holds or releases it already (locks are not recursive, and one
+    /// ticket per PE keeps a queue no longer than the job). A ticket a failed `set_lock`
+    /// left is returned, to be waited for again.
     fn claim_lock(&self, lock: SymPtr<u64>, op: &str) -> Result<Option<u32>> {
         let mut held = self.held_locks();
         let Some((_, c)) = held.iter_mut().find(|(o, _)| *o == lock.offset()) else {
-            held.push((lock.offset(), Claim::Busy));
+            held.push((lock.offset(), Claim::Waiting));
             return Ok(None);
         };
         match *c {
-            Claim::Busy => Err(Error::InvalidArgument(format!(
+            Claim::Stranded(t) => {
+                *c = Claim::Waiting;
+                Ok(Some(t))
+            }
+            _ => Err(Error::InvalidArgument(format!(
                 "{op}: PE {} already holds or waits for the lock at offset {:#x} (locks are \
                  not recursive)",
                 self.my_pe(),
                 lock.offset()
             ))),
-            Claim::Stranded(t) => {
-                *c = Claim::Busy;
-                Ok(Some(t))
-            }
         }
     }
 
-    /// Sets this PE's entry for `lock` (present: claimed before).
+    /// Sets this PE's entry for `lock`, which the calling thread marked Waiting or
+    /// Releasing (nobody else changes or removes such an entry).
     fn set_claim(&self, lock: SymPtr<u64>, claim: Claim) {
         let mut held = self.held_locks();
-        match held.iter_mut().find(|(o, _)| *o == lock.offset()) {
-            Some((_, c)) => *c = claim,
-            None => held.push((lock.offset(), claim)),
+        let entry = held.iter_mut().find(|(o, _)| *o == lock.offset());
+        debug_assert!(
+            matches!(entry, Some((_, Claim::Waiting | Claim::Releasing))),
+            "lock entry {entry:?}"
+        );
+        if let Some((_, c)) = entry {
+            *c = claim;
         }
     }
 

@@ -464,21 +464,23 @@ fn a_lock_held_by_one_thread_of_a_pe_is_refused_to_another() {
     assert_eq!((end >> 32, end & 0xffff_ffff), (2, 2));
 }
 
-/// A `set_lock` that times out keeps its ticket queued; the PE's next `test_lock` or
-/// `set_lock` waits for that same ticket, so the lock goes on working: PE 1 times out
-/// behind PE 0, cannot clear a lock it does not hold yet, gets it in its turn once PE 0
-/// releases it, and a fresh round takes a fresh ticket.
+/// A `set_lock` that times out keeps its ticket queued, and the lock goes on working.
+/// PE 0 holds the lock three times while PE 1 times out behind it; each time PE 1 comes
+/// back another way: (A) `test_lock`, true once its kept ticket is served; (B) `set_lock`
+/// again (a second timeout first), which waits for the same ticket rather than taking a
+/// new one; (C) `clear_lock`, which gives up its served ticket so PE 0 gets the lock next.
+/// Before its turn, `clear_lock` of a kept ticket is an error naming both tickets.
 #[test]
 fn a_timed_out_set_lock_resumes_its_ticket() {
     let mut s = settings();
-    s.timeout = std::time::Duration::from_millis(300);
-    // Outside the PE's bounded waits (its 300 ms would end them): poll a local flag.
-    fn await_flag(pe: &rshmem::Pe, flag: rshmem::SymPtr<u64>) -> rshmem::Result<()> {
+    s.timeout = std::time::Duration::from_millis(1000);
+    // Outside the PE's bounded waits (its timeout would end them): poll a local flag.
+    fn await_flag(pe: &rshmem::Pe, flags: rshmem::SymPtr<u64>, i: usize) -> rshmem::Result<()> {
         let t0 = std::time::Instant::now();
-        while pe.atomic_fetch(flag, pe.my_pe())? == 0 {
+        while pe.atomic_fetch(flags.at(i), pe.my_pe())? == 0 {
             assert!(
-                t0.elapsed() < std::time::Duration::from_secs(30),
-                "flag never set"
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "flag {i} never set"
             );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
@@ -486,50 +488,109 @@ fn a_timed_out_set_lock_resumes_its_ticket() {
     }
     let out = run_threads(2, s, |pe| {
         let lock = pe.calloc::<u64>(1)?;
-        let flags = pe.calloc::<u64>(3)?;
+        let flags = pe.calloc::<u64>(16)?;
+        let other = 1 - pe.my_pe();
+        let raise = |i: usize| pe.atomic_set(flags.at(i), 1u64, other);
+        let word = || -> rshmem::Result<String> {
+            let w = pe.atomic_fetch(lock, 0)?;
+            Ok(format!("{} {}", w >> 32, w & 0xffff_ffff))
+        };
         let mut seen = Vec::new();
         if pe.my_pe() == 0 {
+            for round in 0..3 {
+                let f = 4 * round;
+                pe.set_lock(lock)?;
+                raise(f)?; // PE 1: PE 0 holds it
+                await_flag(pe, flags, f + 1)?; // PE 1 timed out behind it
+                pe.clear_lock(lock)?; // serves PE 1's kept ticket
+                raise(f + 2)?;
+                await_flag(pe, flags, f + 3)?; // PE 1 took it and let go
+            }
+            // After round C's give-up, the lock comes straight to PE 0.
             pe.set_lock(lock)?;
-            pe.atomic_set(flags.at(0), 1u64, 1)?; // PE 1: PE 0 holds it
-            await_flag(pe, flags.at(1))?; // PE 1 timed out
-            pe.clear_lock(lock)?; // serves PE 1's kept ticket
-            pe.atomic_set(flags.at(2), 1u64, 1)?;
-            await_flag(pe, flags.at(2))?; // PE 1 is done
+            pe.clear_lock(lock)?;
+            seen.push(word()?);
+            raise(12)?;
         } else {
-            await_flag(pe, flags.at(0))?;
-            let e = pe.set_lock(lock).unwrap_err();
-            seen.push(format!("{e}"));
-            seen.push(format!("{}", pe.clear_lock(lock).unwrap_err()));
+            let err = |r: rshmem::Result<()>| format!("{}", r.unwrap_err());
+            // (A) test_lock.
+            await_flag(pe, flags, 0)?;
+            // Another thread of PE 1 cannot clear the lock while this one waits for it.
+            let (waited, cleared) = std::thread::scope(|sc| {
+                let w = sc.spawn(|| err(pe.set_lock(lock)));
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                let c = err(pe.clear_lock(lock));
+                (w.join().expect("thread"), c)
+            });
+            seen.push(waited);
+            seen.push(err(pe.clear_lock(lock)));
             seen.push(format!("{}", pe.test_lock(lock)?));
-            pe.atomic_set(flags.at(1), 1u64, 0)?;
-            await_flag(pe, flags.at(2))?; // PE 0 released it
-            let w = pe.atomic_fetch(lock, 0)?;
-            seen.push(format!("{} {}", w >> 32, w & 0xffff_ffff));
-            seen.push(format!("{}", pe.test_lock(lock)?)); // its ticket is served
+            raise(1)?;
+            await_flag(pe, flags, 2)?;
+            seen.push(word()?);
+            seen.push(format!("{}", pe.test_lock(lock)?));
             pe.clear_lock(lock)?;
-            pe.set_lock(lock)?; // a fresh ticket
+            raise(3)?;
+            // (B) set_lock again.
+            await_flag(pe, flags, 4)?;
+            seen.push(err(pe.set_lock(lock)));
+            seen.push(err(pe.set_lock(lock))); // resumed, and times out again
+            raise(5)?;
+            await_flag(pe, flags, 6)?;
+            pe.set_lock(lock)?; // the same ticket: no new one taken
+            seen.push(word()?);
             pe.clear_lock(lock)?;
-            let w = pe.atomic_fetch(lock, 0)?;
-            seen.push(format!("{} {}", w >> 32, w & 0xffff_ffff));
-            pe.atomic_set(flags.at(2), 1u64, 0)?;
+            raise(7)?;
+            // (C) clear_lock gives the served ticket up.
+            await_flag(pe, flags, 8)?;
+            seen.push(err(pe.set_lock(lock)));
+            raise(9)?;
+            await_flag(pe, flags, 10)?;
+            pe.clear_lock(lock)?;
+            seen.push(word()?);
+            seen.push(err(pe.clear_lock(lock))); // nothing kept any more
+            raise(11)?;
+            await_flag(pe, flags, 12)?;
+            seen.push(cleared);
         }
         Ok(seen)
     })
     .expect("job starts");
     let mut out = out.into_iter();
-    assert_eq!(out.next().unwrap().expect("PE 0"), Vec::<String>::new());
+    assert_eq!(out.next().unwrap().expect("PE 0"), ["7 7"]);
     let seen = out.next().unwrap().expect("PE 1");
-    assert!(
-        seen[0].contains("it serves ticket 0, this PE holds ticket 1, 1 ahead of it")
-            && seen[0].contains("the next set_lock or test_lock of this PE waits for it again"),
-        "{}",
-        seen[0]
-    );
+    let timed_out = |i: usize, ticket: u32, kept: bool| {
+        let e = &seen[i];
+        let holds = format!(
+            "it serves ticket {}, this PE holds ticket {ticket}",
+            ticket - 1
+        );
+        assert!(
+            e.contains(&holds)
+                && e.contains("(kept from a failed set_lock)") == kept
+                && e.contains("clear_lock gives it up once it is served"),
+            "{i}: {e}"
+        );
+    };
+    timed_out(0, 1, false);
     assert!(
         seen[1]
             .contains("its ticket 1, left queued by a set_lock that failed, waits behind ticket 0"),
         "{}",
         seen[1]
     );
-    assert_eq!(&seen[2..], ["false", "2 1", "true", "3 3"]);
+    assert_eq!(&seen[2..5], ["false", "2 1", "true"]);
+    timed_out(5, 3, false);
+    timed_out(6, 3, true);
+    assert_eq!(seen[7], "4 3", "resumed, not a new ticket");
+    timed_out(8, 5, false);
+    assert_eq!(seen[9], "6 6", "the served ticket given up");
+    assert!(seen[10].contains("does not hold the lock"), "{}", seen[10]);
+    assert!(
+        seen[11].contains("does not hold the lock at offset")
+            && seen[11].ends_with("(another thread of it waits for it)"),
+        "{}",
+        seen[11]
+    );
+    assert_eq!(seen.len(), 12);
 }
