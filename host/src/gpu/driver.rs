@@ -87,6 +87,7 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
     "cuGraphInstantiateWithFlags",
+    "cuGraphUpload",
     "cuGraphLaunch",
     "cuGraphExecDestroy",
     "cuGraphDestroy",

@@ -1839,6 +1839,19 @@ impl<'g> GpuBuffer<'g> {
             destroy_graph(graph);
             return Err(e);
         }
+        // Uploaded now, on the PE's stream, so the first replay is not also the upload
+        // (a timed first replay would otherwise measure it).
+        // SAFETY: an instantiated graph of this context; the PE's stream.
+        if let Err(e) = ck(
+            unsafe { sys::cuGraphUpload(exec, stream) },
+            "cuGraphUpload",
+            || format!("PE {}: uploading the EP graph", self.g.my_pe()),
+        ) {
+            // SAFETY: instantiated above, destroyed once.
+            unsafe { sys::cuGraphExecDestroy(exec) };
+            destroy_graph(graph);
+            return Err(e);
+        }
         Ok((
             EpGraph {
                 graph,

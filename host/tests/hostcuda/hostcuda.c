@@ -1510,6 +1510,11 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
   *e = (CUgraphExec)x;
   return CUDA_SUCCESS;
 }
+// Nothing to upload on the CPU; the real driver queues the upload on the stream.
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s) {
+  (void)s;
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
   const struct graph *x = (const struct graph *)e;
   if (!x) return CUDA_ERROR_INVALID_VALUE;
