@@ -149,6 +149,8 @@ struct Ctx {
   uint64_t rows;  // R * N
   uint64_t seq;   // LL call number (2 * set_calls[set] + set)
   uint64_t tag;   // seq + 1
+  uint64_t wtag;  // the tag signal words carry in their high 32 bits: 1..2^32-1, wrapping
+                  // (host/src/ep/mod.rs `wire`); credits and decisions use the whole tag
   ep_ll_ctl_t *ctl;
   const int32_t *team_pe;  // world PE of each team member; nullptr: the world team
   int32_t *mask;
@@ -208,6 +210,7 @@ __device__ __forceinline__ Ctx setup(const ep_ll_args_t &a, uint64_t hidden, boo
   // launch started (stream order), so a plain load sees it.
   c.seq = 2 * *reinterpret_cast<volatile uint64_t *>(&c.ctl->set_calls[a.set]) + a.set;
   c.tag = c.seq + 1;
+  c.wtag = (c.tag - 1) % 0xffffffffull + 1;
   return c;
 }
 
@@ -276,8 +279,8 @@ __device__ __forceinline__ void shrink_pe(const Ctx &c, uint32_t pe) {
 // or, in shrink mode, settles it (the marker when nothing came) and gives up on `pe`.
 __device__ uint64_t recv_word(const Ctx &c, uint64_t *w, uint32_t pe, int32_t expert,
                               const char *what) {
-  if (!c.shrink) return ep_comm::wait_tag(w, c.tag, wpe(c, pe), expert, what);
-  const uint64_t v = ep_comm::settle_tag(w, c.tag, c.give_up_ns, [&] { return shrunk_now(c, pe); });
+  if (!c.shrink) return ep_comm::wait_tag(w, c.wtag, wpe(c, pe), expert, what);
+  const uint64_t v = ep_comm::settle_tag(w, c.wtag, c.give_up_ns, [&] { return shrunk_now(c, pe); });
   if ((v & 0xffffffffu) == EP_SHRUNK) shrink_pe(c, pe);
   return v;
 }
@@ -669,7 +672,7 @@ __device__ void dispatch_send(const ep_ll_args_t &a) {
       for (uint32_t le = threadIdx.x; le < c.L; le += kThreads) {
         const uint64_t low = fault != 0 ? (fault & 0xffffffffu) : s_total[le];
         ep_comm::signal(wpe(c, d), a.buf + ep_dispatch_count_word(&c.lay, a.set, le, c.me),
-                        c.tag << 32 | low);
+                        c.wtag << 32 | low);
       }
     }
     __syncthreads();
@@ -751,7 +754,7 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
           n = off = 0;
         } else if (!complete) {
           counts([&](uint64_t *w, int32_t expert) {
-            return ep_comm::wait_tag(w, c.tag, wpe(c, j), expert,
+            return ep_comm::wait_tag(w, c.wtag, wpe(c, j), expert,
                                      "EP dispatch (shrink): a count another unit saw", true);
           });
         }
@@ -902,7 +905,7 @@ __device__ void combine_send(const ep_ll_args_t &a) {
       if (threadIdx.x == 0) {
         const uint64_t low = fault != 0 ? (fault & 0xffffffffu) : (s_rows & 0xffffffffu);
         ep_comm::signal(wpe(c, s), a.buf + ep_combine_flag_word(&c.lay, a.set, c.me),
-                        c.tag << 32 | low);
+                        c.wtag << 32 | low);
       }
     }
     __syncthreads();
@@ -934,7 +937,7 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
     } else if (s_low[p] == EP_SHRUNK) {
       // Another block saw the flag: it has come, read it again.
       s_low[p] = static_cast<uint32_t>(
-          ep_comm::wait_tag(local_word(a, ep_combine_flag_word(&c.lay, a.set, p)), c.tag,
+          ep_comm::wait_tag(local_word(a, ep_combine_flag_word(&c.lay, a.set, p)), c.wtag,
                             wpe(c, p), -1,
                             "EP combine (shrink): a flag another block saw", true) &
           0xffffffffu);

@@ -588,6 +588,9 @@ struct KCase {
     teams: Option<Vec<Vec<usize>>>,
     /// Slot 1 of every token repeats slot 0's expert (where slot 0 is not -1).
     repeat_ids: bool,
+    /// Start as if this many calls had run on each buffer set (ll_emulator.cpp
+    /// RSHMEM_EMU_FIRST_SET_CALLS), or None: from call 0.
+    first_set_calls: Option<u64>,
 }
 
 impl KCase {
@@ -688,6 +691,9 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
         if let Some(how) = c.dies_in {
             env.push(("RSHMEM_EMU_DIES_IN", how.into()));
         }
+    }
+    if let Some(k) = c.first_set_calls {
+        env.push(("RSHMEM_EMU_FIRST_SET_CALLS", k.to_string()));
     }
     if let Some(ts) = &c.teams {
         let spec: Vec<String> = ts
@@ -988,7 +994,8 @@ fn compare_repeat(
             }
         }
         assert_eq!(e.comb, o.comb, "{at}: combined_x rows");
-        let calls = (rep as u64 + 1, rep as u64 + 1);
+        let first = c.first_set_calls.unwrap_or(0);
+        let calls = (first + rep as u64 + 1, first + rep as u64 + 1);
         assert_eq!(
             e.status,
             vec![(0, calls.0), (0, calls.1)],
@@ -1096,6 +1103,7 @@ fn kcase(
         dies_in: None,
         teams: None,
         repeat_ids: false,
+        first_set_calls: None,
     }
 }
 
@@ -1115,6 +1123,20 @@ fn kernels_emulated_four_pes_fp8_round_scale_h2560_parts_and_idle_experts() {
     c.cfg.round_scale = true;
     c.experts = Some(vec![0, 1, 2, 3, 4, 5, 12]);
     check_kernels(c);
+}
+
+/// Signal words carry the call's tag in 32 bits: the kernels go on across the point
+/// where it wraps (LL call 2^32 - 1 is the last before it; cut to 32 bits, the tag stopped
+/// every wait from matching there), in both emulation modes.
+#[test]
+fn kernels_emulated_across_the_tag_wrap() {
+    for concurrent in [false, true] {
+        let mut c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 3, 2]);
+        c.repeats = 4; // LL calls 2^32 - 4 ..= 2^32 + 3
+        c.first_set_calls = Some((1 << 31) - 2);
+        c.concurrent = concurrent;
+        check_kernels(c);
+    }
 }
 
 #[test]

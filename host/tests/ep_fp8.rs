@@ -67,15 +67,22 @@ fn e4m3_decode_matches_definition() {
 
 #[test]
 fn group_scales_are_amax_over_448_and_round_up_to_powers_of_two() {
-    let mut row = vec![bf16::from_f32(1.0); 256];
+    let mut row = vec![bf16::from_f32(1.0); 384];
     row[5] = bf16::from_f32(-7.0); // group 0 amax 7
     row[200] = bf16::from_f32(300.0); // group 1 amax 300
-    let (mut q, mut s) = (vec![0u8; 256], vec![0f32; 2]);
+    row[300] = bf16::from_f32(3.0); // group 2 amax 3
+    let (mut q, mut s) = (vec![0u8; 384], vec![0f32; 3]);
     fp8::quantize_row(&row, false, &mut q, &mut s);
-    assert_eq!(s, vec![7.0 / 448.0, 300.0 / 448.0]);
+    // DeepEP's scale_inv: amax * (1/448 in f32), not amax / 448, which differs in the
+    // last bit for amax 3.
+    let inv = 1.0f32 / 448.0;
+    assert_eq!(s, vec![7.0 * inv, 300.0 * inv, 3.0 * inv]);
+    assert_eq!(s[2].to_bits(), 0x3bdb_6db8);
+    assert_ne!(s[2], 3.0f32 / 448.0);
     assert_eq!(q[5], 0xfe); // -7 * 448/7 = -448
     fp8::quantize_row(&row, true, &mut q, &mut s);
-    assert_eq!(s, vec![2f32.powi(-6), 1.0]); // 7/448 = 2^-6 exactly; 300/448 -> 1
+    // 7/448 = 2^-6 exactly; 300/448 -> 1; 3/448 -> 2^-7
+    assert_eq!(s, vec![2f32.powi(-6), 1.0, 2f32.powi(-7)]);
 }
 
 /// quantize_row (the vectorised path this CPU takes) against a scalar quantiser built from

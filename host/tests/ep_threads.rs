@@ -30,6 +30,8 @@ struct Case {
     zero_copy: bool,
     int32: bool,
     repeats: usize,
+    /// The buffer's first LL call number (`Buffer::start_at_call_for_tests`).
+    first_call: u64,
 }
 
 fn cfg(n: usize, h: usize, e: usize, k: usize, fp8: bool) -> Config {
@@ -56,6 +58,7 @@ fn case(pes: usize, c: Config, tokens: usize) -> Case {
         zero_copy: false,
         int32: false,
         repeats: 2,
+        first_call: 0,
     }
 }
 
@@ -70,6 +73,9 @@ fn one_pe(pe: &Pe, c: &Case) -> rshmem::Result<Vec<(u64, u64)>> {
     let (me, n) = (team.my_pe(), team.n_pes());
     let mut buf = Buffer::new(pe, &team, c.cfg)?;
     assert_eq!(buf.layout().total_bytes, Layout::size_hint(&c.cfg, n)?);
+    if c.first_call != 0 {
+        buf.start_at_call_for_tests(c.first_call)?;
+    }
     let mut r = check::random_routing(
         7,
         me,
@@ -226,6 +232,63 @@ fn eight_pes_fp8_zero_copy_hidden_128() {
     c.zero_copy = true;
     c.repeats = 3;
     run(c);
+}
+
+/// Signal words carry the call's tag in 32 bits: calls go on across the point where it
+/// wraps (call 2^32 - 1 is the last before it; the tag cut to 32 bits stopped every wait
+/// from matching there), with hooks and zero copy, every call checked.
+#[test]
+fn three_pes_calls_across_the_tag_wrap() {
+    for (hook, zero_copy) in [(false, false), (true, true)] {
+        run(Case {
+            repeats: 5,
+            hook,
+            zero_copy,
+            first_call: (1 << 32) - 6,
+            ..case(3, cfg(8, 256, 6, 3, true), 7)
+        });
+    }
+}
+
+/// A receive hook dropped without `recv` (an early `?`, neglect) still receives and
+/// releases its buffer set: the calls after it, on both sets, go on and validate. Before,
+/// the set stayed busy for good ("call its receive hook", which no longer existed) and the
+/// peers timed out waiting for this PE's credit.
+#[test]
+fn a_dropped_receive_hook_releases_its_buffer_set() {
+    let c = cfg(4, 256, 8, 2, true);
+    let out = run_threads(2, settings(20_000), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, c)?;
+        let r = check::random_routing(3, me, 4, &c, None, 1);
+        let all = check::allgather_routing(pe, &team, &r)?;
+        let x = check::origin_x(me, 4, 256);
+        let m = vec![false; 2];
+        // Call 0 (set 0): dispatch hook dropped. Call 1 (set 1): dispatch, whose combine
+        // hook (call 2, set 0 again: only possible if call 0 released it) is dropped too.
+        drop(buf.low_latency_dispatch(&x, &r.topk_idx, true)?);
+        let o = buf.low_latency_dispatch(&x, &r.topk_idx, true)?.wait()?;
+        check::validate_dispatch(&c, me, &all, &m, &o)?;
+        let mut e = vec![bf16::ZERO; 4 * 2 * 4 * 256];
+        check::expert_forward(&c, 2, me, &o, &scale, &mut e);
+        drop(buf.low_latency_combine(&e, &r.topk_idx, &r.topk_weights, &o.handle, true, false)?);
+        // Calls 3 to 6 run on both sets after the drops.
+        for _ in 0..2 {
+            let o = buf.low_latency_dispatch(&x, &r.topk_idx, true)?.wait()?;
+            check::validate_dispatch(&c, me, &all, &m, &o)?;
+            check::expert_forward(&c, 2, me, &o, &scale, &mut e);
+            let y = buf
+                .low_latency_combine(&e, &r.topk_idx, &r.topk_weights, &o.handle, true, false)?
+                .wait()?;
+            check::validate_combine(&c, 2, me, &r, &m, &scale, &y)?;
+        }
+        buf.destroy()
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+    }
 }
 
 #[test]

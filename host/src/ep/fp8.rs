@@ -55,16 +55,21 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
     }
 }
 
+/// `1/448` rounded to f32, as DeepEP's `kFP8AmaxInv`.
+pub const E4M3_MAX_INV: f32 = 1.0 / 448.0;
+
 /// Scale of one 128-channel group: `(scale, scale_inv)` with `q = e4m3(x * scale)` and
-/// `x ≈ q * scale_inv`. `scale_inv = amax / 448`; with `round_scale` it is rounded up to
-/// a power of two (so `scale` is exact too).
+/// `x ≈ q * scale_inv`. `scale = 448 / amax` and `scale_inv = amax * (1/448)`, DeepEP's
+/// formulas bit for bit (`amax / 448` differs from it in the last bit for about a third
+/// of bf16 amax values); with `round_scale`, `scale_inv` is `amax * (1/448)` rounded up
+/// to a power of two (so `scale` is exact too).
 pub fn group_scale(amax: f32, round_scale: bool) -> (f32, f32) {
     let amax = amax.max(AMAX_FLOOR);
     if round_scale {
-        let inv = (amax / E4M3_MAX).log2().ceil().exp2();
+        let inv = (amax * E4M3_MAX_INV).log2().ceil().exp2();
         (1.0 / inv, inv)
     } else {
-        (E4M3_MAX / amax, amax / E4M3_MAX)
+        (E4M3_MAX / amax, amax * E4M3_MAX_INV)
     }
 }
 

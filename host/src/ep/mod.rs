@@ -224,20 +224,22 @@ pub struct DispatchOutput {
     pub handle: Handle,
 }
 
-/// Dispatch's record of where each received row came from, for combine.
+/// Dispatch's record of where each received row came from, for combine. Read-only
+/// (getters): combine writes through raw pointers at the rows it names, so a handle is
+/// only ever what a dispatch made.
 #[derive(Debug, Clone)]
 pub struct Handle {
     buffer_id: u64,
     /// LL call number of the dispatch.
-    pub call: u64,
+    call: u64,
     /// T of this PE's dispatch.
-    pub num_tokens: usize,
-    pub num_max_dispatch_tokens_per_rank: usize,
-    pub hidden: usize,
-    pub num_experts: usize,
-    pub src_info: Vec<i32>,
-    pub layout_range: Vec<i64>,
-    pub recv_count: Vec<i32>,
+    num_tokens: usize,
+    num_max_dispatch_tokens_per_rank: usize,
+    hidden: usize,
+    num_experts: usize,
+    src_info: Vec<i32>,
+    layout_range: Vec<i64>,
+    recv_count: Vec<i32>,
     /// `[L, R*N]`: top-k slot of each received row on its source PE.
     row_k: Vec<i32>,
     /// [`routing_hash`] of the dispatch's `topk_idx` (0 for a detached handle).
@@ -276,6 +278,35 @@ impl Handle {
     /// `[L, R*N]`: the top-k slot of each received row on its source PE.
     pub fn row_k(&self) -> &[i32] {
         &self.row_k
+    }
+    /// LL call number of the dispatch.
+    pub fn call(&self) -> u64 {
+        self.call
+    }
+    /// T of this PE's dispatch.
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+    pub fn num_max_dispatch_tokens_per_rank(&self) -> usize {
+        self.num_max_dispatch_tokens_per_rank
+    }
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+    pub fn num_experts(&self) -> usize {
+        self.num_experts
+    }
+    /// `[L, R*N]`: the source token index of each received row (as the output's).
+    pub fn src_info(&self) -> &[i32] {
+        &self.src_info
+    }
+    /// `[L, R]`: `begin << 32 | count` of each (local expert, source) block.
+    pub fn layout_range(&self) -> &[i64] {
+        &self.layout_range
+    }
+    /// `[L]`: rows received per local expert.
+    pub fn recv_count(&self) -> &[i32] {
+        &self.recv_count
     }
 }
 
@@ -324,6 +355,9 @@ pub struct Buffer<'p> {
     pe: &'p Pe,
     sh: Arc<Shared>,
     seq: u64,
+    /// The first LL call number (0, but for [`Buffer::start_at_call_for_tests`]): the
+    /// calls before `first + 2` wait for no credits.
+    first: u64,
     masked: Vec<bool>,
     zero_copy_call: Option<u64>,
 }
@@ -432,8 +466,19 @@ fn first_overflow<I: ExpertId>(idx: &[I], k: usize, e: usize, n: usize) -> Optio
     })
 }
 
+/// A call's tag: its LL call number + 1 (0 is "nothing yet"). Credit words carry it
+/// whole (64 bits, compared with `<`).
 fn tag(seq: u64) -> u64 {
     seq + 1
+}
+
+/// The tag as signal words carry it, in their high 32 bits: 1..=2^32-1, never 0 (a
+/// zeroed word), so it wraps after 2^32-1 calls instead of being cut to 32 bits, which
+/// would stop every wait from matching after 2^32 calls (about a week of a decoding
+/// server's LL calls). At most two calls are in flight, so a word from 2^32-1 calls ago
+/// cannot be mistaken for this call's.
+fn wire(tag: u64) -> u64 {
+    (tag - 1) % 0xffff_ffff + 1
 }
 
 impl Shared {
@@ -551,9 +596,17 @@ impl Shared {
             }
         }
     }
-    /// Waits until every unmasked PE released `set` after call `seq - 2`.
-    fn wait_credits(&self, pe: &Pe, seq: u64, masked: &mut [bool], op: &'static str) -> Result<()> {
-        if seq < 2 {
+    /// Waits until every unmasked PE released `set` after call `seq - 2` (none for the
+    /// buffer's first two calls, numbered from `first`).
+    fn wait_credits(
+        &self,
+        pe: &Pe,
+        seq: u64,
+        first: u64,
+        masked: &mut [bool],
+        op: &'static str,
+    ) -> Result<()> {
+        if seq < first + 2 {
             return Ok(());
         }
         let set = (seq % 2) as usize;
@@ -707,9 +760,25 @@ impl<'p> Buffer<'p> {
                 broken: Mutex::new(None),
             }),
             seq: 0,
+            first: 0,
             masked: vec![false; n],
             zero_copy_call: None,
         })
+    }
+
+    /// Tests only: numbers this buffer's LL calls from `seq` instead of 0 (every PE of
+    /// the team the same, before its first call), to run calls across the point where
+    /// the signal words' 32-bit tags wrap (after 2^32 - 1 calls).
+    #[doc(hidden)]
+    pub fn start_at_call_for_tests(&mut self, seq: u64) -> Result<()> {
+        if self.seq != self.first {
+            return Err(Error::InvalidArgument(
+                "start_at_call_for_tests: only before the buffer's first LL call".into(),
+            ));
+        }
+        self.seq = seq;
+        self.first = seq;
+        Ok(())
     }
 
     /// Collective over the whole job, like [`Buffer::new`]: frees the symmetric memory.
@@ -831,7 +900,7 @@ impl<'p> Buffer<'p> {
         }
         self.sh.fold_shrunk(&mut self.masked);
         self.sh
-            .wait_credits(self.pe, seq, &mut self.masked, op)
+            .wait_credits(self.pe, seq, self.first, &mut self.masked, op)
             .map_err(|e| self.sh.broke(seq, e))?;
         self.sh.pending[set].store(tag(seq), Ordering::Release);
         self.seq += 1;
@@ -866,6 +935,7 @@ impl<'p> Buffer<'p> {
             num_tokens: t_count,
             routing: routing_hash(topk_idx),
             fault: fault.map(|(_, e)| e),
+            received: false,
         };
         sent.map_err(|e| self.sh.broke(seq, e))?;
         if return_recv_hook {
@@ -949,7 +1019,7 @@ impl<'p> Buffer<'p> {
             sh.to_peer(self.pe, d, || {
                 for le in 0..sh.l() {
                     let w = sh.layout.dispatch_count_word(set, le, sh.me);
-                    sh.signal(self.pe, w, tag(seq) << 32 | code, d)?;
+                    sh.signal(self.pe, w, wire(tag(seq)) << 32 | code, d)?;
                 }
                 Ok(())
             })?;
@@ -1042,7 +1112,7 @@ impl<'p> Buffer<'p> {
                     }
                     for le in 0..l {
                         let w = lay.dispatch_count_word(set, le, sh.me);
-                        let v = tag(seq) << 32 | DIRECT | cnt[d * l + le] as u64;
+                        let v = wire(tag(seq)) << 32 | DIRECT | cnt[d * l + le] as u64;
                         sh.signal(self.pe, w, v, d)?;
                     }
                     return Ok(());
@@ -1062,7 +1132,7 @@ impl<'p> Buffer<'p> {
                 // Release (in signal_op): the puts above are visible to whoever sees a count.
                 for le in 0..l {
                     let w = lay.dispatch_count_word(set, le, sh.me);
-                    sh.signal(self.pe, w, tag(seq) << 32 | cnt[d * l + le] as u64, d)?;
+                    sh.signal(self.pe, w, wire(tag(seq)) << 32 | cnt[d * l + le] as u64, d)?;
                 }
                 Ok(())
             })?;
@@ -1088,7 +1158,8 @@ impl<'p> Buffer<'p> {
             let pending = self.sh.pending[set].load(Ordering::Acquire);
             if pending != 0 {
                 return Err(Error::InvalidArgument(format!(
-                    "get_next_low_latency_combine_buffer: LL call #{} on buffer set {set} has                      not been received yet: call its receive hook first",
+                    "get_next_low_latency_combine_buffer: LL call #{} on buffer set {set} has \
+                     not been received yet: call its receive hook first",
                     pending - 1
                 )));
             }
@@ -1099,6 +1170,7 @@ impl<'p> Buffer<'p> {
                 .wait_credits(
                     self.pe,
                     seq,
+                    self.first,
                     &mut self.masked,
                     "get_next_low_latency_combine_buffer",
                 )
@@ -1245,7 +1317,9 @@ impl<'p> Buffer<'p> {
                                     if let Some(peer) = stream_to {
                                         let src = bf16_bits(&expert_out[row * h..(row + 1) * h]);
                                         // SAFETY: a row of PE s's combine_recv (this set, token t,
-                                        // slot kk: in bounds by the layout), mapped here (p2p);
+                                        // slot kk: t < N and kk < K were checked when the dispatch
+                                        // received the row, and a Handle cannot be changed after,
+                                        // so in bounds by the layout), mapped here (p2p);
                                         // PE s reads it only after our flag below, and no longer
                                         // for call seq - 2 (start_call waited for its credit).
                                         unsafe {
@@ -1281,7 +1355,7 @@ impl<'p> Buffer<'p> {
                     sh.signal(
                         self.pe,
                         lay.combine_flag_word(set, sh.me),
-                        tag(seq) << 32 | low,
+                        wire(tag(seq)) << 32 | low,
                         s,
                     )
                 })?;
@@ -1298,6 +1372,7 @@ impl<'p> Buffer<'p> {
             topk_weights: topk_weights.to_vec(),
             num_tokens: t_count,
             fault: fault.map(|(_, e)| e),
+            received: false,
         };
         if return_recv_hook {
             Ok(Combine::Pending(hook))
@@ -1339,6 +1414,8 @@ pub struct DispatchHook<'p> {
     /// [`routing_hash`] of this PE's `topk_idx`, which combine must pass again.
     routing: u64,
     fault: Option<Error>,
+    /// `recv` ran (or the drop did it): nothing is left for the drop to do.
+    received: bool,
 }
 
 impl DispatchHook<'_> {
@@ -1348,14 +1425,19 @@ impl DispatchHook<'_> {
     }
 
     /// Waits for every unmasked PE's tokens and unpacks them (blocks in arrival order).
-    pub fn recv(self) -> Result<DispatchOutput> {
+    pub fn recv(mut self) -> Result<DispatchOutput> {
+        self.received = true;
+        self.receive()
+    }
+
+    fn receive(&mut self) -> Result<DispatchOutput> {
         let sh = &*self.sh;
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (h, l, r) = (cfg.hidden, sh.l(), sh.n());
         let rows = r * cfg.num_max_dispatch_tokens_per_rank;
         let n_max = cfg.num_max_dispatch_tokens_per_rank;
         let set = (self.seq % 2) as usize;
-        let want = tag(self.seq);
+        let want = wire(tag(self.seq));
         let pooled = sh.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut recv_x = match pooled {
             Some(x) => x,
@@ -1434,17 +1516,27 @@ impl DispatchHook<'_> {
                                 let msg = unsafe { sh.bytes(m, lay.msg_bytes) };
                                 let row = le * rows + begin + i;
                                 let tok = i32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]);
+                                let kk = i32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]);
                                 src_info[row] = tok;
-                                row_k[row] = i32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]);
+                                row_k[row] = kk;
+                                // Combine writes this row back at (tok, kk) in the source's
+                                // receive area: both must be in range, whichever path.
+                                if tok < 0
+                                    || tok as usize >= n_max
+                                    || kk < 0
+                                    || kk as usize >= sh.cfg.num_topk
+                                {
+                                    corrupt.get_or_insert(format!(
+                                        "PE {} sent token index {tok}, top-k slot {kk} (N = \
+                                         {n_max}, K = {})",
+                                        sh.members[s], sh.cfg.num_topk
+                                    ));
+                                    src_info[row] = 0;
+                                    row_k[row] = 0;
+                                    continue;
+                                }
                                 let body = match from_peer {
                                     None => &msg[layout::HEADER_BYTES..],
-                                    Some(_) if tok < 0 || tok as usize >= n_max => {
-                                        corrupt.get_or_insert(format!(
-                                            "PE {} sent token index {tok} (N = {n_max})",
-                                            sh.members[s]
-                                        ));
-                                        continue;
-                                    }
                                     Some(peer) => {
                                         let at = peer
                                             + lay.dispatch_send_msg(set, tok as usize)
@@ -1513,7 +1605,7 @@ impl DispatchHook<'_> {
         .map_err(|e| sh.broke(self.seq, e))?;
         sh.release(self.pe, self.seq, &masked)
             .map_err(|e| sh.broke(self.seq, e))?;
-        if let Some(e) = self.fault {
+        if let Some(e) = self.fault.take() {
             return Err(e);
         }
         if let Some((s, low)) = peer_fault {
@@ -1551,6 +1643,55 @@ impl DispatchHook<'_> {
     }
 }
 
+/// What dropping a receive hook that never ran does: outside a panic, it receives and
+/// discards the data (a wait bounded by the PE's timeout), so the buffer set is released
+/// and the peers get this PE's credit, as if `recv` had run; during a panic it marks the
+/// buffer broken (its later calls say why) rather than wait.
+fn drop_unreceived<T>(
+    received: &mut bool,
+    sh: &Shared,
+    seq: u64,
+    op: &str,
+    receive: impl FnOnce() -> Result<T>,
+) {
+    if std::mem::replace(received, true) {
+        return;
+    }
+    if std::thread::panicking() {
+        let _ = sh.broke(
+            seq,
+            Error::InvalidArgument(format!(
+                "the receive hook of {op} (LL call #{seq}) was dropped during a panic \
+                 without receiving"
+            )),
+        );
+    } else {
+        let _ = receive();
+    }
+}
+
+impl Drop for DispatchHook<'_> {
+    fn drop(&mut self) {
+        let (sh, seq) = (self.sh.clone(), self.seq);
+        let mut received = self.received;
+        drop_unreceived(&mut received, &sh, seq, "low_latency_dispatch", || {
+            self.receive()
+        });
+        self.received = true;
+    }
+}
+
+impl Drop for CombineHook<'_> {
+    fn drop(&mut self) {
+        let (sh, seq) = (self.sh.clone(), self.seq);
+        let mut received = self.received;
+        drop_unreceived(&mut received, &sh, seq, "low_latency_combine", || {
+            self.receive()
+        });
+        self.received = true;
+    }
+}
+
 /// The result of a combine: received, or waiting for its receive hook.
 pub enum Combine<'p> {
     Received(Vec<bf16>),
@@ -1578,6 +1719,8 @@ pub struct CombineHook<'p> {
     topk_weights: Vec<f32>,
     num_tokens: usize,
     fault: Option<Error>,
+    /// As [`DispatchHook`]'s.
+    received: bool,
 }
 
 impl CombineHook<'_> {
@@ -1587,12 +1730,17 @@ impl CombineHook<'_> {
     }
 
     /// Waits for every unmasked expert owner's rows, then reduces.
-    pub fn recv(self) -> Result<Vec<bf16>> {
+    pub fn recv(mut self) -> Result<Vec<bf16>> {
+        self.received = true;
+        self.receive()
+    }
+
+    fn receive(&mut self) -> Result<Vec<bf16>> {
         let sh = &*self.sh;
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (h, k, l, r) = (cfg.hidden, cfg.num_topk, sh.l(), sh.n());
         let set = (self.seq % 2) as usize;
-        let want = tag(self.seq);
+        let want = wire(tag(self.seq));
         let mut masked = self.masked.clone();
         let start = Instant::now();
         let flags = sh
@@ -1636,7 +1784,7 @@ impl CombineHook<'_> {
             }
         }
         let mut out = vec![bf16::ZERO; self.num_tokens * h];
-        let mut problem: Option<Error> = self.fault;
+        let mut problem: Option<Error> = self.fault.take();
         // Direct owners: where this PE's block of each of their experts starts.
         let mut begin = vec![usize::MAX; cfg.num_experts];
         for p in (0..r).filter(|&p| !masked[p]) {

@@ -370,6 +370,17 @@ int main(int argc, char **argv) {
     if (masked_pe >= 0 && !shrink)
       for (unsigned q = 0; q < pe.n; ++q)
         pe.mask[q] = (pe.members[q] == masked_pe && pe.members[q] != int32_t(p)) ? 1 : 0;
+    // RSHMEM_EMU_FIRST_SET_CALLS=K: start as if K calls had run on each buffer set (the
+    // first call is LL call 2K), with every peer's credits for them in place, to run calls
+    // across the point where the signal words' 32-bit tags wrap.
+    if (const char *first = getenv("RSHMEM_EMU_FIRST_SET_CALLS")) {
+      const uint64_t k = strtoull(first, nullptr, 10);
+      pe.ctl->set_calls[0] = pe.ctl->set_calls[1] = k;
+      for (unsigned set = 0; set < 2; ++set)
+        for (unsigned q = 0; q < pe.n; ++q)
+          *reinterpret_cast<uint64_t *>(pe.heap + buf + ep_credit_word(&pe.lay, set, q)) =
+              2 * k - 1 + set;  // the tag of call 2(k-1) + set, the last on that set
+    }
     if (teams_env != nullptr) {
       pe.ctl->team_size = pe.n;
       pe.ctl->team_rank = int32_t(pe.rank);

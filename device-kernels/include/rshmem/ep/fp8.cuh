@@ -1,8 +1,9 @@
 // rshmem/ep/fp8.cuh — the numerics of EP dispatch/combine, bit-identical to the CPU oracle.
 //
 // Owns: the e4m3 cast (OCP e4m3fn, round to nearest even, saturating to ±448, NaN → 0x7f),
-// the per-128-channel scale (amax floored at 1e-4, scale_inv = amax/448, `round_scale`
-// rounds scale_inv up to a power of two), the f32 → bf16 rounding of combine (round to
+// the per-128-channel scale (amax floored at 1e-4, scale = 448/amax, scale_inv =
+// amax * (1/448) as DeepEP computes them, `round_scale` rounds scale_inv up to a power of
+// two), the f32 → bf16 rounding of combine (round to
 // nearest even, NaN keeps its high bits with the quiet bit set: the `half` crate's
 // `bf16::from_f32`), and the combine step `acc + w * v` without FMA. Every function is
 // RSHMEM_HOST_DEVICE and uses no libm, so host C++ and the GPU run the same instructions'
@@ -16,7 +17,7 @@
 // integer operations per value on data that is memory-bound anyway.
 //
 // Why the power-of-two ceiling is computed from the bits: the oracle uses
-// `(amax / 448).log2().ceil().exp2()` (glibc log2f). For every value this can take in
+// `(amax * (1/448)).log2().ceil().exp2()` (glibc log2f). For every value this can take in
 // dispatch (amax is the magnitude of a bf16 value, or the 1e-4 floor) the bit formula
 // gives the same result (checked exhaustively by the parity test); for arbitrary f32
 // inputs just above a power of two, log2f rounds to the integer and the two differ, which
@@ -34,6 +35,8 @@
 #endif
 
 #define EP_E4M3_MAX 448.0f
+// 1/448 rounded to f32 (DeepEP's kFP8AmaxInv; host/src/ep/fp8.rs E4M3_MAX_INV).
+#define EP_E4M3_MAX_INV (1.0f / 448.0f)
 #define EP_AMAX_FLOOR 1e-4f
 
 RSHMEM_HOST_DEVICE uint32_t ep_f32_bits(float x) {
@@ -130,7 +133,7 @@ RSHMEM_HOST_DEVICE void ep_group_scale(float amax, bool round_scale, float *scal
   // f32::max(amax, floor): a NaN amax gives the floor.
   amax = amax > EP_AMAX_FLOOR ? amax : EP_AMAX_FLOOR;
   if (round_scale) {
-    const float q = amax / EP_E4M3_MAX;
+    const float q = amax * EP_E4M3_MAX_INV;
     const uint32_t b = ep_f32_bits(q);
     if ((b & 0x7f800000u) == 0x7f800000u) {  // amax = inf: log2/ceil/exp2 give inf
       *scale_inv = q;
@@ -144,7 +147,7 @@ RSHMEM_HOST_DEVICE void ep_group_scale(float amax, bool round_scale, float *scal
     *scale = ep_bits_f32(static_cast<uint32_t>(127 - e) << 23);  // 1 / scale_inv, exact
   } else {
     *scale = EP_E4M3_MAX / amax;
-    *scale_inv = amax / EP_E4M3_MAX;
+    *scale_inv = amax * EP_E4M3_MAX_INV;  // DeepEP's amax * kFP8AmaxInv, bit for bit
   }
 }
 
