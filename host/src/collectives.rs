@@ -639,6 +639,19 @@ impl Pe {
             (1, 1),
             Ok(()),
         )?;
+        // dest may be source itself, not a part of it: members write their chunks of dest
+        // while others still read source. Every member agreed on the same offsets, so
+        // every member refuses alike.
+        let bytes = nreduce * std::mem::size_of::<T>();
+        let (d, s) = (dest.offset(), source.offset());
+        if d != s && d < s + bytes && s < d + bytes {
+            return Err(Error::InvalidArgument(format!(
+                "reduce: dest (offset {d:#x}) and source (offset {s:#x}) overlap without being \
+                 the same array ({nreduce} elements of {} bytes): OpenSHMEM allows dest == \
+                 source only",
+                std::mem::size_of::<T>()
+            )));
+        }
         let zero = zeroed::<T>(1)[0];
         if T::combine(zero, zero, op).is_none() {
             return Err(Error::InvalidArgument(format!(

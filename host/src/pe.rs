@@ -26,8 +26,12 @@ use crate::softhca::proxy::{
 use crate::softhca::LocalPeer;
 use crate::team::Team;
 use crate::types::{Element, SymPtr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Source of `Pe::team_owner` (1, 2, ...: 0 is no PE).
+static NEXT_TEAM_OWNER: AtomicU64 = AtomicU64::new(1);
 
 /// Everything needed to start one PE explicitly (instead of from the environment).
 #[derive(Debug, Clone)]
@@ -103,6 +107,8 @@ pub struct Pe {
     node: Team,
     /// Team slots in use on this PE (bit i = slot i).
     pub(crate) slots: Mutex<u64>,
+    /// This PE's mark on the team handles it makes (`Team`'s owner check).
+    pub(crate) team_owner: u64,
     /// Heap offsets of the distributed locks this PE holds, waits for, or keeps a
     /// stranded ticket of (lock.rs).
     pub(crate) locks: Mutex<Vec<(usize, crate::lock::Claim)>>,
@@ -419,10 +425,12 @@ impl Pe {
         };
         let fabric_to: Vec<bool> = (0..n).map(|r| fabric_peers[r].is_some()).collect();
 
-        let world = Team::new(0, world_group.members.clone(), rank, 0, true);
+        // Relaxed: a unique number, nothing is published through it.
+        let team_owner = NEXT_TEAM_OWNER.fetch_add(1, Ordering::Relaxed);
+        let world = Team::new(0, world_group.members.clone(), rank, 0, true, team_owner);
         let node_members: Vec<u32> = local.iter().map(|&r| r as u32).collect();
         let node_uid = 1u64 << 63 | fnv(node_ids[rank].as_bytes());
-        let node = Team::new(node_uid, node_members, rank, 1, true);
+        let node = Team::new(node_uid, node_members, rank, 1, true, team_owner);
         let world_p2p = local.len() == n;
         world.set_p2p(world_p2p);
 
@@ -471,6 +479,7 @@ impl Pe {
             node,
             slots: Mutex::new(0b11),
             locks: Mutex::new(Vec::new()),
+            team_owner,
             root,
         })
     }
@@ -892,6 +901,7 @@ impl Pe {
         args: &[u64],
         show: impl Fn(&[u64]) -> String,
     ) -> Result<Vec<Vec<u64>>> {
+        self.usable_team(team, op)?;
         if team.p2p() && args.len() <= AGREE_WORDS - 2 {
             return self.gather_in_heap(team, op, args, show);
         }

@@ -1029,6 +1029,11 @@ fn collectives(pe: &Pe) -> Result<()> {
         |e| matches!(e, Error::InvalidArgument(m) if m.contains("and is not defined on f64")),
     )?;
     expect_err(
+        "reduce with dest overlapping source one element on",
+        pe.reduce(&world, dst.slice(1..3), dst.slice(0..2), 2, ReduceOp::Sum),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("overlap without being the same array")),
+    )?;
+    expect_err(
         "fcollect into a short dest",
         pe.fcollect(&world, dst.slice(0..n), src, 2),
         |e| matches!(e, Error::InvalidArgument(m) if m.contains("dest has")),
@@ -1430,7 +1435,30 @@ fn teams(pe: &Pe) -> Result<()> {
         (2, 2),
     )?;
     pe.team_barrier(&again)?;
+    let kept = again.clone();
     pe.team_destroy(again)?;
+    // A clone of a destroyed team is refused everywhere, a second destroy included (it
+    // would release the slot a newer team may hold).
+    expect_err(
+        "barrier on a destroyed team",
+        pe.team_barrier(&kept),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("was destroyed")),
+    )?;
+    expect_err(
+        "collective on a destroyed team",
+        pe.fcollect(&kept, ctr, ctr, 0),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("was destroyed")),
+    )?;
+    expect_err(
+        "split of a destroyed team",
+        pe.team_split_strided(&kept, 0, 1, 1),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("was destroyed")),
+    )?;
+    expect_err(
+        "destroying a team twice",
+        pe.team_destroy(kept),
+        |e| matches!(e, Error::InvalidArgument(m) if m.contains("was destroyed")),
+    )?;
     // 2-D splits: rows (x-axis teams) and columns (y-axis teams), with a short last row
     // when n is not a multiple of xrange, and xrange past n taken as n. Each axis team
     // gathers its members' world ranks, so disjoint rows sharing a slot run at once.

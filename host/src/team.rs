@@ -37,6 +37,12 @@ struct TeamInner {
     agreements: AtomicU64,
     /// All members' heaps are mapped here: barriers can use p2p counters.
     p2p: AtomicBool,
+    /// The PE this handle belongs to (`Pe::team_owner`): with PEs as threads of one
+    /// process a handle could reach another PE, whose calls would then count as this
+    /// PE's on the team's shared counters.
+    owner: u64,
+    /// `team_destroy` ran on some clone of this handle.
+    destroyed: AtomicBool,
 }
 
 impl Team {
@@ -46,6 +52,7 @@ impl Team {
         world_rank: usize,
         slot: usize,
         p2p: bool,
+        owner: u64,
     ) -> Team {
         let my_index = members
             .iter()
@@ -61,6 +68,8 @@ impl Team {
                 splits: AtomicU64::new(0),
                 agreements: AtomicU64::new(0),
                 p2p: AtomicBool::new(p2p),
+                owner,
+                destroyed: AtomicBool::new(false),
             }),
         }
     }
@@ -135,6 +144,7 @@ impl Pe {
         stride: usize,
         size: usize,
     ) -> Result<Option<Team>> {
+        self.usable_team(parent, "team_split_strided")?;
         let free_mask = !*self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let mine = [start as u64, stride as u64, size as u64, free_mask];
         let bytes: Vec<u8> = mine.iter().flat_map(|a| a.to_le_bytes()).collect();
@@ -200,7 +210,29 @@ impl Pe {
             .collect();
         let uid = fnv(&bytes) & !(1 << 63) | 1; // never 0 (world) nor a node-team uid
         let p2p = members.iter().all(|&m| self.is_local(m as usize));
-        Team::new(uid, members, self.my_pe(), slot, p2p)
+        Team::new(uid, members, self.my_pe(), slot, p2p, self.team_owner)
+    }
+
+    /// Refuses a team handle this PE cannot use: another PE's (PEs as threads of one
+    /// process), or one that `team_destroy` released (through any of its clones).
+    pub(crate) fn usable_team(&self, team: &Team, op: &str) -> Result<()> {
+        if team.inner.owner != self.team_owner {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: PE {} passed a handle of team {:#x} that belongs to another PE (world PE \
+                 {}): each PE uses its own handle of a team",
+                self.my_pe(),
+                team.uid(),
+                team.inner.members[team.inner.my_index]
+            )));
+        }
+        // Acquire: pairs with team_destroy's swap.
+        if team.inner.destroyed.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: team {:#x} was destroyed",
+                team.uid()
+            )));
+        }
+        Ok(())
     }
 
     /// Collective over `parent`: splits it into a 2-D grid of `xrange` columns, parent
@@ -212,6 +244,7 @@ impl Pe {
     /// Every parent member must pass the same `xrange`; the teams take two barrier slots
     /// (the same two in every row and column).
     pub fn team_split_2d(&self, parent: &Team, xrange: usize) -> Result<(Team, Team)> {
+        self.usable_team(parent, "team_split_2d")?;
         let free_mask = !*self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let mine = [xrange as u64, free_mask];
         let bytes: Vec<u8> = mine.iter().flat_map(|a| a.to_le_bytes()).collect();
@@ -263,7 +296,8 @@ impl Pe {
         ))
     }
 
-    /// Number of world PE `pe` in `team`.
+    /// The number in `dest` of the PE numbered `pe` in `src` (OpenSHMEM
+    /// `shmem_team_translate_pe`); None when it is not a member of `dest`.
     pub fn team_translate_pe(&self, src: &Team, pe: usize, dest: &Team) -> Option<usize> {
         src.translate_pe(pe, dest)
     }
@@ -275,6 +309,17 @@ impl Pe {
             return Err(Error::InvalidArgument(
                 "the world and node teams cannot be destroyed".into(),
             ));
+        }
+        self.usable_team(&team, "team_destroy")?;
+        // Marked first, so a second destroy through a clone is refused rather than
+        // releasing a slot a newer team may hold (AcqRel: the mark is seen by every later
+        // use of a clone). A destroy whose barrier fails leaves the team marked: a member
+        // is gone, and the team is not usable anyway.
+        if team.inner.destroyed.swap(true, Ordering::AcqRel) {
+            return Err(Error::InvalidArgument(format!(
+                "team_destroy: team {:#x} was destroyed",
+                team.uid()
+            )));
         }
         // Everyone has left every barrier of this team once this returns...
         self.boot().barrier(&team.group())?;
@@ -305,6 +350,7 @@ impl Pe {
 
     /// [`Pe::sync_team`], its timeout naming `what` (a collective's agreement).
     pub(crate) fn sync_team_as(&self, team: &Team, what: &str) -> Result<()> {
+        self.usable_team(team, what)?;
         let n = team.n_pes();
         if n <= 1 {
             return Ok(());

@@ -594,3 +594,48 @@ fn a_timed_out_set_lock_resumes_its_ticket() {
     );
     assert_eq!(seen.len(), 12);
 }
+
+/// With PEs as threads, a team handle that reaches another PE is refused there: its calls
+/// would count as the owner's on the team's shared counters (a barrier of the owner's
+/// team would then pass without it).
+#[test]
+fn a_team_handle_of_another_pe_is_refused() {
+    let handles: std::sync::Mutex<Vec<Option<rshmem::Team>>> = std::sync::Mutex::new(vec![None; 3]);
+    let out = run_threads(3, settings(), |pe| {
+        let world = pe.world().clone();
+        let pair = pe.team_split_strided(&world, 0, 1, 2)?;
+        if let Some(t) = &pair {
+            handles.lock().unwrap()[pe.my_pe()] = Some(t.clone());
+        }
+        pe.barrier_all()?;
+        let theirs = handles.lock().unwrap()[0].clone().expect("PE 0's handle");
+        let refused = if pe.my_pe() == 0 {
+            None
+        } else {
+            Some(pe.sync_team(&theirs).unwrap_err().to_string())
+        };
+        // The pair's own barrier still works for its members.
+        if let Some(t) = &pair {
+            pe.sync_team(t)?;
+        }
+        pe.barrier_all()?;
+        if let Some(t) = pair {
+            pe.team_destroy(t)?;
+        }
+        Ok(refused)
+    })
+    .expect("job starts");
+    for (r, o) in out.into_iter().enumerate() {
+        let o = o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+        if r == 0 {
+            assert!(o.is_none());
+            continue;
+        }
+        let e = o.expect("refused");
+        assert!(
+            e.contains(&format!("PE {r} passed a handle of team"))
+                && e.contains("that belongs to another PE (world PE 0)"),
+            "PE {r}: {e}"
+        );
+    }
+}

@@ -1586,7 +1586,7 @@ mod tests {
     #[test]
     fn the_shared_team_is_described_per_node() {
         use crate::team::Team;
-        let node = |members: Vec<u32>, me: usize| Team::new(1, members, me, 1, true);
+        let node = |members: Vec<u32>, me: usize| Team::new(1, members, me, 1, true, 0);
         assert_eq!(shared_team_params(&node(vec![0, 1], 0), 0), [3, 0, 1]);
         assert_eq!(shared_team_params(&node(vec![0, 1], 1), 1), [3, 1, 2]);
         assert_eq!(shared_team_params(&node(vec![2, 3], 2), 2), [3, 0, 0]);
