@@ -401,7 +401,9 @@ impl Fault {
         let v = low & COUNT_MASK;
         match (low >> 24) & 0x7f {
             1 => format!(
-                "it passed {v} tokens, more than num_max_dispatch_tokens_per_rank = {}",
+                "it passed {}{v} tokens, more than num_max_dispatch_tokens_per_rank = {}",
+                // The word holds 24 bits of the count (N itself is at most 2^20).
+                if v == COUNT_MASK { "at least " } else { "" },
                 cfg.num_max_dispatch_tokens_per_rank
             ),
             2 => format!(
@@ -1888,5 +1890,40 @@ impl CombineHook<'_> {
             Some(e) => Err(e),
             None => Ok(out),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_words_describe_what_they_carry() {
+        let cfg = Config {
+            num_max_dispatch_tokens_per_rank: 128,
+            hidden: 7168,
+            num_experts: 32,
+            num_topk: 8,
+            use_fp8: true,
+            round_scale: false,
+        };
+        let d = |f: Fault| Fault::describe(f.encode() & 0xffff_ffff, &cfg);
+        assert_eq!(
+            d(Fault::TooManyTokens(200)),
+            "it passed 200 tokens, more than num_max_dispatch_tokens_per_rank = 128"
+        );
+        // Past 24 bits the count is capped, and says so.
+        assert_eq!(
+            d(Fault::TooManyTokens(1 << 30)),
+            "it passed at least 16777215 tokens, more than num_max_dispatch_tokens_per_rank = 128"
+        );
+        assert_eq!(
+            d(Fault::BadExpert(8 * 3 + 5)),
+            "its topk_idx[3][5] is outside [-1, 32)"
+        );
+        assert_eq!(wire(1), 1);
+        assert_eq!(wire(0xffff_ffff), 0xffff_ffff);
+        assert_eq!(wire(1 << 32), 1);
+        assert_eq!(wire((1 << 32) + 1), 2);
     }
 }
