@@ -101,9 +101,12 @@ fn env_err(var: &str, value: &str, reason: impl Into<String>) -> Error {
 
 /// Parses a non-negative decimal integer (surrounding whitespace allowed).
 fn parse_count(var: &str, value: &str) -> Result<usize> {
-    value
-        .trim()
-        .parse::<usize>()
+    let v = value.trim();
+    // Digits only: `parse` would take "+3" too, which the sizes refuse.
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(env_err(var, value, "expected a non-negative integer"));
+    }
+    v.parse::<usize>()
         .map_err(|_| env_err(var, value, "expected a non-negative integer"))
 }
 
@@ -186,6 +189,20 @@ impl LaunchInfo {
             .filter(|a| !a.is_empty());
         let master_port = match first_set(&get, &["RSHMEM_MASTER_PORT", "MASTER_PORT"]) {
             None => None,
+            // torchrun's agent on node 0 holds MASTER_PORT itself (its rendezvous store, which
+            // the workers connect to), so rank 0 could not listen there: the root takes the
+            // next port unless RSHMEM_MASTER_PORT names one.
+            Some(("MASTER_PORT", value)) if vars.source == LaunchSource::Torchrun => {
+                let p = parse_port("MASTER_PORT", &value)?;
+                Some(p.checked_add(1).ok_or_else(|| {
+                    env_err(
+                        "MASTER_PORT",
+                        &value,
+                        "under torchrun the bootstrap root listens on MASTER_PORT + 1, past \
+                         65535 here: set RSHMEM_MASTER_PORT",
+                    )
+                })?)
+            }
             Some((var, value)) => Some(parse_port(var, &value)?),
         };
         Ok(Some(LaunchInfo {
@@ -281,6 +298,9 @@ pub struct Settings {
     /// thread relays it when the driver cannot map the doorbell page into the GPU) or
     /// `cpu` (always the CPU thread).
     pub ibgda_cpu_doorbell: bool,
+    /// RSHMEM_DEVICE_CHECKS: GPU PEs' device-side PE and heap-range checks, `1` (default)
+    /// or `0` (benchmarks).
+    pub device_checks: bool,
 }
 
 /// The libfabric backend's switches.
@@ -370,7 +390,19 @@ impl Settings {
                 Err(_) => return Err(env_err(TIMEOUT, &v, "expected milliseconds as an integer")),
             },
         };
-        let token = get("RSHMEM_TOKEN");
+        // An empty token (`RSHMEM_TOKEN=$TOKEN` with TOKEN unset) is refused, not taken as
+        // "no token": a job without one would admit any other tokenless PE.
+        let token = match get("RSHMEM_TOKEN") {
+            Some(v) if v.trim().is_empty() => {
+                return Err(env_err(
+                    "RSHMEM_TOKEN",
+                    &v,
+                    "must not be empty (the variable it was set from is probably unset): \
+                     every PE of a job passes the same secret",
+                ))
+            }
+            t => t,
+        };
         let node_id = match get("RSHMEM_NODE_ID") {
             Some(v) if v.trim().is_empty() => {
                 return Err(env_err("RSHMEM_NODE_ID", &v, "must not be empty"))
@@ -475,9 +507,12 @@ impl Settings {
             .filter(|v| !v.is_empty());
         let ibgda_cpu_doorbell =
             choice(&get, "RSHMEM_IBGDA_DOORBELL", &["auto", "cpu"], "auto")? == "cpu";
+        // Strict, as every other switch: `off` or `false` used to leave the checks on.
+        let device_checks = choice(&get, "RSHMEM_DEVICE_CHECKS", &["1", "0"], "1")? == "1";
         Ok(Settings {
             hca,
             ibgda_cpu_doorbell,
+            device_checks,
             p2p_assist,
             debug_queues,
             fabric_chunk,
@@ -671,7 +706,29 @@ mod tests {
         assert_eq!((info.rank, info.world_size), (5, 16));
         assert_eq!((info.local_rank, info.local_size), (Some(5), Some(8)));
         assert_eq!(info.master_addr.as_deref(), Some("node0"));
-        assert_eq!(info.master_port, Some(1234));
+        // torchrun's agent listens on MASTER_PORT: the root takes the next one...
+        assert_eq!(info.master_port, Some(1235));
+        // ...unless RSHMEM_MASTER_PORT names one.
+        let with = |extra: (&'static str, &'static str)| {
+            launch(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("LOCAL_RANK", "0"),
+                ("LOCAL_WORLD_SIZE", "2"),
+                ("MASTER_PORT", "65535"),
+                extra,
+            ])
+        };
+        let info = with(("RSHMEM_MASTER_PORT", "29600")).unwrap().unwrap();
+        assert_eq!(info.master_port, Some(29600));
+        let e = with(("MASTER_ADDR", "node0")).unwrap_err().to_string();
+        assert!(
+            e.contains("MASTER_PORT + 1") && e.contains("RSHMEM_MASTER_PORT"),
+            "{e}"
+        );
+        // A count with a sign is refused, as the sizes are.
+        let e = launch(&[("RANK", "+1"), ("WORLD_SIZE", "2")]).unwrap_err();
+        assert_eq!(env_var_of(e), ("RANK".to_string(), "+1".to_string()));
     }
 
     #[test]
@@ -862,6 +919,14 @@ mod tests {
         }
         let s = settings(&[]).unwrap();
         assert_eq!((s.hca, s.ibgda_cpu_doorbell), (None, false));
+        assert!(s.device_checks);
+        assert!(
+            !settings(&[("RSHMEM_DEVICE_CHECKS", " 0 ")])
+                .unwrap()
+                .device_checks
+        );
+        let e = settings(&[("RSHMEM_DEVICE_CHECKS", "off")]).unwrap_err();
+        assert!(e.to_string().contains("RSHMEM_DEVICE_CHECKS"), "{e}");
         let s = settings(&[
             ("RSHMEM_HCA", " mlx5_1:1 "),
             ("RSHMEM_IBGDA_DOORBELL", "cpu"),
@@ -951,6 +1016,8 @@ mod tests {
             ("RSHMEM_TIMEOUT_MS", "5s"),
             ("RSHMEM_NODE_ID", " "),
             ("RSHMEM_ROOT", "rank0"),
+            ("RSHMEM_TOKEN", ""),
+            ("RSHMEM_TOKEN", "  "),
         ] {
             let e = settings(&[(var, value)]).unwrap_err();
             assert_eq!(env_var_of(e), (var.to_string(), value.to_string()));

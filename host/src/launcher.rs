@@ -272,7 +272,11 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         let env = pe_environment(opts, port, &token, &job_id);
         let job = process::Job::spawn(&program, opts, &env)?;
         let first_death = || root.first_death().map(|(rank, _)| rank);
-        (job.supervise(signals.as_ref(), &first_death), job_id)
+        let exited = |rank: usize, how: &str| root.mark_exited(rank, how);
+        (
+            job.supervise(signals.as_ref(), &first_death, &exited),
+            job_id,
+        )
     };
 
     let removed_segments = remove_leftover_segments(std::path::Path::new("/dev/shm"), &job_id);

@@ -30,6 +30,36 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Where rank 0 listens for the root at `addr` (`host:port`, as the other PEs connect to
+/// it): every interface of the address's family at that port, as torch's TCPStore and
+/// NCCL's bootstrap do — the host name can resolve to a loopback address on the root's
+/// own host (Debian's `127.0.1.1` entry), where a bind to it would refuse every other
+/// host. The token still decides who joins.
+fn root_listen_addr(addr: &str) -> Result<String> {
+    use std::net::ToSocketAddrs;
+    let first = addr
+        .to_socket_addrs()
+        .map_err(|e| Error::bootstrap(format!("resolving the bootstrap root address {addr}"), e))?
+        .next()
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "the bootstrap root address {addr} resolves to no address"
+            ))
+        })?;
+    Ok(match first {
+        std::net::SocketAddr::V4(a) => format!("0.0.0.0:{}", a.port()),
+        std::net::SocketAddr::V6(a) => format!("[::]:{}", a.port()),
+    })
+}
+
+/// Whether `[offset, offset + len)` starts in the user heap, or is the empty allocation
+/// (`malloc(0)`: offset 0, nothing in it), on which zero-length operations succeed as
+/// OpenSHMEM's do with nelems 0 (a put_signal still signals).
+#[inline]
+fn in_heap(offset: usize, len: usize) -> bool {
+    offset >= RESERVED_BYTES || (offset == 0 && len == 0)
+}
+
 /// Source of `Pe::team_owner` (1, 2, ...: 0 is no PE).
 static NEXT_TEAM_OWNER: AtomicU64 = AtomicU64::new(1);
 
@@ -181,9 +211,17 @@ impl Pe {
                         )))
                     }
                 };
-                let root_addr = format!("{addr}:{port}");
+                let root_addr = if addr.contains(':') && !addr.starts_with('[') {
+                    format!("[{addr}]:{port}") // a bare IPv6 address
+                } else {
+                    format!("{addr}:{port}")
+                };
                 let root = if li.rank == 0 && !settings.root_external {
-                    Some(Root::bind(&root_addr, li.world_size, &token)?)
+                    Some(Root::bind(
+                        &root_listen_addr(&root_addr)?,
+                        li.world_size,
+                        &token,
+                    )?)
                 } else {
                     None
                 };
@@ -597,7 +635,7 @@ impl Pe {
                 .into(),
         })?;
         match offset.checked_add(len) {
-            Some(end) if offset >= RESERVED_BYTES && end <= self.heap_size => {}
+            Some(end) if in_heap(offset, len) && end <= self.heap_size => {}
             _ => {
                 return Err(Error::OutOfBounds {
                     pe,
@@ -652,7 +690,7 @@ impl Pe {
 
     fn check_range(&self, pe: usize, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
-            Some(end) if offset >= RESERVED_BYTES && end <= self.heap_size => Ok(()),
+            Some(end) if in_heap(offset, len) && end <= self.heap_size => Ok(()),
             _ => Err(Error::OutOfBounds {
                 pe,
                 offset,
@@ -754,9 +792,16 @@ impl Pe {
     }
 
     /// Collective: releases an allocation on every PE (all must pass the same pointer).
+    /// Every PE's puts complete first (OpenSHMEM's `shmem_free` is a barrier, quiet
+    /// included): a non-blocking put still in flight could otherwise land in the next
+    /// allocation at that offset.
     pub fn free<T>(&self, ptr: SymPtr<T>) -> Result<()> {
-        let args = [ptr.offset() as u64];
-        self.agree("free", &args, |a| format!("offset {:#x}", a[0]))?;
+        let quiet = self.try_quiet();
+        let args = [ptr.offset() as u64, quiet.is_ok() as u64];
+        self.agree("free", &args, |a| {
+            format!("offset {:#x} ready {}", a[0], a[1] == 1)
+        })?;
+        quiet?;
         if ptr.offset() == 0 {
             return Ok(()); // the empty allocation
         }

@@ -1039,10 +1039,13 @@ pub(crate) unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usi
     // naturally aligned words inside dst..dst+n.
     unsafe {
         if n >= 8 && (dst as usize + n) % 8 == 0 {
+            // Read before the copy: when src and dst overlap (a put from the mapping
+            // itself, which the callers allow as memmove does), the copy may overwrite the
+            // source's last word.
+            let last = std::ptr::read_unaligned(src.add(n - 8).cast::<u64>());
             if n > 8 {
                 copy_bytes(src, dst, n - 8);
             }
-            let last = std::ptr::read_unaligned(src.add(n - 8).cast::<u64>());
             // Release: the bytes copied above are visible to whoever acquires this word.
             AtomicU64::from_ptr(dst.add(n - 8).cast()).store(last, Ordering::Release);
         } else if n == 4 && (dst as usize) % 4 == 0 {

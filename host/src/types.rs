@@ -77,9 +77,10 @@ impl<T> SymPtr<T> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// Size in bytes.
+    /// Size in bytes. Saturates (a hand-made pointer's `len` can be anything): a size
+    /// that does not fit fails every bounds check instead of wrapping into one that passes.
     pub fn bytes(&self) -> usize {
-        self.len * std::mem::size_of::<T>()
+        self.len.saturating_mul(std::mem::size_of::<T>())
     }
     /// Element `i` as a one-element pointer. Panics if `i >= len` (a programming error,
     /// like slice indexing).
@@ -89,7 +90,12 @@ impl<T> SymPtr<T> {
             "SymPtr index {i} out of range (len {})",
             self.len
         );
-        SymPtr::from_raw(self.offset + i * std::mem::size_of::<T>(), 1)
+        // Saturating, as `bytes`: an offset that does not fit fails the bounds checks.
+        SymPtr::from_raw(
+            self.offset
+                .saturating_add(i.saturating_mul(std::mem::size_of::<T>())),
+            1,
+        )
     }
     /// A sub-range of elements. Panics if the range exceeds `len`.
     pub fn slice(&self, r: Range<usize>) -> SymPtr<T> {
@@ -99,7 +105,8 @@ impl<T> SymPtr<T> {
             self.len
         );
         SymPtr::from_raw(
-            self.offset + r.start * std::mem::size_of::<T>(),
+            self.offset
+                .saturating_add(r.start.saturating_mul(std::mem::size_of::<T>())),
             r.end - r.start,
         )
     }
@@ -166,6 +173,21 @@ pub enum SignalOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hand-made pointer whose byte size or element offset does not fit saturates, so
+    /// every bounds check refuses it (it wrapped to a small size before).
+    #[test]
+    fn sizes_and_offsets_saturate() {
+        let p = SymPtr::<u64>::from_raw(65536, (1 << 61) + 1);
+        assert_eq!(p.bytes(), usize::MAX);
+        assert_eq!(p.at(1 << 61).offset(), usize::MAX);
+        assert_eq!(p.slice(1 << 61..(1 << 61) + 1).offset(), usize::MAX);
+        let q = SymPtr::<u32>::from_raw(64, 4);
+        assert_eq!(
+            (q.bytes(), q.at(3).offset(), q.slice(1..3).offset()),
+            (16, 76, 68)
+        );
+    }
 
     /// The enums cross the FFI boundary by value: check them against the CUDA header.
     #[test]

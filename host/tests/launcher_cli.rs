@@ -633,3 +633,29 @@ fn killed_launcher_takes_its_pes_along() {
         assert!(!alive(pid), "PE process {pid} outlived the launcher");
     }
 }
+
+/// A PE whose process exits 0 before it joined the job: the launcher tells the root, so
+/// the PEs waiting for it fail at once naming it, instead of waiting out their timeout
+/// (60 s here, past the test's bound) and then blaming one another.
+#[test]
+fn a_pe_that_exits_before_joining_is_named_at_once() {
+    let bin = env!("CARGO_BIN_EXE_rshmem");
+    let script = format!("[ \"$RSHMEM_RANK\" = 1 ] && exit 0; exec {bin} selftest --case put-get");
+    let mut cmd = rshmem(&["run", "-n", "3", "--", "sh", "-c", &script]);
+    cmd.env("RSHMEM_TIMEOUT_MS", "60000");
+    let out = run_cmd(cmd);
+    assert_ne!(out.code, Some(0), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr.contains(
+            "the job is broken: PE 1 died: its process exited with code 0 before joining the job"
+        ),
+        "stderr: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr
+            .contains("rshmem run: PE 1 had left the job first"),
+        "stderr: {}",
+        out.stderr
+    );
+}

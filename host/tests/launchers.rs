@@ -146,6 +146,8 @@ fn rshmem_variables() {
     assert_all_passed(&outs);
 }
 
+/// torchrun's variables, with MASTER_PORT held by another listener as torchrun's agent
+/// holds it (its rendezvous store): the root listens on MASTER_PORT + 1.
 #[test]
 fn torchrun_variables() {
     let n = 2;
@@ -153,13 +155,19 @@ fn torchrun_variables() {
         n,
         &[],
         |r, port| {
+            if r == 0 {
+                // Held for the rest of the test process, like the agent for the job.
+                if let Ok(agent) = std::net::TcpListener::bind(("127.0.0.1", port - 1)) {
+                    std::mem::forget(agent);
+                }
+            }
             kv(&[
                 ("RANK", r.to_string()),
                 ("WORLD_SIZE", n.to_string()),
                 ("LOCAL_RANK", r.to_string()),
                 ("LOCAL_WORLD_SIZE", n.to_string()),
                 ("MASTER_ADDR", "127.0.0.1".into()),
-                ("MASTER_PORT", port.to_string()),
+                ("MASTER_PORT", (port - 1).to_string()),
                 ("RSHMEM_TOKEN", TOKEN.into()),
             ])
         },

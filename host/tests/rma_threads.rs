@@ -639,3 +639,80 @@ fn a_team_handle_of_another_pe_is_refused() {
         );
     }
 }
+
+/// A put whose source is the destination's own memory, shifted (memmove semantics, which
+/// `put` allows), moves every element, the last word included, over p2p and through the
+/// proxy. Over p2p the last word was read after the copy had overwritten it.
+#[test]
+fn an_overlapping_self_put_moves_like_memmove() {
+    for proxy in [false, true] {
+        let mut s = settings();
+        if proxy {
+            s.transport = rshmem::config::TransportMode::Proxy;
+        }
+        let out = run_threads(1, s, |pe| {
+            let a = pe.alloc::<u64>(8)?;
+            let p = pe.ptr(a, 0).expect("this PE's own heap");
+            let mut res = Vec::new();
+            for shift in [1usize, 2] {
+                // SAFETY: the 8 elements of this PE's own allocation; nothing else uses it.
+                unsafe {
+                    for i in 0..8 {
+                        *p.add(i) = i as u64;
+                    }
+                }
+                // SAFETY: as above; the put reads it while writing 1 or 2 elements on.
+                let src = unsafe { std::slice::from_raw_parts(p as *const u64, 4) };
+                pe.put(a.slice(shift..shift + 4), src, 0)?;
+                pe.try_quiet()?;
+                // SAFETY: as above.
+                res.push(unsafe { (0..8).map(|i| *p.add(i)).collect::<Vec<u64>>() });
+            }
+            pe.free(a)?;
+            Ok(res)
+        })
+        .expect("job starts");
+        let res = out.into_iter().next().unwrap().expect("PE 0");
+        assert_eq!(
+            res,
+            vec![vec![0, 0, 1, 2, 3, 5, 6, 7], vec![0, 1, 0, 1, 2, 3, 6, 7]],
+            "proxy {proxy}"
+        );
+    }
+}
+
+/// Zero-length operations on the empty allocation (`malloc(0)`) succeed and move nothing,
+/// as OpenSHMEM's do with nelems 0; a zero-length put_signal still signals. Over p2p and
+/// through the proxy. (They were out-of-bounds errors, and the signal never came.)
+#[test]
+fn zero_length_operations_on_the_empty_allocation() {
+    for proxy in [false, true] {
+        let mut s = settings();
+        if proxy {
+            s.transport = rshmem::config::TransportMode::Proxy;
+        }
+        let out = run_threads(2, s, |pe| {
+            let e = pe.malloc(0)?;
+            let sig = pe.calloc::<u64>(1)?;
+            let peer = 1 - pe.my_pe();
+            pe.put(e, &[], peer)?;
+            pe.put_nbi(e, &[], peer)?;
+            pe.get(&mut [], e, peer)?;
+            pe.put_signal(e, &[], sig, 40 + peer as u64, rshmem::SignalOp::Set, peer)?;
+            pe.barrier_all()?;
+            let got = pe.atomic_fetch(sig, pe.my_pe())?;
+            // An empty range elsewhere than offset 0 is still checked against the heap.
+            let bad = rshmem::SymPtr::<u8>::from_raw(8, 0);
+            let refused = pe.put(bad, &[], peer).is_err();
+            pe.barrier_all()?;
+            pe.free(sig)?;
+            pe.free(e)?;
+            Ok((got, refused))
+        })
+        .expect("job starts");
+        for (r, o) in out.into_iter().enumerate() {
+            let o = o.unwrap_or_else(|e| panic!("proxy {proxy}, PE {r}: {e}"));
+            assert_eq!(o, (40 + r as u64, true), "proxy {proxy}, PE {r}");
+        }
+    }
+}

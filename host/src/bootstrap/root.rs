@@ -173,6 +173,32 @@ impl Root {
             .map(|(rank, detail)| (*rank as usize, detail.clone()))
     }
 
+    /// A launcher hosting the root saw PE `rank`'s process end (`how`). If that PE never
+    /// joined, nothing else can tell the root, and the other PEs would wait out their
+    /// bound for it and then blame whoever they waited on: the job is broken now, with
+    /// `rank` as its first death, and every connected PE is told (PeerDied), joiners
+    /// included. A PE that joined is left to its connection (its close is the report).
+    pub fn mark_exited(&self, rank: usize, how: &str) {
+        let mut st = lock(&self.hub.state);
+        if rank >= st.has_joined.len() || st.has_joined[rank] {
+            return;
+        }
+        // Marked joined, so a late connection under this rank is refused.
+        st.has_joined[rank] = true;
+        // Not logged: a job whose program never joins (`rshmem run -- hostname`) ends
+        // this way on every PE; the PEs that do join are told why they are refused.
+        let detail = format!("its process {how} before joining the job");
+        let rank = rank as u32;
+        if st.broken.is_none() {
+            st.broken = Some((rank, detail.clone()));
+            st.pending.clear();
+        }
+        let msg: Arc<[u8]> = Arc::from(Frame::PeerDied { rank, detail }.encode());
+        for p in st.peers.iter().flatten() {
+            let _ = p.tx.send(msg.clone());
+        }
+    }
+
     /// Waits (at most `timeout`) until every PE that joined has left — finalized or died,
     /// also after a death (PEs that tolerate it go on). A PE hosting the root calls this
     /// before its process exits, so the other PEs' farewells are still answered.

@@ -199,12 +199,13 @@ fn cpu_settings(settings: &Settings) -> Settings {
     cpu
 }
 
-/// `rshmem_device_state_t.flags`' device-side checks: on unless `RSHMEM_DEVICE_CHECKS=0`.
-fn checks_flag() -> u32 {
-    if std::env::var("RSHMEM_DEVICE_CHECKS").is_ok_and(|v| v.trim() == "0") {
-        0
-    } else {
+/// `rshmem_device_state_t.flags`' device-side checks: on unless `RSHMEM_DEVICE_CHECKS=0`
+/// (`Settings::device_checks`).
+fn checks_flag(settings: &Settings) -> u32 {
+    if settings.device_checks {
         state::STATE_CHECKS
+    } else {
+        0
     }
 }
 
@@ -704,7 +705,7 @@ impl GpuPe {
         let rest = device_parts(&ctx, &peer_table);
         exchange_status(boot, &world, "set up its device state", &rest)?;
         let (peers_table, err, signal) = rest?;
-        let flags = checks_flag();
+        let flags = checks_flag(&settings);
         boot.barrier(&world)?;
         Ok(GpuPe {
             cuda: CudaSide {
@@ -762,7 +763,7 @@ impl GpuPe {
         )?;
         let (ibgda, peers_table, err, signal) = built?;
         let peer_table = ibgda.peer_table().to_vec();
-        let checks = checks_flag();
+        let checks = checks_flag(&settings);
         boot.barrier(&world)?;
         Ok(GpuPe {
             cuda: CudaSide {
@@ -859,7 +860,7 @@ impl GpuPe {
         if pe.my_pe() == 0 {
             eprintln!("rshmem: GPU PEs over ibgda: {}", nic.summary);
         }
-        let checks = checks_flag();
+        let checks = checks_flag(&settings);
         boot.barrier(&world)?;
         Ok(GpuPe {
             cuda: CudaSide {

@@ -290,20 +290,42 @@ fn live_members_in(proc: &Path, groups: &[libc::pid_t]) -> bool {
         return true;
     };
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        if !name.as_bytes().iter().all(u8::is_ascii_digit) {
-            continue;
-        }
-        let Ok(stat) = std::fs::read(entry.path().join("stat")) else {
-            continue; // the process just went away
-        };
-        if let Some((state, pgrp)) = parse_stat(&stat) {
-            if state != b'Z' && state != b'X' && groups.contains(&pgrp) {
+        if let Some(pgrp) = live_group_of(&entry) {
+            if groups.contains(&pgrp) {
                 return true;
             }
         }
     }
     false
+}
+
+/// Which of `groups` still have a live (not zombie) process under `proc`; all of them
+/// when `proc` cannot be read (as [`live_members_in`] answers then).
+fn live_groups_in(proc: &Path, groups: &[libc::pid_t]) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return groups.to_vec();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        if let Some(pgrp) = live_group_of(&entry) {
+            if groups.contains(&pgrp) && !out.contains(&pgrp) {
+                out.push(pgrp);
+            }
+        }
+    }
+    out
+}
+
+/// The process group of the live (not zombie) process `entry` of /proc names, if so.
+fn live_group_of(entry: &std::fs::DirEntry) -> Option<libc::pid_t> {
+    let name = entry.file_name();
+    if !name.as_bytes().iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    // None when the process just went away.
+    let stat = std::fs::read(entry.path().join("stat")).ok()?;
+    let (state, pgrp) = parse_stat(&stat)?;
+    (state != b'Z' && state != b'X').then_some(pgrp)
 }
 
 /// State and process group from the text of `/proc/<pid>/stat`:
@@ -424,8 +446,24 @@ impl Job {
     }
 
     fn signal_all(&self, sig: libc::c_int) {
+        // A reaped PE's group is signalled only while processes of it remain (what it
+        // left behind): with none left its id may have been reused by an unrelated
+        // process group since. One scan of /proc for all of them.
+        let reaped: Vec<libc::pid_t> = self
+            .pes
+            .iter()
+            .filter(|pe| pe.exit.is_some())
+            .map(|pe| pe.pgid)
+            .collect();
+        let left = if reaped.is_empty() {
+            Vec::new()
+        } else {
+            live_groups_in(Path::new("/proc"), &reaped)
+        };
         for pe in &self.pes {
-            signal_group(pe.pgid, sig);
+            if pe.exit.is_none() || left.contains(&pe.pgid) {
+                signal_group(pe.pgid, sig);
+            }
         }
     }
 
@@ -474,6 +512,7 @@ impl Job {
         mut self,
         signals: Option<&SignalGuard>,
         first_death: &dyn Fn() -> Option<usize>,
+        exited: &dyn Fn(usize, &str),
     ) -> Report {
         let mut first_failure: Option<(usize, PeExit)> = None;
         let mut interrupted_by = None;
@@ -489,6 +528,11 @@ impl Job {
                 .into_iter()
                 .map(|rank| (rank, self.pes[rank].exit.unwrap_or(PeExit::Unknown)))
                 .collect();
+            // The root learns of every process that ended (it matters for one that never
+            // joined: nothing else would tell the other PEs).
+            for (rank, exit) in &batch {
+                exited(*rank, &exit.describe());
+            }
             let failed = batch.iter().any(|(_, exit)| !exit.is_success());
             if stopping.is_none() && first_failure.is_none() && failed {
                 // The first PE the root saw die is blamed when it failed itself (a crash,
@@ -520,7 +564,10 @@ impl Job {
                             "rshmem run: interrupted, stopping {running} PE{}",
                             if running == 1 { "" } else { "s" }
                         ));
-                        interrupted_by = sig;
+                        // A PE's failure seen in the same round keeps its exit code.
+                        if first_failure.is_none() {
+                            interrupted_by = sig;
+                        }
                         self.signal_all(libc::SIGTERM);
                         stopping = Some(Instant::now() + STOP_GRACE);
                     } else if !killed {
@@ -659,6 +706,14 @@ mod tests {
         let pgrp = unsafe { libc::getpgrp() };
         assert!(live_members_in(Path::new("/proc"), &[pgrp]));
         assert!(!live_members_in(Path::new("/proc"), &[i32::MAX]));
+        assert_eq!(
+            live_groups_in(Path::new("/proc"), &[i32::MAX, pgrp, pgrp]),
+            vec![pgrp]
+        );
+        assert_eq!(
+            live_groups_in(Path::new("/nonexistent-proc"), &[i32::MAX]),
+            vec![i32::MAX]
+        );
     }
 
     #[test]
