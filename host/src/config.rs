@@ -390,19 +390,7 @@ impl Settings {
                 Err(_) => return Err(env_err(TIMEOUT, &v, "expected milliseconds as an integer")),
             },
         };
-        // An empty token (`RSHMEM_TOKEN=$TOKEN` with TOKEN unset) is refused, not taken as
-        // "no token": a job without one would admit any other tokenless PE.
-        let token = match get("RSHMEM_TOKEN") {
-            Some(v) if v.trim().is_empty() => {
-                return Err(env_err(
-                    "RSHMEM_TOKEN",
-                    &v,
-                    "must not be empty (the variable it was set from is probably unset): \
-                     every PE of a job passes the same secret",
-                ))
-            }
-            t => t,
-        };
+        let token = get("RSHMEM_TOKEN");
         let node_id = match get("RSHMEM_NODE_ID") {
             Some(v) if v.trim().is_empty() => {
                 return Err(env_err("RSHMEM_NODE_ID", &v, "must not be empty"))
@@ -1016,8 +1004,6 @@ mod tests {
             ("RSHMEM_TIMEOUT_MS", "5s"),
             ("RSHMEM_NODE_ID", " "),
             ("RSHMEM_ROOT", "rank0"),
-            ("RSHMEM_TOKEN", ""),
-            ("RSHMEM_TOKEN", "  "),
         ] {
             let e = settings(&[(var, value)]).unwrap_err();
             assert_eq!(env_var_of(e), (var.to_string(), value.to_string()));

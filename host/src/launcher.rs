@@ -349,7 +349,7 @@ fn check_extra_env(env: &[(OsString, OsString)]) -> Result<()> {
 /// The launcher's `RSHMEM_TOKEN` if set and non-empty, else 32 random hex characters.
 fn token_from_env_or_random() -> Result<String> {
     match std::env::var("RSHMEM_TOKEN") {
-        Ok(t) if !t.is_empty() => Ok(t),
+        Ok(t) if !t.trim().is_empty() => Ok(t),
         Ok(_) | Err(std::env::VarError::NotPresent) => random_token(),
         Err(std::env::VarError::NotUnicode(v)) => Err(Error::Env {
             var: "RSHMEM_TOKEN".to_string(),

@@ -37,6 +37,17 @@ use std::time::{Duration, Instant};
 /// host. The token still decides who joins.
 fn root_listen_addr(addr: &str) -> Result<String> {
     use std::net::ToSocketAddrs;
+    // A loopback address written as such (or `localhost`) stays loopback-only: the job is
+    // on one host, and nothing else needs to reach it. A host name that resolves to one
+    // is the Debian case above.
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback_literal = host
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback());
+    if loopback_literal || host.eq_ignore_ascii_case("localhost") {
+        return Ok(addr.to_string());
+    }
     let first = addr
         .to_socket_addrs()
         .map_err(|e| Error::bootstrap(format!("resolving the bootstrap root address {addr}"), e))?
@@ -169,7 +180,9 @@ impl Pe {
     /// `rshmem run`, torchrun, Open MPI, Slurm or PMI variables; without any, a job of one PE.
     ///
     /// Rank 0 hosts the bootstrap root at `RSHMEM_MASTER_ADDR:RSHMEM_MASTER_PORT` (or
-    /// `MASTER_ADDR:MASTER_PORT`) unless `RSHMEM_ROOT=external` says a launcher hosts it.
+    /// `MASTER_ADDR:MASTER_PORT`; under torchrun `MASTER_PORT + 1`, torchrun's own store
+    /// holding `MASTER_PORT`), listening on every interface unless the address is a
+    /// loopback one, unless `RSHMEM_ROOT=external` says a launcher hosts it.
     pub fn init() -> Result<Pe> {
         Pe::init_from_settings(Settings::from_env()?)
     }
@@ -192,6 +205,17 @@ impl Pe {
                 Pe::init_with(cfg, Some(root))
             }
             Some(li) => {
+                // An empty token (`RSHMEM_TOKEN=$TOKEN` with TOKEN unset) is refused, not
+                // taken as a token: a job without a secret would admit any PE without one.
+                if let Some(t) = settings.token.as_deref().filter(|t| t.trim().is_empty()) {
+                    return Err(Error::Env {
+                        var: "RSHMEM_TOKEN".into(),
+                        value: t.to_string(),
+                        reason: "must not be empty (the variable it was set from is probably \
+                                 unset): every PE of a job passes the same secret"
+                            .into(),
+                    });
+                }
                 let token = settings.token.clone().ok_or_else(|| {
                     Error::MissingEnv(format!(
                         "RSHMEM_TOKEN is not set: every PE of a job must carry the same job token \

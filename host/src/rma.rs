@@ -1122,3 +1122,32 @@ fn to_bits<T: AtomicWord>(v: T) -> u64 {
 fn from_bits<T: AtomicWord>(b: u64) -> T {
     T::from_bits64(b)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::copy_last_word_release;
+
+    /// A copy whose source overlaps its destination (memmove semantics, which `put`
+    /// allows for a source in the mapping itself) moves every element, the last word
+    /// included: it was read after the copy had overwritten it. Raw pointers only.
+    #[test]
+    fn the_release_copy_is_a_memmove() {
+        for shift in [1usize, 2] {
+            let mut v: Vec<u64> = (0..8).collect();
+            let p = v.as_mut_ptr();
+            // SAFETY: both ranges are inside `v` (8 elements), read and written only
+            // through `p` here.
+            unsafe { copy_last_word_release(p.add(shift).cast(), p.cast_const().cast(), 32) };
+            let want: Vec<u64> = (0..8)
+                .map(|i| {
+                    if (shift..shift + 4).contains(&i) {
+                        (i - shift) as u64
+                    } else {
+                        i as u64
+                    }
+                })
+                .collect();
+            assert_eq!(v, want, "shift {shift}");
+        }
+    }
+}

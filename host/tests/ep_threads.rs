@@ -291,6 +291,42 @@ fn a_dropped_receive_hook_releases_its_buffer_set() {
     }
 }
 
+/// A receive hook that outlives its buffer (destroyed on every PE) is refused, and its
+/// drop touches nothing (the memory is freed and may be reused).
+#[test]
+fn a_hook_that_outlives_its_buffer_is_refused() {
+    let c = cfg(4, 256, 8, 2, true);
+    let out = run_threads(2, settings(20_000), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, c)?;
+        let r = check::random_routing(4, me, 4, &c, None, 1);
+        let x = check::origin_x(me, 4, 256);
+        let d = buf.low_latency_dispatch(&x, &r.topk_idx, true)?;
+        let late = buf.low_latency_dispatch(&x, &r.topk_idx, true)?;
+        buf.destroy()?;
+        // The freed memory goes to a new allocation, which the dropped hook must not touch.
+        let fresh = pe.calloc::<u64>(1 << 16)?;
+        let e = d.wait().err().map(|e| e.to_string());
+        drop(late);
+        pe.barrier_all()?;
+        let mut words = vec![1u64; 1 << 16];
+        pe.get(&mut words, fresh, me)?;
+        pe.free(fresh)?;
+        Ok((e, words.iter().all(|&w| w == 0)))
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        let (e, clean) = o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+        let e = e.expect("refused");
+        assert!(
+            e.contains("the receive hook of LL call #0 outlived its buffer"),
+            "PE {r}: {e}"
+        );
+        assert!(clean, "PE {r}: the dropped hook wrote into freed memory");
+    }
+}
+
 #[test]
 fn two_calls_in_flight_with_hooks_and_a_third_refused() {
     let c = cfg(4, 256, 8, 2, true);

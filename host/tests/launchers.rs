@@ -176,6 +176,50 @@ fn torchrun_variables() {
     assert_all_passed(&outs);
 }
 
+/// An empty RSHMEM_TOKEN (`RSHMEM_TOKEN=$TOKEN` with TOKEN unset) is refused on every PE
+/// of a launched job; a one-PE run, which uses no token, ignores it.
+#[test]
+fn an_empty_token_is_refused_in_a_job() {
+    let n = 2;
+    let outs = job(
+        n,
+        &["--case", "alloc"],
+        |r, port| {
+            kv(&[
+                ("RSHMEM_RANK", r.to_string()),
+                ("RSHMEM_WORLD_SIZE", n.to_string()),
+                ("RSHMEM_MASTER_ADDR", "127.0.0.1".into()),
+                ("RSHMEM_MASTER_PORT", port.to_string()),
+                ("RSHMEM_TOKEN", String::new()),
+            ])
+        },
+        Duration::from_secs(60),
+    );
+    for (r, o) in outs.iter().enumerate() {
+        let (out, err) = text(o);
+        assert!(!o.status.success(), "PE {r}: {out}");
+        assert!(
+            err.contains("RSHMEM_TOKEN") && err.contains("must not be empty"),
+            "PE {r}: {err}"
+        );
+    }
+    let one = Command::new(BIN)
+        .args(["selftest", "--case", "alloc"])
+        .env("RSHMEM_TOKEN", "")
+        .env_remove("RSHMEM_RANK")
+        .env_remove("RANK")
+        .env_remove("OMPI_COMM_WORLD_RANK")
+        .env_remove("SLURM_PROCID")
+        .env_remove("PMI_RANK")
+        .output()
+        .unwrap();
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+}
+
 #[test]
 fn open_mpi_variables() {
     let n = 3;

@@ -342,6 +342,8 @@ struct Shared {
     /// silent peer without shrink mode), so the PEs may no longer agree on the call
     /// sequence. Invalid input does not break it (the call is poisoned and completes).
     broken: Mutex<Option<String>>,
+    /// `Buffer::destroy` freed the memory: a hook still alive must not touch it.
+    destroyed: AtomicBool,
     /// Per team PE: the address here of its pull area (same condition).
     peer_pull: Vec<Option<usize>>,
 }
@@ -760,6 +762,7 @@ impl<'p> Buffer<'p> {
                 shrink: AtomicBool::new(false),
                 shrunk: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 broken: Mutex::new(None),
+                destroyed: AtomicBool::new(false),
             }),
             seq: 0,
             first: 0,
@@ -785,6 +788,9 @@ impl<'p> Buffer<'p> {
 
     /// Collective over the whole job, like [`Buffer::new`]: frees the symmetric memory.
     pub fn destroy(self) -> Result<()> {
+        // Release: a hook that sees the flag (Acquire) does not touch the memory freed
+        // below; one still alive is refused from then on (its drop does nothing).
+        self.sh.destroyed.store(true, Ordering::Release);
         self.pe.free(self.sh.pull_base)?;
         self.pe.free(self.sh.base)
     }
@@ -929,6 +935,9 @@ impl<'p> Buffer<'p> {
             Some((f, _)) => self.poison_dispatch(seq, set, f.encode()),
             None => self.send_dispatch(seq, set, x, topk_idx),
         };
+        // The send's outcome first: a hook is built only for a call whose sends went out
+        // (dropping one receives, which a broken call must not wait for).
+        sent.map_err(|e| self.sh.broke(seq, e))?;
         let hook = DispatchHook {
             pe: self.pe,
             sh: self.sh.clone(),
@@ -939,7 +948,6 @@ impl<'p> Buffer<'p> {
             fault: fault.map(|(_, e)| e),
             received: false,
         };
-        sent.map_err(|e| self.sh.broke(seq, e))?;
         if return_recv_hook {
             Ok(Dispatch::Pending(hook))
         } else {
@@ -1434,6 +1442,13 @@ impl DispatchHook<'_> {
 
     fn receive(&mut self) -> Result<DispatchOutput> {
         let sh = &*self.sh;
+        if sh.destroyed.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument(format!(
+                "low_latency_dispatch: the receive hook of LL call #{} outlived its buffer, which was \
+                 destroyed",
+                self.seq
+            )));
+        }
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (h, l, r) = (cfg.hidden, sh.l(), sh.n());
         let rows = r * cfg.num_max_dispatch_tokens_per_rank;
@@ -1659,6 +1674,15 @@ fn drop_unreceived<T>(
     if std::mem::replace(received, true) {
         return;
     }
+    if sh.destroyed.load(Ordering::Acquire)
+        || sh
+            .broken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    {
+        return; // its memory is gone, or the buffer refuses every later call anyway
+    }
     if std::thread::panicking() {
         let _ = sh.broke(
             seq,
@@ -1739,6 +1763,13 @@ impl CombineHook<'_> {
 
     fn receive(&mut self) -> Result<Vec<bf16>> {
         let sh = &*self.sh;
+        if sh.destroyed.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument(format!(
+                "low_latency_combine: the receive hook of LL call #{} outlived its buffer, which was \
+                 destroyed",
+                self.seq
+            )));
+        }
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (h, k, l, r) = (cfg.hidden, cfg.num_topk, sh.l(), sh.n());
         let set = (self.seq % 2) as usize;

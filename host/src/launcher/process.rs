@@ -528,11 +528,6 @@ impl Job {
                 .into_iter()
                 .map(|rank| (rank, self.pes[rank].exit.unwrap_or(PeExit::Unknown)))
                 .collect();
-            // The root learns of every process that ended (it matters for one that never
-            // joined: nothing else would tell the other PEs).
-            for (rank, exit) in &batch {
-                exited(*rank, &exit.describe());
-            }
             let failed = batch.iter().any(|(_, exit)| !exit.is_success());
             if stopping.is_none() && first_failure.is_none() && failed {
                 // The first PE the root saw die is blamed when it failed itself (a crash,
@@ -553,6 +548,12 @@ impl Job {
                          finalize: the other PEs' failures may follow from it"
                     ));
                 }
+            }
+            // The root learns of every process that ended, those reaped while the first
+            // death was looked up included (it matters for one that never joined: nothing
+            // else would tell the other PEs).
+            for (rank, exit) in &batch {
+                exited(*rank, &exit.describe());
             }
 
             if let Some((sig, count)) = signals.map(|s| s.received()) {
