@@ -127,7 +127,7 @@ pub const PE_VARIABLES: [&str; 9] = [
 const LONG_HELP: &str = "\
 Each PE gets RSHMEM_RANK, RSHMEM_WORLD_SIZE, RSHMEM_LOCAL_RANK, RSHMEM_LOCAL_SIZE,
 RSHMEM_MASTER_ADDR=127.0.0.1, RSHMEM_MASTER_PORT (the bootstrap root this launcher hosts),
-RSHMEM_TOKEN (random, or the launcher's own RSHMEM_TOKEN), RSHMEM_ROOT=external and
+RSHMEM_TOKEN (random, or the launcher's own RSHMEM_TOKEN unless blank), RSHMEM_ROOT=external and
 RSHMEM_JOB_ID. The rest of the environment passes through; stdin is /dev/null.
 
 Output: every line is relayed as '[pe RANK] line', stdout to stdout and stderr to
@@ -137,7 +137,9 @@ Failure: when a PE exits non-zero or dies by a signal, the other PEs get SIGTERM
 SIGKILL after 2 s, and rshmem exits with that PE's exit code (128+N for signal N). The PE
 named is the first one the bootstrap root saw leave without finalize when it crashed or
 failed itself (PEs told of its death fail too); one that left first exiting 0 is named on
-a second line. Ctrl-C, SIGTERM, SIGHUP or SIGQUIT stops all PEs the same way; rshmem then
+a second line. A PE whose process ends before it joined the job (a wrapper that starts
+the program in the background and exits, for one) breaks the job at once: the others fail
+naming it. Ctrl-C, SIGTERM, SIGHUP or SIGQUIT stops all PEs the same way; rshmem then
 exits 128+N (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP); a signal rshmem was
 started with ignored (nohup) stays ignored.
 

@@ -30,36 +30,38 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Where rank 0 listens for the root at `addr` (`host:port`, as the other PEs connect to
-/// it): every interface of the address's family at that port, as torch's TCPStore and
-/// NCCL's bootstrap do — the host name can resolve to a loopback address on the root's
-/// own host (Debian's `127.0.1.1` entry), where a bind to it would refuse every other
-/// host. The token still decides who joins.
-fn root_listen_addr(addr: &str) -> Result<String> {
+/// Where rank 0 listens for the root that the other PEs reach at `root_addr` (`host:port`
+/// made of `host` and `port`): every interface of the address's family at that port, as
+/// torch's TCPStore and NCCL's bootstrap do — the host name can resolve to a loopback
+/// address on the root's own host (Debian's `127.0.1.1` entry), where a bind to it would
+/// refuse every other host. The token still decides who joins. A loopback address written
+/// as such (or `localhost`) stays loopback-only: the job is on one host.
+fn root_listen_addr(root_addr: &str, host: &str, port: u16) -> Result<String> {
     use std::net::ToSocketAddrs;
-    // A loopback address written as such (or `localhost`) stays loopback-only: the job is
-    // on one host, and nothing else needs to reach it. A host name that resolves to one
-    // is the Debian case above.
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let loopback_literal = host
         .parse::<std::net::IpAddr>()
         .is_ok_and(|ip| ip.is_loopback());
     if loopback_literal || host.eq_ignore_ascii_case("localhost") {
-        return Ok(addr.to_string());
+        return Ok(root_addr.to_string());
     }
-    let first = addr
+    let first = root_addr
         .to_socket_addrs()
-        .map_err(|e| Error::bootstrap(format!("resolving the bootstrap root address {addr}"), e))?
+        .map_err(|e| {
+            Error::bootstrap(
+                format!("resolving the bootstrap root address {root_addr}"),
+                e,
+            )
+        })?
         .next()
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "the bootstrap root address {addr} resolves to no address"
+                "the bootstrap root address {root_addr} resolves to no address"
             ))
         })?;
     Ok(match first {
-        std::net::SocketAddr::V4(a) => format!("0.0.0.0:{}", a.port()),
-        std::net::SocketAddr::V6(a) => format!("[::]:{}", a.port()),
+        std::net::SocketAddr::V4(_) => format!("0.0.0.0:{port}"),
+        std::net::SocketAddr::V6(_) => format!("[::]:{port}"),
     })
 }
 
@@ -242,7 +244,7 @@ impl Pe {
                 };
                 let root = if li.rank == 0 && !settings.root_external {
                     Some(Root::bind(
-                        &root_listen_addr(&root_addr)?,
+                        &root_listen_addr(&root_addr, &addr, port)?,
                         li.world_size,
                         &token,
                     )?)

@@ -320,27 +320,16 @@ pub(crate) mod tests {
 
     #[test]
     fn pci_addresses_normalize_to_sysfs_names() {
-        assert_eq!(
-            normalize_bdf("0000:1B:00.0").as_deref(),
-            Some("0000:1b:00.0")
-        );
-        assert_eq!(
-            normalize_bdf("00000000:9a:1f.7").as_deref(),
-            Some("0000:9a:1f.7")
-        );
-        assert_eq!(
-            normalize_bdf(" 0001:02:03.4\n").as_deref(),
-            Some("0001:02:03.4")
-        );
-        // Intel VMD puts its children in domains past 16 bits.
-        assert_eq!(
-            normalize_bdf("10000:e1:00.0").as_deref(),
-            Some("10000:e1:00.0")
-        );
-        assert_eq!(
-            normalize_bdf("0001ffff:00:00.0").as_deref(),
-            Some("1ffff:00:00.0")
-        );
+        for (given, name) in [
+            ("0000:1B:00.0", "0000:1b:00.0"),
+            ("00000000:9a:1f.7", "0000:9a:1f.7"),
+            (" 0001:02:03.4\n", "0001:02:03.4"),
+            // Intel VMD puts its children in domains past 16 bits.
+            ("10000:e1:00.0", "10000:e1:00.0"),
+            ("0001ffff:00:00.0", "1ffff:00:00.0"),
+        ] {
+            assert_eq!(normalize_bdf(given).as_deref(), Some(name), "{given:?}");
+        }
         for bad in [
             "",
             "1b:00.0",

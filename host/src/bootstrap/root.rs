@@ -188,15 +188,7 @@ impl Root {
         // Not logged: a job whose program never joins (`rshmem run -- hostname`) ends
         // this way on every PE; the PEs that do join are told why they are refused.
         let detail = format!("its process {how} before joining the job");
-        let rank = rank as u32;
-        if st.broken.is_none() {
-            st.broken = Some((rank, detail.clone()));
-            st.pending.clear();
-        }
-        let msg: Arc<[u8]> = Arc::from(Frame::PeerDied { rank, detail }.encode());
-        for p in st.peers.iter().flatten() {
-            let _ = p.tx.send(msg.clone());
-        }
+        report_death(&mut st, rank as u32, detail);
     }
 
     /// Waits (at most `timeout`) until every PE that joined has left — finalized or died,
@@ -398,17 +390,23 @@ fn serve_connection(hub: &Arc<Hub>, mut stream: TcpStream, peer: SocketAddr) {
     st.peers[rank as usize] = None;
     if let Some(detail) = death {
         log(format!("PE {rank} ({peer}) died: {detail}"));
-        if st.broken.is_none() {
-            st.broken = Some((rank, detail.clone()));
-            st.pending.clear();
-        }
-        // Every death is reported, not only the first: a PE that tolerates a death
-        // (`Liveness::tolerate`, EP shrink mode) goes on and must learn of later ones.
-        // A rank dies at most once (it joins once), so no PE hears of a death twice.
-        let msg: Arc<[u8]> = Arc::from(Frame::PeerDied { rank, detail }.encode());
-        for p in st.peers.iter().flatten() {
-            let _ = p.tx.send(msg.clone());
-        }
+        report_death(&mut st, rank, detail);
+    }
+}
+
+/// Records the death of `rank` (the first one breaks the job: pending collectives are
+/// dropped) and tells every connected PE. Every death is reported, not only the first: a
+/// PE that tolerates a death (`Liveness::tolerate`, EP shrink mode) goes on and must learn
+/// of later ones. A rank dies at most once (it joins once), so no PE hears of a death
+/// twice.
+fn report_death(st: &mut HubState, rank: u32, detail: String) {
+    if st.broken.is_none() {
+        st.broken = Some((rank, detail.clone()));
+        st.pending.clear();
+    }
+    let msg: Arc<[u8]> = Arc::from(Frame::PeerDied { rank, detail }.encode());
+    for p in st.peers.iter().flatten() {
+        let _ = p.tx.send(msg.clone());
     }
 }
 

@@ -486,6 +486,17 @@ fn wire(tag: u64) -> u64 {
 }
 
 impl Shared {
+    /// Refuses a receive hook whose buffer was destroyed (its memory is freed).
+    fn outlived(&self, op: &str, seq: u64) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: the receive hook of LL call #{seq} outlived its buffer, which was \
+                 destroyed"
+            )));
+        }
+        Ok(())
+    }
+
     fn n(&self) -> usize {
         self.members.len()
     }
@@ -1442,13 +1453,7 @@ impl DispatchHook<'_> {
 
     fn receive(&mut self) -> Result<DispatchOutput> {
         let sh = &*self.sh;
-        if sh.destroyed.load(Ordering::Acquire) {
-            return Err(Error::InvalidArgument(format!(
-                "low_latency_dispatch: the receive hook of LL call #{} outlived its buffer, which was \
-                 destroyed",
-                self.seq
-            )));
-        }
+        sh.outlived("low_latency_dispatch", self.seq)?;
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (h, l, r) = (cfg.hidden, sh.l(), sh.n());
         let rows = r * cfg.num_max_dispatch_tokens_per_rank;
@@ -1664,16 +1669,7 @@ impl DispatchHook<'_> {
 /// discards the data (a wait bounded by the PE's timeout), so the buffer set is released
 /// and the peers get this PE's credit, as if `recv` had run; during a panic it marks the
 /// buffer broken (its later calls say why) rather than wait.
-fn drop_unreceived<T>(
-    received: &mut bool,
-    sh: &Shared,
-    seq: u64,
-    op: &str,
-    receive: impl FnOnce() -> Result<T>,
-) {
-    if std::mem::replace(received, true) {
-        return;
-    }
+fn drop_unreceived<T>(sh: &Shared, seq: u64, op: &str, receive: impl FnOnce() -> Result<T>) {
     if sh.destroyed.load(Ordering::Acquire)
         || sh
             .broken
@@ -1698,23 +1694,19 @@ fn drop_unreceived<T>(
 
 impl Drop for DispatchHook<'_> {
     fn drop(&mut self) {
-        let (sh, seq) = (self.sh.clone(), self.seq);
-        let mut received = self.received;
-        drop_unreceived(&mut received, &sh, seq, "low_latency_dispatch", || {
-            self.receive()
-        });
-        self.received = true;
+        if !std::mem::replace(&mut self.received, true) {
+            let (sh, seq) = (self.sh.clone(), self.seq);
+            drop_unreceived(&sh, seq, "low_latency_dispatch", || self.receive());
+        }
     }
 }
 
 impl Drop for CombineHook<'_> {
     fn drop(&mut self) {
-        let (sh, seq) = (self.sh.clone(), self.seq);
-        let mut received = self.received;
-        drop_unreceived(&mut received, &sh, seq, "low_latency_combine", || {
-            self.receive()
-        });
-        self.received = true;
+        if !std::mem::replace(&mut self.received, true) {
+            let (sh, seq) = (self.sh.clone(), self.seq);
+            drop_unreceived(&sh, seq, "low_latency_combine", || self.receive());
+        }
     }
 }
 
@@ -1763,13 +1755,7 @@ impl CombineHook<'_> {
 
     fn receive(&mut self) -> Result<Vec<bf16>> {
         let sh = &*self.sh;
-        if sh.destroyed.load(Ordering::Acquire) {
-            return Err(Error::InvalidArgument(format!(
-                "low_latency_combine: the receive hook of LL call #{} outlived its buffer, which was \
-                 destroyed",
-                self.seq
-            )));
-        }
+        sh.outlived("low_latency_combine", self.seq)?;
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (h, k, l, r) = (cfg.hidden, cfg.num_topk, sh.l(), sh.n());
         let set = (self.seq % 2) as usize;

@@ -286,17 +286,7 @@ fn signal_group(pgid: libc::pid_t, sig: libc::c_int) -> bool {
 /// Whether `proc` lists a process, other than a zombie, in one of `groups`. When `proc`
 /// cannot be read, assumes there is one.
 fn live_members_in(proc: &Path, groups: &[libc::pid_t]) -> bool {
-    let Ok(entries) = std::fs::read_dir(proc) else {
-        return true;
-    };
-    for entry in entries.flatten() {
-        if let Some(pgrp) = live_group_of(&entry) {
-            if groups.contains(&pgrp) {
-                return true;
-            }
-        }
-    }
-    false
+    !live_groups_in(proc, groups).is_empty()
 }
 
 /// Which of `groups` still have a live (not zombie) process under `proc`; all of them
