@@ -911,6 +911,59 @@ fn timeout_names_the_pe_and_expert_waited_for() {
     assert!(e.to_string().contains("expert 0"), "{e}");
 }
 
+/// PE 0 dispatches where PE 1 combines (LL call #1): each wait runs out, and each error
+/// says that the peer made the other kind of call. Both sends go out before either PE
+/// waits (hooks, then a barrier), so the words are there when the waits give up.
+#[test]
+fn a_peer_that_made_the_other_kind_of_call_is_named() {
+    let c = cfg(2, 128, 4, 1, false);
+    let out = run_threads(2, settings(300), |pe| {
+        let me = pe.my_pe();
+        let mut buf = Buffer::new(pe, pe.world(), c)?;
+        let x = check::origin_x(me, 1, 128);
+        let idx = [(2 * me) as i64]; // each PE's token to its own first expert
+        let d = buf.low_latency_dispatch(&x, &idx, false)?.wait()?;
+        let e = if me == 0 {
+            let hook = buf.low_latency_dispatch(&x, &idx, true)?;
+            pe.barrier_all()?;
+            hook.wait().err()
+        } else {
+            let zeros = vec![bf16::ZERO; 2 * 2 * 2 * 128];
+            let hook = buf.low_latency_combine(&zeros, &idx, &[1.0], &d.handle, true, false)?;
+            pe.barrier_all()?;
+            hook.wait().err()
+        };
+        pe.barrier_all()?;
+        Ok(e)
+    })
+    .unwrap();
+    let err = |r: usize| {
+        out[r]
+            .as_ref()
+            .unwrap_or_else(|e| panic!("PE {r}: {e}"))
+            .as_ref()
+            .unwrap_or_else(|| panic!("PE {r}'s call succeeded"))
+            .to_string()
+    };
+    let (e0, e1) = (err(0), err(1));
+    assert!(
+        e0.contains("low_latency_dispatch (LL call #1)")
+            && e0.contains(
+                "; PE 1 sent this call's low_latency_combine words instead: it made \
+                 low_latency_combine its LL call where this PE made low_latency_dispatch"
+            ),
+        "{e0}"
+    );
+    assert!(
+        e1.contains("low_latency_combine (LL call #1)")
+            && e1.contains(
+                "; PE 0 sent this call's low_latency_dispatch words instead: it made \
+                 low_latency_dispatch its LL call where this PE made low_latency_combine"
+            ),
+        "{e1}"
+    );
+}
+
 #[test]
 fn layout_is_exact_and_far_below_deepep_for_the_default_shape() {
     let c = Config::deepep_default();

@@ -497,6 +497,34 @@ impl Shared {
         Ok(())
     }
 
+    /// For a wait on team rank `src` that ran out in `op` (dispatch or combine) of the
+    /// call whose wire tag is `want` on `set`: when `src` sent this call's words of the
+    /// other kind instead, says so (it made a different LL call at this call number), else
+    /// nothing. Read only once the wait failed, so it costs the normal path nothing.
+    fn other_kind_hint(&self, op: &str, set: usize, src: usize, want: u64) -> String {
+        let dispatch = op == "low_latency_dispatch";
+        let sent_other = if dispatch {
+            self.load(self.layout.combine_flag_word(set, src)) >> 32 == want
+        } else {
+            (0..self.l())
+                .any(|le| self.load(self.layout.dispatch_count_word(set, le, src)) >> 32 == want)
+        };
+        if !sent_other {
+            return String::new();
+        }
+        let other = if dispatch {
+            "low_latency_combine"
+        } else {
+            "low_latency_dispatch"
+        };
+        format!(
+            "; PE {} sent this call's {other} words instead: it made {other} its LL call where \
+             this PE made {op} (every PE of the buffer must make the same LL calls in the same \
+             order)",
+            self.members[src]
+        )
+    }
+
     fn n(&self) -> usize {
         self.members.len()
     }
@@ -1616,9 +1644,10 @@ impl DispatchHook<'_> {
                     expert: Some(sh.me * l + le),
                     what: format!(
                     "its token count for expert {} (local expert {le} of PE {}); the count word \
-                     holds {w:#x}, expected tag {want}",
+                     holds {w:#x}, expected tag {want}{}",
                     sh.me * l + le,
-                    sh.members[sh.me]
+                    sh.members[sh.me],
+                    sh.other_kind_hint("low_latency_dispatch", set, s, want)
                 ),
                     waited_ms: start.elapsed().as_millis() as u64,
                 },
@@ -1784,9 +1813,10 @@ impl CombineHook<'_> {
                         expert: None,
                         what: format!(
                         "the expert outputs of its experts {}..{}; the flag word holds {w:#x}, \
-                     expected tag {want}",
+                     expected tag {want}{}",
                         p * l,
-                        (p + 1) * l
+                        (p + 1) * l,
+                        sh.other_kind_hint("low_latency_combine", set, p, want)
                     ),
                         waited_ms: start.elapsed().as_millis() as u64,
                     },
