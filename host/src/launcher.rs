@@ -57,7 +57,11 @@
 //!   cannot be written (the terminal is gone) are dropped; they never stop the launcher.
 //!
 //! Each PE runs in its own process group, and signals go to the whole group, so helper
-//! processes a PE started (e.g. a shell's children) are stopped with it. Each PE also has
+//! processes a PE started (e.g. a shell's children) are stopped with it. When every PE
+//! has ended, also successfully, processes left in their groups get SIGTERM, then
+//! SIGKILL [`STOP_GRACE`] later (`rshmem run: every PE ended; stopping the processes they
+//! left behind ...`), as Slurm ends a step's processes; one started with setsid is not in
+//! a group and is left alone. Each PE also has
 //! `PR_SET_PDEATHSIG=SIGKILL`: if the launcher itself is killed, the PEs die with it
 //! (their own children are not covered by this; they lose their output pipe instead).
 //!
@@ -143,8 +147,10 @@ naming it. Ctrl-C, SIGTERM, SIGHUP or SIGQUIT stops all PEs the same way; rshmem
 exits 128+N (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP); a signal rshmem was
 started with ignored (nohup) stays ignored.
 
-Cleanup: leftover shared-memory segments of the job (/dev/shm/rshmem-JOBID-*) are
-removed at the end.
+Cleanup: each PE runs in its own process group; processes a PE left running there (a
+shell's background job) get SIGTERM when every PE has ended, SIGKILL 2 s later, also in a
+job that succeeded (start a process with setsid to keep it). Leftover shared-memory
+segments of the job (/dev/shm/rshmem-JOBID-*) are removed at the end.
 
 Exit status 2: nothing was started (bad -n, no program, program not found or not
 executable, or the job could not be set up).";

@@ -346,6 +346,34 @@ fn all_pes_succeed_gives_zero_even_when_they_end_at_different_times() {
     assert_eq!(out.stdout, b"");
 }
 
+#[test]
+fn processes_left_behind_by_successful_pes_are_stopped() {
+    // Both PEs exit 0 at once, each leaving a background sleeper in its process group.
+    let out = run(&[
+        "run",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "sleep 30 & echo bg=$!; exit 0",
+    ]);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    assert_eq!(
+        out.stderr,
+        "rshmem run: every PE ended; stopping the processes they left behind in their \
+         process groups\n"
+    );
+    let bg = pids(&out.stdout_text(), "bg=");
+    assert_eq!(bg.len(), 2, "stdout: {}", out.stdout_text());
+    for pid in bg {
+        assert!(
+            !alive(pid),
+            "process {pid} left behind by a PE survived the job"
+        );
+    }
+}
+
 /// Starts a 2-PE job of shells that each wait for a background sleeper, waits until both
 /// report their pids, sends `sig` to the launcher, and checks the exit code and that the
 /// PEs and their children are gone.

@@ -585,6 +585,18 @@ impl Job {
 
             let all_reaped = self.running() == 0;
             match stopping {
+                // Every PE ended well, but processes it started are still in its group
+                // (a background job of a shell): they are stopped as on a failure, as
+                // Slurm ends a step's processes, so none outlives the job holding its
+                // output pipe or a GPU. A process started with setsid is not in the group.
+                None if all_reaped && self.any_group_alive() => {
+                    say(format_args!(
+                        "rshmem run: every PE ended; stopping the processes they left \
+                         behind in their process groups"
+                    ));
+                    self.signal_all(libc::SIGTERM);
+                    stopping = Some(Instant::now() + STOP_GRACE);
+                }
                 None if all_reaped => break,
                 None => {}
                 Some(deadline) => {
