@@ -14,7 +14,11 @@
 //!   the clock is not the measurement; median and p99 are over batches, the mean over all
 //!   measured operations (ucx_perftest's "overall"; its "50.0%ile" is a median of single
 //!   round trips, which a median of batch means is not: the batch means carry the tail).
-//! - Bandwidth: PE 0 streams `iters` non-blocking operations of the size, then `quiet`.
+//! - Warm-up: `--warmup` untimed operations before the timed ones, at most as many as
+//!   are timed (a 32 MiB put times 20 round trips; 500 warm-up ones would dwarf them).
+//! - Bandwidth: PE 0 streams `bw_iters` non-blocking operations of the size (`--iters`,
+//!   at most 512 MiB in all for put, signal and get), then `quiet`; a quarter of them,
+//!   at most `--warmup`, go first untimed.
 //! - Every size is verified afterwards (the receiver checks every word of what arrived);
 //!   a mismatch fails the benchmark with the position and values.
 
@@ -171,13 +175,16 @@ pub struct BenchArgs {
     /// Largest message size (bytes; units like 32M accepted). Sizes double from min to max.
     #[arg(long, default_value = "32M", value_parser = parse_size_arg)]
     pub max_size: usize,
-    /// Measured iterations per size. Large sizes use fewer (at least 20): latency runs
-    /// move at most 256 MiB per size, bandwidth runs at most 512 MiB.
+    /// Measured iterations per size (rounded up to whole batches of 16 below 64 KiB; the
+    /// JSON's `iters` is the count measured). Large sizes use fewer (at least 20): a
+    /// latency run's messages add up to at most 256 MiB per size in each direction, a
+    /// bandwidth run's to at most 512 MiB (`bw_iters`).
     #[arg(long, default_value_t = 10_000)]
     pub iters: usize,
-    /// Unmeasured warm-up iterations per size.
-    #[arg(long, default_value_t = 500)]
-    pub warmup: usize,
+    /// Unmeasured warm-up iterations per size (default 500; at most the measured count of
+    /// the size). CPU PEs only.
+    #[arg(long)]
+    pub warmup: Option<usize>,
     /// Device whose memory holds the heap: cpu (host operations) or gpu (device-initiated
     /// operations of the GPU bench kernels, PEs as threads sharing the GPU(s)).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu"])]
@@ -201,8 +208,9 @@ pub struct BenchArgs {
     /// in NVSHMEM's perftest and the OSU OpenSHMEM benchmarks; large p2p puts may then be
     /// shared with a waiting target, RSHMEM_P2P_ASSIST) or `private` (page-aligned
     /// process memory; the initiator copies alone).
-    #[arg(long, default_value = "heap", value_parser = ["heap", "private"])]
-    pub source: String,
+    /// CPU PEs only; default heap.
+    #[arg(long, value_parser = ["heap", "private"])]
+    pub source: Option<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -288,7 +296,63 @@ impl BenchArgs {
     pub fn pe_count(&self) -> usize {
         self.pes.unwrap_or(2)
     }
+
+    /// Warm-up iterations before `measured` timed ones: `--warmup` (default 500), at
+    /// most `measured`, so that the few iterations of a large size are not outweighed by
+    /// their warm-up.
+    fn warmup_for(&self, measured: usize) -> usize {
+        self.warmup.unwrap_or(500).min(measured)
+    }
+
+    /// `--source`, or its default (heap).
+    fn source(&self) -> &str {
+        self.source.as_deref().unwrap_or("heap")
+    }
+
+    /// The options given that this benchmark would not use, each with why; empty when
+    /// every option given applies. (Options with a default are checked by the value they
+    /// change: `--transport proxy` on softhca.)
+    fn unused_options(&self) -> Vec<String> {
+        let gpu = self.device == "gpu";
+        let mut out = Vec::new();
+        if self.kind == Kind::Softhca {
+            for (flag, given) in [
+                ("--pes", self.pes.is_some()),
+                ("--warmup", self.warmup.is_some()),
+                ("--source", self.source.is_some()),
+                ("--transport", self.transport != Transport::P2p),
+            ] {
+                if given {
+                    out.push(format!(
+                        "{flag}: bench softhca measures the engine alone (one producer, one \
+                         engine thread, no PEs; it discards a first row instead of warming up)"
+                    ));
+                }
+            }
+            return out;
+        }
+        if gpu && self.warmup.is_some() {
+            out.push(
+                "--warmup: GPU benches warm up inside each kernel launch; --reps sets the \
+                 launches"
+                    .into(),
+            );
+        }
+        if self.source.is_some() && (gpu || !matches!(self.kind, Kind::Put | Kind::Signal)) {
+            out.push("--source: only CPU put and signal have a source buffer to place".into());
+        }
+        if gpu && self.iters > GPU_MAX_ITERS {
+            out.push(format!(
+                "--iters {}: GPU benches time at most {GPU_MAX_ITERS} operations per launch",
+                self.iters
+            ));
+        }
+        out
+    }
 }
+
+/// Most `--iters` of a GPU bench (the bench kernels' per-launch count).
+const GPU_MAX_ITERS: usize = 100_000;
 
 /// Under a launcher the job's size is the PE count: a `--pes` given there must be that
 /// size (it was ignored before). Not launched, or no `--pes`: nothing to check.
@@ -312,6 +376,11 @@ pub(crate) fn launched_pes_match(pes: Option<&[usize]>) -> std::result::Result<(
 pub fn run_cli(args: BenchArgs) -> i32 {
     if let Err(e) = launched_pes_match(args.pes.map(|p| vec![p]).as_deref()) {
         eprintln!("rshmem bench {}: {e}", args.kind.name());
+        return 2;
+    }
+    let unused = args.unused_options();
+    if !unused.is_empty() {
+        eprintln!("rshmem bench {}: {}", args.kind.name(), unused.join("; "));
         return 2;
     }
     if args.device == "gpu" {
@@ -401,7 +470,7 @@ fn gpu_cli(a: &BenchArgs) -> i32 {
         pes: a.pe_count(),
         min_size: a.min_size,
         max_size: a.max_size,
-        iters: a.iters.min(100_000),
+        iters: a.iters,
         reps: a.reps.unwrap_or(10),
         transport: a.transport,
         json: a.json,
@@ -430,8 +499,8 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         let pe = Pe::init()?;
         if pe.n_pes() < 2 && !args.kind.all_pes() {
             return Err(Error::InvalidArgument(format!(
-                "bench {:?} needs at least 2 PEs, the job has {}",
-                args.kind,
+                "bench {} needs at least 2 PEs, the job has {}",
+                args.kind.name(),
                 pe.n_pes()
             )));
         }
@@ -441,8 +510,8 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     }
     if args.pe_count() < 2 && !args.kind.all_pes() {
         return Err(Error::InvalidArgument(format!(
-            "bench {:?} needs --pes 2 or more (got {})",
-            args.kind,
+            "bench {} needs --pes 2 or more (got {})",
+            args.kind.name(),
             args.pe_count()
         )));
     }
@@ -498,6 +567,41 @@ fn validate(a: &BenchArgs) -> Result<()> {
     }
     if a.iters == 0 {
         return Err(Error::InvalidArgument("--iters must be at least 1".into()));
+    }
+    // Sizes a kind cannot measure are refused, not replaced by ones it can.
+    let range = |lo: usize, hi: usize| a.min_size <= hi && a.max_size >= lo;
+    match a.kind {
+        Kind::Atomic if !range(8, 8) => {
+            return Err(Error::InvalidArgument(format!(
+                "bench atomic measures 8-byte atomics: --min-size {} / --max-size {} must \
+                 include 8",
+                a.min_size, a.max_size
+            )));
+        }
+        Kind::P if !range(4, 4) && !range(8, 8) => {
+            return Err(Error::InvalidArgument(format!(
+                "bench p moves one 4- or 8-byte element: --min-size {} / --max-size {} must \
+                 include 4 or 8",
+                a.min_size, a.max_size
+            )));
+        }
+        Kind::Put | Kind::Get | Kind::Signal if a.min_size % 8 != 0 => {
+            return Err(Error::InvalidArgument(format!(
+                "--min-size {}: bench {} moves whole 8-byte words (each message's last word \
+                 is what the receiver polls and checks): use a multiple of 8",
+                a.min_size,
+                a.kind.name()
+            )));
+        }
+        k if k.collective() && a.min_size % 8 != 0 => {
+            return Err(Error::InvalidArgument(format!(
+                "--min-size {}: bench {} moves whole 8-byte words (u64 elements): use a \
+                 multiple of 8",
+                a.min_size,
+                k.name()
+            )));
+        }
+        _ => {}
     }
     if a.pe_count() == 0 || a.pe_count() > 1024 {
         return Err(Error::InvalidArgument(format!(
@@ -608,7 +712,7 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
     let buf = pe.calloc::<u64>(if coll.is_some() { 1 } else { max / 8 })?;
     let aux = pe.calloc::<u64>(8)?;
     let put_like_kind = matches!(a.kind, Kind::Put | Kind::Signal);
-    let heap_src = if put_like_kind && a.source == "heap" {
+    let heap_src = if put_like_kind && a.source() == "heap" {
         Some(pe.calloc::<u64>(max / 8)?)
     } else {
         None
@@ -670,7 +774,7 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
             Kind::Barrier | Kind::Softhca | Kind::Copy => "barrier",
             Kind::Broadcast | Kind::Fcollect | Kind::Alltoall | Kind::Reduce => "collective",
         },
-        source: put_like_kind.then(|| a.source.clone()),
+        source: put_like_kind.then(|| a.source().to_string()),
         rows,
     }))
 }
@@ -808,7 +912,9 @@ fn put_like(
     fill(src, 0);
     let iters = lat_iters(a, size);
     let batch = batch_for(size);
-    let total = a.warmup + iters.div_ceil(batch) * batch;
+    let measured = iters.div_ceil(batch) * batch;
+    let warmup = a.warmup_for(measured);
+    let total = warmup + measured;
     pe.atomic_set(sig, 0u64, me)?;
     pe.barrier_all()?;
     let mut samples = Vec::with_capacity(total / batch);
@@ -834,11 +940,11 @@ fn put_like(
             Ok(())
         };
         let mut it = 0u64;
-        for _ in 0..a.warmup {
+        for _ in 0..warmup {
             it += 1;
             exchange(salt | it)?;
         }
-        for _ in 0..(total - a.warmup) / batch {
+        for _ in 0..measured / batch {
             let t0 = Instant::now();
             for _ in 0..batch {
                 it += 1;
@@ -872,9 +978,15 @@ fn put_like(
     if me == 0 {
         fill(src, bw_tag);
         // Untimed warm-up of the same stream (caches, TLB, clock), as ucx_perftest and
-        // NVSHMEM's perftest do: a quarter of the timed puts, at most --warmup.
-        for _ in 0..(bw_n / 4).min(a.warmup) {
-            pe.put_nbi(dest, &*src, 1)?;
+        // NVSHMEM's perftest do: a quarter of the timed puts, at most --warmup. Signal
+        // puts SET the signal to 0, which the timed stream's ADDs then count from (the
+        // quiet completes them first).
+        for _ in 0..(bw_n / 4).min(a.warmup_for(bw_n)) {
+            if signal {
+                pe.put_signal_nbi(dest, &*src, sig, 0, SignalOp::Set, 1)?;
+            } else {
+                pe.put_nbi(dest, &*src, 1)?;
+            }
         }
         pe.quiet();
         let before = pe.assist_stats().bytes_received;
@@ -903,7 +1015,7 @@ fn put_like(
         bandwidth_gbps: Some(bw),
         bw_iters: bw_n,
         bw_assisted: (me == 0).then_some(assisted),
-        ..Row::from_samples(size, samples, iters)
+        ..Row::from_samples(size, samples, measured)
     })
 }
 
@@ -923,12 +1035,13 @@ fn get_row(pe: &Pe, a: &BenchArgs, buf: SymPtr<u64>, size: usize, salt: u64) -> 
     let mut samples = Vec::new();
     let mut bw = 0.0;
     let bw_n = bw_iters(a, size);
+    let measured = iters.div_ceil(batch) * batch;
     if me == 0 {
         let mut dst = vec![0u64; words];
-        for _ in 0..a.warmup {
+        for _ in 0..a.warmup_for(measured) {
             pe.get(&mut dst, src, 1)?;
         }
-        for _ in 0..iters.div_ceil(batch) {
+        for _ in 0..measured / batch {
             let t = Instant::now();
             for _ in 0..batch {
                 pe.get(&mut dst, src, 1)?;
@@ -948,7 +1061,7 @@ fn get_row(pe: &Pe, a: &BenchArgs, buf: SymPtr<u64>, size: usize, salt: u64) -> 
     Ok(Row {
         bandwidth_gbps: Some(bw),
         bw_iters: bw_n,
-        ..Row::from_samples(size, samples, iters)
+        ..Row::from_samples(size, samples, measured)
     })
 }
 
@@ -970,13 +1083,15 @@ where
     pe.barrier_all()?;
     let iters = lat_iters(a, size);
     let batch = 16;
-    let total = a.warmup + iters.div_ceil(batch) * batch;
+    let measured = iters.div_ceil(batch) * batch;
+    let warmup = a.warmup_for(measured);
+    let total = warmup + measured;
     let mut samples = Vec::new();
     if me < 2 {
         let peer = 1 - me;
         let mut t0 = Instant::now();
         for it in 0..total {
-            if it >= a.warmup && (it - a.warmup) % batch == 0 {
+            if it >= warmup && (it - warmup) % batch == 0 {
                 t0 = Instant::now();
             }
             for turn in 0..2 {
@@ -986,7 +1101,7 @@ where
                     pe.wait_until(w, Cmp::Eq, tag(it))?;
                 }
             }
-            if it >= a.warmup && (it - a.warmup + 1) % batch == 0 {
+            if it >= warmup && (it - warmup + 1) % batch == 0 {
                 samples.push(t0.elapsed().as_secs_f64() * 1e6 / (2 * batch) as f64);
             }
         }
@@ -1023,7 +1138,7 @@ where
     Ok(Row {
         bandwidth_gbps: Some(bw),
         bw_iters: bw_n,
-        ..Row::from_samples(size, samples, iters)
+        ..Row::from_samples(size, samples, measured)
     })
 }
 
@@ -1037,19 +1152,21 @@ fn atomic_row(pe: &Pe, a: &BenchArgs, aux: SymPtr<u64>) -> Result<Row> {
     let mut samples = Vec::new();
     let mut bw = 0.0;
     let mut expect = 0u64;
+    let measured = iters.div_ceil(batch) * batch;
     if me == 0 {
-        for _ in 0..a.warmup {
+        let warmup = a.warmup_for(measured);
+        for _ in 0..warmup {
             pe.atomic_fetch_add(ctr, 1u64, 1)?;
         }
-        expect += a.warmup as u64;
-        for _ in 0..iters.div_ceil(batch) {
+        expect += warmup as u64;
+        for _ in 0..measured / batch {
             let t = Instant::now();
             for _ in 0..batch {
                 pe.atomic_fetch_add(ctr, 1u64, 1)?;
             }
             samples.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
         }
-        expect += (iters.div_ceil(batch) * batch) as u64;
+        expect += measured as u64;
         let t = Instant::now();
         for _ in 0..iters {
             pe.atomic_add(ctr, 1u64, 1)?;
@@ -1067,17 +1184,18 @@ fn atomic_row(pe: &Pe, a: &BenchArgs, aux: SymPtr<u64>) -> Result<Row> {
     Ok(Row {
         bandwidth_gbps: Some(bw),
         bw_iters: iters,
-        ..Row::from_samples(8, samples, iters)
+        ..Row::from_samples(8, samples, measured)
     })
 }
 
 fn barrier_row(pe: &Pe, a: &BenchArgs) -> Result<Row> {
-    for _ in 0..a.warmup {
+    let batch = 16;
+    let measured = a.iters.div_ceil(batch) * batch;
+    for _ in 0..a.warmup_for(measured) {
         pe.barrier_all()?;
     }
-    let batch = 16;
-    let samples = timed_batches(a.iters.div_ceil(batch), batch, || pe.barrier_all())?;
-    Ok(Row::from_samples(0, samples, a.iters))
+    let samples = timed_batches(measured / batch, batch, || pe.barrier_all())?;
+    Ok(Row::from_samples(0, samples, measured))
 }
 
 /// One row of a collective benchmark (see [`Kind::Broadcast`]). Block j of PE p's source
@@ -1118,14 +1236,15 @@ fn coll_row(
     };
     pe.barrier_all()?;
     let iters = lat_iters(a, out_words * 8);
-    for _ in 0..a.warmup.min(iters) {
+    let batch = batch_for(size);
+    let measured = iters.div_ceil(batch) * batch;
+    for _ in 0..a.warmup_for(measured) {
         call()?;
     }
-    let batch = batch_for(size);
-    let samples = timed_batches(iters.div_ceil(batch), batch, call)?;
+    let samples = timed_batches(measured / batch, batch, call)?;
     let mut got = vec![0u64; out_words];
     pe.get(&mut got, dst.slice(0..out_words), me)?;
-    let what = |p: usize| format!("{size}-byte {:?}, block of PE {p}", a.kind);
+    let what = |p: usize| format!("{size}-byte {}, block of PE {p}", a.kind.name());
     match a.kind {
         Kind::Broadcast => verify(pe, &what(0), &got, tag(0, 0))?,
         Kind::Fcollect => {
@@ -1150,7 +1269,7 @@ fn coll_row(
             }
         }
     }
-    let mut row = Row::from_samples(size, samples, iters);
+    let mut row = Row::from_samples(size, samples, measured);
     row.bandwidth_gbps = Some((out_words * 8) as f64 / (row.latency_us_median * 1e-6) / 1e9);
     Ok(row)
 }
@@ -1256,8 +1375,8 @@ fn print_report(r: &Report, json: bool) {
         return;
     }
     println!(
-        "rshmem bench {:?}: {} PEs, device {}, transport {}{}, latency = {}",
-        r.bench,
+        "rshmem bench {}: {} PEs, device {}, transport {}{}, latency = {}",
+        r.bench.name(),
         r.pes,
         r.device,
         r.transport,

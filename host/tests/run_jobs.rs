@@ -174,6 +174,8 @@ fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["pes"], 3);
     assert_eq!(v["rows"].as_array().unwrap().len(), 8); // 8 B .. 1 KiB
+                                                        // `iters` is the count measured: 100 in whole batches of 16.
+    assert_eq!(v["rows"][0]["iters"], 112);
 
     for (args, msg) in [
         (vec!["bench", "put", "--pes", "1"], "needs --pes 2"),
@@ -182,6 +184,24 @@ fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
             "need 1 <= min <= max",
         ),
         (vec!["bench", "put", "--iters", "0"], "--iters"),
+        // Sizes a kind cannot measure: refused, not replaced by ones it can.
+        (
+            vec!["bench", "atomic", "--min-size", "1M", "--max-size", "2M"],
+            "bench atomic measures 8-byte atomics: --min-size 1048576 / --max-size 2097152 \
+             must include 8",
+        ),
+        (
+            vec!["bench", "p", "--min-size", "16", "--max-size", "64"],
+            "bench p moves one 4- or 8-byte element",
+        ),
+        (
+            vec!["bench", "get", "--min-size", "12", "--max-size", "100"],
+            "--min-size 12: bench get moves whole 8-byte words",
+        ),
+        (
+            vec!["bench", "reduce", "--min-size", "4"],
+            "--min-size 4: bench reduce moves whole 8-byte words (u64 elements)",
+        ),
         // Heaps past the node's memory: refused, not killed by the OOM killer mid-run.
         (
             vec!["bench", "put", "--max-size", "1T"],
@@ -203,6 +223,23 @@ fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
         (
             vec!["bench", "signal", "--reps", "3", "--manifest", "m.json"],
             "rshmem bench signal: --reps, --manifest only apply to GPU benches",
+        ),
+        // Options a bench would not use: refused, not ignored.
+        (
+            vec!["bench", "get", "--source", "private"],
+            "rshmem bench get: --source: only CPU put and signal have a source buffer to place",
+        ),
+        (
+            vec!["bench", "softhca", "--pes", "4", "--transport", "proxy"],
+            "rshmem bench softhca: --pes: bench softhca measures the engine alone",
+        ),
+        (
+            vec!["bench", "put", "--device", "gpu", "--warmup", "5"],
+            "rshmem bench put: --warmup: GPU benches warm up inside each kernel launch",
+        ),
+        (
+            vec!["bench", "p", "--device", "gpu", "--iters", "100001"],
+            "--iters 100001: GPU benches time at most 100000 operations per launch",
         ),
     ] {
         let o = Command::new(BIN).args(&args).output().unwrap();
