@@ -195,10 +195,14 @@ int main(int argc, char **argv) {
   int all_ok; MPI_Reduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, 0, MPI_COMM_WORLD);
   if (!me) {
     qsort(td, iters, sizeof(double), cmpd); qsort(tc, iters, sizeof(double), cmpd);
-    int p50 = (int)lround((iters - 1) * 0.5), p99 = (int)lround((iters - 1) * 0.99);
+    /* rshmem's definition (host/src/bench.rs, stats): the median of an even count is the
+       mean of the two middle samples; p99 is the nearest-rank sample, ceil(0.99 n). */
+    int r99 = (int)ceil(0.99 * iters); if (r99 < 1) r99 = 1;
+    double dmed = iters % 2 ? td[iters / 2] : (td[iters / 2 - 1] + td[iters / 2]) / 2;
+    double cmed = iters % 2 ? tc[iters / 2] : (tc[iters / 2 - 1] + tc[iters / 2]) / 2;
     printf("{\"bench\": \"ep-mpi-alltoallv\", \"validated\": %s, \"pes\": %d, \"tokens\": %d, \"hidden\": %d, \"topk\": %d, \"experts\": %d, "
            "\"dispatch_us_median\": %.1f, \"dispatch_us_p99\": %.1f, \"combine_us_median\": %.1f, \"combine_us_p99\": %.1f}\n",
-           all_ok ? "true" : "false", R, T, H, K, E, td[p50], td[p99], tc[p50], tc[p99]);
+           all_ok ? "true" : "false", R, T, H, K, E, dmed, td[r99 - 1], cmed, tc[r99 - 1]);
   }
   MPI_Finalize();
   return 0;
