@@ -409,17 +409,11 @@ impl Pe {
             });
             exchange_status(&boot, &world_group, "open its libfabric endpoint", &opened)?;
             let (ctx, mr) = opened?;
-            let mut msg = (ctx.name.len() as u64).to_le_bytes().to_vec();
-            msg.extend_from_slice(&ctx.name);
-            msg.extend_from_slice(&mr.remote().to_bytes());
+            let msg = fabric_card(&ctx.provider, &ctx.name, &mr.remote().to_bytes());
             let all = boot.allgather(&world_group, &msg)?;
             let inserted: Result<()> = (0..n).filter(|&r| fabric_to[r]).try_for_each(|r| {
-                let m = &all[r];
-                let bad =
-                    || Error::InvalidArgument(format!("PE {r} sent a malformed fabric address"));
-                let len = m.get(..8).map(le_u64).ok_or_else(bad)? as usize;
-                let name = m.get(8..8 + len).ok_or_else(bad)?;
-                let region = RemoteRegion::from_bytes(m.get(8 + len..).ok_or_else(bad)?)?;
+                let (name, region) = read_fabric_card(&all[r], r, &ctx.provider, &ctx.name)?;
+                let region = RemoteRegion::from_bytes(region)?;
                 let addr = insert_fabric_peer(hca, name)?;
                 fabric_peers[r] = Some(FabricPeer {
                     addr,
@@ -1256,8 +1250,85 @@ pub(crate) fn ms_since(t: Instant) -> u64 {
     t.elapsed().as_millis().min(u64::MAX as u128) as u64
 }
 
+/// What a PE tells the others about its libfabric endpoint: provider name, endpoint
+/// address and heap region, each length-prefixed (u64 little-endian).
+fn fabric_card(provider: &str, name: &[u8], region: &[u8]) -> Vec<u8> {
+    let mut msg = Vec::new();
+    for part in [provider.as_bytes(), name, region] {
+        msg.extend_from_slice(&(part.len() as u64).to_le_bytes());
+        msg.extend_from_slice(part);
+    }
+    msg
+}
+
+/// The endpoint address and heap region in PE `r`'s [`fabric_card`]. Refused when it opened
+/// another provider than this PE (`provider`), or its address has another length than this
+/// PE's (`name`: another address format, e.g. IPv6 against IPv4): libfabric reads a peer's
+/// address in its own format, so a foreign one would be misread or overrun.
+fn read_fabric_card<'a>(
+    m: &'a [u8],
+    r: usize,
+    provider: &str,
+    name: &[u8],
+) -> Result<(&'a [u8], &'a [u8])> {
+    let bad = || Error::InvalidArgument(format!("PE {r} sent a malformed fabric address"));
+    let mut parts = Vec::with_capacity(3);
+    let mut at = 0usize;
+    for _ in 0..3 {
+        let len = m.get(at..at + 8).map(le_u64).ok_or_else(bad)? as usize;
+        let end = at.checked_add(8 + len).ok_or_else(bad)?;
+        parts.push(m.get(at + 8..end).ok_or_else(bad)?);
+        at = end;
+    }
+    let theirs = String::from_utf8_lossy(parts[0]);
+    if theirs != provider {
+        return Err(Error::InvalidArgument(format!(
+            "PE {r} opened libfabric provider {theirs}, this PE {provider}: every PE must \
+             use the same one (set RSHMEM_FABRIC_PROVIDER to the same provider on every node)"
+        )));
+    }
+    if parts[1].len() != name.len() {
+        return Err(Error::InvalidArgument(format!(
+            "PE {r}'s {provider} endpoint address is {} bytes, this PE's {}: their address \
+             formats differ (IPv4 against IPv6, say); choose interfaces of one kind with \
+             RSHMEM_FABRIC_DOMAIN",
+            parts[1].len(),
+            name.len()
+        )));
+    }
+    Ok((parts[1], parts[2]))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fabric_cards_of_another_provider_or_address_format_are_refused() {
+        use super::{fabric_card, read_fabric_card};
+        let card = fabric_card("tcp;ofi_rxm", &[1; 16], &[7; 24]);
+        let (name, region) = read_fabric_card(&card, 3, "tcp;ofi_rxm", &[0; 16]).unwrap();
+        assert_eq!((name, region), (&[1u8; 16][..], &[7u8; 24][..]));
+        let e = read_fabric_card(&card, 3, "efa", &[0; 16])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("PE 3 opened libfabric provider tcp;ofi_rxm, this PE efa: every PE must"),
+            "{e}"
+        );
+        let e = read_fabric_card(&card, 3, "tcp;ofi_rxm", &[0; 28])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("PE 3's tcp;ofi_rxm endpoint address is 16 bytes, this PE's 28"),
+            "{e}"
+        );
+        let e = read_fabric_card(&card[..30], 3, "tcp;ofi_rxm", &[0; 16]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("PE 3 sent a malformed fabric address"),
+            "{e}"
+        );
+    }
+
     use super::describe_records;
 
     #[test]

@@ -162,6 +162,14 @@ struct Pending {
     result_be32: Option<(usize, usize)>,
 }
 
+/// Whether a provider with transmit ordering `msg_order` answers an RMA READ only after
+/// the writes posted before it to the same peer (`FI_ORDER_RMA_RAW`, or the older
+/// `FI_ORDER_RAW` that covers RMA and atomics): what a flush READ relies on.
+fn reads_follow_writes(msg_order: u64) -> bool {
+    msg_order & (crate::fabric::sys::FI_ORDER_RMA_RAW | crate::fabric::sys::FI_ORDER_RAW as u64)
+        != 0
+}
+
 /// Executes soft-HCA operations over one libfabric endpoint. Asynchronous.
 pub struct FabricBackend {
     ep: Endpoint,
@@ -304,7 +312,25 @@ impl FabricBackend {
         let domain = fabric.domain()?;
         // RSHMEM_FABRIC_DELIVERY=complete asks the provider for delivery-complete writes
         // instead of flushing with READs (slower on tcp;ofi_rxm, see docs/multinode.md).
-        let mut ep = Endpoint::with_completion(&domain, switches.delivery_complete)?;
+        // A flush READ confirms earlier writes only where the provider orders RMA reads
+        // after writes: elsewhere (efa, or rxm over verbs with atomics) delivery-complete
+        // writes are required.
+        let info = domain.info();
+        let ordered = reads_follow_writes(info.msg_order);
+        let mut ep = Endpoint::with_completion(&domain, switches.delivery_complete || !ordered)?;
+        if !ep.delivery_complete() && !ordered {
+            return Err(Error::Fabric {
+                call: "fi_endpoint",
+                code: 0,
+                detail: format!(
+                    "provider {} ({}) can confirm a write neither with a delivery-complete \
+                     completion (FI_DELIVERY_COMPLETE refused) nor with a READ after it (its \
+                     msg_order {:#x} has neither FI_ORDER_RMA_RAW nor FI_ORDER_RAW): choose \
+                     another with RSHMEM_FABRIC_PROVIDER",
+                    info.provider, info.domain, info.msg_order
+                ),
+            });
+        }
         // Never wait inside a post: a busy endpoint queues the post (see the module doc).
         ep.set_busy_limit(Some(Duration::ZERO));
         let peer_cap = (ep.slots() / 2).max(1);
@@ -950,5 +976,26 @@ impl Backend for FabricBackend {
 
     fn handover(&self) -> bool {
         self.handover
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reads_follow_writes;
+    use crate::fabric::sys::{FI_ORDER_RAW, FI_ORDER_RMA_RAW, FI_ORDER_SAS};
+
+    #[test]
+    fn flush_reads_need_rma_read_after_write_ordering() {
+        // tcp;ofi_rxm 1.17 with rshmem's hints (FI_ATOMIC): FI_ORDER_RAW cleared,
+        // FI_ORDER_RMA_RAW set (probed on this machine's libfabric).
+        assert!(reads_follow_writes(0xbb_0000_0124));
+        assert_eq!(0xbb_0000_0124 & FI_ORDER_RMA_RAW, FI_ORDER_RMA_RAW);
+        assert!(reads_follow_writes(FI_ORDER_RAW as u64));
+        // shm: send-after-send only; efa: SAS and atomic orderings, no RMA read-after-write.
+        assert!(!reads_follow_writes(FI_ORDER_SAS as u64));
+        assert!(!reads_follow_writes(
+            FI_ORDER_SAS as u64 | (0b1111 << 36) // FI_ORDER_ATOMIC_{RAR,RAW,WAR,WAW}
+        ));
+        assert!(!reads_follow_writes(0));
     }
 }
