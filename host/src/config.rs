@@ -301,6 +301,74 @@ pub struct Settings {
     /// RSHMEM_DEVICE_CHECKS: GPU PEs' device-side PE and heap-range checks, `1` (default)
     /// or `0` (benchmarks).
     pub device_checks: bool,
+    /// The RC connection settings of `RSHMEM_TRANSPORT=ibgda` (RSHMEM_IB_*).
+    pub ib: IbSettings,
+}
+
+/// RC connection settings a fabric may need set (what NVSHMEM's `NVSHMEM_IB_GID_INDEX`,
+/// `NVSHMEM_IB_TRAFFIC_CLASS` and `NVSHMEM_IB_SL` set). Lossless RoCE usually carries RDMA
+/// on one priority (e.g. DSCP 26: traffic class 104 or 106); traffic on another one may be
+/// dropped under load, and drops end in retry-exceeded errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IbSettings {
+    /// RSHMEM_IB_GID_INDEX: the source GID table index; unset, the first RoCE v2 entry
+    /// holding an IPv4 address (`verbs::qp::choose_gid`).
+    pub gid_index: Option<u16>,
+    /// RSHMEM_IB_TC: the GRH traffic class (0..=255, default 0).
+    pub traffic_class: u8,
+    /// RSHMEM_IB_SL: the service level (0..=15, default 0).
+    pub sl: u8,
+    /// RSHMEM_IB_TIMEOUT: the local ACK timeout exponent, 4.096 µs · 2^t (1..=31, default
+    /// 20 ≈ 4.3 s, NVSHMEM's; with 7 retries a congested fabric has about 30 s).
+    pub timeout: u8,
+}
+
+impl Default for IbSettings {
+    fn default() -> Self {
+        IbSettings {
+            gid_index: None,
+            traffic_class: 0,
+            sl: 0,
+            timeout: 20,
+        }
+    }
+}
+
+impl IbSettings {
+    /// From the process environment.
+    pub fn from_env() -> Result<IbSettings> {
+        Self::from_lookup(&|k: &str| std::env::var(k).ok())
+    }
+
+    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<IbSettings> {
+        let num = |var: &str, lo: usize, hi: usize, what: &str| -> Result<Option<usize>> {
+            match get(var) {
+                None => Ok(None),
+                Some(v) => match parse_count(var, &v) {
+                    Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+                    _ => Err(env_err(
+                        var,
+                        &v,
+                        format!("expected {what} from {lo} to {hi}"),
+                    )),
+                },
+            }
+        };
+        let d = IbSettings::default();
+        Ok(IbSettings {
+            gid_index: num("RSHMEM_IB_GID_INDEX", 0, 65535, "a GID table index")?.map(|n| n as u16),
+            traffic_class: num("RSHMEM_IB_TC", 0, 255, "a traffic class")?
+                .map_or(d.traffic_class, |n| n as u8),
+            sl: num("RSHMEM_IB_SL", 0, 15, "a service level")?.map_or(d.sl, |n| n as u8),
+            timeout: num(
+                "RSHMEM_IB_TIMEOUT",
+                1,
+                31,
+                "an ACK timeout exponent (4.096 us * 2^t)",
+            )?
+            .map_or(d.timeout, |n| n as u8),
+        })
+    }
 }
 
 /// The libfabric backend's switches.
@@ -497,7 +565,9 @@ impl Settings {
             choice(&get, "RSHMEM_IBGDA_DOORBELL", &["auto", "cpu"], "auto")? == "cpu";
         // Strict, as every other switch: `off` or `false` used to leave the checks on.
         let device_checks = choice(&get, "RSHMEM_DEVICE_CHECKS", &["1", "0"], "1")? == "1";
+        let ib = IbSettings::from_lookup(&get)?;
         Ok(Settings {
+            ib,
             hca,
             ibgda_cpu_doorbell,
             device_checks,
@@ -915,6 +985,46 @@ mod tests {
         );
         let e = settings(&[("RSHMEM_DEVICE_CHECKS", "off")]).unwrap_err();
         assert!(e.to_string().contains("RSHMEM_DEVICE_CHECKS"), "{e}");
+        assert_eq!(s.ib, IbSettings::default());
+        assert_eq!(s.ib.timeout, 20);
+        let ib = settings(&[
+            ("RSHMEM_IB_GID_INDEX", "3"),
+            ("RSHMEM_IB_TC", " 106 "),
+            ("RSHMEM_IB_SL", "3"),
+            ("RSHMEM_IB_TIMEOUT", "18"),
+        ])
+        .unwrap()
+        .ib;
+        assert_eq!(
+            ib,
+            IbSettings {
+                gid_index: Some(3),
+                traffic_class: 106,
+                sl: 3,
+                timeout: 18
+            }
+        );
+        for (var, v, want) in [
+            (
+                "RSHMEM_IB_SL",
+                "16",
+                "expected a service level from 0 to 15",
+            ),
+            (
+                "RSHMEM_IB_TC",
+                "256",
+                "expected a traffic class from 0 to 255",
+            ),
+            ("RSHMEM_IB_TIMEOUT", "0", "expected an ACK timeout exponent"),
+            (
+                "RSHMEM_IB_GID_INDEX",
+                "-1",
+                "expected a GID table index from 0 to 65535",
+            ),
+        ] {
+            let e = settings(&[(var, v)]).unwrap_err().to_string();
+            assert!(e.contains(var) && e.contains(want), "{e}");
+        }
         let s = settings(&[
             ("RSHMEM_HCA", " mlx5_1:1 "),
             ("RSHMEM_IBGDA_DOORBELL", "cpu"),

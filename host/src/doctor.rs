@@ -219,8 +219,14 @@ fn port_line(p: &crate::verbs::PortInfo) -> String {
         p.lid,
         p.gids.len()
     );
-    if let Ok(Some(g)) = crate::verbs::qp::choose_gid(p) {
-        s.push_str(&format!(" (would use index {}, {:?})", g.index, g.kind));
+    // RSHMEM_IB_GID_INDEX as a job would read it (a bad value is the job's error).
+    let want = crate::config::IbSettings::from_env()
+        .ok()
+        .and_then(|ib| ib.gid_index);
+    match crate::verbs::qp::choose_gid_at(p, want) {
+        Ok(Some(g)) => s.push_str(&format!(" (would use index {}, {:?})", g.index, g.kind)),
+        Err(e) if want.is_some() => s.push_str(&format!(" ({e})")),
+        _ => {}
     }
     s
 }
@@ -406,6 +412,7 @@ fn render_table(r: &Report) -> String {
         ("dma-buf", &g.dmabuf),
         ("nvidia-peermem", &g.peermem),
         ("doorbell mapping", &g.doorbell_mapping),
+        ("locked memory", &g.locked_memory),
     ] {
         let v = if c.detail.starts_with(c.state) {
             c.detail.clone()

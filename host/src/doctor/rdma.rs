@@ -93,6 +93,8 @@ pub struct IbgdaReport {
     pub dmabuf: Capability,
     pub peermem: Capability,
     pub doorbell_mapping: Capability,
+    /// `ulimit -l` against the host memory each PE's queues pin.
+    pub locked_memory: Capability,
     /// The capability booleans the planner was given.
     pub caps: PathCaps,
     pub plan: PathPlan,
@@ -387,6 +389,10 @@ pub(super) fn ibgda(
     } else {
         cap(None, "unknown: needs a GPU and an mlx5 device")
     };
+    let locked_memory = locked_memory_cap(
+        crate::verbs::memlock::limit(),
+        crate::verbs::memlock::has_ipc_lock(),
+    );
     let caps = PathCaps {
         gpu: gpus > 0,
         rdma_core: r.present,
@@ -402,6 +408,7 @@ pub(super) fn ibgda(
         dmabuf,
         peermem,
         doorbell_mapping,
+        locked_memory,
         caps,
         gpu_pe_path: match plan.path {
             verbs::Path::Proxy => plan.summary(),
@@ -419,9 +426,59 @@ pub(super) fn ibgda(
     }
 }
 
+/// `ulimit -l` (`limit`, None: unlimited) against the queues of a job: each PE's GPU
+/// pins about [`crate::gpu::nic::pinned_per_pe`] of host memory per PE of the job. "no"
+/// when fewer than 8 PEs' queues fit (one node of 8 GPUs), unless CAP_IPC_LOCK lifts it.
+fn locked_memory_cap(limit: Option<u64>, ipc_lock: bool) -> Capability {
+    let per = crate::gpu::nic::pinned_per_pe();
+    match (limit, ipc_lock) {
+        (None, _) => cap(Some(true), "unlimited"),
+        (Some(l), true) => cap(
+            Some(true),
+            format!(
+                "{} but lifted by CAP_IPC_LOCK",
+                crate::doctor::human_bytes(l)
+            ),
+        ),
+        (Some(l), false) => {
+            let fit = l / per;
+            cap(
+                Some(fit >= 8),
+                format!(
+                    "{}: queues for about {fit} PEs (about {} each); IBGDA jobs need one per \
+                     PE of the job{}",
+                    crate::doctor::human_bytes(l),
+                    crate::doctor::human_bytes(per),
+                    if fit >= 8 {
+                        String::new()
+                    } else {
+                        format!("; {}", crate::verbs::memlock::cure(l))
+                    }
+                ),
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn locked_memory_against_the_queues_of_a_job() {
+        assert_eq!(locked_memory_cap(None, false).state, "yes");
+        let c = locked_memory_cap(Some(64 << 10), false);
+        assert_eq!(c.state, "no");
+        assert!(
+            c.detail
+                .starts_with("64.0 KiB: queues for about 0 PEs (about 388.0 KiB each)"),
+            "{}",
+            c.detail
+        );
+        assert!(c.detail.contains("ulimit -l unlimited"), "{}", c.detail);
+        assert_eq!(locked_memory_cap(Some(8 << 20), false).state, "yes");
+        assert_eq!(locked_memory_cap(Some(64 << 10), true).state, "yes");
+    }
 
     #[test]
     fn mlx5_detection_prefers_kernel_driver() {

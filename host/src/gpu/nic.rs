@@ -404,6 +404,8 @@ pub(crate) struct NicSetup<'a> {
     /// Where the GPU sits (the NIC nearest it is taken unless `hca` names one).
     pub near: Near,
     pub cpu_doorbell: bool,
+    /// RSHMEM_IB_* (GID index, traffic class, service level, ACK timeout).
+    pub ib: crate::config::IbSettings,
 }
 
 /// The NIC opened and the memory registered: what [`NicGpu::new`] does before the
@@ -446,7 +448,36 @@ pub fn check_atomic_cap(name: &str, atomic_cap: u32) -> Result<()> {
     )))
 }
 
+/// The queue pairs [`NicGpu::new`] creates, one per PE.
+const QP_CAPS: QpCaps = QpCaps {
+    max_send_wr: SEND_WR,
+    max_send_sge: 1,
+    max_inline_data: 256,
+};
+
+/// About how much host memory one PE's queues toward one peer pin (`ulimit -l`).
+pub(crate) fn pinned_per_pe() -> u64 {
+    QP_CAPS.pinned_estimate()
+}
+
+/// Refuses, before anything is created, a job whose queues would pass the locked-memory
+/// limit (`binding`: None when unlimited or lifted by CAP_IPC_LOCK); the kernel would
+/// refuse one of the CQs or QPs with ENOMEM part way through.
+fn check_memlock(n_pes: usize, binding: Option<u64>) -> Result<()> {
+    let need = n_pes as u64 * QP_CAPS.pinned_estimate() + (RESULT_SLOTS as u64 + 1) * 8;
+    match binding {
+        Some(limit) if need > limit => Err(Error::InvalidArgument(format!(
+            "RSHMEM_TRANSPORT=ibgda: {n_pes} queue pairs (one per PE) and their completion \
+             queues pin about {} of host memory, but {}",
+            crate::doctor::human_bytes(need),
+            crate::verbs::memlock::cure(limit)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn open_nic(s: &NicSetup<'_>) -> Result<Opened> {
+    check_memlock(s.n_pes, crate::verbs::memlock::binding_limit())?;
     let devices = crate::verbs::list_devices()?;
     let NicChoice { name, port, why } = choose_port(&devices, s.hca.as_deref(), Some(&s.near))?;
     if let Some(d) = devices.iter().find(|d| d.name == name) {
@@ -539,17 +570,13 @@ impl NicGpu {
             &opened,
         )?;
         let o = opened?;
-        let caps = QpCaps {
-            max_send_wr: SEND_WR,
-            max_send_sge: 1,
-            max_inline_data: 256,
-        };
+        let caps = QP_CAPS;
         let params = RcParams {
             // Initiator depth toward each peer is lowered further to what that peer
             // offers as responder (connect_all, address record).
             rd_atomic: o.rd_atom.0.clamp(1, 16) as u8,
             dest_rd_atomic: o.rd_atom.1.clamp(1, 16) as u8,
-            ..RcParams::default()
+            ..RcParams::with_settings(&s.ib)
         };
         let heap_key = HeapKey {
             base: s.heap_va,
@@ -799,6 +826,24 @@ fn peer_mem(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queues_past_the_locked_memory_limit_are_refused_up_front() {
+        // 4096 CQEs (256 KiB) + 256 WRs of 512 B (128 KiB) + a page, per PE.
+        assert_eq!(QP_CAPS.pinned_estimate(), 256 * 1024 + 128 * 1024 + 4096);
+        let e = check_memlock(8, Some(64 << 10)).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "RSHMEM_TRANSPORT=ibgda: 8 queue pairs (one per PE) and their completion \
+                 queues pin about 3.1 MiB of host memory, but the locked-memory limit \
+                 (ulimit -l) is 64.0 KiB"
+            ),
+            "{e}"
+        );
+        assert!(check_memlock(8, Some(8 << 20)).is_ok()); // systemd's default, 8 PEs
+        assert!(check_memlock(32, Some(8 << 20)).is_err()); // ... but not 32
+        assert!(check_memlock(4096, None).is_ok()); // unlimited or CAP_IPC_LOCK
+    }
     use crate::verbs::device::PORT_ACTIVE;
     use crate::verbs::PortInfo;
 

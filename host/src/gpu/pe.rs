@@ -849,6 +849,7 @@ impl GpuPe {
                     sysfs: crate::topo::sysfs_root(),
                 },
                 cpu_doorbell: settings.ibgda_cpu_doorbell,
+                ib: settings.ib,
             },
             boot,
             &world,

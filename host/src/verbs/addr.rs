@@ -8,7 +8,7 @@
 //! | off | size | field |
 //! |---:|---:|---|
 //! | 0 | 4 | magic `b"RSQA"` |
-//! | 4 | 2 | version (2) |
+//! | 4 | 2 | version (3) |
 //! | 6 | 2 | number of QP entries `n` |
 //! | 8 | 2 | LID |
 //! | 10 | 1 | port number |
@@ -21,13 +21,15 @@
 //! | 40 | 8 | heap length |
 //! | 48 | 4 | heap rkey |
 //! | 52 | 1 | responder resources: outstanding READs/atomics this PE accepts per QP (≥ 1) |
-//! | 53 | 3 | reserved (0) |
+//! | 53 | 1 | GID type: 0 none or InfiniBand, 1 RoCE v1, 2 RoCE v2 |
+//! | 54 | 2 | reserved (0) |
 //! | 56 | 8·n | per peer: QP number (u32, 24 bits), PSN (u32, 24 bits) |
 
 /// `b"RSQA"`.
 pub const MAGIC: [u8; 4] = *b"RSQA";
-/// The version this build writes and reads (2: responder resources at byte 52).
-pub const VERSION: u16 = 2;
+/// The version this build writes and reads (2: responder resources at byte 52; 3: the GID
+/// type at byte 53).
+pub const VERSION: u16 = 3;
 /// Bytes before the per-peer entries.
 pub const HEADER_LEN: usize = 56;
 
@@ -48,9 +50,20 @@ pub struct AddressRecord {
     /// RDMA READs/atomics this PE accepts outstanding as target on each QP
     /// (`max_dest_rd_atomic`): peers' initiator depth toward it stays within.
     pub responder_resources: u8,
+    /// The GID's type: [`GID_KIND_NONE`] (no GID, or an InfiniBand one),
+    /// [`GID_KIND_ROCE_V1`] or [`GID_KIND_ROCE_V2`]. Peers whose RoCE versions differ
+    /// cannot talk (v1 is an Ethernet frame, v2 a UDP/IP packet).
+    pub gid_kind: u8,
     /// `qps[j]` = (QP number, first PSN) of this PE's QP connected to PE `j`.
     pub qps: Vec<(u32, u32)>,
 }
+
+/// [`AddressRecord::gid_kind`]: no GID, or an InfiniBand one.
+pub const GID_KIND_NONE: u8 = 0;
+/// [`AddressRecord::gid_kind`]: RoCE v1.
+pub const GID_KIND_ROCE_V1: u8 = 1;
+/// [`AddressRecord::gid_kind`]: RoCE v2.
+pub const GID_KIND_ROCE_V2: u8 = 2;
 
 /// A record that cannot be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,7 +105,8 @@ impl AddressRecord {
         b.extend_from_slice(&self.heap_len.to_le_bytes());
         b.extend_from_slice(&self.heap_rkey.to_le_bytes());
         b.push(self.responder_resources);
-        b.extend_from_slice(&[0; 3]);
+        b.push(self.gid_kind);
+        b.extend_from_slice(&[0; 2]);
         for &(qpn, psn) in &self.qps {
             b.extend_from_slice(&qpn.to_le_bytes());
             b.extend_from_slice(&psn.to_le_bytes());
@@ -143,6 +157,9 @@ impl AddressRecord {
         if b[52] == 0 {
             return Err(field("responder_resources", 0));
         }
+        if b[53] > GID_KIND_ROCE_V2 {
+            return Err(field("gid_kind", b[53] as u64));
+        }
         let gid = match has_gid {
             0 => None,
             1 => Some((u16_at(14), b[16..32].try_into().expect("16 bytes"))),
@@ -169,6 +186,7 @@ impl AddressRecord {
             heap_len: u64_at(40),
             heap_rkey: u32_at(48),
             responder_resources: b[52],
+            gid_kind: b[53],
             qps,
         })
     }
@@ -205,6 +223,7 @@ mod tests {
             heap_len: 1 << 30,
             heap_rkey: 0xdead_beef,
             responder_resources: 16,
+            gid_kind: GID_KIND_ROCE_V2,
             qps: vec![(0x00_0101, 0x00_abcd), (0xff_ffff, 0x12_3456)],
         }
     }
@@ -215,7 +234,7 @@ mod tests {
         assert_eq!(b.len(), HEADER_LEN + 16);
         assert_eq!(
             &b[0..16],
-            b"RSQA\x02\x00\x02\x00\x34\x12\x01\x05\x02\x01\x03\x00"
+            b"RSQA\x03\x00\x02\x00\x34\x12\x01\x05\x02\x01\x03\x00"
         );
         assert_eq!(
             &b[16..32],
@@ -223,13 +242,14 @@ mod tests {
         );
         assert_eq!(&b[32..40], &0x7f00_1122_3344_5566u64.to_le_bytes());
         assert_eq!(&b[40..48], &[0, 0, 0, 0x40, 0, 0, 0, 0]);
-        assert_eq!(&b[48..56], &[0xef, 0xbe, 0xad, 0xde, 16, 0, 0, 0]);
+        assert_eq!(&b[48..56], &[0xef, 0xbe, 0xad, 0xde, 16, 2, 0, 0]);
         assert_eq!(&b[56..64], &[1, 1, 0, 0, 0xcd, 0xab, 0, 0]);
         assert_eq!(&b[64..72], &[0xff, 0xff, 0xff, 0, 0x56, 0x34, 0x12, 0]);
         assert_eq!(AddressRecord::decode(&b), Ok(sample()));
         let ib = AddressRecord {
             gid: None,
             link_layer: 1,
+            gid_kind: GID_KIND_NONE,
             ..sample()
         };
         assert_eq!(AddressRecord::decode(&ib.encode()), Ok(ib));
@@ -262,6 +282,13 @@ mod tests {
             Err(AddrError::Field {
                 field: "responder_resources",
                 value: 0
+            })
+        );
+        assert_eq!(
+            with(53, 3),
+            Err(AddrError::Field {
+                field: "gid_kind",
+                value: 3
             })
         );
         assert_eq!(

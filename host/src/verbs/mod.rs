@@ -26,6 +26,7 @@ pub mod addr;
 pub mod device;
 pub mod dv;
 pub mod loader;
+pub mod memlock;
 pub mod plan;
 pub mod qp;
 pub mod relay;

@@ -2,7 +2,7 @@
 //! [`QueuePair`] RAII type, and [`connect_all`], which brings one QP per peer from RESET to
 //! RTS with the peers' addresses exchanged over the bootstrap.
 
-use super::addr::{decode_all, AddressRecord};
+use super::addr::{decode_all, AddressRecord, GID_KIND_NONE, GID_KIND_ROCE_V1, GID_KIND_ROCE_V2};
 use super::device::{
     CompletionQueue, Gid, GidKind, PortInfo, ProtectionDomain, LINK_LAYER_ETHERNET, LINK_LAYER_IB,
 };
@@ -14,7 +14,8 @@ use std::sync::Arc;
 /// Tunables of the RC connection (the values NVSHMEM and perftest use).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RcParams {
-    /// Local ACK timeout exponent: 4.096 µs · 2^timeout (14 ≈ 67 ms).
+    /// Local ACK timeout exponent: 4.096 µs · 2^timeout (20 ≈ 4.3 s, NVSHMEM's IBGDA
+    /// value; 14 ≈ 67 ms gave up after about 0.5 s of congestion with 7 retries).
     pub timeout: u8,
     /// Transport retries (7 = the maximum).
     pub retry_cnt: u8,
@@ -35,12 +36,28 @@ pub struct RcParams {
     /// Service level / traffic class.
     pub sl: u8,
     pub traffic_class: u8,
+    /// The source GID table index to use (RSHMEM_IB_GID_INDEX); None: [`choose_gid`]'s
+    /// choice.
+    pub gid_index: Option<u16>,
+}
+
+impl RcParams {
+    /// The defaults with the settings of `RSHMEM_IB_*`.
+    pub fn with_settings(ib: &crate::config::IbSettings) -> RcParams {
+        RcParams {
+            timeout: ib.timeout,
+            sl: ib.sl,
+            traffic_class: ib.traffic_class,
+            gid_index: ib.gid_index,
+            ..RcParams::default()
+        }
+    }
 }
 
 impl Default for RcParams {
     fn default() -> Self {
         RcParams {
-            timeout: 14,
+            timeout: 20,
             retry_cnt: 7,
             rnr_retry: 7,
             min_rnr_timer: 12,
@@ -49,6 +66,7 @@ impl Default for RcParams {
             hop_limit: 64,
             sl: 0,
             traffic_class: 0,
+            gid_index: None,
         }
     }
 }
@@ -98,6 +116,37 @@ pub fn path_mtu(local: u8, remote: u8) -> u8 {
 /// other RoCE v2 entry that is not link-local (`fe80::/10`), then any RoCE v2, then RoCE
 /// v1. An Ethernet port without a usable GID is an error.
 pub fn choose_gid(port: &PortInfo) -> std::result::Result<Option<Gid>, String> {
+    choose_gid_at(port, None)
+}
+
+/// As [`choose_gid`], or the entry at table index `want` when given (RSHMEM_IB_GID_INDEX;
+/// on InfiniBand it makes the connection use a GRH): refused when the port has no such
+/// entry, or (Ethernet) when it is not a RoCE one.
+pub fn choose_gid_at(
+    port: &PortInfo,
+    want: Option<u16>,
+) -> std::result::Result<Option<Gid>, String> {
+    if let Some(i) = want {
+        let listed: Vec<String> = port.gids.iter().map(|g| g.index.to_string()).collect();
+        let g = port.gids.iter().find(|g| g.index == i).ok_or_else(|| {
+            format!(
+                "RSHMEM_IB_GID_INDEX={i}: port {} has no GID at that index (it has {})",
+                port.port,
+                if listed.is_empty() {
+                    "none".to_string()
+                } else {
+                    listed.join(", ")
+                }
+            )
+        })?;
+        if port.link_layer == LINK_LAYER_ETHERNET && g.kind == GidKind::Ib {
+            return Err(format!(
+                "RSHMEM_IB_GID_INDEX={i}: port {} is Ethernet and GID {i} is not a RoCE one",
+                port.port
+            ));
+        }
+        return Ok(Some(*g));
+    }
     match port.link_layer {
         LINK_LAYER_IB => Ok(None),
         LINK_LAYER_ETHERNET => {
@@ -122,12 +171,24 @@ pub fn choose_gid(port: &PortInfo) -> std::result::Result<Option<Gid>, String> {
     }
 }
 
-/// What the local side contributes to RTR: its port, active MTU and source GID index.
+/// What the local side contributes to RTR: its port, active MTU and source GID index
+/// and type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LocalPath {
     pub port: u8,
     pub active_mtu: u8,
     pub sgid_index: Option<u16>,
+    /// As [`AddressRecord::gid_kind`].
+    pub gid_kind: u8,
+}
+
+/// [`AddressRecord::gid_kind`] of a chosen GID.
+pub fn gid_kind_code(g: Option<&Gid>) -> u8 {
+    match g.map(|g| g.kind) {
+        Some(GidKind::RoceV1) => GID_KIND_ROCE_V1,
+        Some(GidKind::RoceV2) => GID_KIND_ROCE_V2,
+        Some(GidKind::Ib) | None => GID_KIND_NONE,
+    }
 }
 
 /// INIT → RTR: the remote QP number and PSN, the address vector (LID, or GRH with the
@@ -151,6 +212,25 @@ pub fn to_rtr(
     a.ah_attr.src_path_bits = 0;
     a.ah_attr.port_num = local.port;
     match (local.sgid_index, remote.gid) {
+        (Some(_), Some(_))
+            if local.gid_kind != GID_KIND_NONE
+                && remote.gid_kind != GID_KIND_NONE
+                && local.gid_kind != remote.gid_kind =>
+        {
+            let v = |k: u8| {
+                if k == GID_KIND_ROCE_V1 {
+                    "RoCE v1"
+                } else {
+                    "RoCE v2"
+                }
+            };
+            return Err(format!(
+                "this port's GID is {}, the peer's {}: both sides must use the same RoCE \
+                 version (RSHMEM_IB_GID_INDEX picks the GID)",
+                v(local.gid_kind),
+                v(remote.gid_kind)
+            ));
+        }
         (Some(sgid), Some((_, dgid))) => {
             a.ah_attr.is_global = 1;
             a.ah_attr.grh.dgid.raw = dgid;
@@ -247,6 +327,18 @@ impl QpCaps {
             .checked_next_power_of_two()
             .map_or(u32::MAX, |n| n.saturating_mul(MAX_WQEBBS_PER_WQE))
             - 1
+    }
+}
+
+impl QpCaps {
+    /// About how much host memory one QP with its own CQ pins (charged to `ulimit -l`):
+    /// the CQ's [`QpCaps::cqe`] + 1 64-byte entries, the send queue at up to 512 bytes per
+    /// WR (libmlx5 rounds the WQE of a 256-byte inline limit up to 512 and the queue to a
+    /// power of two) and a page of doorbell records.
+    pub fn pinned_estimate(&self) -> u64 {
+        let cq = (self.cqe() as u64 + 1) * 64;
+        let sq = (self.max_send_wr.max(1) as u64).next_power_of_two() * 512;
+        cq + sq + 4096
     }
 }
 
@@ -431,7 +523,7 @@ pub fn connect_all(
     // in it (with an empty record, so the others fail at once naming it, instead of
     // waiting for a record that never comes), then reports its own error.
     let setup = (|| -> Result<_> {
-        let gid = choose_gid(port)
+        let gid = choose_gid_at(port, params.gid_index)
             .map_err(|e| Error::InvalidArgument(format!("{}: {e}", pd.context().name())))?;
         let mut qps = Vec::with_capacity(n_pes);
         let mut entries = Vec::with_capacity(n_pes);
@@ -461,6 +553,7 @@ pub fn connect_all(
         heap_len: heap.len,
         heap_rkey: heap.rkey,
         responder_resources: params.dest_rd_atomic,
+        gid_kind: gid_kind_code(gid.as_ref()),
         qps: entries.clone(),
     };
     let all = exchange(&mine.encode())?;
@@ -469,6 +562,7 @@ pub fn connect_all(
         port: port.port,
         active_mtu: port.active_mtu,
         sgid_index: gid.map(|g| g.index),
+        gid_kind: gid_kind_code(gid.as_ref()),
     };
     for (j, qp) in qps.iter().enumerate() {
         let (rqpn, rpsn) = peers[j].qps[rank];
@@ -560,6 +654,7 @@ mod tests {
             heap_len: 1 << 20,
             heap_rkey: 7,
             responder_resources: 16,
+            gid_kind: GID_KIND_NONE,
             qps: vec![(0x10, 1), (0x11, 2)],
         };
         let ok = vec![rec(0x1000).encode(), rec(0x2000).encode()];
@@ -608,6 +703,23 @@ mod tests {
             ],
         );
         assert_eq!(choose_gid(&p).unwrap().unwrap().index, 3);
+        // RSHMEM_IB_GID_INDEX takes the entry named, or says which exist.
+        assert_eq!(choose_gid_at(&p, Some(2)).unwrap().unwrap().index, 2);
+        assert_eq!(
+            choose_gid_at(&p, Some(9)),
+            Err(
+                "RSHMEM_IB_GID_INDEX=9: port 1 has no GID at that index (it has 0, 1, 2, 3)"
+                    .to_string()
+            )
+        );
+        let ib_gid = port(LINK_LAYER_ETHERNET, vec![gid(0, GidKind::Ib, LINK_LOCAL)]);
+        assert_eq!(
+            choose_gid_at(&ib_gid, Some(0)),
+            Err("RSHMEM_IB_GID_INDEX=0: port 1 is Ethernet and GID 0 is not a RoCE one".into())
+        );
+        // On InfiniBand a named index makes the connection use a GRH.
+        let ib = port(LINK_LAYER_IB, vec![gid(0, GidKind::Ib, LINK_LOCAL)]);
+        assert_eq!(choose_gid_at(&ib, Some(0)).unwrap().unwrap().index, 0);
         // No IPv4: a global v2 beats a link-local v2.
         let p = port(
             LINK_LAYER_ETHERNET,
@@ -652,6 +764,11 @@ mod tests {
             heap_len: 0,
             heap_rkey: 0,
             responder_resources: 16,
+            gid_kind: if gid.is_some() {
+                GID_KIND_ROCE_V2
+            } else {
+                GID_KIND_NONE
+            },
             qps: vec![],
         }
     }
@@ -662,6 +779,7 @@ mod tests {
             port: 1,
             active_mtu: 5,
             sgid_index: None,
+            gid_kind: GID_KIND_NONE,
         };
         let t = to_rtr(
             &local,
@@ -692,6 +810,7 @@ mod tests {
             port: 1,
             active_mtu: 4,
             sgid_index: Some(3),
+            gid_kind: GID_KIND_ROCE_V2,
         };
         let t = to_rtr(
             &local,
@@ -705,6 +824,33 @@ mod tests {
         assert_eq!(t.attr.ah_attr.is_global, 1);
         assert_eq!(t.attr.ah_attr.grh.sgid_index, 3);
         assert_eq!(t.attr.ah_attr.grh.hop_limit, 64);
+        assert_eq!(
+            (t.attr.ah_attr.grh.traffic_class, t.attr.ah_attr.sl),
+            (0, 0)
+        );
+        // RSHMEM_IB_TC / RSHMEM_IB_SL reach the address vector.
+        let lossless = RcParams::with_settings(&crate::config::IbSettings {
+            traffic_class: 106,
+            sl: 3,
+            ..Default::default()
+        });
+        let t = to_rtr(&local, &remote(5, Some((7, IPV4))), 9, 10, &lossless).unwrap();
+        assert_eq!(
+            (t.attr.ah_attr.grh.traffic_class, t.attr.ah_attr.sl),
+            (106, 3)
+        );
+        // A RoCE v1 peer of a RoCE v2 port: refused, naming both.
+        let v1 = AddressRecord {
+            gid_kind: GID_KIND_ROCE_V1,
+            ..remote(5, Some((7, IPV4)))
+        };
+        assert_eq!(
+            to_rtr(&local, &v1, 9, 10, &RcParams::default())
+                .err()
+                .unwrap(),
+            "this port's GID is RoCE v2, the peer's RoCE v1: both sides must use the same \
+             RoCE version (RSHMEM_IB_GID_INDEX picks the GID)"
+        );
         // SAFETY: raw covers the union.
         assert_eq!(unsafe { t.attr.ah_attr.grh.dgid.raw }, IPV4);
         assert_eq!(
@@ -752,7 +898,7 @@ mod tests {
                 t.attr.rnr_retry,
                 t.attr.max_rd_atomic
             ),
-            (14, 7, 7, 16)
+            (20, 7, 7, 16)
         );
     }
 
@@ -771,6 +917,7 @@ mod tests {
             port: 1,
             active_mtu: 5,
             sgid_index: None,
+            gid_kind: GID_KIND_NONE,
         };
         let t = to_rtr(&local, &remote(5, None), 1, 2, &p).unwrap();
         assert_eq!(t.attr.max_dest_rd_atomic, 8);

@@ -71,7 +71,13 @@ pub fn strerror(errno: i32) -> String {
 
 /// The [`Error::Verbs`] for `call` failing with `errno` while doing `what`.
 pub fn verbs_error(call: &'static str, errno: i32, what: &str) -> Error {
-    let s = strerror(errno);
+    let mut s = strerror(errno);
+    // ENOMEM from a verb that pins memory is most often the locked-memory limit.
+    if errno == libc::ENOMEM {
+        if let Some(h) = super::memlock::enomem_hint() {
+            s = format!("{s}: {h}");
+        }
+    }
     Error::Verbs {
         call,
         errno,
