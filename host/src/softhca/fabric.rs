@@ -162,6 +162,29 @@ struct Pending {
     result_be32: Option<(usize, usize)>,
 }
 
+/// `bufs` cut into pieces of at most `max` bytes (the provider's `max_msg_size`; 0:
+/// unreported, no limit), in order: one WQE's data segment may name up to 2 GiB, beyond
+/// what one operation of some providers moves (verbs: often 1 GiB).
+fn split_bufs(bufs: &[LocalBuf], max: usize) -> Vec<LocalBuf> {
+    let max = if max == 0 { usize::MAX } else { max };
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        let mut done = 0;
+        loop {
+            let len = (b.len - done).min(max);
+            out.push(LocalBuf {
+                ptr: b.ptr.wrapping_add(done),
+                len,
+            });
+            done += len;
+            if done >= b.len {
+                break;
+            }
+        }
+    }
+    out
+}
+
 /// Whether a provider with transmit ordering `msg_order` answers an RMA READ only after
 /// the writes posted before it to the same peer (`FI_ORDER_RMA_RAW`, or the older
 /// `FI_ORDER_RAW` that covers RMA and atomics): what a flush READ relies on.
@@ -187,6 +210,11 @@ pub struct FabricBackend {
     lazy: bool,
     /// Some thread waits for a completion, or the engine holds WQEs back.
     urgent: bool,
+    /// The completion queue failed (fi_cq_read / fi_cq_readerr returned an error, e.g.
+    /// FI_EOVERRUN, which fi_cq(3) calls fatal): every operation then in flight was failed
+    /// and its index freed, so the CQ is never read again (a late completion would name an
+    /// index a new operation holds) and every later operation fails at once.
+    broken: bool,
     /// The engine thread parks while a PE drives (default; `RSHMEM_ENGINE_HANDOVER=0` turns
     /// it off).
     handover: bool,
@@ -342,6 +370,7 @@ impl FabricBackend {
             unflushed: std::collections::HashMap::new(),
             lazy: switches.lazy_confirm,
             urgent: false,
+            broken: false,
             handover: switches.handover,
             unflushed_n: 0,
             ep,
@@ -772,6 +801,9 @@ impl FabricBackend {
         token: u64,
         op: &Op<'_>,
     ) -> Option<std::result::Result<(), Syndrome>> {
+        if self.broken {
+            return Some(Err(Syndrome::TransportRetryExc));
+        }
         let key = peer.addr.0;
         if Some(peer.addr) == self.self_addr && self.revoked.contains(&peer.region.key) {
             return Some(Err(Syndrome::RemoteAccess));
@@ -820,6 +852,7 @@ impl FabricBackend {
                         self.post_parts(i, 1, |_, _| Ok(post.take().expect("one part")))
                     }
                     Gather::Bufs(bufs) => {
+                        let bufs = &split_bufs(bufs, self.ep.info().max_msg_size)[..];
                         let i = self.new_op(token, key, bufs.len() as u32, Bounce::None);
                         self.mark_write(i, t);
                         let mut off = 0u64;
@@ -852,6 +885,7 @@ impl FabricBackend {
                     Ok(t) => t,
                     Err(s) => return Some(Err(s)),
                 };
+                let dst = &split_bufs(dst, self.ep.info().max_msg_size)[..];
                 let i = self.new_op(token, key, dst.len() as u32, Bounce::None);
                 let mut off = 0u64;
                 self.post_parts(i, dst.len(), |me, k| {
@@ -927,10 +961,15 @@ impl Backend for FabricBackend {
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        if self.broken {
+            return;
+        }
         let mut comps = std::mem::take(&mut self.comps);
         comps.clear();
         if self.ep.poll_into(&mut comps).is_err() {
             // The completion queue itself failed: nothing in flight will complete.
+            self.broken = true;
+            comps.clear();
             self.unflushed.clear();
             self.unflushed_n = 0;
             self.peers.clear();
@@ -941,6 +980,8 @@ impl Backend for FabricBackend {
                     done(t, Err(Syndrome::TransportRetryExc));
                 }
             }
+            self.comps = comps;
+            return;
         }
         for c in comps.drain(..) {
             // Remote-data arrivals and errors not tied to an operation (a peer that went
@@ -981,7 +1022,28 @@ impl Backend for FabricBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::reads_follow_writes;
+    use super::{reads_follow_writes, split_bufs, LocalBuf};
+
+    #[test]
+    fn data_segments_are_cut_to_the_providers_message_size() {
+        let mut mem = vec![0u8; 64];
+        let p = mem.as_mut_ptr();
+        let bufs = [
+            LocalBuf { ptr: p, len: 10 },
+            LocalBuf {
+                ptr: p.wrapping_add(32),
+                len: 4,
+            },
+        ];
+        let cut: Vec<(usize, usize)> = split_bufs(&bufs, 4)
+            .iter()
+            .map(|b| (b.ptr as usize - p as usize, b.len))
+            .collect();
+        assert_eq!(cut, [(0, 4), (4, 4), (8, 2), (32, 4)]);
+        // 0 (not reported): no limit.
+        assert_eq!(split_bufs(&bufs, 0).len(), 2);
+        assert_eq!(split_bufs(&bufs, 1 << 30).len(), 2);
+    }
     use crate::fabric::sys::{FI_ORDER_RAW, FI_ORDER_RMA_RAW, FI_ORDER_SAS};
 
     #[test]
