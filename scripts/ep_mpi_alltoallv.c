@@ -58,6 +58,7 @@ int main(int argc, char **argv) {
   if (argc < 7) { if (!me) fprintf(stderr, "usage: %s T H K E ITERS WARMUP\n", argv[0]); MPI_Abort(MPI_COMM_WORLD, 2); }
   int T = atoi(argv[1]), H = atoi(argv[2]), K = atoi(argv[3]), E = atoi(argv[4]);
   int iters = atoi(argv[5]), warmup = atoi(argv[6]);
+  if (iters < 1 || warmup < 0) { fprintf(stderr, "ITERS must be at least 1 and WARMUP at least 0\n"); MPI_Abort(MPI_COMM_WORLD, 2); }
   int L = E / R, N = T, G = H / 128;
   size_t msg = 16 + (size_t)H + (size_t)G * 4;
   for (int i = 0; i < 256; i++) {

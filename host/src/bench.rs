@@ -383,6 +383,10 @@ pub fn run_cli(args: BenchArgs) -> i32 {
         eprintln!("rshmem bench {}: {}", args.kind.name(), unused.join("; "));
         return 2;
     }
+    if let Err(e) = validate_sizes(&args) {
+        eprintln!("rshmem bench: {e}");
+        return 1;
+    }
     if args.device == "gpu" {
         return gpu_cli(&args);
     }
@@ -568,7 +572,19 @@ fn validate(a: &BenchArgs) -> Result<()> {
     if a.iters == 0 {
         return Err(Error::InvalidArgument("--iters must be at least 1".into()));
     }
-    // Sizes a kind cannot measure are refused, not replaced by ones it can.
+    validate_sizes(a)?;
+    if a.pe_count() == 0 || a.pe_count() > 1024 {
+        return Err(Error::InvalidArgument(format!(
+            "--pes {} is out of range 1..=1024",
+            a.pe_count()
+        )));
+    }
+    Ok(())
+}
+
+/// Sizes a kind cannot measure are refused, not replaced by ones it can (CPU and GPU
+/// benches alike).
+fn validate_sizes(a: &BenchArgs) -> Result<()> {
     let range = |lo: usize, hi: usize| a.min_size <= hi && a.max_size >= lo;
     match a.kind {
         Kind::Atomic if !range(8, 8) => {
@@ -602,12 +618,6 @@ fn validate(a: &BenchArgs) -> Result<()> {
             )));
         }
         _ => {}
-    }
-    if a.pe_count() == 0 || a.pe_count() > 1024 {
-        return Err(Error::InvalidArgument(format!(
-            "--pes {} is out of range 1..=1024",
-            a.pe_count()
-        )));
     }
     Ok(())
 }

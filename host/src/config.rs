@@ -342,7 +342,8 @@ impl IbSettings {
 
     fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<IbSettings> {
         let num = |var: &str, lo: usize, hi: usize, what: &str| -> Result<Option<usize>> {
-            match get(var) {
+            // Blank counts as unset, as for RSHMEM_HCA.
+            match get(var).filter(|v| !v.trim().is_empty()) {
                 None => Ok(None),
                 Some(v) => match parse_count(var, &v) {
                     Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
@@ -356,7 +357,8 @@ impl IbSettings {
         };
         let d = IbSettings::default();
         Ok(IbSettings {
-            gid_index: num("RSHMEM_IB_GID_INDEX", 0, 65535, "a GID table index")?.map(|n| n as u16),
+            // ibv_ah_attr's sgid_index has 8 bits.
+            gid_index: num("RSHMEM_IB_GID_INDEX", 0, 255, "a GID table index")?.map(|n| n as u16),
             traffic_class: num("RSHMEM_IB_TC", 0, 255, "a traffic class")?
                 .map_or(d.traffic_class, |n| n as u8),
             sl: num("RSHMEM_IB_SL", 0, 15, "a service level")?.map_or(d.sl, |n| n as u8),
@@ -986,6 +988,12 @@ mod tests {
         let e = settings(&[("RSHMEM_DEVICE_CHECKS", "off")]).unwrap_err();
         assert!(e.to_string().contains("RSHMEM_DEVICE_CHECKS"), "{e}");
         assert_eq!(s.ib, IbSettings::default());
+        assert_eq!(
+            settings(&[("RSHMEM_IB_SL", " "), ("RSHMEM_IB_GID_INDEX", "")])
+                .unwrap()
+                .ib,
+            IbSettings::default()
+        );
         assert_eq!(s.ib.timeout, 20);
         let ib = settings(&[
             ("RSHMEM_IB_GID_INDEX", "3"),
@@ -1019,7 +1027,12 @@ mod tests {
             (
                 "RSHMEM_IB_GID_INDEX",
                 "-1",
-                "expected a GID table index from 0 to 65535",
+                "expected a GID table index from 0 to 255",
+            ),
+            (
+                "RSHMEM_IB_GID_INDEX",
+                "256",
+                "expected a GID table index from 0 to 255",
             ),
         ] {
             let e = settings(&[(var, v)]).unwrap_err().to_string();

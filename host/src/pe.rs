@@ -1276,7 +1276,10 @@ fn read_fabric_card<'a>(
     let mut at = 0usize;
     for _ in 0..3 {
         let len = m.get(at..at + 8).map(le_u64).ok_or_else(bad)? as usize;
-        let end = at.checked_add(8 + len).ok_or_else(bad)?;
+        let end = len
+            .checked_add(8)
+            .and_then(|x| at.checked_add(x))
+            .ok_or_else(bad)?;
         parts.push(m.get(at + 8..end).ok_or_else(bad)?);
         at = end;
     }
@@ -1327,6 +1330,11 @@ mod tests {
                 .contains("PE 3 sent a malformed fabric address"),
             "{e}"
         );
+        // A length that would overflow the offset: malformed, not a panic.
+        let mut huge = card.clone();
+        huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = read_fabric_card(&huge, 3, "tcp;ofi_rxm", &[0; 16]).unwrap_err();
+        assert!(e.to_string().contains("malformed fabric address"), "{e}");
     }
 
     use super::describe_records;

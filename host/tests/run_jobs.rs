@@ -202,6 +202,20 @@ fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
             vec!["bench", "reduce", "--min-size", "4"],
             "--min-size 4: bench reduce moves whole 8-byte words (u64 elements)",
         ),
+        // The same for GPU benches (checked before any GPU is looked for).
+        (
+            vec![
+                "bench",
+                "atomic",
+                "--device",
+                "gpu",
+                "--min-size",
+                "1M",
+                "--max-size",
+                "2M",
+            ],
+            "bench atomic measures 8-byte atomics",
+        ),
         // Heaps past the node's memory: refused, not killed by the OOM killer mid-run.
         (
             vec!["bench", "put", "--max-size", "1T"],

@@ -16,8 +16,10 @@ use std::io::{self, Read, Write};
 
 /// First bytes of every hello: "RSHMEM", NUL, and the hello layout generation.
 pub(crate) const MAGIC: [u8; 8] = *b"RSHMEM\0\x01";
-/// Bumped on any incompatible change of the messages after the hello.
-pub(crate) const PROTOCOL_VERSION: u32 = 1;
+/// Bumped on any incompatible change of the messages after the hello, the payloads PEs
+/// allgather included (2: the fabric card names the provider; the verbs address record
+/// is version 3), so PEs of different builds are refused when they join.
+pub(crate) const PROTOCOL_VERSION: u32 = 2;
 /// Largest frame accepted after the handshake (collective payloads).
 pub(crate) const MAX_FRAME: usize = 64 << 20;
 /// Largest frame accepted during the handshake (hello, refusal).

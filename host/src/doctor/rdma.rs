@@ -445,8 +445,8 @@ fn locked_memory_cap(limit: Option<u64>, ipc_lock: bool) -> Capability {
             cap(
                 Some(fit >= 8),
                 format!(
-                    "{}: queues for about {fit} PEs (about {} each); IBGDA jobs need one per \
-                     PE of the job{}",
+                    "{}: queues for a job of about {fit} PEs with one GPU PE per process \
+                     (about {} per PE of the job){}",
                     crate::doctor::human_bytes(l),
                     crate::doctor::human_bytes(per),
                     if fit >= 8 {
@@ -470,8 +470,10 @@ mod tests {
         let c = locked_memory_cap(Some(64 << 10), false);
         assert_eq!(c.state, "no");
         assert!(
-            c.detail
-                .starts_with("64.0 KiB: queues for about 0 PEs (about 388.0 KiB each)"),
+            c.detail.starts_with(
+                "64.0 KiB: queues for a job of about 0 PEs with one GPU PE per process (about \
+                 388.0 KiB per PE of the job)"
+            ),
             "{}",
             c.detail
         );

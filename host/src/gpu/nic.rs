@@ -378,6 +378,8 @@ pub(crate) struct NicGpu {
     heap_mr: MemoryRegion,
     _dmabuf: Option<OwnedFd>,
     _pd: Arc<ProtectionDomain>,
+    /// Given back after everything above is freed.
+    _memlock: MemlockClaim,
     heap_va: u64,
     peer_table: Vec<DevicePeer>,
     /// The NIC port and how the heap and the doorbells were set up (for logs and doctor).
@@ -424,6 +426,7 @@ struct Opened {
     heap_how: &'static str,
     results_mr: MemoryRegion,
     results_reg: HostRegistration,
+    memlock: MemlockClaim,
     results: HostBuf,
 }
 
@@ -460,24 +463,63 @@ pub(crate) fn pinned_per_pe() -> u64 {
     QP_CAPS.pinned_estimate()
 }
 
-/// Refuses, before anything is created, a job whose queues would pass the locked-memory
-/// limit (`binding`: None when unlimited or lifted by CAP_IPC_LOCK); the kernel would
-/// refuse one of the CQs or QPs with ENOMEM part way through.
-fn check_memlock(n_pes: usize, binding: Option<u64>) -> Result<()> {
+/// Host memory the queues of this process's GPU PEs over a NIC pin, by estimate: the
+/// locked-memory limit is per process, and GPU PEs may be threads of one process.
+static PINNED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// This PE's share of [`PINNED`], given back when the PE's NIC state drops.
+#[derive(Debug)]
+struct MemlockClaim {
+    bytes: u64,
+    /// The counter claimed from ([`PINNED`]; a test's own otherwise).
+    from: &'static std::sync::atomic::AtomicU64,
+}
+
+impl Drop for MemlockClaim {
+    fn drop(&mut self) {
+        // Relaxed: the counter orders nothing else; it only has to add up.
+        self.from
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Claims the host memory one PE's queues to `n_pes` PEs pin, refusing before anything
+/// is created when this process's claims would pass the locked-memory limit (`binding`:
+/// None when unlimited or lifted by CAP_IPC_LOCK): the kernel would refuse one of the CQs
+/// or QPs with ENOMEM part way through.
+fn claim_memlock(
+    n_pes: usize,
+    binding: Option<u64>,
+    from: &'static std::sync::atomic::AtomicU64,
+) -> Result<MemlockClaim> {
+    use std::sync::atomic::Ordering;
     let need = n_pes as u64 * QP_CAPS.pinned_estimate() + (RESULT_SLOTS as u64 + 1) * 8;
+    // Relaxed: as in Drop.
+    let before = from.fetch_add(need, Ordering::Relaxed);
+    let claim = MemlockClaim { bytes: need, from };
     match binding {
-        Some(limit) if need > limit => Err(Error::InvalidArgument(format!(
-            "RSHMEM_TRANSPORT=ibgda: {n_pes} queue pairs (one per PE) and their completion \
-             queues pin about {} of host memory, but {}",
-            crate::doctor::human_bytes(need),
-            crate::verbs::memlock::cure(limit)
-        ))),
-        _ => Ok(()),
+        Some(limit) if before + need > limit => {
+            let others = if before > 0 {
+                format!(
+                    " (with the {} this process's other GPU PEs pin)",
+                    crate::doctor::human_bytes(before)
+                )
+            } else {
+                String::new()
+            };
+            Err(Error::InvalidArgument(format!(
+                "RSHMEM_TRANSPORT=ibgda: {n_pes} queue pairs (one per PE) and their \
+                 completion queues pin about {} of host memory{others}, but {}",
+                crate::doctor::human_bytes(need),
+                crate::verbs::memlock::cure(limit)
+            )))
+        }
+        _ => Ok(claim),
     }
 }
 
 fn open_nic(s: &NicSetup<'_>) -> Result<Opened> {
-    check_memlock(s.n_pes, crate::verbs::memlock::binding_limit())?;
+    let memlock = claim_memlock(s.n_pes, crate::verbs::memlock::binding_limit(), &PINNED)?;
     let devices = crate::verbs::list_devices()?;
     let NicChoice { name, port, why } = choose_port(&devices, s.hca.as_deref(), Some(&s.near))?;
     if let Some(d) = devices.iter().find(|d| d.name == name) {
@@ -548,6 +590,7 @@ fn open_nic(s: &NicSetup<'_>) -> Result<Opened> {
         results_mr,
         results_reg,
         results,
+        memlock,
     })
 }
 
@@ -773,6 +816,7 @@ impl NicGpu {
             heap_mr: o.heap_mr,
             _dmabuf: o.dmabuf,
             _pd: o.pd,
+            _memlock: o.memlock,
             heap_va: s.heap_va,
             peer_table,
             summary: format!(
@@ -831,7 +875,10 @@ mod tests {
     fn queues_past_the_locked_memory_limit_are_refused_up_front() {
         // 4096 CQEs (256 KiB) + 256 WRs of 512 B (128 KiB) + a page, per PE.
         assert_eq!(QP_CAPS.pinned_estimate(), 256 * 1024 + 128 * 1024 + 4096);
-        let e = check_memlock(8, Some(64 << 10)).unwrap_err().to_string();
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let check = |n, limit| claim_memlock(n, limit, &COUNTER);
+        let e = check(8, Some(64 << 10)).unwrap_err().to_string();
         assert!(
             e.contains(
                 "RSHMEM_TRANSPORT=ibgda: 8 queue pairs (one per PE) and their completion \
@@ -840,9 +887,26 @@ mod tests {
             ),
             "{e}"
         );
-        assert!(check_memlock(8, Some(8 << 20)).is_ok()); // systemd's default, 8 PEs
-        assert!(check_memlock(32, Some(8 << 20)).is_err()); // ... but not 32
-        assert!(check_memlock(4096, None).is_ok()); // unlimited or CAP_IPC_LOCK
+        assert_eq!(
+            COUNTER.load(Ordering::Relaxed),
+            0,
+            "a refused claim is given back"
+        );
+        let one = check(8, Some(8 << 20)).unwrap(); // systemd's default, 8 PEs
+        assert!(check(32, Some(8 << 20)).is_err()); // ... but not 32
+                                                    // The limit is per process: 8 PEs as threads of one process need 8 times as much.
+        let mut threads = vec![one];
+        for _ in 1..2 {
+            threads.push(check(8, Some(8 << 20)).unwrap());
+        }
+        let e = check(8, Some(8 << 20)).unwrap_err().to_string();
+        assert!(
+            e.contains("(with the 6.2 MiB this process's other GPU PEs pin)"),
+            "{e}"
+        );
+        drop(threads);
+        assert_eq!(COUNTER.load(Ordering::Relaxed), 0);
+        assert!(check(4096, None).is_ok()); // unlimited or CAP_IPC_LOCK
     }
     use crate::verbs::device::PORT_ACTIVE;
     use crate::verbs::PortInfo;

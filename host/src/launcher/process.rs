@@ -220,6 +220,9 @@ struct Pe {
     /// Process group id of the PE (= its pid).
     pgid: libc::pid_t,
     exit: Option<PeExit>,
+    /// Reaped, and no process of its group was left at some scan since: the id is free
+    /// and may name an unrelated group later, which must never be signalled.
+    group_gone: bool,
 }
 
 /// The started PEs of one job.
@@ -400,6 +403,7 @@ impl Job {
                 child,
                 pgid,
                 exit: None,
+                group_gone: false,
             });
         }
         Ok(job)
@@ -428,7 +432,28 @@ impl Job {
             }
             reaped.push(rank);
         }
+        self.note_gone_groups();
         reaped
+    }
+
+    /// Marks the groups of reaped PEs that have no process left (one /proc scan, only
+    /// while some reaped PE's group is not known to be gone).
+    fn note_gone_groups(&mut self) {
+        let open: Vec<libc::pid_t> = self
+            .pes
+            .iter()
+            .filter(|pe| pe.exit.is_some() && !pe.group_gone)
+            .map(|pe| pe.pgid)
+            .collect();
+        if open.is_empty() {
+            return;
+        }
+        let live = live_groups_in(Path::new("/proc"), &open);
+        for pe in &mut self.pes {
+            if pe.exit.is_some() && !live.contains(&pe.pgid) {
+                pe.group_gone = true;
+            }
+        }
     }
 
     fn running(&self) -> usize {
@@ -442,7 +467,7 @@ impl Job {
         let reaped: Vec<libc::pid_t> = self
             .pes
             .iter()
-            .filter(|pe| pe.exit.is_some())
+            .filter(|pe| pe.exit.is_some() && !pe.group_gone)
             .map(|pe| pe.pgid)
             .collect();
         let left = if reaped.is_empty() {
@@ -451,7 +476,7 @@ impl Job {
             live_groups_in(Path::new("/proc"), &reaped)
         };
         for pe in &self.pes {
-            if pe.exit.is_none() || left.contains(&pe.pgid) {
+            if pe.exit.is_none() || (!pe.group_gone && left.contains(&pe.pgid)) {
                 signal_group(pe.pgid, sig);
             }
         }
@@ -462,6 +487,7 @@ impl Job {
         let groups: Vec<libc::pid_t> = self
             .pes
             .iter()
+            .filter(|pe| !pe.group_gone)
             .map(|pe| pe.pgid)
             .filter(|&pgid| signal_group(pgid, 0))
             .collect();
@@ -563,7 +589,14 @@ impl Job {
                         stopping = Some(Instant::now() + STOP_GRACE);
                     } else if !killed {
                         say(format_args!(
-                            "rshmem run: interrupted again, sending SIGKILL"
+                            "rshmem run: interrupted {}, sending SIGKILL",
+                            // Stopping for neither a failure nor a signal: only the
+                            // leftovers of a job that succeeded are being stopped.
+                            if first_failure.is_none() && interrupted_by.is_none() {
+                                "while stopping what the PEs left behind"
+                            } else {
+                                "again"
+                            }
                         ));
                         self.signal_all(libc::SIGKILL);
                         killed = true;

@@ -243,10 +243,18 @@ pub fn to_rtr(
         }
         (None, None) => a.ah_attr.is_global = 0,
         (Some(_), None) => {
-            return Err("the peer sent no GID but this port needs a GRH (RoCE)".into())
+            return Err(
+                "the peer sent no GID but this port addresses it with a GRH (RoCE, \
+                        or RSHMEM_IB_GID_INDEX set here and not there)"
+                    .into(),
+            )
         }
         (None, Some(_)) => {
-            return Err("the peer needs a GRH (RoCE) but this port has no GID".into())
+            return Err(
+                "the peer addresses this PE with a GRH (RoCE, or RSHMEM_IB_GID_INDEX \
+                        set there and not here) but this port has no GID chosen"
+                    .into(),
+            )
         }
     }
     Ok(Transition {
@@ -857,7 +865,8 @@ mod tests {
             to_rtr(&local, &remote(5, None), 9, 10, &RcParams::default())
                 .err()
                 .unwrap(),
-            "the peer sent no GID but this port needs a GRH (RoCE)"
+            "the peer sent no GID but this port addresses it with a GRH (RoCE, or \
+             RSHMEM_IB_GID_INDEX set here and not there)"
         );
         let ib = LocalPath {
             sgid_index: None,

@@ -72,8 +72,13 @@ pub fn strerror(errno: i32) -> String {
 /// The [`Error::Verbs`] for `call` failing with `errno` while doing `what`.
 pub fn verbs_error(call: &'static str, errno: i32, what: &str) -> Error {
     let mut s = strerror(errno);
-    // ENOMEM from a verb that pins memory is most often the locked-memory limit.
-    if errno == libc::ENOMEM {
+    // ENOMEM from a verb that pins host memory is most often the locked-memory limit
+    // (a dma-buf registration of GPU memory is not charged to it).
+    let pins_host = matches!(
+        call,
+        "ibv_create_cq" | "ibv_create_qp" | "ibv_create_qp_ex" | "ibv_reg_mr" | "ibv_reg_mr_iova2"
+    );
+    if errno == libc::ENOMEM && pins_host {
         if let Some(h) = super::memlock::enomem_hint() {
             s = format!("{s}: {h}");
         }
