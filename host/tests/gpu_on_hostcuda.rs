@@ -97,8 +97,14 @@ fn hostcuda_env(c: &mut Command) -> &mut Command {
         .env_remove("RSHMEM_DEVICE")
 }
 
-/// Runs `c`; (exit code, stdout + stderr).
+/// Runs `c`; (exit code, stdout + stderr). One command at a time across this file's tests:
+/// each starts dozens of block processes that poll, and two side by side on CI's two
+/// cores starved each other's blocks past the 60 s bound (a barrier case of two self-tests
+/// at once, 2026-12-06); the tests' other work still runs in parallel.
 fn output_of(c: &mut Command) -> (Option<i32>, String) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that panicked while holding it left nothing to repair.
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let o = c.output().expect("run the command");
     (
         o.status.code(),
