@@ -29,7 +29,9 @@
 //! copying the same half of a buffer that is put repeatedly. Once the range is empty the
 //! initiator waits (bounded, like every wait) until `done` counts the helpers' chunks,
 //! then writes the last 8 bytes itself (with Release, as every p2p put does) and returns.
-//! The put is complete on return, as before: nothing outlives the call.
+//! The put is complete on return, as before: nothing outlives a call that succeeded. After
+//! a `Timeout` (the target held a chunk past the bound), the target may still finish that
+//! chunk when it runs again: the error leaves source and destination in use.
 //!
 //! A target that is not waiting never claims anything and the initiator copies it all,
 //! paying one CAS per 64 KiB chunk. Puts from private memory (not in the symmetric heap)
@@ -39,9 +41,12 @@
 //! # Memory ordering
 //! - The fields are written (Relaxed) before `range` is published with Release; a helper
 //!   loads `range` with Acquire before it reads them, so it sees this descriptor's values.
-//! - A helper reads the fields before claiming. A claim CAS that succeeds on generation
-//!   `gen` with chunks left proves the initiator has not finished `gen` (it only rewrites
-//!   the fields after every chunk was claimed and done), so the fields read were `gen`'s.
+//! - A helper reads the fields before claiming, to validate them, and again after each
+//!   claim: a claim CAS that succeeds on generation `gen` with chunks left proves the
+//!   initiator has not finished `gen` (it rewrites the fields only after every chunk was
+//!   claimed and counted, or after its timeout), so the fields read after it are `gen`'s.
+//!   Those read before may be an older descriptor's when the 24-bit generation wrapped
+//!   while the helper was stopped; then they differ and the helper leaves the chunk.
 //! - A helper copies its chunk with plain stores and then counts it in `done` with
 //!   Release; the initiator's Acquire load of `done` makes the helpers' stores happen
 //!   before its own Release store of the last word (and before any signal it sends next),
@@ -304,7 +309,10 @@ impl Pe {
         }
         let theirs = k - mine;
         let start = Instant::now();
-        let waited = self.poll(
+        // From the target: its death ends the wait (with PeerDied) even when tolerated,
+        // instead of the whole timeout for the chunks it held.
+        let waited = self.poll_from(
+            Some(pe),
             || {
                 // Acquire: pairs with each helper's Release count, so their chunk stores
                 // happen before the last-word store below.
@@ -386,6 +394,19 @@ impl Pe {
                 continue;
             };
             while let Some(c) = claim(slot.w(RANGE), gen, true) {
+                // Once a chunk of `gen` is claimed, the initiator rewrites the fields only
+                // after it is counted (or after its timeout), so they are exact now. The
+                // ones read before the claim may belong to an older descriptor whose 24-bit
+                // generation wrapped to `gen` while this thread was stopped: then the chunk
+                // is left uncounted (its initiator times out, naming this PE) rather than
+                // copied from and to the wrong place.
+                let same = slot.w(SRC_PE).load(Ordering::Relaxed) as usize == src_pe
+                    && slot.w(SRC_OFF).load(Ordering::Relaxed) as usize == src_off
+                    && slot.w(DST_OFF).load(Ordering::Relaxed) as usize == dst_off
+                    && slot.w(LEN).load(Ordering::Relaxed) as usize == len;
+                if !same {
+                    break;
+                }
                 let off = c as usize * CHUNK;
                 let n = CHUNK.min(len - off);
                 // SAFETY: off + n <= len and both ranges were validated inside their live
