@@ -54,9 +54,10 @@ struct SelftestArgs {
     /// device API's test kernels, with --pes GPU PEs as threads of this process.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu"])]
     device: String,
-    /// GPU: number of PEs (threads sharing the visible GPU(s)).
-    #[arg(long, default_value_t = 2)]
-    pes: usize,
+    /// GPU: number of PEs (threads sharing the visible GPU(s); default 2). Under a
+    /// launcher the job's size is the PE count: --pes may only repeat it.
+    #[arg(long)]
+    pes: Option<usize>,
     /// GPU: the kernel manifest instead of the embedded one (also RSHMEM_GPU_MANIFEST).
     #[arg(long)]
     manifest: Option<std::path::PathBuf>,
@@ -113,8 +114,21 @@ fn selftest(a: SelftestArgs) -> i32 {
                 }
             };
         }
+        // Under a launcher the job's size is the PE count (as for bench): a different
+        // --pes was ignored before.
+        if let (Some(p), Ok(Some(info))) = (a.pes, rshmem::config::LaunchInfo::from_env()) {
+            if p != info.world_size {
+                eprintln!(
+                    "rshmem selftest --device gpu: --pes {p}: this process is a PE of a job \
+                     of {} PEs, whose size is the PE count under a launcher (omit --pes, or \
+                     start the job with that many)",
+                    info.world_size
+                );
+                return 2;
+            }
+        }
         return rshmem::gpu::runner::selftest_cli(rshmem::gpu::runner::SelftestOpts {
-            pes: a.pes,
+            pes: a.pes.unwrap_or(2),
             cases: a.cases,
             sources,
             transport: a.transport.as_deref().map(|t| match t {
@@ -126,6 +140,13 @@ fn selftest(a: SelftestArgs) -> i32 {
     }
     if a.all_traps || !a.traps.is_empty() || a.trap_child.is_some() {
         eprintln!("rshmem selftest: --trap/--traps are GPU cases: add --device gpu");
+        return 2;
+    }
+    if let Some(p) = a.pes {
+        eprintln!(
+            "rshmem selftest: --pes {p} is a GPU option (add --device gpu); CPU PEs are the \
+             job's processes: start N with rshmem run -n N -- rshmem selftest"
+        );
         return 2;
     }
     if let Some(t) = &a.transport {

@@ -108,6 +108,24 @@ fn gpu_argument_errors_are_clear() {
     let o = run(&["selftest", "--device", "gpu", "--pes", "0"], &[]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("--pes 0 is out of range"), "{}", text(&o));
+    // --pes is a GPU option, and under a launcher it may only repeat the job's size.
+    let o = run(&["selftest", "--pes", "3"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("rshmem selftest: --pes 3 is a GPU option (add --device gpu)"),
+        "{}",
+        text(&o)
+    );
+    let o = run(
+        &["selftest", "--device", "gpu", "--pes", "3"],
+        &[("RSHMEM_RANK", "0"), ("RSHMEM_WORLD_SIZE", "2")],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("--pes 3: this process is a PE of a job of 2 PEs"),
+        "{}",
+        text(&o)
+    );
     let o = run(
         &[
             "selftest",

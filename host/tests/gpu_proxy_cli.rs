@@ -66,7 +66,7 @@ fn cpu_pes_refuse_the_ibgda_transport() {
     // From the environment (any CPU PE) and from --transport (the benches), each saying
     // that ibgda is for GPU PEs.
     let o = Command::new(BIN)
-        .args(["selftest", "--pes", "2"])
+        .args(["selftest"])
         .env("RSHMEM_TRANSPORT", "ibgda")
         .output()
         .unwrap();
