@@ -415,6 +415,16 @@ fn the_ibgda_rate_bench_runs() {
     );
     assert_eq!(rc, Some(0), "{out}");
     assert!(out.lines().any(|l| l.starts_with("execute")), "{out}");
+    // RSHMEM_DEVICE is checked as for a PE (it fell back to GPU 0 silently).
+    let (rc, out) = rshmem_env(
+        &["bench", "ibgda-rate", "--blocks", "1", "--iters", "1"],
+        &[("RSHMEM_DEVICE", "7")],
+    );
+    assert_eq!(rc, Some(1), "{out}");
+    assert!(
+        out.contains("RSHMEM_DEVICE") && out.contains("CUDA device(s) are visible"),
+        "{out}"
+    );
 }
 
 /// gpu-check's ep step (the correctness suite): the EP kernels launched by the Rust

@@ -167,10 +167,13 @@ pub fn run(a: &IbgdaRateArgs) -> Result<RateReport> {
     // The producers' queue waits are bounded by RSHMEM_TIMEOUT_MS, as a PE's are.
     let timeout = crate::config::Settings::from_env()?.timeout;
     driver()?;
-    let ordinal = std::env::var("RSHMEM_DEVICE")
-        .ok()
-        .and_then(|v| v.trim().parse::<i32>().ok())
-        .unwrap_or(0);
+    // RSHMEM_DEVICE checked as for a PE (a bad or out-of-range value is refused; it fell
+    // back to GPU 0 silently); unset: GPU 0.
+    let ordinal = super::launch::pick_device(
+        std::env::var("RSHMEM_DEVICE").ok().as_deref(),
+        0,
+        super::pe::device_count()?,
+    )?;
     let ctx = Ctx::retain(ordinal)?;
     let info = super::pe::device_info(ordinal)?;
     let dir = std::env::var_os(super::module::PTX_DIR_ENV).map(std::path::PathBuf::from);
