@@ -37,6 +37,12 @@
 //! - Bulk data is copied with plain (non-atomic) copies. As in OpenSHMEM, a program that
 //!   reads a buffer while another PE writes it without synchronisation has a data race and
 //!   may see torn values; rshmem never does this for its own words.
+//! - The final word of a put is stored as 8 bytes when the put's last 8 bytes are aligned,
+//!   also for a put of 4-byte elements whose last element a peer polls with
+//!   `wait_until::<u32>`: a 4-byte atomic load racing an 8-byte atomic store. x86 and
+//!   Arm hardware order it as intended; Rust's model does not define mixed-size races
+//!   between PE threads of one process (between processes it has no say). Poll 8-byte
+//!   words, or use put_signal, for code that must be defined by the letter.
 
 use crate::atomic::{AtomicInt, AtomicWord};
 use crate::copy::copy_bytes;
@@ -124,8 +130,11 @@ impl Pe {
                 .proxy()
                 .get(pe, src.offset(), as_bytes_mut(dst), "get")?,
         }
-        // Acquire: loads after this get are not reordered before it (OpenSHMEM orders a
-        // blocking get before the caller's later accesses).
+        // Acquire fence: a compiler and hardware barrier that keeps the caller's later
+        // accesses after this get (OpenSHMEM orders a blocking get before them). After a
+        // plain copy it creates no happens-before by itself: a get that must see another
+        // PE's writes relies on the caller's earlier Acquire (a wait, a signal wait or a
+        // barrier), as OpenSHMEM programs do.
         fence(Ordering::Acquire);
         Ok(())
     }
@@ -156,8 +165,9 @@ impl Pe {
     pub fn g<T: Element>(&self, src: SymPtr<T>, pe: usize) -> Result<T> {
         check_len("g", 1, src.len())?;
         match self.route(pe, src.offset(), std::mem::size_of::<T>())? {
-            // SAFETY: s points to size_of::<T>() valid mapped bytes; read_unaligned copes
-            // with any alignment; T accepts any bit pattern.
+            // SAFETY: s points to size_of::<T>() valid mapped bytes; load_acquire loads a
+            // naturally aligned 4- or 8-byte word atomically and anything else with
+            // read_unaligned, which copes with any alignment; T accepts any bit pattern.
             Route::P2p(s) => Ok(unsafe { load_acquire::<T>(s) }),
             Route::Proxy => {
                 // SAFETY: Element types accept any bit pattern, zero included.
@@ -232,6 +242,7 @@ impl Pe {
     pub fn signal_fetch(&self, sig: SymPtr<u64>) -> Result<u64> {
         let s = self.sync_word::<u64>(sig, self.my_pe(), "signal_fetch")?;
         // SAFETY: aligned signal word in our own mapping, accessed only atomically.
+        // Acquire: a signal value seen here makes the data put before it visible.
         Ok(unsafe { u64::load(s, Ordering::Acquire) })
     }
 
@@ -255,6 +266,7 @@ impl Pe {
     pub fn test<T: AtomicInt>(&self, ivar: SymPtr<T>, cmp: Cmp, value: T) -> Result<bool> {
         let p = self.sync_word::<T>(ivar, self.my_pe(), "test")?;
         // SAFETY: aligned word in our own mapping, accessed only atomically.
+        // Acquire: a test that holds makes the writes before the word's Release visible.
         Ok(cmp.holds(unsafe { T::load(p, Ordering::Acquire) }, value))
     }
 
@@ -455,6 +467,7 @@ impl Pe {
     pub fn atomic_fetch<T: AtomicWord>(&self, src: SymPtr<T>, pe: usize) -> Result<T> {
         match self.sync_route(src, pe, "atomic_fetch")? {
             // SAFETY: validated aligned word, atomic-only access.
+            // Acquire: the fetched value's writer's earlier stores are visible after it.
             Route::P2p(p) => Ok(unsafe { T::load(p.cast(), Ordering::Acquire) }),
             Route::Proxy => self.proxy_amo(src, pe, Amo::Fetch, "atomic_fetch"),
         }
@@ -464,6 +477,7 @@ impl Pe {
     pub fn atomic_set<T: AtomicWord>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<()> {
         match self.sync_route(dest, pe, "atomic_set")? {
             // SAFETY: validated aligned word, atomic-only access.
+            // Release: this PE's earlier puts are visible to whoever acquires the new value.
             Route::P2p(p) => unsafe { T::store(p.cast(), value, Ordering::Release) },
             Route::Proxy => {
                 self.proxy_amo(dest, pe, Amo::Set(to_bits(value)), "atomic_set")?;
@@ -476,6 +490,7 @@ impl Pe {
     pub fn atomic_swap<T: AtomicWord>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
         match self.sync_route(dest, pe, "atomic_swap")? {
             // SAFETY: validated aligned word, atomic-only access.
+            // AcqRel: publishes earlier puts and orders later reads after the swap.
             Route::P2p(p) => Ok(unsafe { T::swap(p.cast(), value, Ordering::AcqRel) }),
             Route::Proxy => self.proxy_amo(dest, pe, Amo::Swap(to_bits(value)), "atomic_swap"),
         }
@@ -492,6 +507,7 @@ impl Pe {
         match self.sync_route(dest, pe, "atomic_compare_swap")? {
             // SAFETY: validated aligned word, atomic-only access.
             Route::P2p(p) => {
+                // AcqRel: publishes earlier puts and orders later reads after the CAS.
                 Ok(unsafe { T::compare_swap(p.cast(), cond, value, Ordering::AcqRel) })
             }
             Route::Proxy => self.proxy_amo(
@@ -512,6 +528,7 @@ impl Pe {
     ) -> Result<T> {
         match self.sync_route(dest, pe, "atomic_fetch_add")? {
             // SAFETY: validated aligned word, atomic-only access.
+            // AcqRel: publishes earlier puts and orders later reads after the AMO.
             Route::P2p(p) => Ok(unsafe { T::fetch_add(p.cast(), value, Ordering::AcqRel) }),
             Route::Proxy => self.proxy_amo(dest, pe, Amo::Add(to_bits(value)), "atomic_fetch_add"),
         }
@@ -541,6 +558,7 @@ impl Pe {
     ) -> Result<T> {
         match self.sync_route(dest, pe, "atomic_fetch_and")? {
             // SAFETY: validated aligned word, atomic-only access.
+            // AcqRel: publishes earlier puts and orders later reads after the AMO.
             Route::P2p(p) => Ok(unsafe { T::fetch_and(p.cast(), value, Ordering::AcqRel) }),
             Route::Proxy => self.proxy_amo(dest, pe, Amo::And(to_bits(value)), "atomic_fetch_and"),
         }
@@ -550,6 +568,7 @@ impl Pe {
     pub fn atomic_fetch_or<T: AtomicInt>(&self, dest: SymPtr<T>, value: T, pe: usize) -> Result<T> {
         match self.sync_route(dest, pe, "atomic_fetch_or")? {
             // SAFETY: validated aligned word, atomic-only access.
+            // AcqRel: publishes earlier puts and orders later reads after the AMO.
             Route::P2p(p) => Ok(unsafe { T::fetch_or(p.cast(), value, Ordering::AcqRel) }),
             Route::Proxy => self.proxy_amo(dest, pe, Amo::Or(to_bits(value)), "atomic_fetch_or"),
         }
@@ -564,6 +583,7 @@ impl Pe {
     ) -> Result<T> {
         match self.sync_route(dest, pe, "atomic_fetch_xor")? {
             // SAFETY: validated aligned word, atomic-only access.
+            // AcqRel: publishes earlier puts and orders later reads after the AMO.
             Route::P2p(p) => Ok(unsafe { T::fetch_xor(p.cast(), value, Ordering::AcqRel) }),
             Route::Proxy => self.proxy_amo(dest, pe, Amo::Xor(to_bits(value)), "atomic_fetch_xor"),
         }
@@ -596,6 +616,7 @@ impl Pe {
             let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
             d.get_or_insert_with(|| e.to_string());
         }
+        // SeqCst: quiet also orders this PE's later loads after its earlier stores.
         fence(Ordering::SeqCst);
     }
 
@@ -603,6 +624,7 @@ impl Pe {
     /// (including one a plain `quiet` swallowed).
     pub fn try_quiet(&self) -> Result<()> {
         let r = self.quiet_proxy();
+        // SeqCst: as in quiet.
         fence(Ordering::SeqCst);
         if let Some(d) = self
             .deferred
@@ -636,6 +658,7 @@ impl Pe {
         if let Some(p) = &self.proxy {
             p.fence();
         }
+        // Release: puts and AMOs before the fence become visible before those after it.
         fence(Ordering::Release);
     }
 
@@ -870,6 +893,7 @@ impl Pe {
         value: T,
     ) -> Error {
         // SAFETY: p is a validated word (from ivar_words), read atomically.
+        // Acquire: the final value read makes the writer's earlier stores visible.
         let last = unsafe { T::load(p, Ordering::Acquire) };
         Error::WaitTimeout {
             pe: self.my_pe(),
@@ -1068,7 +1092,10 @@ pub(crate) unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usi
 unsafe fn load_acquire<T: Element>(src: *const u8) -> T {
     let n = std::mem::size_of::<T>();
     // SAFETY (whole body): the caller guarantees the range; atomic loads only on naturally
-    // aligned words. Acquire pairs with a Release store of the same word by the writer.
+    // aligned words. Acquire on those pairs with a Release store of the same word by the
+    // writer. The fallback (unaligned, or not a 4/8-byte type) is a plain read followed by
+    // an Acquire fence: best effort, a barrier but no synchronisation, since no atomic read
+    // precedes the fence; a reader that needs one uses wait_until or a signal.
     unsafe {
         if n == 8 && (src as usize) % 8 == 0 {
             let v = AtomicU64::from_ptr(src as *mut u64).load(Ordering::Acquire);
@@ -1094,6 +1121,7 @@ unsafe fn signal_update(s: *mut u64, signal: u64, op: SignalOp) {
         match op {
             SignalOp::Set => u64::store(s, signal, Ordering::Release),
             SignalOp::Add => {
+                // Release: the data put before the signal is visible to whoever acquires it.
                 u64::fetch_add(s, signal, Ordering::Release);
             }
         }
