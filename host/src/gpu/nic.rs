@@ -452,16 +452,11 @@ pub fn check_atomic_cap(name: &str, atomic_cap: u32) -> Result<()> {
 }
 
 /// The queue pairs [`NicGpu::new`] creates, one per PE.
-const QP_CAPS: QpCaps = QpCaps {
+pub(crate) const QP_CAPS: QpCaps = QpCaps {
     max_send_wr: SEND_WR,
     max_send_sge: 1,
     max_inline_data: 256,
 };
-
-/// About how much host memory one PE's queues toward one peer pin (`ulimit -l`).
-pub(crate) fn pinned_per_pe() -> u64 {
-    QP_CAPS.pinned_estimate()
-}
 
 /// Host memory the queues of this process's GPU PEs over a NIC pin, by estimate: the
 /// locked-memory limit is per process, and GPU PEs may be threads of one process.

@@ -463,20 +463,10 @@ impl Job {
     fn signal_all(&self, sig: libc::c_int) {
         // A reaped PE's group is signalled only while processes of it remain (what it
         // left behind): with none left its id may have been reused by an unrelated
-        // process group since. One scan of /proc for all of them.
-        let reaped: Vec<libc::pid_t> = self
-            .pes
-            .iter()
-            .filter(|pe| pe.exit.is_some() && !pe.group_gone)
-            .map(|pe| pe.pgid)
-            .collect();
-        let left = if reaped.is_empty() {
-            Vec::new()
-        } else {
-            live_groups_in(Path::new("/proc"), &reaped)
-        };
+        // process group since. `reap` (earlier in the same supervisor round) marked the
+        // groups found empty.
         for pe in &self.pes {
-            if pe.exit.is_none() || (!pe.group_gone && left.contains(&pe.pgid)) {
+            if pe.exit.is_none() || !pe.group_gone {
                 signal_group(pe.pgid, sig);
             }
         }
