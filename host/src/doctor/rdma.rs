@@ -427,8 +427,9 @@ pub(super) fn ibgda(
 }
 
 /// `ulimit -l` (`limit`, None: unlimited) against the queues of a job: each PE's GPU
-/// pins about [`crate::gpu::nic::QP_CAPS`]`.pinned_estimate()` of host memory per PE of the job. "no"
-/// when fewer than 8 PEs' queues fit (one node of 8 GPUs), unless CAP_IPC_LOCK lifts it.
+/// pins about `QP_CAPS.pinned_estimate()` ([`crate::gpu::nic::QP_CAPS`]) of host memory
+/// per PE of the job. "no" when fewer than 8 PEs' queues fit (one node of 8 GPUs), unless
+/// CAP_IPC_LOCK lifts it.
 fn locked_memory_cap(limit: Option<u64>, ipc_lock: bool) -> Capability {
     let per = crate::gpu::nic::QP_CAPS.pinned_estimate();
     match (limit, ipc_lock) {
