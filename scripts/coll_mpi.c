@@ -7,8 +7,13 @@
  * on rank 0; median (mean of the middle two for an even count) and p99 (nearest rank) of
  * the batch means; algbw = bytes received per call / median. Every rank checks the last
  * call's result exactly with the same payload words as rshmem; a mismatch exits 1.
+ * TIMING `slowest` (rshmem's --timing slowest, OSU's max column): an MPI_Barrier before
+ * every call, one call per sample, and a call's time is the slowest rank's (MPI_Reduce
+ * with MPI_MAX of every rank's times after the timed calls); `back-to-back` (default) is
+ * the batches above.
  *
- * Usage: coll_mpi OP MIN MAX ITERS WARMUP   (OP: broadcast, fcollect, alltoall, reduce)
+ * Usage: coll_mpi OP MIN MAX ITERS WARMUP [TIMING]   (OP: broadcast, fcollect, alltoall,
+ * reduce; TIMING: back-to-back, slowest)
  * Prints one JSON object: {"bench": OP, "pes": N, "rows": [{"size", "latency_us_median",
  * "latency_us_p99", "bandwidth_gbps", "iters"}...]}.
  */
@@ -33,8 +38,13 @@ int main(int argc, char **argv) {
   int me, n;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  if (argc != 6) {
-    if (me == 0) fprintf(stderr, "usage: coll_mpi OP MIN MAX ITERS WARMUP\n");
+  if (argc != 6 && argc != 7) {
+    if (me == 0) fprintf(stderr, "usage: coll_mpi OP MIN MAX ITERS WARMUP [back-to-back|slowest]\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  const int slowest = argc == 7 && !strcmp(argv[6], "slowest");
+  if (argc == 7 && !slowest && strcmp(argv[6], "back-to-back")) {
+    if (me == 0) fprintf(stderr, "coll_mpi: TIMING is back-to-back or slowest, not %s\n", argv[6]);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const char *op = argv[1];
@@ -50,7 +60,8 @@ int main(int argc, char **argv) {
   size_t blocks = (kind == 1 || kind == 2) ? (size_t)n : 1;
   uint64_t *src = malloc(BUF_MAX), *dst = malloc(BUF_MAX);
   double *samples = malloc(sizeof(double) * (iters_arg + 16));
-  if (!src || !dst || !samples) MPI_Abort(MPI_COMM_WORLD, 3);
+  double *slowest_of = malloc(sizeof(double) * (iters_arg + 16));
+  if (!src || !dst || !samples || !slowest_of) MPI_Abort(MPI_COMM_WORLD, 3);
   if (me == 0) printf("{\"bench\": \"%s\", \"pes\": %d, \"rows\": [", op, n);
   int first = 1, si = 0;
   for (size_t size = (min + 7) / 8 * 8; size <= (max < 8 ? 8 : max); size *= 2, ++si) {
@@ -65,7 +76,7 @@ int main(int argc, char **argv) {
     if (lat < 20) lat = 20;
     const size_t iters = iters_arg < lat ? iters_arg : lat;
     const size_t warm = warmup_arg < iters ? warmup_arg : iters;
-    const size_t batch = size <= (64u << 10) ? 16 : 1;
+    const size_t batch = slowest ? 1 : size <= (64u << 10) ? 16 : 1;
     const size_t nb = (iters + batch - 1) / batch;
 #define CALL()                                                                                \
   do {                                                                                        \
@@ -77,9 +88,14 @@ int main(int argc, char **argv) {
     MPI_Barrier(MPI_COMM_WORLD);
     for (size_t k = 0; k < warm; ++k) CALL();
     for (size_t b = 0; b < nb; ++b) {
+      if (slowest) MPI_Barrier(MPI_COMM_WORLD);
       double t = MPI_Wtime();
       for (size_t k = 0; k < batch; ++k) CALL();
       samples[b] = (MPI_Wtime() - t) * 1e6 / (double)batch;
+    }
+    if (slowest) {
+      MPI_Reduce(samples, slowest_of, (int)nb, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+      if (me == 0) memcpy(samples, slowest_of, nb * sizeof(double));
     }
     /* Check the last call. */
     size_t bad = (size_t)-1;
@@ -115,6 +131,7 @@ int main(int argc, char **argv) {
     }
   }
   if (me == 0) printf("]}\n");
+  free(slowest_of);
   free(samples);
   free(dst);
   free(src);

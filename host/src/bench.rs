@@ -211,6 +211,13 @@ pub struct BenchArgs {
     /// CPU PEs only; default heap.
     #[arg(long, value_parser = ["heap", "private"])]
     pub source: Option<String>,
+    /// Collectives: how a call is timed. `back-to-back` (default): PE 0's clock over
+    /// batches of calls with nothing between them, so a root that returns early (an MPI
+    /// broadcast root after its eager sends) times less than the call costs the others.
+    /// `slowest`: a barrier before every call, and a call's time is the slowest PE's (the
+    /// max of every PE's time for that call, OSU's max column); one call per sample.
+    #[arg(long, value_parser = ["back-to-back", "slowest"])]
+    pub timing: Option<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -274,6 +281,47 @@ fn timed_batches(
     Ok(samples)
 }
 
+/// `--timing slowest`: `calls` calls of `f` (a collective every PE of `team`, the world,
+/// makes), each after a barrier; per call the slowest PE's microseconds, the maximum of
+/// every PE's nanoseconds taken with a reduction over the team after the timed calls.
+fn slowest_calls(
+    pe: &Pe,
+    team: &crate::team::Team,
+    calls: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<Vec<f64>> {
+    let mine = pe.calloc::<u64>(calls)?;
+    let most = match pe.calloc::<u64>(calls) {
+        Ok(p) => p,
+        Err(e) => {
+            pe.free(mine)?;
+            return Err(e);
+        }
+    };
+    let timed = (|| {
+        let mut ns = Vec::with_capacity(calls);
+        for _ in 0..calls {
+            pe.barrier_all()?;
+            let t = Instant::now();
+            f()?;
+            ns.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        }
+        pe.put(mine.slice(0..calls), &ns, pe.my_pe())?;
+        pe.reduce(
+            team,
+            most.slice(0..calls),
+            mine.slice(0..calls),
+            calls,
+            crate::collectives::ReduceOp::Max,
+        )?;
+        pe.get(&mut ns, most.slice(0..calls), pe.my_pe())?;
+        Ok(ns.into_iter().map(|n| n as f64 / 1e3).collect())
+    })();
+    pe.free(most)?;
+    pe.free(mine)?;
+    timed
+}
+
 /// A whole benchmark result, as printed by `--json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -281,6 +329,13 @@ pub struct Report {
     pub pes: usize,
     pub device: String,
     pub transport: &'static str,
+    /// `RSHMEM_BIND` of PE 0: "auto", "core" or "none".
+    pub bind: &'static str,
+    /// The CPU each PE's thread was bound to at init, by PE; null: not bound.
+    pub bound_cpus: Vec<Option<usize>>,
+    /// Collectives: "back-to-back" or "slowest" (--timing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timing: Option<&'static str>,
     /// The libfabric provider, when this PE opened an endpoint (peers on other nodes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
@@ -304,6 +359,11 @@ impl BenchArgs {
         self.warmup.unwrap_or(500).min(measured)
     }
 
+    /// `--timing slowest` (collectives only; refused elsewhere by `unused_options`).
+    fn slowest(&self) -> bool {
+        self.timing.as_deref() == Some("slowest")
+    }
+
     /// `--source`, or its default (heap).
     fn source(&self) -> &str {
         self.source.as_deref().unwrap_or("heap")
@@ -320,6 +380,7 @@ impl BenchArgs {
                 ("--pes", self.pes.is_some()),
                 ("--warmup", self.warmup.is_some()),
                 ("--source", self.source.is_some()),
+                ("--timing", self.timing.is_some()),
                 ("--transport", self.transport != Transport::P2p),
             ] {
                 if given {
@@ -340,6 +401,13 @@ impl BenchArgs {
         }
         if self.source.is_some() && (gpu || !matches!(self.kind, Kind::Put | Kind::Signal)) {
             out.push("--source: only CPU put and signal have a source buffer to place".into());
+        }
+        if self.timing.is_some() && (gpu || !self.kind.collective()) {
+            out.push(
+                "--timing: only the CPU collectives (broadcast, fcollect, alltoall, reduce) \
+                 choose how a call is timed"
+                    .into(),
+            );
         }
         if gpu && self.iters > GPU_MAX_ITERS {
             out.push(format!(
@@ -523,7 +591,14 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     // Destination (and heap source) of the largest size, plus room; collectives: a source
     // and a destination of PEs blocks each, at most COLL_BUF_MAX.
     let need = if args.kind.collective() {
-        2 * COLL_BUF_MAX.min(args.max_size.saturating_mul(args.pe_count())) + (4 << 20)
+        // --timing slowest: every PE's per-call times and their maximum, 8 bytes a call.
+        let times = if args.slowest() {
+            16usize.saturating_mul(args.iters)
+        } else {
+            0
+        };
+        (2 * COLL_BUF_MAX.min(args.max_size.saturating_mul(args.pe_count())) + (4 << 20))
+            .saturating_add(times)
     } else {
         args.max_size.saturating_mul(3) + (4 << 20)
     };
@@ -710,6 +785,7 @@ fn coll_sizes(a: &BenchArgs, n_pes: usize) -> Result<Vec<usize>> {
 fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
     let blocks = a.kind.coll_blocks(pe.n_pes());
     let sizes = coll_sizes(a, pe.n_pes())?;
+    let bound_cpus = bound_cpus(pe)?;
     let max = sizes.iter().copied().max().unwrap_or(8).max(8);
     let coll = if a.kind.collective() {
         Some((
@@ -785,8 +861,36 @@ fn bench_pe(pe: &Pe, a: &BenchArgs) -> Result<Option<Report>> {
             Kind::Broadcast | Kind::Fcollect | Kind::Alltoall | Kind::Reduce => "collective",
         },
         source: put_like_kind.then(|| a.source().to_string()),
+        bind: pe.settings.bind.name(),
+        bound_cpus,
+        timing: a.kind.collective().then_some(if a.slowest() {
+            "slowest"
+        } else {
+            "back-to-back"
+        }),
         rows,
     }))
+}
+
+/// Every PE's [`Pe::bound_cpu`], by PE (an fcollect over the world).
+fn bound_cpus(pe: &Pe) -> Result<Vec<Option<usize>>> {
+    let n = pe.n_pes();
+    let mine = pe.calloc::<u64>(1)?;
+    let all = pe.calloc::<u64>(n)?;
+    let code = pe.bound_cpu().map_or(0, |c| c as u64 + 1);
+    let got = pe
+        .put(mine, &[code], pe.my_pe())
+        .and_then(|()| pe.fcollect(pe.world(), all, mine, 1))
+        .and_then(|()| {
+            let mut v = vec![0u64; n];
+            pe.get(&mut v, all, pe.my_pe())?;
+            Ok(v.into_iter()
+                .map(|c| c.checked_sub(1).map(|c| c as usize))
+                .collect())
+        });
+    pe.free(all)?;
+    pe.free(mine)?;
+    got
 }
 
 /// Word `i` of the payload of size `size` in iteration `tag` (non-zero, position-dependent).
@@ -1246,12 +1350,16 @@ fn coll_row(
     };
     pe.barrier_all()?;
     let iters = lat_iters(a, out_words * 8);
-    let batch = batch_for(size);
+    let batch = if a.slowest() { 1 } else { batch_for(size) };
     let measured = iters.div_ceil(batch) * batch;
     for _ in 0..a.warmup_for(measured) {
         call()?;
     }
-    let samples = timed_batches(measured / batch, batch, call)?;
+    let samples = if a.slowest() {
+        slowest_calls(pe, &team, measured, call)?
+    } else {
+        timed_batches(measured / batch, batch, call)?
+    };
     let mut got = vec![0u64; out_words];
     pe.get(&mut got, dst.slice(0..out_words), me)?;
     let what = |p: usize| format!("{size}-byte {}, block of PE {p}", a.kind.name());
@@ -1395,6 +1503,17 @@ fn print_report(r: &Report, json: bool) {
             .map_or(String::new(), |p| format!(" ({p})")),
         r.latency_kind
     );
+    println!("{}", binding_line(r.bind, &r.bound_cpus));
+    if let Some(t) = r.timing {
+        println!(
+            "timing: {t}{}",
+            if t == "slowest" {
+                " (a barrier before every call; a call's time is the slowest PE's)"
+            } else {
+                " (calls back to back, PE 0's clock)"
+            }
+        );
+    }
     if let Some(src) = &r.source {
         println!(
             "source: {src}{}",
@@ -1435,9 +1554,38 @@ fn print_report(r: &Report, json: bool) {
     }
 }
 
+/// The table's line on where the PEs ran: "PEs bound to CPUs 0, 1 (RSHMEM_BIND=auto)"
+/// ("-" for a PE that was not) or "PEs not bound to CPUs (RSHMEM_BIND=none)".
+fn binding_line(bind: &str, cpus: &[Option<usize>]) -> String {
+    if cpus.iter().all(Option::is_none) {
+        return format!("PEs not bound to CPUs (RSHMEM_BIND={bind})");
+    }
+    let each: Vec<String> = cpus
+        .iter()
+        .map(|c| c.map_or("-".to_string(), |c| c.to_string()))
+        .collect();
+    format!("PEs bound to CPUs {} (RSHMEM_BIND={bind})", each.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::stats;
+    use super::{binding_line, stats};
+
+    #[test]
+    fn the_binding_line_names_each_pe_cpu() {
+        assert_eq!(
+            binding_line("auto", &[None, None]),
+            "PEs not bound to CPUs (RSHMEM_BIND=auto)"
+        );
+        assert_eq!(
+            binding_line("core", &[Some(0), Some(1), Some(0)]),
+            "PEs bound to CPUs 0, 1, 0 (RSHMEM_BIND=core)"
+        );
+        assert_eq!(
+            binding_line("core", &[Some(3), None]),
+            "PEs bound to CPUs 3, - (RSHMEM_BIND=core)"
+        );
+    }
 
     #[test]
     fn stats_median_p99_mean() {

@@ -291,6 +291,10 @@ pub struct Settings {
     /// other PEs make into its heap (`assist.rs`): `auto` (default: on unless the node's
     /// PEs outnumber its cores), `1` on, `0` off.
     pub p2p_assist: crate::assist::AssistMode,
+    /// RSHMEM_BIND: `auto` (default: each CPU PE's thread on its own CPU when the node's
+    /// PEs fit in the CPUs it may use), `core` (one CPU each, shared round-robin when
+    /// they do not fit) or `none` (affinity.rs).
+    pub bind: crate::affinity::BindMode,
     /// RSHMEM_HCA: the NIC of `RSHMEM_TRANSPORT=ibgda` (`mlx5_0` or `mlx5_0:1`); unset, the
     /// mlx5 device with an active port nearest the GPU on PCIe (`gpu::nic::choose_port`).
     pub hca: Option<String>,
@@ -560,6 +564,11 @@ impl Settings {
             "0" => crate::assist::AssistMode::Off,
             _ => crate::assist::AssistMode::Auto,
         };
+        let bind = match choice(&get, "RSHMEM_BIND", &["auto", "core", "none"], "auto")? {
+            "core" => crate::affinity::BindMode::Core,
+            "none" => crate::affinity::BindMode::None,
+            _ => crate::affinity::BindMode::Auto,
+        };
         let hca = get("RSHMEM_HCA")
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty());
@@ -574,6 +583,7 @@ impl Settings {
             ibgda_cpu_doorbell,
             device_checks,
             p2p_assist,
+            bind,
             debug_queues,
             fabric_chunk,
             fabric,

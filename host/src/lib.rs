@@ -31,6 +31,7 @@ pub fn write_stderr_line(mut line: String) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
+pub mod affinity;
 pub mod assist;
 pub mod atomic;
 pub mod bench;

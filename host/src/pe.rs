@@ -116,6 +116,8 @@ pub struct Pe {
     boot: Option<Bootstrap>,
     pub(crate) live: Arc<Liveness>,
     pub(crate) settings: Settings,
+    /// The CPU this PE's thread was bound to at init (`RSHMEM_BIND`, affinity.rs).
+    bound_cpu: Option<usize>,
     job_id: String,
     heap_size: usize,
     /// How each peer is reached, by world rank (an enum match, no virtual call, on the p2p
@@ -193,6 +195,31 @@ impl Pe {
     /// variables still come from it). GPU PEs use this to start their CPU side with a
     /// small heap.
     pub fn init_from_settings(settings: Settings) -> Result<Pe> {
+        Pe::init_unbound(settings)?.bind_thread()
+    }
+
+    /// Binds the calling thread, this PE's, to a CPU as `RSHMEM_BIND` says (affinity.rs),
+    /// once init has started its helper threads (they keep the wider mask).
+    fn bind_thread(mut self) -> Result<Pe> {
+        // `auto` binds only PEs that reach every peer by load/store: a soft HCA or
+        // libfabric thread started after init (they start lazily) would inherit the PE's
+        // one CPU and run only when the PE's waits yield.
+        let all_p2p = self.world.p2p() && self.proxy.is_none();
+        let mode = match self.settings.bind {
+            crate::affinity::BindMode::Auto if !all_p2p => crate::affinity::BindMode::None,
+            m => m,
+        };
+        self.bound_cpu = crate::affinity::bind_pe(mode, self.node.my_pe(), self.node.n_pes())?;
+        Ok(self)
+    }
+
+    /// The CPU this PE's thread was bound to at init (`RSHMEM_BIND`), or None.
+    pub fn bound_cpu(&self) -> Option<usize> {
+        self.bound_cpu
+    }
+
+    /// [`Pe::init_from_settings`] without binding the thread (GPU PEs' CPU side).
+    pub(crate) fn init_unbound(settings: Settings) -> Result<Pe> {
         match LaunchInfo::from_env()? {
             None => {
                 let token = random_token()?;
@@ -522,6 +549,7 @@ impl Pe {
             boot: Some(boot),
             live,
             settings,
+            bound_cpu: None,
             job_id,
             heap_size,
             paths,
@@ -1099,7 +1127,8 @@ pub(crate) fn describe_records<V: PartialEq>(
 }
 
 /// Runs `n` PEs as threads of this process, with a bootstrap root hosted here. Each thread
-/// initialises its PE, runs `f`, and finalizes when `f` returns Ok (a failed PE leaves
+/// initialises its PE (binding its thread to a CPU as `RSHMEM_BIND` says, as
+/// [`Pe::init_from_settings`] does), runs `f`, and finalizes when `f` returns Ok (a failed PE leaves
 /// without finalize, so the others see it as died). Results are in rank order.
 pub fn run_threads<R: Send>(
     n: usize,
@@ -1127,7 +1156,7 @@ pub fn run_threads<R: Send>(
                 std::thread::Builder::new()
                     .name(format!("pe{rank}"))
                     .spawn_scoped(s, move || -> Result<R> {
-                        let pe = Pe::init_with(cfg, None)?;
+                        let pe = Pe::init_with(cfg, None)?.bind_thread()?;
                         let r = f(&pe)?;
                         pe.finalize()?;
                         Ok(r)

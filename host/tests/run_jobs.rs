@@ -450,3 +450,194 @@ fn heaps_fall_back_to_memfds_when_dev_shm_is_too_small() {
     assert_eq!(v["pes"], 2, "{json}");
     assert!(out.contains("left in /dev/shm: []"), "{out}");
 }
+
+/// The CPUs this test's thread may use (what `rshmem` started from here inherits).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a cpu_set_t is plain data; all zeros is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    assert_eq!(
+        r,
+        0,
+        "sched_getaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: i is below CPU_SETSIZE.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
+}
+
+/// `bound_cpus` of a barrier bench's JSON started as `cmd` (its last JSON line), after
+/// checking its `bind`.
+fn bound_cpus(cmd: &mut Command, bind: &str) -> Vec<Option<u64>> {
+    let o = cmd.output().expect("start rshmem");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let line = out
+        .lines()
+        .rfind(|l| l.contains("\"bench\""))
+        .expect("a JSON report");
+    let v: serde_json::Value = serde_json::from_str(line.trim_start_matches("[pe 0] ")).unwrap();
+    assert_eq!(v["bind"], bind);
+    v["bound_cpus"]
+        .as_array()
+        .expect("bound_cpus")
+        .iter()
+        .map(|c| c.as_u64())
+        .collect()
+}
+
+/// RSHMEM_BIND: by default each of a node's PEs is bound to its own CPU of the mask when
+/// they fit and reach each other by load/store (PEs as threads and as processes alike),
+/// none when they do not, over the proxy, or when a PE is alone; `core` shares CPUs
+/// round-robin; `none` binds nothing; anything else is refused.
+#[test]
+fn pes_are_bound_to_cpus_as_rshmem_bind_says() {
+    let cpus = allowed_cpus();
+    assert!(!cpus.is_empty());
+    let each = |n: usize| -> Vec<Option<u64>> {
+        (0..n).map(|i| Some(cpus[i % cpus.len()] as u64)).collect()
+    };
+    // The default (auto) for 2 PEs: their own CPUs where the mask has two, else none.
+    let auto2 = if cpus.len() >= 2 {
+        each(2)
+    } else {
+        vec![None, None]
+    };
+    let barrier = [
+        "bench", "barrier", "--iters", "16", "--warmup", "0", "--json",
+    ];
+    let threads = |n: &str, bind: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.args(barrier).args(["--pes", n]).env_remove("RSHMEM_BIND");
+        if let Some(b) = bind {
+            c.env("RSHMEM_BIND", b);
+        }
+        c
+    };
+    let procs = |n: &str, bind: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.args(["run", "-n", n, "--", BIN])
+            .args(barrier)
+            .env_remove("RSHMEM_BIND");
+        if let Some(b) = bind {
+            c.env("RSHMEM_BIND", b);
+        }
+        c
+    };
+    assert_eq!(bound_cpus(&mut threads("2", None), "auto"), auto2);
+    assert_eq!(bound_cpus(&mut procs("2", None), "auto"), auto2);
+    // Through the soft HCA (its threads would inherit a bound PE's CPU): not bound.
+    assert_eq!(
+        bound_cpus(threads("2", None).args(["--transport", "proxy"]), "auto"),
+        vec![None, None]
+    );
+    // A PE alone on its node is not bound.
+    assert_eq!(bound_cpus(&mut threads("1", None), "auto"), vec![None]);
+    // More PEs than CPUs: not bound under auto, round-robin under core.
+    let n = cpus.len() + 1;
+    assert_eq!(
+        bound_cpus(&mut threads(&n.to_string(), None), "auto"),
+        vec![None; n]
+    );
+    assert_eq!(
+        bound_cpus(&mut procs(&n.to_string(), Some("core")), "core"),
+        each(n)
+    );
+    assert_eq!(
+        bound_cpus(&mut threads("2", Some("none")), "none"),
+        vec![None, None]
+    );
+    let o = threads("2", Some("cores")).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "rshmem bench: environment variable RSHMEM_BIND=\"cores\": expected one of: auto, \
+         core, none\n"
+    );
+}
+
+/// `--timing slowest` (a barrier before every call, the slowest PE's time) measures and
+/// validates every collective, as threads and as processes; other benches refuse it.
+#[test]
+fn collectives_time_the_slowest_pe_on_request() {
+    for kind in ["broadcast", "fcollect", "alltoall", "reduce"] {
+        let o = Command::new(BIN)
+            .args([
+                "bench", kind, "--pes", "3", "--json", "--iters", "40", "--warmup", "4",
+            ])
+            .args(["--max-size", "256K", "--timing", "slowest"])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["timing"], "slowest", "{kind}");
+        let rows = v["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 16, "{kind}: 8 B .. 256 KiB");
+        for r in rows {
+            // One call per sample: exactly the calls asked for.
+            assert_eq!(r["iters"], 40, "{kind}: {r}");
+            let (med, p99) = (
+                r["latency_us_median"].as_f64().unwrap(),
+                r["latency_us_p99"].as_f64().unwrap(),
+            );
+            assert!(med > 0.0 && p99 >= med, "{kind}: {r}");
+        }
+    }
+    let (ok, out, err) = run(
+        2,
+        &[
+            "bench",
+            "reduce",
+            "--json",
+            "--iters",
+            "20",
+            "--max-size",
+            "1K",
+            "--timing",
+            "slowest",
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    let line = out.lines().find(|l| l.contains("\"bench\"")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(line.trim_start_matches("[pe 0] ")).unwrap();
+    assert_eq!(v["timing"], "slowest");
+    // The default, named in the report.
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "fcollect",
+            "--pes",
+            "2",
+            "--json",
+            "--iters",
+            "16",
+            "--max-size",
+            "8",
+        ])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["timing"], "back-to-back");
+    let o = Command::new(BIN)
+        .args(["bench", "put", "--timing", "slowest"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "rshmem bench put: --timing: only the CPU collectives (broadcast, fcollect, alltoall, \
+         reduce) choose how a call is timed\n"
+    );
+}

@@ -470,7 +470,7 @@ impl GpuPe {
     /// `symmetric_size` is the GPU heap size; every PE must pass the same).
     pub fn init_from_settings(settings: Settings) -> Result<GpuPe> {
         driver()?;
-        let pe = Pe::init_from_settings(cpu_settings(&settings))?;
+        let pe = Pe::init_unbound(cpu_settings(&settings))?;
         GpuPe::from_pe(pe, settings)
     }
 

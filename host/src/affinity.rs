@@ -1,0 +1,195 @@
+//! Binding CPU PEs to CPUs (`RSHMEM_BIND`), as `mpirun` binds ranks.
+//!
+//! Unbound, two PEs that start on the same CPU (threads spawned from one thread, or
+//! processes forked from one launcher) stay there until the kernel's load balancer moves
+//! one, often 100 ms or more later, and every exchange between them pays for it: an
+//! 8-byte reduce between 2 PEs took 62 µs instead of 0.5 µs, a barrier 30 µs instead of
+//! 0.1 µs (both PEs under `taskset -c 0`, 2026-12-07), and the first row of most
+//! `rshmem bench reduce --pes 2` runs measured exactly that (a sampler of the threads'
+//! CPUs found both PEs on CPU 1 throughout such a row). Moving each PE to its own CPU at
+//! init and then giving its mask back did not hold: a later blocking call (a bootstrap
+//! socket read) may wake a PE on the CPU of the thread that woke it, the other PE's, and
+//! 1 run in 3 was slow again. Pinned, 8 runs in 8 were not. Open MPI binds each rank to a
+//! core when a job has 2 ranks or fewer for the same reason.
+//!
+//! `auto` binds only jobs whose PEs all reach each other by load/store (p2p on one node):
+//! that is where two co-located PEs hurt most, and where no soft HCA or libfabric thread
+//! (they start lazily, after init) would inherit the PE's one CPU. (With PEs on two
+//! network-namespace hosts pinned, the netns suite failed 2 of 9 runs on slow teardowns.)
+//!
+//! Only the PE's own thread is bound, at the end of `Pe::init` (CPU PEs, launched or as
+//! threads of `run_threads`): helper threads started during init (the soft HCA engine,
+//! bootstrap readers) keep the wider mask. Threads the PE's thread starts later inherit
+//! its one CPU, as threads of an `mpirun`-bound rank do, and the binding outlives
+//! `finalize`: `RSHMEM_BIND=none` leaves the mask alone. The CPUs are the first ones of
+//! the PE's affinity mask in node order, so two jobs started side by side without a
+//! resource manager (Slurm gives each job its own cpuset) bind to the same CPUs, as two
+//! `mpirun`s do. GPU PEs are not bound (their threads wait in CUDA, and a GPU's nearest
+//! cores are a NUMA question this module does not answer).
+use crate::error::{Error, Result};
+
+/// `RSHMEM_BIND`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindMode {
+    /// Each PE bound to its own CPU when the node has 2 PEs or more, they fit in the CPUs
+    /// this thread may use, and every peer is reached by load/store (p2p); otherwise
+    /// nothing is bound (a PE alone on its node has no PE to collide with, more PEs than
+    /// CPUs are better spread by the scheduler, and the soft HCA's and libfabric's threads,
+    /// which may start after init, would inherit the PE's one CPU).
+    Auto,
+    /// Each PE bound to one CPU, `node index % CPUs`, also when PEs must share CPUs.
+    Core,
+    /// Nothing is bound.
+    None,
+}
+
+impl BindMode {
+    /// The `RSHMEM_BIND` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            BindMode::Auto => "auto",
+            BindMode::Core => "core",
+            BindMode::None => "none",
+        }
+    }
+}
+
+/// The CPUs the calling thread may run on (its affinity mask), ascending; empty when the
+/// mask cannot be read.
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a cpu_set_t is plain data; all zeros is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: i is below CPU_SETSIZE, the bit count of a cpu_set_t.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
+}
+
+/// The CPU the PE at `node_index` of `node_pes` binds to under `mode`, given the CPUs it
+/// may use; None: leave the mask as it is.
+pub(crate) fn choose(
+    mode: BindMode,
+    node_index: usize,
+    node_pes: usize,
+    allowed: &[usize],
+) -> Option<usize> {
+    match mode {
+        BindMode::None => None,
+        _ if allowed.is_empty() => None,
+        BindMode::Auto if node_pes < 2 || allowed.len() < 2 || node_pes > allowed.len() => None,
+        _ => Some(allowed[node_index % allowed.len()]),
+    }
+}
+
+/// Restricts the calling thread to `cpu`.
+pub(crate) fn bind_this_thread(cpu: usize) -> Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(Error::InvalidArgument(format!(
+            "RSHMEM_BIND: CPU {cpu} is past the {} a CPU mask holds",
+            libc::CPU_SETSIZE
+        )));
+    }
+    // SAFETY: a cpu_set_t is plain data; all zeros is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: cpu is below CPU_SETSIZE (checked above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        return Err(Error::io(
+            format!("RSHMEM_BIND: binding this PE's thread to CPU {cpu} (sched_setaffinity)"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Binds the calling thread (a CPU PE's) as `mode` says; the CPU it is bound to, or None.
+/// Under `auto` a refused binding leaves the thread as it was (binding is an
+/// optimisation); under `core` it is an error.
+pub(crate) fn bind_pe(mode: BindMode, node_index: usize, node_pes: usize) -> Result<Option<usize>> {
+    let Some(cpu) = choose(mode, node_index, node_pes, &allowed_cpus()) else {
+        return Ok(None);
+    };
+    match bind_this_thread(cpu) {
+        Ok(()) => Ok(Some(cpu)),
+        Err(_) if mode == BindMode::Auto => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_binds_only_when_every_pe_of_the_node_has_a_cpu() {
+        let four = [0, 1, 2, 3];
+        assert_eq!(choose(BindMode::Auto, 0, 2, &four), Some(0));
+        assert_eq!(choose(BindMode::Auto, 3, 4, &four), Some(3));
+        // More PEs than CPUs: the scheduler places them.
+        assert_eq!(choose(BindMode::Auto, 1, 5, &four), None);
+        // One CPU allowed (taskset, Slurm's per-task binding) for 2 PEs.
+        assert_eq!(choose(BindMode::Auto, 0, 2, &[7]), None);
+        // The mask's CPUs, not 0..n: a job given CPUs 4-7 uses those.
+        assert_eq!(choose(BindMode::Auto, 1, 2, &[4, 5, 6, 7]), Some(5));
+        assert_eq!(choose(BindMode::Auto, 0, 1, &[]), None);
+        // A PE alone on its node (one PE per host, or per network namespace here).
+        assert_eq!(choose(BindMode::Auto, 0, 1, &four), None);
+    }
+
+    #[test]
+    fn core_shares_cpus_round_robin_and_none_never_binds() {
+        assert_eq!(choose(BindMode::Core, 5, 8, &[2, 3]), Some(3));
+        assert_eq!(choose(BindMode::Core, 0, 1, &[6]), Some(6));
+        assert_eq!(choose(BindMode::None, 0, 2, &[0, 1]), None);
+    }
+
+    /// bind_pe under auto and core, on threads of their own (the test thread keeps its
+    /// mask).
+    #[test]
+    fn a_pe_thread_is_bound_as_the_mode_says() {
+        let allowed = allowed_cpus();
+        assert!(
+            !allowed.is_empty(),
+            "this thread's affinity mask could not be read"
+        );
+        let n = allowed.len();
+        let last = allowed[n - 1];
+        let (bound, mask) = std::thread::spawn(move || {
+            (
+                bind_pe(BindMode::Auto, n - 1, n).expect("auto never fails"),
+                allowed_cpus(),
+            )
+        })
+        .join()
+        .expect("thread ran");
+        if n >= 2 {
+            assert_eq!((bound, mask), (Some(last), vec![last]));
+        } else {
+            assert_eq!(
+                (bound, mask),
+                (None, allowed.clone()),
+                "one CPU: nothing to bind"
+            );
+        }
+        let (bound, mask) = std::thread::spawn(move || {
+            (
+                bind_pe(BindMode::Core, n, n + 1).expect("core binds"),
+                allowed_cpus(),
+            )
+        })
+        .join()
+        .expect("thread ran");
+        assert_eq!((bound, mask), (Some(allowed[0]), vec![allowed[0]]));
+        // This thread's mask is its own.
+        assert_eq!(allowed_cpus(), allowed);
+        let e = bind_this_thread(libc::CPU_SETSIZE as usize).unwrap_err();
+        assert!(e.to_string().contains("past the 1024"), "{e}");
+    }
+}
