@@ -14,18 +14,24 @@
 //!
 //! `auto` binds only jobs whose PEs all reach each other by load/store (p2p on one node):
 //! that is where two co-located PEs hurt most, and where no soft HCA or libfabric thread
-//! (they start lazily, after init) would inherit the PE's one CPU. (With PEs on two
-//! network-namespace hosts pinned, the netns suite failed 2 of 9 runs on slow teardowns.)
+//! runs (with the proxy, the engine thread some PE's first operation starts would inherit
+//! that PE's one CPU; with PEs on two network-namespace hosts pinned, the netns suite
+//! failed 2 of 9 runs on slow teardowns).
 //!
 //! Only the PE's own thread is bound, at the end of `Pe::init` (CPU PEs, launched or as
-//! threads of `run_threads`): helper threads started during init (the soft HCA engine,
-//! bootstrap readers) keep the wider mask. Threads the PE's thread starts later inherit
-//! its one CPU, as threads of an `mpirun`-bound rank do, and the binding outlives
-//! `finalize`: `RSHMEM_BIND=none` leaves the mask alone. The CPUs are the first ones of
-//! the PE's affinity mask in node order, so two jobs started side by side without a
-//! resource manager (Slurm gives each job its own cpuset) bind to the same CPUs, as two
-//! `mpirun`s do. GPU PEs are not bound (their threads wait in CUDA, and a GPU's nearest
-//! cores are a NUMA question this module does not answer).
+//! threads of `run_threads`): threads started before (bootstrap readers) keep the wider
+//! mask; threads the PE's thread starts while it is bound inherit its one CPU, as threads
+//! of an `mpirun`-bound rank do (`RSHMEM_BIND=none` for programs that start thread pools
+//! beside their PE). The binding lasts as long as the `Pe`: dropping it gives the thread
+//! its mask back. Under `auto`, PE i of a node takes the i-th CPU of its mask, skipping
+//! CPUs that live PEs of the same process hold (jobs run side by side in one process, as
+//! `cargo test` runs them, spread), and is not bound when every CPU is held. Across
+//! processes nothing is shared: two jobs started side by side without a resource manager
+//! (Slurm gives each job its own cpuset, which is the mask read here) bind to the same
+//! CPUs, as two `mpirun`s do. A CPU here is a logical CPU: where SMT siblings are numbered
+//! next to each other (Linux usually numbers them N apart), two PEs may share a physical
+//! core. GPU PEs are never bound (their threads wait in CUDA, and a GPU's nearest cores
+//! are a NUMA question this module does not answer).
 use crate::error::{Error, Result};
 
 /// `RSHMEM_BIND`.
@@ -37,7 +43,8 @@ pub enum BindMode {
     /// CPUs are better spread by the scheduler, and the soft HCA's and libfabric's threads,
     /// which may start after init, would inherit the PE's one CPU).
     Auto,
-    /// Each PE bound to one CPU, `node index % CPUs`, also when PEs must share CPUs.
+    /// Each PE bound to one CPU, `node index % CPUs`, also when PEs must share CPUs or
+    /// other PEs of the process hold them.
     Core,
     /// Nothing is bound.
     None,
@@ -71,18 +78,64 @@ pub(crate) fn allowed_cpus() -> Vec<usize> {
 }
 
 /// The CPU the PE at `node_index` of `node_pes` binds to under `mode`, given the CPUs it
-/// may use; None: leave the mask as it is.
+/// may use and those that live PEs of this process hold already; None: leave the mask as
+/// it is. `core` takes CPU `node_index % CPUs` whatever is held; `auto` the first CPU not
+/// held counting from `node_index` (so a job alone in its process binds PE i to CPU i,
+/// and jobs run side by side in one process, as `cargo test` runs them, spread), and
+/// none when every CPU is held.
 pub(crate) fn choose(
     mode: BindMode,
     node_index: usize,
     node_pes: usize,
     allowed: &[usize],
+    held: &[usize],
 ) -> Option<usize> {
     match mode {
         BindMode::None => None,
         _ if allowed.is_empty() => None,
         BindMode::Auto if node_pes < 2 || allowed.len() < 2 || node_pes > allowed.len() => None,
-        _ => Some(allowed[node_index % allowed.len()]),
+        BindMode::Auto => (0..allowed.len())
+            .map(|k| allowed[(node_index + k) % allowed.len()])
+            .find(|c| !held.contains(c)),
+        BindMode::Core => Some(allowed[node_index % allowed.len()]),
+    }
+}
+
+/// CPUs held by live bound PEs of this process, once per PE.
+static HELD: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// A PE thread's binding: gives the thread its mask back and the CPU back to this
+/// process's pool when the PE is dropped.
+pub(crate) struct Binding {
+    cpu: usize,
+    tid: libc::pid_t,
+    before: libc::cpu_set_t,
+}
+
+impl Binding {
+    /// The CPU bound to.
+    pub(crate) fn cpu(&self) -> usize {
+        self.cpu
+    }
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        // The thread's mask as it was before init bound it (by thread id: the PE may be
+        // dropped on another thread). Failing (the thread has exited: ESRCH) changes
+        // nothing.
+        // SAFETY: `before` is a valid cpu_set_t of the size passed.
+        let _ = unsafe {
+            libc::sched_setaffinity(
+                self.tid,
+                std::mem::size_of::<libc::cpu_set_t>(),
+                &self.before,
+            )
+        };
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = held.iter().position(|&c| c == self.cpu) {
+            held.swap_remove(i);
+        }
     }
 }
 
@@ -109,15 +162,40 @@ pub(crate) fn bind_this_thread(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-/// Binds the calling thread (a CPU PE's) as `mode` says; the CPU it is bound to, or None.
-/// Under `auto` a refused binding leaves the thread as it was (binding is an
-/// optimisation); under `core` it is an error.
-pub(crate) fn bind_pe(mode: BindMode, node_index: usize, node_pes: usize) -> Result<Option<usize>> {
-    let Some(cpu) = choose(mode, node_index, node_pes, &allowed_cpus()) else {
+/// Binds the calling thread (a CPU PE's) as `mode` says; its binding, or None. Under
+/// `auto` a refused binding leaves the thread as it was (binding is an optimisation);
+/// under `core` it is an error.
+pub(crate) fn bind_pe(
+    mode: BindMode,
+    node_index: usize,
+    node_pes: usize,
+) -> Result<Option<Binding>> {
+    // SAFETY: a cpu_set_t is plain data; all zeros is the empty set.
+    let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `before` is a valid cpu_set_t of the size passed.
+    let r =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut before) };
+    if r != 0 && mode == BindMode::Core {
+        return Err(Error::io(
+            "RSHMEM_BIND=core: reading this PE's thread's CPU mask (sched_getaffinity)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // Chosen and recorded under one lock: PE threads of one job bind at the same time.
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(cpu) = choose(mode, node_index, node_pes, &allowed_cpus(), &held) else {
         return Ok(None);
     };
     match bind_this_thread(cpu) {
-        Ok(()) => Ok(Some(cpu)),
+        Ok(()) => {
+            held.push(cpu);
+            Ok(Some(Binding {
+                cpu,
+                // SAFETY: gettid has no preconditions.
+                tid: unsafe { libc::gettid() },
+                before,
+            }))
+        }
         Err(_) if mode == BindMode::Auto => Ok(None),
         Err(e) => Err(e),
     }
@@ -130,63 +208,64 @@ mod tests {
     #[test]
     fn auto_binds_only_when_every_pe_of_the_node_has_a_cpu() {
         let four = [0, 1, 2, 3];
-        assert_eq!(choose(BindMode::Auto, 0, 2, &four), Some(0));
-        assert_eq!(choose(BindMode::Auto, 3, 4, &four), Some(3));
+        assert_eq!(choose(BindMode::Auto, 0, 2, &four, &[]), Some(0));
+        assert_eq!(choose(BindMode::Auto, 3, 4, &four, &[]), Some(3));
         // More PEs than CPUs: the scheduler places them.
-        assert_eq!(choose(BindMode::Auto, 1, 5, &four), None);
+        assert_eq!(choose(BindMode::Auto, 1, 5, &four, &[]), None);
         // One CPU allowed (taskset, Slurm's per-task binding) for 2 PEs.
-        assert_eq!(choose(BindMode::Auto, 0, 2, &[7]), None);
+        assert_eq!(choose(BindMode::Auto, 0, 2, &[7], &[]), None);
         // The mask's CPUs, not 0..n: a job given CPUs 4-7 uses those.
-        assert_eq!(choose(BindMode::Auto, 1, 2, &[4, 5, 6, 7]), Some(5));
-        assert_eq!(choose(BindMode::Auto, 0, 1, &[]), None);
+        assert_eq!(choose(BindMode::Auto, 1, 2, &[4, 5, 6, 7], &[]), Some(5));
+        assert_eq!(choose(BindMode::Auto, 0, 1, &[], &[]), None);
         // A PE alone on its node (one PE per host, or per network namespace here).
-        assert_eq!(choose(BindMode::Auto, 0, 1, &four), None);
+        assert_eq!(choose(BindMode::Auto, 0, 1, &four, &[]), None);
+    }
+
+    /// A second job in the process takes the CPUs the first left free, and none when
+    /// every CPU is held.
+    #[test]
+    fn auto_skips_cpus_other_pes_of_the_process_hold() {
+        let four = [0, 1, 2, 3];
+        assert_eq!(choose(BindMode::Auto, 0, 2, &four, &[0, 1]), Some(2));
+        assert_eq!(choose(BindMode::Auto, 1, 2, &four, &[0, 1, 2]), Some(3));
+        assert_eq!(choose(BindMode::Auto, 1, 2, &four, &[0, 1, 3]), Some(2));
+        assert_eq!(choose(BindMode::Auto, 0, 2, &four, &[0, 1, 2, 3]), None);
+        // core ignores them.
+        assert_eq!(choose(BindMode::Core, 0, 2, &four, &[0, 1]), Some(0));
     }
 
     #[test]
     fn core_shares_cpus_round_robin_and_none_never_binds() {
-        assert_eq!(choose(BindMode::Core, 5, 8, &[2, 3]), Some(3));
-        assert_eq!(choose(BindMode::Core, 0, 1, &[6]), Some(6));
-        assert_eq!(choose(BindMode::None, 0, 2, &[0, 1]), None);
+        assert_eq!(choose(BindMode::Core, 5, 8, &[2, 3], &[]), Some(3));
+        assert_eq!(choose(BindMode::Core, 0, 1, &[6], &[]), Some(6));
+        assert_eq!(choose(BindMode::None, 0, 2, &[0, 1], &[]), None);
     }
 
-    /// bind_pe under auto and core, on threads of their own (the test thread keeps its
-    /// mask).
+    /// bind_pe under core, on a thread of its own: bound to the CPU, the mask given back
+    /// when the binding drops (the test thread keeps its mask throughout). Not under
+    /// auto: other tests of this binary bind PEs at the same time, so which CPU auto
+    /// picks depends on them (the choice itself is tested above).
     #[test]
-    fn a_pe_thread_is_bound_as_the_mode_says() {
+    fn a_pe_thread_is_bound_and_given_its_mask_back() {
         let allowed = allowed_cpus();
         assert!(
             !allowed.is_empty(),
             "this thread's affinity mask could not be read"
         );
         let n = allowed.len();
-        let last = allowed[n - 1];
-        let (bound, mask) = std::thread::spawn(move || {
-            (
-                bind_pe(BindMode::Auto, n - 1, n).expect("auto never fails"),
-                allowed_cpus(),
-            )
+        let (cpu, bound, after) = std::thread::spawn(move || {
+            let b = bind_pe(BindMode::Core, n, n + 1)
+                .expect("core binds")
+                .expect("a binding");
+            let bound = allowed_cpus();
+            let cpu = b.cpu();
+            drop(b);
+            (cpu, bound, allowed_cpus())
         })
         .join()
         .expect("thread ran");
-        if n >= 2 {
-            assert_eq!((bound, mask), (Some(last), vec![last]));
-        } else {
-            assert_eq!(
-                (bound, mask),
-                (None, allowed.clone()),
-                "one CPU: nothing to bind"
-            );
-        }
-        let (bound, mask) = std::thread::spawn(move || {
-            (
-                bind_pe(BindMode::Core, n, n + 1).expect("core binds"),
-                allowed_cpus(),
-            )
-        })
-        .join()
-        .expect("thread ran");
-        assert_eq!((bound, mask), (Some(allowed[0]), vec![allowed[0]]));
+        assert_eq!((cpu, bound), (allowed[0], vec![allowed[0]]));
+        assert_eq!(after, allowed, "the mask is given back with the binding");
         // This thread's mask is its own.
         assert_eq!(allowed_cpus(), allowed);
         let e = bind_this_thread(libc::CPU_SETSIZE as usize).unwrap_err();

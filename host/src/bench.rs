@@ -290,36 +290,29 @@ fn slowest_calls(
     calls: usize,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<Vec<f64>> {
+    // On an error this PE returns at once, as every bench step does (its buffers are not
+    // freed: `free` is collective, and the other PEs are elsewhere).
     let mine = pe.calloc::<u64>(calls)?;
-    let most = match pe.calloc::<u64>(calls) {
-        Ok(p) => p,
-        Err(e) => {
-            pe.free(mine)?;
-            return Err(e);
-        }
-    };
-    let timed = (|| {
-        let mut ns = Vec::with_capacity(calls);
-        for _ in 0..calls {
-            pe.barrier_all()?;
-            let t = Instant::now();
-            f()?;
-            ns.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
-        }
-        pe.put(mine.slice(0..calls), &ns, pe.my_pe())?;
-        pe.reduce(
-            team,
-            most.slice(0..calls),
-            mine.slice(0..calls),
-            calls,
-            crate::collectives::ReduceOp::Max,
-        )?;
-        pe.get(&mut ns, most.slice(0..calls), pe.my_pe())?;
-        Ok(ns.into_iter().map(|n| n as f64 / 1e3).collect())
-    })();
+    let most = pe.calloc::<u64>(calls)?;
+    let mut ns = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        pe.barrier_all()?;
+        let t = Instant::now();
+        f()?;
+        ns.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+    pe.put(mine.slice(0..calls), &ns, pe.my_pe())?;
+    pe.reduce(
+        team,
+        most.slice(0..calls),
+        mine.slice(0..calls),
+        calls,
+        crate::collectives::ReduceOp::Max,
+    )?;
+    pe.get(&mut ns, most.slice(0..calls), pe.my_pe())?;
     pe.free(most)?;
     pe.free(mine)?;
-    timed
+    Ok(ns.into_iter().map(|n| n as f64 / 1e3).collect())
 }
 
 /// A whole benchmark result, as printed by `--json`.
@@ -612,13 +605,18 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
             let h = crate::doctor::human_bytes_wide;
             return Err(Error::InvalidArgument(format!(
                 "bench {}: --max-size {} needs a {} heap on each of {} PEs ({}), more than \
-                 this node's memory ({} of RAM and swap): lower --max-size",
+                 this node's memory ({} of RAM and swap): lower --max-size{}",
                 args.kind.name(),
                 h(args.max_size as u128),
                 h(need as u128),
                 args.pe_count(),
                 h(all),
-                h(mem)
+                h(mem),
+                if args.slowest() {
+                    " or --iters (--timing slowest keeps 16 bytes per call)"
+                } else {
+                    ""
+                }
             )));
         }
     }
@@ -878,19 +876,15 @@ fn bound_cpus(pe: &Pe) -> Result<Vec<Option<usize>>> {
     let mine = pe.calloc::<u64>(1)?;
     let all = pe.calloc::<u64>(n)?;
     let code = pe.bound_cpu().map_or(0, |c| c as u64 + 1);
-    let got = pe
-        .put(mine, &[code], pe.my_pe())
-        .and_then(|()| pe.fcollect(pe.world(), all, mine, 1))
-        .and_then(|()| {
-            let mut v = vec![0u64; n];
-            pe.get(&mut v, all, pe.my_pe())?;
-            Ok(v.into_iter()
-                .map(|c| c.checked_sub(1).map(|c| c as usize))
-                .collect())
-        });
+    pe.put(mine, &[code], pe.my_pe())?;
+    pe.fcollect(pe.world(), all, mine, 1)?;
+    let mut v = vec![0u64; n];
+    pe.get(&mut v, all, pe.my_pe())?;
     pe.free(all)?;
     pe.free(mine)?;
-    got
+    Ok(v.into_iter()
+        .map(|c| c.checked_sub(1).map(|c| c as usize))
+        .collect())
 }
 
 /// Word `i` of the payload of size `size` in iteration `tag` (non-zero, position-dependent).
@@ -1585,6 +1579,37 @@ mod tests {
             binding_line("core", &[Some(3), None]),
             "PEs bound to CPUs 3, - (RSHMEM_BIND=core)"
         );
+    }
+
+    /// `--timing slowest` takes every PE's time for each call: PE k is slow (sleeps 3 ms)
+    /// in call k only, so every call's sample is at least 3 ms on every PE. PE 0's own
+    /// times would show call 0 alone.
+    #[test]
+    fn slowest_timing_is_the_maximum_over_pes() {
+        let settings = crate::config::Settings::from_lookup(|_| None).expect("defaults");
+        let out = crate::pe::run_threads(3, settings, |pe| {
+            let world = pe.world().clone();
+            let mut call = 0;
+            let samples = super::slowest_calls(pe, &world, 4, || {
+                if call == pe.my_pe() {
+                    std::thread::sleep(std::time::Duration::from_millis(3));
+                }
+                call += 1;
+                Ok(())
+            })?;
+            Ok(samples)
+        })
+        .expect("threads ran");
+        for (p, r) in out.into_iter().enumerate() {
+            let s = r.expect("PE ran");
+            assert_eq!(s.len(), 4, "PE {p}");
+            for (k, &us) in s.iter().take(3).enumerate() {
+                assert!(
+                    us >= 3000.0,
+                    "PE {p}: call {k} took {us} us at its slowest PE"
+                );
+            }
+        }
     }
 
     #[test]

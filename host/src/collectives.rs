@@ -180,7 +180,6 @@ fn type_code<T>() -> u64 {
     crate::pe::fnv(std::any::type_name::<T>().as_bytes())
 }
 
-/// A zero-filled local buffer (every bit pattern of an `Element` is a value).
 /// Bytes of each of the two buffers a reduce combines through: a member's chunk is read,
 /// combined and pushed in pieces of at most this size, so the buffers stay in cache and
 /// are reused across calls. Buffers of the whole chunk, allocated per call, cost a page
@@ -190,43 +189,60 @@ const REDUCE_PIECE_BYTES: usize = 128 << 10;
 
 thread_local! {
     /// The two reduce buffers of this thread (`with_reduce_scratch`), u128 words so that
-    /// every `Element` type is aligned in them.
+    /// every built-in `Element` type is aligned in them.
     static REDUCE_SCRATCH: std::cell::RefCell<Vec<u128>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with this thread's two reduce buffers, each `REDUCE_PIECE_BYTES` of `T`
-/// (allocated at the first reduce of the thread and kept). A buffer already lent (a
-/// reduce inside `f` cannot happen, but nothing else may hold it) gives a fresh pair.
+/// Runs `f` with two reduce buffers of the same length (at least one element, at most
+/// `REDUCE_PIECE_BYTES` unless one element is larger): this thread's kept pair
+/// (allocated at its first reduce), or a fresh pair when those do not fit `T` (a
+/// user-defined `Element` aligned past 16 bytes, zero-sized or larger than a piece) or
+/// are not available (already lent, or the thread's locals being torn down).
 fn with_reduce_scratch<T: Element, R>(f: impl FnOnce(&mut [T], &mut [T]) -> R) -> R {
     const WORDS: usize = 2 * REDUCE_PIECE_BYTES / std::mem::size_of::<u128>();
-    REDUCE_SCRATCH.with(|cell| {
-        let mut kept = cell.try_borrow_mut().ok();
-        let mut fresh = Vec::new();
-        let store: &mut Vec<u128> = match kept.as_deref_mut() {
-            Some(v) => v,
-            None => &mut fresh,
+    let size = std::mem::size_of::<T>();
+    let fits = size != 0
+        && size <= REDUCE_PIECE_BYTES
+        && std::mem::align_of::<T>() <= std::mem::align_of::<u128>();
+    let fresh = |f: &mut dyn FnMut(&mut [T], &mut [T]) -> R| {
+        let per = REDUCE_PIECE_BYTES.checked_div(size).unwrap_or(1).max(1);
+        f(&mut zeroed::<T>(per), &mut zeroed::<T>(per))
+    };
+    let mut f = Some(f);
+    let mut call = |a: &mut [T], b: &mut [T]| (f.take().expect("called once"))(a, b);
+    if !fits {
+        return fresh(&mut call);
+    }
+    let kept = REDUCE_SCRATCH.try_with(|cell| {
+        let Ok(mut store) = cell.try_borrow_mut() else {
+            return None;
         };
         if store.len() < WORDS {
             store.resize(WORDS, 0);
         }
-        let per = REDUCE_PIECE_BYTES / std::mem::size_of::<T>();
+        let per = REDUCE_PIECE_BYTES / size;
         let base = store.as_mut_ptr().cast::<T>();
-        // SAFETY: `store` holds 2 * REDUCE_PIECE_BYTES bytes, initialised (zeros), borrowed
-        // mutably for the whole call; the two slices are its disjoint halves (per elements
-        // of T each; every Element size divides REDUCE_PIECE_BYTES). u128 storage is
-        // aligned for every Element type (at most 16-byte alignment), and every bit
-        // pattern is a valid Element (the trait's contract).
+        // SAFETY: `store` holds 2 * REDUCE_PIECE_BYTES bytes, initialised (zeros) and
+        // borrowed mutably for the whole call; the two slices are disjoint (per elements
+        // of T each, 2 * per * size <= 2 * REDUCE_PIECE_BYTES). u128 storage is aligned
+        // for T (checked in `fits`), and every bit pattern is a valid Element (the trait's
+        // contract).
         let (a, b) = unsafe {
             (
                 std::slice::from_raw_parts_mut(base, per),
                 std::slice::from_raw_parts_mut(base.add(per), per),
             )
         };
-        f(a, b)
-    })
+        Some(call(a, b))
+    });
+    match kept {
+        Ok(Some(r)) => r,
+        _ => fresh(&mut call),
+    }
 }
 
+/// A zero-filled local buffer (every bit pattern of an `Element` is a value).
 fn zeroed<T: Element>(n: usize) -> Vec<T> {
     // SAFETY: Element types are primitive numbers; all-zero bytes are a valid value.
     vec![unsafe { std::mem::zeroed::<T>() }; n]
@@ -721,26 +737,33 @@ impl Pe {
         // no more pieces and reports the failure in the completion exchange (dest is then
         // undefined on every member).
         let written = with_reduce_scratch::<T, _>(|acc_buf, theirs_buf| {
-            let mut at = lo;
-            while at < hi {
-                let end = (at + acc_buf.len()).min(hi);
-                let (acc, theirs) = (&mut acc_buf[..end - at], &mut theirs_buf[..end - at]);
-                for i in 0..n {
-                    let pe = team.world_pe(i).expect("member index below n_pes");
-                    let into = if i == 0 { &mut *acc } else { &mut *theirs };
-                    self.get(into, source.slice(at..end), pe)?;
-                    if i > 0 {
-                        for (a, &b) in acc.iter_mut().zip(theirs.iter()) {
-                            *a = T::combine(*a, b, op).expect("checked above");
+            let r = (|| {
+                let mut at = lo;
+                while at < hi {
+                    let end = (at + acc_buf.len()).min(hi);
+                    let (acc, theirs) = (&mut acc_buf[..end - at], &mut theirs_buf[..end - at]);
+                    for i in 0..n {
+                        let pe = team.world_pe(i).expect("member index below n_pes");
+                        let into = if i == 0 { &mut *acc } else { &mut *theirs };
+                        self.get(into, source.slice(at..end), pe)?;
+                        if i > 0 {
+                            for (a, &b) in acc.iter_mut().zip(theirs.iter()) {
+                                *a = T::combine(*a, b, op).expect("checked above");
+                            }
                         }
                     }
+                    self.push_blocks(team, dest.slice(at..end), |_| &acc[..])?;
+                    // put_nbi may read its source until the next quiet (today every transport
+                    // copies it before returning): the next piece overwrites it.
+                    self.try_quiet()?;
+                    at = end;
                 }
-                self.push_blocks(team, dest.slice(at..end), |_| &acc[..])?;
-                // The next piece (or the next call) overwrites the buffer the puts read.
-                self.try_quiet()?;
-                at = end;
-            }
-            Ok(())
+                Ok(())
+            })();
+            // Also after a failure: no put may still read a buffer the caller of this
+            // closure may free (a fresh pair) or lend again.
+            let q = self.try_quiet();
+            r.and(q)
         });
         self.coll_status(team, Coll::Reduce, written)
     }
@@ -797,15 +820,15 @@ mod tests {
     }
 
     /// A member's chunk larger than a reduce piece goes through in several pieces, with
-    /// exact results out of place and in place, for 8- and 1-byte elements and counts the
-    /// members do not divide.
+    /// exact results out of place and in place, for 8- and 1-byte elements (each both ways)
+    /// and counts the members do not divide.
     #[test]
     fn reduce_over_several_pieces_is_exact() {
         use super::{ReduceOp, REDUCE_PIECE_BYTES};
         let mut settings = Settings::from_lookup(|_| None).expect("default settings");
         settings.symmetric_size = 32 << 20;
         let n = 3;
-        // Each member's chunk: about 2.4 pieces of u64, 1.2 of u128.
+        // Each member's chunk: about 2.4 pieces of u64.
         let count = n * (REDUCE_PIECE_BYTES / 8) * 12 / 5 + 1;
         // Each member's chunk: about 1.2 pieces of u8.
         let bytes = n * REDUCE_PIECE_BYTES * 6 / 5 + 2;
@@ -832,6 +855,11 @@ mod tests {
             pe.reduce(&world, b, a, bytes, ReduceOp::Max)?;
             let mut max = vec![0u8; bytes];
             pe.get(&mut max, b, me)?;
+            // In place, u8: the max again from `a` into `a`.
+            pe.reduce(&world, a, a, bytes, ReduceOp::Max)?;
+            let mut max_in_place = vec![0u8; bytes];
+            pe.get(&mut max_in_place, a, me)?;
+            assert_eq!(max_in_place, max, "PE {me}: u8 max in place");
             Ok((sum, xor, max))
         })
         .expect("threads ran");
@@ -846,6 +874,45 @@ mod tests {
             for (i, &m) in max.iter().enumerate() {
                 let want = (0..n).map(|q| v8(q, i)).max().unwrap();
                 assert_eq!(m, want, "PE {p}: u8 max element {i}");
+            }
+        }
+    }
+
+    /// A user-defined element aligned past the kept buffers' 16 bytes goes through fresh
+    /// buffers, with exact sums.
+    #[test]
+    fn reduce_of_a_32_byte_aligned_element_is_exact() {
+        use super::{ReduceOp, Reducible};
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        #[repr(C, align(32))]
+        struct Wide([u64; 4]);
+        // SAFETY: four u64 words (32 bytes, no padding); every bit pattern is a value.
+        unsafe impl crate::types::Element for Wide {}
+        impl Reducible for Wide {
+            fn combine(a: Self, b: Self, op: ReduceOp) -> Option<Self> {
+                (op == ReduceOp::Sum)
+                    .then(|| Wide(std::array::from_fn(|i| a.0[i].wrapping_add(b.0[i]))))
+            }
+        }
+        let settings = Settings::from_lookup(|_| None).expect("default settings");
+        let w = |p: usize, i: usize| Wide(std::array::from_fn(|k| (p * 1000 + i * 10 + k) as u64));
+        let count = 11;
+        let out = run_threads(3, settings, |pe| {
+            let me = pe.my_pe();
+            let (src, dst) = (pe.calloc::<Wide>(count)?, pe.calloc::<Wide>(count)?);
+            let mine: Vec<Wide> = (0..count).map(|i| w(me, i)).collect();
+            pe.put(src, &mine, me)?;
+            pe.reduce(pe.world(), dst, src, count, ReduceOp::Sum)?;
+            let mut got = vec![Wide([0; 4]); count];
+            pe.get(&mut got, dst, me)?;
+            Ok(got)
+        })
+        .expect("threads ran");
+        for (p, r) in out.into_iter().enumerate() {
+            let got = r.expect("PE ran");
+            for (i, g) in got.iter().enumerate() {
+                let want = Wide(std::array::from_fn(|k| (0..3).map(|q| w(q, i).0[k]).sum()));
+                assert_eq!(*g, want, "PE {p}: element {i}");
             }
         }
     }

@@ -116,8 +116,9 @@ pub struct Pe {
     boot: Option<Bootstrap>,
     pub(crate) live: Arc<Liveness>,
     pub(crate) settings: Settings,
-    /// The CPU this PE's thread was bound to at init (`RSHMEM_BIND`, affinity.rs).
-    bound_cpu: Option<usize>,
+    /// This PE's thread's CPU binding from init (`RSHMEM_BIND`, affinity.rs); dropping it
+    /// gives the thread its mask back.
+    binding: Option<crate::affinity::Binding>,
     job_id: String,
     heap_size: usize,
     /// How each peer is reached, by world rank (an enum match, no virtual call, on the p2p
@@ -192,8 +193,7 @@ impl Pe {
     }
 
     /// [`Pe::init`] with settings given instead of read from the environment (the launch
-    /// variables still come from it). GPU PEs use this to start their CPU side with a
-    /// small heap.
+    /// variables still come from it).
     pub fn init_from_settings(settings: Settings) -> Result<Pe> {
         Pe::init_unbound(settings)?.bind_thread()
     }
@@ -209,13 +209,14 @@ impl Pe {
             crate::affinity::BindMode::Auto if !all_p2p => crate::affinity::BindMode::None,
             m => m,
         };
-        self.bound_cpu = crate::affinity::bind_pe(mode, self.node.my_pe(), self.node.n_pes())?;
+        self.binding = crate::affinity::bind_pe(mode, self.node.my_pe(), self.node.n_pes())?;
         Ok(self)
     }
 
-    /// The CPU this PE's thread was bound to at init (`RSHMEM_BIND`), or None.
+    /// The CPU this PE's thread was bound to at init (`RSHMEM_BIND`), or None. The
+    /// binding lasts as long as this `Pe`.
     pub fn bound_cpu(&self) -> Option<usize> {
-        self.bound_cpu
+        self.binding.as_ref().map(|b| b.cpu())
     }
 
     /// [`Pe::init_from_settings`] without binding the thread (GPU PEs' CPU side).
@@ -549,7 +550,7 @@ impl Pe {
             boot: Some(boot),
             live,
             settings,
-            bound_cpu: None,
+            binding: None,
             job_id,
             heap_size,
             paths,

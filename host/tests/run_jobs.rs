@@ -496,11 +496,21 @@ fn bound_cpus(cmd: &mut Command, bind: &str) -> Vec<Option<u64>> {
 /// RSHMEM_BIND: by default each of a node's PEs is bound to its own CPU of the mask when
 /// they fit and reach each other by load/store (PEs as threads and as processes alike),
 /// none when they do not, over the proxy, or when a PE is alone; `core` shares CPUs
-/// round-robin; `none` binds nothing; anything else is refused.
+/// round-robin; `none` binds nothing; anything else is refused. The children run under
+/// the first two CPUs of this test's mask (one where it has one), so the expected values
+/// and the cost are the same on every host.
 #[test]
 fn pes_are_bound_to_cpus_as_rshmem_bind_says() {
-    let cpus = allowed_cpus();
-    assert!(!cpus.is_empty());
+    use std::os::unix::process::CommandExt;
+    let all = allowed_cpus();
+    assert!(!all.is_empty());
+    let cpus: Vec<usize> = all.iter().copied().take(2).collect();
+    // SAFETY: a cpu_set_t is plain data; all zeros is the empty set.
+    let mut mask: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in &cpus {
+        // SAFETY: c is a CPU of this thread's mask, below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c, &mut mask) };
+    }
     let each = |n: usize| -> Vec<Option<u64>> {
         (0..n).map(|i| Some(cpus[i % cpus.len()] as u64)).collect()
     };
@@ -513,27 +523,37 @@ fn pes_are_bound_to_cpus_as_rshmem_bind_says() {
     let barrier = [
         "bench", "barrier", "--iters", "16", "--warmup", "0", "--json",
     ];
-    let threads = |n: &str, bind: Option<&str>| {
+    let cmd = |bind: Option<&str>| {
         let mut c = Command::new(BIN);
-        c.args(barrier).args(["--pes", n]).env_remove("RSHMEM_BIND");
+        c.env_remove("RSHMEM_BIND");
         if let Some(b) = bind {
             c.env("RSHMEM_BIND", b);
+        }
+        // SAFETY: sched_setaffinity is a single system call (async-signal-safe) on a mask
+        // copied into the closure.
+        unsafe {
+            c.pre_exec(move || {
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mask) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
         }
         c
     };
+    let threads = |n: &str, bind: Option<&str>| {
+        let mut c = cmd(bind);
+        c.args(barrier).args(["--pes", n]);
+        c
+    };
     let procs = |n: &str, bind: Option<&str>| {
-        let mut c = Command::new(BIN);
-        c.args(["run", "-n", n, "--", BIN])
-            .args(barrier)
-            .env_remove("RSHMEM_BIND");
-        if let Some(b) = bind {
-            c.env("RSHMEM_BIND", b);
-        }
+        let mut c = cmd(bind);
+        c.args(["run", "-n", n, "--", BIN]).args(barrier);
         c
     };
     assert_eq!(bound_cpus(&mut threads("2", None), "auto"), auto2);
     assert_eq!(bound_cpus(&mut procs("2", None), "auto"), auto2);
-    // Through the soft HCA (its threads would inherit a bound PE's CPU): not bound.
+    // Through the soft HCA (its engine thread would inherit a bound PE's CPU): not bound.
     assert_eq!(
         bound_cpus(threads("2", None).args(["--transport", "proxy"]), "auto"),
         vec![None, None]
