@@ -18,15 +18,25 @@ fn config(mr_mode: u64) -> FabricConfig {
         domain: Some("lo".into()),
         mr_mode,
         timeout: Duration::from_secs(10),
+        ask_rma_order: true,
     }
 }
 
-/// The shm provider: FI_MR_VIRT_ADDR, so remote addresses are virtual addresses.
+/// The shm provider as rshmem opens it (its entry ordered for RMA reads after writes).
 fn shm_config() -> FabricConfig {
     FabricConfig {
         provider: Some("shm".into()),
         domain: None,
         ..config(MR_MODE_SUPPORTED)
+    }
+}
+
+/// The shm provider's unordered entry: FI_MR_VIRT_ADDR, so remote addresses are virtual
+/// addresses (the mode efa and verbs require; no other provider here has it).
+fn shm_virt_config() -> FabricConfig {
+    FabricConfig {
+        ask_rma_order: false,
+        ..shm_config()
     }
 }
 
@@ -216,8 +226,17 @@ fn write_and_read_exact_bytes_provider_mr_mode() {
 
 #[test]
 fn write_and_read_exact_bytes_virtual_addressing_on_shm() {
-    let f = Fabric::open(&shm_config()).expect("shm provider");
+    let f = Fabric::open(&shm_virt_config()).expect("shm provider");
     assert!(f.info().virt_addr, "{:?}", f.info());
+    drop(f);
+    write_read_exact(&shm_virt_config());
+}
+
+/// shm as rshmem opens it (ordered, offsets and rshmem's keys): exact bytes too.
+#[test]
+fn write_and_read_exact_bytes_on_ordered_shm() {
+    let f = Fabric::open(&shm_config()).expect("shm provider");
+    assert!(!f.info().virt_addr && !f.info().prov_key, "{:?}", f.info());
     drop(f);
     write_read_exact(&shm_config());
 }
@@ -462,5 +481,28 @@ fn pingpong_prints_latency() {
         println!("{r}");
         assert_eq!((r.size, r.iters), (size, iters));
         assert!(r.median_one_way > Duration::ZERO);
+    }
+}
+
+/// RMA reads ordered after writes are asked for on both sides, so shm (which orders them
+/// only when asked: transmit msg_order 0x100 otherwise) answers with the ordering, and the
+/// soft HCA confirms writes with flush READs on shm as on tcp;ofi_rxm (it took the slower
+/// delivery-complete writes on shm before).
+#[test]
+fn read_after_write_ordering_is_asked_for_on_both_sides() {
+    use rshmem::fabric::sys::FI_ORDER_RMA_RAW;
+    for cfg in [config(MR_MODE_SUPPORTED), shm_config()] {
+        let f = Fabric::open(&cfg).unwrap_or_else(|e| panic!("{:?}: {e}", cfg.provider));
+        let i = f.info().clone();
+        assert_ne!(i.msg_order & FI_ORDER_RMA_RAW, 0, "{i:?}");
+        assert_ne!(i.rx_msg_order & FI_ORDER_RMA_RAW, 0, "{i:?}");
+        let switches = rshmem::config::FabricSwitches {
+            handover: true,
+            lazy_confirm: true,
+            delivery_complete: false,
+        };
+        let b = rshmem::softhca::FabricBackend::open_on(&f, switches)
+            .unwrap_or_else(|e| panic!("{:?}: {e}", cfg.provider));
+        assert!(b.confirms_with_reads(), "{i:?}");
     }
 }

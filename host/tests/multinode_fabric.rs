@@ -209,3 +209,23 @@ fn bad_fabric_switches_are_refused() {
         );
     }
 }
+
+/// The self-test through libfabric's shm provider, whose writes are now confirmed with
+/// flush READs (it orders reads after writes once asked; fabric_rma.rs).
+#[test]
+fn selftest_over_fabric_on_shm() {
+    let out = fabric_cmd(&["run", "-n", "2", "--", RSHMEM, "selftest"])
+        .env("RSHMEM_FABRIC_PROVIDER", "shm")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for pe in 0..2 {
+        let want = format!(
+            "all {} cases passed on PE {pe}",
+            rshmem::selftest::CASES.len()
+        );
+        assert!(text.contains(&want), "missing {want:?}:\n{text}");
+    }
+}

@@ -44,6 +44,12 @@ pub struct FabricConfig {
     pub mr_mode: u64,
     /// Bound on every busy wait (queue full, `-FI_EAGAIN`).
     pub timeout: Duration,
+    /// Ask the chosen provider and domain again for RMA reads ordered after writes
+    /// (default true): a provider that orders them only when asked (shm) then lets the
+    /// soft HCA confirm writes with flush READs. shm's ordered entry has another mr_mode
+    /// (0: offsets, rshmem's keys; unordered: FI_MR_VIRT_ADDR), so tests of virtual
+    /// addressing there turn this off.
+    pub ask_rma_order: bool,
 }
 
 impl Default for FabricConfig {
@@ -53,6 +59,7 @@ impl Default for FabricConfig {
             domain: None,
             mr_mode: MR_MODE_SUPPORTED,
             timeout: Duration::from_millis(crate::config::DEFAULT_TIMEOUT_MS),
+            ask_rma_order: true,
         }
     }
 }
@@ -107,6 +114,9 @@ pub struct FabricInfo {
     pub inject_size: usize,
     /// `FI_ORDER_*` bits the provider keeps between transmit operations.
     pub msg_order: u64,
+    /// `FI_ORDER_*` bits it keeps between operations a target receives (every PE opens
+    /// the same provider, so a peer's are these).
+    pub rx_msg_order: u64,
     /// Mode bits the provider requires of the caller.
     pub mode: u64,
 }
@@ -179,12 +189,14 @@ fn c_strdup(s: &str, what: &str) -> Result<*mut std::ffi::c_char> {
 }
 
 /// Runs fi_getinfo for RDM endpoints with `caps` (and, when `full`, rshmem's mode,
-/// mr_mode and threading), restricted to `provider` / `domain` when given.
+/// mr_mode and threading, and `order` as the transmit and receive `msg_order` asked for),
+/// restricted to `provider` / `domain` when given.
 pub(crate) fn query(
     caps: u64,
     full: Option<&FabricConfig>,
     provider: Option<&str>,
     domain: Option<&str>,
+    order: u64,
 ) -> Result<InfoList> {
     let hints = InfoList(result::allocinfo()?);
     let h = hints.0;
@@ -200,6 +212,8 @@ pub(crate) fn query(
             (*d).mr_mode = cfg.mr_mode as i32;
             (*d).threading = FI_THREAD_SAFE;
             (*d).av_type = FI_AV_TABLE;
+            (*(*h).tx_attr).msg_order = order;
+            (*(*h).rx_attr).msg_order = order;
         }
         if let Some(p) = provider {
             (*(*h).fabric_attr).prov_name = c_strdup(p, "provider")?;
@@ -215,7 +229,13 @@ pub(crate) fn query(
 /// [`AUTO_ORDER`] that offers everything. Returns a single-entry list.
 pub(crate) fn choose(cfg: &FabricConfig) -> Result<InfoList> {
     let provider = cfg.provider.as_deref().map(normalize_provider);
-    let list = query(CAPS, Some(cfg), provider.as_deref(), cfg.domain.as_deref())?;
+    let list = query(
+        CAPS,
+        Some(cfg),
+        provider.as_deref(),
+        cfg.domain.as_deref(),
+        0,
+    )?;
     // Some layered providers (tcp;ofi_rxm in 1.17) ignore the domain-name hint, so the
     // domain is matched here too.
     let usable = |i: *mut fi_info| {
@@ -240,7 +260,42 @@ pub(crate) fn choose(cfg: &FabricConfig) -> Result<InfoList> {
     let Some(chosen) = chosen else {
         return Err(nothing_found(cfg, provider.as_deref(), &list));
     };
-    // SAFETY: `chosen` is live; fi_dupinfo copies that one entry (next = NULL).
+    // The same provider and domain again, asking for RMA reads ordered after writes on
+    // both sides: a provider that orders them only when asked (shm) then answers with that
+    // ordering, and the soft HCA can confirm writes with a flush READ instead of slower
+    // delivery-complete writes (softhca/fabric.rs). No answer, or one without the
+    // ordering: the entry found above, unordered.
+    // SAFETY: `chosen` is an element of `list`, alive until `list` drops at return.
+    let (name, dom) = unsafe { (prov_name(chosen), cstr((*(*chosen).domain_attr).name)) };
+    let ordered_list = if cfg.ask_rma_order {
+        query(
+            CAPS,
+            Some(cfg),
+            Some(&name),
+            Some(&dom),
+            RMA_READ_AFTER_WRITE,
+        )
+        .ok()
+    } else {
+        None
+    };
+    let ordered = ordered_list.as_ref().and_then(|l| {
+        l.iter().find(|&i| {
+            // SAFETY: `i` is an element of `l`, its attribute structs allocated.
+            let (n, d, tx, rx) = unsafe {
+                (
+                    prov_name(i),
+                    cstr((*(*i).domain_attr).name),
+                    (*(*i).tx_attr).msg_order,
+                    (*(*i).rx_attr).msg_order,
+                )
+            };
+            n == name && d == dom && reads_follow_writes(tx) && reads_follow_writes(rx)
+        })
+    });
+    let chosen = ordered.unwrap_or(chosen);
+    // SAFETY: `chosen` is live (an element of `list` or `ordered_list`, both alive here);
+    // fi_dupinfo copies that one entry (next = NULL).
     let one = unsafe { (result_lib()?.fi_dupinfo)(chosen) };
     if one.is_null() {
         return Err(result::error(
@@ -250,6 +305,17 @@ pub(crate) fn choose(cfg: &FabricConfig) -> Result<InfoList> {
         ));
     }
     Ok(InfoList(one))
+}
+
+/// The ordering asked for: RMA reads after RMA writes (`FI_ORDER_RMA_RAW`).
+const RMA_READ_AFTER_WRITE: u64 = FI_ORDER_RMA_RAW;
+
+/// Whether `msg_order` orders an RMA READ after the writes posted before it to the same
+/// peer (`FI_ORDER_RMA_RAW`, or the older `FI_ORDER_RAW` that covers RMA and atomics):
+/// what a flush READ relies on, on the initiator's transmit side and the target's receive
+/// side.
+pub(crate) fn reads_follow_writes(msg_order: u64) -> bool {
+    msg_order & (FI_ORDER_RMA_RAW | FI_ORDER_RAW as u64) != 0
 }
 
 fn result_lib() -> Result<&'static FabricLib> {
@@ -268,7 +334,7 @@ fn nothing_found(cfg: &FabricConfig, provider: Option<&str>, full: &InfoList) ->
         }
     }
     let mut rdm: Vec<String> = Vec::new();
-    if let Ok(list) = query(0, None, None, None) {
+    if let Ok(list) = query(0, None, None, None, 0) {
         for i in list.iter() {
             // SAFETY: `i` is an element of `list`.
             let (n, caps) = unsafe { (prov_name(i), (*i).caps) };
@@ -322,6 +388,7 @@ pub(crate) unsafe fn summarize(info: *const fi_info) -> FabricInfo {
         let d = &*(*info).domain_attr;
         let f = &*(*info).fabric_attr;
         let t = &*(*info).tx_attr;
+        let r = &*(*info).rx_attr;
         let e = &*(*info).ep_attr;
         let mr_mode = d.mr_mode as u32 as u64;
         FabricInfo {
@@ -337,6 +404,7 @@ pub(crate) unsafe fn summarize(info: *const fi_info) -> FabricInfo {
             tx_size: t.size,
             inject_size: t.inject_size,
             msg_order: t.msg_order,
+            rx_msg_order: r.msg_order,
             mode: (*info).mode,
         }
     }

@@ -29,6 +29,7 @@ pub use endpoint::{
     AtomicSupport, AtomicType, Completion, CompletionError, Endpoint, FetchOp, Local, PeerAddr,
     Target, MAX_SLOTS,
 };
+pub(crate) use info::reads_follow_writes;
 pub use info::{
     normalize_provider, FabricConfig, FabricInfo, AUTO_ORDER, CAPS, DOMAIN_ENV, MR_MODE_SUPPORTED,
     PROVIDER_ENV,

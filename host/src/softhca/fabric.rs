@@ -189,13 +189,7 @@ fn split_bufs(bufs: &[LocalBuf], max: usize) -> std::borrow::Cow<'_, [LocalBuf]>
     std::borrow::Cow::Owned(out)
 }
 
-/// Whether a provider with transmit ordering `msg_order` answers an RMA READ only after
-/// the writes posted before it to the same peer (`FI_ORDER_RMA_RAW`, or the older
-/// `FI_ORDER_RAW` that covers RMA and atomics): what a flush READ relies on.
-fn reads_follow_writes(msg_order: u64) -> bool {
-    msg_order & (crate::fabric::sys::FI_ORDER_RMA_RAW | crate::fabric::sys::FI_ORDER_RAW as u64)
-        != 0
-}
+use crate::fabric::reads_follow_writes;
 
 /// Executes soft-HCA operations over one libfabric endpoint. Asynchronous.
 pub struct FabricBackend {
@@ -348,7 +342,8 @@ impl FabricBackend {
         // after writes: elsewhere (efa, or rxm over verbs with atomics) delivery-complete
         // writes are required.
         let info = domain.info();
-        let ordered = reads_follow_writes(info.msg_order);
+        // Ordered on this PE's transmit side and on the target's receive side.
+        let ordered = reads_follow_writes(info.msg_order) && reads_follow_writes(info.rx_msg_order);
         let mut ep = Endpoint::with_completion(&domain, switches.delivery_complete || !ordered)?;
         if !ep.delivery_complete() && !ordered {
             return Err(Error::Fabric {
@@ -357,9 +352,9 @@ impl FabricBackend {
                 detail: format!(
                     "provider {} ({}) can confirm a write neither with a delivery-complete \
                      completion (FI_DELIVERY_COMPLETE refused) nor with a READ after it (its \
-                     msg_order {:#x} has neither FI_ORDER_RMA_RAW nor FI_ORDER_RAW): choose \
-                     another with RSHMEM_FABRIC_PROVIDER",
-                    info.provider, info.domain, info.msg_order
+                     msg_order, transmit {:#x} and receive {:#x}, lacks FI_ORDER_RMA_RAW and \
+                     FI_ORDER_RAW on a side): choose another with RSHMEM_FABRIC_PROVIDER",
+                    info.provider, info.domain, info.msg_order, info.rx_msg_order
                 ),
             });
         }
@@ -391,6 +386,12 @@ impl FabricBackend {
             revoked: Vec::new(),
             retired: Vec::new(),
         })
+    }
+
+    /// Whether writes are confirmed with flush READs (the provider orders RMA reads after
+    /// writes on both sides) rather than delivery-complete completions.
+    pub fn confirms_with_reads(&self) -> bool {
+        !self.dc
     }
 
     /// Posts waiting for their peer (diagnostics and tests).

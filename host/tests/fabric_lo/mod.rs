@@ -16,6 +16,7 @@ pub fn backend_on_lo(timeout: Duration) -> (Arc<Fabric>, FabricBackend) {
         domain: Some("lo".into()),
         mr_mode: MR_MODE_SUPPORTED,
         timeout,
+        ask_rma_order: true,
     };
     let fabric = Fabric::open(&cfg).unwrap_or_else(|e| {
         panic!("cannot open libfabric tcp;ofi_rxm: {e} (apt-get install -y libfabric1)")
