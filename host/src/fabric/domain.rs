@@ -222,10 +222,13 @@ impl Domain {
             )
         };
         if rc != 0 {
+            let hint = (i64::from(rc) == -(FI_ENOMEM as i64))
+                .then(crate::verbs::memlock::enomem_hint)
+                .flatten();
             return Err(result::error(
                 "fi_mr_reg",
                 rc.into(),
-                &format!("registering {len} bytes at {base:p}"),
+                &registering(len, base, hint),
             ));
         }
         // SAFETY: `mr` was just returned by fi_mr_reg.
@@ -252,6 +255,16 @@ impl Domain {
             });
         }
         Ok(Arc::new(region))
+    }
+}
+
+/// What `fi_mr_reg` was doing, for its error; `memlock` is the cure of a binding
+/// locked-memory limit, added to an ENOMEM (providers that pin memory, verbs and efa,
+/// charge registrations against `ulimit -l`, which containers often set to 64 KiB).
+fn registering(len: usize, base: *const u8, memlock: Option<String>) -> String {
+    match memlock {
+        Some(cure) => format!("registering {len} bytes at {base:p}; {cure}"),
+        None => format!("registering {len} bytes at {base:p}"),
     }
 }
 
@@ -446,5 +459,22 @@ impl RemoteRegion {
             key: u(8..16),
             len: u(16..24),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// An ENOMEM from fi_mr_reg under a binding locked-memory limit carries the cure.
+    #[test]
+    fn an_enomem_registration_names_the_locked_memory_limit() {
+        let base = 0x1000 as *const u8;
+        assert_eq!(
+            super::registering(4096, base, None),
+            "registering 4096 bytes at 0x1000"
+        );
+        let cure = crate::verbs::memlock::cure(64 << 10);
+        let s = super::registering(4096, base, Some(cure.clone()));
+        assert_eq!(s, format!("registering 4096 bytes at 0x1000; {cure}"));
+        assert!(s.contains("ulimit -l") && s.contains("64.0 KiB"), "{s}");
     }
 }
