@@ -16,22 +16,27 @@ fn fabric_cmd(args: &[&str]) -> Command {
     c
 }
 
-/// The whole self-test, 3 processes, every operation through libfabric.
-#[test]
-fn selftest_over_fabric_three_processes() {
-    let out = fabric_cmd(&["run", "-n", "3", "--", RSHMEM, "selftest"])
-        .output()
-        .unwrap();
+/// The self-test job `out` succeeded and each of its `pes` PEs passed every case.
+fn assert_selftest_passed(out: &std::process::Output, pes: usize) {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
-    for pe in 0..3 {
+    for pe in 0..pes {
         let want = format!(
             "all {} cases passed on PE {pe}",
             rshmem::selftest::CASES.len()
         );
         assert!(text.contains(&want), "missing {want:?}:\n{text}");
     }
+}
+
+/// The whole self-test, 3 processes, every operation through libfabric.
+#[test]
+fn selftest_over_fabric_three_processes() {
+    let out = fabric_cmd(&["run", "-n", "3", "--", RSHMEM, "selftest"])
+        .output()
+        .unwrap();
+    assert_selftest_passed(&out, 3);
 }
 
 /// `bench put` under a launcher reports the fabric transport and its provider, with
@@ -101,16 +106,7 @@ fn selftest_over_fabric_delivery_complete_small_chunks_no_handover() {
         .env("RSHMEM_FABRIC_CHUNK", "8K")
         .output()
         .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    for pe in 0..2 {
-        let want = format!(
-            "all {} cases passed on PE {pe}",
-            rshmem::selftest::CASES.len()
-        );
-        assert!(text.contains(&want), "missing {want:?}:\n{text}");
-    }
+    assert_selftest_passed(&out, 2);
 }
 
 /// The self-test (quiet, fence, signals, barriers: exact checks) and the put benchmark
@@ -218,14 +214,5 @@ fn selftest_over_fabric_on_shm() {
         .env("RSHMEM_FABRIC_PROVIDER", "shm")
         .output()
         .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    for pe in 0..2 {
-        let want = format!(
-            "all {} cases passed on PE {pe}",
-            rshmem::selftest::CASES.len()
-        );
-        assert!(text.contains(&want), "missing {want:?}:\n{text}");
-    }
+    assert_selftest_passed(&out, 2);
 }
