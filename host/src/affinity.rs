@@ -61,25 +61,27 @@ impl BindMode {
     }
 }
 
-/// The CPUs the calling thread may run on (its affinity mask), ascending; empty when the
-/// mask cannot be read.
-pub(crate) fn allowed_cpus() -> Vec<usize> {
+/// The calling thread's affinity mask, or None when it cannot be read.
+fn mask() -> Option<libc::cpu_set_t> {
     // SAFETY: a cpu_set_t is plain data; all zeros is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the size passed.
     let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if r != 0 {
-        return Vec::new();
-    }
+    (r == 0).then_some(set)
+}
+
+/// The CPUs of `set`, ascending.
+fn cpus_of(set: &libc::cpu_set_t) -> Vec<usize> {
     (0..libc::CPU_SETSIZE as usize)
         // SAFETY: i is below CPU_SETSIZE, the bit count of a cpu_set_t.
-        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, set) })
         .collect()
 }
 
-/// The CPU the PE at `node_index` of `node_pes` binds to under `mode`, given the CPUs it
-/// may use and those that live PEs of this process hold already; None: leave the mask as
-/// it is. `core` takes CPU `node_index % CPUs` whatever is held; `auto` the first CPU not
+/// The CPU the PE at `node_index` of `node_pes` binds to under `mode`, given whether it
+/// reaches every peer by load/store (`all_p2p`), the CPUs it may use and those that live
+/// PEs of this process hold already; None: leave the mask as it is. `core` takes CPU
+/// `node_index % CPUs` whatever is held; `auto` (only for all-p2p PEs) the first CPU not
 /// held counting from `node_index` (so a job alone in its process binds PE i to CPU i,
 /// and jobs run side by side in one process, as `cargo test` runs them, spread), and
 /// none when every CPU is held.
@@ -87,13 +89,18 @@ pub(crate) fn choose(
     mode: BindMode,
     node_index: usize,
     node_pes: usize,
+    all_p2p: bool,
     allowed: &[usize],
     held: &[usize],
 ) -> Option<usize> {
     match mode {
         BindMode::None => None,
         _ if allowed.is_empty() => None,
-        BindMode::Auto if node_pes < 2 || allowed.len() < 2 || node_pes > allowed.len() => None,
+        BindMode::Auto
+            if !all_p2p || node_pes < 2 || allowed.len() < 2 || node_pes > allowed.len() =>
+        {
+            None
+        }
         BindMode::Auto => (0..allowed.len())
             .map(|k| allowed[(node_index + k) % allowed.len()])
             .find(|c| !held.contains(c)),
@@ -162,28 +169,29 @@ pub(crate) fn bind_this_thread(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-/// Binds the calling thread (a CPU PE's) as `mode` says; its binding, or None. Under
-/// `auto` a refused binding leaves the thread as it was (binding is an optimisation);
-/// under `core` it is an error.
+/// Binds the calling thread (a CPU PE's) as `mode` says (see [`choose`]); its binding, or
+/// None. Under `auto` a refused binding leaves the thread as it was (binding is an
+/// optimisation); under `core` it is an error.
 pub(crate) fn bind_pe(
     mode: BindMode,
     node_index: usize,
     node_pes: usize,
+    all_p2p: bool,
 ) -> Result<Option<Binding>> {
-    // SAFETY: a cpu_set_t is plain data; all zeros is the empty set.
-    let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; `before` is a valid cpu_set_t of the size passed.
-    let r =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut before) };
-    if r != 0 && mode == BindMode::Core {
-        return Err(Error::io(
-            "RSHMEM_BIND=core: reading this PE's thread's CPU mask (sched_getaffinity)",
-            std::io::Error::last_os_error(),
-        ));
-    }
+    let before = mask();
+    let Some(before) = before else {
+        if mode == BindMode::Core {
+            return Err(Error::io(
+                "RSHMEM_BIND=core: reading this PE's thread's CPU mask (sched_getaffinity)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        return Ok(None);
+    };
     // Chosen and recorded under one lock: PE threads of one job bind at the same time.
     let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(cpu) = choose(mode, node_index, node_pes, &allowed_cpus(), &held) else {
+    let allowed = cpus_of(&before);
+    let Some(cpu) = choose(mode, node_index, node_pes, all_p2p, &allowed, &held) else {
         return Ok(None);
     };
     match bind_this_thread(cpu) {
@@ -205,20 +213,31 @@ pub(crate) fn bind_pe(
 mod tests {
     use super::*;
 
+    /// The calling thread's CPUs, ascending; empty when its mask cannot be read.
+    fn allowed_cpus() -> Vec<usize> {
+        mask().as_ref().map(cpus_of).unwrap_or_default()
+    }
+
     #[test]
     fn auto_binds_only_when_every_pe_of_the_node_has_a_cpu() {
         let four = [0, 1, 2, 3];
-        assert_eq!(choose(BindMode::Auto, 0, 2, &four, &[]), Some(0));
-        assert_eq!(choose(BindMode::Auto, 3, 4, &four, &[]), Some(3));
+        assert_eq!(choose(BindMode::Auto, 0, 2, true, &four, &[]), Some(0));
+        assert_eq!(choose(BindMode::Auto, 3, 4, true, &four, &[]), Some(3));
         // More PEs than CPUs: the scheduler places them.
-        assert_eq!(choose(BindMode::Auto, 1, 5, &four, &[]), None);
+        assert_eq!(choose(BindMode::Auto, 1, 5, true, &four, &[]), None);
         // One CPU allowed (taskset, Slurm's per-task binding) for 2 PEs.
-        assert_eq!(choose(BindMode::Auto, 0, 2, &[7], &[]), None);
+        assert_eq!(choose(BindMode::Auto, 0, 2, true, &[7], &[]), None);
         // The mask's CPUs, not 0..n: a job given CPUs 4-7 uses those.
-        assert_eq!(choose(BindMode::Auto, 1, 2, &[4, 5, 6, 7], &[]), Some(5));
-        assert_eq!(choose(BindMode::Auto, 0, 1, &[], &[]), None);
+        assert_eq!(
+            choose(BindMode::Auto, 1, 2, true, &[4, 5, 6, 7], &[]),
+            Some(5)
+        );
+        assert_eq!(choose(BindMode::Auto, 0, 1, true, &[], &[]), None);
         // A PE alone on its node (one PE per host, or per network namespace here).
-        assert_eq!(choose(BindMode::Auto, 0, 1, &four, &[]), None);
+        assert_eq!(choose(BindMode::Auto, 0, 1, true, &four, &[]), None);
+        // Through the soft HCA or libfabric (their threads would inherit the PE's CPU).
+        assert_eq!(choose(BindMode::Auto, 0, 2, false, &four, &[]), None);
+        assert_eq!(choose(BindMode::Core, 0, 2, false, &four, &[]), Some(0));
     }
 
     /// A second job in the process takes the CPUs the first left free, and none when
@@ -226,19 +245,28 @@ mod tests {
     #[test]
     fn auto_skips_cpus_other_pes_of_the_process_hold() {
         let four = [0, 1, 2, 3];
-        assert_eq!(choose(BindMode::Auto, 0, 2, &four, &[0, 1]), Some(2));
-        assert_eq!(choose(BindMode::Auto, 1, 2, &four, &[0, 1, 2]), Some(3));
-        assert_eq!(choose(BindMode::Auto, 1, 2, &four, &[0, 1, 3]), Some(2));
-        assert_eq!(choose(BindMode::Auto, 0, 2, &four, &[0, 1, 2, 3]), None);
+        assert_eq!(choose(BindMode::Auto, 0, 2, true, &four, &[0, 1]), Some(2));
+        assert_eq!(
+            choose(BindMode::Auto, 1, 2, true, &four, &[0, 1, 2]),
+            Some(3)
+        );
+        assert_eq!(
+            choose(BindMode::Auto, 1, 2, true, &four, &[0, 1, 3]),
+            Some(2)
+        );
+        assert_eq!(
+            choose(BindMode::Auto, 0, 2, true, &four, &[0, 1, 2, 3]),
+            None
+        );
         // core ignores them.
-        assert_eq!(choose(BindMode::Core, 0, 2, &four, &[0, 1]), Some(0));
+        assert_eq!(choose(BindMode::Core, 0, 2, true, &four, &[0, 1]), Some(0));
     }
 
     #[test]
     fn core_shares_cpus_round_robin_and_none_never_binds() {
-        assert_eq!(choose(BindMode::Core, 5, 8, &[2, 3], &[]), Some(3));
-        assert_eq!(choose(BindMode::Core, 0, 1, &[6], &[]), Some(6));
-        assert_eq!(choose(BindMode::None, 0, 2, &[0, 1], &[]), None);
+        assert_eq!(choose(BindMode::Core, 5, 8, true, &[2, 3], &[]), Some(3));
+        assert_eq!(choose(BindMode::Core, 0, 1, true, &[6], &[]), Some(6));
+        assert_eq!(choose(BindMode::None, 0, 2, true, &[0, 1], &[]), None);
     }
 
     /// bind_pe under core, on a thread of its own: bound to the CPU, the mask given back
@@ -254,7 +282,7 @@ mod tests {
         );
         let n = allowed.len();
         let (cpu, bound, after) = std::thread::spawn(move || {
-            let b = bind_pe(BindMode::Core, n, n + 1)
+            let b = bind_pe(BindMode::Core, n, n + 1, true)
                 .expect("core binds")
                 .expect("a binding");
             let bound = allowed_cpus();

@@ -737,11 +737,11 @@ impl Pe {
         // no more pieces and reports the failure in the completion exchange (dest is then
         // undefined on every member).
         let written = with_reduce_scratch::<T, _>(|acc_buf, theirs_buf| {
-            let r = (|| {
-                let mut at = lo;
-                while at < hi {
-                    let end = (at + acc_buf.len()).min(hi);
-                    let (acc, theirs) = (&mut acc_buf[..end - at], &mut theirs_buf[..end - at]);
+            let mut at = lo;
+            while at < hi {
+                let end = (at + acc_buf.len()).min(hi);
+                let (acc, theirs) = (&mut acc_buf[..end - at], &mut theirs_buf[..end - at]);
+                let piece = (|| {
                     for i in 0..n {
                         let pe = team.world_pe(i).expect("member index below n_pes");
                         let into = if i == 0 { &mut *acc } else { &mut *theirs };
@@ -752,18 +752,15 @@ impl Pe {
                             }
                         }
                     }
-                    self.push_blocks(team, dest.slice(at..end), |_| &acc[..])?;
-                    // put_nbi may read its source until the next quiet (today every transport
-                    // copies it before returning): the next piece overwrites it.
-                    self.try_quiet()?;
-                    at = end;
-                }
-                Ok(())
-            })();
-            // Also after a failure: no put may still read a buffer the caller of this
-            // closure may free (a fresh pair) or lend again.
-            let q = self.try_quiet();
-            r.and(q)
+                    self.push_blocks(team, dest.slice(at..end), |_| &acc[..])
+                })();
+                // put_nbi may read its source until the next quiet (today every transport
+                // copies it before returning): the next piece overwrites the buffer, and
+                // after a failure the caller may free it (a fresh pair) or lend it again.
+                piece.and(self.try_quiet())?;
+                at = end;
+            }
+            Ok(())
         });
         self.coll_status(team, Coll::Reduce, written)
     }

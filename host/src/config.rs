@@ -292,8 +292,9 @@ pub struct Settings {
     /// PEs outnumber its cores), `1` on, `0` off.
     pub p2p_assist: crate::assist::AssistMode,
     /// RSHMEM_BIND: `auto` (default: each CPU PE's thread on its own CPU when the node's
-    /// PEs fit in the CPUs it may use), `core` (one CPU each, shared round-robin when
-    /// they do not fit) or `none` (affinity.rs).
+    /// 2 or more PEs fit in the CPUs it may use and reach each other by load/store),
+    /// `core` (one CPU each, shared round-robin when they do not fit) or `none`
+    /// (affinity.rs).
     pub bind: crate::affinity::BindMode,
     /// RSHMEM_HCA: the NIC of `RSHMEM_TRANSPORT=ibgda` (`mlx5_0` or `mlx5_0:1`); unset, the
     /// mlx5 device with an active port nearest the GPU on PCIe (`gpu::nic::choose_port`).

@@ -201,15 +201,13 @@ impl Pe {
     /// Binds the calling thread, this PE's, to a CPU as `RSHMEM_BIND` says (affinity.rs),
     /// once init has started its helper threads (they keep the wider mask).
     fn bind_thread(mut self) -> Result<Pe> {
-        // `auto` binds only PEs that reach every peer by load/store: a soft HCA or
-        // libfabric thread started after init (they start lazily) would inherit the PE's
-        // one CPU and run only when the PE's waits yield.
         let all_p2p = self.world.p2p() && self.proxy.is_none();
-        let mode = match self.settings.bind {
-            crate::affinity::BindMode::Auto if !all_p2p => crate::affinity::BindMode::None,
-            m => m,
-        };
-        self.binding = crate::affinity::bind_pe(mode, self.node.my_pe(), self.node.n_pes())?;
+        self.binding = crate::affinity::bind_pe(
+            self.settings.bind,
+            self.node.my_pe(),
+            self.node.n_pes(),
+            all_p2p,
+        )?;
         Ok(self)
     }
 

@@ -268,14 +268,7 @@ pub(crate) fn choose(cfg: &FabricConfig) -> Result<InfoList> {
     // SAFETY: `chosen` is an element of `list`, alive until `list` drops at return.
     let (name, dom) = unsafe { (prov_name(chosen), cstr((*(*chosen).domain_attr).name)) };
     let ordered_list = if cfg.ask_rma_order {
-        query(
-            CAPS,
-            Some(cfg),
-            Some(&name),
-            Some(&dom),
-            RMA_READ_AFTER_WRITE,
-        )
-        .ok()
+        query(CAPS, Some(cfg), Some(&name), Some(&dom), FI_ORDER_RMA_RAW).ok()
     } else {
         None
     };
@@ -306,9 +299,6 @@ pub(crate) fn choose(cfg: &FabricConfig) -> Result<InfoList> {
     }
     Ok(InfoList(one))
 }
-
-/// The ordering asked for: RMA reads after RMA writes (`FI_ORDER_RMA_RAW`).
-const RMA_READ_AFTER_WRITE: u64 = FI_ORDER_RMA_RAW;
 
 /// Whether `msg_order` orders an RMA READ after the writes posted before it to the same
 /// peer (`FI_ORDER_RMA_RAW`, or the older `FI_ORDER_RAW` that covers RMA and atomics):

@@ -889,11 +889,9 @@ mod tests {
         );
         let one = check(8, Some(8 << 20)).unwrap(); // systemd's default, 8 PEs
         assert!(check(32, Some(8 << 20)).is_err()); // ... but not 32
-                                                    // The limit is per process: 8 PEs as threads of one process need 8 times as much.
-        let mut threads = vec![one];
-        for _ in 1..2 {
-            threads.push(check(8, Some(8 << 20)).unwrap());
-        }
+                                                    // The limit is per process: GPU PEs as threads of one process claim together, so
+                                                    // a second 8-PE claim still fits systemd's 8 MiB and a third does not.
+        let threads = [one, check(8, Some(8 << 20)).unwrap()];
         let e = check(8, Some(8 << 20)).unwrap_err().to_string();
         assert!(
             e.contains("(with the 6.2 MiB this process's other GPU PEs pin)"),

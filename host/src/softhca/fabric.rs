@@ -43,8 +43,8 @@ use super::backend::{AtomicOp, Backend, Gather, LocalBuf, Op};
 use crate::config::FabricSwitches;
 use crate::error::{Error, Result};
 use crate::fabric::{
-    AtomicType, Completion, Domain, Endpoint, Fabric, FetchOp, Local, MemoryRegion, PeerAddr,
-    RemoteRegion, Target,
+    reads_follow_writes, AtomicType, Completion, Domain, Endpoint, Fabric, FetchOp, Local,
+    MemoryRegion, PeerAddr, RemoteRegion, Target,
 };
 use crate::mlx5::Syndrome;
 use std::collections::{HashMap, VecDeque};
@@ -188,8 +188,6 @@ fn split_bufs(bufs: &[LocalBuf], max: usize) -> std::borrow::Cow<'_, [LocalBuf]>
     }
     std::borrow::Cow::Owned(out)
 }
-
-use crate::fabric::reads_follow_writes;
 
 /// Executes soft-HCA operations over one libfabric endpoint. Asynchronous.
 pub struct FabricBackend {
