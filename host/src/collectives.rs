@@ -25,7 +25,27 @@
 //!
 //! Simple algorithms (O(n) messages per member), correct on any transport, not tuned;
 //! two exchanges per call (over the heap when every member's heap is mapped here).
+//!
+//! # Small calls
+//! On a team whose heaps are all mapped here, a broadcast, fcollect, alltoall or reduce
+//! whose part per member (what it sends: the root's source, a member's block, its whole
+//! alltoall source, its reduce source) is at most [`SMALL_CALL_BYTES`] runs steps 2–4 as
+//! one exchange of the team's agreement records (`Pe::exchange_in_heap`). A record holds a
+//! 128-bit digest of the member's arguments (the words step 2 agrees on, its step-1
+//! outcome included) and its part, read after the quiet. When every record carries the
+//! same digest, each member computes the result from the parts and writes its *own* dest
+//! (members write no one else's), which cannot fail once the arguments agree: no
+//! completion exchange is needed. On return this member's dest holds the result and its
+//! source may be reused — OpenSHMEM's guarantee for the local PE; other members may still
+//! be writing theirs (the large path happens to return only once every member's dest is
+//! written). When the digests differ and every member made a small call at this
+//! agreement, all of them (they read the same records) run the full agreement of step 2
+//! to name the arguments that differ, exactly as a large call would; when a member made a
+//! large call instead (different counts), the error names it and shows the small calls
+//! by collective and size. 8-byte collectives at 2 PEs took two team barriers (0.5 µs);
+//! one exchange is docs/bench-cpu.md's "Session 36".
 use crate::error::{Error, Result};
+use crate::heap::AGREE_WORDS;
 use crate::pe::Pe;
 use crate::team::Team;
 use crate::types::{Element, SymPtr};
@@ -175,6 +195,136 @@ impl<T> std::ops::Deref for Snapshot<T> {
     }
 }
 
+/// A collective's arguments as step 2 agrees on them.
+struct Call<T> {
+    coll: Coll,
+    dest: SymPtr<T>,
+    dest_need: usize,
+    source: SymPtr<T>,
+    source_need: usize,
+    root: usize,
+    op: u64,
+    /// Element strides of dest and source (`alltoalls`; 1 and 1 elsewhere).
+    strides: (usize, usize),
+}
+
+/// Words of [`Call::args`].
+const ARGS: usize = 14;
+
+impl<T: Element> Call<T> {
+    /// The words every member must pass alike (`show_args` renders them), with this
+    /// member's step-1 outcome.
+    fn args(&self, ready: bool) -> [u64; ARGS] {
+        [
+            self.coll as u64,
+            type_code::<T>(),
+            std::mem::size_of::<T>() as u64,
+            self.dest_need as u64,
+            self.source_need as u64,
+            self.root as u64,
+            self.op,
+            self.dest.offset() as u64,
+            (self.dest.len() >= self.dest_need) as u64,
+            self.source.offset() as u64,
+            (self.source.len() >= self.source_need) as u64,
+            ready as u64,
+            self.strides.0 as u64,
+            self.strides.1 as u64,
+        ]
+    }
+
+    /// The checks every member makes alike once the arguments agree.
+    fn check(&self, team: &Team) -> Result<()> {
+        let name = self.coll.name();
+        let short = |what: &str, have: usize, need: usize| {
+            Error::InvalidArgument(format!(
+                "{name}: {what} has {have} elements, the call needs {need}"
+            ))
+        };
+        if self.dest.len() < self.dest_need {
+            return Err(short("dest", self.dest.len(), self.dest_need));
+        }
+        if self.source.len() < self.source_need {
+            return Err(short("source", self.source.len(), self.source_need));
+        }
+        if self.root >= team.n_pes() {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: root {} is not a member index of a team of {} PEs",
+                self.root,
+                team.n_pes()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One member's [`Call::args`] in a mismatch error.
+fn show_args(v: &[u64]) -> String {
+    let a = |i: usize| v.get(i).copied().unwrap_or(u64::MAX);
+    format!(
+        "{} of type {:#x} ({} B), counts {} / {}, root {}, op {}, dest at {:#x} \
+         (long enough: {}), source at {:#x} (long enough: {}), ready: {}, strides \
+         {} / {}",
+        Coll::from_code(a(0)),
+        a(1),
+        a(2),
+        a(3),
+        a(4),
+        a(5),
+        a(6),
+        a(7),
+        a(8) == 1,
+        a(9),
+        a(10) == 1,
+        a(11) == 1,
+        a(12),
+        a(13)
+    )
+}
+
+/// The most bytes a member's part of a small call may have ("Small calls" in the module
+/// comment): a record's words after its header and the digest.
+pub const SMALL_CALL_BYTES: usize = (AGREE_WORDS - 2 - 2) * 8;
+
+/// The count word of a small call's record: this bit, the collective's code (bits 32..40)
+/// and its part's bytes (bits 16..32) over the words that follow the header. It cannot be
+/// a large call's count (at most `AGREE_WORDS - 2`), so each kind of call tells the other
+/// apart in a mismatch.
+const SMALL_CALL: u64 = 1 << 63;
+
+/// What a small call's record says about it in a mismatch error, from its count word; None
+/// for a large call's record.
+pub(crate) fn small_call(count: u64) -> Option<String> {
+    (count & SMALL_CALL != 0).then(|| {
+        format!(
+            "a small {} ({} bytes per member; the other arguments are not listed)",
+            Coll::from_code((count >> 32) & 0xff),
+            (count >> 16) & 0xffff
+        )
+    })
+}
+
+/// A 128-bit digest of a call's arguments (two independent 64-bit multiply-xorshift
+/// chains over the words, each finished with splitmix64's mixer), carried by a small
+/// call's record in their place: members whose digests agree passed the same arguments
+/// (unless 128 bits collide). Word-wise, so that it costs about as much as a cache miss
+/// (FNV-1a over the bytes took a third of an 8-byte reduce).
+fn digest(args: &[u64; ARGS]) -> [u64; 2] {
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let (mut a, mut b) = (0x243f_6a88_85a3_08d3u64, 0x1319_8a2e_0370_7344u64);
+    for &w in args {
+        a = (a ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        a ^= a >> 29;
+        b = (b.rotate_left(23) ^ w).wrapping_mul(0xd6e8_feb8_6659_fd93);
+        b ^= b >> 32;
+    }
+    [mix(a), mix(b ^ ARGS as u64)]
+}
+
 /// The element type by name (FNV-1a), so that i32 and f32 differ too.
 fn type_code<T>() -> u64 {
     crate::pe::fnv(std::any::type_name::<T>().as_bytes())
@@ -242,6 +392,71 @@ fn with_reduce_scratch<T: Element, R>(f: impl FnOnce(&mut [T], &mut [T]) -> R) -
     }
 }
 
+/// reduce's checks once the arguments agree (every member makes them alike): dest may be
+/// source itself, not a part of it (members write their chunks of dest while others still
+/// read source); the operator must be defined on T.
+fn reduce_checks<T: Reducible>(
+    dest: SymPtr<T>,
+    source: SymPtr<T>,
+    nreduce: usize,
+    op: ReduceOp,
+) -> Result<()> {
+    let bytes = nreduce * std::mem::size_of::<T>();
+    let (d, s) = (dest.offset(), source.offset());
+    if d != s && d < s + bytes && s < d + bytes {
+        return Err(Error::InvalidArgument(format!(
+            "reduce: dest (offset {d:#x}) and source (offset {s:#x}) overlap without being \
+             the same array ({nreduce} elements of {} bytes): OpenSHMEM allows dest == \
+             source only",
+            std::mem::size_of::<T>()
+        )));
+    }
+    let zero = zeroed::<T>(1)[0];
+    if T::combine(zero, zero, op).is_none() {
+        return Err(Error::InvalidArgument(format!(
+            "reduce: {} is not defined on {} (bitwise reductions take integer types)",
+            op.name(),
+            std::any::type_name::<T>()
+        )));
+    }
+    Ok(())
+}
+
+/// Whether a call whose part per member is `elems` elements of T runs as a small call
+/// ("Small calls" in the module comment). Every member decides alike: from arguments the
+/// call then agrees on, and whether the team's heaps are all mapped here (the same on
+/// every member).
+fn is_small<T: Element>(team: &Team, elems: usize) -> bool {
+    let size = std::mem::size_of::<T>();
+    team.p2p()
+        && size != 0
+        && std::mem::align_of::<T>() <= std::mem::align_of::<u64>()
+        && elems
+            .checked_mul(size)
+            .is_some_and(|b| b <= SMALL_CALL_BYTES)
+}
+
+/// The first `n` elements of T in `words` (a record's part).
+fn as_elems<T: Element>(words: &[u64], n: usize) -> &[T] {
+    assert!(
+        std::mem::align_of::<T>() <= std::mem::align_of::<u64>()
+            && n * std::mem::size_of::<T>() <= std::mem::size_of_val(words)
+    );
+    // SAFETY: `words` holds at least n * size_of::<T>() initialised bytes, aligned for T
+    // (checked above); every bit pattern is a valid Element (the trait's contract).
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<T>(), n) }
+}
+
+/// [`as_elems`], mutable.
+fn as_elems_mut<T: Element>(words: &mut [u64], n: usize) -> &mut [T] {
+    assert!(
+        std::mem::align_of::<T>() <= std::mem::align_of::<u64>()
+            && n * std::mem::size_of::<T>() <= std::mem::size_of_val(words)
+    );
+    // SAFETY: as in `as_elems`; the slice borrows `words` mutably, so nothing aliases it.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<T>(), n) }
+}
+
 /// A zero-filled local buffer (every bit pattern of an `Element` is a value).
 fn zeroed<T: Element>(n: usize) -> Vec<T> {
     // SAFETY: Element types are primitive numbers; all-zero bytes are a valid value.
@@ -250,82 +465,104 @@ fn zeroed<T: Element>(n: usize) -> Vec<T> {
 
 impl Pe {
     /// Step 2 of the frame (module comment): agreement, then the checks every member makes
-    /// alike. `ready` is step 1's outcome; `(dst, sst)` are the element strides of dest and
-    /// source (`alltoalls`; 1 and 1 elsewhere), agreed like the counts.
-    #[allow(clippy::too_many_arguments)]
-    fn coll_agree<T: Element>(
-        &self,
-        team: &Team,
-        coll: Coll,
-        dest: SymPtr<T>,
-        dest_need: usize,
-        source: SymPtr<T>,
-        source_need: usize,
-        root: usize,
-        op: u64,
-        (dst, sst): (usize, usize),
-        ready: Result<()>,
-    ) -> Result<()> {
+    /// alike. `ready` is step 1's outcome.
+    fn coll_agree<T: Element>(&self, team: &Team, call: &Call<T>, ready: Result<()>) -> Result<()> {
         let ready = ready.and(self.try_quiet());
-        let args = [
-            coll as u64,
-            type_code::<T>(),
-            std::mem::size_of::<T>() as u64,
-            dest_need as u64,
-            source_need as u64,
-            root as u64,
-            op,
-            dest.offset() as u64,
-            (dest.len() >= dest_need) as u64,
-            source.offset() as u64,
-            (source.len() >= source_need) as u64,
-            ready.is_ok() as u64,
-            dst as u64,
-            sst as u64,
-        ];
-        let agreed = self.agree_in(team, coll.name(), &args, |v| {
-            let a = |i: usize| v.get(i).copied().unwrap_or(u64::MAX);
-            format!(
-                "{} of type {:#x} ({} B), counts {} / {}, root {}, op {}, dest at {:#x} \
-                 (long enough: {}), source at {:#x} (long enough: {}), ready: {}, strides \
-                 {} / {}",
-                Coll::from_code(a(0)),
-                a(1),
-                a(2),
-                a(3),
-                a(4),
-                a(5),
-                a(6),
-                a(7),
-                a(8) == 1,
-                a(9),
-                a(10) == 1,
-                a(11) == 1,
-                a(12),
-                a(13)
-            )
-        });
+        let args = call.args(ready.is_ok());
+        let agreed = self.agree_in(team, call.coll.name(), &args, show_args);
         // A member whose own step 1 failed reports that; the others the mismatch.
         ready?;
         agreed?;
-        let short = |what: &str, have: usize, need: usize| {
-            Error::InvalidArgument(format!(
-                "{}: {what} has {have} elements, the call needs {need}",
-                coll.name()
-            ))
-        };
-        if dest.len() < dest_need {
-            return Err(short("dest", dest.len(), dest_need));
+        call.check(team)
+    }
+
+    /// A small call ("Small calls" in the module comment): steps 2–4 in one exchange.
+    /// `elems` elements of T are this member's part, which `part` reads (only when step 1
+    /// succeeded; after the quiet; its error is a step-1 failure); with every record alike,
+    /// `finish` gets every member's part in team order and writes this member's dest.
+    /// Only for calls that [`is_small`] admits.
+    fn coll_small<T: Element>(
+        &self,
+        team: &Team,
+        call: &Call<T>,
+        elems: usize,
+        ready: Result<()>,
+        part: impl FnOnce(&mut [T]) -> Result<()>,
+        finish: impl FnOnce(&[&[T]]) -> Result<()>,
+    ) -> Result<()> {
+        let name = call.coll.name();
+        self.usable_team(team, name)?;
+        let bytes = elems * std::mem::size_of::<T>();
+        let words = bytes.div_ceil(8);
+        let mut rec = [0u64; AGREE_WORDS - 2];
+        let ready = ready
+            .and(self.try_quiet())
+            .and_then(|()| part(as_elems_mut(&mut rec[2..2 + words], elems)));
+        let args = call.args(ready.is_ok());
+        rec[..2].copy_from_slice(&digest(&args));
+        let count =
+            SMALL_CALL | ((call.coll as u64) << 32) | ((bytes as u64) << 16) | (2 + words) as u64;
+        let (seq, all) = self.exchange_polled(team, name, count, &rec[..2 + words])?;
+        if all.iter().any(|r| r[..4] != [seq, count, rec[0], rec[1]]) {
+            // Every member read these same records and decides alike.
+            if all.iter().all(|r| r[1] & SMALL_CALL != 0) {
+                // The full agreement names what differs, as in a large call.
+                let agreed = self.agree_in(team, name, &args, show_args);
+                ready?;
+                agreed?;
+                return Err(Error::CollectiveMismatch {
+                    op: name,
+                    detail: "the members' digests of their arguments differ although the \
+                             arguments agree (a bug in rshmem)"
+                        .into(),
+                });
+            }
+            // A member at a large call waits in its agreement's barrier: this member joins
+            // it, then each reports the mismatch from the records.
+            let joined = self.sync_team_as(team, name);
+            ready?;
+            joined?;
+            return Err(crate::pe::heap_mismatch(team, name, seq, &all, |r| {
+                small_call(r[1]).unwrap_or_else(|| show_args(crate::pe::record_words(r)))
+            }));
         }
-        if source.len() < source_need {
-            return Err(short("source", source.len(), source_need));
+        ready?;
+        call.check(team)?;
+        let parts: Vec<&[T]> = all.iter().map(|r| as_elems(&r[4..], elems)).collect();
+        finish(&parts)
+    }
+
+    /// A small call's last step: each `(at, data)` block into this PE's own `dest` from
+    /// element `at` on. Stores into its mapped heap on the p2p path; else puts to itself
+    /// (through the proxy, `--transport proxy`), then a quiet, so that dest holds the
+    /// result on return either way.
+    fn finish_small<T: Element>(&self, dest: SymPtr<T>, blocks: &[(usize, &[T])]) -> Result<()> {
+        let me = self.my_pe();
+        let mut quiet = false;
+        for &(at, data) in blocks {
+            if data.is_empty() {
+                continue;
+            }
+            let d = dest.slice(at..at + data.len());
+            match self.p2p_addr(me, d.offset(), d.bytes()) {
+                Some(p) => {
+                    // SAFETY: p..p + d.bytes() is this PE's own heap, mapped and validated
+                    // by p2p_addr; `data` was copied out of the agreement records (or
+                    // computed from them), never the user's heap, so they do not overlap.
+                    // Plain stores: this PE reads its dest itself, and other PEs only after
+                    // a later synchronisation, whose Release orders these stores.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<T>(), data.len())
+                    };
+                }
+                None => {
+                    self.put(d, data, me)?;
+                    quiet = true;
+                }
+            }
         }
-        if root >= team.n_pes() {
-            return Err(Error::InvalidArgument(format!(
-                "{}: root {root} is not a member index of a team of {} PEs",
-                coll.name(),
-                team.n_pes()
-            )));
+        if quiet {
+            self.try_quiet()?;
         }
         Ok(())
     }
@@ -439,18 +676,32 @@ impl Pe {
             dest,
             nelems,
         );
-        self.coll_agree(
-            team,
-            Coll::Broadcast,
+        let call = Call {
+            coll: Coll::Broadcast,
             dest,
-            nelems,
+            dest_need: nelems,
             source,
-            nelems,
+            source_need: nelems,
             root,
-            0,
-            (1, 1),
-            ready,
-        )?;
+            op: 0,
+            strides: (1, 1),
+        };
+        if is_small::<T>(team, nelems) {
+            return self.coll_small(
+                team,
+                &call,
+                nelems,
+                ready,
+                |part| {
+                    if is_root {
+                        part.copy_from_slice(&data);
+                    }
+                    Ok(())
+                },
+                |parts| self.finish_small(dest, &[(0, parts[root])]),
+            );
+        }
+        self.coll_agree(team, &call, ready)?;
         let moved = (|| {
             if is_root && nelems > 0 {
                 for i in 0..team.n_pes() {
@@ -523,18 +774,17 @@ impl Pe {
         } else {
             self.snapshot(coll, source, source_need, dest, dest_need)
         };
-        self.coll_agree(
-            team,
+        let call = Call {
             coll,
             dest,
             dest_need,
             source,
             source_need,
-            0,
-            0,
-            (dst, sst),
-            ready,
-        )?;
+            root: 0,
+            op: 0,
+            strides: (dst, sst),
+        };
+        self.coll_agree(team, &call, ready)?;
         // Every sst-th element, read only now: the agreement's quiet has completed this
         // PE's earlier puts to its own source (through the proxy they land only then).
         let picked: Vec<T>;
@@ -654,19 +904,40 @@ impl Pe {
         let per_member = matches!(coll, Coll::Alltoall);
         let source_need = if per_member { total } else { nelems };
         let (data, ready) = self.snapshot(coll, source, source_need, dest, total);
-        self.coll_agree(
-            team,
+        let call = Call {
             coll,
             dest,
-            total,
+            dest_need: total,
             source,
             source_need,
-            0,
-            0,
-            (1, 1),
-            ready,
-        )?;
-        let at = team.my_pe() * nelems;
+            root: 0,
+            op: 0,
+            strides: (1, 1),
+        };
+        let me = team.my_pe();
+        if is_small::<T>(team, source_need) {
+            return self.coll_small(
+                team,
+                &call,
+                source_need,
+                ready,
+                |part| {
+                    part.copy_from_slice(&data);
+                    Ok(())
+                },
+                |parts| {
+                    let from = if per_member { me * nelems } else { 0 };
+                    let blocks: Vec<(usize, &[T])> = parts
+                        .iter()
+                        .enumerate()
+                        .map(|(j, p)| (j * nelems, &p[from..from + nelems]))
+                        .collect();
+                    self.finish_small(dest, &blocks)
+                },
+            );
+        }
+        self.coll_agree(team, &call, ready)?;
+        let at = me * nelems;
         let moved = self.push_blocks(team, dest.slice(at..at + nelems), |j| {
             if per_member {
                 &data[j * nelems..(j + 1) * nelems]
@@ -690,40 +961,43 @@ impl Pe {
         nreduce: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        let code = op.code();
-        self.coll_agree(
-            team,
-            Coll::Reduce,
+        let call = Call {
+            coll: Coll::Reduce,
             dest,
-            nreduce,
+            dest_need: nreduce,
             source,
-            nreduce,
-            0,
-            code,
-            (1, 1),
-            Ok(()),
-        )?;
-        // dest may be source itself, not a part of it: members write their chunks of dest
-        // while others still read source. Every member agreed on the same offsets, so
-        // every member refuses alike.
-        let bytes = nreduce * std::mem::size_of::<T>();
-        let (d, s) = (dest.offset(), source.offset());
-        if d != s && d < s + bytes && s < d + bytes {
-            return Err(Error::InvalidArgument(format!(
-                "reduce: dest (offset {d:#x}) and source (offset {s:#x}) overlap without being \
-                 the same array ({nreduce} elements of {} bytes): OpenSHMEM allows dest == \
-                 source only",
-                std::mem::size_of::<T>()
-            )));
+            source_need: nreduce,
+            root: 0,
+            op: op.code(),
+            strides: (1, 1),
+        };
+        if is_small::<T>(team, nreduce) {
+            // This member's source, read after the quiet (a short one is refused alike
+            // by every member once the arguments agree).
+            return self.coll_small(
+                team,
+                &call,
+                nreduce,
+                Ok(()),
+                |part| match source.len() >= nreduce {
+                    true => self.get(part, source.slice(0..nreduce), self.my_pe()),
+                    false => Ok(()),
+                },
+                |parts| {
+                    reduce_checks::<T>(dest, source, nreduce, op)?;
+                    // In team order from member 0, as the large path combines.
+                    let mut acc = parts[0].to_vec();
+                    for p in &parts[1..] {
+                        for (a, &b) in acc.iter_mut().zip(p.iter()) {
+                            *a = T::combine(*a, b, op).expect("checked by reduce_checks");
+                        }
+                    }
+                    self.finish_small(dest, &[(0, &acc)])
+                },
+            );
         }
-        let zero = zeroed::<T>(1)[0];
-        if T::combine(zero, zero, op).is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "reduce: {} is not defined on {} (bitwise reductions take integer types)",
-                op.name(),
-                std::any::type_name::<T>()
-            )));
-        }
+        self.coll_agree(team, &call, Ok(()))?;
+        reduce_checks::<T>(dest, source, nreduce, op)?;
         // Reduce-scatter then allgather: member `me` combines chunk `me` of every source (in
         // team order, so every element gets the same bits as a full pull would), then
         // pushes that chunk into every member's dest. Each member reads and writes

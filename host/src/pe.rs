@@ -1023,42 +1023,120 @@ impl Pe {
         args: &[u64],
         show: impl Fn(&[u64]) -> String,
     ) -> Result<Vec<Vec<u64>>> {
+        let (seq, all) = self.exchange_in_heap(team, op, args.len() as u64, args)?;
+        if all.iter().all(|r| r[..2] == [seq, args.len() as u64]) {
+            return Ok(all.iter().map(|r| record_words(r).to_vec()).collect());
+        }
+        Err(heap_mismatch(team, op, seq, &all, |r| {
+            crate::collectives::small_call(r[1]).unwrap_or_else(|| show(record_words(r)))
+        }))
+    }
+
+    /// The exchange under [`Pe::gather_in_heap`], its records unchecked: this call's
+    /// sequence number and every member's record `[seq, count, words...]` as read after
+    /// a team barrier (the words past what a member wrote are stale). `count` is the
+    /// number of words for an agreement; a small collective's own word for a small call
+    /// that met this one (collectives.rs, "Small calls"), with the number in its low 16
+    /// bits as well ([`record_words`]). The caller checked the team (`usable_team`), that
+    /// its heaps are all mapped here, and that `words` fit a record.
+    pub(crate) fn exchange_in_heap(
+        &self,
+        team: &Team,
+        op: &'static str,
+        count: u64,
+        words: &[u64],
+    ) -> Result<(u64, Vec<[u64; AGREE_WORDS]>)> {
+        let (seq, base) = self.publish_record(team, count, words)?;
+        self.sync_team_as(team, op)?;
+        let all = team
+            .members()
+            .iter()
+            .map(|&m| self.read_record(m as usize, base))
+            .collect::<Result<_>>()?;
+        Ok((seq, all))
+    }
+
+    /// A small collective's exchange (collectives.rs, "Small calls"): [`Pe::exchange_in_heap`]
+    /// without the barrier. This member publishes its record (the sequence number last,
+    /// with Release) and waits for every member's record of the same call (Acquire), which
+    /// is also what a barrier would have waited for: every member has entered the call.
+    /// Each member's record of the call before the last is no longer read by anyone when
+    /// it writes this one into the same half: it wrote the last call's record after it
+    /// read every record of the one before, and this member read its last call's record.
+    /// Bounded like every wait: a member that does not come is named, with the agreement
+    /// its record holds.
+    pub(crate) fn exchange_polled(
+        &self,
+        team: &Team,
+        op: &'static str,
+        count: u64,
+        words: &[u64],
+    ) -> Result<(u64, Vec<[u64; AGREE_WORDS]>)> {
+        let (seq, base) = self.publish_record(team, count, words)?;
+        let (n, me) = (team.n_pes(), team.my_pe());
+        // From the next member on, so that members do not all wait on member 0 first.
+        for k in 1..n {
+            let m = team.members()[(me + k) % n] as usize;
+            let w = self.runtime_word(m, base)?;
+            // SAFETY: word 0 of member m's record in its mapped runtime region, accessed
+            // only atomically. Acquire pairs with the member's Release store of its
+            // sequence number, after its record's other words.
+            let at = || unsafe { u64::load(w, std::sync::atomic::Ordering::Acquire) };
+            let start = std::time::Instant::now();
+            self.poll_from(
+                Some(m),
+                || if at() >= seq { Ok(()) } else { Err(()) },
+                |_| Error::Timeout {
+                    pe: self.my_pe(),
+                    what: format!(
+                        "{op} on team {:#x} (agreement #{seq}): the record of PE {m}, which \
+                         holds agreement #{} (a member at another call, or not in one)",
+                        team.uid(),
+                        at()
+                    ),
+                    waited_ms: ms_since(start),
+                },
+            )?;
+        }
+        let all = team
+            .members()
+            .iter()
+            .map(|&m| self.read_record(m as usize, base))
+            .collect::<Result<_>>()?;
+        Ok((seq, all))
+    }
+
+    /// Writes this member's record of its next agreement on `team` (`[seq, count,
+    /// words...]`) into its half of the team's slot: the words, then the sequence number
+    /// with Release, so that whoever acquires it reads the rest. Returns the sequence
+    /// number and the record's heap offset.
+    fn publish_record(&self, team: &Team, count: u64, words: &[u64]) -> Result<(u64, usize)> {
+        debug_assert!(team.p2p() && words.len() <= AGREE_WORDS - 2);
         let seq = team.next_agreement();
         let base = psync_offset(team.slot(), AGREE_WORD0 + (seq % 2) as usize * AGREE_WORDS);
         let mine = self.runtime_word(self.my_pe(), base)?;
-        let rec: Vec<u64> = [seq, args.len() as u64]
-            .into_iter()
-            .chain(args.iter().copied())
-            .collect();
-        for (k, &v) in rec.iter().enumerate() {
-            // SAFETY: word k < AGREE_WORDS of this PE's own runtime region (slot of a team
-            // it belongs to), accessed only atomically. Relaxed: the barrier below
-            // publishes it (its Release increment comes after these stores).
-            unsafe { u64::store(mine.add(k), v, std::sync::atomic::Ordering::Relaxed) };
+        for (k, &v) in [count].iter().chain(words).enumerate() {
+            // SAFETY: word 1 + k < AGREE_WORDS of this PE's own runtime region (slot of a
+            // team it belongs to), accessed only atomically. Relaxed: the Release store of
+            // the sequence number below publishes it.
+            unsafe { u64::store(mine.add(1 + k), v, std::sync::atomic::Ordering::Relaxed) };
         }
-        self.sync_team_as(team, op)?;
-        let mut all = Vec::with_capacity(team.n_pes());
-        for &m in team.members() {
-            let w = self.runtime_word(m as usize, base)?;
-            // SAFETY: the same words in member m's mapped runtime region. Relaxed: the
-            // barrier's Acquire waits (a chain of Release/Acquire from every member) order
-            // these loads after every member's stores; nobody writes this half again
-            // before the next barrier, which needs this PE.
-            let r: Vec<u64> = (0..rec.len())
-                .map(|k| unsafe { u64::load(w.add(k), std::sync::atomic::Ordering::Relaxed) })
-                .collect();
-            all.push(r);
-        }
-        if all.iter().all(|r| r[..2] == rec[..2]) {
-            return Ok(all.into_iter().map(|r| r[2..].to_vec()).collect());
-        }
-        Err(mismatch(team, op, &all, |r| {
-            if r[0] != seq {
-                format!("at agreement #{} of this team (this PE: #{seq})", r[0])
-            } else {
-                let n = (r[1] as usize).min(args.len());
-                show(&r[2..2 + n])
-            }
+        // SAFETY: word 0 of the same record. Release: the words above are visible to a
+        // member that acquires this value (a small call's poll; an agreement's barrier
+        // publishes them too).
+        unsafe { u64::store(mine, seq, std::sync::atomic::Ordering::Release) };
+        Ok((seq, base))
+    }
+
+    /// Member `m`'s record at heap offset `base`, all of its words.
+    fn read_record(&self, m: usize, base: usize) -> Result<[u64; AGREE_WORDS]> {
+        let w = self.runtime_word(m, base)?;
+        // SAFETY: words k < AGREE_WORDS of a record in member m's mapped runtime region,
+        // accessed only atomically. Relaxed: the caller's barrier or Acquire poll of the
+        // record's sequence number ordered these loads after the member's stores; nobody
+        // writes this half again before this PE publishes its next record.
+        Ok(std::array::from_fn(|k| unsafe {
+            u64::load(w.add(k), std::sync::atomic::Ordering::Relaxed)
         }))
     }
 
@@ -1078,6 +1156,31 @@ impl Pe {
         }
         r
     }
+}
+
+/// The words a member wrote after its record's header: as many as the low 16 bits of its
+/// count say (whatever the call), within the record.
+pub(crate) fn record_words(r: &[u64; AGREE_WORDS]) -> &[u64] {
+    &r[2..2 + ((r[1] & 0xffff) as usize).min(AGREE_WORDS - 2)]
+}
+
+/// The error of a heap exchange (`Pe::exchange_in_heap`, call `seq`) whose records differ:
+/// a member at another agreement of the team is named by its sequence number, the others
+/// by `show` of their record (`[seq, count, words...]`).
+pub(crate) fn heap_mismatch(
+    team: &Team,
+    op: &'static str,
+    seq: u64,
+    records: &[[u64; AGREE_WORDS]],
+    show: impl Fn(&[u64; AGREE_WORDS]) -> String,
+) -> Error {
+    mismatch(team, op, records, |r| {
+        if r[0] != seq {
+            format!("at agreement #{} of this team (this PE: #{seq})", r[0])
+        } else {
+            show(r)
+        }
+    })
 }
 
 /// The error of an agreement that found members' arguments differ (`records` in team

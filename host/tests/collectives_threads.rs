@@ -1,0 +1,291 @@
+//! Team collectives with PEs as threads: exact results on both sides of the small-call
+//! limit (collectives.rs, "Small calls": one exchange of the agreement records), on the
+//! world team and on a strided team, over p2p and through the proxy; mismatches between a
+//! small and a large call, and between small calls, reported on every member without a
+//! hang; small and large calls and agreements interleaved for many rounds.
+use rshmem::collectives::{ReduceOp, SMALL_CALL_BYTES};
+use rshmem::config::TransportMode;
+use rshmem::types::SymPtr;
+use rshmem::{run_threads, Error, Pe, Settings, Team};
+
+fn settings() -> Settings {
+    let mut s = Settings::from_lookup(|_| None).expect("default settings");
+    s.symmetric_size = 16 << 20;
+    s.timeout = std::time::Duration::from_secs(20);
+    s
+}
+
+/// The value world PE `p` contributes at element `i` (distinct per PE and element).
+fn v(p: usize, i: usize) -> u64 {
+    (p as u64 + 1) * 1_000_003 + i as u64 * 7919
+}
+
+/// Symmetric buffers of `check_all`, allocated by every PE of the world (allocation is a
+/// world collective), large enough for the world team.
+struct Bufs {
+    src: SymPtr<u64>,
+    dst: SymPtr<u64>,
+    a: SymPtr<u8>,
+    b: SymPtr<u8>,
+}
+
+impl Bufs {
+    fn new(pe: &Pe, max_count: usize) -> rshmem::Result<Bufs> {
+        let n = pe.n_pes();
+        Ok(Bufs {
+            src: pe.calloc(n * max_count)?,
+            dst: pe.calloc(n * max_count)?,
+            a: pe.calloc(SMALL_CALL_BYTES + 1)?,
+            b: pe.calloc(SMALL_CALL_BYTES + 1)?,
+        })
+    }
+
+    fn free(self, pe: &Pe) -> rshmem::Result<()> {
+        pe.free(self.b)?;
+        pe.free(self.a)?;
+        pe.free(self.dst)?;
+        pe.free(self.src)
+    }
+}
+
+/// Every collective on `team` for counts 0..=max_count elements of u64: each member checks
+/// its own dest exactly after each call.
+fn check_all(pe: &Pe, team: &Team, max_count: usize, bufs: &Bufs) -> rshmem::Result<()> {
+    let me = pe.my_pe();
+    let (n, idx) = (team.n_pes(), team.my_pe());
+    let (src, dst) = (bufs.src, bufs.dst);
+    let read = |len: usize| -> rshmem::Result<Vec<u64>> {
+        let mut got = vec![0u64; len];
+        pe.get(&mut got, dst.slice(0..len), me)?;
+        Ok(got)
+    };
+    let fill = |len: usize| -> rshmem::Result<()> {
+        let mine: Vec<u64> = (0..len).map(|i| v(me, i)).collect();
+        pe.put(src.slice(0..len), &mine, me)?;
+        // dest starts as a value no result has, so a missed write shows.
+        pe.put(dst, &vec![u64::MAX; dst.len()], me)?;
+        Ok(())
+    };
+    for k in 0..=max_count {
+        let world_of = |j: usize| team.world_pe(j).expect("member index");
+        // broadcast from a root that moves with k.
+        let root = k % n;
+        fill(n * k.max(1))?;
+        pe.broadcast(team, dst, src, k, root)?;
+        let want: Vec<u64> = (0..k).map(|i| v(world_of(root), i)).collect();
+        assert_eq!(
+            read(k)?,
+            want,
+            "PE {me}: broadcast of {k} from member {root}"
+        );
+        // fcollect: member j's k elements at block j.
+        fill(n * k.max(1))?;
+        pe.fcollect(team, dst, src.slice(0..k), k)?;
+        let want: Vec<u64> = (0..n)
+            .flat_map(|j| (0..k).map(move |i| v(world_of(j), i)))
+            .collect();
+        assert_eq!(read(n * k)?, want, "PE {me}: fcollect of {k}");
+        // alltoall: block j of dest is member j's source block `idx`.
+        fill(n * k.max(1))?;
+        pe.alltoall(team, dst, src.slice(0..n * k), k)?;
+        let want: Vec<u64> = (0..n)
+            .flat_map(|j| (0..k).map(move |i| v(world_of(j), idx * k + i)))
+            .collect();
+        assert_eq!(read(n * k)?, want, "PE {me}: alltoall of {k}");
+        // reduce, out of place and in place.
+        fill(n * k.max(1))?;
+        pe.reduce(team, dst, src, k, ReduceOp::Sum)?;
+        let want: Vec<u64> = (0..k)
+            .map(|i| (0..n).fold(0u64, |s, j| s.wrapping_add(v(world_of(j), i))))
+            .collect();
+        assert_eq!(read(k)?, want, "PE {me}: sum reduce of {k}");
+        pe.reduce(team, src, src, k, ReduceOp::Xor)?;
+        let mut got = vec![0u64; k];
+        pe.get(&mut got, src.slice(0..k), me)?;
+        let want: Vec<u64> = (0..k)
+            .map(|i| (0..n).fold(0u64, |s, j| s ^ v(world_of(j), i)))
+            .collect();
+        assert_eq!(got, want, "PE {me}: in-place xor reduce of {k}");
+    }
+    // u8 (alignment 1) around the limit: max reduce of SMALL_CALL_BYTES - 1 ..= + 1 bytes.
+    let bytes = SMALL_CALL_BYTES + 1;
+    let (a, b) = (bufs.a, bufs.b);
+    let byte = |p: usize, i: usize| (v(p, i) >> 3) as u8;
+    let mine: Vec<u8> = (0..bytes).map(|i| byte(me, i)).collect();
+    pe.put(a, &mine, me)?;
+    for len in [SMALL_CALL_BYTES - 1, SMALL_CALL_BYTES, SMALL_CALL_BYTES + 1] {
+        pe.reduce(team, b, a, len, ReduceOp::Max)?;
+        let mut got = vec![0u8; len];
+        pe.get(&mut got, b.slice(0..len), me)?;
+        let want: Vec<u8> = (0..len)
+            .map(|i| {
+                (0..n)
+                    .map(|j| byte(team.world_pe(j).unwrap(), i))
+                    .max()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(got, want, "PE {me}: u8 max reduce of {len}");
+    }
+    Ok(())
+}
+
+/// Counts of u64 that cover both sides of the limit for every collective at `n` members
+/// (alltoall sends n blocks: its part is n * count elements).
+fn max_count(_n: usize) -> usize {
+    SMALL_CALL_BYTES / 8 + 2
+}
+
+fn run_exact(n: usize, s: Settings) {
+    let out = run_threads(n, s, |pe| {
+        let bufs = Bufs::new(pe, max_count(n))?;
+        check_all(pe, pe.world(), max_count(n), &bufs)?;
+        // A strided team without world PE 0 (another team slot).
+        if n >= 3 {
+            let t = pe.team_split_strided(pe.world(), 1, 1, n - 1)?;
+            if let Some(t) = t {
+                check_all(pe, &t, max_count(n - 1), &bufs)?;
+                pe.team_destroy(t)?;
+            }
+        }
+        // Every member's last dest writes are its own: the free's agreement comes after.
+        bufs.free(pe)
+    })
+    .expect("job starts");
+    let errors: Vec<String> = out
+        .iter()
+        .enumerate()
+        .filter_map(|(rank, r)| r.as_ref().err().map(|e| format!("PE {rank}: {e}")))
+        .collect();
+    assert!(errors.is_empty(), "{n} PEs:\n{}", errors.join("\n"));
+}
+
+#[test]
+fn collectives_are_exact_on_both_sides_of_the_small_call_limit() {
+    for n in [1, 2, 3, 5] {
+        run_exact(n, settings());
+    }
+}
+
+#[test]
+fn small_collectives_are_exact_through_the_proxy() {
+    let mut s = settings();
+    s.transport = TransportMode::Proxy;
+    run_exact(3, s);
+}
+
+/// A member asks for a large reduce where the others ask for a small one: every member
+/// gets a `CollectiveMismatch` (not a timeout: no member waits for the others) naming
+/// the large call's counts and the small calls' size; the calls after it are in step.
+#[test]
+fn a_small_call_meeting_a_large_one_is_a_mismatch_on_every_member() {
+    let n = 3;
+    let big = SMALL_CALL_BYTES / 8 + 5;
+    let out = run_threads(n, settings(), |pe| {
+        let me = pe.my_pe();
+        let x = pe.calloc::<u64>(big)?;
+        pe.put(x, &vec![me as u64 + 1; big], me)?;
+        let k = if me == 1 { big } else { 1 };
+        let err = match pe.reduce(pe.world(), x, x, k, ReduceOp::Sum) {
+            Err(Error::CollectiveMismatch { op, detail }) => (op, detail),
+            other => panic!("PE {me}: expected a mismatch, got {other:?}"),
+        };
+        // In step again: a small and a large reduce, exact.
+        for k in [1, big] {
+            pe.put(x, &vec![me as u64 + 1; big], me)?;
+            pe.reduce(pe.world(), x, x, k, ReduceOp::Sum)?;
+            let mut got = vec![0u64; k];
+            pe.get(&mut got, x.slice(0..k), me)?;
+            assert_eq!(
+                got,
+                vec![6u64; k],
+                "PE {me}: reduce of {k} after the mismatch"
+            );
+        }
+        Ok(err)
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        let (op, detail) = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+        assert_eq!(op, "reduce", "PE {rank}");
+        assert!(
+            detail.contains("PE 1: reduce of type")
+                && detail.contains(&format!("counts {big} / {big}"))
+                && detail.contains("PE 0: a small reduce (8 bytes per member")
+                && detail.contains("PE 2: a small reduce (8 bytes per member"),
+            "PE {rank}: {detail}"
+        );
+    }
+}
+
+/// Small calls whose arguments differ (the root) run the full agreement: the error lists
+/// each member's arguments, as a large call's does.
+#[test]
+fn small_calls_that_differ_name_each_members_arguments() {
+    let n = 3;
+    let out = run_threads(n, settings(), |pe| {
+        let me = pe.my_pe();
+        let (src, dst) = (pe.calloc::<u64>(2)?, pe.calloc::<u64>(2)?);
+        let root = if me == 2 { 1 } else { 0 };
+        match pe.broadcast(pe.world(), dst, src, 2, root) {
+            Err(Error::CollectiveMismatch { op, detail }) => Ok((op, detail)),
+            other => panic!("PE {me}: expected a mismatch, got {other:?}"),
+        }
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        let (op, detail) = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+        assert_eq!(op, "broadcast");
+        for (p, root) in [(0, 0), (1, 0), (2, 1)] {
+            assert!(
+                detail.contains(&format!("PE {p}: broadcast of type"))
+                    && detail.contains(&format!("counts 2 / 2, root {root},")),
+                "PE {rank}: {detail}"
+            );
+        }
+    }
+}
+
+/// Small calls (one exchange, no barrier), large calls (agreement and completion behind
+/// barriers) and other agreements (calloc, free) on the same team, interleaved for many
+/// rounds with a root and values that change every round: the two record halves are
+/// reused by turns by both kinds of exchange; every result is exact.
+#[test]
+fn small_and_large_calls_interleave_for_many_rounds() {
+    let n = 3;
+    let big = SMALL_CALL_BYTES / 8 + 3;
+    let out = run_threads(n, settings(), |pe| {
+        let me = pe.my_pe();
+        let world = pe.world();
+        let (src, dst) = (pe.calloc::<u64>(n * big)?, pe.calloc::<u64>(n * big)?);
+        for round in 0..300usize {
+            let val = |p: usize, i: usize| v(p, i) ^ ((round as u64) << 40);
+            let mine: Vec<u64> = (0..n * big).map(|i| val(me, i)).collect();
+            pe.put(src, &mine, me)?;
+            let k = if round % 2 == 0 { 1 } else { big };
+            let root = round % n;
+            pe.broadcast(world, dst, src, k, root)?;
+            let mut got = vec![0u64; k];
+            pe.get(&mut got, dst.slice(0..k), me)?;
+            let want: Vec<u64> = (0..k).map(|i| val(root, i)).collect();
+            assert_eq!(got, want, "PE {me}, round {round}: broadcast of {k}");
+            let k2 = if round % 3 == 0 { big } else { 2 };
+            pe.reduce(world, dst, src, k2, ReduceOp::Sum)?;
+            let mut got = vec![0u64; k2];
+            pe.get(&mut got, dst.slice(0..k2), me)?;
+            let want: Vec<u64> = (0..k2)
+                .map(|i| (0..n).fold(0u64, |s, p| s.wrapping_add(val(p, i))))
+                .collect();
+            assert_eq!(got, want, "PE {me}, round {round}: reduce of {k2}");
+            if round % 7 == 0 {
+                let t: SymPtr<u64> = pe.calloc(4)?;
+                pe.free(t)?;
+            }
+        }
+        Ok(())
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+    }
+}
