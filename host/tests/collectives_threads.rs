@@ -289,3 +289,45 @@ fn small_and_large_calls_interleave_for_many_rounds() {
         r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
     }
 }
+
+/// A data collective (large: polled agreement; small: one polled exchange) that meets
+/// another agreement (an allocation, which waits in a barrier) on the same team: every
+/// member gets a `CollectiveMismatch`, the allocating member included, and the calls after
+/// it are in step.
+#[test]
+fn a_collective_meeting_an_allocation_is_a_mismatch_on_every_member() {
+    let n = 3;
+    let big = SMALL_CALL_BYTES / 8 + 5;
+    let out = run_threads(n, settings(), |pe| {
+        let me = pe.my_pe();
+        let x = pe.calloc::<u64>(big)?;
+        let mut errors = Vec::new();
+        for k in [big, 1] {
+            let r = if me == 2 {
+                pe.calloc::<u64>(4).map(|_| ())
+            } else {
+                pe.reduce(pe.world(), x, x, k, ReduceOp::Sum)
+            };
+            match r {
+                Err(Error::CollectiveMismatch { op, .. }) => errors.push(op),
+                other => panic!("PE {me}, reduce of {k}: expected a mismatch, got {other:?}"),
+            }
+            pe.put(x, &vec![me as u64 + 1; big], me)?;
+            pe.reduce(pe.world(), x, x, k, ReduceOp::Sum)?;
+            let mut got = vec![0u64; k];
+            pe.get(&mut got, x.slice(0..k), me)?;
+            assert_eq!(
+                got,
+                vec![6u64; k],
+                "PE {me}: reduce of {k} after the mismatch"
+            );
+        }
+        Ok(errors)
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        let ops = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+        let want = if rank == 2 { "calloc" } else { "reduce" };
+        assert_eq!(ops, vec![want, want], "PE {rank}");
+    }
+}
