@@ -80,6 +80,79 @@ pub struct Transition {
     pub name: &'static str,
 }
 
+impl Transition {
+    /// The transition and every attribute its mask sets, for errors: what to compare with
+    /// `ibv_devinfo -v` and the peer's side when `ibv_modify_qp` refuses it ("INIT->RTR:
+    /// dest QPN 0xabcdef, rq PSN 0x123456, path MTU 1024, LID 0x33, SL 0, port 1, ...").
+    pub fn describe(&self) -> String {
+        let (a, m) = (&self.attr, self.mask);
+        let has = |bit: u32| m & bit != 0;
+        let mut parts = Vec::new();
+        if has(sys::IBV_QP_PORT) {
+            parts.push(format!("port {}", a.port_num));
+        }
+        if has(sys::IBV_QP_PKEY_INDEX) {
+            parts.push(format!("P_Key index {}", a.pkey_index));
+        }
+        if has(sys::IBV_QP_ACCESS_FLAGS) {
+            parts.push(format!("access {:#x}", a.qp_access_flags));
+        }
+        if has(sys::IBV_QP_DEST_QPN) {
+            parts.push(format!("dest QPN {:#x}", a.dest_qp_num));
+        }
+        if has(sys::IBV_QP_RQ_PSN) {
+            parts.push(format!("rq PSN {:#x}", a.rq_psn));
+        }
+        if has(sys::IBV_QP_PATH_MTU) {
+            let bytes = match a.path_mtu {
+                v @ 1..=5 => (128u32 << v).to_string(),
+                v => format!("code {v} (not an ibv_mtu)"),
+            };
+            parts.push(format!("path MTU {bytes}"));
+        }
+        if has(sys::IBV_QP_AV) {
+            let av = &a.ah_attr;
+            if av.is_global != 0 {
+                // SAFETY: ibv_gid is a union of 16 bytes and two u64s; every bit pattern
+                // is valid for the byte array.
+                let dgid = unsafe { av.grh.dgid.raw };
+                parts.push(format!(
+                    "GRH to {} from sgid index {}, hop limit {}, traffic class {}",
+                    std::net::Ipv6Addr::from(dgid),
+                    av.grh.sgid_index,
+                    av.grh.hop_limit,
+                    av.grh.traffic_class
+                ));
+            } else {
+                parts.push(format!("LID {:#x} (no GRH)", av.dlid));
+            }
+            parts.push(format!("SL {}, AV port {}", av.sl, av.port_num));
+        }
+        if has(sys::IBV_QP_MAX_DEST_RD_ATOMIC) {
+            parts.push(format!("responder depth {}", a.max_dest_rd_atomic));
+        }
+        if has(sys::IBV_QP_MIN_RNR_TIMER) {
+            parts.push(format!("min RNR timer {}", a.min_rnr_timer));
+        }
+        if has(sys::IBV_QP_SQ_PSN) {
+            parts.push(format!("sq PSN {:#x}", a.sq_psn));
+        }
+        if has(sys::IBV_QP_TIMEOUT) {
+            parts.push(format!("ACK timeout {}", a.timeout));
+        }
+        if has(sys::IBV_QP_RETRY_CNT) {
+            parts.push(format!("retry {}", a.retry_cnt));
+        }
+        if has(sys::IBV_QP_RNR_RETRY) {
+            parts.push(format!("RNR retry {}", a.rnr_retry));
+        }
+        if has(sys::IBV_QP_MAX_QP_RD_ATOMIC) {
+            parts.push(format!("initiator depth {}", a.max_rd_atomic));
+        }
+        format!("{}: {}", self.name, parts.join(", "))
+    }
+}
+
 fn zeroed_attr() -> sys::ibv_qp_attr {
     // SAFETY: ibv_qp_attr is plain data (integers, a union of byte arrays); all-zero is
     // a valid value and what rdma-core's examples start from.
@@ -421,8 +494,9 @@ impl QueuePair {
         self.ptr
     }
 
-    /// `ibv_modify_qp` with `t`.
-    pub fn modify(&self, t: &Transition) -> Result<()> {
+    /// `ibv_modify_qp` with `t`; `whom` names the connection in an error ("to PE 3 on
+    /// mlx5_0").
+    pub fn modify(&self, t: &Transition, whom: &str) -> Result<()> {
         let f = verbs_fn!(ibv_modify_qp)?;
         let mut attr = t.attr;
         // SAFETY: live QP; attr/mask built by the functions above.
@@ -430,7 +504,7 @@ impl QueuePair {
         check_rc(
             "ibv_modify_qp",
             rc,
-            &format!("QP {:#x} {}", self.qpn(), t.name),
+            &format!("QP {:#x} {whom}, {}", self.qpn(), t.describe()),
         )
     }
 }
@@ -538,7 +612,10 @@ pub fn connect_all(
         for j in 0..n_pes {
             let cq = CompletionQueue::new(&ctx, caps.cqe())?;
             let qp = QueuePair::new_rc(pd, &cq, caps)?;
-            qp.modify(&to_init(port.port, access))?;
+            qp.modify(
+                &to_init(port.port, access),
+                &format!("to PE {j} on {}", ctx.name()),
+            )?;
             entries.push((qp.qpn(), initial_psn(rank as u32, j as u32, salt)));
             qps.push(qp);
         }
@@ -576,11 +653,12 @@ pub fn connect_all(
         let (rqpn, rpsn) = peers[j].qps[rank];
         let rtr = to_rtr(&local, &peers[j], rqpn, rpsn, params)
             .map_err(|e| Error::InvalidArgument(format!("QP to PE {j}: {e}")))?;
-        qp.modify(&rtr)?;
-        qp.modify(&to_rts(
-            entries[j].1,
-            &toward(params, peers[j].responder_resources),
-        ))?;
+        let whom = format!("to PE {j} on {}", ctx.name());
+        qp.modify(&rtr, &whom)?;
+        qp.modify(
+            &to_rts(entries[j].1, &toward(params, peers[j].responder_resources)),
+            &whom,
+        )?;
     }
     Ok(Connected { qps, peers })
 }
@@ -691,6 +769,10 @@ mod tests {
         assert_eq!(t.attr.port_num, 2);
         assert_eq!(t.attr.pkey_index, 0);
         assert_eq!(t.attr.qp_access_flags, 0x1 | 0x2 | 0x4 | 0x8);
+        assert_eq!(
+            t.describe(),
+            "RESET->INIT: port 2, P_Key index 0, access 0xf"
+        );
     }
 
     #[test]
@@ -810,6 +892,11 @@ mod tests {
         assert_eq!(t.attr.ah_attr.dlid, 0x33);
         assert_eq!(t.attr.ah_attr.is_global, 0);
         assert_eq!(t.attr.ah_attr.port_num, 1);
+        assert_eq!(
+            t.describe(),
+            "INIT->RTR: dest QPN 0xabcdef, rq PSN 0x123456, path MTU 1024, LID 0x33 (no \
+             GRH), SL 0, AV port 1, responder depth 16, min RNR timer 12"
+        );
     }
 
     #[test]
@@ -846,6 +933,12 @@ mod tests {
         assert_eq!(
             (t.attr.ah_attr.grh.traffic_class, t.attr.ah_attr.sl),
             (106, 3)
+        );
+        assert_eq!(
+            t.describe(),
+            "INIT->RTR: dest QPN 0x9, rq PSN 0xa, path MTU 2048, GRH to ::ffff:192.168.1.7 \
+             from sgid index 3, hop limit 64, traffic class 106, SL 3, AV port 1, responder \
+             depth 16, min RNR timer 12"
         );
         // A RoCE v1 peer of a RoCE v2 port: refused, naming both.
         let v1 = AddressRecord {
@@ -908,6 +1001,11 @@ mod tests {
                 t.attr.max_rd_atomic
             ),
             (20, 7, 7, 16)
+        );
+        assert_eq!(
+            t.describe(),
+            "RTR->RTS: sq PSN 0xabcdef, ACK timeout 20, retry 7, RNR retry 7, initiator \
+             depth 16"
         );
     }
 
