@@ -11,7 +11,8 @@
 //!    and source, whether each is long enough, and whether step 1 succeeded. A difference
 //!    is a `CollectiveMismatch` on every member naming each PE's arguments; then every
 //!    member alike refuses short buffers, a root outside the team, a bitwise reduction on
-//!    floats. After this step every member's source is ready and its dest free.
+//!    floats. After this step every member's source is ready and its dest free (a small
+//!    call reads its source before: see "Small calls").
 //! 3. Move the data with the RMA layer (p2p, proxy or fabric, whatever reaches each
 //!    peer): the root pushes (broadcast), every member pushes its blocks (fcollect,
 //!    alltoall); reduce is a reduce-scatter then an allgather (member i reads chunk i of
@@ -33,16 +34,22 @@
 //! one exchange of the team's agreement records (`Pe::exchange_in_heap`). A record holds a
 //! 128-bit digest of the member's arguments (the words step 2 agrees on, its step-1
 //! outcome included) and its part, read after the quiet. When every record carries the
-//! same digest, each member computes the result from the parts and writes its *own* dest
-//! (members write no one else's), which cannot fail once the arguments agree: no
-//! completion exchange is needed. On return this member's dest holds the result and its
-//! source may be reused — OpenSHMEM's guarantee for the local PE; other members may still
-//! be writing theirs (the large path happens to return only once every member's dest is
-//! written). When the digests differ and every member made a small call at this
+//! same digest, each member computes the result from the parts and stores it into its
+//! *own* dest (members write no one else's; stores to its own memory, which cannot fail
+//! once the arguments agree): no completion exchange is needed. On return this member's
+//! dest holds the result and its source may be reused — OpenSHMEM's guarantee for the
+//! local PE; other members may still be writing theirs (the large path happens to return
+//! only once every member's dest is written). A member reads its own source when it
+//! enters the call, after its own quiet but before the others have entered: a put another
+//! PE made into it just before that PE's own call is not seen unless a synchronisation
+//! ordered the two, as OpenSHMEM requires (the large path reads sources after the
+//! agreement, and saw it). When the digests differ and every member made a small call at this
 //! agreement, all of them (they read the same records) run the full agreement of step 2
 //! to name the arguments that differ, exactly as a large call would; when a member made a
 //! large call instead (different counts), the error names it and shows the small calls
-//! by collective and size. 8-byte collectives at 2 PEs took two team barriers (0.5 µs);
+//! by collective and size. A small call that meets a plain barrier (`sync_team`) on
+//! another member — which writes no record — ends both at their timeout, each naming what
+//! it waited for (an agreement there met the barrier and failed at once). 8-byte collectives at 2 PEs took two team barriers (0.5 µs);
 //! one exchange is docs/bench-cpu.md's "Session 36".
 use crate::error::{Error, Result};
 use crate::heap::AGREE_WORDS;
@@ -533,36 +540,26 @@ impl Pe {
     }
 
     /// A small call's last step: each `(at, data)` block into this PE's own `dest` from
-    /// element `at` on. Stores into its mapped heap on the p2p path; else puts to itself
-    /// (through the proxy, `--transport proxy`), then a quiet, so that dest holds the
-    /// result on return either way.
+    /// element `at` on, stored straight into its mapped heap (under `--transport proxy`
+    /// too, where a put to itself would go through the soft HCA): a store to this PE's own
+    /// memory cannot fail, so no member can fail after the records agreed.
     fn finish_small<T: Element>(&self, dest: SymPtr<T>, blocks: &[(usize, &[T])]) -> Result<()> {
         let me = self.my_pe();
-        let mut quiet = false;
         for &(at, data) in blocks {
             if data.is_empty() {
                 continue;
             }
             let d = dest.slice(at..at + data.len());
-            match self.p2p_addr(me, d.offset(), d.bytes()) {
-                Some(p) => {
-                    // SAFETY: p..p + d.bytes() is this PE's own heap, mapped and validated
-                    // by p2p_addr; `data` was copied out of the agreement records (or
-                    // computed from them), never the user's heap, so they do not overlap.
-                    // Plain stores: this PE reads its dest itself, and other PEs only after
-                    // a later synchronisation, whose Release orders these stores.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<T>(), data.len())
-                    };
-                }
-                None => {
-                    self.put(d, data, me)?;
-                    quiet = true;
-                }
-            }
-        }
-        if quiet {
-            self.try_quiet()?;
+            // The call's checks passed on every member: dest is long enough, so this is
+            // inside this PE's own heap, which a CPU PE always maps.
+            let p = self.target(me, d.offset(), d.bytes())?;
+            // SAFETY: p..p + d.bytes() is this PE's own mapped heap (validated by
+            // `target`); `data` was copied out of the agreement records (or computed from
+            // them), never the user's heap, so they do not overlap. Byte-wise: a `SymPtr`
+            // made with `cast` may be misaligned for T. Plain stores: this PE reads its
+            // dest itself, and other PEs only after a later synchronisation, whose Release
+            // orders these stores.
+            unsafe { crate::copy::copy_bytes(data.as_ptr().cast(), p, d.bytes()) };
         }
         Ok(())
     }
@@ -626,7 +623,9 @@ impl Pe {
         let d_lo = dest.offset();
         let d_hi = d_lo.saturating_add(dest_need.saturating_mul(size_of::<T>()));
         if s_hi <= d_lo || d_hi <= s_lo {
-            if let Some(p) = self.ptr(s, self.my_pe()) {
+            // A slice of T needs an aligned address: a source made with `cast` at an odd
+            // offset is copied instead.
+            if let Some(p) = self.ptr(s, self.my_pe()).filter(|p| p.is_aligned()) {
                 return (Snapshot::Heap(p, n), Ok(()));
             }
         }

@@ -110,10 +110,13 @@ fn check_all(pe: &Pe, team: &Team, max_count: usize, bufs: &Bufs) -> rshmem::Res
     // u8 (alignment 1) around the limit: max reduce of SMALL_CALL_BYTES - 1 ..= + 1 bytes.
     let bytes = SMALL_CALL_BYTES + 1;
     let (a, b) = (bufs.a, bufs.b);
-    let byte = |p: usize, i: usize| (v(p, i) >> 3) as u8;
+    // Below 0xff, so the sentinel dest value shows a byte that was not written.
+    let byte = |p: usize, i: usize| ((v(p, i) >> 3) % 255) as u8;
     let mine: Vec<u8> = (0..bytes).map(|i| byte(me, i)).collect();
     pe.put(a, &mine, me)?;
     for len in [SMALL_CALL_BYTES - 1, SMALL_CALL_BYTES, SMALL_CALL_BYTES + 1] {
+        // 0xff: a value no max of these bytes has.
+        pe.put(b, &vec![0xffu8; bytes], me)?;
         pe.reduce(team, b, a, len, ReduceOp::Max)?;
         let mut got = vec![0u8; len];
         pe.get(&mut got, b.slice(0..len), me)?;
@@ -329,5 +332,95 @@ fn a_collective_meeting_an_allocation_is_a_mismatch_on_every_member() {
         let ops = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
         let want = if rank == 2 { "calloc" } else { "reduce" };
         assert_eq!(ops, vec![want, want], "PE {rank}");
+    }
+}
+
+/// A member whose own part of a small call is wrong: a root whose source is too short gets
+/// its own error and the others a mismatch naming it; a dest too short on one member only
+/// is a mismatch on every member (the agreed "long enough" differs). Then in step again.
+#[test]
+fn a_small_call_with_one_bad_member_fails_on_every_member() {
+    let n = 3;
+    let out = run_threads(n, settings(), |pe| {
+        let me = pe.my_pe();
+        let (src, dst) = (pe.calloc::<u64>(4)?, pe.calloc::<u64>(4)?);
+        let mut seen = Vec::new();
+        // The root (member 1) passes a source of 1 element for a broadcast of 2.
+        let s = if me == 1 { src.slice(0..1) } else { src };
+        seen.push(match pe.broadcast(pe.world(), dst, s, 2, 1) {
+            Err(Error::InvalidArgument(m)) => format!("own: {m}"),
+            Err(Error::CollectiveMismatch { op, detail }) => format!("{op}: {detail}"),
+            other => panic!("PE {me}: expected an error, got {other:?}"),
+        });
+        // Member 2's dest holds 1 element where the call needs 2.
+        let d = if me == 2 { dst.slice(0..1) } else { dst };
+        seen.push(match pe.fcollect(pe.world(), d, src.slice(0..1), 1) {
+            Err(Error::CollectiveMismatch { op, detail }) => format!("{op}: {detail}"),
+            other => panic!("PE {me}: expected a mismatch, got {other:?}"),
+        });
+        pe.put(src, &[me as u64 + 10; 4], me)?;
+        pe.broadcast(pe.world(), dst, src, 2, 1)?;
+        let mut got = [0u64; 2];
+        pe.get(&mut got, dst.slice(0..2), me)?;
+        assert_eq!(got, [11, 11], "PE {me}: broadcast after the errors");
+        Ok(seen)
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        let seen = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+        if rank == 1 {
+            assert_eq!(
+                seen[0], "own: broadcast: source has 1 elements, the call needs 2",
+                "PE 1"
+            );
+        } else {
+            assert!(
+                seen[0].starts_with("broadcast: ")
+                    && seen[0].contains("PE 1: broadcast of type")
+                    && seen[0].contains("ready: false"),
+                "PE {rank}: {}",
+                seen[0]
+            );
+        }
+        assert!(
+            seen[1].starts_with("fcollect: ")
+                && seen[1].contains("PE 2: fcollect of type")
+                && seen[1].contains("dest at 0x")
+                && seen[1].contains("(long enough: false)"),
+            "PE {rank}: {}",
+            seen[1]
+        );
+    }
+}
+
+/// Small calls whose dest and source are u64 views at odd byte offsets of a byte array
+/// (`SymPtr::cast` does not align): exact results, as in the large path.
+#[test]
+fn small_calls_on_misaligned_buffers_are_exact() {
+    let n = 3;
+    let out = run_threads(n, settings(), |pe| {
+        let me = pe.my_pe();
+        let raw = pe.calloc::<u8>(64 + 8 * 3 * n)?;
+        let src = raw.slice(1..1 + 8 * n).cast::<u64>();
+        let dst = raw.slice(3 + 8 * n..3 + 8 * n + 8 * n).cast::<u64>();
+        pe.put(
+            src,
+            &(0..n as u64).map(|i| v(me, i as usize)).collect::<Vec<_>>(),
+            me,
+        )?;
+        pe.broadcast(pe.world(), dst, src, 2, 2)?;
+        let mut got = vec![0u64; 2];
+        pe.get(&mut got, dst.slice(0..2), me)?;
+        assert_eq!(got, vec![v(2, 0), v(2, 1)], "PE {me}: broadcast");
+        pe.reduce(pe.world(), dst, src, n, ReduceOp::Sum)?;
+        let mut got = vec![0u64; n];
+        pe.get(&mut got, dst, me)?;
+        let want: Vec<u64> = (0..n).map(|i| (0..n).map(|p| v(p, i)).sum()).collect();
+        assert_eq!(got, want, "PE {me}: reduce");
+        Ok(())
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
     }
 }
