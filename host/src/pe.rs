@@ -1048,12 +1048,7 @@ impl Pe {
     ) -> Result<(u64, Vec<[u64; AGREE_WORDS]>)> {
         let (seq, base) = self.publish_record(team, count, words)?;
         self.sync_team_as(team, op)?;
-        let all = team
-            .members()
-            .iter()
-            .map(|&m| self.read_record(m as usize, base))
-            .collect::<Result<_>>()?;
-        Ok((seq, all))
+        Ok((seq, self.read_records(team, base)?))
     }
 
     /// A small collective's exchange (collectives.rs, "Small calls"): [`Pe::exchange_in_heap`]
@@ -1098,12 +1093,7 @@ impl Pe {
                 },
             )?;
         }
-        let all = team
-            .members()
-            .iter()
-            .map(|&m| self.read_record(m as usize, base))
-            .collect::<Result<_>>()?;
-        Ok((seq, all))
+        Ok((seq, self.read_records(team, base)?))
     }
 
     /// Writes this member's record of its next agreement on `team` (`[seq, count,
@@ -1126,6 +1116,14 @@ impl Pe {
         // publishes them too).
         unsafe { u64::store(mine, seq, std::sync::atomic::Ordering::Release) };
         Ok((seq, base))
+    }
+
+    /// Every member's record at heap offset `base`, in team order.
+    fn read_records(&self, team: &Team, base: usize) -> Result<Vec<[u64; AGREE_WORDS]>> {
+        team.members()
+            .iter()
+            .map(|&m| self.read_record(m as usize, base))
+            .collect()
     }
 
     /// Member `m`'s record at heap offset `base`, all of its words.

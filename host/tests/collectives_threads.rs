@@ -133,6 +133,22 @@ fn check_all(pe: &Pe, team: &Team, max_count: usize, bufs: &Bufs) -> rshmem::Res
     Ok(())
 }
 
+/// An in-place sum over the world of `k` elements of (rank + 1) in `x` (3 PEs): 6 each,
+/// the check that calls after a mismatch are in step again.
+fn sum_of_ranks_is_exact(pe: &Pe, x: SymPtr<u64>, k: usize) -> rshmem::Result<()> {
+    let me = pe.my_pe();
+    pe.put(x.slice(0..k), &vec![me as u64 + 1; k], me)?;
+    pe.reduce(pe.world(), x, x, k, ReduceOp::Sum)?;
+    let mut got = vec![0u64; k];
+    pe.get(&mut got, x.slice(0..k), me)?;
+    assert_eq!(
+        got,
+        vec![6u64; k],
+        "PE {me}: reduce of {k} after the mismatch"
+    );
+    Ok(())
+}
+
 /// Counts of u64 that cover both sides of the limit for every collective at `n` members
 /// (alltoall sends n blocks: its part is n * count elements).
 fn max_count(_n: usize) -> usize {
@@ -195,15 +211,7 @@ fn a_small_call_meeting_a_large_one_is_a_mismatch_on_every_member() {
         };
         // In step again: a small and a large reduce, exact.
         for k in [1, big] {
-            pe.put(x, &vec![me as u64 + 1; big], me)?;
-            pe.reduce(pe.world(), x, x, k, ReduceOp::Sum)?;
-            let mut got = vec![0u64; k];
-            pe.get(&mut got, x.slice(0..k), me)?;
-            assert_eq!(
-                got,
-                vec![6u64; k],
-                "PE {me}: reduce of {k} after the mismatch"
-            );
+            sum_of_ranks_is_exact(pe, x, k)?;
         }
         Ok(err)
     })
@@ -315,15 +323,7 @@ fn a_collective_meeting_an_allocation_is_a_mismatch_on_every_member() {
                 Err(Error::CollectiveMismatch { op, .. }) => errors.push(op),
                 other => panic!("PE {me}, reduce of {k}: expected a mismatch, got {other:?}"),
             }
-            pe.put(x, &vec![me as u64 + 1; big], me)?;
-            pe.reduce(pe.world(), x, x, k, ReduceOp::Sum)?;
-            let mut got = vec![0u64; k];
-            pe.get(&mut got, x.slice(0..k), me)?;
-            assert_eq!(
-                got,
-                vec![6u64; k],
-                "PE {me}: reduce of {k} after the mismatch"
-            );
+            sum_of_ranks_is_exact(pe, x, k)?;
         }
         Ok(errors)
     })
