@@ -265,6 +265,15 @@ impl<T: Element> Call<T> {
     }
 }
 
+/// A record in a collective's mismatch: a collective's arguments ([`show_args`]) when it
+/// has their number of words, else another agreement (an allocation, a team, `collect`).
+fn show_record(words: &[u64]) -> String {
+    match words.len() {
+        ARGS => show_args(words),
+        n => format!("another kind of call ({n} words: an allocation, a team split, collect, ...)"),
+    }
+}
+
 /// One member's [`Call::args`] in a mismatch error.
 fn show_args(v: &[u64]) -> String {
     let a = |i: usize| v.get(i).copied().unwrap_or(u64::MAX);
@@ -297,7 +306,7 @@ pub const SMALL_CALL_BYTES: usize = (AGREE_WORDS - 2 - 2) * 8;
 /// and its part's bytes (bits 16..32) over the words that follow the header. It cannot be
 /// a large call's count (at most `AGREE_WORDS - 2`), so each kind of call tells the other
 /// apart in a mismatch.
-const SMALL_CALL: u64 = 1 << 63;
+const SMALL_CALL: u64 = crate::pe::SMALL_RECORD;
 
 /// What a small call's record says about it in a mismatch error, from its count word; None
 /// for a large call's record.
@@ -476,7 +485,7 @@ impl Pe {
     fn coll_agree<T: Element>(&self, team: &Team, call: &Call<T>, ready: Result<()>) -> Result<()> {
         let ready = ready.and(self.try_quiet());
         let args = call.args(ready.is_ok());
-        let agreed = self.agree_in(team, call.coll.name(), &args, show_args);
+        let agreed = self.agree_in(team, call.coll.name(), &args, show_record);
         // A member whose own step 1 failed reports that; the others the mismatch.
         ready?;
         agreed?;
@@ -502,8 +511,16 @@ impl Pe {
         let bytes = elems * std::mem::size_of::<T>();
         let words = bytes.div_ceil(8);
         let mut rec = [0u64; AGREE_WORDS - 2];
+        // This member's dest is checked here, before the exchange, so that writing it
+        // after the records agree cannot fail (an out-of-heap dest is a step-1 failure,
+        // named on every member like any other).
+        let written = call.dest.len().min(call.dest_need);
         let ready = ready
             .and(self.try_quiet())
+            .and_then(|()| {
+                let d = call.dest.slice(0..written);
+                self.own_heap(d.offset(), d.bytes()).map(drop)
+            })
             .and_then(|()| part(as_elems_mut(&mut rec[2..2 + words], elems)));
         let args = call.args(ready.is_ok());
         rec[..2].copy_from_slice(&digest(&args));
@@ -530,7 +547,7 @@ impl Pe {
             ready?;
             joined?;
             return Err(crate::pe::heap_mismatch(team, name, seq, &all, |r| {
-                small_call(r[1]).unwrap_or_else(|| show_args(crate::pe::record_words(r)))
+                small_call(r[1]).unwrap_or_else(|| show_record(crate::pe::record_words(r)))
             }));
         }
         ready?;
@@ -544,17 +561,16 @@ impl Pe {
     /// too, where a put to itself would go through the soft HCA): a store to this PE's own
     /// memory cannot fail, so no member can fail after the records agreed.
     fn finish_small<T: Element>(&self, dest: SymPtr<T>, blocks: &[(usize, &[T])]) -> Result<()> {
-        let me = self.my_pe();
         for &(at, data) in blocks {
             if data.is_empty() {
                 continue;
             }
             let d = dest.slice(at..at + data.len());
-            // The call's checks passed on every member: dest is long enough, so this is
-            // inside this PE's own heap, which a CPU PE always maps.
-            let p = self.target(me, d.offset(), d.bytes())?;
+            // Inside the range `coll_small` checked before the exchange (the call's checks
+            // passed, so dest holds dest_need elements): this cannot fail.
+            let p = self.own_heap(d.offset(), d.bytes())?;
             // SAFETY: p..p + d.bytes() is this PE's own mapped heap (validated by
-            // `target`); `data` was copied out of the agreement records (or computed from
+            // `own_heap`); `data` was copied out of the agreement records (or computed from
             // them), never the user's heap, so they do not overlap. Byte-wise: a `SymPtr`
             // made with `cast` may be misaligned for T. Plain stores: this PE reads its
             // dest itself, and other PEs only after a later synchronisation, whose Release
@@ -609,6 +625,11 @@ impl Pe {
     ) -> (Snapshot<T>, Result<()>) {
         if n == 0 {
             return (Snapshot::Copy(Vec::new()), Ok(()));
+        }
+        // This PE's earlier puts (one to its own source through the proxy included)
+        // complete before the source is read or copied.
+        if let Err(e) = self.try_quiet() {
+            return (Snapshot::Copy(Vec::new()), Err(e));
         }
         if source.len() < n {
             let e = Error::InvalidArgument(format!(

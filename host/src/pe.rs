@@ -661,6 +661,27 @@ impl Pe {
         }
     }
 
+    /// The address of `[offset, offset+len)` in this PE's own heap, bounds-checked as
+    /// [`Pe::target`] does but without its liveness check: a store to one's own memory
+    /// does not depend on the peers (a small collective's last step, which must not fail
+    /// on one member only because it heard of a death earlier than another).
+    pub(crate) fn own_heap(&self, offset: usize, len: usize) -> Result<*mut u8> {
+        let base = self.heap_host_base();
+        match offset.checked_add(len) {
+            Some(end) if !base.is_null() && in_heap(offset, len) && end <= self.heap_size => {
+                // SAFETY: end <= heap_size = the length of this PE's own mapping.
+                Ok(unsafe { base.add(offset) })
+            }
+            _ => Err(Error::OutOfBounds {
+                pe: self.rank,
+                offset,
+                len,
+                heap_start: RESERVED_BYTES,
+                heap_end: self.heap_size,
+            }),
+        }
+    }
+
     /// Validates `[offset, offset+len)` on PE `pe` and returns its local address.
     #[inline]
     pub(crate) fn target(&self, pe: usize, offset: usize, len: usize) -> Result<*mut u8> {
@@ -1165,6 +1186,10 @@ pub(crate) fn record_words(r: &[u64; AGREE_WORDS]) -> &[u64] {
 /// The error of a heap exchange (`Pe::exchange_in_heap`, call `seq`) whose records differ:
 /// a member at another agreement of the team is named by its sequence number, the others
 /// by `show` of their record (`[seq, count, words...]`).
+///
+/// Records are compared (to find the most common one in a large team's message) by what
+/// their members wrote: the header and its words, the header alone for a small call (whose
+/// words are the member's own data) — not the stale words after them.
 pub(crate) fn heap_mismatch(
     team: &Team,
     op: &'static str,
@@ -1172,7 +1197,19 @@ pub(crate) fn heap_mismatch(
     records: &[[u64; AGREE_WORDS]],
     show: impl Fn(&[u64; AGREE_WORDS]) -> String,
 ) -> Error {
-    mismatch(team, op, records, |r| {
+    let written: Vec<&[u64]> = records
+        .iter()
+        .map(|r| match r[1] & SMALL_RECORD {
+            0 => &r[..2 + record_words(r).len()],
+            _ => &r[..2],
+        })
+        .collect();
+    mismatch(team, op, &written, |w| {
+        let i = written
+            .iter()
+            .position(|x| std::ptr::eq(*x, *w))
+            .expect("a record of the list");
+        let r = &records[i];
         if r[0] != seq {
             format!("at agreement #{} of this team (this PE: #{seq})", r[0])
         } else {
@@ -1180,6 +1217,10 @@ pub(crate) fn heap_mismatch(
         }
     })
 }
+
+/// A small collective's record (collectives.rs, "Small calls", its `SMALL_CALL`): this bit
+/// of the count word. An agreement's count (at most `AGREE_WORDS - 2`) never has it.
+pub(crate) const SMALL_RECORD: u64 = 1 << 63;
 
 /// The error of an agreement that found members' arguments differ (`records` in team
 /// order; see [`describe_records`]).

@@ -54,10 +54,17 @@ fn check_all(pe: &Pe, team: &Team, max_count: usize, bufs: &Bufs) -> rshmem::Res
     let me = pe.my_pe();
     let (n, idx) = (team.n_pes(), team.my_pe());
     let (src, dst) = (bufs.src, bufs.dst);
+    // The first `len` elements of dest; the rest must still hold the sentinel `fill` put
+    // there (no member writes past the result).
     let read = |len: usize| -> rshmem::Result<Vec<u64>> {
-        let mut got = vec![0u64; len];
-        pe.get(&mut got, dst.slice(0..len), me)?;
-        Ok(got)
+        let mut all = vec![0u64; dst.len()];
+        pe.get(&mut all, dst, me)?;
+        assert!(
+            all[len..].iter().all(|&x| x == u64::MAX),
+            "PE {me}: dest written past its {len} result elements"
+        );
+        all.truncate(len);
+        Ok(all)
     };
     let fill = |len: usize| -> rshmem::Result<()> {
         let mine: Vec<u64> = (0..len).map(|i| v(me, i)).collect();
@@ -159,11 +166,19 @@ fn run_exact(n: usize, s: Settings) {
     let out = run_threads(n, s, |pe| {
         let bufs = Bufs::new(pe, max_count(n))?;
         check_all(pe, pe.world(), max_count(n), &bufs)?;
-        // A strided team without world PE 0 (another team slot).
+        // Teams split from the world (another team slot): without world PE 0 (member
+        // index != world PE), and with stride 2 (PEs 0, 2, 4).
+        let mut splits = vec![];
         if n >= 3 {
-            let t = pe.team_split_strided(pe.world(), 1, 1, n - 1)?;
+            splits.push((1, 1, n - 1));
+        }
+        if n >= 5 {
+            splits.push((0, 2, n.div_ceil(2)));
+        }
+        for (start, stride, size) in splits {
+            let t = pe.team_split_strided(pe.world(), start, stride, size)?;
             if let Some(t) = t {
-                check_all(pe, &t, max_count(n - 1), &bufs)?;
+                check_all(pe, &t, max_count(size), &bufs)?;
                 pe.team_destroy(t)?;
             }
         }
@@ -301,7 +316,7 @@ fn small_and_large_calls_interleave_for_many_rounds() {
     }
 }
 
-/// A data collective (large: polled agreement; small: one polled exchange) that meets
+/// A data collective (large: an agreement behind a barrier; small: one polled exchange) that meets
 /// another agreement (an allocation, which waits in a barrier) on the same team: every
 /// member gets a `CollectiveMismatch`, the allocating member included, and the calls after
 /// it are in step.
@@ -422,5 +437,109 @@ fn small_calls_on_misaligned_buffers_are_exact() {
     .expect("job starts");
     for (rank, r) in out.into_iter().enumerate() {
         r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+    }
+}
+
+/// f64 sums on both sides of the limit (12 and 13 elements) combine in team order from
+/// member 0, as the large path's reduce-scatter does: every member gets those bits, which
+/// another order would not give (0.1 + 0.2 + 0.3).
+#[test]
+fn float_sums_have_the_same_bits_on_both_sides_of_the_limit() {
+    let n = 3;
+    let x = |p: usize, i: usize| [0.1f64, 0.2, 0.3][p] * (i + 1) as f64;
+    let out = run_threads(n, settings(), |pe| {
+        let me = pe.my_pe();
+        let (src, dst) = (pe.calloc::<f64>(13)?, pe.calloc::<f64>(13)?);
+        pe.put(src, &(0..13).map(|i| x(me, i)).collect::<Vec<_>>(), me)?;
+        let mut got = Vec::new();
+        for k in [SMALL_CALL_BYTES / 8, SMALL_CALL_BYTES / 8 + 1] {
+            pe.reduce(pe.world(), dst, src, k, ReduceOp::Sum)?;
+            let mut r = vec![0f64; k];
+            pe.get(&mut r, dst.slice(0..k), me)?;
+            got.push(r);
+        }
+        Ok(got)
+    })
+    .expect("job starts");
+    let team_order = |i: usize| (1..n).fold(x(0, i), |a, p| a + x(p, i));
+    let reversed = |i: usize| (0..n - 1).rev().fold(x(n - 1, i), |a, p| a + x(p, i));
+    assert!(
+        (0..13).any(|i| team_order(i).to_bits() != reversed(i).to_bits()),
+        "the values do not tell the orders apart"
+    );
+    for (rank, r) in out.into_iter().enumerate() {
+        for got in r.unwrap_or_else(|e| panic!("PE {rank}: {e}")) {
+            let want: Vec<u64> = (0..got.len()).map(|i| team_order(i).to_bits()).collect();
+            let bits: Vec<u64> = got.iter().map(|f| f.to_bits()).collect();
+            assert_eq!(bits, want, "PE {rank}: sum of {}", got.len());
+        }
+    }
+}
+
+/// A team destroyed and split again takes the same slot, whose records hold the old
+/// team's sequence numbers until the destroy zeroes them: the new team's first small call
+/// (sequence 1) must wait for the new records, not take the old ones. Members change from
+/// one split to the next.
+#[test]
+fn a_reused_team_slot_starts_its_small_calls_afresh() {
+    let n = 3;
+    let out = run_threads(n, settings(), |pe| {
+        let me = pe.my_pe();
+        let x = pe.calloc::<u64>(1)?;
+        for round in 0..30u64 {
+            let start = (round % 2) as usize;
+            let t = pe.team_split_strided(pe.world(), start, 1, 2)?;
+            if let Some(t) = t {
+                // Several calls, so the old team's records reach sequence numbers above
+                // the new team's first ones.
+                for call in 0..(1 + round % 4) {
+                    let mine = 1000 * round + 10 * call + me as u64;
+                    pe.put(x, &[mine], me)?;
+                    pe.reduce(&t, x, x, 1, ReduceOp::Sum)?;
+                    let want: u64 = (start..start + 2)
+                        .map(|p| 1000 * round + 10 * call + p as u64)
+                        .sum();
+                    assert_eq!(pe.g(x, me)?, want, "PE {me}, round {round}, call {call}");
+                }
+                pe.team_destroy(t)?;
+            }
+        }
+        Ok(())
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+    }
+}
+
+/// In a team of more than 32 members the mismatch message lists the members whose record
+/// differs from the most common one. Small calls' records carry each member's own data,
+/// so they are compared by their header: 39 small reduces are the common record and the
+/// one large reduce is named.
+#[test]
+fn a_large_team_names_the_one_member_at_fault() {
+    let n = 40;
+    let big = SMALL_CALL_BYTES / 8 + 1;
+    let out = run_threads(n, settings(), |pe| {
+        let me = pe.my_pe();
+        let x = pe.calloc::<u64>(big)?;
+        pe.put(x, &vec![me as u64; big], me)?;
+        let k = if me == n - 1 { big } else { 1 };
+        match pe.reduce(pe.world(), x, x, k, ReduceOp::Sum) {
+            Err(Error::CollectiveMismatch { detail, .. }) => Ok(detail),
+            other => panic!("PE {me}: expected a mismatch, got {other:?}"),
+        }
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        let detail = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+        assert!(
+            detail.starts_with(&format!("PE {}: reduce of type", n - 1))
+                && detail.contains(&format!(
+                    "the other {} PEs: a small reduce (8 bytes per member",
+                    n - 1
+                )),
+            "PE {rank}: {detail}"
+        );
     }
 }
