@@ -3,9 +3,9 @@
 //!
 //! Every call has the same frame, so that an error anywhere reaches every member and no
 //! member is left waiting:
-//! 1. Prepare locally (take a copy of this member's source, so a dest that overlaps the
-//!    source cannot be overwritten before it is read) and quiet (puts made before the
-//!    call, a put to itself through the proxy included, complete first).
+//! 1. Prepare locally: quiet (puts made before the call, a put to itself through the
+//!    proxy included, complete first), then take a copy of this member's source when it
+//!    overlaps dest, so that it cannot be overwritten before it is read.
 //! 2. Agree over the team (`agree_in`, a bootstrap allgather, which also synchronises):
 //!    the operation, element type, counts, root, operator, the symmetric offsets of dest
 //!    and source, whether each is long enough, and whether step 1 succeeded. A difference
@@ -481,9 +481,8 @@ fn zeroed<T: Element>(n: usize) -> Vec<T> {
 
 impl Pe {
     /// Step 2 of the frame (module comment): agreement, then the checks every member makes
-    /// alike. `ready` is step 1's outcome.
+    /// alike. `ready` is step 1's outcome, its quiet included ([`Pe::snapshot`]).
     fn coll_agree<T: Element>(&self, team: &Team, call: &Call<T>, ready: Result<()>) -> Result<()> {
-        let ready = ready.and(self.try_quiet());
         let args = call.args(ready.is_ok());
         let agreed = self.agree_in(team, call.coll.name(), &args, show_record);
         // A member whose own step 1 failed reports that; the others the mismatch.
@@ -493,8 +492,9 @@ impl Pe {
     }
 
     /// A small call ("Small calls" in the module comment): steps 2–4 in one exchange.
-    /// `elems` elements of T are this member's part, which `part` reads (only when step 1
-    /// succeeded; after the quiet; its error is a step-1 failure); with every record alike,
+    /// `ready` is step 1's outcome, its quiet included. `elems` elements of T are this
+    /// member's part, which `part` reads (only when step 1 succeeded; its error is a step-1
+    /// failure); with every record alike,
     /// `finish` gets every member's part in team order and writes this member's dest.
     /// Only for calls that [`is_small`] admits.
     fn coll_small<T: Element>(
@@ -516,7 +516,6 @@ impl Pe {
         // named on every member like any other).
         let written = call.dest.len().min(call.dest_need);
         let ready = ready
-            .and(self.try_quiet())
             .and_then(|()| {
                 let d = call.dest.slice(0..written);
                 self.own_heap(d.offset(), d.bytes()).map(drop)
@@ -613,8 +612,9 @@ impl Pe {
     /// the call), a
     /// copy read before any member may write; otherwise the heap itself, which no member
     /// writes during the call (members write only dest, at the same offsets everywhere),
-    /// so the large copy is skipped. On failure an empty snapshot and the error, which
-    /// step 2 reports.
+    /// so the large copy is skipped. Step 1's quiet comes first, so this PE's earlier puts
+    /// (one to its own source through the proxy included) are complete when the source is
+    /// read. On failure an empty snapshot and the error, which step 2 reports.
     fn snapshot<T: Element>(
         &self,
         coll: Coll,
@@ -623,13 +623,11 @@ impl Pe {
         dest: SymPtr<T>,
         dest_need: usize,
     ) -> (Snapshot<T>, Result<()>) {
-        if n == 0 {
-            return (Snapshot::Copy(Vec::new()), Ok(()));
-        }
-        // This PE's earlier puts (one to its own source through the proxy included)
-        // complete before the source is read or copied.
         if let Err(e) = self.try_quiet() {
             return (Snapshot::Copy(Vec::new()), Err(e));
+        }
+        if n == 0 {
+            return (Snapshot::Copy(Vec::new()), Ok(()));
         }
         if source.len() < n {
             let e = Error::InvalidArgument(format!(
@@ -848,7 +846,6 @@ impl Pe {
         // Step 1. The total is known only after step 2, so the whole dest counts as
         // written when deciding whether the source must be copied first.
         let (data, ready) = self.snapshot(coll, source, nelems, dest, dest.len());
-        let ready = ready.and(self.try_quiet());
         // Step 2: an exchange, not an agreement: the counts differ by design. The first
         // four words must agree; the rest is each member's own.
         let args = [
@@ -998,7 +995,7 @@ impl Pe {
                 team,
                 &call,
                 nreduce,
-                Ok(()),
+                self.try_quiet(),
                 |part| match source.len() >= nreduce {
                     true => self.get(part, source.slice(0..nreduce), self.my_pe()),
                     false => Ok(()),
@@ -1016,7 +1013,7 @@ impl Pe {
                 },
             );
         }
-        self.coll_agree(team, &call, Ok(()))?;
+        self.coll_agree(team, &call, self.try_quiet())?;
         reduce_checks::<T>(dest, source, nreduce, op)?;
         // Reduce-scatter then allgather: member `me` combines chunk `me` of every source (in
         // team order, so every element gets the same bits as a full pull would), then
