@@ -31,7 +31,7 @@
 //! On a team whose heaps are all mapped here, a broadcast, fcollect, alltoall or reduce
 //! whose part per member (what it sends: the root's source, a member's block, its whole
 //! alltoall source, its reduce source) is at most [`SMALL_CALL_BYTES`] runs steps 2–4 as
-//! one exchange of the team's agreement records (`Pe::exchange_in_heap`). A record holds a
+//! one exchange of the team's agreement records (`Pe::exchange_polled`). A record holds a
 //! 128-bit digest of the member's arguments (the words step 2 agrees on, its step-1
 //! outcome included) and its part, read after the quiet. When every record carries the
 //! same digest, each member computes the result from the parts and stores it into its
@@ -43,17 +43,18 @@
 //! enters the call, after its own quiet but before the others have entered: a put another
 //! PE made into it just before that PE's own call is not seen unless a synchronisation
 //! ordered the two, as OpenSHMEM requires (the large path reads sources after the
-//! agreement, and saw it). When the digests differ and every member made a small call at this
-//! agreement, all of them (they read the same records) run the full agreement of step 2
-//! to name the arguments that differ, exactly as a large call would; when a member made a
-//! large call instead (different counts), the error names it and shows the small calls
-//! by collective and size. A small call that meets a plain barrier (`sync_team`) on
+//! agreement, and saw it). When the digests differ and every member made a small call at
+//! this agreement, all of them (they read the same records) run the full agreement of
+//! step 2 to name the arguments that differ, exactly as a large call would; when a member
+//! made a large call instead (different counts), the error names it and shows the small
+//! calls by collective and size. A small call that meets a plain barrier (`sync_team`) on
 //! another member — which writes no record — ends both at their timeout, each naming what
-//! it waited for (an agreement there met the barrier and failed at once). 8-byte collectives at 2 PEs took two team barriers (0.5 µs);
-//! one exchange is docs/bench-cpu.md's "Session 36".
+//! it waited for (an agreement there met the barrier and failed at once). 8-byte
+//! collectives at 2 PEs took two team barriers (0.5 µs); one exchange is docs/bench-cpu.md's
+//! "Session 36".
 use crate::error::{Error, Result};
 use crate::heap::AGREE_WORDS;
-use crate::pe::Pe;
+use crate::pe::{Pe, SMALL_RECORD};
 use crate::team::Team;
 use crate::types::{Element, SymPtr};
 
@@ -302,16 +303,10 @@ fn show_args(v: &[u64]) -> String {
 /// comment): a record's words after its header and the digest.
 pub const SMALL_CALL_BYTES: usize = (AGREE_WORDS - 2 - 2) * 8;
 
-/// The count word of a small call's record: this bit, the collective's code (bits 32..40)
-/// and its part's bytes (bits 16..32) over the words that follow the header. It cannot be
-/// a large call's count (at most `AGREE_WORDS - 2`), so each kind of call tells the other
-/// apart in a mismatch.
-const SMALL_CALL: u64 = crate::pe::SMALL_RECORD;
-
 /// What a small call's record says about it in a mismatch error, from its count word; None
 /// for a large call's record.
 pub(crate) fn small_call(count: u64) -> Option<String> {
-    (count & SMALL_CALL != 0).then(|| {
+    (count & SMALL_RECORD != 0).then(|| {
         format!(
             "a small {} ({} bytes per member; the other arguments are not listed)",
             Coll::from_code((count >> 32) & 0xff),
@@ -438,6 +433,13 @@ fn reduce_checks<T: Reducible>(
     Ok(())
 }
 
+/// `acc[i] = acc[i] op other[i]`; `op` is defined on T (`reduce_checks` passed).
+fn combine_into<T: Reducible>(acc: &mut [T], other: &[T], op: ReduceOp) {
+    for (a, &b) in acc.iter_mut().zip(other) {
+        *a = T::combine(*a, b, op).expect("checked by reduce_checks");
+    }
+}
+
 /// Whether a call whose part per member is `elems` elements of T runs as a small call
 /// ("Small calls" in the module comment). Every member decides alike: from arguments the
 /// call then agrees on, and whether the team's heaps are all mapped here (the same on
@@ -494,9 +496,8 @@ impl Pe {
     /// A small call ("Small calls" in the module comment): steps 2–4 in one exchange.
     /// `ready` is step 1's outcome, its quiet included. `elems` elements of T are this
     /// member's part, which `part` reads (only when step 1 succeeded; its error is a step-1
-    /// failure); with every record alike,
-    /// `finish` gets every member's part in team order and writes this member's dest.
-    /// Only for calls that [`is_small`] admits.
+    /// failure); with every record alike, `finish` gets every member's part in team order
+    /// and writes this member's dest. Only for calls that [`is_small`] admits.
     fn coll_small<T: Element>(
         &self,
         team: &Team,
@@ -523,14 +524,17 @@ impl Pe {
             .and_then(|()| part(as_elems_mut(&mut rec[2..2 + words], elems)));
         let args = call.args(ready.is_ok());
         rec[..2].copy_from_slice(&digest(&args));
+        // The count word: the small-call bit, the collective's code (bits 32..40) and the
+        // part's bytes (bits 16..32) over the number of words after the header, as an
+        // agreement's count is (`record_words`); `small_call` reads it back.
         let count =
-            SMALL_CALL | ((call.coll as u64) << 32) | ((bytes as u64) << 16) | (2 + words) as u64;
+            SMALL_RECORD | ((call.coll as u64) << 32) | ((bytes as u64) << 16) | (2 + words) as u64;
         let (seq, all) = self.exchange_polled(team, name, count, &rec[..2 + words])?;
         if all.iter().any(|r| r[..4] != [seq, count, rec[0], rec[1]]) {
             // Every member read these same records and decides alike.
-            if all.iter().all(|r| r[1] & SMALL_CALL != 0) {
+            if all.iter().all(|r| r[1] & SMALL_RECORD != 0) {
                 // The full agreement names what differs, as in a large call.
-                let agreed = self.agree_in(team, name, &args, show_args);
+                let agreed = self.agree_in(team, name, &args, show_record);
                 ready?;
                 agreed?;
                 return Err(Error::CollectiveMismatch {
@@ -803,8 +807,8 @@ impl Pe {
             strides: (dst, sst),
         };
         self.coll_agree(team, &call, ready)?;
-        // Every sst-th element, read only now: the agreement's quiet has completed this
-        // PE's earlier puts to its own source (through the proxy they land only then).
+        // Every sst-th element of the snapshot, taken after step 1's quiet (this PE's
+        // earlier puts to its own source, through the proxy, land only then).
         let picked: Vec<T>;
         let data: &[T] = if sst == 1 {
             &whole
@@ -1005,9 +1009,7 @@ impl Pe {
                     // In team order from member 0, as the large path combines.
                     let mut acc = parts[0].to_vec();
                     for p in &parts[1..] {
-                        for (a, &b) in acc.iter_mut().zip(p.iter()) {
-                            *a = T::combine(*a, b, op).expect("checked by reduce_checks");
-                        }
+                        combine_into(&mut acc, p, op);
                     }
                     self.finish_small(dest, &[(0, &acc)])
                 },
@@ -1038,9 +1040,7 @@ impl Pe {
                         let into = if i == 0 { &mut *acc } else { &mut *theirs };
                         self.get(into, source.slice(at..end), pe)?;
                         if i > 0 {
-                            for (a, &b) in acc.iter_mut().zip(theirs.iter()) {
-                                *a = T::combine(*a, b, op).expect("checked above");
-                            }
+                            combine_into(acc, theirs, op);
                         }
                     }
                     self.push_blocks(team, dest.slice(at..end), |_| &acc[..])

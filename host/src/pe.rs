@@ -666,20 +666,16 @@ impl Pe {
     /// does not depend on the peers (a small collective's last step, which must not fail
     /// on one member only because it heard of a death earlier than another).
     pub(crate) fn own_heap(&self, offset: usize, len: usize) -> Result<*mut u8> {
-        let base = self.heap_host_base();
-        match offset.checked_add(len) {
-            Some(end) if !base.is_null() && in_heap(offset, len) && end <= self.heap_size => {
-                // SAFETY: end <= heap_size = the length of this PE's own mapping.
-                Ok(unsafe { base.add(offset) })
-            }
-            _ => Err(Error::OutOfBounds {
+        self.check_range(self.rank, offset, len)?;
+        let seg = self.peers[self.rank]
+            .as_ref()
+            .ok_or_else(|| Error::Unreachable {
                 pe: self.rank,
-                offset,
-                len,
-                heap_start: RESERVED_BYTES,
-                heap_end: self.heap_size,
-            }),
-        }
+                from: self.rank,
+                reason: "its own heap is not mapped in this process".into(),
+            })?;
+        // SAFETY: offset + len <= heap_size = the length of the mapping (checked above).
+        Ok(unsafe { seg.base().add(offset) })
     }
 
     /// Validates `[offset, offset+len)` on PE `pe` and returns its local address.
@@ -702,18 +698,7 @@ impl Pe {
             reason: "it is on another node and RSHMEM_TRANSPORT=p2p reaches node-local peers only"
                 .into(),
         })?;
-        match offset.checked_add(len) {
-            Some(end) if in_heap(offset, len) && end <= self.heap_size => {}
-            _ => {
-                return Err(Error::OutOfBounds {
-                    pe,
-                    offset,
-                    len,
-                    heap_start: RESERVED_BYTES,
-                    heap_end: self.heap_size,
-                })
-            }
-        }
+        self.check_range(pe, offset, len)?;
         self.live.check_to(pe)?;
         // SAFETY: offset + len <= heap_size = the mapping's length (checked above).
         Ok(unsafe { seg.base().add(offset) })
@@ -1197,19 +1182,23 @@ pub(crate) fn heap_mismatch(
     records: &[[u64; AGREE_WORDS]],
     show: impl Fn(&[u64; AGREE_WORDS]) -> String,
 ) -> Error {
-    let written: Vec<&[u64]> = records
-        .iter()
-        .map(|r| match r[1] & SMALL_RECORD {
-            0 => &r[..2 + record_words(r).len()],
-            _ => &r[..2],
-        })
-        .collect();
-    mismatch(team, op, &written, |w| {
-        let i = written
-            .iter()
-            .position(|x| std::ptr::eq(*x, *w))
-            .expect("a record of the list");
-        let r = &records[i];
+    /// A record, equal to another when what their members wrote is.
+    struct Written<'a>(&'a [u64; AGREE_WORDS]);
+    impl Written<'_> {
+        fn key(&self) -> &[u64] {
+            match self.0[1] & SMALL_RECORD {
+                0 => &self.0[..2 + record_words(self.0).len()],
+                _ => &self.0[..2],
+            }
+        }
+    }
+    impl PartialEq for Written<'_> {
+        fn eq(&self, other: &Self) -> bool {
+            self.key() == other.key()
+        }
+    }
+    let written: Vec<Written> = records.iter().map(Written).collect();
+    mismatch(team, op, &written, |Written(r)| {
         if r[0] != seq {
             format!("at agreement #{} of this team (this PE: #{seq})", r[0])
         } else {
@@ -1218,8 +1207,8 @@ pub(crate) fn heap_mismatch(
     })
 }
 
-/// A small collective's record (collectives.rs, "Small calls", its `SMALL_CALL`): this bit
-/// of the count word. An agreement's count (at most `AGREE_WORDS - 2`) never has it.
+/// A small collective's record (collectives.rs, "Small calls"): this bit of the count word.
+/// An agreement's count (at most `AGREE_WORDS - 2`) never has it.
 pub(crate) const SMALL_RECORD: u64 = 1 << 63;
 
 /// The error of an agreement that found members' arguments differ (`records` in team

@@ -8,6 +8,17 @@ use rshmem::config::TransportMode;
 use rshmem::types::SymPtr;
 use rshmem::{run_threads, Error, Pe, Settings, Team};
 
+/// Runs `f` on `n` PEs as threads with `settings()`; every PE's value, in rank order (a PE
+/// that returned an error fails the test, naming it).
+fn on_every_pe<R: Send>(n: usize, f: impl Fn(&Pe) -> rshmem::Result<R> + Sync) -> Vec<R> {
+    run_threads(n, settings(), f)
+        .expect("job starts")
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| r.unwrap_or_else(|e| panic!("PE {rank}: {e}")))
+        .collect()
+}
+
 fn settings() -> Settings {
     let mut s = Settings::from_lookup(|_| None).expect("default settings");
     s.symmetric_size = 16 << 20;
@@ -215,7 +226,7 @@ fn small_collectives_are_exact_through_the_proxy() {
 fn a_small_call_meeting_a_large_one_is_a_mismatch_on_every_member() {
     let n = 3;
     let big = SMALL_CALL_BYTES / 8 + 5;
-    let out = run_threads(n, settings(), |pe| {
+    let out = on_every_pe(n, |pe| {
         let me = pe.my_pe();
         let x = pe.calloc::<u64>(big)?;
         pe.put(x, &vec![me as u64 + 1; big], me)?;
@@ -229,10 +240,8 @@ fn a_small_call_meeting_a_large_one_is_a_mismatch_on_every_member() {
             sum_of_ranks_is_exact(pe, x, k)?;
         }
         Ok(err)
-    })
-    .expect("job starts");
-    for (rank, r) in out.into_iter().enumerate() {
-        let (op, detail) = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+    });
+    for (rank, (op, detail)) in out.into_iter().enumerate() {
         assert_eq!(op, "reduce", "PE {rank}");
         assert!(
             detail.contains("PE 1: reduce of type")
@@ -249,7 +258,7 @@ fn a_small_call_meeting_a_large_one_is_a_mismatch_on_every_member() {
 #[test]
 fn small_calls_that_differ_name_each_members_arguments() {
     let n = 3;
-    let out = run_threads(n, settings(), |pe| {
+    let out = on_every_pe(n, |pe| {
         let me = pe.my_pe();
         let (src, dst) = (pe.calloc::<u64>(2)?, pe.calloc::<u64>(2)?);
         let root = if me == 2 { 1 } else { 0 };
@@ -257,10 +266,8 @@ fn small_calls_that_differ_name_each_members_arguments() {
             Err(Error::CollectiveMismatch { op, detail }) => Ok((op, detail)),
             other => panic!("PE {me}: expected a mismatch, got {other:?}"),
         }
-    })
-    .expect("job starts");
-    for (rank, r) in out.into_iter().enumerate() {
-        let (op, detail) = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+    });
+    for (rank, (op, detail)) in out.into_iter().enumerate() {
         assert_eq!(op, "broadcast");
         for (p, root) in [(0, 0), (1, 0), (2, 1)] {
             assert!(
@@ -280,7 +287,7 @@ fn small_calls_that_differ_name_each_members_arguments() {
 fn small_and_large_calls_interleave_for_many_rounds() {
     let n = 3;
     let big = SMALL_CALL_BYTES / 8 + 3;
-    let out = run_threads(n, settings(), |pe| {
+    on_every_pe(n, |pe| {
         let me = pe.my_pe();
         let world = pe.world();
         let (src, dst) = (pe.calloc::<u64>(n * big)?, pe.calloc::<u64>(n * big)?);
@@ -309,11 +316,7 @@ fn small_and_large_calls_interleave_for_many_rounds() {
             }
         }
         Ok(())
-    })
-    .expect("job starts");
-    for (rank, r) in out.into_iter().enumerate() {
-        r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
-    }
+    });
 }
 
 /// A data collective (large: an agreement behind a barrier; small: one polled exchange) that meets
@@ -324,7 +327,7 @@ fn small_and_large_calls_interleave_for_many_rounds() {
 fn a_collective_meeting_an_allocation_is_a_mismatch_on_every_member() {
     let n = 3;
     let big = SMALL_CALL_BYTES / 8 + 5;
-    let out = run_threads(n, settings(), |pe| {
+    let out = on_every_pe(n, |pe| {
         let me = pe.my_pe();
         let x = pe.calloc::<u64>(big)?;
         let mut errors = Vec::new();
@@ -341,10 +344,8 @@ fn a_collective_meeting_an_allocation_is_a_mismatch_on_every_member() {
             sum_of_ranks_is_exact(pe, x, k)?;
         }
         Ok(errors)
-    })
-    .expect("job starts");
-    for (rank, r) in out.into_iter().enumerate() {
-        let ops = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+    });
+    for (rank, ops) in out.into_iter().enumerate() {
         let want = if rank == 2 { "calloc" } else { "reduce" };
         assert_eq!(ops, vec![want, want], "PE {rank}");
     }
@@ -356,7 +357,7 @@ fn a_collective_meeting_an_allocation_is_a_mismatch_on_every_member() {
 #[test]
 fn a_small_call_with_one_bad_member_fails_on_every_member() {
     let n = 3;
-    let out = run_threads(n, settings(), |pe| {
+    let out = on_every_pe(n, |pe| {
         let me = pe.my_pe();
         let (src, dst) = (pe.calloc::<u64>(4)?, pe.calloc::<u64>(4)?);
         let mut seen = Vec::new();
@@ -379,10 +380,8 @@ fn a_small_call_with_one_bad_member_fails_on_every_member() {
         pe.get(&mut got, dst.slice(0..2), me)?;
         assert_eq!(got, [11, 11], "PE {me}: broadcast after the errors");
         Ok(seen)
-    })
-    .expect("job starts");
-    for (rank, r) in out.into_iter().enumerate() {
-        let seen = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+    });
+    for (rank, seen) in out.into_iter().enumerate() {
         if rank == 1 {
             assert_eq!(
                 seen[0], "own: broadcast: source has 1 elements, the call needs 2",
@@ -413,7 +412,7 @@ fn a_small_call_with_one_bad_member_fails_on_every_member() {
 #[test]
 fn small_calls_on_misaligned_buffers_are_exact() {
     let n = 3;
-    let out = run_threads(n, settings(), |pe| {
+    on_every_pe(n, |pe| {
         let me = pe.my_pe();
         let raw = pe.calloc::<u8>(64 + 8 * 3 * n)?;
         let src = raw.slice(1..1 + 8 * n).cast::<u64>();
@@ -433,11 +432,7 @@ fn small_calls_on_misaligned_buffers_are_exact() {
         let want: Vec<u64> = (0..n).map(|i| (0..n).map(|p| v(p, i)).sum()).collect();
         assert_eq!(got, want, "PE {me}: reduce");
         Ok(())
-    })
-    .expect("job starts");
-    for (rank, r) in out.into_iter().enumerate() {
-        r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
-    }
+    });
 }
 
 /// f64 sums on both sides of the limit (12 and 13 elements) combine in team order from
@@ -447,7 +442,7 @@ fn small_calls_on_misaligned_buffers_are_exact() {
 fn float_sums_have_the_same_bits_on_both_sides_of_the_limit() {
     let n = 3;
     let x = |p: usize, i: usize| [0.1f64, 0.2, 0.3][p] * (i + 1) as f64;
-    let out = run_threads(n, settings(), |pe| {
+    let out = on_every_pe(n, |pe| {
         let me = pe.my_pe();
         let (src, dst) = (pe.calloc::<f64>(13)?, pe.calloc::<f64>(13)?);
         pe.put(src, &(0..13).map(|i| x(me, i)).collect::<Vec<_>>(), me)?;
@@ -459,8 +454,7 @@ fn float_sums_have_the_same_bits_on_both_sides_of_the_limit() {
             got.push(r);
         }
         Ok(got)
-    })
-    .expect("job starts");
+    });
     let team_order = |i: usize| (1..n).fold(x(0, i), |a, p| a + x(p, i));
     let reversed = |i: usize| (0..n - 1).rev().fold(x(n - 1, i), |a, p| a + x(p, i));
     assert!(
@@ -468,7 +462,7 @@ fn float_sums_have_the_same_bits_on_both_sides_of_the_limit() {
         "the values do not tell the orders apart"
     );
     for (rank, r) in out.into_iter().enumerate() {
-        for got in r.unwrap_or_else(|e| panic!("PE {rank}: {e}")) {
+        for got in r {
             let want: Vec<u64> = (0..got.len()).map(|i| team_order(i).to_bits()).collect();
             let bits: Vec<u64> = got.iter().map(|f| f.to_bits()).collect();
             assert_eq!(bits, want, "PE {rank}: sum of {}", got.len());
@@ -483,7 +477,7 @@ fn float_sums_have_the_same_bits_on_both_sides_of_the_limit() {
 #[test]
 fn a_reused_team_slot_starts_its_small_calls_afresh() {
     let n = 3;
-    let out = run_threads(n, settings(), |pe| {
+    on_every_pe(n, |pe| {
         let me = pe.my_pe();
         let x = pe.calloc::<u64>(1)?;
         for round in 0..30u64 {
@@ -505,11 +499,7 @@ fn a_reused_team_slot_starts_its_small_calls_afresh() {
             }
         }
         Ok(())
-    })
-    .expect("job starts");
-    for (rank, r) in out.into_iter().enumerate() {
-        r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
-    }
+    });
 }
 
 /// In a team of more than 32 members the mismatch message lists the members whose record
@@ -520,7 +510,7 @@ fn a_reused_team_slot_starts_its_small_calls_afresh() {
 fn a_large_team_names_the_one_member_at_fault() {
     let n = 40;
     let big = SMALL_CALL_BYTES / 8 + 1;
-    let out = run_threads(n, settings(), |pe| {
+    let out = on_every_pe(n, |pe| {
         let me = pe.my_pe();
         let x = pe.calloc::<u64>(big)?;
         pe.put(x, &vec![me as u64; big], me)?;
@@ -529,10 +519,8 @@ fn a_large_team_names_the_one_member_at_fault() {
             Err(Error::CollectiveMismatch { detail, .. }) => Ok(detail),
             other => panic!("PE {me}: expected a mismatch, got {other:?}"),
         }
-    })
-    .expect("job starts");
-    for (rank, r) in out.into_iter().enumerate() {
-        let detail = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+    });
+    for (rank, detail) in out.into_iter().enumerate() {
         assert!(
             detail.starts_with(&format!("PE {}: reduce of type", n - 1))
                 && detail.contains(&format!(
