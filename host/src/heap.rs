@@ -29,6 +29,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, Weak};
 
 /// Number of team barrier slots in the runtime region (world and node teams use 0 and 1).
 pub const TEAM_SLOTS: usize = 64;
@@ -90,6 +91,8 @@ pub struct Segment {
     /// The whole address range reserved for the mapping (skew included): unmapped on drop.
     reserved: NonNull<u8>,
     reserved_len: usize,
+    /// Where the mapping starts in the reservation (`base - reserved`).
+    skew: usize,
     path: String,
 }
 
@@ -284,6 +287,7 @@ impl Segment {
             len,
             reserved: NonNull::new(r.cast()).expect("mmap never returns null on success"),
             reserved_len,
+            skew,
             path: path.to_string(),
         })
     }
@@ -372,7 +376,9 @@ impl Drop for SegmentName {
 
 /// Maps the segment a node peer published as `record` ([`SegmentName::record`]), `skew`
 /// bytes into a fresh reservation; refuses a file whose (device, inode) is not the owner's.
-pub fn open_node_segment(record: &[u8], len: usize, skew: usize) -> Result<Segment> {
+/// Where this process maps that file already (its owner, or another PE, is a thread of this
+/// process), that mapping is shared instead ([`shared_segment`]).
+pub fn open_node_segment(record: &[u8], len: usize, skew: usize) -> Result<Arc<Segment>> {
     if record.len() < 16 {
         return Err(Error::InvalidArgument(format!(
             "a heap locator record of {} bytes (at least 16)",
@@ -382,7 +388,40 @@ pub fn open_node_segment(record: &[u8], len: usize, skew: usize) -> Result<Segme
     let id = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
     let identity = (id(&record[..8]), id(&record[8..16]));
     let at = String::from_utf8_lossy(&record[16..]);
-    Segment::open_inner(&at, len, skew, Some(identity))
+    shared_segment(identity, len, skew, || {
+        Segment::open_inner(&at, len, skew, Some(identity))
+    })
+}
+
+/// The node segments this process maps, by the (device, inode) of their file. PEs that are
+/// threads of one process share one mapping of each heap: one mapping per PE heap, where
+/// each PE mapping every node peer's heap itself took n² of them (about 3·n² with the
+/// reservations' ends, so `vm.max_map_count` capped a process at about 147 PEs). Weak: the
+/// PEs (`Pe::peers`) own the mappings; an entry whose mapping is gone is never reused, and
+/// its inode cannot be reused while a mapping of it lives.
+static MAPPED: Mutex<BTreeMap<(u64, u64), Weak<Segment>>> = Mutex::new(BTreeMap::new());
+
+/// The mapping of the file `identity` that this process holds, when it has one of `len`
+/// bytes at `skew` (every PE maps a segment at its owner's skew, so they agree); otherwise
+/// `make`'s, which is remembered for the next PE of this process. The lock is held while
+/// `make` maps, so two PEs that open one segment at once map it once.
+fn shared_segment(
+    identity: (u64, u64),
+    len: usize,
+    skew: usize,
+    make: impl FnOnce() -> Result<Segment>,
+) -> Result<Arc<Segment>> {
+    let mut mapped = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(seg) = mapped.get(&identity).and_then(Weak::upgrade) {
+        if seg.len == len && seg.skew == skew {
+            return Ok(seg);
+        }
+    }
+    let seg = Arc::new(make()?);
+    // Entries whose mappings are gone (finished PEs, earlier jobs of this process) go now.
+    mapped.retain(|_, w| w.strong_count() > 0);
+    mapped.insert(identity, Arc::downgrade(&seg));
+    Ok(seg)
 }
 
 /// Creates PE `rank`'s segment of job `job_id` for its node peers to map: the file
@@ -397,7 +436,7 @@ pub fn create_node_segment(
     len: usize,
     skew: usize,
     node_pes: usize,
-) -> Result<(Segment, SegmentName)> {
+) -> Result<(Arc<Segment>, SegmentName)> {
     let path = segment_path(job_id, rank);
     let file = check_shm_space(&path, len.saturating_mul(node_pes.max(1)))
         .and_then(|()| Segment::create(&path, len, skew));
@@ -410,28 +449,34 @@ pub fn create_node_segment(
             };
             // Dropped on an error, the name removes the file.
             name.identity = file_identity(&name.locator)?;
-            return Ok((seg, name));
+            let id = name.identity;
+            return Ok((shared_segment(id, len, skew, || Ok(seg))?, name));
         }
         Err(e) => e,
     };
-    Segment::create_memfd(&format!("rshmem-{job_id}-pe{rank}"), len, skew).map_err(|m| {
-        // Both reasons, without repeating the size and the path in each.
-        let why = |e: &Error| match e {
-            Error::Shm { op, source, .. } => format!("{op}: {source}"),
-            e => e.to_string(),
-        };
-        Error::Shm {
-            op: "create",
-            path: format!("{path} (then a memfd)"),
-            size: len,
-            source: io::Error::other(format!("{}; memfd {}", why(&file_err), why(&m))),
-        }
-    })
+    let (seg, name) = Segment::create_memfd(&format!("rshmem-{job_id}-pe{rank}"), len, skew)
+        .map_err(|m| {
+            // Both reasons, without repeating the size and the path in each.
+            let why = |e: &Error| match e {
+                Error::Shm { op, source, .. } => format!("{op}: {source}"),
+                e => e.to_string(),
+            };
+            Error::Shm {
+                op: "create",
+                path: format!("{path} (then a memfd)"),
+                size: len,
+                source: io::Error::other(format!("{}; memfd {}", why(&file_err), why(&m))),
+            }
+        })?;
+    Ok((shared_segment(name.identity, len, skew, || Ok(seg))?, name))
 }
 
-/// Memory mappings one PE's view of one node peer's heap takes: the mapping and the two
-/// PROT_NONE ends of its reservation ([`Segment`]'s skew).
-pub const MAPPINGS_PER_PEER_HEAP: usize = 3;
+/// Memory mappings a PE that is a thread of a process adds to it, about: its heap's mapping
+/// and the two PROT_NONE ends of its reservation ([`Segment`]'s skew), its thread's stack and
+/// guard, and its share of the allocator's arenas and buffers (measured: 17–19 per PE from 8
+/// to 1024 PEs). Node peers' heaps add none: the PEs of a process share one mapping of each
+/// ([`open_node_segment`]).
+pub const MAPPINGS_PER_THREAD_PE: usize = 24;
 
 /// `vm.max_map_count`, and the memory mappings this process holds now (None where
 /// unreadable).
@@ -445,10 +490,10 @@ fn map_limit_and_count() -> (Option<usize>, Option<usize>) {
     (max, now)
 }
 
-/// Refuses `n` PEs as threads of this process when their heap mappings (every PE maps
-/// every PE's heap: [`MAPPINGS_PER_PEER_HEAP`] × n², plus a stack and its guard per
-/// thread) would pass what `vm.max_map_count` leaves this process: past it a mapping, or
-/// any allocation, fails mid-init (`bench ep --pes 1025` aborted in malloc).
+/// Refuses `n` PEs as threads of this process when their mappings
+/// ([`MAPPINGS_PER_THREAD_PE`] each) would pass what `vm.max_map_count` leaves this process:
+/// past it a mapping, or any allocation, fails mid-init (`bench ep --pes 1025` aborted in
+/// malloc when every PE mapped every PE's heap).
 pub fn check_thread_pes_mappings(n: usize) -> Result<()> {
     let (Some(max), Some(now)) = map_limit_and_count() else {
         return Ok(());
@@ -458,30 +503,24 @@ pub fn check_thread_pes_mappings(n: usize) -> Result<()> {
 
 /// [`check_thread_pes_mappings`] given the limit and the mappings the process has now.
 fn thread_pes_mapping_check(n: usize, max: usize, now: usize) -> Result<()> {
-    let need = n
-        .saturating_mul(n)
-        .saturating_mul(MAPPINGS_PER_PEER_HEAP)
-        .saturating_add(n.saturating_mul(2));
+    let need = n.saturating_mul(MAPPINGS_PER_THREAD_PE);
     let budget = max.saturating_sub(now);
     if need <= budget {
         return Ok(());
     }
-    // The most PEs that fit: k·k·3 + 2k <= budget.
-    let mut k = ((budget / MAPPINGS_PER_PEER_HEAP) as f64).sqrt() as usize;
-    while k > 0 && k * k * MAPPINGS_PER_PEER_HEAP + 2 * k > budget {
-        k -= 1;
-    }
+    let k = budget / MAPPINGS_PER_THREAD_PE;
     Err(Error::InvalidArgument(format!(
-        "{n} PEs as threads of one process need about {need} memory mappings (each PE maps \
-         every PE's heap), but vm.max_map_count ({max}) leaves this process {budget}: run at \
-         most {k} PEs per process, start them as processes (rshmem run -n {n} -- ...), or \
-         raise vm.max_map_count"
+        "{n} PEs as threads of one process need about {need} memory mappings, but \
+         vm.max_map_count ({max}) leaves this process {budget}: run at most {k} PEs per \
+         process, start them as processes (rshmem run -n {n} -- ...), or raise \
+         vm.max_map_count"
     )))
 }
 
 /// An mmap's ENOMEM is often the process's mapping count reaching `vm.max_map_count`
-/// rather than memory: every PE maps every node peer's heap (up to 3 mappings each), so a
-/// process of many PEs as threads holds about 3 × PEs² of them. Says so when near.
+/// rather than memory: a process maps every PE heap of its node (3 mappings each), and each
+/// PE that is a thread of it adds about 20 more ([`MAPPINGS_PER_THREAD_PE`]). Says so when
+/// near.
 fn with_map_count(e: io::Error) -> io::Error {
     if e.raw_os_error() != Some(libc::ENOMEM) {
         return e;
@@ -498,8 +537,8 @@ fn map_count_hint(e: io::Error, max: Option<usize>, now: Option<usize>) -> io::E
                 io::ErrorKind::OutOfMemory,
                 format!(
                     "{e}: this process holds {now} memory mappings, vm.max_map_count is {max} \
-                 (each PE maps every node peer's heap: start fewer PEs per process, or raise \
-                 vm.max_map_count)"
+                     (each heap of the node takes 3 and each PE run as a thread here about \
+                     20: start fewer PEs per process, or raise vm.max_map_count)"
                 ),
             )
         }
@@ -887,20 +926,20 @@ mod tests {
     /// with the most that fit.
     #[test]
     fn thread_pes_past_the_mapping_limit_are_refused() {
-        assert!(thread_pes_mapping_check(128, 65530, 500).is_ok());
-        let e = thread_pes_mapping_check(200, 65530, 500)
+        assert!(thread_pes_mapping_check(1024, 65530, 500).is_ok());
+        let e = thread_pes_mapping_check(3000, 65530, 500)
             .unwrap_err()
             .to_string();
         assert_eq!(
             e,
-            "invalid argument: 200 PEs as threads of one process need about 120400 memory \
-             mappings (each PE maps every PE's heap), but vm.max_map_count (65530) leaves \
-             this process 65030: run at most 146 PEs per process, start them as processes \
-             (rshmem run -n 200 -- ...), or raise vm.max_map_count"
+            "invalid argument: 3000 PEs as threads of one process need about 72000 memory \
+             mappings, but vm.max_map_count (65530) leaves this process 65030: run at most \
+             2709 PEs per process, start them as processes (rshmem run -n 3000 -- ...), or \
+             raise vm.max_map_count"
         );
-        // The most that fit is the most said: 146² · 3 + 292 = 64240, 147² · 3 + 294 = 65121.
-        assert!(thread_pes_mapping_check(146, 65530, 500).is_ok());
-        assert!(thread_pes_mapping_check(147, 65530, 500).is_err());
+        // The most that fit is the most said: 2709 · 24 = 65016, 2710 · 24 = 65040.
+        assert!(thread_pes_mapping_check(2709, 65530, 500).is_ok());
+        assert!(thread_pes_mapping_check(2710, 65530, 500).is_err());
         assert!(thread_pes_mapping_check(usize::MAX, 65530, 500).is_err());
     }
 
@@ -914,8 +953,8 @@ mod tests {
             s,
             format!(
                 "{}: this process holds 65500 memory mappings, vm.max_map_count is 65530 \
-                 (each PE maps every node peer's heap: start fewer PEs per process, or raise \
-                 vm.max_map_count)",
+                 (each heap of the node takes 3 and each PE run as a thread here about 20: \
+                 start fewer PEs per process, or raise vm.max_map_count)",
                 enomem()
             )
         );
@@ -931,6 +970,31 @@ mod tests {
             map_count_hint(enomem(), None, Some(1 << 20)).raw_os_error(),
             Some(libc::ENOMEM)
         );
+    }
+
+    /// PEs of one process share one mapping of each node segment: opening a segment this
+    /// process maps already (at the same skew) returns that mapping, which stays usable when
+    /// its creator has dropped it and its file is gone; another skew maps it again.
+    #[test]
+    fn node_segments_are_mapped_once_per_process() {
+        let job = format!("unittest-share-{}", std::process::id());
+        let (own, name) = create_node_segment(&job, 0, 1 << 20, mapping_skew(0), 1).unwrap();
+        let again = open_node_segment(&name.record(), 1 << 20, mapping_skew(0)).unwrap();
+        assert!(Arc::ptr_eq(&own, &again));
+        let skewed = open_node_segment(&name.record(), 1 << 20, mapping_skew(5)).unwrap();
+        assert_ne!(own.base(), skewed.base());
+        // SAFETY: all three map the same 1 MiB file; offsets are in range; single thread.
+        unsafe {
+            own.base().add(4321).write(0x6B);
+            assert_eq!(skewed.base().add(4321).read(), 0x6B);
+        }
+        let base = own.base();
+        drop(own);
+        drop(name);
+        assert!(!std::path::Path::new(&segment_path(&job, 0)).exists());
+        assert_eq!(again.base(), base);
+        // SAFETY: `again` keeps the mapping; in range.
+        unsafe { assert_eq!(again.base().add(4321).read(), 0x6B) };
     }
 
     #[test]

@@ -146,8 +146,9 @@ pub struct Pe {
     /// Target-assisted large p2p puts (assist.rs), when enabled. Declared before `peers`:
     /// it refers into this PE's own mapping.
     pub(crate) assist: Option<crate::assist::Assist>,
-    /// Mapping of every PE's heap that this process can address (same node), by world rank.
-    peers: Vec<Option<Segment>>,
+    /// Mapping of every PE's heap that this process can address (same node), by world rank;
+    /// shared with the other PEs of this process (`heap::open_node_segment`).
+    peers: Vec<Option<Arc<Segment>>>,
     alloc: Mutex<Allocator>,
     world: Team,
     node: Team,
@@ -355,7 +356,7 @@ impl Pe {
         // Where each segment opens, with its (device, inode): a peer that reaches another
         // file by that path (another pid namespace) is refused, not mapped.
         let records = boot.allgather(&world_group, &my_name.record())?;
-        let mut peers: Vec<Option<Segment>> = (0..n).map(|_| None).collect();
+        let mut peers: Vec<Option<Arc<Segment>>> = (0..n).map(|_| None).collect();
         let opened: Result<()> = local.iter().filter(|&&r| r != rank).try_for_each(|&r| {
             peers[r] = Some(heap::open_node_segment(
                 &records[r],
