@@ -388,40 +388,59 @@ pub fn open_node_segment(record: &[u8], len: usize, skew: usize) -> Result<Arc<S
     let id = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
     let identity = (id(&record[..8]), id(&record[8..16]));
     let at = String::from_utf8_lossy(&record[16..]);
-    shared_segment(identity, len, skew, || {
+    shared_segment((identity, at.to_string()), len, skew, || {
         Segment::open_inner(&at, len, skew, Some(identity))
     })
 }
 
-/// The node segments this process maps, by the (device, inode) of their file. PEs that are
-/// threads of one process share one mapping of each heap: one mapping per PE heap, where
-/// each PE mapping every node peer's heap itself took n² of them (about 3·n² with the
-/// reservations' ends, so `vm.max_map_count` capped a process at about 147 PEs). Weak: the
-/// PEs (`Pe::peers`) own the mappings; an entry whose mapping is gone is never reused, and
-/// its inode cannot be reused while a mapping of it lives.
-static MAPPED: Mutex<BTreeMap<(u64, u64), Weak<Segment>>> = Mutex::new(BTreeMap::new());
+/// The node segments this process maps, by the (device, inode) of their file and the path
+/// their owner published (`SegmentName::locator`: the job id and rank in `/dev/shm`, or the
+/// owner's pid and fd for a memfd). PEs that are threads of one process share one mapping
+/// of each heap: one mapping per PE heap, where each PE mapping every node peer's heap
+/// itself took n² of them (about 3·n² with the reservations' ends, so `vm.max_map_count`
+/// capped a process at about 147 PEs). The locator is in the key because an inode number
+/// alone may repeat while both files live (tmpfs without `inode64` wraps at 2³²). Weak:
+/// the PEs (`Pe::peers`) own the mappings; an entry whose mapping is gone is never reused.
+type MappedKey = ((u64, u64), String);
+static MAPPED: Mutex<BTreeMap<MappedKey, Weak<Segment>>> = Mutex::new(BTreeMap::new());
 
-/// The mapping of the file `identity` that this process holds, when it has one of `len`
+/// The mapping of the segment `key` that this process holds, when it has one of `len`
 /// bytes at `skew` (every PE maps a segment at its owner's skew, so they agree); otherwise
 /// `make`'s, which is remembered for the next PE of this process. The lock is held while
 /// `make` maps, so two PEs that open one segment at once map it once.
 fn shared_segment(
-    identity: (u64, u64),
+    key: MappedKey,
     len: usize,
     skew: usize,
     make: impl FnOnce() -> Result<Segment>,
 ) -> Result<Arc<Segment>> {
     let mut mapped = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(seg) = mapped.get(&identity).and_then(Weak::upgrade) {
+    if let Some(seg) = mapped.get(&key).and_then(Weak::upgrade) {
         if seg.len == len && seg.skew == skew {
             return Ok(seg);
         }
     }
-    let seg = Arc::new(make()?);
+    remember(&mut mapped, key, Arc::new(make()?))
+}
+
+/// Records `seg` as this process's mapping of `key` (replacing any other) and returns it.
+fn remember(
+    mapped: &mut BTreeMap<MappedKey, Weak<Segment>>,
+    key: MappedKey,
+    seg: Arc<Segment>,
+) -> Result<Arc<Segment>> {
     // Entries whose mappings are gone (finished PEs, earlier jobs of this process) go now.
     mapped.retain(|_, w| w.strong_count() > 0);
-    mapped.insert(identity, Arc::downgrade(&seg));
+    mapped.insert(key, Arc::downgrade(&seg));
     Ok(seg)
+}
+
+/// A segment this PE has just created, recorded for the other PEs of this process: never
+/// looked up (the new file is the owner's heap, whatever else is mapped).
+fn created(seg: Segment, name: &SegmentName) -> Result<Arc<Segment>> {
+    let mut mapped = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
+    let key = (name.identity, name.locator.clone());
+    remember(&mut mapped, key, Arc::new(seg))
 }
 
 /// Creates PE `rank`'s segment of job `job_id` for its node peers to map: the file
@@ -449,8 +468,7 @@ pub fn create_node_segment(
             };
             // Dropped on an error, the name removes the file.
             name.identity = file_identity(&name.locator)?;
-            let id = name.identity;
-            return Ok((shared_segment(id, len, skew, || Ok(seg))?, name));
+            return Ok((created(seg, &name)?, name));
         }
         Err(e) => e,
     };
@@ -468,14 +486,14 @@ pub fn create_node_segment(
                 source: io::Error::other(format!("{}; memfd {}", why(&file_err), why(&m))),
             }
         })?;
-    Ok((shared_segment(name.identity, len, skew, || Ok(seg))?, name))
+    Ok((created(seg, &name)?, name))
 }
 
 /// Memory mappings a PE that is a thread of a process adds to it, about: its heap's mapping
 /// and the two PROT_NONE ends of its reservation ([`Segment`]'s skew), its thread's stack and
 /// guard, and its share of the allocator's arenas and buffers (measured: 17–19 per PE from 8
-/// to 1024 PEs). Node peers' heaps add none: the PEs of a process share one mapping of each
-/// ([`open_node_segment`]).
+/// to 2048 PEs over p2p, and at 128 PEs over the proxy). Node peers' heaps add none: the PEs
+/// of a process share one mapping of each ([`open_node_segment`]).
 pub const MAPPINGS_PER_THREAD_PE: usize = 24;
 
 /// `vm.max_map_count`, and the memory mappings this process holds now (None where
@@ -491,27 +509,58 @@ fn map_limit_and_count() -> (Option<usize>, Option<usize>) {
 }
 
 /// Refuses `n` PEs as threads of this process when their mappings
-/// ([`MAPPINGS_PER_THREAD_PE`] each) would pass what `vm.max_map_count` leaves this process:
-/// past it a mapping, or any allocation, fails mid-init (`bench ep --pes 1025` aborted in
-/// malloc when every PE mapped every PE's heap).
-pub fn check_thread_pes_mappings(n: usize) -> Result<()> {
+/// ([`MAPPINGS_PER_THREAD_PE`] each, and through the proxy one per pair of PEs) would pass
+/// what `vm.max_map_count` leaves this process: past it a mapping, or any allocation, fails
+/// mid-run (`bench ep --pes 1025` aborted in malloc when every PE mapped every PE's heap).
+/// `proxy`: PEs reach each other through the soft HCA, where each keeps a queue pair per
+/// peer it reaches with a 1 MiB staging buffer, which the allocator may map on its own
+/// (measured: merged with their neighbours, at 128 PEs; not counted on).
+pub fn check_thread_pes_mappings(n: usize, proxy: bool) -> Result<()> {
     let (Some(max), Some(now)) = map_limit_and_count() else {
         return Ok(());
     };
-    thread_pes_mapping_check(n, max, now)
+    thread_pes_mapping_check(n, proxy, max, now)
+}
+
+/// Mappings `n` PEs as threads need ([`check_thread_pes_mappings`]).
+fn thread_pes_mappings(n: usize, proxy: bool) -> usize {
+    let pairs = if proxy {
+        n.saturating_mul(n.saturating_sub(1))
+    } else {
+        0
+    };
+    n.saturating_mul(MAPPINGS_PER_THREAD_PE)
+        .saturating_add(pairs)
 }
 
 /// [`check_thread_pes_mappings`] given the limit and the mappings the process has now.
-fn thread_pes_mapping_check(n: usize, max: usize, now: usize) -> Result<()> {
-    let need = n.saturating_mul(MAPPINGS_PER_THREAD_PE);
+fn thread_pes_mapping_check(n: usize, proxy: bool, max: usize, now: usize) -> Result<()> {
+    let need = thread_pes_mappings(n, proxy);
     let budget = max.saturating_sub(now);
     if need <= budget {
         return Ok(());
     }
-    let k = budget / MAPPINGS_PER_THREAD_PE;
+    // The most that fit (the need grows with n).
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if thread_pes_mappings(mid, proxy) <= budget {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let how = if proxy {
+        format!(
+            ", {MAPPINGS_PER_THREAD_PE} per PE and one per pair of PEs through the proxy \
+             (a queue pair's staging buffer)"
+        )
+    } else {
+        format!(", {MAPPINGS_PER_THREAD_PE} per PE")
+    };
     Err(Error::InvalidArgument(format!(
-        "{n} PEs as threads of one process need about {need} memory mappings, but \
-         vm.max_map_count ({max}) leaves this process {budget}: run at most {k} PEs per \
+        "{n} PEs as threads of one process need about {need} memory mappings{how}, but \
+         vm.max_map_count ({max}) leaves this process {budget}: run at most {lo} PEs per \
          process, start them as processes (rshmem run -n {n} -- ...), or raise \
          vm.max_map_count"
     )))
@@ -519,7 +568,7 @@ fn thread_pes_mapping_check(n: usize, max: usize, now: usize) -> Result<()> {
 
 /// An mmap's ENOMEM is often the process's mapping count reaching `vm.max_map_count`
 /// rather than memory: a process maps every PE heap of its node (3 mappings each), and each
-/// PE that is a thread of it adds about 20 more ([`MAPPINGS_PER_THREAD_PE`]). Says so when
+/// PE that is a thread of it adds about 15 more ([`MAPPINGS_PER_THREAD_PE`]). Says so when
 /// near.
 fn with_map_count(e: io::Error) -> io::Error {
     if e.raw_os_error() != Some(libc::ENOMEM) {
@@ -538,7 +587,7 @@ fn map_count_hint(e: io::Error, max: Option<usize>, now: Option<usize>) -> io::E
                 format!(
                     "{e}: this process holds {now} memory mappings, vm.max_map_count is {max} \
                      (each heap of the node takes 3 and each PE run as a thread here about \
-                     20: start fewer PEs per process, or raise vm.max_map_count)"
+                     15 more: start fewer PEs per process, or raise vm.max_map_count)"
                 ),
             )
         }
@@ -926,21 +975,37 @@ mod tests {
     /// with the most that fit.
     #[test]
     fn thread_pes_past_the_mapping_limit_are_refused() {
-        assert!(thread_pes_mapping_check(1024, 65530, 500).is_ok());
-        let e = thread_pes_mapping_check(3000, 65530, 500)
+        assert!(thread_pes_mapping_check(1024, false, 65530, 500).is_ok());
+        let e = thread_pes_mapping_check(3000, false, 65530, 500)
             .unwrap_err()
             .to_string();
         assert_eq!(
             e,
             "invalid argument: 3000 PEs as threads of one process need about 72000 memory \
-             mappings, but vm.max_map_count (65530) leaves this process 65030: run at most \
-             2709 PEs per process, start them as processes (rshmem run -n 3000 -- ...), or \
-             raise vm.max_map_count"
+             mappings, 24 per PE, but vm.max_map_count (65530) leaves this process 65030: run \
+             at most 2709 PEs per process, start them as processes (rshmem run -n 3000 -- \
+             ...), or raise vm.max_map_count"
         );
         // The most that fit is the most said: 2709 · 24 = 65016, 2710 · 24 = 65040.
-        assert!(thread_pes_mapping_check(2709, 65530, 500).is_ok());
-        assert!(thread_pes_mapping_check(2710, 65530, 500).is_err());
-        assert!(thread_pes_mapping_check(usize::MAX, 65530, 500).is_err());
+        assert!(thread_pes_mapping_check(2709, false, 65530, 500).is_ok());
+        assert!(thread_pes_mapping_check(2710, false, 65530, 500).is_err());
+        // Through the proxy a pair of PEs adds one: 243 · 24 + 243 · 242 = 64638,
+        // 244 · 24 + 244 · 243 = 65148.
+        let e = thread_pes_mapping_check(300, true, 65530, 500)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "invalid argument: 300 PEs as threads of one process need about 96900 memory \
+             mappings, 24 per PE and one per pair of PEs through the proxy (a queue pair's \
+             staging buffer), but vm.max_map_count (65530) leaves this process 65030: run at \
+             most 243 PEs per process, start them as processes (rshmem run -n 300 -- ...), \
+             or raise vm.max_map_count"
+        );
+        assert!(thread_pes_mapping_check(243, true, 65530, 500).is_ok());
+        assert!(thread_pes_mapping_check(244, true, 65530, 500).is_err());
+        assert!(thread_pes_mapping_check(usize::MAX, false, 65530, 500).is_err());
+        assert!(thread_pes_mapping_check(usize::MAX, true, 65530, 500).is_err());
     }
 
     /// ENOMEM near vm.max_map_count names the limit and the cure; other errors and an
@@ -953,8 +1018,8 @@ mod tests {
             s,
             format!(
                 "{}: this process holds 65500 memory mappings, vm.max_map_count is 65530 \
-                 (each heap of the node takes 3 and each PE run as a thread here about 20: \
-                 start fewer PEs per process, or raise vm.max_map_count)",
+                 (each heap of the node takes 3 and each PE run as a thread here about 15 \
+                 more: start fewer PEs per process, or raise vm.max_map_count)",
                 enomem()
             )
         );

@@ -1269,7 +1269,7 @@ pub fn run_threads<R: Send>(
     if n == 0 {
         return Err(Error::InvalidArgument("run_threads: 0 PEs".into()));
     }
-    crate::heap::check_thread_pes_mappings(n)?;
+    crate::heap::check_thread_pes_mappings(n, settings.transport == TransportMode::Proxy)?;
     let token = random_token()?;
     let root = Root::bind("127.0.0.1:0", n, &token)?;
     let addr = root.local_addr().to_string();
