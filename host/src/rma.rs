@@ -613,8 +613,7 @@ impl Pe {
     /// here: it is kept and returned by the next [`Pe::try_quiet`] or barrier.
     pub fn quiet(&self) {
         if let Err(e) = self.quiet_proxy() {
-            let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
-            d.get_or_insert_with(|| e.to_string());
+            self.deferred.keep(e.to_string());
         }
         // SeqCst: quiet also orders this PE's later loads after its earlier stores.
         fence(Ordering::SeqCst);
@@ -626,12 +625,7 @@ impl Pe {
         let r = self.quiet_proxy();
         // SeqCst: as in quiet.
         fence(Ordering::SeqCst);
-        if let Some(d) = self
-            .deferred
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(d) = self.deferred.take() {
             return Err(Error::Transport {
                 pe: self.my_pe(),
                 from: self.my_pe(),
@@ -1151,9 +1145,79 @@ fn from_bits<T: AtomicWord>(b: u64) -> T {
     T::from_bits64(b)
 }
 
+/// The first error a `quiet` met since the last `try_quiet` took it (`quiet` returns
+/// nothing). Checking costs one load: most `try_quiet`s (every collective and barrier) find
+/// nothing kept and take no lock.
+#[derive(Default)]
+pub(crate) struct KeptError {
+    /// Whether `error` holds one: written under its lock, read without it as a hint.
+    set: std::sync::atomic::AtomicBool,
+    error: std::sync::Mutex<Option<String>>,
+}
+
+impl KeptError {
+    /// Keeps `e` unless an earlier error is kept.
+    pub(crate) fn keep(&self, e: String) {
+        let mut kept = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        kept.get_or_insert(e);
+        // Relaxed: written under the lock; `take` reads it without the lock only as a hint
+        // (a thread that misses an error kept at that moment by another thread sees it at
+        // its next call, as if it had come after this one).
+        self.set.store(true, Ordering::Relaxed);
+    }
+
+    /// The kept error, if any, which is kept no longer.
+    pub(crate) fn take(&self) -> Option<String> {
+        // Relaxed: a hint (see `keep`); what counts is read under the lock.
+        if !self.set.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut kept = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        self.set.store(false, Ordering::Relaxed);
+        kept.take()
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::copy_last_word_release;
+    use super::{copy_last_word_release, KeptError};
+
+    /// The first error kept is the one taken, once; one kept after that is taken next;
+    /// threads that keep and take at once leave nothing behind.
+    #[test]
+    fn a_kept_error_is_taken_once() {
+        let k = KeptError::default();
+        assert_eq!(k.take(), None);
+        k.keep("first".into());
+        k.keep("second".into());
+        assert_eq!(k.take().as_deref(), Some("first"));
+        assert_eq!(k.take(), None);
+        k.keep("third".into());
+        assert_eq!(k.take().as_deref(), Some("third"));
+        assert_eq!(k.take(), None);
+        // Threads keep and take at once; after they joined, what is left is taken.
+        let taken = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (k, taken) = (&k, &taken);
+                s.spawn(move || {
+                    for i in 0..1000 {
+                        k.keep(format!("{t}.{i}"));
+                        if k.take().is_some() {
+                            taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        // Errors kept while one is kept coalesce, and a take may find the error another
+        // thread kept; but each thread ends with a take after its last keep, so nothing is
+        // left, and the flag agrees with what is kept.
+        assert!((1..=4000).contains(&taken.into_inner()));
+        assert_eq!(k.take(), None);
+        k.keep("after".into());
+        assert_eq!(k.take().as_deref(), Some("after"));
+    }
 
     /// A copy whose source overlaps its destination (memmove semantics, which `put`
     /// allows for a source in the mapping itself) moves every element, the last word
