@@ -380,14 +380,29 @@ fn stats(v: Vec<f64>) -> (f64, f64) {
     (med, p99)
 }
 
+/// Routings the bench takes in turn (`point`).
+const ROUTINGS: usize = 3;
+
 /// One point on one PE; Some on the PE that reports (rank 0).
 fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
     let team = pe.world().clone();
     let (me, n) = (team.my_pe(), team.n_pes());
     let cfg = config_of(a, tokens);
     let mut buf = Buffer::new(pe, &team, cfg)?;
-    let routing = check::random_routing(a.seed, me, tokens, &cfg, None, 10.min(tokens * a.topk));
-    let all = check::allgather_routing(pe, &team, &routing)?;
+    // Iteration `it` uses routing `it % ROUTINGS`. With one routing, every call found the
+    // previous call's identical bytes in its buffer set, so a receiver that read a slot
+    // before this call's data landed (or an old slot) still got the right values and every
+    // check passed. Three, so that the turn does not line up with the two buffer sets.
+    let routings: Vec<check::Routing> = (0..ROUTINGS as u64)
+        .map(|v| {
+            let seed = a.seed.wrapping_add(v.wrapping_mul(0x9e37_79b9));
+            check::random_routing(seed, me, tokens, &cfg, None, 10.min(tokens * a.topk))
+        })
+        .collect();
+    let alls = routings
+        .iter()
+        .map(|r| check::allgather_routing(pe, &team, r))
+        .collect::<Result<Vec<_>>>()?;
     let masked = vec![false; n];
     let x = check::origin_x(me, tokens, cfg.hidden);
     let l = cfg.num_experts / n;
@@ -412,11 +427,14 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
     // still validate.
     let expert = |e: usize| 1.0 + (e % 4) as f32 * 0.25;
     let mut times = vec![[0f64; 6]; a.iters];
-    let mut hashes: Option<(u64, u64)> = None;
+    // Per routing: the hashes of its first (validated) iteration, which every later
+    // iteration with it must repeat bit for bit.
+    let mut hashes: Vec<Option<(u64, u64)>> = vec![None; ROUTINGS];
     let mut problem: Option<String> = None;
-    let mut diff = 0.0;
+    let mut diff = 0.0f64;
     for it in 0..total {
-        let check_now = it == 0 || it + 1 == total;
+        let (routing, all) = (&routings[it % ROUTINGS], &alls[it % ROUTINGS]);
+        let check_now = it < ROUTINGS || it + 1 == total;
         pe.sync_all()?;
         let t0 = Instant::now();
         let d = buf.low_latency_dispatch(&x, &routing.topk_idx, a.hook)?;
@@ -428,15 +446,11 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
         // other PEs' timed phases. scripts/ep_mpi_alltoallv.c does the same.
         pe.sync_all()?;
         if check_now && problem.is_none() {
-            if let Err(e) = check::validate_dispatch(&cfg, me, &all, &masked, &out) {
+            if let Err(e) = check::validate_dispatch(&cfg, me, all, &masked, &out) {
                 problem = Some(e.to_string());
             }
         }
-        let dh = if check_now {
-            check::dispatch_hash(&cfg, n, &out)
-        } else {
-            0
-        };
+        let dh = check::dispatch_hash(&cfg, n, &out);
         if a.zero_copy {
             let zc = buf.get_next_low_latency_combine_buffer(&out.handle)?;
             check::expert_forward(&cfg, n, me, &out, &expert, zc);
@@ -458,19 +472,21 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
         let t_comb = t1.elapsed();
         pe.sync_all()?; // likewise before the untimed checks
         if check_now && problem.is_none() {
-            match check::validate_combine(&cfg, n, me, &routing, &masked, &expert, &combined) {
-                Ok(dv) => diff = dv,
+            match check::validate_combine(&cfg, n, me, routing, &masked, &expert, &combined) {
+                Ok(dv) => diff = diff.max(dv),
                 Err(e) => problem = Some(e.to_string()),
             }
         }
         let ch = check::hash_bf16(&combined);
-        match hashes {
-            None => hashes = Some((dh, ch)),
+        match hashes[it % ROUTINGS] {
+            None => hashes[it % ROUTINGS] = Some((dh, ch)),
             Some((h0, c0)) => {
-                if (check_now && dh != h0) || ch != c0 {
+                if dh != h0 || ch != c0 {
                     problem.get_or_insert(format!(
-                        "PE {me}: iteration {it} is not bit-identical to iteration 0 \
-                         (dispatch hash {dh:#x} vs {h0:#x}, combine hash {ch:#x} vs {c0:#x})"
+                        "PE {me}: iteration {it} is not bit-identical to iteration {} (the \
+                         same routing; dispatch hash {dh:#x} vs {h0:#x}, combine hash {ch:#x} \
+                         vs {c0:#x})",
+                        it % ROUTINGS
                     ));
                 }
             }
@@ -494,8 +510,18 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    // Bytes this PE sends per call.
-    let sel = routing.topk_idx.iter().filter(|&&e| e >= 0).count() as f64;
+    // Bytes this PE sends per call: the selected slots, averaged over the timed iterations'
+    // routings.
+    let sel = (a.warmup..total)
+        .map(|it| {
+            routings[it % ROUTINGS]
+                .topk_idx
+                .iter()
+                .filter(|&&e| e >= 0)
+                .count() as f64
+        })
+        .sum::<f64>()
+        / a.iters.max(1) as f64;
     let mine_bytes = [
         sel * buf.layout().msg_bytes as f64,
         sel * (cfg.hidden * 2) as f64,
