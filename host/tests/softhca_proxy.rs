@@ -193,3 +193,67 @@ fn bench_softhca_rows_ops_and_rates() {
         );
     }
 }
+
+/// Two threads of one PE share its queue pair to a peer: one gets 512 KiB at a time (a
+/// batch of 64 READs whose staging slots it holds until it has copied them out), the other
+/// puts 1 MiB at a time (128 WRITEs, a whole ring). A batch posted one READ at a time could
+/// hold its first slot while the put's reservation one ring later waited for it, and then
+/// wait itself to publish a READ reserved after that put: both ended at the timeout and the
+/// queue pair was broken. Every byte is checked.
+#[test]
+fn a_large_get_and_a_large_put_share_a_queue_pair_from_two_threads() {
+    const GET: usize = 512 << 10;
+    const PUT: usize = 1 << 20;
+    const ROUNDS: usize = 40;
+    let mut s = settings();
+    s.timeout = std::time::Duration::from_secs(10);
+    let out = run_threads(2, s, |pe| {
+        let src: rshmem::SymPtr<u8> = pe.calloc(GET)?;
+        let dst: rshmem::SymPtr<u8> = pe.calloc(PUT)?;
+        let me = pe.my_pe();
+        let pattern = |i: usize| (i * 31 + 7 * (me + 1)) as u8;
+        let mine: Vec<u8> = (0..GET).map(pattern).collect();
+        pe.put(src, &mine, me)?;
+        pe.barrier_all()?;
+        if me == 0 {
+            let theirs: Vec<u8> = (0..GET).map(|i| (i * 31 + 7 * 2) as u8).collect();
+            let data: Vec<u8> = (0..PUT).map(|i| (i % 251) as u8).collect();
+            std::thread::scope(|sc| -> rshmem::Result<()> {
+                let getter = sc.spawn(|| -> rshmem::Result<()> {
+                    let mut buf = vec![0u8; GET];
+                    for round in 0..ROUNDS {
+                        pe.get(&mut buf, src, 1)?;
+                        if buf != theirs {
+                            let at = buf.iter().zip(&theirs).position(|(a, b)| a != b);
+                            return Err(rshmem::Error::Verification(format!(
+                                "get round {round}: first wrong byte at {at:?}"
+                            )));
+                        }
+                    }
+                    Ok(())
+                });
+                for _ in 0..ROUNDS {
+                    pe.put(dst, &data, 1)?;
+                }
+                pe.try_quiet()?;
+                getter.join().expect("getter thread")
+            })?;
+        }
+        pe.barrier_all()?;
+        if me == 1 {
+            let mut got = vec![0u8; PUT];
+            pe.get(&mut got, dst, 1)?;
+            if got.iter().enumerate().any(|(i, &b)| b != (i % 251) as u8) {
+                return Err(rshmem::Error::Verification("put data differs".into()));
+            }
+        }
+        Ok(())
+    })
+    .expect("job starts");
+    let errors: Vec<String> = out
+        .iter()
+        .enumerate()
+        .filter_map(|(rank, r)| r.as_ref().err().map(|e| format!("PE {rank}: {e}")))
+        .collect();
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}

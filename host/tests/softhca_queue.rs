@@ -55,6 +55,11 @@ struct Rig {
 }
 
 fn rig(t: &Target, wqe_cnt: u32, cqe_cnt: u32, mode: CqMode) -> Rig {
+    rig_bounded(t, wqe_cnt, cqe_cnt, mode, Duration::from_secs(20))
+}
+
+/// [`rig`] whose send queue waits at most `timeout`.
+fn rig_bounded(t: &Target, wqe_cnt: u32, cqe_cnt: u32, mode: CqMode, timeout: Duration) -> Rig {
     let hca = SoftHca::start(LocalBackend, "test-engine").unwrap();
     let mem = Arc::new(QueueMemory::new(wqe_cnt, cqe_cnt).unwrap());
     let qp = hca.attach(QpConfig::new(
@@ -63,13 +68,7 @@ fn rig(t: &Target, wqe_cnt: u32, cqe_cnt: u32, mode: CqMode) -> Rig {
         LocalPeer::new(t.remote.clone()),
         mode,
     ));
-    let sq = SendQueue::new(
-        mem.clone(),
-        qp.qpn(),
-        mode,
-        Duration::from_secs(20),
-        Some(hca.waker()),
-    );
+    let sq = SendQueue::new(mem.clone(), qp.qpn(), mode, timeout, Some(hca.waker()));
     Rig {
         qp,
         sq,
@@ -565,5 +564,104 @@ fn doorbell_relay_follows_many_producers_past_the_index_wrap() {
         }
     }
     drop(log);
+    drop(rig);
+}
+
+/// A batch of held READs is one reservation of consecutive slots, whatever other producers
+/// post meanwhile: here another thread posts NOPs around 300 batches of 64 READs on a ring
+/// of 128, and every READ's result is exact. (Held READs posted one reservation at a time
+/// let another producer's reservation fall between them, which could deadlock: the proxy
+/// test `a_large_get_and_a_large_put_share_a_queue_pair_from_two_threads`.)
+#[test]
+fn a_held_batch_is_one_reservation_beside_another_producer() {
+    const BATCH: usize = 64;
+    let mut t = target(BATCH, BATCH);
+    for (k, w) in t.words.iter_mut().enumerate() {
+        *w = 0x5eed_0000 + k as u64 * 977;
+    }
+    let rig = rig_bounded(&t, 128, 128, CqMode::Normal, Duration::from_secs(10));
+    let Rig { sq, .. } = &rig;
+    let (words, results) = (t.words.as_ptr() as u64, t.results.as_ptr() as u64);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = sq.post(&WqeOp::Nop).expect("a NOP beside the batches");
+            }
+        });
+        for round in 0..300 {
+            let (posted, err) = sq
+                .post_held_batch(BATCH as u16, |k, _idx, seg| {
+                    seg[0] = rshmem::mlx5::wqe::DataSeg::new(8, t.lkey, results + 8 * k as u64);
+                    WqeOp::RdmaRead {
+                        remote: RaddrSeg::new(words + 8 * k as u64, t.rkey),
+                        local: &seg[..],
+                    }
+                })
+                .expect("batch posted");
+            assert!(err.is_none(), "{err:?}");
+            assert_eq!(posted.len(), BATCH);
+            for (k, p) in posted.iter().enumerate() {
+                assert_eq!(p.index, posted[0].index + k as u64, "round {round}");
+                sq.wait_posted(*p).expect("READ completes");
+            }
+            // SAFETY: the READs completed into `results`; the engine writes it no more.
+            let got: Vec<u64> = (0..BATCH)
+                .map(|k| unsafe { std::ptr::read_volatile(t.results.as_ptr().add(k)) })
+                .collect();
+            assert_eq!(&got[..], &t.words[..], "round {round}");
+            for p in posted {
+                sq.release(p);
+            }
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    sq.quiet().unwrap();
+    assert_eq!(sq.error(), None);
+    drop(rig);
+}
+
+/// A held post whose WQE does not fit its reservation (a NOP is posted in its place and
+/// no `Posted` comes back) leaves no slot held: the ring's later laps do not wait for it.
+/// Likewise a batch with one bad WQE: every WQE comes back, the bad one as a NOP, and
+/// releasing them all frees the ring.
+#[test]
+fn a_failed_held_post_leaves_no_slot_held() {
+    let t = target(1, 1);
+    let rig = rig_bounded(&t, 8, 8, CqMode::Normal, Duration::from_secs(2));
+    let Rig { sq, .. } = &rig;
+    // A NOP is one WQEBB, not two.
+    let e = sq.post_fn(2, true, |_| WqeOp::Nop).unwrap_err();
+    assert!(matches!(e, SqError::Build { .. }), "{e}");
+    for i in 0..20 {
+        let _ = sq
+            .post(&WqeOp::Nop)
+            .unwrap_or_else(|e| panic!("NOP {i} after the failed held post: {e}"));
+    }
+    // 'static: a batch's WQEs may borrow only their own segment and 'static data.
+    static BIG: [u8; 100] = [7; 100];
+    let (posted, err) = sq
+        .post_held_batch(3, |k, _idx, _seg| match k {
+            1 => WqeOp::RdmaWrite {
+                remote: RaddrSeg::new(t.words.as_ptr() as u64, t.rkey),
+                payload: rshmem::mlx5::wqe::Payload::Inline(&BIG),
+            },
+            _ => WqeOp::Nop,
+        })
+        .expect("batch posted");
+    assert_eq!(posted.len(), 3);
+    assert!(matches!(err, Some(SqError::Build { .. })), "{err:?}");
+    for p in posted {
+        sq.wait_posted(p).expect("every WQE of the batch completes");
+        sq.release(p);
+    }
+    for i in 0..20 {
+        let _ = sq
+            .post(&WqeOp::Nop)
+            .unwrap_or_else(|e| panic!("NOP {i} after the batch: {e}"));
+    }
+    sq.quiet().unwrap();
+    assert_eq!(sq.error(), None);
+    assert_eq!(t.words[0], 0, "the bad WRITE was not executed");
     drop(rig);
 }

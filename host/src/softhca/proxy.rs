@@ -24,7 +24,7 @@ use super::backend::{Backend, LocalBackend, LocalPeer, Op};
 use super::engine::{QpConfig, QpHandle, SoftHca, Waker};
 use super::fabric::{FabricBackend, FabricPeer, Regions};
 use super::mr::{Access, MrSnapshot, MrTable};
-use super::queue::{CqMode, Posted, QueueMemory, SendQueue, SqError};
+use super::queue::{CqMode, QueueMemory, SendQueue, SqError};
 use crate::bootstrap::Liveness;
 use crate::config::FabricSwitches;
 use crate::error::{Error, Result};
@@ -658,29 +658,21 @@ impl Proxy {
         let mut chunks = chunks.into_iter().peekable();
         while chunks.peek().is_some() {
             let batch: Vec<&mut [u8]> = chunks.by_ref().take(window).collect();
-            let mut posted: Vec<Posted> = Vec::with_capacity(batch.len());
-            let mut first_err = None;
-            for c in &batch {
-                let at = raddr + (i * chunk_len) as u64;
-                i += 1;
-                let len = c.len();
-                let mut seg = [DataSeg::default()];
-                let seg_ref = &mut seg;
-                match q.sq.post_fn(1, true, move |idx| {
-                    seg_ref[0] = DataSeg::new(len as u32, q.staging_key, q.chunk(idx) as u64);
-                    let seg: &[DataSeg] = seg_ref;
+            // One reservation for the whole batch (`SendQueue::post_held_batch`: reserving
+            // READ by READ while holding the earlier ones could deadlock with another
+            // thread's post on this queue pair).
+            let first = i;
+            i += batch.len();
+            let lens: Vec<usize> = batch.iter().map(|c| c.len()).collect();
+            let (posted, first_err) =
+                q.sq.post_held_batch(batch.len() as u16, |k, idx, seg| {
+                    seg[0] = DataSeg::new(lens[k] as u32, q.staging_key, q.chunk(idx) as u64);
                     WqeOp::RdmaRead {
-                        remote: RaddrSeg::new(at, peer.rkey),
-                        local: seg,
+                        remote: RaddrSeg::new(raddr + ((first + k) * chunk_len) as u64, peer.rkey),
+                        local: &seg[..],
                     }
-                }) {
-                    Ok(p) => posted.push(p),
-                    Err(e) => {
-                        first_err = Some(e);
-                        break;
-                    }
-                }
-            }
+                })
+                .map_err(|e| self.err(pe, op, e))?;
             let mut result = first_err.map_or(Ok(()), Err);
             for (p, c) in posted.iter().zip(batch) {
                 if result.is_ok() {

@@ -19,7 +19,7 @@ use crate::mlx5::cqe::{self, sw_owns, Cqe64, CqeOpcode, CQE_SIZE};
 use crate::mlx5::doorbell::{cq_consumer_index, doorbell_word, send_counter};
 use crate::mlx5::ring::slot_offset;
 use crate::mlx5::wqe::{
-    build_wqe, opcode, BuildError, CtrlSeg, FenceMode, WqeCtrl, WqeOp, MAX_WQEBBS, WQEBB,
+    build_wqe, opcode, BuildError, CtrlSeg, DataSeg, FenceMode, WqeCtrl, WqeOp, MAX_WQEBBS, WQEBB,
 };
 use crate::mlx5::{Be32, WireStruct};
 use std::alloc::Layout;
@@ -808,6 +808,12 @@ impl SendQueue {
         if !contiguous {
             self.write_slots(idx, buf);
         }
+        if hold && result.is_err() {
+            // No `Posted` goes back, so nobody would release the slot: a later reservation
+            // of it would wait out the timeout. The NOP needs no staging. Release: as in
+            // `release`.
+            self.held[(idx & self.mask) as usize].store(false, Ordering::Release);
+        }
         // Relaxed: published by the Release store of `ready` below.
         self.sizes[(idx & self.mask) as usize].store(n as u8, Ordering::Relaxed);
         // 3. Publish in order.
@@ -826,6 +832,120 @@ impl SendQueue {
             index: idx,
             wqebbs: n as u16,
         })
+    }
+
+    /// Posts `count` one-WQEBB WQEs in one reservation of `count` consecutive slots, WQE
+    /// `i` built by `f(i, index, seg)` (`seg`: room for the one data segment the WQE may
+    /// point to; besides it, the WQE may borrow only `'static` data); each asks for a CQE
+    /// and is held (as `post_fn`'s `hold`)
+    /// until [`SendQueue::release`]. Returns every WQE posted — a WQE whose build failed is
+    /// a NOP, still held: release them all — and the first build error.
+    ///
+    /// Why one reservation: a producer may reserve only while it holds nothing. One that
+    /// posted its held WQEs one reservation at a time held the first while reserving the
+    /// next; another producer's reservation one ring later than the first waited for that
+    /// slot, and this producer's later reservation, behind it, waited to publish: both
+    /// waited out the timeout and the queue broke (a batched proxy get beside a large put
+    /// from another thread of the PE). No reservation can fall inside a batch, and the
+    /// batch's holder reserves nothing more before it releases it.
+    pub fn post_held_batch(
+        &self,
+        count: u16,
+        mut f: impl for<'s> FnMut(usize, u64, &'s mut [DataSeg; 1]) -> WqeOp<'s>,
+    ) -> Result<(Vec<Posted>, Option<SqError>), SqError> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(SqError::Broken { qpn: self.qpn });
+        }
+        let n = count as u64;
+        if n == 0 {
+            return Ok((Vec::new(), None));
+        }
+        if n > self.wqe_cnt() as u64 {
+            return Err(SqError::Build {
+                qpn: self.qpn,
+                source: BuildError::BufferTooSmall {
+                    need: n as usize * WQEBB,
+                    have: self.wqe_cnt() as usize * WQEBB,
+                    ds: 4,
+                },
+            });
+        }
+        // 1. Reserve, as `post_inner` does, all `count` slots at once.
+        let idx = self.reserved.fetch_add(n, Ordering::AcqRel);
+        self.wait_slots_free(idx, n)?;
+        self.prefetch_ahead(idx + n);
+        let cnt = self.wqe_cnt();
+        let mut posted = Vec::with_capacity(count as usize);
+        let mut first_err = None;
+        for i in 0..n {
+            let at = idx + i;
+            // Relaxed: as in `post_inner` (published by `ready` below).
+            self.held[(at & self.mask) as usize].store(true, Ordering::Relaxed);
+            let ctrl = WqeCtrl {
+                wqe_index: at as u16,
+                qpn: self.qpn,
+                fence: FenceMode::None,
+                cq_update: true,
+                solicited: false,
+            };
+            // SAFETY: one WQEBB at a slot boundary is inside the ring and never wraps; the
+            // slot is part of this producer's reservation and its previous WQE completed
+            // (wait_slots_free), so nobody else reads or writes it until we publish.
+            let buf = unsafe {
+                std::slice::from_raw_parts_mut(
+                    self.mem.sq().add(slot_offset(at as u32, cnt)),
+                    WQEBB,
+                )
+            };
+            let mut seg = [DataSeg::default()];
+            match build_wqe(buf, &ctrl, &f(i as usize, at, &mut seg)) {
+                Ok(s) if s.wqebbs() == 1 => {}
+                other => {
+                    let nop = CtrlSeg::new(
+                        at as u16,
+                        opcode::NOP,
+                        0,
+                        self.qpn,
+                        ctrl.fm_ce_se(),
+                        4,
+                        0,
+                        Be32::new(0),
+                    );
+                    buf.fill(0);
+                    nop.write_to(buf).expect("16 bytes fit");
+                    first_err.get_or_insert(SqError::Build {
+                        qpn: self.qpn,
+                        source: match other {
+                            Err(e) => e,
+                            Ok(s) => BuildError::BufferTooSmall {
+                                need: s.bytes(),
+                                have: WQEBB,
+                                ds: s.ds as usize,
+                            },
+                        },
+                    });
+                }
+            }
+            // Relaxed: published by the Release store of `ready` below.
+            self.sizes[(at & self.mask) as usize].store(1, Ordering::Relaxed);
+            posted.push(Posted {
+                index: at,
+                wqebbs: 1,
+            });
+        }
+        // 3. Publish in order, 4. doorbell: as in `post_inner`.
+        if let Err(e) = self.publish(idx, n) {
+            for p in &posted {
+                self.release(*p);
+            }
+            return Err(e);
+        }
+        // Release: as in `post_inner`.
+        self.signaled_end.fetch_max(idx + n, Ordering::Release);
+        if self.reserved.load(Ordering::Acquire) == idx + n {
+            self.ring();
+        }
+        Ok((posted, first_err))
     }
 
     /// Takes the slot [`PREFETCH_AHEAD`] WQEBBs past `next` into this core's cache for
