@@ -405,6 +405,54 @@ fn every_error_path_has_its_syndrome_then_flushes() {
         };
         r.post(&w)
     });
+    // Two SGEs of 1.5 GiB over an address-space reservation (registered, never touched:
+    // the length is refused before anything moves), as a WRITE and as a READ.
+    for read in [false, true] {
+        const HALF: usize = 3 << 29;
+        // SAFETY: a private anonymous reservation, unmapped below; nothing reads or writes it.
+        let big = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * HALF,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(big, libc::MAP_FAILED);
+        let name = if read {
+            "READ over 2 GiB"
+        } else {
+            "WRITE over 2 GiB"
+        };
+        error_case(name, Syndrome::LocalLength, |r| {
+            let p = big.cast::<u8>();
+            // SAFETY: the reservation is 3 GiB long and outlives the rig (unmapped after
+            // error_case returns); the engine refuses the WQE before touching it.
+            let key = unsafe {
+                r.pd.register(p, p as u64, (2 * HALF) as u64, Access::LOCAL_WRITE)
+            };
+            let segs: &'static [DataSeg] = Box::leak(Box::new([
+                DataSeg::new(HALF as u32, key, p as u64),
+                DataSeg::new(HALF as u32, key, p as u64 + HALF as u64),
+            ]));
+            let remote = RaddrSeg::new(r.raddr(0), r.rkey);
+            if read {
+                r.post(&WqeOp::RdmaRead {
+                    remote,
+                    local: segs,
+                })
+            } else {
+                r.post(&WqeOp::RdmaWrite {
+                    remote,
+                    payload: Payload::Sge(segs),
+                })
+            }
+        });
+        // SAFETY: the reservation made above; the rig (and its engine) is gone.
+        unsafe { libc::munmap(big, 2 * HALF) };
+    }
     error_case("SEND without a receive queue", Syndrome::RnrRetryExc, |r| {
         r.post(&WqeOp::Send {
             payload: Payload::Inline(&[1; 4]),

@@ -43,6 +43,10 @@ use std::time::{Duration, Instant};
 /// WQEBBs processed per QP before the engine moves on to the next QP.
 const BATCH: u64 = 64;
 
+/// The longest message a WRITE or READ may move: a ConnectX's `max_msg_sz` (2 GiB). Longer
+/// ones complete in error with LOCAL_LENGTH, as there (the CQE's byte count is 32 bits).
+pub const MAX_MSG_BYTES: u64 = 1 << 31;
+
 /// Rounds the engine thread runs per take of the core lock while they find work.
 const ENGINE_ROUNDS_PER_LOCK: u32 = 64;
 
@@ -510,6 +514,9 @@ fn execute<B: Backend>(
                     Err(s) => return Exec::Done(0, Err(s)),
                 },
             };
+            if len > MAX_MSG_BYTES {
+                return Exec::Done(0, Err(Syndrome::LocalLength));
+            }
             let src = match (src, payload) {
                 (None, Payload::Inline(d)) => Gather::Inline(d),
                 _ => Gather::Bufs(bufs),
@@ -524,6 +531,7 @@ fn execute<B: Backend>(
         }
         WqeOp::RdmaRead { remote, local } => match gather(bufs, local, Access::LOCAL_WRITE) {
             Err(s) => Exec::Done(0, Err(s)),
+            Ok(len) if len > MAX_MSG_BYTES => Exec::Done(0, Err(Syndrome::LocalLength)),
             Ok(len) => {
                 let o = Op::Read {
                     raddr: remote.raddr.get(),
