@@ -375,6 +375,59 @@ fn two_calls_in_flight_with_hooks_and_a_third_refused() {
     }
 }
 
+/// Two dispatches in flight with hooks, then PE 0 combines with the first one's handle and
+/// PE 1 with the second's (each with that dispatch's own routing). The routings send each
+/// owner as many rows in both dispatches, so the row counts agree: the handle mark of the
+/// combine flag is what tells, on both PEs, over the message path and the direct
+/// (zero-copy) path. Before, PE 0 summed rows laid out for the other routing.
+#[test]
+fn combining_with_handles_of_different_dispatches_fails_on_every_pe() {
+    let c = cfg(4, 256, 2, 1, false);
+    for zero_copy in [false, true] {
+        let errs = errors(2, 20_000, |pe| {
+            let team = pe.world().clone();
+            let me = team.my_pe();
+            let mut buf = Buffer::new(pe, &team, c)?;
+            let routing = |ids: [i64; 4]| check::Routing {
+                num_tokens: 4,
+                topk_idx: ids.to_vec(),
+                topk_weights: vec![1.0; 4],
+            };
+            // Two rows to each expert (one per PE) in both dispatches, on both PEs.
+            let (ra, rb) = match me {
+                0 => (routing([0, 1, 1, 0]), routing([1, 0, 0, 1])),
+                _ => (routing([0, 1, 0, 1]), routing([1, 0, 1, 0])),
+            };
+            let x = check::origin_x(me, 4, 256);
+            let ha = buf.low_latency_dispatch(&x, &ra.topk_idx, true)?;
+            let hb = buf.low_latency_dispatch(&x, &rb.topk_idx, true)?;
+            let (oa, ob) = (ha.wait()?, hb.wait()?);
+            let (r, o) = if me == 0 { (&ra, &oa) } else { (&rb, &ob) };
+            let mut e = vec![bf16::ZERO; 2 * 4 * 256];
+            if zero_copy {
+                let zc = buf.get_next_low_latency_combine_buffer(&o.handle)?;
+                check::expert_forward(&c, 2, me, o, &scale, zc);
+                e.clear();
+            } else {
+                check::expert_forward(&c, 2, me, o, &scale, &mut e);
+            }
+            buf.low_latency_combine(&e, &r.topk_idx, &r.topk_weights, &o.handle, true, zero_copy)?
+                .wait()
+                .map(drop)
+        });
+        for (me, e) in errs.iter().enumerate() {
+            let other = 1 - me;
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!(
+                    "PE {other} combined with the handle of another dispatch"
+                )) && msg.contains("every PE must pass the handle of the same dispatch"),
+                "zero copy {zero_copy}, PE {me}: {msg}"
+            );
+        }
+    }
+}
+
 #[test]
 fn masked_pe_is_skipped_and_its_experts_contribute_nothing() {
     let c = cfg(4, 256, 6, 3, false);

@@ -373,6 +373,18 @@ pub(crate) const COUNT_MASK: u64 = 0xff_ffff;
 /// sender's `dispatch_send`. Combine: the rows are in the owner's `combine_send`, to be
 /// read there, not put into the receiver's `combine_recv`.
 const DIRECT: u64 = 1 << 30;
+/// In a combine flag without POISON, bits 24..30: the low bits of the LL call number of the
+/// dispatch whose handle the sender combined with. Every PE must pass the handle of the
+/// same dispatch; one that passed another (two dispatches in flight with hooks, taken in
+/// different orders on different PEs) would return rows laid out for another routing,
+/// which the row counts alone may not reveal.
+const HANDLE_SHIFT: u32 = 24;
+const HANDLE_BITS: u64 = 0x3f;
+
+/// The handle mark of a combine flag ([`HANDLE_SHIFT`]) for a dispatch of LL call `call`.
+fn handle_mark(call: u64) -> u64 {
+    (call & HANDLE_BITS) << HANDLE_SHIFT
+}
 
 /// Why a PE's own input made it poison a call; travels as `code << 24 | value`.
 #[derive(Debug, Clone, Copy)]
@@ -1345,7 +1357,7 @@ impl<'p> Buffer<'p> {
                                 };
                                 rows_for_s += count as u64;
                             }
-                            rows_for_s | DIRECT
+                            rows_for_s | DIRECT | handle_mark(handle.call)
                         }
                         None => {
                             let mut sent_rows = 0u64;
@@ -1398,7 +1410,7 @@ impl<'p> Buffer<'p> {
                                 // the flag's Release store below publishes the rows.
                                 reduce::store_fence();
                             }
-                            sent_rows
+                            sent_rows | handle_mark(handle.call)
                         }
                     };
                     sh.signal(
@@ -1420,6 +1432,7 @@ impl<'p> Buffer<'p> {
             topk_idx: topk_idx.iter().map(|v| v.to_i64()).collect(),
             topk_weights: topk_weights.to_vec(),
             num_tokens: t_count,
+            handle_call: handle.call,
             fault: fault.map(|(_, e)| e),
             received: false,
         };
@@ -1765,6 +1778,8 @@ pub struct CombineHook<'p> {
     topk_idx: Vec<i64>,
     topk_weights: Vec<f32>,
     num_tokens: usize,
+    /// LL call number of the dispatch whose handle this PE passed.
+    handle_call: u64,
     fault: Option<Error>,
     /// As [`DispatchHook`]'s.
     received: bool,
@@ -1849,6 +1864,17 @@ impl CombineHook<'_> {
                     peer: sh.members[p],
                     reason: Fault::describe(low, cfg),
                 });
+            } else if low & (HANDLE_BITS << HANDLE_SHIFT) != handle_mark(self.handle_call) {
+                problem = Some(Error::InvalidArgument(format!(
+                    "low_latency_combine: PE {} combined with the handle of another dispatch \
+                     (LL call {} mod 64) than PE {} (call {}, {} mod 64): every PE must pass \
+                     the handle of the same dispatch",
+                    sh.members[p],
+                    (low >> HANDLE_SHIFT) & HANDLE_BITS,
+                    self.pe.my_pe(),
+                    self.handle_call,
+                    self.handle_call & HANDLE_BITS
+                )));
             } else if low & COUNT_MASK != expected[p] {
                 problem = Some(Error::InvalidArgument(format!(
                     "low_latency_combine: PE {} returned {} rows to PE {} but its topk_idx \
