@@ -176,6 +176,52 @@ fn junk_on_the_root_port_does_not_disturb_a_job() {
     }
 }
 
+/// A connection that trickles its hello a byte at a time is closed once the handshake's
+/// time is up (5 s), not when the hello is complete: each read arriving within the read
+/// timeout used to keep it open (here 40 bytes at 0.4 s would have taken 16 s; a 64 KiB
+/// hello at one byte per 4.9 s, days).
+#[test]
+fn a_hello_trickled_byte_by_byte_is_cut_at_the_handshake_deadline() {
+    let root = Root::bind("127.0.0.1:0", 2, TOKEN).unwrap();
+    let mut s = TcpStream::connect(root.local_addr()).unwrap();
+    s.write_all(&40u32.to_le_bytes()).unwrap();
+    let mut reader = s.try_clone().unwrap();
+    let closed = thread::spawn(move || {
+        reader
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let start = Instant::now();
+        let mut buf = [0u8; 64];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) => return Ok(start.elapsed()),
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return Ok(start.elapsed())
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    });
+    let mut sent = 0;
+    for _ in 0..40 {
+        if s.write_all(&[1]).is_err() {
+            break;
+        }
+        sent += 1;
+        thread::sleep(Duration::from_millis(400));
+        if closed.is_finished() {
+            break;
+        }
+    }
+    let after = closed
+        .join()
+        .unwrap()
+        .expect("the root closes the connection");
+    assert!(sent < 40, "the whole trickled hello was read ({after:?})");
+    assert!(after < Duration::from_secs(12), "closed after {after:?}");
+}
+
 #[test]
 fn dropped_pe_fails_pending_allgather_with_peer_died() {
     let n = 3;

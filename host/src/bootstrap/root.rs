@@ -2,8 +2,8 @@
 //!
 //! Owns the listening socket, the handshake checks, the table of joined PEs, the pending
 //! collectives and death reports. It must never be crashed, blocked or wedged by what a
-//! connection sends: every connection has its own reader thread (handshake reads bounded by
-//! [`HANDSHAKE_TIMEOUT`]) and its own writer thread fed by a channel, so the shared state
+//! connection sends: every connection has its own reader thread (the whole hello bounded
+//! by [`HANDSHAKE_TIMEOUT`]) and its own writer thread fed by a channel, so the shared state
 //! lock is only ever held for in-memory work, never across socket I/O.
 //!
 //! Threads: one accept thread (stopped by dropping the [`Root`]), and per joined PE a reader
@@ -47,6 +47,33 @@ pub struct Root {
 }
 
 /// State shared by the root's threads.
+/// Reads through `stream` until `deadline`, whatever the number of reads: a peer that
+/// trickles its hello a byte at a time still ends at the deadline (a read timeout alone
+/// bounds each read, not the frame: a 64 KiB hello sent a byte every 4.9 s held a thread
+/// and a descriptor of the root for days). Connections are not counted: a limit on those
+/// still in their handshake would let junk connections keep PEs out, and with the deadline
+/// each one is gone within [`HANDSHAKE_TIMEOUT`].
+struct UntilDeadline<'a> {
+    stream: &'a mut TcpStream,
+    deadline: std::time::Instant,
+}
+
+impl Read for UntilDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self
+            .deadline
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "handshake deadline passed",
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
 struct Hub {
     world_size: usize,
     token: Vec<u8>,
@@ -298,7 +325,13 @@ fn serve_connection(hub: &Arc<Hub>, mut stream: TcpStream, peer: SocketAddr) {
         ));
         return;
     }
-    let hello = match wire::read_frame(&mut stream, MAX_HELLO_FRAME) {
+    let hello = match wire::read_frame(
+        &mut UntilDeadline {
+            deadline: std::time::Instant::now() + HANDSHAKE_TIMEOUT,
+            stream: &mut stream,
+        },
+        MAX_HELLO_FRAME,
+    ) {
         Ok(Frame::Hello(h)) => h,
         Ok(other) => {
             let reason = format!("expected a hello frame, got {}", frame_name(&other));
