@@ -458,6 +458,24 @@ impl<'a> Dec<'a> {
 /// A close before the first byte is [`ReadError::Closed`]; a close inside a frame is an
 /// `UnexpectedEof` I/O error. The body buffer grows only as bytes arrive, so a forged
 /// length costs nothing until the peer actually sends that much.
+/// A read that failed after `got` of a frame's `of` bytes arrived. A timeout there is not
+/// the retryable "nothing yet" of a timeout before a frame (the bytes read are gone, and
+/// the next read would start inside this frame), so it becomes an error of another kind.
+fn inside_frame(e: io::Error, got: usize, of: usize) -> ReadError {
+    let timeout = matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    );
+    ReadError::Io(io::Error::new(
+        if timeout {
+            io::ErrorKind::UnexpectedEof
+        } else {
+            e.kind()
+        },
+        format!("stopped inside a frame ({got} of {of} bytes received): {e}"),
+    ))
+}
+
 pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> Result<Frame, ReadError> {
     let mut len_buf = [0u8; 4];
     let mut got = 0;
@@ -472,6 +490,7 @@ pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> Result<Frame, ReadErr
             }
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if got > 0 => return Err(inside_frame(e, got, 4)),
             Err(e) => return Err(ReadError::Io(e)),
         }
     }
@@ -483,7 +502,9 @@ pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> Result<Frame, ReadErr
         return Err(WireError::Empty.into());
     }
     let mut body = Vec::with_capacity(len.min(64 << 10));
-    r.take(len as u64).read_to_end(&mut body)?;
+    if let Err(e) = r.take(len as u64).read_to_end(&mut body) {
+        return Err(inside_frame(e, 4 + body.len(), 4 + len));
+    }
     if body.len() < len {
         return Err(ReadError::Io(io::Error::new(
             io::ErrorKind::UnexpectedEof,
@@ -505,6 +526,63 @@ pub(crate) fn write_frame(w: &mut impl Write, frame: &Frame) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hands out `chunks` in turn, each followed by one WouldBlock (a read timeout).
+    struct Stalling {
+        chunks: Vec<Vec<u8>>,
+        stalled: bool,
+    }
+
+    impl Read for Stalling {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if !self.stalled {
+                self.stalled = true;
+                return Err(io::Error::from(io::ErrorKind::WouldBlock));
+            }
+            if self.chunks.is_empty() {
+                return Ok(0);
+            }
+            self.stalled = false;
+            let c = self.chunks.remove(0);
+            buf[..c.len()].copy_from_slice(&c);
+            Ok(c.len())
+        }
+    }
+
+    /// A timeout before a frame is the caller's "nothing yet" (the next read starts the
+    /// frame); one after part of a frame arrived is an error of another kind naming how
+    /// much arrived, so that no later read starts inside the frame.
+    #[test]
+    fn a_timeout_inside_a_frame_is_not_a_timeout() {
+        let mut bytes = Vec::new();
+        write_frame(&mut bytes, &Frame::Finalize).unwrap();
+        assert!(bytes.len() > 4);
+        let timeout = |e: &ReadError| matches!(e, ReadError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut));
+        for cut in [2, 4, 5] {
+            if cut >= bytes.len() {
+                continue;
+            }
+            let mut r = Stalling {
+                chunks: vec![bytes[..cut].to_vec(), bytes[cut..].to_vec()],
+                stalled: false,
+            };
+            // Before any byte: a timeout.
+            assert!(timeout(&read_frame(&mut r, 1 << 10).unwrap_err()));
+            // After `cut` bytes: not a timeout, and it says how much arrived.
+            let e = read_frame(&mut r, 1 << 10).unwrap_err();
+            assert!(!timeout(&e), "cut {cut}: {e:?}");
+            let ReadError::Io(io) = e else {
+                panic!("cut {cut}: {e:?}")
+            };
+            assert!(
+                io.to_string().contains(&format!(
+                    "({cut} of {} bytes received)",
+                    if cut < 4 { 4 } else { bytes.len() }
+                )),
+                "cut {cut}: {io}"
+            );
+        }
+    }
 
     fn samples() -> Vec<Frame> {
         vec![
