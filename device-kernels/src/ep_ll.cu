@@ -122,6 +122,10 @@
 // ---------------------------------------------------------------------------------------
 #include <stdint.h>
 
+// Every block is EP_LL_THREADS (512) threads, whole warps: warp calls take 32 lanes as a
+// constant (rshmem/device/core.cuh, rshmemi_warp_lanes).
+#define RSHMEM_FULL_WARPS 1
+
 #include "rshmem/ep/fp8.cuh"
 #include "rshmem/ep/layout.cuh"
 #include "rshmem/ep/ll.cuh"

@@ -136,14 +136,18 @@ constexpr int kCases = 48;
 constexpr uint64_t kSlot = 8192;
 __device__ __constant__ uint32_t kLens[12] = {0, 1, 3, 8, 15, 16, 17, 31, 64, 129, 1000, 4097};
 
+// Warps per block: a block whose size is not a multiple of 32 ends with a partial warp,
+// which is a unit too (the _warp_partial cases).
+__device__ __forceinline__ uint32_t block_warps() { return (blockDim.x + 31) / 32; }
 template <int S>
 __device__ __forceinline__ uint32_t unit_index() {
-  return S == RSHMEMI_THREAD ? gthread() : S == RSHMEMI_WARP ? gthread() / 32 : blockIdx.x;
+  return S == RSHMEMI_THREAD ? gthread()
+                             : S == RSHMEMI_WARP ? blockIdx.x * block_warps() + threadIdx.x / 32 : blockIdx.x;
 }
 template <int S>
 __device__ __forceinline__ uint32_t unit_count() {
   return S == RSHMEMI_THREAD ? gridDim.x * blockDim.x
-                             : S == RSHMEMI_WARP ? gridDim.x * blockDim.x / 32 : gridDim.x;
+                             : S == RSHMEMI_WARP ? gridDim.x * block_warps() : gridDim.x;
 }
 
 template <int S, bool Get>
@@ -230,6 +234,13 @@ __global__ void __launch_bounds__(64, 1) rshmem_test_getmem_thread(rshmem_harnes
   mem_body<RSHMEMI_THREAD, true>(a);
 }
 __global__ void __launch_bounds__(256, 1) rshmem_test_getmem_warp(rshmem_harness_args_t a) {
+  mem_body<RSHMEMI_WARP, true>(a);
+}
+// Blocks of 48 threads: a full warp and a partial warp of 16 lanes, each a unit.
+__global__ void __launch_bounds__(48, 1) rshmem_test_putmem_warp_partial(rshmem_harness_args_t a) {
+  mem_body<RSHMEMI_WARP, false>(a);
+}
+__global__ void __launch_bounds__(48, 1) rshmem_test_getmem_warp_partial(rshmem_harness_args_t a) {
   mem_body<RSHMEMI_WARP, true>(a);
 }
 __global__ void __launch_bounds__(256, 1) rshmem_test_getmem_block(rshmem_harness_args_t a) {
@@ -931,35 +942,47 @@ extern "C" __global__ void __launch_bounds__(128, 1) rshmem_test_sync_all_block(
 
 // barrier_all_warp / sync_all_warp (grid 1 x block 64, not collective), param0 = R rounds:
 // as the _block cases with one warp per PE, the block's second warp (lanes 32..63; the
-// first warp returns at once), each lane one word. checks/PE = R * 32.
-extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_barrier_all_warp(rshmem_harness_args_t a) {
+// first warp returns at once), each lane one word. checks/PE = R * 32. The _partial
+// kernels run in blocks of 48: the second warp is a partial warp of 16 lanes, which
+// announces to and waits for every PE all the same. checks/PE = R * 16.
+namespace rshmem_device_tests_detail {
+template <bool Barrier>
+__device__ __forceinline__ void all_warp_body(const rshmem_harness_args_t &a) {
   if (threadIdx.x < 32) return;
   Checker c(a);
   uint64_t *buf = reinterpret_cast<uint64_t *>(scratch(a) + 4096);
-  const uint32_t g = threadIdx.x - 32;
+  const uint32_t g = threadIdx.x - 32, lanes = blockDim.x - 32;
   const int right = right_pe(), left = left_pe();
   for (uint64_t r = 0; r < a.param0; ++r) {
     uint64_t *b = buf + 32 * (r % 2);
-    rshmem_uint64_p(b + g, pat(a, rshmem_my_pe(), 32 * r + g), right);
-    rshmem_barrier_all_warp();
-    c.eq(32 * r + g, pat(a, left, 32 * r + g), b[g]);
+    if (Barrier) {
+      rshmem_uint64_p(b + g, pat(a, rshmem_my_pe(), lanes * r + g), right);
+      rshmem_barrier_all_warp();
+      c.eq(lanes * r + g, pat(a, left, lanes * r + g), b[g]);
+    } else {
+      b[g] = pat(a, rshmem_my_pe(), lanes * r + g);
+      rshmem_sync_all_warp();
+      c.eq(lanes * r + g, pat(a, left, lanes * r + g), rshmem_uint64_g(b + g, left));
+    }
   }
   c.flush();
 }
+}  // namespace rshmem_device_tests_detail
+
+extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_barrier_all_warp(rshmem_harness_args_t a) {
+  rshmem_device_tests_detail::all_warp_body<true>(a);
+}
 
 extern "C" __global__ void __launch_bounds__(64, 1) rshmem_test_sync_all_warp(rshmem_harness_args_t a) {
-  if (threadIdx.x < 32) return;
-  Checker c(a);
-  uint64_t *buf = reinterpret_cast<uint64_t *>(scratch(a) + 4096);
-  const uint32_t g = threadIdx.x - 32;
-  const int left = left_pe();
-  for (uint64_t r = 0; r < a.param0; ++r) {
-    uint64_t *b = buf + 32 * (r % 2);
-    b[g] = pat(a, rshmem_my_pe(), 32 * r + g);
-    rshmem_sync_all_warp();
-    c.eq(32 * r + g, pat(a, left, 32 * r + g), rshmem_uint64_g(b + g, left));
-  }
-  c.flush();
+  rshmem_device_tests_detail::all_warp_body<false>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(48, 1) rshmem_test_barrier_all_warp_partial(rshmem_harness_args_t a) {
+  rshmem_device_tests_detail::all_warp_body<true>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(48, 1) rshmem_test_sync_all_warp_partial(rshmem_harness_args_t a) {
+  rshmem_device_tests_detail::all_warp_body<false>(a);
 }
 
 // ---- collectives (block scope, world team) -----------------------------------------------
@@ -1220,6 +1243,15 @@ extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_bad_team(rshmem_h
 // A comparison operator that is not a rshmem_cmp_t (17): BAD_ARG, record.cmp = 17.
 extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_bad_cmp(rshmem_harness_args_t a) {
   rshmem_uint64_wait_until(reinterpret_cast<uint64_t *>(scratch(a)), 17, 1);
+}
+
+// put_signal to this PE with signal operator 7: BAD_ARG before anything is sent, record.addr
+// = the signal word (scratch), record.cmp = 7; the destination word stays 0 (checked by
+// nobody after a trap: the order is what the message and record show).
+extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_bad_sig_op(rshmem_harness_args_t a) {
+  uint64_t *w = reinterpret_cast<uint64_t *>(scratch(a));
+  w[2] = 42;
+  rshmem_putmem_signal(w + 1, w + 2, 8, w, 1, 7, rshmem_my_pe());
 }
 
 // wait_until_all on 4 scratch words, [0] and [1] set to 1 first, [3] excluded: [2] keeps

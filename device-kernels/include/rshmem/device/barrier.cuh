@@ -112,17 +112,19 @@ RSHMEM_DEVICE void rshmemi_pe_sync_block(const char *what) {
 
 // One warp synchronises with one warp of every other PE: as the block step, with
 // __syncwarp (which orders memory among the warp's lanes, as __syncthreads does for a
-// block) and the epoch passed by a shuffle. All 32 lanes call it.
+// block) and the epoch passed by a shuffle. Every lane of the warp calls it (fewer than 32
+// in a block's last partial warp: rshmemi_warp_lanes).
 RSHMEM_DEVICE void rshmemi_pe_sync_warp(const char *what) {
   rshmemi_require_bound(what);
   const uint32_t lane = rshmemi_lane();
   const uint64_t base = rshmemi_sync_base();
-  __syncwarp();
+  const uint32_t mask = rshmemi_warp_mask();
+  __syncwarp(mask);
   uint64_t e = 0;
   if (lane == 0) e = rshmemi_take_epoch(base, what);
-  e = __shfl_sync(0xffffffffu, e, 0);
-  rshmemi_pe_exchange(base, e, lane, 32u, what);
-  __syncwarp();
+  e = __shfl_sync(mask, e, 0);
+  rshmemi_pe_exchange(base, e, lane, rshmemi_warp_lanes(), what);
+  __syncwarp(mask);
 }
 
 // All threads of all blocks of the launch (co-resident grid) call it.

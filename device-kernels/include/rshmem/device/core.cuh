@@ -50,6 +50,32 @@ RSHMEM_DEVICE uint32_t rshmemi_block_thread() {
 
 RSHMEM_DEVICE uint32_t rshmemi_block_threads() { return blockDim.x * blockDim.y * blockDim.z; }
 
+// Lanes of the calling thread's warp: 32, or fewer in the last warp of a block whose thread
+// count is not a multiple of 32 (warps are cut from the block's linear thread index, and
+// %laneid is that index mod 32). A warp-scope call is made by every one of them; the work
+// is shared among them (NVSHMEM's warp calls do the same). Before 2026-12-07 warp calls
+// assumed 32 lanes: a partial warp's put left the missing lanes' share uncopied, and its
+// sync_all skipped the PEs those lanes would have announced to.
+//
+// A kernel whose blocks are always whole warps may define RSHMEM_FULL_WARPS before it
+// includes the headers: warp calls then take 32 lanes as a constant (the library's EP
+// kernels, blocks of EP_LL_THREADS = 512: the count read at run time cost their send
+// kernels register spills).
+#ifdef RSHMEM_FULL_WARPS
+RSHMEM_DEVICE uint32_t rshmemi_warp_lanes() { return 32u; }
+#else
+RSHMEM_DEVICE uint32_t rshmemi_warp_lanes() {
+  const uint32_t left = rshmemi_block_threads() - (rshmemi_block_thread() & ~31u);
+  return left < 32u ? left : 32u;
+}
+#endif
+
+// The mask of rshmemi_warp_lanes() lanes, for __syncwarp and the shuffles.
+RSHMEM_DEVICE uint32_t rshmemi_warp_mask() {
+  const uint32_t n = rshmemi_warp_lanes();
+  return n == 32u ? 0xffffffffu : (1u << n) - 1u;
+}
+
 RSHMEM_DEVICE uint32_t rshmemi_grid_blocks() { return gridDim.x * gridDim.y * gridDim.z; }
 
 // ---- state and errors -------------------------------------------------------------------

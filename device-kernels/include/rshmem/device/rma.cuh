@@ -58,11 +58,11 @@ RSHMEM_DEVICE uint32_t rshmemi_scope_rank() {
 }
 template <int S>
 RSHMEM_DEVICE uint32_t rshmemi_scope_size() {
-  return S == RSHMEMI_THREAD ? 1u : S == RSHMEMI_WARP ? 32u : rshmemi_block_threads();
+  return S == RSHMEMI_THREAD ? 1u : S == RSHMEMI_WARP ? rshmemi_warp_lanes() : rshmemi_block_threads();
 }
 template <int S>
 RSHMEM_DEVICE void rshmemi_scope_sync() {
-  if (S == RSHMEMI_WARP) __syncwarp();
+  if (S == RSHMEMI_WARP) __syncwarp(rshmemi_warp_mask());
   if (S == RSHMEMI_BLOCK) __syncthreads();
 }
 
@@ -307,8 +307,17 @@ RSHMEM_DEVICE void rshmemi_signal_after_fence(uint64_t *remote, uint64_t signal,
   }
 }
 
+// Traps unless sig_op is SET or ADD: checked before anything is sent (before 2026-12-07 a
+// put_signal over P2P copied its data to the peer and then trapped on the operator).
+RSHMEM_DEVICE void rshmemi_check_sig_op(const uint64_t *sig_addr, int sig_op, int pe, const char *what) {
+  if (sig_op != RSHMEM_SIGNAL_SET && sig_op != RSHMEM_SIGNAL_ADD)
+    rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, pe, reinterpret_cast<uint64_t>(sig_addr), 8, 0,
+                 static_cast<uint32_t>(sig_op), what, "invalid signal operator (not SET or ADD)");
+}
+
 // Atomically updates the signal word sig_addr (symmetric, 8-byte aligned) on `pe`.
 RSHMEM_DEVICE void rshmem_signal_op(uint64_t *sig_addr, uint64_t signal, int sig_op, int pe) {
+  rshmemi_check_sig_op(sig_addr, sig_op, pe, "rshmem_signal_op");
   const rshmemi_target_t t =
       rshmemi_resolve(sig_addr, 8, pe, "rshmem_signal_op", true, sig_op == RSHMEM_SIGNAL_ADD);
   switch (t.transport) {
@@ -348,6 +357,7 @@ template <int S, bool Nbi = false>
 RSHMEM_DEVICE void rshmemi_putmem_signal(void *dest, const void *source, size_t bytes,
                                          uint64_t *sig_addr, uint64_t signal, int sig_op, int pe,
                                          const char *what) {
+  rshmemi_check_sig_op(sig_addr, sig_op, pe, what);
   // Warp/block scope: the group's writes to source before the call are what it sends.
   rshmemi_scope_sync<S>();
   // amo: the signal is an atomic update (the whole operation takes the loopback queue

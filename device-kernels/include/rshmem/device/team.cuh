@@ -132,16 +132,16 @@ RSHMEM_DEVICE void rshmemi_team_sync_block(rshmem_team_t team, const char *what)
   __syncthreads();
 }
 
-// One warp of every member synchronises (all 32 lanes call).
+// One warp of every member synchronises (every lane of the warp calls: rshmemi_warp_lanes).
 RSHMEM_DEVICE void rshmemi_team_sync_warp(rshmem_team_t team, const char *what) {
   const rshmemi_team_view v = rshmemi_team_get(team, what);
   if (team == RSHMEM_TEAM_WORLD) {
     rshmemi_pe_sync_warp(what);
     return;
   }
-  __syncwarp();
+  __syncwarp(rshmemi_warp_mask());
   if (rshmemi_lane() == 0) rshmemi_team_dissemination(v, what);
-  __syncwarp();
+  __syncwarp(rshmemi_warp_mask());
 }
 
 // One thread of every member synchronises (exactly one thread per member PE calls; no
