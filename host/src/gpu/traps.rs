@@ -636,7 +636,8 @@ mod tests {
                 "rshmem_trap_bad_cmp",
                 "rshmem_trap_unbound",
                 "rshmem_trap_wait_all_timeout",
-                "rshmem_trap_bad_team"
+                "rshmem_trap_bad_team",
+                "rshmem_trap_bad_sig_op"
             ]
         );
         let ev = |t: &TrapCase| {
@@ -706,6 +707,13 @@ mod tests {
             (6, Some(0), Some(0), Some(5), Some(0), Some(0), true)
         );
         assert!(b.bind && b.kernel() == b.name);
+        // A put_signal with operator 7 names the signal word and the operator (in `cmp`).
+        let g = &m.traps[9];
+        assert_eq!(
+            ev(g),
+            (6, Some(0), Some(s), Some(8), Some(0), Some(7), true)
+        );
+        assert!(g.bind && g.kernel() == g.name);
     }
 
     #[test]

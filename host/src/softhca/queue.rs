@@ -720,20 +720,8 @@ impl SendQueue {
         fenced: bool,
         f: impl FnOnce(u64) -> WqeOp<'a>,
     ) -> Result<Posted, SqError> {
-        if self.broken.load(Ordering::Acquire) {
-            return Err(SqError::Broken { qpn: self.qpn });
-        }
         let n = wqebbs.clamp(1, MAX_WQEBBS as u16) as u64;
-        if n > self.wqe_cnt() as u64 {
-            return Err(SqError::Build {
-                qpn: self.qpn,
-                source: BuildError::BufferTooSmall {
-                    need: n as usize * WQEBB,
-                    have: self.wqe_cnt() as usize * WQEBB,
-                    ds: n as usize * 4,
-                },
-            });
-        }
+        self.can_reserve(n, n as usize * 4)?;
         // 1. Reserve. AcqRel: reservations are totally ordered by this RMW; nothing else
         // is published by it.
         let idx = self.reserved.fetch_add(n, Ordering::AcqRel);
@@ -853,22 +841,10 @@ impl SendQueue {
         count: u16,
         mut f: impl for<'s> FnMut(usize, u64, &'s mut [DataSeg; 1]) -> WqeOp<'s>,
     ) -> Result<(Vec<Posted>, Option<SqError>), SqError> {
-        if self.broken.load(Ordering::Acquire) {
-            return Err(SqError::Broken { qpn: self.qpn });
-        }
         let n = count as u64;
+        self.can_reserve(n, 4)?;
         if n == 0 {
             return Ok((Vec::new(), None));
-        }
-        if n > self.wqe_cnt() as u64 {
-            return Err(SqError::Build {
-                qpn: self.qpn,
-                source: BuildError::BufferTooSmall {
-                    need: n as usize * WQEBB,
-                    have: self.wqe_cnt() as usize * WQEBB,
-                    ds: 4,
-                },
-            });
         }
         // 1. Reserve, as `post_inner` does, all `count` slots at once.
         let idx = self.reserved.fetch_add(n, Ordering::AcqRel);
@@ -946,6 +922,25 @@ impl SendQueue {
             self.ring();
         }
         Ok((posted, first_err))
+    }
+
+    /// Whether a reservation of `n` WQEBBs may be made: the queue is not broken, and `n`
+    /// fits the ring (`ds`: the data segments the refused WQE would have had, for the error).
+    fn can_reserve(&self, n: u64, ds: usize) -> Result<(), SqError> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(SqError::Broken { qpn: self.qpn });
+        }
+        if n > self.wqe_cnt() as u64 {
+            return Err(SqError::Build {
+                qpn: self.qpn,
+                source: BuildError::BufferTooSmall {
+                    need: n as usize * WQEBB,
+                    have: self.wqe_cnt() as usize * WQEBB,
+                    ds,
+                },
+            });
+        }
+        Ok(())
     }
 
     /// Takes the slot [`PREFETCH_AHEAD`] WQEBBs past `next` into this core's cache for
