@@ -46,7 +46,6 @@ pub struct Root {
     accept_thread: Option<JoinHandle<()>>,
 }
 
-/// State shared by the root's threads.
 /// Reads through `stream` until `deadline`, whatever the number of reads: a peer that
 /// trickles its hello a byte at a time still ends at the deadline (a read timeout alone
 /// bounds each read, not the frame: a 64 KiB hello sent a byte every 4.9 s held a thread
@@ -74,6 +73,7 @@ impl Read for UntilDeadline<'_> {
     }
 }
 
+/// State shared by the root's threads.
 struct Hub {
     world_size: usize,
     token: Vec<u8>,

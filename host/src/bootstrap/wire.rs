@@ -453,11 +453,6 @@ impl<'a> Dec<'a> {
     }
 }
 
-/// Reads one frame of at most `max` bytes (after the prefix).
-///
-/// A close before the first byte is [`ReadError::Closed`]; a close inside a frame is an
-/// `UnexpectedEof` I/O error. The body buffer grows only as bytes arrive, so a forged
-/// length costs nothing until the peer actually sends that much.
 /// A read that failed after `got` of a frame's `of` bytes arrived. A timeout there is not
 /// the retryable "nothing yet" of a timeout before a frame (the bytes read are gone, and
 /// the next read would start inside this frame), so it becomes an error of another kind.
@@ -476,6 +471,12 @@ fn inside_frame(e: io::Error, got: usize, of: usize) -> ReadError {
     ))
 }
 
+/// Reads one frame of at most `max` bytes (after the prefix).
+///
+/// A close before the first byte is [`ReadError::Closed`]; a close inside a frame is an
+/// `UnexpectedEof` I/O error, and so is a timeout after part of a frame
+/// arrived ([`inside_frame`]); a timeout before any byte is returned as it is. The body buffer grows only as bytes arrive, so a forged
+/// length costs nothing until the peer actually sends that much.
 pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> Result<Frame, ReadError> {
     let mut len_buf = [0u8; 4];
     let mut got = 0;

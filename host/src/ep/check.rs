@@ -443,7 +443,8 @@ impl WordHash {
         self.n += 1;
     }
 
-    /// Bytes, 8 at a time (a short tail padded with zeros).
+    /// Bytes, 8 at a time (a short tail padded with zeros), then their count (so that a
+    /// trailing zero byte is not the padding's).
     fn bytes(&mut self, b: &[u8]) {
         let mut chunks = b.chunks_exact(8);
         for c in &mut chunks {
@@ -455,9 +456,10 @@ impl WordHash {
             last[..rest.len()].copy_from_slice(rest);
             self.word(u64::from_le_bytes(last));
         }
+        self.word(b.len() as u64);
     }
 
-    /// bf16 values' bits, 4 at a time.
+    /// bf16 values' bits, 4 at a time, then their count (as `bytes`).
     fn bf16s(&mut self, v: &[bf16]) {
         for c in v.chunks(4) {
             let w = c
@@ -466,6 +468,7 @@ impl WordHash {
                 .fold(0u64, |w, (i, x)| w | (x.to_bits() as u64) << (16 * i));
             self.word(w);
         }
+        self.word(v.len() as u64);
     }
 
     fn finish(&self) -> u64 {

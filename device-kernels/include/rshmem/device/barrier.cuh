@@ -4,7 +4,7 @@
 // the launch on every PE calls them; needs a co-resident grid, i.e. a collective launch)
 // rshmem_barrier_all_block / rshmem_sync_all_block (exactly one block per PE calls them,
 // all of its threads) and rshmem_barrier_all_warp / rshmem_sync_all_warp (exactly one
-// warp per PE, all 32 lanes). The words they use live in the device sync scratch; the
+// warp per PE, all its lanes). The words they use live in the device sync scratch; the
 // layout is in rshmem/device/layout.cuh.
 // Must not: be included by host C++ (device-only; rshmem/rshmem.cuh includes it under nvcc).
 //
@@ -178,7 +178,7 @@ RSHMEM_DEVICE void rshmem_sync_all_block() {
   rshmemi_pe_sync_block("rshmem_sync_all_block");
 }
 
-// quiet + sync of one warp per PE (all 32 lanes of that warp call; no other warp or block
+// quiet + sync of one warp per PE (all lanes of that warp call; no other warp or block
 // of the launch may call a barrier at the same time).
 RSHMEM_DEVICE void rshmem_barrier_all_warp() {
   rshmem_quiet();

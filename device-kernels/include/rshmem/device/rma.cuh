@@ -7,7 +7,8 @@
 //
 // rshmem-check: device-only (device function bodies; see rshmem/rshmem.cuh)
 //
-// Scopes. _warp: all 32 lanes of the warp call with the same arguments (converged); the
+// Scopes. _warp: every lane of the warp (rshmemi_warp_lanes: 32, fewer in a block's last
+// partial warp) calls with the same arguments (converged); the
 // lanes split the copy. _block: every thread of the block calls with the same arguments;
 // the threads split the copy. Both end with __syncwarp() / __syncthreads(), so after the
 // call every participant may rely on the whole operation having been issued (put) or

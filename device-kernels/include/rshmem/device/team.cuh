@@ -4,7 +4,7 @@
 // rshmem_team_sync / rshmem_barrier (exactly one thread per member PE calls),
 // rshmem_team_sync_block / rshmem_barrier_block (exactly one block per member PE calls,
 // all of its threads) and rshmem_team_sync_warp / rshmem_barrier_warp (exactly one warp
-// per member PE, all 32 lanes), as NVSHMEM's nvshmem_team_sync / nvshmem_barrier and
+// per member PE, all its lanes), as NVSHMEM's nvshmem_team_sync / nvshmem_barrier and
 // nvshmemx_*_block/_warp;
 // and rshmemi_team_view, through which the collectives (coll.cuh) see a team.
 // Must not: be included by host C++ (device-only; rshmem/rshmem.cuh includes it under nvcc).
@@ -178,7 +178,7 @@ RSHMEM_DEVICE void rshmem_barrier_block(rshmem_team_t team) {
   rshmemi_team_sync_block(team, "rshmem_barrier_block");
 }
 
-// quiet + team sync (one warp per member, all 32 lanes).
+// quiet + team sync (one warp per member, all its lanes).
 RSHMEM_DEVICE void rshmem_barrier_warp(rshmem_team_t team) {
   rshmem_quiet();
   rshmemi_team_sync_warp(team, "rshmem_barrier_warp");
