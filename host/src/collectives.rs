@@ -321,11 +321,6 @@ pub(crate) fn small_call(count: u64) -> Option<String> {
 /// (unless 128 bits collide). Word-wise, so that it costs about as much as a cache miss
 /// (FNV-1a over the bytes took a third of an 8-byte reduce).
 fn digest(args: &[u64; ARGS]) -> [u64; 2] {
-    let mix = |mut z: u64| {
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
     let (mut a, mut b) = (0x243f_6a88_85a3_08d3u64, 0x1319_8a2e_0370_7344u64);
     for &w in args {
         a = (a ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -333,7 +328,7 @@ fn digest(args: &[u64; ARGS]) -> [u64; 2] {
         b = (b.rotate_left(23) ^ w).wrapping_mul(0xd6e8_feb8_6659_fd93);
         b ^= b >> 32;
     }
-    [mix(a), mix(b ^ ARGS as u64)]
+    [crate::pe::mix64(a), crate::pe::mix64(b ^ ARGS as u64)]
 }
 
 /// The element type by name (FNV-1a), so that i32 and f32 differ too.

@@ -91,8 +91,6 @@ pub struct Segment {
     /// The whole address range reserved for the mapping (skew included): unmapped on drop.
     reserved: NonNull<u8>,
     reserved_len: usize,
-    /// Where the mapping starts in the reservation (`base - reserved`).
-    skew: usize,
     path: String,
 }
 
@@ -287,7 +285,6 @@ impl Segment {
             len,
             reserved: NonNull::new(r.cast()).expect("mmap never returns null on success"),
             reserved_len,
-            skew,
             path: path.to_string(),
         })
     }
@@ -295,6 +292,11 @@ impl Segment {
     /// Base address of the mapping.
     pub fn base(&self) -> *mut u8 {
         self.base.as_ptr()
+    }
+
+    /// Where the mapping starts in its reservation.
+    fn skew(&self) -> usize {
+        self.base.as_ptr() as usize - self.reserved.as_ptr() as usize
     }
 
     /// Length of the mapping in bytes.
@@ -416,11 +418,11 @@ fn shared_segment(
 ) -> Result<Arc<Segment>> {
     let mut mapped = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(seg) = mapped.get(&key).and_then(Weak::upgrade) {
-        if seg.len == len && seg.skew == skew {
+        if seg.len == len && seg.skew() == skew {
             return Ok(seg);
         }
     }
-    remember(&mut mapped, key, Arc::new(make()?))
+    Ok(remember(&mut mapped, key, Arc::new(make()?)))
 }
 
 /// Records `seg` as this process's mapping of `key` (replacing any other) and returns it.
@@ -428,16 +430,16 @@ fn remember(
     mapped: &mut BTreeMap<MappedKey, Weak<Segment>>,
     key: MappedKey,
     seg: Arc<Segment>,
-) -> Result<Arc<Segment>> {
+) -> Arc<Segment> {
     // Entries whose mappings are gone (finished PEs, earlier jobs of this process) go now.
     mapped.retain(|_, w| w.strong_count() > 0);
     mapped.insert(key, Arc::downgrade(&seg));
-    Ok(seg)
+    seg
 }
 
 /// A segment this PE has just created, recorded for the other PEs of this process: never
 /// looked up (the new file is the owner's heap, whatever else is mapped).
-fn created(seg: Segment, name: &SegmentName) -> Result<Arc<Segment>> {
+fn created(seg: Segment, name: &SegmentName) -> Arc<Segment> {
     let mut mapped = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
     let key = (name.identity, name.locator.clone());
     remember(&mut mapped, key, Arc::new(seg))
@@ -468,7 +470,7 @@ pub fn create_node_segment(
             };
             // Dropped on an error, the name removes the file.
             name.identity = file_identity(&name.locator)?;
-            return Ok((created(seg, &name)?, name));
+            return Ok((created(seg, &name), name));
         }
         Err(e) => e,
     };
@@ -486,7 +488,7 @@ pub fn create_node_segment(
                 source: io::Error::other(format!("{}; memfd {}", why(&file_err), why(&m))),
             }
         })?;
-    Ok((created(seg, &name)?, name))
+    Ok((created(seg, &name), name))
 }
 
 /// Memory mappings a PE that is a thread of a process adds to it, about: its heap's mapping

@@ -1379,6 +1379,14 @@ fn per_pe(v: &[u64], show: impl Fn(u64) -> String) -> String {
         .join("; ")
 }
 
+/// splitmix64's finaliser: a bijective mix of the 64 bits (the digests, hashes and the
+/// deterministic generators share it).
+pub(crate) fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 pub(crate) fn fnv(b: &[u8]) -> u64 {
     fnv_from(FNV_OFFSET, b)
 }

@@ -27,10 +27,7 @@ impl Rng {
     }
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        crate::pe::mix64(self.0)
     }
     pub fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
@@ -472,9 +469,6 @@ impl WordHash {
     }
 
     fn finish(&self) -> u64 {
-        let mut z = self.h ^ self.n.wrapping_mul(0xd6e8_feb8_6659_fd93);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        crate::pe::mix64(self.h ^ self.n.wrapping_mul(0xd6e8_feb8_6659_fd93))
     }
 }

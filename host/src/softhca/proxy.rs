@@ -663,10 +663,10 @@ impl Proxy {
             // thread's post on this queue pair).
             let first = i;
             i += batch.len();
-            let lens: Vec<usize> = batch.iter().map(|c| c.len()).collect();
             let (posted, first_err) =
                 q.sq.post_held_batch(batch.len() as u16, |k, idx, seg| {
-                    seg[0] = DataSeg::new(lens[k] as u32, q.staging_key, q.chunk(idx) as u64);
+                    seg[0] =
+                        DataSeg::new(batch[k].len() as u32, q.staging_key, q.chunk(idx) as u64);
                     WqeOp::RdmaRead {
                         remote: RaddrSeg::new(raddr + ((first + k) * chunk_len) as u64, peer.rkey),
                         local: &seg[..],

@@ -763,36 +763,7 @@ impl SendQueue {
             wrapped = [0u8; MAX_WQEBBS * WQEBB];
             &mut wrapped[..len]
         };
-        let built = build_wqe(buf, &ctrl, &f(idx));
-        let result = match built {
-            Ok(s) if s.wqebbs() as u64 == n => Ok(()),
-            other => {
-                // Fill the reservation with a NOP spanning it, so the queue stays whole.
-                let nop = CtrlSeg::new(
-                    idx as u16,
-                    opcode::NOP,
-                    0,
-                    self.qpn,
-                    ctrl.fm_ce_se(),
-                    (n * 4) as u8,
-                    0,
-                    Be32::new(0),
-                );
-                buf.fill(0);
-                nop.write_to(buf).expect("16 bytes fit");
-                Err(SqError::Build {
-                    qpn: self.qpn,
-                    source: match other {
-                        Err(e) => e,
-                        Ok(s) => BuildError::BufferTooSmall {
-                            need: s.bytes(),
-                            have: n as usize * WQEBB,
-                            ds: s.ds as usize,
-                        },
-                    },
-                })
-            }
-        };
+        let result = self.build_or_nop(buf, &ctrl, n, &f(idx));
         if !contiguous {
             self.write_slots(idx, buf);
         }
@@ -874,33 +845,8 @@ impl SendQueue {
                 )
             };
             let mut seg = [DataSeg::default()];
-            match build_wqe(buf, &ctrl, &f(i as usize, at, &mut seg)) {
-                Ok(s) if s.wqebbs() == 1 => {}
-                other => {
-                    let nop = CtrlSeg::new(
-                        at as u16,
-                        opcode::NOP,
-                        0,
-                        self.qpn,
-                        ctrl.fm_ce_se(),
-                        4,
-                        0,
-                        Be32::new(0),
-                    );
-                    buf.fill(0);
-                    nop.write_to(buf).expect("16 bytes fit");
-                    first_err.get_or_insert(SqError::Build {
-                        qpn: self.qpn,
-                        source: match other {
-                            Err(e) => e,
-                            Ok(s) => BuildError::BufferTooSmall {
-                                need: s.bytes(),
-                                have: WQEBB,
-                                ds: s.ds as usize,
-                            },
-                        },
-                    });
-                }
+            if let Err(e) = self.build_or_nop(buf, &ctrl, 1, &f(i as usize, at, &mut seg)) {
+                first_err.get_or_insert(e);
             }
             // Relaxed: published by the Release store of `ready` below.
             self.sizes[(at & self.mask) as usize].store(1, Ordering::Relaxed);
@@ -922,6 +868,45 @@ impl SendQueue {
             self.ring();
         }
         Ok((posted, first_err))
+    }
+
+    /// Builds `op` into `buf` (the `n` WQEBBs of a reservation, `ctrl` its control fields);
+    /// a WQE that fails to build or is not exactly `n` WQEBBs long is replaced by a NOP
+    /// spanning them, so the queue stays whole, and the build error returned.
+    fn build_or_nop(
+        &self,
+        buf: &mut [u8],
+        ctrl: &WqeCtrl,
+        n: u64,
+        op: &WqeOp<'_>,
+    ) -> Result<(), SqError> {
+        let other = match build_wqe(buf, ctrl, op) {
+            Ok(s) if s.wqebbs() as u64 == n => return Ok(()),
+            other => other,
+        };
+        let nop = CtrlSeg::new(
+            ctrl.wqe_index,
+            opcode::NOP,
+            0,
+            self.qpn,
+            ctrl.fm_ce_se(),
+            (n * 4) as u8,
+            0,
+            Be32::new(0),
+        );
+        buf.fill(0);
+        nop.write_to(buf).expect("16 bytes fit");
+        Err(SqError::Build {
+            qpn: self.qpn,
+            source: match other {
+                Err(e) => e,
+                Ok(s) => BuildError::BufferTooSmall {
+                    need: s.bytes(),
+                    have: n as usize * WQEBB,
+                    ds: s.ds as usize,
+                },
+            },
+        })
     }
 
     /// Whether a reservation of `n` WQEBBs may be made: the queue is not broken, and `n`

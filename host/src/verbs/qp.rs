@@ -377,11 +377,7 @@ pub fn to_rts(psn: u32, p: &RcParams) -> Transition {
 /// A 24-bit initial PSN derived from (rank, peer, salt) — distinct per QP so stale
 /// packets of an earlier job do not match, reproducible for debugging.
 pub fn initial_psn(rank: u32, peer: u32, salt: u64) -> u32 {
-    let mut x = salt ^ ((rank as u64) << 32) ^ peer as u64;
-    // splitmix64 finaliser.
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^= x >> 31;
+    let x = crate::pe::mix64(salt ^ ((rank as u64) << 32) ^ peer as u64);
     (x & 0xff_ffff) as u32
 }
 
