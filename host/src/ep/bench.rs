@@ -72,7 +72,7 @@ pub struct EpBenchArgs {
     /// for each --pes count.
     #[arg(long)]
     pub check: bool,
-    /// Seed of the routing.
+    /// Seed of the routings (the CPU bench takes three in turn, derived from it).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Print one JSON object.
