@@ -33,6 +33,16 @@
 //! [`MAX_LINE`] bytes is cut into pieces of that size, each relayed as its own line.
 //! Without prefixing the PEs simply inherit the launcher's stdout and stderr.
 //!
+//! A writer thread per stream writes the relayed lines and the launcher's own messages,
+//! so a stream nobody reads (a pipeline whose reader stopped) never stops supervision:
+//! PEs that fail are still seen and the job stopped, and signals still act. While
+//! [`output::BACKLOG_LIMIT`] bytes wait for a stream, the PE pipes relayed to it are not
+//! read, so PEs writing them block as they would on the stream itself. After the job, the
+//! launcher waits for its stdout and stderr to take what is queued, as any program writing
+//! to a pipe does; a signal ends that wait (exit 128 + signal unless a PE failed), saying
+//! how many bytes were not written, and a job that was interrupted waits at most
+//! [`STOP_GRACE`] for it.
+//!
 //! # Supervision and exit status
 //!
 //! * All PEs exit 0: the launcher exits 0.
@@ -135,7 +145,8 @@ RSHMEM_TOKEN (random, or the launcher's own RSHMEM_TOKEN unless blank), RSHMEM_R
 RSHMEM_JOB_ID. The rest of the environment passes through; stdin is /dev/null.
 
 Output: every line is relayed as '[pe RANK] line', stdout to stdout and stderr to
-stderr, whole lines only; a last line without newline gets one.
+stderr, whole lines only; a last line without newline gets one. A stdout nobody reads
+does not stop supervision; at the end rshmem waits for its reader (a signal ends the wait).
 
 Failure: when a PE exits non-zero or dies by a signal, the other PEs get SIGTERM, then
 SIGKILL after 2 s, and rshmem exits with that PE's exit code (128+N for signal N). The PE
@@ -254,6 +265,66 @@ pub fn run_cli(args: RunArgs) -> i32 {
 /// `Err` means the job could not be started (nothing runs any more when it returns);
 /// a job that ran and failed is `Ok` with a non-zero [`LaunchOutcome::exit_code`].
 pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
+    let signals = if opts.handle_signals {
+        Some(signals::SignalGuard::install()?)
+    } else {
+        None
+    };
+    let result = run_job(opts, signals.as_ref());
+    let result = result.map(|outcome| finish_output(outcome, signals.as_ref()));
+    if result.is_err() {
+        // The messages queued before the job failed to start come before the error.
+        output::flush(&|| false);
+    }
+    drop(signals);
+    result
+}
+
+/// Writes the output still queued for the launcher's stdout and stderr (see
+/// [`output::flush`]). A signal that arrives meanwhile drops what is left; the job then
+/// exits 128 + that signal unless a PE's failure already set its status. A job that was
+/// interrupted already waits at most [`STOP_GRACE`] for its output.
+fn finish_output(
+    mut outcome: LaunchOutcome,
+    signals: Option<&signals::SignalGuard>,
+) -> LaunchOutcome {
+    let seen = signals.map_or(0, |s| s.received().1);
+    let interrupted = outcome.interrupted_by.is_some();
+    let give_up_at = std::time::Instant::now() + STOP_GRACE;
+    let stopped_by = std::cell::Cell::new(None);
+    let stop = || {
+        if let Some((sig, count)) = signals.map(|s| s.received()) {
+            if count > seen {
+                stopped_by.set(sig);
+                return true;
+            }
+        }
+        interrupted && std::time::Instant::now() >= give_up_at
+    };
+    let left = output::flush(&stop);
+    if left > 0 {
+        say(format_args!(
+            "rshmem run: {left} bytes of the PEs' output and messages were not written \
+             (nothing read them{})",
+            if stopped_by.get().is_some() {
+                " before the signal"
+            } else {
+                ""
+            }
+        ));
+        // A short, bounded try: stderr may be the stream nobody reads.
+        let deadline = std::time::Instant::now() + Duration::from_millis(200);
+        output::flush(&|| std::time::Instant::now() >= deadline);
+    }
+    if let (Some(sig), None) = (stopped_by.get(), outcome.first_failure) {
+        outcome.interrupted_by.get_or_insert(sig);
+        outcome.exit_code = 128 + outcome.interrupted_by.unwrap_or(sig);
+    }
+    outcome
+}
+
+/// [`launch`] up to the end of the job, with the signal handlers installed when asked.
+fn run_job(opts: &LaunchOptions, signals: Option<&signals::SignalGuard>) -> Result<LaunchOutcome> {
     check_npes(opts.npes)?;
     let program = process::resolve_program(&opts.program)?;
     check_extra_env(&opts.env)?;
@@ -266,11 +337,6 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     if let Some(w) = process::ensure_fd_limit(opts.npes, pipes, needed)? {
         say(format_args!("{w}"));
     }
-    let signals = if opts.handle_signals {
-        Some(signals::SignalGuard::install()?)
-    } else {
-        None
-    };
 
     // The root lives in this scope: it serves until every PE is gone.
     let (report, job_id) = {
@@ -281,10 +347,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         let job = process::Job::spawn(&program, opts, &env)?;
         let first_death = || root.first_death().map(|(rank, _)| rank);
         let exited = |rank: usize, how: &str| root.mark_exited(rank, how);
-        (
-            job.supervise(signals.as_ref(), &first_death, &exited),
-            job_id,
-        )
+        (job.supervise(signals, &first_death, &exited), job_id)
     };
 
     let removed_segments = remove_leftover_segments(std::path::Path::new("/dev/shm"), &job_id);
@@ -294,7 +357,6 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
             if removed_segments == 1 { "" } else { "s" }
         ));
     }
-    drop(signals);
 
     Ok(LaunchOutcome {
         exit_code: report.exit_code(),
@@ -315,11 +377,12 @@ pub fn open_files_needed(npes: usize, prefix_output: bool) -> u64 {
     per_pe * npes as u64 + OPEN_FILES_SLACK
 }
 
-/// Writes one line to stderr, ignoring errors: after SIGHUP the terminal may be gone
-/// (EIO), and `eprintln!` would panic instead of letting the launcher stop its PEs.
+/// Queues one line for stderr (written by the stream's writer thread, like relayed
+/// output): a stderr nobody reads cannot stop the launcher, and after SIGHUP the terminal
+/// may be gone (EIO), where `eprintln!` would panic instead of letting the launcher stop
+/// its PEs.
 fn say(msg: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "{msg}");
+    output::write_to(output::Target::Stderr, format!("{msg}\n").as_bytes());
 }
 
 /// Hosts the bootstrap root for `npes` PEs on an ephemeral loopback port. It serves PEs

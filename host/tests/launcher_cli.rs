@@ -686,3 +686,152 @@ fn a_pe_that_exits_before_joining_is_named_at_once() {
         out.stderr
     );
 }
+
+/// Reads `pipe` line by line on a thread; each line arrives on the returned channel.
+fn lines_of(pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits (at most `within`) for a line that `want` accepts; returns the lines seen.
+fn wait_for_line(
+    rx: &mpsc::Receiver<String>,
+    want: impl Fn(&str) -> bool,
+    within: Duration,
+) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let found = want(&line);
+                seen.push(line);
+                if found {
+                    return seen;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    panic!("no line awaited within {within:?}; saw {seen:?}");
+}
+
+/// Waits for `child` to exit, killing it and failing past `bound` from `started`.
+fn wait_bounded(child: &mut Child, started: Instant, bound: Duration) -> std::process::ExitStatus {
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if started.elapsed() > bound {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("rshmem run did not finish within {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The launcher's stdout is a pipe nobody reads while PE 0 writes without end: the
+/// launcher still sees PE 1 fail, says so on stderr and stops PE 0. Once the reader
+/// comes back, it gets whole lines and the launcher exits with PE 1's code. (Before the
+/// launcher had writer threads, it blocked writing stdout and noticed nothing.)
+#[test]
+fn a_stdout_nobody_reads_does_not_stop_supervision() {
+    let started = Instant::now();
+    let script = "case $RSHMEM_RANK in \
+                    0) exec yes 'some output line' ;; \
+                    *) sleep 0.5; exit 7 ;; \
+                  esac";
+    let mut child = rshmem(&["run", "-n", "2", "--", "sh", "-c", script])
+        .spawn()
+        .expect("spawn rshmem");
+    let stdout = child.stdout.take().expect("stdout piped");
+    let stderr = lines_of(child.stderr.take().expect("stderr piped"));
+    let seen = wait_for_line(
+        &stderr,
+        |l| l == "rshmem run: stopping 1 remaining PE",
+        Duration::from_secs(5),
+    );
+    if seen[0] != "rshmem run: PE 1 exited with code 7" {
+        let _ = child.kill();
+        panic!("stderr: {seen:?}");
+    }
+    // PE 0 was stopped while nothing read the launcher's stdout; now read it.
+    let stdout = collect(stdout);
+    let status = wait_bounded(&mut child, started, BOUND);
+    assert_eq!(status.code(), Some(7));
+    let text = String::from_utf8(stdout.recv_timeout(Duration::from_secs(3)).expect("stdout"))
+        .expect("utf-8");
+    let lines: Vec<&str> = text.lines().collect();
+    // The backlog (4 MiB) filled before PE 1 failed: far more than a pipe holds.
+    assert!(lines.len() > 100_000, "{} lines", lines.len());
+    // Every line whole; the last may be the piece PE 0 wrote when it was stopped.
+    let (last, whole) = lines.split_last().expect("lines");
+    assert!(whole.iter().all(|l| *l == "[pe 0] some output line"));
+    assert!(
+        "[pe 0] some output line".starts_with(last),
+        "last line {last:?}"
+    );
+}
+
+/// Every PE ended well but the launcher's stdout is not read: the launcher waits for
+/// its reader (as any writer to a pipe does), and a signal ends that wait, saying how much
+/// was not written, with 128 + the signal.
+#[test]
+fn a_signal_ends_the_wait_for_a_stdout_nobody_reads() {
+    let started = Instant::now();
+    // 1.2 MB of output, more than a pipe holds, then the PE's pid on stderr.
+    let script = "yes 'a line of output' | head -n 60000; echo pid=$$ >&2";
+    let mut cmd = rshmem(&["run", "-n", "1", "--", "sh", "-c", script]);
+    with_signals(&mut cmd, &[]);
+    let mut child = cmd.spawn().expect("spawn rshmem");
+    let _unread = child.stdout.take().expect("stdout piped");
+    let stderr = lines_of(child.stderr.take().expect("stderr piped"));
+    let seen = wait_for_line(
+        &stderr,
+        |l| l.starts_with("[pe 0] pid="),
+        Duration::from_secs(5),
+    );
+    let pe: i32 = pids(seen.last().expect("line"), "pid=")[0];
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while alive(pe) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!alive(pe), "the PE did not end");
+    // Leave the supervisor time to see the PE reaped and start waiting for stdout (a
+    // signal before that takes the interrupted path: also 143, after at most 2 s).
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "the launcher did not wait for stdout"
+    );
+    let signalled = Instant::now();
+    // SAFETY: kill has no memory-safety preconditions; the pid is our live child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = wait_bounded(&mut child, started, BOUND);
+    assert_eq!(status.code(), Some(143));
+    assert!(
+        signalled.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        signalled.elapsed()
+    );
+    // The launcher has exited: its stderr ends once the reader thread took the rest.
+    let mut rest = Vec::new();
+    while let Ok(line) = stderr.recv_timeout(Duration::from_secs(3)) {
+        rest.push(line);
+    }
+    assert!(
+        rest.iter().any(|l| l.starts_with("rshmem run: ")
+            && l.contains("bytes of the PEs' output and messages were not written")),
+        "stderr after the pid: {rest:?}"
+    );
+}

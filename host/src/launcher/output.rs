@@ -1,14 +1,25 @@
 //! Relaying PE output as whole, prefixed lines.
 //!
-//! One thread (the supervisor) polls every PE's stdout and stderr pipe and writes complete
-//! lines, each prefixed with `[pe N] `, to the launcher's stdout or stderr. Because a line
-//! is only ever written whole, by one thread, under the stream's lock, lines of different
-//! PEs never mix.
+//! One thread (the supervisor) polls every PE's stdout and stderr pipe and cuts what it
+//! reads into complete lines, each prefixed with `[pe N] `. It never writes them itself:
+//! it queues them for one writer thread per launcher stream (stdout, stderr), so that a
+//! stream nobody reads (`rshmem run ... | cmd` where cmd stopped reading) blocks only its
+//! writer, and the supervisor still sees PEs fail, stops them and acts on signals. While
+//! [`BACKLOG_LIMIT`] bytes wait for a stream, the pipes relayed to it are not read: the
+//! PEs writing them block, as they would writing to that stream themselves. Because a
+//! line is only ever queued whole and one thread writes a stream's queue in order, lines
+//! of different PEs never mix.
 
 use super::MAX_LINE;
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::time::Duration;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Bytes queued for one launcher stream past which the pipes relayed to it are no longer
+/// read until its writer catches up.
+pub(super) const BACKLOG_LIMIT: usize = 4 << 20;
 
 /// Which of the launcher's streams a pipe is relayed to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,12 +130,25 @@ impl OutputPump {
     /// Waits up to `timeout` for output and relays what arrived. Sleeps for `timeout` when
     /// no pipe is open.
     pub(super) fn pump(&mut self, timeout: Duration) {
+        self.pump_within(timeout, true);
+    }
+
+    /// [`OutputPump::pump`]; `bounded`: pipes whose stream has [`BACKLOG_LIMIT`] bytes
+    /// waiting are not read.
+    fn pump_within(&mut self, timeout: Duration, bounded: bool) {
         let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+        let full = |t: Target| bounded && stream(t).backlog() >= BACKLOG_LIMIT;
+        let (out_full, err_full) = (full(Target::Stdout), full(Target::Stderr));
         let mut fds: Vec<libc::pollfd> = self
             .sources
             .iter()
             .map(|s| libc::pollfd {
-                fd: s.pipe.as_raw_fd(),
+                // A negative fd is ignored by poll: this pipe waits for its stream.
+                fd: match s.target {
+                    Target::Stdout if out_full => -1,
+                    Target::Stderr if err_full => -1,
+                    _ => s.pipe.as_raw_fd(),
+                },
                 events: libc::POLLIN,
                 revents: 0,
             })
@@ -153,15 +177,16 @@ impl OutputPump {
 
     /// Relays everything still pending (at most `timeout` of waiting), then closes all
     /// pipes, flushing partial lines. Pipes can stay open past the PEs when a PE left a
-    /// process behind that holds them.
+    /// process behind that holds them. The PEs are gone, so what their pipes hold is
+    /// queued whatever the backlog ([`flush`] writes it).
     pub(super) fn drain(&mut self, timeout: Duration) {
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = Instant::now() + timeout;
         while !self.is_done() {
-            let now = std::time::Instant::now();
+            let now = Instant::now();
             if now >= deadline {
                 break;
             }
-            self.pump((deadline - now).min(Duration::from_millis(50)));
+            self.pump_within((deadline - now).min(Duration::from_millis(50)), false);
         }
         for mut s in self.sources.drain(..) {
             let mut out = Vec::new();
@@ -196,12 +221,139 @@ impl OutputPump {
     }
 }
 
-/// Writes `bytes` (whole lines) to the launcher's stream in one locked write. Errors (e.g.
-/// a closed stdout) are ignored: losing output must not stop supervision.
-fn write_to(target: Target, bytes: &[u8]) {
-    if bytes.is_empty() {
-        return;
+/// Queues `bytes` (whole lines) for the launcher's stream; its writer thread writes them.
+pub(super) fn write_to(target: Target, bytes: &[u8]) {
+    if !bytes.is_empty() {
+        stream(target).queue(bytes.to_vec());
     }
+}
+
+/// Waits until everything queued for the launcher's stdout and stderr was written (or
+/// dropped on a write error), or until `stop` returns true (checked every 50 ms). Returns
+/// the bytes still queued: 0 unless stopped.
+///
+/// Not bounded by time: it waits for the reader of the launcher's own output (a pager, a
+/// pipeline), as any program writing to a pipe does. Callers have stopped every PE before
+/// and pass a `stop` that sees the launcher's signals, so Ctrl-C ends the wait.
+pub(super) fn flush(stop: &dyn Fn() -> bool) -> usize {
+    loop {
+        let left = stream(Target::Stdout).backlog() + stream(Target::Stderr).backlog();
+        if left == 0 || stop() {
+            return left;
+        }
+        stream(Target::Stdout).wait_below(1, Duration::from_millis(25));
+        stream(Target::Stderr).wait_below(1, Duration::from_millis(25));
+    }
+}
+
+/// The queue of one launcher stream and its writer thread.
+struct Stream {
+    target: Target,
+    queue: Mutex<Queue>,
+    /// Signalled when bytes are queued (for the writer) and when bytes were written (for
+    /// [`Stream::wait_below`]).
+    changed: Condvar,
+}
+
+struct Queue {
+    chunks: VecDeque<Vec<u8>>,
+    /// Bytes queued plus the bytes of the chunk being written.
+    bytes: usize,
+    writer_started: bool,
+}
+
+static STDOUT: Stream = Stream::new(Target::Stdout);
+static STDERR: Stream = Stream::new(Target::Stderr);
+
+fn stream(target: Target) -> &'static Stream {
+    match target {
+        Target::Stdout => &STDOUT,
+        Target::Stderr => &STDERR,
+    }
+}
+
+impl Stream {
+    const fn new(target: Target) -> Stream {
+        Stream {
+            target,
+            queue: Mutex::new(Queue {
+                chunks: VecDeque::new(),
+                bytes: 0,
+                writer_started: false,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        // The writer holds the lock only to move chunks and counts, which cannot panic
+        // half-done: a poisoned queue is still consistent.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn backlog(&self) -> usize {
+        self.lock().bytes
+    }
+
+    fn queue(&'static self, bytes: Vec<u8>) {
+        let mut q = self.lock();
+        if !q.writer_started {
+            let spawned = std::thread::Builder::new()
+                .name(format!("rshmem-run-{:?}", self.target).to_lowercase())
+                .spawn(move || self.write_forever());
+            if spawned.is_err() {
+                // No thread to be had: write here, as before there were writer threads.
+                drop(q);
+                write_now(self.target, &bytes);
+                return;
+            }
+            q.writer_started = true;
+        }
+        q.bytes += bytes.len();
+        q.chunks.push_back(bytes);
+        drop(q);
+        self.changed.notify_all();
+    }
+
+    /// The writer thread: writes chunks in the order they were queued. It lives as long as
+    /// the process and idles on the condition variable between jobs.
+    fn write_forever(&self) {
+        let mut q = self.lock();
+        loop {
+            let Some(chunk) = q.chunks.pop_front() else {
+                q = self.changed.wait(q).unwrap_or_else(|e| e.into_inner());
+                continue;
+            };
+            drop(q);
+            write_now(self.target, &chunk);
+            q = self.lock();
+            q.bytes -= chunk.len();
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits at most `timeout` for the backlog to drop below `bytes`.
+    fn wait_below(&self, bytes: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.lock();
+        while q.bytes >= bytes {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            q = self
+                .changed
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Writes `bytes` to the launcher's stream in one locked write. Errors (e.g. a closed
+/// stdout, EPIPE, or EIO from a terminal that is gone) drop the bytes: losing output must
+/// not stop the launcher.
+fn write_now(target: Target, bytes: &[u8]) {
     match target {
         Target::Stdout => {
             let mut out = io::stdout().lock();
