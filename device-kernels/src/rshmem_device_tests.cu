@@ -297,20 +297,41 @@ __device__ __forceinline__ uint64_t bits_of(T v) {
     ++t;                                                                                 \
   }
 
+// One out-of-line send and one check per type: the 26 types inlined into one kernel needed
+// more than 255 registers (it spilled once p/g gained their alignment check).
+namespace rshmem_device_tests_detail {
+#define RSHMEMI_TEST_TYPED_FNS(NAME, TYPE)                                                     \
+  __device__ __noinline__ void typed_send_##NAME(const rshmem_harness_args_t &a, int t, int me,    \
+                                                 int right) {                                  \
+    unsigned char *srcs = scratch(a) + 4096, *dsts = srcs + 4096;                              \
+    RSHMEMI_TEST_TYPED_SEND(NAME, TYPE)                                                        \
+  }                                                                                            \
+  __device__ __noinline__ void typed_check_##NAME(const rshmem_harness_args_t &a, Checker &c,      \
+                                                  int t, int left) {                           \
+    unsigned char *srcs = scratch(a) + 4096, *dsts = srcs + 4096, *gots = dsts + 4096;         \
+    RSHMEMI_TEST_TYPED_CHECK(NAME, TYPE)                                                       \
+  }
+RSHMEM_RMA_TYPES(RSHMEMI_TEST_TYPED_FNS)
+#undef RSHMEMI_TEST_TYPED_FNS
+}  // namespace rshmem_device_tests_detail
+
 extern "C" __global__ void __launch_bounds__(32, 1) rshmem_test_types(rshmem_harness_args_t a) {
+  using namespace rshmem_device_tests_detail;
   Checker c(a);
-  unsigned char *s = scratch(a);
-  uint64_t *ctr = reinterpret_cast<uint64_t *>(s);
-  unsigned char *srcs = s + 4096, *dsts = srcs + 4096, *gots = dsts + 4096;
+  uint64_t *ctr = reinterpret_cast<uint64_t *>(scratch(a));
   const int me = rshmem_my_pe(), right = right_pe(), left = left_pe();
   if (threadIdx.x != 0) return;
   int t = 0;
-  RSHMEM_RMA_TYPES(RSHMEMI_TEST_TYPED_SEND)
+#define RSHMEMI_TEST_TYPED_CALL_SEND(NAME, TYPE) typed_send_##NAME(a, t++, me, right);
+  RSHMEM_RMA_TYPES(RSHMEMI_TEST_TYPED_CALL_SEND)
+#undef RSHMEMI_TEST_TYPED_CALL_SEND
   rshmem_quiet();
   rshmem_signal_op(ctr, 1, RSHMEM_SIGNAL_ADD, right);
   rshmem_signal_wait_until(ctr, RSHMEM_CMP_EQ, 1);
   t = 0;
-  RSHMEM_RMA_TYPES(RSHMEMI_TEST_TYPED_CHECK)
+#define RSHMEMI_TEST_TYPED_CALL_CHECK(NAME, TYPE) typed_check_##NAME(a, c, t++, left);
+  RSHMEM_RMA_TYPES(RSHMEMI_TEST_TYPED_CALL_CHECK)
+#undef RSHMEMI_TEST_TYPED_CALL_CHECK
   c.flush();
 }
 
@@ -1252,6 +1273,18 @@ extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_bad_sig_op(rshmem
   uint64_t *w = reinterpret_cast<uint64_t *>(scratch(a));
   w[2] = 42;
   rshmem_putmem_signal(w + 1, w + 2, 8, w, 1, 7, rshmem_my_pe());
+}
+
+// A 64-bit atomic add on scratch + 4, inside the heap but 4-aligned: BAD_ARG before any
+// access, record.addr = scratch + 4, record.expected = 8.
+extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_misaligned_atomic(rshmem_harness_args_t a) {
+  rshmem_uint64_atomic_add(reinterpret_cast<uint64_t *>(scratch(a) + 4), 1, rshmem_my_pe());
+}
+
+// signal_wait_until on scratch + 4: BAD_ARG at once (no wait), record.addr = scratch + 4,
+// record.expected = 8.
+extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_misaligned_signal_wait(rshmem_harness_args_t a) {
+  rshmem_signal_wait_until(reinterpret_cast<uint64_t *>(scratch(a) + 4), RSHMEM_CMP_EQ, 1);
 }
 
 // wait_until_all on 4 scratch words, [0] and [1] set to 1 first, [3] excluded: [2] keeps

@@ -81,8 +81,8 @@ typedef struct rshmem_device_error {
   uint64_t expected;  // waits: the comparison operand
   uint64_t observed;  // waits: the last value seen
   uint32_t cmp;       // waits: rshmem_cmp_t
-  uint32_t block;     // blockIdx.x of the reporting thread
-  uint32_t thread;    // threadIdx.x of the reporting thread
+  uint32_t block;     // the reporting block's linear index in the grid (x fastest)
+  uint32_t thread;    // the reporting thread's linear index in its block (x fastest)
   uint32_t reserved[5];
 } rshmem_device_error_t;
 

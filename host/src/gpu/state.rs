@@ -66,7 +66,9 @@ pub struct DeviceError {
     pub expected: u64,
     pub observed: u64,
     pub cmp: u32,
+    /// The reporting block's linear index in its grid (x fastest).
     pub block: u32,
+    /// The reporting thread's linear index in its block (x fastest).
     pub thread: u32,
     pub reserved: [u32; 5],
 }
@@ -189,7 +191,9 @@ impl DeviceError {
             ERR_OUT_OF_HEAP => "address range outside the symmetric heap",
             ERR_WAIT_TIMEOUT => "wait timed out (RSHMEM_TIMEOUT_MS)",
             ERR_QUEUE => "IBGDA queue error",
-            ERR_BAD_ARG => "invalid argument (comparison, signal op or PE count)",
+            ERR_BAD_ARG => {
+                "invalid argument (comparison, signal op, team, PE count or a misaligned word)"
+            }
             _ => "unknown device error code",
         }
     }

@@ -637,7 +637,9 @@ mod tests {
                 "rshmem_trap_unbound",
                 "rshmem_trap_wait_all_timeout",
                 "rshmem_trap_bad_team",
-                "rshmem_trap_bad_sig_op"
+                "rshmem_trap_bad_sig_op",
+                "rshmem_trap_misaligned_atomic",
+                "rshmem_trap_misaligned_signal_wait"
             ]
         );
         let ev = |t: &TrapCase| {
@@ -714,6 +716,15 @@ mod tests {
             (6, Some(0), Some(s), Some(8), Some(0), Some(7), true)
         );
         assert!(g.bind && g.kernel() == g.name);
+        // A misaligned atomic and a misaligned signal wait name the word and its size.
+        for t in &m.traps[10..12] {
+            assert_eq!(
+                ev(t),
+                (6, Some(0), Some(s + 4), Some(8), Some(0), Some(0), true)
+            );
+            assert!(t.bind && t.kernel() == t.name);
+        }
+        assert_eq!(m.traps.len(), 12);
     }
 
     #[test]

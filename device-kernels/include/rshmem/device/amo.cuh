@@ -57,6 +57,7 @@ RSHMEM_DEVICE T rshmemi_amo(const T *dest, rshmemi_word_t<T> a, rshmemi_word_t<T
   // native atomics (rmw).
   const rshmemi_target_t t =
       rshmemi_resolve(dest, sizeof(T), pe, what, true, Op != RSHMEMI_AMO_FETCH && Op != RSHMEMI_AMO_SET);
+  rshmemi_check_aligned(dest, sizeof(T), pe, what);
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P: {
       W *w = reinterpret_cast<W *>(t.addr);
@@ -212,6 +213,7 @@ template <typename T>
 RSHMEM_DEVICE T rshmem_wait_until(const T *ivar, int cmp, T value) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "rshmem waits take 32- or 64-bit integers");
   rshmemi_check_local(ivar, sizeof(T), rshmemi_device_state.my_pe, "rshmem_wait_until");
+  rshmemi_check_aligned(ivar, sizeof(T), rshmemi_device_state.my_pe, "rshmem_wait_until");
   const rshmemi_word_t<T> *w = reinterpret_cast<const rshmemi_word_t<T> *>(ivar);
   return rshmemi_poll<T>(ivar, cmp, value, [w] { return static_cast<T>(rshmemi_ld_acquire_sys(w)); },
                          "rshmem_wait_until");
@@ -222,6 +224,7 @@ template <typename T>
 RSHMEM_DEVICE int rshmem_test(const T *ivar, int cmp, T value) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "rshmem waits take 32- or 64-bit integers");
   rshmemi_check_local(ivar, sizeof(T), rshmemi_device_state.my_pe, "rshmem_test");
+  rshmemi_check_aligned(ivar, sizeof(T), rshmemi_device_state.my_pe, "rshmem_test");
   const T v = static_cast<T>(rshmemi_ld_acquire_sys(reinterpret_cast<const rshmemi_word_t<T> *>(ivar)));
   if (!rshmemi_cmp_valid(cmp))
     rshmemi_wait_failed(ivar, cmp, static_cast<uint64_t>(value), static_cast<uint64_t>(v), "rshmem_test");
@@ -285,6 +288,7 @@ RSHMEM_DEVICE void rshmemi_check_set(const T *ivars, size_t nelems, int cmp, T v
   const uint64_t n = static_cast<uint64_t>(nelems);
   const uint64_t len = n > ~0ull / sizeof(T) ? ~0ull : n * sizeof(T);
   rshmemi_check_local(ivars, len, rshmemi_device_state.my_pe, what);
+  rshmemi_check_aligned(ivars, sizeof(T), rshmemi_device_state.my_pe, what);
   if (!rshmemi_cmp_valid(cmp)) rshmemi_wait_failed(ivars, cmp, static_cast<uint64_t>(value), 0, what);
 }
 

@@ -78,6 +78,11 @@ RSHMEM_DEVICE uint32_t rshmemi_warp_mask() {
 
 RSHMEM_DEVICE uint32_t rshmemi_grid_blocks() { return gridDim.x * gridDim.y * gridDim.z; }
 
+// The calling block's linear index in its grid (x fastest), as error records name it.
+RSHMEM_DEVICE uint32_t rshmemi_grid_block() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+
 // ---- state and errors -------------------------------------------------------------------
 
 RSHMEM_DEVICE const rshmem_device_state_t &rshmemi_state() { return rshmemi_device_state; }
@@ -105,8 +110,8 @@ RSHMEM_DEVICE uint64_t rshmemi_sync_base() {
       e->expected = len_or_expected;
       e->observed = observed;
       e->cmp = cmp;
-      e->block = blockIdx.x;
-      e->thread = threadIdx.x;
+      e->block = rshmemi_grid_block();
+      e->thread = rshmemi_block_thread();
       // The host may read the record after the context died: every field reaches host
       // memory before the code that says the record is valid.
       __threadfence_system();
@@ -119,11 +124,12 @@ RSHMEM_DEVICE uint64_t rshmemi_sync_base() {
            "(0x%llx) [block %u thread %u]\n",
            bound ? s.my_pe : -1, what, why, (unsigned long long)addr, cmp,
            (unsigned long long)len_or_expected, (unsigned long long)len_or_expected,
-           (unsigned long long)observed, (unsigned long long)observed, blockIdx.x, threadIdx.x);
+           (unsigned long long)observed, (unsigned long long)observed, rshmemi_grid_block(),
+           rshmemi_block_thread());
   } else {
     printf("rshmem: PE %d: %s: %s (target PE %d, addr 0x%llx, bytes %llu) [block %u thread %u]\n",
            bound ? s.my_pe : -1, what, why, pe, (unsigned long long)addr,
-           (unsigned long long)len_or_expected, blockIdx.x, threadIdx.x);
+           (unsigned long long)len_or_expected, rshmemi_grid_block(), rshmemi_block_thread());
   }
   __trap();
 }
@@ -168,6 +174,23 @@ RSHMEM_DEVICE void rshmemi_check_local(const void *addr, uint64_t len, int pe, c
                                             !rshmemi_range_in_heap(s.heap_base, s.heap_size, a, len)),
                        0))
     rshmemi_refuse(pe, a, len, what);
+}
+
+// A typed access (atomic, signal, wait, p, g) at an address that is not a multiple of its
+// size: the GPU would fault with "misaligned address", which kills the context without
+// naming the call, and a NIC answers an atomic with an error CQE. BAD_ARG, naming the PE,
+// the address and the size (in `expected`).
+[[noreturn]] __device__ __noinline__ inline void rshmemi_misaligned(int pe, uint64_t addr, uint64_t size,
+                                                                  const char *what) {
+  rshmemi_fail(RSHMEM_DEVICE_ERR_BAD_ARG, pe, addr, size, 0, 0, what,
+               "address not aligned to the operand's size (atomics, signals, waits, p and g "
+               "need naturally aligned words)");
+}
+
+// Checks (when checks are on) that addr is a multiple of size (a power of two).
+RSHMEM_DEVICE void rshmemi_check_aligned(const void *addr, uint64_t size, int pe, const char *what) {
+  const uint64_t a = reinterpret_cast<uint64_t>(addr);
+  if (__builtin_expect(rshmemi_checks_on() && (a & (size - 1)) != 0, 0)) rshmemi_misaligned(pe, a, size, what);
 }
 
 // Where an operation on `pe` goes. transport is RSHMEM_TRANSPORT_P2P (addr is the peer's

@@ -214,6 +214,7 @@ struct rshmemi_volatile<T, true> {
 template <typename T>
 RSHMEM_DEVICE void rshmem_p(T *dest, T value, int pe) {
   const rshmemi_target_t t = rshmemi_resolve(dest, sizeof(T), pe, "rshmem_p");
+  rshmemi_check_aligned(dest, alignof(T), pe, "rshmem_p");
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P: rshmemi_volatile<T>::store(t.addr, value); break;
     case RSHMEM_TRANSPORT_IBGDA:
@@ -232,6 +233,7 @@ RSHMEM_DEVICE void rshmem_p(T *dest, T value, int pe) {
 template <typename T>
 RSHMEM_DEVICE T rshmem_g(const T *source, int pe) {
   const rshmemi_target_t t = rshmemi_resolve(source, sizeof(T), pe, "rshmem_g");
+  rshmemi_check_aligned(source, alignof(T), pe, "rshmem_g");
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P: return rshmemi_volatile<T>::load(t.addr);
     case RSHMEM_TRANSPORT_IBGDA:
@@ -321,6 +323,7 @@ RSHMEM_DEVICE void rshmem_signal_op(uint64_t *sig_addr, uint64_t signal, int sig
   rshmemi_check_sig_op(sig_addr, sig_op, pe, "rshmem_signal_op");
   const rshmemi_target_t t =
       rshmemi_resolve(sig_addr, 8, pe, "rshmem_signal_op", true, sig_op == RSHMEM_SIGNAL_ADD);
+  rshmemi_check_aligned(sig_addr, 8, pe, "rshmem_signal_op");
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P:
       rshmemi_signal_release(reinterpret_cast<uint64_t *>(t.addr), signal, sig_op, pe,
@@ -340,6 +343,7 @@ RSHMEM_DEVICE void rshmem_signal_op(uint64_t *sig_addr, uint64_t signal, int sig
 // Acquire load of this PE's signal word.
 RSHMEM_DEVICE uint64_t rshmem_signal_fetch(const uint64_t *sig_addr) {
   rshmemi_check_local(sig_addr, 8, rshmemi_device_state.my_pe, "rshmem_signal_fetch");
+  rshmemi_check_aligned(sig_addr, 8, rshmemi_device_state.my_pe, "rshmem_signal_fetch");
   return rshmemi_ld_acquire_sys(sig_addr);
 }
 
@@ -347,6 +351,7 @@ RSHMEM_DEVICE uint64_t rshmem_signal_fetch(const uint64_t *sig_addr) {
 // the value that satisfied it. Acquire: data put before the signal is visible afterwards.
 RSHMEM_DEVICE uint64_t rshmem_signal_wait_until(const uint64_t *sig_addr, int cmp, uint64_t value) {
   rshmemi_check_local(sig_addr, 8, rshmemi_device_state.my_pe, "rshmem_signal_wait_until");
+  rshmemi_check_aligned(sig_addr, 8, rshmemi_device_state.my_pe, "rshmem_signal_wait_until");
   return rshmemi_poll<uint64_t>(sig_addr, cmp, value,
                                 [sig_addr] { return rshmemi_ld_acquire_sys(sig_addr); },
                                 "rshmem_signal_wait_until");
@@ -366,6 +371,7 @@ RSHMEM_DEVICE void rshmemi_putmem_signal(void *dest, const void *source, size_t 
   // only an ADD is a read-modify-write.
   const rshmemi_target_t t = rshmemi_resolve(dest, bytes, pe, what, true);
   const rshmemi_target_t ts = rshmemi_resolve(sig_addr, 8, pe, what, true, sig_op == RSHMEM_SIGNAL_ADD);
+  rshmemi_check_aligned(sig_addr, 8, pe, what);
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P:
       rshmemi_copy(reinterpret_cast<void *>(t.addr), source, bytes, rshmemi_scope_rank<S>(),
