@@ -195,3 +195,184 @@ fn a_stalled_peer_neither_blocks_the_engine_nor_starves_the_others() {
     stop.store(true, Ordering::Relaxed);
     c_thread.join().unwrap();
 }
+
+/// Eager confirmation (every write confirmed by a flush READ as soon as it completes
+/// locally) with more small inline writes at once than there are bounce slots (256): the
+/// writes are posted while the peer is not progressed yet (rxm still connecting), so they
+/// all complete locally together. Each is confirmed and lands. Before flush READs had a
+/// landing word of their own, the writes held every bounce slot while they waited for
+/// their flush, the flush needed a slot, and nothing was ever confirmed.
+#[test]
+fn more_inline_writes_than_bounce_slots_are_all_confirmed() {
+    let (fabric, mut a) = fabric_lo::backend_on_lo(TIMEOUT);
+    assert!(
+        a.confirms_with_reads(),
+        "tcp;ofi_rxm confirms with flush READs"
+    );
+    let db = fabric.domain().expect("domain b");
+    let mut b = Endpoint::new(&db).expect("endpoint b");
+    let mb = db.alloc(MIB).expect("register b");
+    let to_b = a.insert_peer(b.name()).expect("a knows b");
+    b.insert_peer(&a.name()).expect("b knows a");
+    let pb = peer(to_b, &mb, 7);
+    const N: usize = 300;
+    let word = |k: usize| (0x5eed_0000_0000_0000u64 | k as u64).to_le_bytes();
+    for k in 0..N {
+        let w = word(k);
+        let op = Op::Write {
+            raddr: pb.vbase + 8 * k as u64,
+            rkey: pb.rkey,
+            len: 8,
+            src: Gather::Inline(&w),
+        };
+        assert!(
+            a.execute(&pb, &mut (), k as u64, &op).is_none(),
+            "write {k} to B completed synchronously"
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let b_thread = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        while !st.load(Ordering::Relaxed) {
+            out.clear();
+            b.poll_into(&mut out).expect("poll b");
+        }
+    });
+    let mut got: BTreeMap<u64, Result<(), Syndrome>> = BTreeMap::new();
+    let t = Instant::now();
+    while got.len() < N {
+        a.poll(&mut |t, s| assert!(got.insert(t, s).is_none(), "token {t} reported twice"));
+        if t.elapsed() > TIMEOUT {
+            stop.store(true, Ordering::Relaxed);
+            panic!(
+                "{} of {N} writes confirmed within {TIMEOUT:?} ({} in flight, {} waiting)",
+                got.len(),
+                a.in_flight(),
+                a.waiting()
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    b_thread.join().unwrap();
+    assert!(got.values().all(|s| s.is_ok()), "{got:?}");
+    for k in 0..N {
+        assert_eq!(mb.to_vec(8 * k, 8).unwrap(), word(k), "word {k}");
+    }
+}
+
+/// A peer that is slow but keeps making progress (it is progressed only in bursts, 0.9 s
+/// apart) with four peer-shares of READs queued: the last ones stay queued past the 2 s
+/// timeout, yet each completes, because the timeout counts from the peer's last
+/// progress. Before, a post failed with TRANSPORT_RETRY_EXC once it had been
+/// queued for the timeout, however busy and healthy the peer.
+#[test]
+fn a_slow_peer_that_progresses_is_not_timed_out() {
+    let (fabric, mut a) = fabric_lo::backend_on_lo(TIMEOUT);
+    let la = a.domain().alloc(MIB).expect("register a's buffer");
+    a.regions().lock().unwrap().push(la.clone());
+    let db = fabric.domain().expect("domain b");
+    let mut b = Endpoint::new(&db).expect("endpoint b");
+    let mb = db.alloc(MIB).expect("register b");
+    let words: Vec<u8> = (0..MIB / 8)
+        .flat_map(|k| (k as u64 * 3).to_le_bytes())
+        .collect();
+    mb.write(0, &words).expect("fill b");
+    let to_b = a.insert_peer(b.name()).expect("a knows b");
+    b.insert_peer(&a.name()).expect("b knows a");
+    let pb = peer(to_b, &mb, 7);
+    // One READ while B is progressed by hand, so that rxm's connection to B is up.
+    const WARM: u64 = 1 << 41;
+    let warm = [LocalBuf {
+        // SAFETY: inside a's region.
+        ptr: unsafe { la.as_ptr().add(MIB - 16) },
+        len: 8,
+    }];
+    let op = Op::Read {
+        raddr: pb.vbase,
+        rkey: pb.rkey,
+        len: 8,
+        dst: &warm,
+    };
+    assert!(a.execute(&pb, &mut (), WARM, &op).is_none());
+    let mut warmed = None;
+    let (t, mut evs) = (Instant::now(), Vec::new());
+    while warmed.is_none() {
+        a.poll(&mut |t, s| {
+            assert_eq!(t, WARM);
+            warmed = Some(s);
+        });
+        b.poll_into(&mut evs).expect("poll b");
+        assert!(t.elapsed() < TIMEOUT, "B never answered while progressed");
+    }
+    assert_eq!(warmed, Some(Ok(())));
+    let cap = a.peer_cap();
+    // A burst completes about a peer-share and a bit (rxm takes the posts that follow in
+    // the same burst): four shares keep posts waiting past the timeout.
+    let n = 4 * cap + 40;
+    for k in 0..n {
+        let dst = [LocalBuf {
+            // SAFETY: inside a's 1 MiB region (8 * n bytes, n <= 2088).
+            ptr: unsafe { la.as_ptr().add(8 * k) },
+            len: 8,
+        }];
+        let op = Op::Read {
+            raddr: pb.vbase + 8 * k as u64,
+            rkey: pb.rkey,
+            len: 8,
+            dst: &dst,
+        };
+        assert!(a.execute(&pb, &mut (), k as u64, &op).is_none());
+    }
+    assert!(a.waiting() >= cap, "{} posts waiting", a.waiting());
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let b_thread = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut bursts = 0;
+        while !st.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(900));
+            let burst = Instant::now();
+            while burst.elapsed() < Duration::from_millis(2) {
+                out.clear();
+                b.poll_into(&mut out).expect("poll b");
+            }
+            bursts += 1;
+        }
+        bursts
+    });
+    let mut got: BTreeMap<u64, Result<(), Syndrome>> = BTreeMap::new();
+    let t = Instant::now();
+    let mut last_waiting = Duration::ZERO;
+    while got.len() < n && t.elapsed() < 4 * TIMEOUT {
+        a.poll(&mut |t, s| assert!(got.insert(t, s).is_none(), "token {t} reported twice"));
+        if a.waiting() > 0 {
+            last_waiting = t.elapsed();
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let bursts = b_thread.join().unwrap();
+    let failed: Vec<(&u64, &Result<(), Syndrome>)> =
+        got.iter().filter(|(_, s)| s.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed, first {:?}",
+        failed.len(),
+        failed.first()
+    );
+    assert_eq!(
+        got.len(),
+        n,
+        "{} of {n} reads completed in {took:?}",
+        got.len()
+    );
+    // The test shows something only if reads were still queued past the timeout.
+    assert!(
+        last_waiting > TIMEOUT,
+        "no read queued past {TIMEOUT:?} (last at {last_waiting:?}; all done in {took:?}, \
+         {bursts} bursts)"
+    );
+    assert_eq!(la.to_vec(0, 8 * n).unwrap(), words[..8 * n]);
+}

@@ -141,6 +141,10 @@ struct Deferred {
 struct PeerQueue {
     inflight: usize,
     waiting: VecDeque<Deferred>,
+    /// When one of this peer's posts last completed: a waiting post fails only after the
+    /// peer made no progress for the whole timeout (not merely after waiting that long
+    /// behind a busy, healthy peer's long transfers).
+    progressed: Option<Instant>,
 }
 
 struct Pending {
@@ -157,9 +161,12 @@ struct Pending {
     status: std::result::Result<(), Syndrome>,
     bounce: Bounce,
     /// A 4-byte atomic result to rewrite big-endian at completion, as a ConnectX writes it
-    /// (`backend::fetched_bytes`; an 8-byte one is already in host order): (address,
-    /// bytes).
-    result_be32: Option<(usize, usize)>,
+    /// (`backend::fetched_bytes`; an 8-byte one is already in host order): (the region
+    /// holding it, offset, bytes). The region is held here, not only by the endpoint's
+    /// slot, which lets go of it when the completion is read, before the rewrite: a QP
+    /// detached with the atomic in flight drops its staging, and the rewrite would touch
+    /// freed memory (before 2026-12-07 this held a raw address).
+    result_be32: Option<(Arc<MemoryRegion>, usize, usize)>,
 }
 
 /// `bufs` cut into pieces of at most `max` bytes (the provider's `max_msg_size`; 0:
@@ -219,6 +226,11 @@ pub struct FabricBackend {
     regions: Regions,
     bounce: Arc<MemoryRegion>,
     bounce_free: Vec<u32>,
+    /// Where every flush READ lands: its 8 bytes are thrown away, so concurrent flushes
+    /// share them, and a flush never waits for a bounce slot. (Before 2026-12-07 flushes
+    /// took bounce slots: under eager confirmation, writes waiting for their flush held
+    /// all 256 slots, no flush could be posted, and nothing was confirmed again.)
+    flush_sink: Arc<MemoryRegion>,
     ops: Vec<Option<Pending>>,
     ops_free: Vec<u32>,
     comps: Vec<Completion>,
@@ -360,6 +372,7 @@ impl FabricBackend {
         ep.set_busy_limit(Some(Duration::ZERO));
         let peer_cap = (ep.slots() / 2).max(1);
         let bounce = domain.alloc(BOUNCE * BOUNCE_SLOTS)?;
+        let flush_sink = domain.alloc(8)?;
         // Lazy confirmation and the handover are the defaults since 2026-12-02: together they
         // halve the 8 B put latency across namespaces (docs/multinode.md, "Defaults").
         Ok(FabricBackend {
@@ -374,6 +387,7 @@ impl FabricBackend {
             regions: Arc::new(Mutex::new(Vec::new())),
             bounce,
             bounce_free: (0..BOUNCE_SLOTS as u32).rev().collect(),
+            flush_sink,
             ops: Vec::new(),
             ops_free: Vec::new(),
             comps: Vec::with_capacity(64),
@@ -521,12 +535,10 @@ impl FabricBackend {
         };
         if let (Some(t), Ok(())) = (p.flush_to, p.status) {
             p.flush_to = None;
-            if self.lazy {
-                // Locally complete: the provider is done with the source, so the bounce
-                // slot may go now (it may be long until the flush).
-                if let Bounce::Slot(s) = std::mem::replace(&mut p.bounce, Bounce::None) {
-                    self.bounce_free.push(s);
-                }
+            // Locally complete: the provider is done with the source, so the bounce slot
+            // may go now (it may be long until the flush; lazy or eager alike).
+            if let Bounce::Slot(s) = std::mem::replace(&mut p.bounce, Bounce::None) {
+                self.bounce_free.push(s);
             }
             self.unflushed_n += 1;
             self.unflushed
@@ -563,23 +575,20 @@ impl FabricBackend {
             .map(|(k, _)| *k)
             .collect();
         for k in peers {
-            let Some(slot) = self.bounce_free.pop() else {
-                return; // retried at the next poll
-            };
             let (t, writes) = {
                 let e = self.unflushed.get_mut(&k).expect("listed");
                 e.2 = true;
                 (e.0, std::mem::take(&mut e.1))
             };
             self.unflushed_n = self.unflushed_n.saturating_sub(writes.len());
-            let i = self.new_op(u64::MAX, k, 1, Bounce::Slot(slot));
+            let i = self.new_op(u64::MAX, k, 1, Bounce::None);
             if let Some(p) = self.ops[i as usize].as_mut() {
                 p.flushes = Some((k, writes));
             }
             let post = Post::Read {
                 t,
-                region: self.bounce.clone(),
-                offset: slot as usize * BOUNCE,
+                region: self.flush_sink.clone(),
+                offset: 0,
                 len: 8,
             };
             // Behind every write to this peer still waiting to be posted.
@@ -619,15 +628,17 @@ impl FabricBackend {
         if let Bounce::Slot(s) = p.bounce {
             self.bounce_free.push(s);
         }
-        if let (Ok(()), Some((addr, n))) = (p.status, p.result_be32) {
-            // SAFETY: the result buffer was resolved through an lkey with LOCAL_WRITE by
-            // the engine and stays valid until the CQE of this WQE (backend contract); the
-            // provider wrote 4 native-endian bytes there.
+        if let (Ok(()), Some((region, offset, n))) = (p.status, p.result_be32) {
+            // SAFETY: [offset, offset + 4) is inside `region` (found by `find` for the
+            // whole result), which this operation holds, so the memory is alive; the
+            // provider wrote 4 native-endian bytes there and is done with them (the
+            // operation completed).
             unsafe {
+                let addr = region.as_ptr().add(offset);
                 let mut b = [0u8; 4];
                 std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), 4);
                 let out = super::backend::fetched_bytes(u32::from_ne_bytes(b) as u64, 4);
-                std::ptr::copy_nonoverlapping(out.as_ptr(), addr as *mut u8, n.min(4));
+                std::ptr::copy_nonoverlapping(out.as_ptr(), addr, n.min(4));
             }
         }
         (p.token, p.status)
@@ -752,9 +763,11 @@ impl FabricBackend {
                     Some(Err(e)) if !Endpoint::is_busy(&e) => {
                         self.fail_part(d.i, post_syndrome(&e), done)
                     }
-                    _ if d.since.elapsed() >= timeout => {
-                        // The peer took nothing for the whole timeout: like a ConnectX whose
-                        // retries ran out, fail this post and every one queued behind it.
+                    _ if q.progressed.map_or(d.since, |p| p.max(d.since)).elapsed() >= timeout => {
+                        // The peer took nothing for the whole timeout (no post of its
+                        // completed since this one was queued, or for the timeout since
+                        // one did): like a ConnectX whose retries ran out, fail this post
+                        // and every one queued behind it.
                         let rest = std::mem::take(&mut q.waiting);
                         self.waiting_n -= rest.len();
                         self.fail_part(d.i, Syndrome::TransportRetryExc, done);
@@ -933,7 +946,7 @@ impl FabricBackend {
                 let i = self.new_op(token, key, 1, Bounce::None);
                 if let Some(p) = self.ops[i as usize].as_mut() {
                     if size == 4 {
-                        p.result_be32 = Some((result.ptr as usize, result.len));
+                        p.result_be32 = Some((region.clone(), offset, result.len));
                     }
                 }
                 let mut post = Some(Post::Atomic {
@@ -978,7 +991,10 @@ impl Backend for FabricBackend {
             self.peers.clear();
             self.waiting_n = 0;
             for i in 0..self.ops.len() as u32 {
-                if self.ops[i as usize].is_some() {
+                if let Some(p) = self.ops[i as usize].as_mut() {
+                    // Failed, so `finish` leaves a 4-byte atomic result alone: the provider
+                    // may still write it.
+                    p.status = Err(Syndrome::TransportRetryExc);
                     let (t, _) = self.finish(i);
                     done(t, Err(Syndrome::TransportRetryExc));
                 }
@@ -995,6 +1011,9 @@ impl Backend for FabricBackend {
                 if let Some(p) = self.ops.get(i as usize).and_then(Option::as_ref) {
                     if let Some(q) = self.peers.get_mut(&p.peer) {
                         q.inflight = q.inflight.saturating_sub(1);
+                        if !q.waiting.is_empty() {
+                            q.progressed = Some(Instant::now());
+                        }
                     }
                 }
                 let s = status.map_err(|e| syndrome_of(e.syndrome()));
