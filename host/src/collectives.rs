@@ -407,9 +407,11 @@ fn reduce_checks<T: Reducible>(
     nreduce: usize,
     op: ReduceOp,
 ) -> Result<()> {
-    let bytes = nreduce * std::mem::size_of::<T>();
+    // Saturating: hand-made pointers near the end of the address space are refused by the
+    // bounds checks later, not overflowed here.
+    let bytes = nreduce.saturating_mul(std::mem::size_of::<T>());
     let (d, s) = (dest.offset(), source.offset());
-    if d != s && d < s + bytes && s < d + bytes {
+    if d != s && d < s.saturating_add(bytes) && s < d.saturating_add(bytes) {
         return Err(Error::InvalidArgument(format!(
             "reduce: dest (offset {d:#x}) and source (offset {s:#x}) overlap without being \
              the same array ({nreduce} elements of {} bytes): OpenSHMEM allows dest == \
@@ -637,7 +639,7 @@ impl Pe {
             return (Snapshot::Copy(Vec::new()), Err(e));
         }
         let s = source.slice(0..n);
-        let (s_lo, s_hi) = (s.offset(), s.offset() + s.bytes());
+        let (s_lo, s_hi) = (s.offset(), s.offset().saturating_add(s.bytes()));
         let d_lo = dest.offset();
         let d_hi = d_lo.saturating_add(dest_need.saturating_mul(size_of::<T>()));
         if s_hi <= d_lo || d_hi <= s_lo {
@@ -1018,7 +1020,9 @@ impl Pe {
         // nreduce elements in all, instead of reading n * nreduce. The chunk goes through
         // in pieces of at most `REDUCE_PIECE_BYTES`, in two buffers this thread keeps.
         let (n, me) = (team.n_pes(), team.my_pe());
-        let (lo, hi) = (me * nreduce / n, (me + 1) * nreduce / n);
+        // In u128: nreduce is not yet known to fit the heap (the reads check that).
+        let chunk = |m: usize| (m as u128 * nreduce as u128 / n as u128) as usize;
+        let (lo, hi) = (chunk(me), chunk(me + 1));
         // Element i of every source is read only by the member whose chunk holds i, and it
         // has read all of them before it writes dest[i] anywhere: dest may be source with
         // no agreement between the reads and the writes. A member whose read failed writes

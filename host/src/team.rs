@@ -336,9 +336,11 @@ impl Pe {
     }
 
     /// Barrier over `team` that also completes this PE's outstanding RMA (quiet + sync).
+    /// A failed quiet is reported after the sync, which runs anyway: the other members do
+    /// not wait out their timeout for a PE that left the barrier with its error.
     pub fn team_barrier(&self, team: &Team) -> Result<()> {
-        self.try_quiet()?;
-        self.sync_team(team)
+        let quiet = self.try_quiet();
+        self.sync_team(team).and(quiet)
     }
 
     /// Synchronisation over `team` without completing RMA (OpenSHMEM `shmem_team_sync`).

@@ -531,3 +531,46 @@ fn a_large_team_names_the_one_member_at_fault() {
         );
     }
 }
+
+/// Hand-made pointers whose byte ranges would wrap the address space (an offset near
+/// `usize::MAX`): every collective refuses them on every member, in both paths (4 and 64
+/// elements), instead of overflowing in its range arithmetic (a panic in debug builds).
+#[test]
+fn pointers_whose_ranges_wrap_are_refused_not_overflowed() {
+    let n = 2;
+    let out = on_every_pe(n, |pe| {
+        let dst = pe.calloc::<u64>(64)?;
+        let far = SymPtr::<u64>::from_raw(usize::MAX - 7, 64);
+        let mut refused = 0;
+        for k in [4usize, 64] {
+            for (what, r) in [
+                (
+                    "reduce far source",
+                    pe.reduce(pe.world(), dst, far, k, ReduceOp::Sum),
+                ),
+                (
+                    "reduce far dest",
+                    pe.reduce(pe.world(), far, dst, k, ReduceOp::Sum),
+                ),
+                ("broadcast", pe.broadcast(pe.world(), dst, far, k, 0)),
+                ("fcollect", pe.fcollect(pe.world(), far, dst, k / 2)),
+                ("alltoall", pe.alltoall(pe.world(), dst, far, k / 2)),
+            ] {
+                match r {
+                    Err(Error::InvalidArgument(_))
+                    | Err(Error::OutOfBounds { .. })
+                    | Err(Error::CollectiveMismatch { .. }) => refused += 1,
+                    other => panic!("PE {}: {what} of {k}: {other:?}", pe.my_pe()),
+                }
+            }
+        }
+        // The team still works.
+        pe.put(dst.slice(0..1), &[pe.my_pe() as u64 + 1], pe.my_pe())?;
+        let sum = pe.calloc::<u64>(1)?;
+        pe.reduce(pe.world(), sum, dst.slice(0..1), 1, ReduceOp::Sum)?;
+        let mut got = [0u64];
+        pe.get(&mut got, sum, pe.my_pe())?;
+        Ok((refused, got[0]))
+    });
+    assert_eq!(out, vec![(10, 3); n]);
+}

@@ -805,15 +805,30 @@ impl Proxy {
             // AND: bits where v is 0 are swapped in as 0; OR: bits where v is 1 become 1.
             Amo::And(v) => one(&|r| masked(0, 0, !v & ones, 0, r), mwqebbs),
             Amo::Or(v) => one(&|r| masked(v, 0, v & ones, 0, r), mwqebbs),
-            // XOR has no masked form: a compare-and-swap loop.
+            // XOR has no masked form: a compare-and-swap loop, bounded like every wait
+            // (each CAS is; the loop could otherwise lose to other writers forever).
             Amo::Xor(v) => {
+                let start = std::time::Instant::now();
                 let mut cur = self.amo(pe, offset, size, Amo::Fetch, op)?;
+                let mut tries = 0u64;
                 loop {
                     let old = cas(cur, (cur ^ v) & ones)?;
                     if old == cur {
                         return Ok(old);
                     }
                     cur = old;
+                    tries += 1;
+                    if start.elapsed() >= self.timeout {
+                        return Err(Error::Timeout {
+                            pe: self.rank,
+                            what: format!(
+                                "{op} on PE {pe} (offset {offset:#x}): the proxy's XOR is a \
+                                 compare-and-swap loop, and {tries} compare-and-swaps lost \
+                                 to other writers of the word"
+                            ),
+                            waited_ms: start.elapsed().as_millis() as u64,
+                        });
+                    }
                 }
             }
         }
