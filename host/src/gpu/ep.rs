@@ -1192,7 +1192,7 @@ impl<'g> GpuBuffer<'g> {
             let mut share = u32::MAX;
             let mut funcs = [std::ptr::null_mut(); 5];
             for (f, k) in funcs.iter_mut().zip(&names) {
-                share = share.min(g.collective_grid(&module, k, THREADS, grid)?.0);
+                share = share.min(g.collective_grid(&module, k, THREADS, 0, grid)?.0);
                 *f = module.function(k)?;
             }
             Ok((share, funcs))

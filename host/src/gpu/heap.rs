@@ -125,11 +125,19 @@ impl VmmMapping {
                      RSHMEM_SYMMETRIC_SIZE if the GPU is full, or use RSHMEM_TRANSPORT=proxy"
                 )
             })?;
-        } else if rdma && rc != sys::CUresult::CUDA_SUCCESS {
+        } else if rdma
+            && matches!(
+                rc,
+                sys::CUresult::CUDA_ERROR_NOT_SUPPORTED
+                    | sys::CUresult::CUDA_ERROR_INVALID_VALUE
+                    | sys::CUresult::CUDA_ERROR_NOT_PERMITTED
+            )
+        {
             // The device reports GPUDirect RDMA with VMM, but a virtual machine (or a
             // driver without peer memory) may still refuse the flag. Only the NIC path
             // (RSHMEM_TRANSPORT=ibgda, which requires it) needs it: keep going without,
-            // and say so.
+            // and say so. Other failures (out of memory above all) are not about the flag:
+            // reported below as they are, not retried.
             eprintln!(
                 "rshmem: GPU {ordinal}: an RDMA-capable heap was refused ({}); \
                  allocating it without gpuDirectRDMACapable",

@@ -587,6 +587,8 @@ impl GpuPe {
         let my_dev_count = device_count()?;
         // Peers reached over P2P without native atomics (PEER_NO_P2P_ATOMICS).
         let mut no_atomics = vec![false; n];
+        // Node peers whose GPU this process does not see (CUDA_VISIBLE_DEVICES).
+        let mut unseen: Vec<usize> = Vec::new();
         let mut import_one = |r: usize| -> Result<()> {
             let (process, va) = place_of(r)?;
             let fd = if elsewhere.contains(&r) {
@@ -650,7 +652,10 @@ impl GpuPe {
                     }
                     can != 0
                 }
-                None => false,
+                None => {
+                    unseen.push(r);
+                    false
+                }
             };
             if reachable {
                 // A peer in this process (several GPU PEs per process) is mapped through
@@ -677,6 +682,21 @@ impl GpuPe {
                 // bound before the failure could be shared.
                 drop(ex.fetch(r));
             }
+        }
+        if !unseen.is_empty() {
+            // Not mapped: these peers are reached only through a transport that needs no
+            // mapping (proxy, ibgda); over p2p, device calls to them trap with BAD_PE. Said
+            // once, because the usual cause is a launcher's per-rank CUDA_VISIBLE_DEVICES.
+            let list: Vec<String> = unseen.iter().map(|r| r.to_string()).collect();
+            eprintln!(
+                "rshmem: PE {rank}: the GPUs of node peer(s) {} are not visible to this \
+                 process (CUDA_VISIBLE_DEVICES={}), so their heaps are not mapped: p2p \
+                 cannot reach them. Let every PE of the node see every GPU (select the \
+                 device with RSHMEM_DEVICE or the local rank instead), or use \
+                 RSHMEM_TRANSPORT=proxy",
+                list.join(", "),
+                std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
+            );
         }
         let joined = server.map_or(Ok(()), |s| s.join());
         let imported = imported.and(joined);
@@ -1601,15 +1621,16 @@ impl GpuPe {
         unsafe { self.launch_raw(m, kernel, grid, block, 0, &mut params, cooperative) }
     }
 
-    /// How many blocks of `kernel` (at `block` threads, no dynamic shared memory) one SM
-    /// holds at once (the driver's occupancy calculator).
-    pub fn blocks_per_sm(&self, m: &Module, kernel: &str, block: u32) -> Result<u32> {
+    /// How many blocks of `kernel` (at `block` threads and `smem` bytes of dynamic shared
+    /// memory, as it will be launched) one SM holds at once (the driver's occupancy
+    /// calculator).
+    pub fn blocks_per_sm(&self, m: &Module, kernel: &str, block: u32, smem: usize) -> Result<u32> {
         let f = m.function(kernel)?;
         let mut per_sm = 0;
-        // SAFETY: valid out-pointer and function; no dynamic shared memory.
+        // SAFETY: valid out-pointer and function.
         ck(
             unsafe {
-                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, block as i32, 0)
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, block as i32, smem)
             },
             "cuOccupancyMaxActiveBlocksPerMultiprocessor",
             || format!("sizing {kernel}"),
@@ -1617,16 +1638,19 @@ impl GpuPe {
         Ok(per_sm.max(0) as u32)
     }
 
-    /// Grid and launch mode for a collective kernel (co-resident with the other PEs' grids
-    /// on this GPU; see [`super::launch`]).
+    /// Grid and launch mode for a collective kernel launched with `block` threads and
+    /// `smem` bytes of dynamic shared memory (co-resident with the other PEs' grids on this
+    /// GPU; see [`super::launch`]). Sizing it for less shared memory than the launch uses
+    /// would let several PEs' grids oversubscribe the SMs and wait on each other.
     pub fn collective_grid(
         &self,
         m: &Module,
         kernel: &str,
         block: u32,
+        smem: usize,
         requested: u32,
     ) -> Result<(u32, bool)> {
-        let per_sm = self.blocks_per_sm(m, kernel, block)?;
+        let per_sm = self.blocks_per_sm(m, kernel, block, smem)?;
         let grid = super::launch::co_resident_grid(
             kernel,
             block,
@@ -1677,7 +1701,16 @@ impl GpuPe {
                     });
                 }
                 return ck(rc, "cuStreamQuery", || {
-                    format!("PE {}: waiting for {what}", self.my_pe())
+                    let shared = if self.sharing.pes > 1 {
+                        // A fault is sticky for the whole context, which the PEs of a
+                        // process on one GPU share.
+                        " (this PE's device error record is empty: when PEs of this process \
+                         share the GPU, one kernel's fault ends every PE's work; look for \
+                         the PE whose error names a device fault)"
+                    } else {
+                        ""
+                    };
+                    format!("PE {}: waiting for {what}{shared}", self.my_pe())
                 });
             }
             if Instant::now() >= deadline {

@@ -456,7 +456,13 @@ fn kernel_case(
     // Every case's grids run concurrently on all PEs and may wait on each other (a put
     // then a signal wait), so every grid must fit its co-resident share, not only the
     // collective ones; only collective cases use a cooperative launch.
-    let (grid, coop) = g.collective_grid(m, &t.name, t.block, t.grid)?;
+    // Sized on every PE before the agreement: a PE whose sizing failed (a GPU shared more
+    // than its grid allows) is named on every PE instead of leaving them in the
+    // allgather until their timeout.
+    let sized = g.collective_grid(m, &t.name, t.block, 0, t.grid);
+    let pe = g.pe();
+    crate::pe::exchange_status(pe.boot(), &pe.world().group(), "size its grid", &sized)?;
+    let (grid, coop) = sized?;
     // One grid on every PE: the collective kernels count the blocks of other PEs' grids
     // (rshmem_test_barrier_all expects (round + 1) * gridDim.x arrivals), and a PE alone
     // on its GPU gets a larger share than PEs that share one.
@@ -1500,7 +1506,7 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
                     let iters = iters_for(size, o.iters, true);
                     // PE 0 alone runs the put kernel: the whole GPU's co-resident blocks
                     // (its blocks meet, so all must be resident), at most the copy's grid.
-                    let resident = g.blocks_per_sm(pm, &p.name, p.block)? * g.device().sms;
+                    let resident = g.blocks_per_sm(pm, &p.name, p.block, 0)? * g.device().sms;
                     if resident == 0 {
                         return Err(Error::InvalidArgument(format!(
                             "{} (block {}) cannot be resident on this GPU",
