@@ -133,6 +133,39 @@ impl Team {
     }
 }
 
+/// First word of a team split's record, so that a split meeting another call (the other
+/// split, an allocation's agreement) on the same parent is a mismatch on every member
+/// rather than arguments read from the wrong record. (Before 2026-12-07 a strided split
+/// meeting a 2-D split could pass on one side with the other's words as its arguments.)
+const SPLIT_STRIDED: u64 = u64::from_le_bytes(*b"tsplit-s");
+const SPLIT_2D: u64 = u64::from_le_bytes(*b"tsplit-2");
+const ANOTHER_CALL: &str = "another collective call (not this split)";
+
+/// A split's record: its tag, then `words`.
+fn split_record(tag: u64, words: &[u64]) -> Vec<u8> {
+    std::iter::once(tag)
+        .chain(words.iter().copied())
+        .flat_map(u64::to_le_bytes)
+        .collect()
+}
+
+/// Each member's words, when its record is exactly a `tag` record of `W` words; None for a
+/// record of another call.
+fn split_records<const W: usize>(all: &[Vec<u8>], tag: u64) -> Vec<Option<[u64; W]>> {
+    all.iter()
+        .map(|b| {
+            if b.len() != 8 * (W + 1) || le_u64(&b[..8]) != tag {
+                return None;
+            }
+            let mut a = [0u64; W];
+            for (i, c) in b[8..].chunks_exact(8).enumerate() {
+                a[i] = le_u64(c);
+            }
+            Some(a)
+        })
+        .collect()
+}
+
 impl Pe {
     /// Collective over `parent`: a new team of the parent's PEs `start, start+stride, ...`
     /// (`size` of them). Every parent member must pass the same arguments. Members get
@@ -147,28 +180,23 @@ impl Pe {
         self.usable_team(parent, "team_split_strided")?;
         let free_mask = !*self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let mine = [start as u64, stride as u64, size as u64, free_mask];
-        let bytes: Vec<u8> = mine.iter().flat_map(|a| a.to_le_bytes()).collect();
-        let all = self.boot().allgather(&parent.group(), &bytes)?;
-        let vals: Vec<[u64; 4]> = all
-            .iter()
-            .map(|b| {
-                let mut a = [0u64; 4];
-                for (i, c) in b.chunks_exact(8).take(4).enumerate() {
-                    a[i] = le_u64(c);
-                }
-                a
-            })
-            .collect();
-        if vals.iter().any(|v| v[..3] != mine[..3]) {
-            let args: Vec<[u64; 3]> = vals.iter().map(|v| [v[0], v[1], v[2]]).collect();
-            let detail = describe_records(parent.members(), &args, |v| {
-                format!("start {} stride {} size {}", v[0], v[1], v[2])
+        let all = self
+            .boot()
+            .allgather(&parent.group(), &split_record(SPLIT_STRIDED, &mine))?;
+        let got = split_records::<4>(&all, SPLIT_STRIDED);
+        if got.iter().any(|v| v.is_none_or(|v| v[..3] != mine[..3])) {
+            let args: Vec<Option<[u64; 3]>> =
+                got.iter().map(|v| v.map(|v| [v[0], v[1], v[2]])).collect();
+            let detail = describe_records(parent.members(), &args, |v| match v {
+                Some(v) => format!("start {} stride {} size {}", v[0], v[1], v[2]),
+                None => ANOTHER_CALL.to_string(),
             });
             return Err(Error::CollectiveMismatch {
                 op: "team_split_strided",
                 detail,
             });
         }
+        let vals: Vec<[u64; 4]> = got.into_iter().flatten().collect();
         let n = parent.n_pes();
         let last = size
             .checked_sub(1)
@@ -247,23 +275,22 @@ impl Pe {
         self.usable_team(parent, "team_split_2d")?;
         let free_mask = !*self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let mine = [xrange as u64, free_mask];
-        let bytes: Vec<u8> = mine.iter().flat_map(|a| a.to_le_bytes()).collect();
-        let all = self.boot().allgather(&parent.group(), &bytes)?;
-        let vals: Vec<[u64; 2]> = all
-            .iter()
-            .map(|b| {
-                let w = |i: usize| b.get(8 * i..8 * i + 8).map(le_u64).unwrap_or(u64::MAX);
-                [w(0), w(1)]
-            })
-            .collect();
-        if vals.iter().any(|v| v[0] != mine[0]) {
-            let args: Vec<u64> = vals.iter().map(|v| v[0]).collect();
-            let detail = describe_records(parent.members(), &args, |v| format!("xrange {v}"));
+        let all = self
+            .boot()
+            .allgather(&parent.group(), &split_record(SPLIT_2D, &mine))?;
+        let got = split_records::<2>(&all, SPLIT_2D);
+        if got.iter().any(|v| v.is_none_or(|v| v[0] != mine[0])) {
+            let args: Vec<Option<u64>> = got.iter().map(|v| v.map(|v| v[0])).collect();
+            let detail = describe_records(parent.members(), &args, |v| match v {
+                Some(v) => format!("xrange {v}"),
+                None => ANOTHER_CALL.to_string(),
+            });
             return Err(Error::CollectiveMismatch {
                 op: "team_split_2d",
                 detail,
             });
         }
+        let vals: Vec<[u64; 2]> = got.into_iter().flatten().collect();
         // Every parent PE advances the parent's split counter, as team_split_strided does.
         let nth = parent.inner.splits.fetch_add(1, Ordering::Relaxed);
         if xrange == 0 {

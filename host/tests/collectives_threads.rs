@@ -574,3 +574,33 @@ fn pointers_whose_ranges_wrap_are_refused_not_overflowed() {
     });
     assert_eq!(out, vec![(10, 3); n]);
 }
+
+/// A strided split on one PE meeting a 2-D split on the others (same parent): every PE
+/// reports the mismatch, naming the PE that made the other call. Before the split records
+/// carried their kind, the 2-D splitters read the strided PE's start (2) as its xrange and
+/// its stride (12: bits 2 and 3) as its free team slots, and went on to make teams.
+#[test]
+fn a_strided_split_meeting_a_2d_split_is_a_mismatch_on_every_member() {
+    let out = on_every_pe(3, |pe| {
+        let r = if pe.my_pe() == 2 {
+            pe.team_split_strided(pe.world(), 2, 12, 1).map(|_| ())
+        } else {
+            pe.team_split_2d(pe.world(), 2).map(|_| ())
+        };
+        Ok(match r {
+            Err(Error::CollectiveMismatch { op, detail }) => format!("{op}: {detail}"),
+            other => format!("no mismatch: {other:?}"),
+        })
+    });
+    for (rank, seen) in out.iter().enumerate() {
+        let (op, other) = if rank == 2 {
+            ("team_split_strided", "PE 0: another collective call")
+        } else {
+            ("team_split_2d", "PE 2: another collective call")
+        };
+        assert!(
+            seen.starts_with(&format!("{op}: ")) && seen.contains(other),
+            "PE {rank}: {seen}"
+        );
+    }
+}
