@@ -247,6 +247,12 @@ pub struct Endpoint {
     /// How long a post keeps progressing while every slot is in use or the provider
     /// answers `-FI_EAGAIN`; None: the fabric's timeout (see [`Endpoint::set_busy_limit`]).
     busy_limit: Option<Duration>,
+    /// The completion queue failed (`fi_cq_read`/`fi_cq_readerr` returned an error): the
+    /// call and its code. Every later progress reports it again, so that a failure met
+    /// inside a post is not taken for that post's own error and then forgotten (the CQ
+    /// would be read again as if nothing happened, and completions it lost would never
+    /// come).
+    cq_failed: Option<(&'static str, i64)>,
 }
 
 // SAFETY: FI_THREAD_SAFE domain; the endpoint is used through &mut self only.
@@ -408,6 +414,7 @@ impl Endpoint {
             meta,
             free,
             pending: VecDeque::new(),
+            cq_failed: None,
             cq_buf: Vec::with_capacity(CQ_BATCH),
             name,
             atomics,
@@ -837,6 +844,27 @@ impl Endpoint {
 
     /// Reads the CQ once into `pending` (drives the provider's progress).
     fn progress(&mut self) -> Result<()> {
+        if let Some((call, rc)) = self.cq_failed {
+            return Err(result::error(
+                call,
+                rc,
+                "the completion queue failed earlier; nothing posted since completes",
+            ));
+        }
+        let r = self.read_cq();
+        if let Err(Error::Fabric { call, code, .. }) = &r {
+            self.cq_failed = Some((call, *code as i64));
+        }
+        r
+    }
+
+    /// Whether the completion queue failed (see [`Endpoint::poll_into`]): every
+    /// operation in flight is lost.
+    pub fn cq_failed(&self) -> bool {
+        self.cq_failed.is_some()
+    }
+
+    fn read_cq(&mut self) -> Result<()> {
         self.cq_buf.clear();
         // SAFETY: cq live; cq_buf has CQ_BATCH entries of capacity, FI_CQ_FORMAT_DATA.
         let rc = unsafe { result::fi_cq_read(self.cq, self.cq_buf.as_mut_ptr().cast(), CQ_BATCH) };
