@@ -200,10 +200,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub manifest: Option<std::path::PathBuf>,
     /// Transport between the PEs: p2p or proxy; with --device gpu also ibgda (GPU
-    /// threads write a ConnectX NIC's queues). Under a launcher it must match the PEs'
-    /// RSHMEM_TRANSPORT.
-    #[arg(long, default_value = "p2p", value_parser = kind_transport)]
-    pub transport: Transport,
+    /// threads write a ConnectX NIC's queues). Default: RSHMEM_TRANSPORT's (p2p when it
+    /// is unset or auto). Under a launcher it must match the PEs' RSHMEM_TRANSPORT.
+    #[arg(long, value_parser = kind_transport)]
+    pub transport: Option<Transport>,
     /// put and signal: where the source buffer lives — `heap` (a symmetric allocation, as
     /// in NVSHMEM's perftest and the OSU OpenSHMEM benchmarks; large p2p puts may then be
     /// shared with a waiting target, RSHMEM_P2P_ASSIST) or `private` (page-aligned
@@ -340,6 +340,27 @@ pub struct Report {
 }
 
 impl BenchArgs {
+    /// The transport: `--transport`, else RSHMEM_TRANSPORT's as [`BenchArgs::resolve`]
+    /// took it, else p2p.
+    pub fn transport(&self) -> Transport {
+        self.transport.unwrap_or(Transport::P2p)
+    }
+
+    /// Fills in what the environment decides: without `--transport`, RSHMEM_TRANSPORT's
+    /// choice (before 2026-12-07 the flag defaulted to p2p, so `RSHMEM_TRANSPORT=proxy
+    /// rshmem bench put` measured p2p, and under a launcher was refused for a flag nobody
+    /// gave).
+    pub fn resolve(&mut self) -> Result<()> {
+        if self.transport.is_none() {
+            self.transport = Some(match Settings::from_env()?.transport {
+                TransportMode::Proxy => Transport::Proxy,
+                TransportMode::Ibgda => Transport::Ibgda,
+                TransportMode::P2p | TransportMode::Auto => Transport::P2p,
+            });
+        }
+        Ok(())
+    }
+
     /// `--pes`, or its default.
     pub fn pe_count(&self) -> usize {
         self.pes.unwrap_or(2)
@@ -374,7 +395,10 @@ impl BenchArgs {
                 ("--warmup", self.warmup.is_some()),
                 ("--source", self.source.is_some()),
                 ("--timing", self.timing.is_some()),
-                ("--transport", self.transport != Transport::P2p),
+                (
+                    "--transport",
+                    self.transport.is_some_and(|t| t != Transport::P2p),
+                ),
             ] {
                 if given {
                     out.push(format!(
@@ -444,7 +468,12 @@ pub fn run_cli(args: BenchArgs) -> i32 {
         eprintln!("rshmem bench {}: {}", args.kind.name(), unused.join("; "));
         return 2;
     }
-    if let Err(e) = validate_sizes(&args) {
+    let mut args = args;
+    if let Err(e) = args.resolve() {
+        eprintln!("rshmem bench {}: {e}", args.kind.name());
+        return 2;
+    }
+    if let Err(e) = validate_counts(&args).and_then(|()| validate_sizes(&args)) {
         eprintln!("rshmem bench: {e}");
         return 1;
     }
@@ -473,7 +502,7 @@ pub fn run_cli(args: BenchArgs) -> i32 {
         eprintln!("rshmem bench copy: a GPU benchmark; pass --device gpu");
         return 2;
     }
-    if args.transport == Transport::Ibgda {
+    if args.transport() == Transport::Ibgda {
         eprintln!("rshmem bench {}: {IBGDA_NEEDS_GPU}", args.kind.name());
         return 2;
     }
@@ -521,11 +550,11 @@ fn gpu_cli(a: &BenchArgs) -> i32 {
             return 2;
         }
     };
-    if a.kind == Kind::Copy && a.transport != Transport::P2p {
+    if a.kind == Kind::Copy && a.transport() != Transport::P2p {
         eprintln!(
             "rshmem bench copy --device gpu: --transport {}: the copy bench measures one \
              GPU's device-to-device copy and uses no transport",
-            a.transport.name()
+            a.transport().name()
         );
         return 2;
     }
@@ -537,7 +566,7 @@ fn gpu_cli(a: &BenchArgs) -> i32 {
         max_size: a.max_size,
         iters: a.iters,
         reps: a.reps.unwrap_or(10),
-        transport: a.transport,
+        transport: a.transport(),
         json: a.json,
         sources: crate::gpu::runner::Sources::from_env(a.manifest.clone()),
     })
@@ -551,7 +580,7 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
             "bench copy and --device gpu run through the GPU runner (rshmem bench ... --device gpu)".into(),
         ));
     }
-    if args.transport == Transport::Ibgda {
+    if args.transport() == Transport::Ibgda {
         return Err(Error::InvalidArgument(IBGDA_NEEDS_GPU.into()));
     }
     if args.kind == Kind::Softhca {
@@ -560,7 +589,7 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         ));
     }
     if LaunchInfo::from_env()?.is_some() {
-        args.transport.check_launched(&Settings::from_env()?)?;
+        args.transport().check_launched(&Settings::from_env()?)?;
         let pe = Pe::init()?;
         if pe.n_pes() < 2 && !args.kind.all_pes() {
             return Err(Error::InvalidArgument(format!(
@@ -621,7 +650,7 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         }
     }
     let mut settings = settings;
-    settings.transport = args.transport.mode();
+    settings.transport = args.transport().mode();
     if settings.symmetric_size < need {
         settings.symmetric_size = need.next_multiple_of(1 << 20);
     }
@@ -635,16 +664,49 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
     Ok(out.into_iter().next().and_then(|r| r.ok()).flatten())
 }
 
-fn validate(a: &BenchArgs) -> Result<()> {
-    if a.min_size == 0 || a.min_size > a.max_size {
+/// Most `--iters` (and `--warmup`) of any bench: far beyond any useful run, and small
+/// enough that the counts derived from it cannot overflow.
+pub const MAX_ITERS: usize = 1_000_000_000;
+
+/// Largest `--max-size` of any bench (1 TiB): the heap sizes derived from it cannot
+/// overflow.
+pub const MAX_SIZE: usize = 1 << 40;
+
+/// The counts every bench checks, CPU and GPU alike, before anything starts (before
+/// 2026-12-07 the GPU path let `--min-size 0` through, and its size list doubled 0 for
+/// ever).
+fn validate_counts(a: &BenchArgs) -> Result<()> {
+    if a.kind != Kind::Barrier
+        && (a.min_size == 0 || a.min_size > a.max_size || a.max_size > MAX_SIZE)
+    {
         return Err(Error::InvalidArgument(format!(
-            "--min-size {} / --max-size {}: need 1 <= min <= max",
+            "--min-size {} / --max-size {}: need 1 <= min <= max <= {MAX_SIZE} (1T)",
             a.min_size, a.max_size
         )));
     }
-    if a.iters == 0 {
-        return Err(Error::InvalidArgument("--iters must be at least 1".into()));
+    if a.iters == 0 || a.iters > MAX_ITERS {
+        return Err(Error::InvalidArgument(format!(
+            "--iters {}: need 1..={MAX_ITERS}",
+            a.iters
+        )));
     }
+    if a.warmup.is_some_and(|w| w > MAX_ITERS) {
+        return Err(Error::InvalidArgument(format!(
+            "--warmup {}: at most {MAX_ITERS}",
+            a.warmup.unwrap_or(0)
+        )));
+    }
+    if a.reps.is_some_and(|r| r == 0 || r > MAX_ITERS) {
+        return Err(Error::InvalidArgument(format!(
+            "--reps {}: need 1..={MAX_ITERS}",
+            a.reps.unwrap_or(0)
+        )));
+    }
+    Ok(())
+}
+
+fn validate(a: &BenchArgs) -> Result<()> {
+    validate_counts(a)?;
     validate_sizes(a)?;
     if a.pe_count() == 0 || a.pe_count() > 1024 {
         return Err(Error::InvalidArgument(format!(
@@ -745,8 +807,9 @@ pub fn sizes(kind: Kind, min: usize, max: usize) -> Vec<usize> {
             }
         }
         _ => {
-            // Word-based verification and polling need multiples of 8.
-            let mut s = min.next_multiple_of(8);
+            // Word-based verification and polling need multiples of 8 (at least one word:
+            // a 0 would double to itself for ever).
+            let mut s = min.max(1).next_multiple_of(8);
             let mut v = Vec::new();
             while s <= max.max(8) {
                 v.push(s);

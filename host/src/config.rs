@@ -91,6 +91,9 @@ const LAUNCHERS: [LauncherVars; 5] = [
     },
 ];
 
+/// Most PEs in one job (2^20).
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
+
 fn env_err(var: &str, value: &str, reason: impl Into<String>) -> Error {
     Error::Env {
         var: var.to_string(),
@@ -150,6 +153,14 @@ impl LaunchInfo {
                 "the job must have at least one PE",
             ));
         }
+        if world_size > MAX_WORLD_SIZE {
+            // The root keeps a record per PE: a mistyped size would allocate gigabytes.
+            return Err(env_err(
+                vars.size,
+                &size_value,
+                format!("more PEs than one job supports (at most {MAX_WORLD_SIZE})"),
+            ));
+        }
         if rank >= world_size {
             return Err(env_err(
                 vars.rank,
@@ -183,10 +194,27 @@ impl LaunchInfo {
                 ));
             }
         }
-        let master_addr = get("RSHMEM_MASTER_ADDR")
-            .or_else(|| get("MASTER_ADDR"))
-            .map(|a| a.trim().to_string())
-            .filter(|a| !a.is_empty());
+        // A blank RSHMEM_MASTER_ADDR (`RSHMEM_MASTER_ADDR=$HEAD` with HEAD unset) falls
+        // back to MASTER_ADDR like an unset one.
+        let addr_of = |var: &'static str| {
+            get(var)
+                .map(|a| a.trim().to_string())
+                .filter(|a| !a.is_empty())
+                .map(|a| (var, a))
+        };
+        let master_addr = match addr_of("RSHMEM_MASTER_ADDR").or_else(|| addr_of("MASTER_ADDR")) {
+            // One colon, and not an IPv6 address: host:port, which would be taken for a
+            // bare IPv6 address and fail to resolve on every PE.
+            Some((var, a)) if a.matches(':').count() == 1 && !a.starts_with('[') => {
+                return Err(env_err(
+                    var,
+                    &a,
+                    "holds host:port; give the host alone and the port in RSHMEM_MASTER_PORT \
+                     (or MASTER_PORT)",
+                ));
+            }
+            other => other.map(|(_, a)| a),
+        };
         let master_port = match first_set(&get, &["RSHMEM_MASTER_PORT", "MASTER_PORT"]) {
             None => None,
             // torchrun's agent on node 0 holds MASTER_PORT itself (its rendezvous store, which
@@ -907,6 +935,43 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(info.source, LaunchSource::Pmi);
+    }
+
+    #[test]
+    fn master_addr_blank_falls_back_and_host_port_is_refused() {
+        let base = [("PMI_RANK", "0"), ("PMI_SIZE", "1"), ("MASTER_PORT", "1")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            launch(&v)
+        };
+        let info = with(&[("RSHMEM_MASTER_ADDR", " "), ("MASTER_ADDR", "node0")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.master_addr.as_deref(), Some("node0"));
+        let e = with(&[("RSHMEM_MASTER_ADDR", "node0:29500")]).unwrap_err();
+        assert_eq!(
+            env_var_of(e),
+            ("RSHMEM_MASTER_ADDR".into(), "node0:29500".into())
+        );
+        // IPv6 addresses, bare or bracketed, stay addresses.
+        for a in ["fe80::1", "[fe80::1]", "::1"] {
+            let v = [
+                ("PMI_RANK", "0"),
+                ("PMI_SIZE", "1"),
+                ("MASTER_PORT", "1"),
+                ("MASTER_ADDR", a),
+            ];
+            let info = launch(&v).unwrap().unwrap();
+            assert_eq!(info.master_addr.as_deref(), Some(a));
+        }
+    }
+
+    #[test]
+    fn a_world_size_past_the_limit_is_refused() {
+        let e = launch(&[("RANK", "0"), ("WORLD_SIZE", "4000000000")]).unwrap_err();
+        assert_eq!(env_var_of(e), ("WORLD_SIZE".into(), "4000000000".into()));
+        assert!(launch(&[("RANK", "0"), ("WORLD_SIZE", "1048576")]).is_ok());
     }
 
     #[test]

@@ -246,6 +246,16 @@ fn main() {
     {
         std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", CUDA_CONNECTIONS);
     }
+    // Output piped into a reader that stops early (`rshmem selftest --list | head -1`):
+    // end quietly on SIGPIPE, as Unix tools do, instead of panicking in println! at the
+    // EPIPE Rust's default (SIGPIPE ignored) turns it into. Not for `run`: the launcher
+    // drops output it cannot write and goes on stopping its PEs and removing their
+    // segments (launcher::output).
+    if !matches!(cli.command, Command::Run(_)) {
+        // SAFETY: signal(2) with SIG_DFL has no memory-safety preconditions; this runs
+        // before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let code = match cli.command {
         Command::Run(args) => rshmem::launcher::run_cli(args),
         Command::Doctor(args) => rshmem::doctor::run_cli(args),

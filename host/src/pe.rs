@@ -256,12 +256,22 @@ impl Pe {
                 let (addr, port) = match (&li.master_addr, li.master_port) {
                     (Some(a), Some(p)) => (a.clone(), p),
                     _ => {
+                        // A batch script's own environment has SLURM_PROCID=0 and
+                        // SLURM_NTASKS: a program started there without srun looks like
+                        // rank 0 of the allocation.
+                        let slurm = if li.source == crate::config::LaunchSource::Slurm {
+                            "; or, when this is not a PE of a job (a program run directly in \
+                             an sbatch script, which sets SLURM_PROCID and SLURM_NTASKS for \
+                             the allocation), start it with srun or unset SLURM_PROCID"
+                        } else {
+                            ""
+                        };
                         return Err(Error::MissingEnv(format!(
                             "the bootstrap root address is not set: export RSHMEM_MASTER_ADDR and \
                              RSHMEM_MASTER_PORT (or MASTER_ADDR and MASTER_PORT) to every PE; rank 0 \
-                             listens there (rank/size came from {:?} variables)",
+                             listens there (rank/size came from {:?} variables){slurm}",
                             li.source
-                        )))
+                        )));
                     }
                 };
                 let root_addr = if addr.contains(':') && !addr.starts_with('[') {

@@ -166,6 +166,15 @@ fn bench_ep_rejects_bad_arguments() {
         (vec!["--topk", "12"], "num_topk (12) must be in 1..=11"),
         (vec!["--hidden", "200"], "must be a multiple of 128"),
         (vec!["--iters", "0"], "--iters"),
+        // 48 bytes of times per iteration on every PE: a bound, not a 48 GB allocation.
+        (
+            vec!["--iters", "1000000000"],
+            "--iters 1000000000: at most 1000000",
+        ),
+        (
+            vec!["--warmup", "2000000"],
+            "--warmup 2000000: at most 1000000",
+        ),
         (
             vec!["--pes", "2,0"],
             "--pes 0: every value of --pes must be at least 1",

@@ -152,6 +152,42 @@ fn bench_json_under_rshmem_run() {
     }
 }
 
+/// Without --transport a bench takes RSHMEM_TRANSPORT's choice, as `bench ep` does
+/// (before 2026-12-07 it measured p2p whatever RSHMEM_TRANSPORT said).
+#[test]
+fn bench_takes_the_transport_from_the_environment() {
+    let json = |env: Option<&str>, flag: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.args([
+            "bench",
+            "put",
+            "--json",
+            "--iters",
+            "16",
+            "--warmup",
+            "1",
+            "--max-size",
+            "8",
+        ]);
+        if let Some(t) = flag {
+            c.args(["--transport", t]);
+        }
+        match env {
+            Some(t) => c.env("RSHMEM_TRANSPORT", t),
+            None => c.env_remove("RSHMEM_TRANSPORT"),
+        };
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["transport"].as_str().unwrap().to_string()
+    };
+    assert_eq!(json(Some("proxy"), None), "proxy");
+    assert_eq!(json(None, None), "p2p");
+    assert_eq!(json(Some("auto"), None), "p2p");
+    // The flag wins.
+    assert_eq!(json(Some("proxy"), Some("p2p")), "p2p");
+}
+
 #[test]
 fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
     let o = Command::new(BIN)
@@ -215,6 +251,20 @@ fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
                 "2M",
             ],
             "bench atomic measures 8-byte atomics",
+        ),
+        // Counts no bench can run, GPU benches too (before 2026-12-07 a GPU bench with
+        // --min-size 0 doubled 0 for ever, filling memory).
+        (
+            vec!["bench", "put", "--device", "gpu", "--min-size", "0"],
+            "--min-size 0 / --max-size 33554432: need 1 <= min <= max",
+        ),
+        (
+            vec!["bench", "put", "--iters", "2000000000"],
+            "--iters 2000000000: need 1..=1000000000",
+        ),
+        (
+            vec!["bench", "get", "--max-size", "2T"],
+            "need 1 <= min <= max <= 1099511627776",
         ),
         // Heaps past the node's memory: refused, not killed by the OOM killer mid-run.
         (
@@ -660,4 +710,43 @@ fn collectives_time_the_slowest_pe_on_request() {
         "rshmem bench put: --timing: only the CPU collectives (broadcast, fcollect, alltoall, \
          reduce) choose how a call is timed\n"
     );
+}
+
+/// Output into a reader that stops early (`rshmem bench put | head -1`): the process ends
+/// by SIGPIPE, as Unix tools do, instead of panicking in println! on EPIPE.
+#[test]
+fn a_reader_that_stops_early_ends_the_bench_quietly() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(BIN)
+        .args([
+            "bench",
+            "put",
+            "--iters",
+            "16",
+            "--warmup",
+            "1",
+            "--max-size",
+            "1M",
+        ])
+        .env_remove("RSHMEM_TRANSPORT")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("rshmem bench put"), "{first:?}");
+    // The reader is gone: the next row finds the pipe closed.
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {err}",
+        o.status
+    );
+    assert!(!err.contains("panicked"), "{err}");
 }

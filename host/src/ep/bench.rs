@@ -228,6 +228,15 @@ pub(crate) fn check_counts(a: &EpBenchArgs) -> Result<()> {
             "--iters, --pes and --tokens must be at least 1".into(),
         ));
     }
+    // Every measured iteration keeps its six times (48 bytes) on every PE: a bound keeps a
+    // mistyped count from allocating gigabytes per PE before anything runs.
+    for (flag, v) in [("--iters", a.iters), ("--warmup", a.warmup)] {
+        if v > MAX_ITERS {
+            return Err(Error::InvalidArgument(format!(
+                "{flag} {v}: at most {MAX_ITERS} (a call takes tens of microseconds or more)"
+            )));
+        }
+    }
     for (flag, v) in [("--pes", &a.pes), ("--tokens", &a.tokens)] {
         if v.contains(&0) {
             return Err(Error::InvalidArgument(format!(
@@ -379,6 +388,9 @@ fn stats(v: Vec<f64>) -> (f64, f64) {
     let (med, p99, _) = crate::bench::stats(v);
     (med, p99)
 }
+
+/// Most `--iters` and `--warmup` of `bench ep`.
+pub const MAX_ITERS: usize = 1_000_000;
 
 /// Routings the bench takes in turn (`point`).
 const ROUTINGS: usize = 3;

@@ -104,9 +104,9 @@ impl Layout {
                 .ok_or_else(overflow)?;
             Ok(r)
         };
-        let dispatch_count = region(Some(l * r * 8))?;
-        let combine_flag = region(Some(r * 8))?;
-        let credit = region(Some(r * 8))?;
+        let dispatch_count = region(l.checked_mul(r).and_then(|x| x.checked_mul(8)))?;
+        let combine_flag = region(r.checked_mul(8))?;
+        let credit = region(r.checked_mul(8))?;
         let dispatch_send = region(n.checked_mul(msg_bytes))?;
         let dispatch_recv = region(
             r.checked_mul(slots_per_src)

@@ -616,6 +616,11 @@ impl NicGpu {
             dest_rd_atomic: o.rd_atom.1.clamp(1, 16) as u8,
             ..RcParams::with_settings(&s.ib)
         };
+        if let Some(w) = retry_budget_warning(&params, s.timeout) {
+            if s.rank == 0 {
+                eprintln!("rshmem: {w}");
+            }
+        }
         let heap_key = HeapKey {
             base: s.heap_va,
             len: s.heap_size as u64,
@@ -862,9 +867,54 @@ fn peer_mem(
     })
 }
 
+/// How long a ConnectX retries a send before it reports RETRY_EXC (0x15): retry_cnt + 1
+/// tries, each waiting the local ACK timeout 4.096 µs × 2^timeout (IB spec, 9.7.6.1.3).
+/// Real NICs often wait longer, never shorter.
+pub fn nic_retry_budget(p: &RcParams) -> Duration {
+    let ack = Duration::from_nanos(4096).saturating_mul(1u32 << p.timeout.min(31));
+    ack.saturating_mul(p.retry_cnt as u32 + 1)
+}
+
+/// A warning when the device waits (`device_timeout`, RSHMEM_TIMEOUT_MS) give up before
+/// the NIC has reported a peer it cannot reach: the failure would show as a device wait
+/// timeout instead of the RETRY_EXC completion that names the cause.
+pub fn retry_budget_warning(p: &RcParams, device_timeout: Duration) -> Option<String> {
+    let nic = nic_retry_budget(p);
+    (device_timeout <= nic).then(|| {
+        format!(
+            "RSHMEM_TIMEOUT_MS ({} ms) is not longer than the NIC's retry budget ({} ms at \
+             RSHMEM_IB_TIMEOUT={} with {} retries): an unreachable peer would show as a device \
+             wait timeout rather than the NIC's RETRY_EXC; lower RSHMEM_IB_TIMEOUT (14: about \
+             0.5 s) or raise RSHMEM_TIMEOUT_MS",
+            device_timeout.as_millis(),
+            nic.as_millis(),
+            p.timeout,
+            p.retry_cnt
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_device_timeout_is_checked_against_the_nic_retry_budget() {
+        let p = RcParams::default(); // timeout 20, retry 7
+                                     // 8 tries of 4.096 us * 2^20 = 4.295 s each.
+        assert_eq!(nic_retry_budget(&p).as_millis(), 34_359);
+        let w = retry_budget_warning(&p, Duration::from_secs(30)).expect("30 s is shorter");
+        assert!(
+            w.contains("RSHMEM_TIMEOUT_MS (30000 ms)") && w.contains("34359 ms"),
+            "{w}"
+        );
+        assert!(retry_budget_warning(&p, Duration::from_secs(40)).is_none());
+        let short = RcParams {
+            timeout: 14,
+            ..RcParams::default()
+        };
+        assert!(retry_budget_warning(&short, Duration::from_secs(30)).is_none());
+    }
 
     #[test]
     fn queues_past_the_locked_memory_limit_are_refused_up_front() {

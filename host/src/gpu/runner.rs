@@ -1081,6 +1081,17 @@ pub fn bench(o: &BenchOpts) -> Result<Option<GpuReport>> {
         .max()
         .unwrap_or(8);
     let sizes = bench_sizes(&o.op, o.min_size, o.max_size, scratch);
+    if sizes.is_empty() {
+        // Refused before any GPU work, as the CPU bench refuses sizes it cannot measure.
+        return Err(Error::InvalidArgument(format!(
+            "--min-size {} / --max-size {}: no size the {} bench kernels can move (their \
+             scratch holds messages of at most {} bytes)",
+            o.min_size,
+            o.max_size,
+            o.op,
+            bench_cap(scratch)
+        )));
+    }
     let mut settings = Settings::from_env()?;
     if launched.is_some() {
         o.transport.check_launched(&settings)?;

@@ -65,11 +65,15 @@ pub enum DecodeError {
     Cqe(#[from] CqeError),
 }
 
-/// Concatenates hex arguments, ignoring whitespace, ':' separators and a leading `0x`.
+/// Concatenates hex arguments, ignoring whitespace, ':' separators and a leading `0x` on
+/// each whitespace-separated word (`"0x0812 0x3408"` as one argument, as a shell quote or a
+/// paste gives it).
 pub fn decode_hex<S: AsRef<str>>(args: &[S]) -> Result<Vec<u8>, DecodeError> {
     let mut digits = Vec::new();
-    for a in args {
-        let a = a.as_ref().trim();
+    for a in args
+        .iter()
+        .flat_map(|a| a.as_ref().split_ascii_whitespace())
+    {
         let a = a
             .strip_prefix("0x")
             .or_else(|| a.strip_prefix("0X"))
@@ -431,7 +435,16 @@ pub fn run_cli(args: Mlx5Args) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::fm_ce_se_text;
+    use super::{decode_hex, fm_ce_se_text};
+
+    #[test]
+    fn hex_words_may_each_carry_0x() {
+        let want = vec![0x08, 0x12, 0x34, 0x08, 0xab];
+        assert_eq!(decode_hex(&["0x0812 0x3408", "0Xab"]).unwrap(), want);
+        assert_eq!(decode_hex(&["08:12:34", "08ab"]).unwrap(), want);
+        assert!(decode_hex(&["0x08 1x"]).is_err());
+        assert!(decode_hex(&["0x", " "]).is_err(), "no bytes");
+    }
 
     #[test]
     fn fm_ce_se_text_names_every_ce_value() {

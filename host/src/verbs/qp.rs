@@ -456,6 +456,9 @@ impl QueuePair {
         init.send_cq = cq.as_ptr();
         init.recv_cq = cq.as_ptr();
         init.qp_type = sys::IBV_QPT_RC;
+        // Must stay 0: with sq_sig_all the mlx5 kernel driver turns on requester
+        // scatter-to-CQE, and READ and atomic results of up to 32 bytes would land in the
+        // CQE instead of the result buffers the WQEs name (GPU producers read those).
         init.sq_sig_all = 0;
         init.cap.max_send_wr = caps.max_send_wr;
         init.cap.max_send_sge = caps.max_send_sge;
