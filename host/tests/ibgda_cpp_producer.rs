@@ -1003,6 +1003,8 @@ fn waits_time_out_and_a_timed_out_reservation_breaks_the_queue() {
     assert_eq!(out.failed, vec![8], "the final quiet");
     assert!(out.elapsed >= t);
     assert!(!out.desc.is_broken(), "a quiet holds no reservation");
+    // The descriptor says which wait gave up and for which index: completion of the 8.
+    assert_eq!(out.desc.timed_out_waiting(), Some((3, 8)));
     assert_eq!(
         (out.desc.reserved(), out.desc.ready(), out.desc.completed()),
         (8, 8, 0)
@@ -1021,6 +1023,8 @@ fn waits_time_out_and_a_timed_out_reservation_breaks_the_queue() {
     assert_eq!(out.failed, vec![0]);
     assert!(out.desc.is_broken());
     assert!(out.elapsed >= t);
+    // The first timeout stays the one reported.
+    assert_eq!(out.desc.timed_out_waiting(), Some((3, 8)));
     // Every later post fails at once.
     let out = run(
         &env,
@@ -1033,6 +1037,54 @@ fn waits_time_out_and_a_timed_out_reservation_breaks_the_queue() {
     );
     assert_eq!(out.status, vec![status::BROKEN]);
     assert_eq!(out.failed, vec![0]);
+    assert!(out.elapsed < t, "{:?}", out.elapsed);
+}
+
+/// A ring with no engine and one more WRITE than slots: the reservation waits for a free
+/// slot, times out, and the descriptor names that wait and the index (9: the end of the
+/// reservation it waited to fit). A quiet after the queue broke fails at once with BROKEN
+/// (it waited out a second timeout before 2026-12-07).
+#[test]
+fn a_timeout_names_the_wait_and_a_later_quiet_fails_at_once() {
+    let env = Env::new(16, 4096);
+    let w = |_: usize| TestOp {
+        kind: WRITE,
+        len: 8,
+        raddr: env.raddr(0),
+        laddr: env.laddr(0),
+        rkey: env.rkey,
+        lkey: env.lkey,
+        ..TestOp::default()
+    };
+    let mem = Arc::new(QueueMemory::new(8, 8).unwrap());
+    let t = Duration::from_millis(100);
+    let out = run(
+        &env,
+        &mem,
+        None,
+        CqMode::Normal,
+        false,
+        t,
+        &[(0..9).map(w).collect()],
+    );
+    assert_eq!(out.status, vec![status::TIMEOUT]);
+    assert_eq!(out.failed, vec![8], "the ninth WRITE");
+    assert!(out.desc.is_broken());
+    assert_eq!(out.desc.timed_out_waiting(), Some((1, 9)));
+    // Reserved 9, published 8: the hole is the ninth.
+    assert_eq!((out.desc.reserved(), out.desc.ready()), (9, 8));
+    // A plan with no operation: only its final quiet, which can never see the hole
+    // complete.
+    let out = run(
+        &env,
+        &mem,
+        Some(out.desc),
+        CqMode::Normal,
+        false,
+        t,
+        &[Vec::new()],
+    );
+    assert_eq!(out.status, vec![status::BROKEN]);
     assert!(out.elapsed < t, "{:?}", out.elapsed);
 }
 

@@ -113,8 +113,11 @@ pub struct IbgdaQp {
     pub cq_ci: AtomicU32,
     pub cq_lock: AtomicU32,
     pub broken: AtomicU32,
-    pad3a: u32,
-    pad3: [u64; 5],
+    /// The wait that timed out first (`RSHMEM_IBGDA_WAIT_*`; 0: none) and the index it
+    /// waited for: written by the device producer for its error report.
+    pub timeout_what: AtomicU32,
+    pub timeout_index: AtomicU64,
+    pad3: [u64; 4],
     // Line 4.
     pub first_error: AtomicU32,
     pub first_error_syndrome: u8,
@@ -139,6 +142,8 @@ const _: () = {
     assert!(offset_of!(IbgdaQp, last_fence) == 152);
     assert!(offset_of!(IbgdaQp, completed) == 192);
     assert!(offset_of!(IbgdaQp, broken) == 208);
+    assert!(offset_of!(IbgdaQp, timeout_what) == 212);
+    assert!(offset_of!(IbgdaQp, timeout_index) == 216);
     assert!(offset_of!(IbgdaQp, first_error) == 256);
     assert!(offset_of!(IbgdaQp, first_error_index) == 264);
     assert!(offset_of!(IbgdaQp, cqes) == 272);
@@ -198,8 +203,9 @@ impl IbgdaQp {
             cq_ci: AtomicU32::new(0),
             cq_lock: AtomicU32::new(0),
             broken: AtomicU32::new(0),
-            pad3a: 0,
-            pad3: [0; 5],
+            timeout_what: AtomicU32::new(0),
+            timeout_index: AtomicU64::new(0),
+            pad3: [0; 4],
             first_error: AtomicU32::new(0),
             first_error_syndrome: 0,
             first_error_vendor: 0,
@@ -251,6 +257,16 @@ impl IbgdaQp {
         self.cqes.load(Ordering::Acquire)
     }
     /// A wait timed out with a reservation unpublished.
+    /// The wait that timed out first (`RSHMEM_IBGDA_WAIT_*`: 1 free slots, 2 in-order
+    /// publication, 3 completion, 4 the doorbell lock) and the index it waited for.
+    pub fn timed_out_waiting(&self) -> Option<(u32, u64)> {
+        // Relaxed, as the producer stores them: diagnostics.
+        match self.timeout_what.load(Ordering::Relaxed) {
+            0 => None,
+            w => Some((w, self.timeout_index.load(Ordering::Relaxed))),
+        }
+    }
+
     pub fn is_broken(&self) -> bool {
         self.broken.load(Ordering::Acquire) != 0
     }
@@ -353,6 +369,8 @@ pub fn layout_facts() -> Vec<u64> {
         o!(IbgdaQp, cq_ci),
         o!(IbgdaQp, cq_lock),
         o!(IbgdaQp, broken),
+        o!(IbgdaQp, timeout_what),
+        o!(IbgdaQp, timeout_index),
         o!(IbgdaQp, first_error),
         o!(IbgdaQp, first_error_syndrome),
         o!(IbgdaQp, first_error_vendor),

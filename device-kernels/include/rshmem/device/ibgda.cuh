@@ -302,6 +302,12 @@ __device__ __noinline__ inline void rshmemi_ibgda_put_signal(int pe, uint64_t de
                                                              uint64_t bytes, uint64_t sig, uint64_t value,
                                                              int sig_op, bool wait, const char *what) {
   rshmemi_ibgda_sig_op_check(sig_op, pe, sig, what);
+  if (bytes == 0) {
+    // No data: the signal alone. (The one-WQE path would post a WRITE with an empty
+    // inline segment, which rdma-core never builds and a NIC may refuse.)
+    rshmemi_ibgda_signal(pe, sig, value, sig_op, what);
+    return;
+  }
   const bool one = bytes <= rshmem::ibgda::SMALL_INLINE ||
                    (bytes <= RSHMEMI_IBGDA_CHUNK && rshmemi_ibgda_in_heap(src, bytes));
   if (!one) {

@@ -52,6 +52,12 @@ extern "C" {
 #define RSHMEM_IBGDA_ERR_TOO_BIG 4   // a WQE or batch larger than the ring / 16 WQEBBs / inline limit
 
 // One send queue (and its CQ) as producers see it. 320 bytes, 64-byte aligned.
+// What a timed-out wait waited for (rshmem_ibgda_qp_t.timeout_what; 0: none yet).
+#define RSHMEM_IBGDA_WAIT_SLOTS 1u     // reserve: free slots (earlier WQEs to complete)
+#define RSHMEM_IBGDA_WAIT_PUBLISH 2u   // publish: the producers before this one to publish
+#define RSHMEM_IBGDA_WAIT_COMPLETE 3u  // quiet / a fetch: WQEs up to the index to complete
+#define RSHMEM_IBGDA_WAIT_RING 4u      // ring: the doorbell lock
+
 typedef struct rshmem_ibgda_qp {
   // Line 0 — configuration, written by the host, read-only for producers.
   RSHMEM_IBGDA_ALIGN64 uint64_t sq;  // SQ ring: wqe_cnt x 64-B WQEBBs
@@ -85,13 +91,16 @@ typedef struct rshmem_ibgda_qp {
   uint64_t pad2[4];
   // Line 3 — completion: every WQEBB before `completed` has completed (its CQE was
   // consumed); `cq_ci` = CQEs consumed (normal mode); `cq_lock` = one CQ poller at a time;
-  // `broken` = a reservation will never be published (a wait timed out).
+  // `broken` = a reservation will never be published (a wait timed out). `timeout_what`
+  // (RSHMEM_IBGDA_WAIT_*) and `timeout_index`: the wait that timed out first and the index
+  // it waited for, stored (relaxed) by the thread that gave up, for the error report.
   uint64_t completed;
   uint32_t cq_ci;
   uint32_t cq_lock;
   uint32_t broken;
-  uint32_t pad3a;
-  uint64_t pad3[5];
+  uint32_t timeout_what;
+  uint64_t timeout_index;
+  uint64_t pad3[4];
   // Line 4 — the first error CQE (the QP's error state). `first_error` is stored last
   // (release) and is 1 once the other fields are valid.
   uint32_t first_error;

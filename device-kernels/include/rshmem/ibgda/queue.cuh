@@ -35,9 +35,12 @@
 //    completed (release).
 // 6. quiet: wait until completed >= reserved as read at entry; an error CQE at or before
 //    that point → RSHMEM_IBGDA_ERR_CQE. fence: a NOP with fence mode FENCE (0x40), which
-//    the NIC / soft HCA starts only after every earlier WQE of the QP completed, and
-//    before every later one; a WQE that must follow the caller's earlier ones (a signal)
-//    carries FENCE itself. The mark is a WQE, not a flag for "the next reservation":
+//    the soft HCA starts only after every earlier WQE of the QP completed, and before
+//    every later one; a WQE that must follow the caller's earlier ones (a signal) carries
+//    FENCE itself. On a ConnectX the fence waits for the earlier READs and atomics, as
+//    the IB fence indicator does, and an RC QP executes WRITEs and atomics at the target
+//    in the order posted: what OpenSHMEM's fence and put-then-signal need. A fenced WQE
+//    is never proof that earlier WRITEs completed (nothing here takes it as one). The mark is a WQE, not a flag for "the next reservation":
 //    with concurrent producers the next reservation may be another thread's, reserved
 //    before the caller's earlier WQEs were (a flag could land on a WQE that orders
 //    nothing the caller posted).
@@ -112,6 +115,15 @@ RSHMEM_HOST_DEVICE bool expired(const rshmem_ibgda_qp_t *qp, waiter &w) {
   return false;
 }
 
+// A wait gave up: records what it waited for (the first one only; relaxed, the record is
+// diagnostics read after the trap) for the error report.
+RSHMEM_HOST_DEVICE void note_timeout(rshmem_ibgda_qp_t *qp, uint32_t what, uint64_t index) {
+  if (ld_relaxed_gpu_u32(&qp->timeout_what) == 0) {
+    st_relaxed_gpu_u64(&qp->timeout_index, index);
+    st_relaxed_gpu_u32(&qp->timeout_what, what);
+  }
+}
+
 RSHMEM_HOST_DEVICE uint8_t *slot_addr(const rshmem_ibgda_qp_t *qp, uint64_t index) {
   return (uint8_t *)(uintptr_t)qp->sq + mlx5::slot_offset((uint32_t)index, qp->wqe_cnt);
 }
@@ -143,8 +155,11 @@ RSHMEM_HOST_DEVICE rshmem_ibgda_qp_t *table_qp(const rshmem_ibgda_table_t *table
 
 // Rings the doorbell for everything published so far (if not rung yet). The record never
 // moves backwards: ringers take ring_lock (a try-lock retried while someone else rings; the
-// holder does a bounded amount of work, so this cannot hang).
+// holder does a bounded amount of work). Bounded all the same, like every wait: a lock
+// word that is never released (a descriptor not zeroed) breaks the queue after the
+// timeout instead of hanging, and the waits then report it.
 RSHMEM_HOST_DEVICE void ring(rshmem_ibgda_qp_t *qp) {
+  waiter w = {0, 0};
   for (;;) {
     // Acquire: the WQE stores of every producer that published up to `ready` happen
     // before what we do next (in particular before our record store, which releases them
@@ -164,10 +179,16 @@ RSHMEM_HOST_DEVICE void ring(rshmem_ibgda_qp_t *qp) {
         // HCA's doorbell word is memory.
         uint64_t *db = (uint64_t *)(uintptr_t)qp->doorbell;
         const uint64_t word = mlx5::doorbell_word((uint16_t)ready, qp->qpn);
-        if (qp->doorbell_mode == RSHMEM_IBGDA_DOORBELL_MMIO)
+        if (qp->doorbell_mode == RSHMEM_IBGDA_DOORBELL_MMIO) {
           st_release_mmio_sys_u64(db, word);
-        else
+          // System scope, inside the lock: the next ringer's doorbell (after our release of
+          // ring_lock, at GPU scope) must not reach the NIC before ours, which a GPU-scope
+          // release alone does not say of an MMIO store. (The Rust producer drains its
+          // device store the same way.)
+          fence_acq_rel_sys();
+        } else {
           st_release_sys_u64(db, word);
+        }
         // Release: whoever sees `rung` >= x knows the record holds at least x.
         st_release_gpu_u64(&qp->rung, ready);
       }
@@ -176,6 +197,11 @@ RSHMEM_HOST_DEVICE void ring(rshmem_ibgda_qp_t *qp) {
 #if !RSHMEM_DEVICE_COMPILE
       if (hooks().doorbell) hooks().doorbell(hooks().ctx);
 #endif
+      return;
+    }
+    if (expired(qp, w)) {
+      note_timeout(qp, RSHMEM_IBGDA_WAIT_RING, ready);
+      st_release_gpu_u32(&qp->broken, 1);
       return;
     }
   }
@@ -287,6 +313,7 @@ RSHMEM_HOST_DEVICE int reserve(rshmem_ibgda_qp_t *qp, uint32_t n, uint64_t *inde
     if (ld_acquire_gpu_u32(&qp->broken)) return RSHMEM_IBGDA_ERR_BROKEN;
     if (expired(qp, w)) {
       // Our reservation can never be published: later producers would wait forever.
+      note_timeout(qp, RSHMEM_IBGDA_WAIT_SLOTS, idx + n);
       st_release_gpu_u32(&qp->broken, 1);
       return RSHMEM_IBGDA_ERR_TIMEOUT;
     }
@@ -327,6 +354,7 @@ RSHMEM_HOST_DEVICE int publish(rshmem_ibgda_qp_t *qp, uint64_t index, uint32_t n
     while (ld_acquire_gpu_u64(&qp->ready) != index) {
       if (ld_acquire_gpu_u32(&qp->broken)) return RSHMEM_IBGDA_ERR_BROKEN;
       if (expired(qp, w)) {
+        note_timeout(qp, RSHMEM_IBGDA_WAIT_PUBLISH, index);
         st_release_gpu_u32(&qp->broken, 1);
         return RSHMEM_IBGDA_ERR_TIMEOUT;
       }
@@ -351,7 +379,13 @@ RSHMEM_HOST_DEVICE int wait_index(rshmem_ibgda_qp_t *qp, uint64_t end) {
     for (;;) {
       poll_cq(qp);
       if (ld_acquire_gpu_u64(&qp->completed) >= end) break;
-      if (expired(qp, w)) return RSHMEM_IBGDA_ERR_TIMEOUT;
+      // A reservation before `end` that will never be published: what we wait for
+      // cannot complete (before 2026-12-07 this waited out a second timeout).
+      if (ld_acquire_gpu_u32(&qp->broken)) return RSHMEM_IBGDA_ERR_BROKEN;
+      if (expired(qp, w)) {
+        note_timeout(qp, RSHMEM_IBGDA_WAIT_COMPLETE, end);
+        return RSHMEM_IBGDA_ERR_TIMEOUT;
+      }
     }
   }
   // Acquire: pairs with the release of the flag in retire (the fields are valid). A
@@ -386,7 +420,7 @@ RSHMEM_HOST_DEVICE uint32_t write_inline_wqebbs(uint32_t len) {
 // Reserve n WQEBBs, build with `build(buf, ctrl)` into a local buffer of MAXBB WQEBBs,
 // store, publish. The local buffer keeps the WQE in registers for fixed-size WQEs and
 // turns the ring stores into 16-byte stores. `fenced`: the WQE carries fence mode FENCE
-// (it starts only after every earlier WQE of the QP completed).
+// (ordered after every earlier WQE of the QP at the target; see step 6 above).
 template <uint32_t MAXBB, typename Build>
 RSHMEM_HOST_DEVICE int post(rshmem_ibgda_qp_t *qp, uint32_t n, const Build &build,
                             posted *out, bool fenced = false) {
@@ -405,8 +439,9 @@ RSHMEM_HOST_DEVICE int post(rshmem_ibgda_qp_t *qp, uint32_t n, const Build &buil
 }
 
 // OpenSHMEM fence on this QP: a NOP with fence mode FENCE. Every WQE reserved before the
-// call (the caller's earlier ones included) completes before the NOP starts, and every
-// WQE reserved after it (the caller's later ones) starts after the NOP. One WQEBB. The
+// call (the caller's earlier ones included) takes effect at the target before any WQE
+// reserved after it (the caller's later ones): on the soft HCA the NOP starts after the
+// earlier WQEs completed; on a ConnectX, RC order plus the fence (step 6). One WQEBB. The
 // NOP's index is recorded in last_fence (see fence_needed).
 RSHMEM_HOST_DEVICE int fence(rshmem_ibgda_qp_t *qp, posted *out = nullptr) {
   posted p = {0, 0};
@@ -615,6 +650,17 @@ RSHMEM_HOST_DEVICE int get(rshmem_ibgda_qp_t *qp, uint64_t raddr, uint32_t rkey,
 }
 
 // A short name for a status (messages).
+// What a timed-out wait waited for (rshmem_ibgda_qp_t.timeout_what).
+RSHMEM_HOST_DEVICE const char *wait_name(uint32_t what) {
+  switch (what) {
+    case RSHMEM_IBGDA_WAIT_SLOTS: return "free slots (earlier WQEs to complete)";
+    case RSHMEM_IBGDA_WAIT_PUBLISH: return "earlier producers to publish";
+    case RSHMEM_IBGDA_WAIT_COMPLETE: return "WQEs to complete";
+    case RSHMEM_IBGDA_WAIT_RING: return "the doorbell lock";
+    default: return "an unknown wait";
+  }
+}
+
 RSHMEM_HOST_DEVICE const char *status_name(int status) {
   switch (status) {
     case RSHMEM_IBGDA_OK: return "ok";
@@ -687,7 +733,11 @@ inline __device__ __noinline__ __attribute__((noreturn)) void fail(rshmem_ibgda_
                                                            rshmem_device_error_t *rec, int pe,
                                                            uint32_t *claim = nullptr) {
   const bool cqe = status == RSHMEM_IBGDA_ERR_CQE;
-  const uint64_t expected = cqe ? qp->first_error_index : ld_relaxed_gpu_u64(&qp->reserved);
+  const uint32_t waited = ld_relaxed_gpu_u32(&qp->timeout_what);
+  // A timeout (or a queue broken by one) names the index the wait was for.
+  const uint64_t expected = cqe ? qp->first_error_index
+                                : (waited ? ld_relaxed_gpu_u64(&qp->timeout_index)
+                                          : ld_relaxed_gpu_u64(&qp->reserved));
   const uint64_t observed = ld_relaxed_gpu_u64(&qp->completed);
   const uint32_t detail = (uint32_t)status | (uint32_t)qp->first_error_syndrome << 8 |
                           (uint32_t)qp->first_error_wqe_opcode << 16 |
@@ -711,11 +761,23 @@ inline __device__ __noinline__ __attribute__((noreturn)) void fail(rshmem_ibgda_
         status == RSHMEM_IBGDA_ERR_TIMEOUT ? RSHMEM_DEVICE_ERR_WAIT_TIMEOUT : RSHMEM_DEVICE_ERR_QUEUE;
     __threadfence_system();
   }
-  printf("rshmem: PE %d: IBGDA QP 0x%x: %s (syndrome 0x%02x, WQE opcode 0x%02x, index %llu; "
-         "reserved %llu, completed %llu)\n",
-         pe, qp->qpn, status_name(status), qp->first_error_syndrome, qp->first_error_wqe_opcode,
-         (unsigned long long)expected, (unsigned long long)ld_relaxed_gpu_u64(&qp->reserved),
-         (unsigned long long)observed);
+  if (cqe || !waited) {
+    printf("rshmem: PE %d: IBGDA QP 0x%x: %s (syndrome 0x%02x, WQE opcode 0x%02x, index %llu; "
+           "reserved %llu, completed %llu)\n",
+           pe, qp->qpn, status_name(status), qp->first_error_syndrome, qp->first_error_wqe_opcode,
+           (unsigned long long)expected, (unsigned long long)ld_relaxed_gpu_u64(&qp->reserved),
+           (unsigned long long)observed);
+  } else {
+    // Which wait gave up and the producer state: tells a reservation never published
+    // (ready stuck below it) from one published but not rung (rung < ready) from one
+    // rung that the NIC never completed (completed < rung).
+    printf("rshmem: PE %d: IBGDA QP 0x%x: %s: timed out waiting for %s (index %llu; reserved "
+           "%llu, ready %llu, rung %llu, completed %llu)\n",
+           pe, qp->qpn, status_name(status), wait_name(waited), (unsigned long long)expected,
+           (unsigned long long)ld_relaxed_gpu_u64(&qp->reserved),
+           (unsigned long long)ld_relaxed_gpu_u64(&qp->ready),
+           (unsigned long long)ld_relaxed_gpu_u64(&qp->rung), (unsigned long long)observed);
+  }
   __trap();
 }
 
