@@ -62,6 +62,10 @@ use std::time::Instant;
 
 /// Bytes per claimed chunk.
 pub const CHUNK: usize = 64 << 10;
+
+/// Chunks a waiting PE copies per help call (`help_scan`) before it looks at its own wait
+/// again.
+const HELP_CHUNKS_PER_CALL: usize = 16;
 /// The smallest put that is offered to its target.
 pub const MIN_BYTES: usize = 2 * CHUNK;
 /// Bytes of one slot (one cache line).
@@ -309,10 +313,14 @@ impl Pe {
         }
         let theirs = k - mine;
         let start = Instant::now();
-        // From the target: its death ends the wait (with PeerDied) even when tolerated,
-        // instead of the whole timeout for the chunks it held.
-        let waited = self.poll_from(
-            Some(pe),
+        // Only the target's death ends the wait early (with PeerDied, even when
+        // tolerated), instead of the whole timeout for the chunks it held. Another PE's
+        // death must not: the target may still be copying a chunk from our source into
+        // its heap, and a caller that returned would reuse the source (and EP's shrink
+        // mode resends the same put at once) under it. Its chunks take microseconds; the
+        // death is reported by the next call. (Before 2026-12-07 any death ended it.)
+        let waited = self.poll_checking(
+            || self.live.check_only(pe),
             || {
                 // Acquire: pairs with each helper's Release count, so their chunk stores
                 // happen before the last-word store below.
@@ -365,7 +373,15 @@ impl Pe {
     fn help_scan(&self, a: &Assist) -> bool {
         let me = self.my_pe();
         let mut helped = false;
+        // At most this many chunks (1 MiB) per call, then back to the wait that called
+        // it: its condition, liveness and clock, and the engine rounds it owes, come
+        // around again in tens of microseconds rather than after a whole large put (a
+        // 1 GiB put's share was half a gigabyte in one call before 2026-12-07).
+        let mut budget = HELP_CHUNKS_PER_CALL;
         for (i, &from) in a.members.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
             if i == a.slot {
                 continue;
             }
@@ -393,7 +409,11 @@ impl Pe {
             ) else {
                 continue;
             };
-            while let Some(c) = claim(slot.w(RANGE), gen, true) {
+            while budget > 0 {
+                let Some(c) = claim(slot.w(RANGE), gen, true) else {
+                    break;
+                };
+                budget -= 1;
                 // Once a chunk of `gen` is claimed, the initiator rewrites the fields only
                 // after it is counted (or after its timeout), so they are exact now. The
                 // ones read before the claim may belong to an older descriptor whose 24-bit
@@ -408,6 +428,11 @@ impl Pe {
                     break;
                 }
                 let off = c as usize * CHUNK;
+                if off >= len {
+                    // A claimed chunk past the put (a range word corrupted in shared
+                    // memory): never copy outside the validated ranges.
+                    break;
+                }
                 let n = CHUNK.min(len - off);
                 // SAFETY: off + n <= len and both ranges were validated inside their live
                 // mappings; src is another PE's heap and dst ours, so they do not overlap.

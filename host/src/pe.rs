@@ -303,6 +303,18 @@ impl Pe {
     /// Starts a PE with explicit parameters. `root`, if given, is kept alive by this PE.
     pub fn init_with(cfg: PeConfig, root: Option<Root>) -> Result<Pe> {
         let settings = cfg.settings;
+        // Settings built in code skip the environment's checks: the heap must hold the
+        // runtime region (every wait reads words in it) and be whole pages.
+        let size = settings.symmetric_size;
+        if size < crate::config::MIN_SYMMETRIC_SIZE || size % crate::config::page_size() != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "symmetric heap size {size} bytes: it must be at least {} bytes (1 MiB, which \
+                 holds the {}-byte runtime region) and a multiple of the page size ({})",
+                crate::config::MIN_SYMMETRIC_SIZE,
+                crate::heap::RESERVED_BYTES,
+                crate::config::page_size()
+            )));
+        }
         if settings.transport == TransportMode::Ibgda {
             return Err(Error::Env {
                 var: "RSHMEM_TRANSPORT".into(),

@@ -831,7 +831,19 @@ impl Pe {
                     }
                 }
             },
-            |&(i, p)| self.wait_error(op, ivars, i, p, cmp, operand.at(i)),
+            |&(i, p)| {
+                let mut e = self.wait_error(op, ivars, i, p, cmp, operand.at(i));
+                // Any / Some waited for any element of the set, not for the one named.
+                if let (SetWait::Any | SetWait::Some, Error::WaitTimeout { last, .. }) =
+                    (mode, &mut e)
+                {
+                    *last = format!(
+                        "{last}, the first of the {} elements of the wait set, none of which held",
+                        words.len()
+                    );
+                }
+                e
+            },
         )
     }
 
@@ -981,6 +993,25 @@ impl Pe {
     pub(crate) fn poll_from<R, S>(
         &self,
         from: Option<usize>,
+        step: impl FnMut() -> std::result::Result<R, S>,
+        expired: impl FnOnce(&S) -> Error,
+    ) -> Result<R> {
+        self.poll_checking(
+            || match from {
+                Some(f) => self.live.check_to(f),
+                None => self.live.check(),
+            },
+            step,
+            expired,
+        )
+    }
+
+    /// [`Pe::poll`] whose liveness check is `alive` (run every `CHECK_EVERY` polls, with
+    /// the clock).
+    #[inline]
+    pub(crate) fn poll_checking<R, S>(
+        &self,
+        alive: impl Fn() -> Result<()>,
         mut step: impl FnMut() -> std::result::Result<R, S>,
         expired: impl FnOnce(&S) -> Error,
     ) -> Result<R> {
@@ -998,10 +1029,7 @@ impl Pe {
                     }
                     polls += 1;
                     if polls % CHECK_EVERY == 0 {
-                        match from {
-                            Some(f) => self.live.check_to(f)?,
-                            None => self.live.check()?,
-                        }
+                        alive()?;
                         let t0 = *start.get_or_insert_with(Instant::now);
                         if t0.elapsed() >= self.timeout() {
                             return Err(expired(&state));

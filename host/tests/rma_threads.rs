@@ -697,3 +697,23 @@ fn zero_length_operations_on_the_empty_allocation() {
         }
     }
 }
+
+/// Settings built in code skip the environment's checks: a heap smaller than the runtime
+/// region (or not whole pages) is refused on every PE, not mapped and then read past its
+/// end by the first wait (SIGSEGV before 2026-12-07).
+#[test]
+fn a_heap_too_small_for_the_runtime_region_is_refused() {
+    for size in [16 << 10, (1 << 20) + 1] {
+        let mut s = settings();
+        s.symmetric_size = size;
+        let out = run_threads(2, s, |pe| pe.barrier_all()).expect("threads start");
+        for (rank, r) in out.iter().enumerate() {
+            let e = r.as_ref().expect_err("refused").to_string();
+            assert!(
+                e.contains(&format!("symmetric heap size {size} bytes"))
+                    && e.contains("at least 1048576 bytes"),
+                "PE {rank}: {e}"
+            );
+        }
+    }
+}

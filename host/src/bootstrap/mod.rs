@@ -123,6 +123,23 @@ impl Liveness {
         self.died_to(pe)
     }
 
+    /// Fails only when PE `pe` itself died (tolerated or not): for a wait that must not
+    /// end while `pe` may still be working on this PE's memory, whatever else died.
+    pub fn check_only(&self, pe: usize) -> Result<()> {
+        // Acquire: as in `check`.
+        if self.any.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        let r = lock(&self.record);
+        match r.deaths.iter().find(|d| d.0 == pe) {
+            Some((pe, detail, _)) => Err(Error::PeerDied {
+                pe: *pe,
+                detail: detail.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     #[cold]
     #[inline(never)]
     fn died_to(&self, target: usize) -> Result<()> {

@@ -938,13 +938,22 @@ impl Proxy {
         }
     }
 
-    /// `quiet`: waits until every WQE posted so far on every QP has completed.
+    /// `quiet`: waits until every WQE posted so far on every QP has completed, and reports
+    /// the first QP's error after waiting for the others. (Before 2026-12-07 it stopped at
+    /// the first failed QP: the QPs to higher PEs were not waited for, a caller that went
+    /// on after the kept error could signal before its other puts landed, and a QP whose
+    /// error is sticky stopped every later quiet at the same place.)
     pub(crate) fn quiet(&self) -> Result<()> {
+        let mut first = Ok(());
         for (pe, q) in self.qps.iter().enumerate() {
             if let Some(Ok(q)) = q.get() {
-                q.sq.quiet().map_err(|e| self.err(pe, "quiet", e))?;
+                if let Err(e) = q.sq.quiet() {
+                    if first.is_ok() {
+                        first = Err(self.err(pe, "quiet", e));
+                    }
+                }
             }
         }
-        Ok(())
+        first
     }
 }
