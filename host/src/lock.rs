@@ -20,7 +20,9 @@
 //! timeout gets the lock in its turn and everyone behind it goes on. `clear_lock` on a
 //! stranded ticket that is being served gives it up (the lock passes on); before its
 //! turn it is an error that says so. PEs queued behind a stranded ticket wait until its
-//! PE comes back, as in any FIFO lock.
+//! PE comes back, as in any FIFO lock. A release passes the lock on only while it still
+//! serves this PE's ticket, so a `clear_lock` retried after one whose reply was lost
+//! (its compare-and-swap landed) does nothing instead of passing it on a second time.
 
 use crate::error::{Error, Result};
 use crate::pe::{ms_since, Pe};
@@ -45,8 +47,9 @@ fn serving(v: u64) -> u32 {
 pub(crate) enum Claim {
     /// A `set_lock` or `test_lock` of this PE runs for it.
     Waiting,
-    /// This PE holds it.
-    Held,
+    /// This PE holds it, with this ticket (a retried release checks that the lock still
+    /// serves it).
+    Held(u32),
     /// A `clear_lock` of this PE runs for it.
     Releasing,
     /// A ticket a failed `set_lock` left queued.
@@ -65,12 +68,12 @@ impl Pe {
     /// this PE's ticket queued, the next call waits for that ticket again.
     pub fn set_lock(&self, lock: SymPtr<u64>) -> Result<()> {
         let r = match self.claim_lock(lock, "set_lock")? {
-            Some(ticket) => self.wait_turn(lock, ticket, true),
+            Some(ticket) => self.wait_turn(lock, ticket, true).map(|()| ticket),
             None => self.take_lock(lock),
         };
         match r {
-            Ok(()) => {
-                self.set_claim(lock, Claim::Held);
+            Ok(ticket) => {
+                self.set_claim(lock, Claim::Held(ticket));
                 Ok(())
             }
             Err((e, Some(ticket))) => {
@@ -84,8 +87,9 @@ impl Pe {
         }
     }
 
-    /// Takes a ticket and waits for it; on an error, the ticket if one was taken.
-    fn take_lock(&self, lock: SymPtr<u64>) -> std::result::Result<(), (Error, Option<u32>)> {
+    /// Takes a ticket and waits for it; returns the ticket, or on an error the ticket if
+    /// one was taken.
+    fn take_lock(&self, lock: SymPtr<u64>) -> std::result::Result<u32, (Error, Option<u32>)> {
         // A word whose queue is longer than one ticket per PE (the claim above keeps each
         // PE to one) was not zero before first use: refused before taking a ticket, so the
         // word is left as it was.
@@ -106,7 +110,7 @@ impl Pe {
         let old = self
             .atomic_fetch_add(lock, TICKET, HOME)
             .map_err(|e| (e, None))?;
-        self.wait_turn(lock, next(old), false)
+        self.wait_turn(lock, next(old), false).map(|()| next(old))
     }
 
     /// Waits until `lock` serves `mine`, this PE's ticket; `resumed`: the ticket was left
@@ -182,6 +186,7 @@ impl Pe {
     pub fn test_lock(&self, lock: SymPtr<u64>) -> Result<bool> {
         let stranded = self.claim_lock(lock, "test_lock")?;
         let mut spent = false;
+        let mut taken = None;
         let r = (|| {
             // Acquire, as in wait_turn.
             let v = self.atomic_fetch(lock, HOME)?;
@@ -190,6 +195,7 @@ impl Pe {
                     spent = true;
                     return Err(self.spent(lock, mine, serving(v)));
                 }
+                taken = Some(mine);
                 return Ok(serving(v) == mine);
             }
             if next(v) != serving(v) {
@@ -197,11 +203,12 @@ impl Pe {
             }
             // A free lock: take the next ticket only if nobody took it since (AcqRel). A
             // failure means another PE did.
+            taken = Some(next(v));
             Ok(self.atomic_compare_swap(lock, v, v.wrapping_add(TICKET), HOME)? == v)
         })();
-        match (r.as_ref(), stranded) {
-            (Ok(true), _) => self.set_claim(lock, Claim::Held),
-            (_, Some(t)) if !spent => self.set_claim(lock, Claim::Stranded(t)),
+        match (r.as_ref(), stranded, taken) {
+            (Ok(true), _, Some(t)) => self.set_claim(lock, Claim::Held(t)),
+            (_, Some(t), _) if !spent => self.set_claim(lock, Claim::Stranded(t)),
             _ => {
                 self.unclaim_lock(lock);
             }
@@ -222,7 +229,7 @@ impl Pe {
             let mut held = self.held_locks();
             let entry = held.iter_mut().find(|(o, _)| *o == lock.offset());
             match entry {
-                Some((_, c @ (Claim::Held | Claim::Stranded(_)))) => {
+                Some((_, c @ (Claim::Held(_) | Claim::Stranded(_)))) => {
                     let was = *c;
                     *c = Claim::Releasing;
                     was
@@ -242,25 +249,12 @@ impl Pe {
             }
         };
         let r = match claim {
-            Claim::Stranded(mine) => self.atomic_fetch(lock, HOME).and_then(|v| {
-                if serving(v) == mine {
-                    // Nothing was written under the lock: no quiet needed.
-                    self.serve_next(lock)
-                } else if passed(serving(v), mine) {
-                    // Given up already (a release whose reply was lost): nothing to do.
-                    Ok(())
-                } else {
-                    Err(Error::InvalidArgument(format!(
-                        "clear_lock: PE {} does not hold the lock at offset {:#x}: its ticket \
-                         {mine}, left queued by a set_lock that failed, waits behind ticket \
-                         {} (set_lock waits for it again)",
-                        self.my_pe(),
-                        lock.offset(),
-                        serving(v)
-                    )))
-                }
-            }),
-            _ => self.try_quiet().and_then(|()| self.serve_next(lock)),
+            // Nothing was written under a stranded ticket: no quiet needed.
+            Claim::Stranded(mine) => self.serve_next(lock, mine, true),
+            Claim::Held(mine) => self
+                .try_quiet()
+                .and_then(|()| self.serve_next(lock, mine, false)),
+            Claim::Waiting | Claim::Releasing => unreachable!("taken from Held or Stranded"),
         };
         match r {
             Ok(()) => {
@@ -271,13 +265,40 @@ impl Pe {
         r
     }
 
-    /// Serves the next ticket: the low half plus one, without carrying into the high half
-    /// (a carry would hand out a ticket nobody holds). Other PEs may take tickets
-    /// meanwhile, so a compare-and-swap, retried until it lands; AcqRel: the release
-    /// publishes this PE's writes (completed by the quiet before) to the next holder.
-    fn serve_next(&self, lock: SymPtr<u64>) -> Result<()> {
+    /// Serves the ticket after `mine`, this PE's: the low half plus one, without carrying
+    /// into the high half (a carry would hand out a ticket nobody holds). Other PEs may
+    /// take tickets meanwhile, so a compare-and-swap, retried until it lands; AcqRel: the
+    /// release publishes this PE's writes (completed by the quiet before) to the next
+    /// holder. Only while the lock still serves `mine`: a retry after a release whose
+    /// reply was lost finds it passed on and does nothing (before 2026-12-07 it advanced
+    /// the lock a second time, letting a third PE in beside the one that held it).
+    /// `stranded`: `mine` was left queued by a failed set_lock (for the error).
+    fn serve_next(&self, lock: SymPtr<u64>, mine: u32, stranded: bool) -> Result<()> {
         let mut v = self.atomic_fetch(lock, HOME)?;
         loop {
+            if serving(v) != mine {
+                if passed(serving(v), mine) {
+                    // Given up already (a release whose reply was lost): nothing to do.
+                    return Ok(());
+                }
+                return Err(Error::InvalidArgument(format!(
+                    "clear_lock: PE {} does not hold the lock at offset {:#x}: its ticket \
+                     {mine}{} waits behind ticket {}{}",
+                    self.my_pe(),
+                    lock.offset(),
+                    if stranded {
+                        ", left queued by a set_lock that failed,"
+                    } else {
+                        ""
+                    },
+                    serving(v),
+                    if stranded {
+                        " (set_lock waits for it again)"
+                    } else {
+                        ""
+                    }
+                )));
+            }
             let served = (v & !0xffff_ffff) | serving(v).wrapping_add(1) as u64;
             let seen = self.atomic_compare_swap(lock, v, served, HOME)?;
             if seen == v {

@@ -717,3 +717,31 @@ fn a_heap_too_small_for_the_runtime_region_is_refused() {
         }
     }
 }
+
+/// A `clear_lock` whose release landed on the lock's home PE but whose reply was lost
+/// (simulated: the word is advanced by hand, then the holder clears): the retry finds its
+/// ticket passed on and leaves the lock alone. Before 2026-12-07 it served the next ticket
+/// a second time, letting a third PE in while the second held the lock.
+#[test]
+fn a_retried_release_does_not_pass_the_lock_on_twice() {
+    let out = run_threads(2, settings(), |pe| {
+        let lock = pe.calloc::<u64>(1)?;
+        let mut words = Vec::new();
+        if pe.my_pe() == 1 {
+            pe.set_lock(lock)?; // ticket 0
+            pe.atomic_add(lock, 1, 0)?; // the release landed: serving 1
+            words.push(pe.atomic_fetch(lock, 0)?);
+            pe.clear_lock(lock)?; // the retry
+            words.push(pe.atomic_fetch(lock, 0)?);
+            // The lock still works: ticket 1 is served at once.
+            pe.set_lock(lock)?;
+            pe.clear_lock(lock)?;
+            words.push(pe.atomic_fetch(lock, 0)?);
+        }
+        pe.barrier_all()?;
+        Ok(words)
+    })
+    .expect("job starts");
+    let words = out.into_iter().nth(1).unwrap().expect("PE 1");
+    assert_eq!(words, vec![(1 << 32) | 1, (1 << 32) | 1, (2 << 32) | 2]);
+}
