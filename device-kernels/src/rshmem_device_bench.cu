@@ -48,6 +48,8 @@
 //   thread quiets, and the last block to finish records end_ns. bytes = param0 * param1
 //   (param0 rounded down to 8 for p/atomic); bandwidth = bytes / (end_ns - start_ns).
 //   get: PE 0 reads the chunks from the peer (after the peer's "ready" signal).
+//   copy (rshmem_bench_copy_bw_block): PE 0 puts to itself (a local copy through the
+//   device API), param2 ignored; the other PEs return at once.
 // Every transport: the device API picks p2p or IBGDA (proxy / NIC queues) per peer, so
 // `rshmem bench ... --device gpu --transport p2p|proxy|ibgda` uses these same kernels.
 // Launch bounds are 256 threads (the manifest's blocks are at most 256 for this
@@ -73,7 +75,7 @@ constexpr uint64_t kWarmup = 16;
 constexpr uint64_t kPing = 0, kPong = 64, kReady = 128, kCounter = 192, kStarted = 256,
                    kFinished = 320, kAtomicWord = 384;
 
-enum Op { OP_PUT, OP_GET, OP_P, OP_ATOMIC, OP_SIGNAL };
+enum Op { OP_PUT, OP_GET, OP_P, OP_ATOMIC, OP_SIGNAL, OP_COPY };
 
 struct Bufs {
   unsigned char *s;
@@ -230,8 +232,9 @@ __device__ __forceinline__ void grid_meet(uint32_t *word) {
 template <Op O, int S>
 __device__ __forceinline__ void bandwidth(const rshmem_harness_args_t &a) {
   const int me = rshmem_my_pe();
-  const int peer = static_cast<int>(a.param2);
-  if (me != 0 && me != peer) return;
+  // copy: PE 0 alone, into its own destination buffer.
+  const int peer = O == OP_COPY ? 0 : static_cast<int>(a.param2);
+  if (me != 0 && (O == OP_COPY || me != peer)) return;
   const Bufs b = bufs(a);
   const uint32_t rank = rshmemi_scope_rank<S>();
   const uint64_t bytes = (O == OP_P || O == OP_ATOMIC) ? (a.param0 & ~7ull) : a.param0;
@@ -256,7 +259,7 @@ __device__ __forceinline__ void bandwidth(const rshmem_harness_args_t &a) {
     }
     if (threadIdx.x == 0) rshmem_signal_wait_until(b.word(kReady), RSHMEM_CMP_EQ, 1);
     __syncthreads();
-  } else if (me == peer) {
+  } else if (O != OP_COPY && me == peer) {
     return;
   }
   __syncthreads();
@@ -268,7 +271,9 @@ __device__ __forceinline__ void bandwidth(const rshmem_harness_args_t &a) {
         reinterpret_cast<rshmem_bench_record_t *>(a.result)->start_ns = rshmemi_globaltimer();
       }
     }
-    if (O == OP_PUT) {
+    if (O == OP_PUT || O == OP_COPY) {
+      // copy: a put to this PE itself is the device API's local copy, the same code and
+      // the same loop as the put, timed the same way.
       putmem_scope<S>(b.dst + off, b.src + off, len, peer);
     } else if (O == OP_GET) {
       getmem_scope<S>(b.dst + off, b.src + off, len, peer);
@@ -322,3 +327,13 @@ RSHMEMI_BENCH(signal, OP_SIGNAL, block, RSHMEMI_BLOCK, 256)
 RSHMEMI_BENCH(p, OP_P, thread, RSHMEMI_THREAD, 32)
 RSHMEMI_BENCH(atomic, OP_ATOMIC, thread, RSHMEMI_THREAD, 32)
 #undef RSHMEMI_BENCH
+
+// The device-to-device copy timed as the bandwidth kernels are (inside one launch, after
+// all blocks met, no launch gaps): PE 0 copies param0 bytes from its source buffer to its
+// destination buffer per iteration, block scope. `rshmem bench copy` holds the put against
+// the best of this, rshmem_copy and cuMemcpyDtoD; the latter two are timed with events
+// around back-to-back launches, which count the gaps between launches (a microsecond or
+// so each, a third of an 8 MiB copy on an H100) and so understate the copy.
+extern "C" __global__ void __launch_bounds__(256, 1) rshmem_bench_copy_bw_block(rshmem_harness_args_t a) {
+  bandwidth<OP_COPY, RSHMEMI_BLOCK>(a);
+}

@@ -389,8 +389,24 @@ fn the_device_benches_run_and_their_records_check() {
         "2",
         "--max-size",
         "1M",
+        "--json",
     ]);
     assert_eq!(rc, Some(0), "copy: {out}");
+    // Every size the put is measured at also has the in-kernel copy (the reference the
+    // put is held against with the event-timed copies), and the fraction uses the best.
+    let v = json_of(&out, "copy");
+    let rows = v["rows"].as_array().expect("rows");
+    assert!(!rows.is_empty(), "{out}");
+    for r in rows {
+        let put = r["put_bw_gbps"].as_f64().expect("put measured up to 1 MiB");
+        let lp = r["copy_loop_gbps"].as_f64().expect("copy loop measured");
+        assert!(put > 0.0 && lp > 0.0, "{r}");
+        let best = lp
+            .max(r["copy_kernel_gbps"].as_f64().unwrap())
+            .max(r["memcpy_dtod_gbps"].as_f64().unwrap());
+        let frac = r["put_fraction_of_copy"].as_f64().expect("fraction");
+        assert!((frac - put / best).abs() <= 1e-9 * frac.max(1.0), "{r}");
+    }
 }
 
 /// gpu-check's ibgda-rate: the IBGDA producer kernels post WQEs that the discard engine
