@@ -874,10 +874,12 @@ impl Pe {
     pub fn free<T>(&self, ptr: SymPtr<T>) -> Result<()> {
         let quiet = self.try_quiet();
         let args = [ptr.offset() as u64, quiet.is_ok() as u64];
-        self.agree("free", &args, |a| {
+        let agreed = self.agree("free", &args, |a| {
             format!("offset {:#x} ready {}", a[0], a[1] == 1)
-        })?;
+        });
+        // A PE whose quiet failed reports that (the cause), not the mismatch it made.
         quiet?;
+        agreed?;
         if ptr.offset() == 0 {
             return Ok(()); // the empty allocation
         }
@@ -897,10 +899,12 @@ impl Pe {
         let bytes = bytes_of::<T>(count)?;
         let quiet = self.try_quiet();
         let args = [ptr.offset() as u64, bytes as u64, quiet.is_ok() as u64];
-        self.agree("realloc", &args, |a| {
+        let agreed = self.agree("realloc", &args, |a| {
             format!("offset {:#x} bytes {} ready {}", a[0], a[1], a[2] == 1)
-        })?;
+        });
+        // As in free: this PE's own failed quiet is the error it reports.
         quiet?;
+        agreed?;
         if ptr.offset() == 0 {
             let o = self.alloc_collective("realloc", bytes, align_of_elem::<T>(), false)?;
             return Ok(SymPtr::from_raw(o, count));
@@ -925,7 +929,9 @@ impl Pe {
             return Ok(SymPtr::from_raw(ptr.offset(), count));
         }
         let off = self.alloc_collective("realloc", bytes, align_of_elem::<T>(), false)?;
-        let keep = bytes.min(old_bytes).min(ptr.bytes());
+        // The block's own size, not the pointer's view of it: a typed view (a cast) may
+        // cover fewer bytes than the block holds, and realloc keeps the whole old content.
+        let keep = bytes.min(old_bytes);
         if keep > 0 {
             let from = self.target(self.rank, ptr.offset(), keep)?;
             let to = self.target(self.rank, off, keep)?;

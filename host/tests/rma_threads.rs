@@ -745,3 +745,27 @@ fn a_retried_release_does_not_pass_the_lock_on_twice() {
     let words = out.into_iter().nth(1).unwrap().expect("PE 1");
     assert_eq!(words, vec![(1 << 32) | 1, (1 << 32) | 1, (2 << 32) | 2]);
 }
+
+/// realloc keeps the whole old block, also when called through a typed view that covers
+/// fewer bytes (a 100-byte block seen as 12 u64s): before 2026-12-07 it copied only the
+/// view's 96 bytes.
+#[test]
+fn realloc_keeps_the_block_not_the_view() {
+    let out = run_threads(2, settings(), |pe| {
+        let me = pe.my_pe();
+        let p = pe.malloc(100)?;
+        let bytes: Vec<u8> = (0..100).map(|i| (i * 7 + me) as u8).collect();
+        pe.put(p, &bytes, me)?;
+        let q = pe.realloc(p.cast::<u64>(), 50)?;
+        let mut got = vec![0u8; 100];
+        pe.get(&mut got, q.cast::<u8>().slice(0..100), me)?;
+        Ok(got == bytes)
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        assert!(
+            r.expect("PE ran"),
+            "PE {rank}: the block's last bytes were lost"
+        );
+    }
+}
