@@ -91,7 +91,7 @@
 //
 // Faults (as on CPU; see ep_ll_status_t). A send kernel whose input is invalid (args.fault
 // from the host, T > N, an id outside [-1, E)) sends poisoned words instead of data, so
-// every PE's receive kernel completes; each PE records what it saw in ctl->status[set]
+// every PE's receive kernel completes; each PE records what it saw in ctl->status[set][kind]
 // (first reporter wins) for the launcher to turn into the CPU's errors. Outputs of a
 // failed call are unspecified (combine writes zeros). Every wait is bounded by
 // state.timeout_ns and, on timeout, fills the device error record (the peer waited for,
@@ -301,7 +301,8 @@ __device__ __forceinline__ uint64_t *local_word(const ep_ll_args_t &a, uint64_t 
 // First reporter of a call (per set) writes the status; later ones are dropped.
 __device__ void record(const Ctx &c, uint32_t set, uint32_t kind, int32_t peer, uint64_t value,
                        uint64_t expected) {
-  ep_ll_status_t *st = &c.ctl->status[set];
+  // Dispatch kinds (1..3) and combine kinds (4..) keep separate records.
+  ep_ll_status_t *st = &c.ctl->status[set][kind >= EP_LL_STATUS_COMBINE_INPUT ? 1 : 0];
   const unsigned long long old =
       atomicMax(reinterpret_cast<unsigned long long *>(&st->claim), c.tag);
   if (old >= c.tag) return;
@@ -907,7 +908,11 @@ __device__ void combine_send(const ep_ll_args_t &a) {
     }
     if (arrive_last(&c.ctl->dest_done[a.set][1][s], parts) && !gone) {
       if (threadIdx.x == 0) {
-        const uint64_t low = fault != 0 ? (fault & 0xffffffffu) : (s_rows & 0xffffffffu);
+        // The row count (< 2^24: N * K <= 2^20 * 11) with the handle's mark in bits
+        // 24..29, as the CPU's flags carry it.
+        const uint64_t mark = (a.flags >> EP_LL_MARK_SHIFT) & EP_LL_MARK_BITS;
+        const uint64_t low = fault != 0 ? (fault & 0xffffffffu)
+                                        : ((s_rows & EP_COUNT_MASK) | mark << EP_LL_MARK_SHIFT);
         ep_comm::signal(wpe(c, s), a.buf + ep_combine_flag_word(&c.lay, a.set, c.me),
                         c.wtag << 32 | low);
       }
@@ -960,13 +965,22 @@ __device__ void combine_recv(const ep_ll_args_t &a) {
   for (uint32_t p = 0; p < c.R && !problem; ++p) {
     if (s_out[p]) continue;
     const uint32_t low = s_low[p];
+    const uint32_t mark = (a.flags >> EP_LL_MARK_SHIFT) & EP_LL_MARK_BITS;
+    const uint32_t theirs = (low >> EP_LL_MARK_SHIFT) & EP_LL_MARK_BITS;
     if (low & EP_POISON) {
       problem = true;
       if (threadIdx.x == 0) record(c, a.set, EP_LL_STATUS_COMBINE_PEER, static_cast<int32_t>(p), low, 0);
-    } else if (low != s_expected[p]) {
+    } else if (theirs != mark) {
+      // The peer combined the handle of another dispatch (its rows are of another routing,
+      // even when the counts agree): the CPU's check, since 2026-12-07 on the GPU too.
       problem = true;
       if (threadIdx.x == 0)
-        record(c, a.set, EP_LL_STATUS_COMBINE_ROWS, static_cast<int32_t>(p), low, s_expected[p]);
+        record(c, a.set, EP_LL_STATUS_COMBINE_HANDLE, static_cast<int32_t>(p), theirs, mark);
+    } else if ((low & EP_COUNT_MASK) != s_expected[p]) {
+      problem = true;
+      if (threadIdx.x == 0)
+        record(c, a.set, EP_LL_STATUS_COMBINE_ROWS, static_cast<int32_t>(p), low & EP_COUNT_MASK,
+               s_expected[p]);
     }
   }
   const float *weights = reinterpret_cast<const float *>(a.topk_weights);

@@ -460,6 +460,8 @@ fn the_gpu_ep_suite_passes_at_4_pes() {
     for case in [
         "faults",
         "graph-replay-x3",
+        "status-per-kind",
+        "handle-mismatch",
         "masked-PE",
         "shrink-dead-PE",
         "team-split",
@@ -493,7 +495,12 @@ fn the_gpu_ep_suite_passes_over_the_proxy() {
         &[("RSHMEM_TIMEOUT_MS", "60000")],
     );
     assert_eq!(rc, Some(0), "{out}");
-    for case in ["h7168-fp8-T=N", "faults", "graph-replay-x3"] {
+    for case in [
+        "h7168-fp8-T=N",
+        "faults",
+        "graph-replay-x3",
+        "handle-mismatch",
+    ] {
         assert!(
             out.contains(&format!("ep check 2 PEs {case}: ok")),
             "{case}: {out}"

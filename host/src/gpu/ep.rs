@@ -51,6 +51,10 @@ pub const FLAG_ROUND_SCALE: u32 = 0x2;
 pub const FLAG_FP8_BUFFER: u32 = 0x4;
 /// `EP_LL_SHRINK`: a wait that times out masks its PE instead of trapping.
 pub const FLAG_SHRINK: u32 = 0x8;
+/// `EP_LL_MARK_SHIFT` / `EP_LL_MARK_BITS`: combine's flags carry the handle's dispatch
+/// call mod 64 there (the CPU's handle mark).
+pub const MARK_SHIFT: u32 = 24;
+pub const MARK_BITS: u32 = 0x3f;
 /// `EP_SHRUNK`: the low word of a signal word a shrinking receiver settled.
 pub const SHRUNK: u64 = 1 << 30;
 /// `EP_LL_MASK_SHRUNK(tag)`: the mask entry a kernel writes for a PE it gave up on in the
@@ -66,6 +70,8 @@ pub const STATUS_DISPATCH_CORRUPT: u32 = 3;
 pub const STATUS_COMBINE_INPUT: u32 = 4;
 pub const STATUS_COMBINE_PEER: u32 = 5;
 pub const STATUS_COMBINE_ROWS: u32 = 6;
+/// A peer combined the handle of another dispatch: value = its mark, expected = ours.
+pub const STATUS_COMBINE_HANDLE: u32 = 7;
 /// `EP_LL_DEVICE_ERR_CONFIG`: the device error code of an inconsistent EP launch.
 pub const DEVICE_ERR_CONFIG: u32 = 0x4550_0001;
 
@@ -115,7 +121,8 @@ pub struct LlStatus {
 #[derive(Debug, Clone, Copy)]
 pub struct LlCtl {
     pub set_calls: [u64; 2],
-    pub status: [LlStatus; 2],
+    /// Per set and kind: `[set][0]` dispatch, `[set][1]` combine.
+    pub status: [[LlStatus; 2]; 2],
     pub grid_done: [[u32; 4]; 2],
     pub dest_done: [[[u32; MAX_PES]; 2]; 2],
     pub staged: [u64; 2],
@@ -137,11 +144,11 @@ const _: () = assert!(offset_of!(LlArgs, num_tokens) == 96);
 const _: () = assert!(offset_of!(LlArgs, fault) == 120);
 const _: () = assert!(size_of::<LlStatus>() == 48);
 const _: () = assert!(offset_of!(LlCtl, status) == 16);
-const _: () = assert!(offset_of!(LlCtl, grid_done) == 112);
-const _: () = assert!(offset_of!(LlCtl, dest_done) == 144);
-const _: () = assert!(offset_of!(LlCtl, staged) == 144 + 2 * 2 * MAX_PES * 4);
-const _: () = assert!(offset_of!(LlCtl, shrink_decided) == 144 + 2 * 2 * MAX_PES * 4 + 16);
-const CTL_TEAM: usize = 144 + 2 * 2 * MAX_PES * 4 + 16 + 2 * MAX_PES * 8;
+const _: () = assert!(offset_of!(LlCtl, grid_done) == 208);
+const _: () = assert!(offset_of!(LlCtl, dest_done) == 240);
+const _: () = assert!(offset_of!(LlCtl, staged) == 240 + 2 * 2 * MAX_PES * 4);
+const _: () = assert!(offset_of!(LlCtl, shrink_decided) == 240 + 2 * 2 * MAX_PES * 4 + 16);
+const CTL_TEAM: usize = 240 + 2 * 2 * MAX_PES * 4 + 16 + 2 * MAX_PES * 8;
 const _: () = assert!(offset_of!(LlCtl, team_size) == CTL_TEAM);
 const _: () = assert!(offset_of!(LlCtl, team_pe) == CTL_TEAM + 8);
 const _: () = assert!(offset_of!(LlCtl, credit_decided) == CTL_TEAM + 8 + MAX_PES * 4);
@@ -235,6 +242,9 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("EP_LL_STATUS_COMBINE_INPUT", STATUS_COMBINE_INPUT as u64),
         ("EP_LL_STATUS_COMBINE_PEER", STATUS_COMBINE_PEER as u64),
         ("EP_LL_STATUS_COMBINE_ROWS", STATUS_COMBINE_ROWS as u64),
+        ("EP_LL_STATUS_COMBINE_HANDLE", STATUS_COMBINE_HANDLE as u64),
+        ("EP_LL_MARK_SHIFT", MARK_SHIFT as u64),
+        ("EP_LL_MARK_BITS", MARK_BITS as u64),
         ("EP_LL_DEVICE_ERR_CONFIG", DEVICE_ERR_CONFIG as u64),
         ("EP_LL_DISPATCH_SEND", Kernel::DispatchSend as u64),
         ("EP_LL_DISPATCH_RECV", Kernel::DispatchRecv as u64),
@@ -487,10 +497,13 @@ impl ArgBase {
     /// zero-copy region), `handle_out` = the dispatch's outputs (its `src_info`,
     /// `recv_topk_slot`, `layout_range`), `combined` = `[T, H]` bf16.
     #[allow(clippy::too_many_arguments)]
+    /// `handle_call`: the LL call of the dispatch whose handle is combined (its mark goes
+    /// into the flags).
     pub fn combine(
         &self,
         set: usize,
         handle_out: &OutPtrs,
+        handle_call: u64,
         combined: u64,
         expert_out: u64,
         topk_idx: u64,
@@ -499,6 +512,7 @@ impl ArgBase {
         num_tokens: usize,
         fault: u64,
     ) -> LlArgs {
+        let common = self.common(set, idx_type, topk_idx, num_tokens);
         LlArgs {
             x: expert_out,
             topk_weights,
@@ -507,7 +521,8 @@ impl ArgBase {
             recv_topk_slot: handle_out.recv_topk_slot,
             layout_range: handle_out.layout_range,
             fault: (fault & 0xffff_ffff) as u32,
-            ..self.common(set, idx_type, topk_idx, num_tokens)
+            flags: common.flags | ((handle_call as u32 & MARK_BITS) << MARK_SHIFT),
+            ..common
         }
     }
 }
@@ -545,6 +560,13 @@ pub fn status_error(st: &LlStatus, cfg: &Config, me: usize, call: u64) -> Option
         STATUS_COMBINE_ROWS => Error::Verification(format!(
             "{op} (LL call #{call}) on PE {me}: PE {peer} returned {} rows, this PE's routing \
              sent {} tokens to its experts (do all PEs combine the same dispatch?)",
+            st.value, st.expected
+        )),
+        // The CPU's words for the same fault (host/src/ep/mod.rs).
+        STATUS_COMBINE_HANDLE => Error::InvalidArgument(format!(
+            "low_latency_combine: PE {peer} combined with the handle of another dispatch (LL \
+             call {} mod 64) than PE {me} (call {} mod 64): every PE must pass the handle of \
+             the same dispatch",
             st.value, st.expected
         )),
         k => Error::Verification(format!(
@@ -1618,6 +1640,7 @@ impl<'g> GpuBuffer<'g> {
         let args = self.base_args().combine(
             set,
             &self.outs[handle_set].ptrs(),
+            h.call,
             self.outs[set].combined.ptr(),
             x,
             topk_idx,
@@ -1648,6 +1671,8 @@ impl<'g> GpuBuffer<'g> {
         let mut b = vec![0u8; offset_of!(LlCtl, grid_done)];
         self.ctl.read(&mut b)?;
         let set = (call % 2) as usize;
+        // The record of this call's kind: a combine's failure never hides a dispatch's.
+        let kind = usize::from(what.ends_with("combine"));
         let calls = u64::from_le_bytes(b[set * 8..set * 8 + 8].try_into().unwrap_or([0; 8]));
         if calls < call / 2 + 1 {
             return Err(Error::Verification(format!(
@@ -1655,7 +1680,7 @@ impl<'g> GpuBuffer<'g> {
                  counted {calls} calls): was its receive hook run?"
             )));
         }
-        let at = offset_of!(LlCtl, status) + set * size_of::<LlStatus>();
+        let at = offset_of!(LlCtl, status) + (set * 2 + kind) * size_of::<LlStatus>();
         let st = parse_status(&b[at..at + size_of::<LlStatus>()]);
         // The kernels record team ranks; errors name world PEs.
         let mut st = st;
@@ -2162,7 +2187,7 @@ mod tests {
         assert_eq!(d.num_tokens, 200);
 
         // Combine: the handle's outputs, the combined tensor as `out`, weights.
-        let c = base.combine(0, &out, 0x900, 0x800, 0x200, IdxType::I64, 0x300, 64, 0);
+        let c = base.combine(0, &out, 67, 0x900, 0x800, 0x200, IdxType::I64, 0x300, 64, 0);
         assert_eq!(
             (c.x, c.out, c.topk_weights, c.topk_idx),
             (0x800, 0x900, 0x300, 0x200)
@@ -2172,7 +2197,8 @@ mod tests {
             (0x40, 0x50, 0x60)
         );
         assert_eq!((c.recv_count, c.recv_scales), (0, 0));
-        assert_eq!(c.flags, FLAG_ROUND_SCALE | FLAG_FP8_BUFFER);
+        // The handle's call (67) mod 64 in bits 24..29.
+        assert_eq!(c.flags, FLAG_ROUND_SCALE | FLAG_FP8_BUFFER | 3 << 24);
         assert_eq!((c.num_tokens, c.set), (64, 0));
     }
 

@@ -510,6 +510,122 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
     body.and(d)
 }
 
+/// A failed dispatch's error survives a failing combine on its buffer set: dispatch A
+/// (call 0, set 0) with a bad expert id on PE 1, dispatch B (call 1, set 1), then a
+/// combine of A's handle (call 2, set 0) that fails too (zero copy without its buffer, a
+/// fault every PE records); reading A's outputs afterwards still fails naming the bad id.
+/// Before 2026-12-07 the kernels kept one status record per set, the combine's replaced
+/// the dispatch's, and A's partial outputs were returned as a success.
+fn status_case(g: &GpuPe, m: &Module) -> Result<()> {
+    let (n, me) = (g.n_pes(), g.my_pe());
+    let cfg = Config {
+        num_max_dispatch_tokens_per_rank: 16,
+        hidden: 2048,
+        num_experts: 2 * n,
+        num_topk: 2,
+        use_fp8: false,
+        round_scale: false,
+    };
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
+    let good = check::random_routing(7, me, 16, &cfg, None, 0);
+    let mut bad_idx = good.topk_idx.clone();
+    if me == 1 % n {
+        bad_idx[0] = cfg.num_experts as i64;
+    }
+    let x = upload(g, bf16_bytes(&check::origin_x(me, 16, cfg.hidden)), "x")?;
+    let idx_bad = upload(g, &idx_bytes(&bad_idx, IdxType::I64), "topk_idx")?;
+    let idx_ok = upload(g, &idx_bytes(&good.topk_idx, IdxType::I64), "topk_idx")?;
+    let w = upload(g, &f32_bytes(&good.topk_weights), "topk_weights")?;
+    let culprit = 1 % n;
+    let body = (|| -> Result<()> {
+        let mut ha = buf.low_latency_dispatch(x.ptr(), idx_bad.ptr(), IdxType::I64, 16, true)?;
+        buf.recv_hook(&mut ha)?;
+        let _hb = buf.low_latency_dispatch(x.ptr(), idx_ok.ptr(), IdxType::I64, 16, false)?;
+        // Zero copy without get_next_low_latency_combine_buffer: a fault on every PE.
+        let c = buf.low_latency_combine(None, idx_ok.ptr(), IdxType::I64, w.ptr(), &ha, false)?;
+        if buf.read_combined(&c).is_ok() {
+            return Err(Error::Verification(format!(
+                "ep GPU status case on PE {me}: the faulty combine succeeded"
+            )));
+        }
+        match buf.read_dispatch(&ha) {
+            Err(Error::EpPeerFailed { peer, reason, .. })
+                if me != culprit && peer == culprit && reason.contains("is outside [-1,") =>
+            {
+                Ok(())
+            }
+            Err(Error::InvalidArgument(m)) if me == culprit && m.contains("is outside [-1,") => {
+                Ok(())
+            }
+            other => Err(Error::Verification(format!(
+                "ep GPU status case on PE {me}: dispatch A (bad id on PE {culprit}) read after \
+                 a failing combine on its set gave {:?}",
+                other.map(|_| "outputs")
+            ))),
+        }
+    })();
+    let d = buf.destroy();
+    drop((x, idx_bad, idx_ok, w));
+    body.and(d)
+}
+
+/// Two dispatches in flight (receive hooks), then PE 0 combines the first one's handle
+/// and the others the second's: every PE fails naming a PE that combined another
+/// dispatch (the CPU's check; at 2 PEs both routings return the same number of rows from
+/// each PE, so only the handle mark tells; with more, the mark is checked before the
+/// counts).
+fn handle_case(g: &GpuPe, m: &Module) -> Result<()> {
+    let (n, me) = (g.n_pes(), g.my_pe());
+    let cfg = Config {
+        num_max_dispatch_tokens_per_rank: 4,
+        hidden: 2048,
+        num_experts: 2 * n,
+        num_topk: 1,
+        use_fp8: false,
+        round_scale: false,
+    };
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
+    // Token t of PE me goes to expert (2 me + t + shift) % E: at 2 PEs every owner gets
+    // the same count from each PE for shift 0 (A) and 1 (B).
+    let ids = |shift: usize| -> Vec<i64> {
+        (0..4)
+            .map(|t| ((2 * me + t + shift) % cfg.num_experts) as i64)
+            .collect()
+    };
+    let x = upload(g, bf16_bytes(&check::origin_x(me, 4, cfg.hidden)), "x")?;
+    let ia = upload(g, &idx_bytes(&ids(0), IdxType::I64), "topk_idx")?;
+    let ib = upload(g, &idx_bytes(&ids(1), IdxType::I64), "topk_idx")?;
+    let w = upload(g, &f32_bytes(&[1.0f32; 4]), "topk_weights")?;
+    let l = cfg.num_experts / n;
+    let eo = DevBuf::new(g.ctx(), l * n * 4 * cfg.hidden * 2, "expert outputs")?;
+    let body = (|| -> Result<()> {
+        let mut ha = buf.low_latency_dispatch(x.ptr(), ia.ptr(), IdxType::I64, 4, true)?;
+        let mut hb = buf.low_latency_dispatch(x.ptr(), ib.ptr(), IdxType::I64, 4, true)?;
+        buf.recv_hook(&mut ha)?;
+        buf.recv_hook(&mut hb)?;
+        let (h, idx) = if me == 0 { (&ha, &ia) } else { (&hb, &ib) };
+        let c =
+            buf.low_latency_combine(Some(eo.ptr()), idx.ptr(), IdxType::I64, w.ptr(), h, false)?;
+        match buf.read_combined(&c) {
+            Err(Error::InvalidArgument(msg))
+                if msg.contains("combined with the handle of another dispatch")
+                    && msg.contains(if me == 0 { "PE 1 " } else { "PE 0 " }) =>
+            {
+                Ok(())
+            }
+            other => Err(Error::Verification(format!(
+                "ep GPU handle case on PE {me}: combining with another dispatch's handle \
+                 than PE {} gave {:?}",
+                if me == 0 { 1 } else { 0 },
+                other.map(|v| v.len())
+            ))),
+        }
+    })();
+    let d = buf.destroy();
+    drop((x, ia, ib, w, eo));
+    body.and(d)
+}
+
 /// The device inputs of [`checked_round_trips`]: 32 tokens of routing `r` on member `me`
 /// of `n`, and room for the expert outputs. Made before the collective step that precedes
 /// the first LL call (so no PE allocates while a peer's kernel waits for it), and dropped
@@ -876,6 +992,8 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
             .iter()
             .map(|c| c.name.clone())
             .chain(["faults".to_string(), "graph-replay-x3".to_string()])
+            .chain(["status-per-kind".to_string()])
+            .chain((n >= 2).then(|| "handle-mismatch".to_string()))
             .chain((n >= 3).then(|| "masked-PE".to_string()))
             .chain((n >= 3).then(|| "shrink-dead-PE".to_string()))
             .chain((n >= 4).then(|| "team-split".to_string()))
@@ -898,6 +1016,14 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
             g.pe().barrier_all()?;
             let t = Instant::now();
             out.push((graph_case(g, &m, 3), t.elapsed().as_secs_f64()));
+            g.pe().barrier_all()?;
+            let t = Instant::now();
+            out.push((status_case(g, &m), t.elapsed().as_secs_f64()));
+            if n >= 2 {
+                g.pe().barrier_all()?;
+                let t = Instant::now();
+                out.push((handle_case(g, &m), t.elapsed().as_secs_f64()));
+            }
             if n >= 3 {
                 g.pe().barrier_all()?;
                 let t = Instant::now();

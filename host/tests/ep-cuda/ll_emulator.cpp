@@ -444,11 +444,14 @@ int main(int argc, char **argv) {
     return masked_pe < 0 || p != unsigned(masked_pe) || rep < dead_after;
   };
   auto status = [&](FILE *out, unsigned p) {
-    for (unsigned s = 0; s < 2; ++s)
-      fprintf(out, "status %u %u %d %llu %llu %llu\n", s, pes[p].ctl->status[s].kind,
-              pes[p].ctl->status[s].peer, (unsigned long long)pes[p].ctl->status[s].value,
-              (unsigned long long)pes[p].ctl->status[s].commit,
+    for (unsigned s = 0; s < 2; ++s) {
+      // Per set: the dispatch record if it holds one, else the combine record.
+      const ep_ll_status_t &st =
+          pes[p].ctl->status[s][0].kind ? pes[p].ctl->status[s][0] : pes[p].ctl->status[s][1];
+      fprintf(out, "status %u %u %d %llu %llu %llu\n", s, st.kind, st.peer,
+              (unsigned long long)st.value, (unsigned long long)st.commit,
               (unsigned long long)pes[p].ctl->set_calls[s]);
+    }
     if (shrink) {
       fprintf(out, "mask");
       for (unsigned q = 0; q < pes[p].n; ++q) fprintf(out, " %d", pes[p].mask[q]);

@@ -27,6 +27,10 @@ extern "C" {
 #define EP_LL_FP8_BUFFER 0x4u   // the buffer's Config has use_fp8 (its layout's message size):
                                 // required by the _fp8 dispatch kernels, refused by the
                                 // _bf16 ones, and what the combine kernels lay out with
+// Bits 24..29: combine only, the handle's dispatch call mod 64 (the CPU's handle mark):
+// carried in the combine flags, and a peer whose mark differs combined another dispatch.
+#define EP_LL_MARK_SHIFT 24
+#define EP_LL_MARK_BITS 0x3fu
 #define EP_LL_SHRINK 0x8u       // shrink mode (DeepEP's enable_shrink): a wait that times out
                                 // masks its PE (mask[pe] = EP_LL_MASK_SHRUNK(tag)) and the
                                 // call goes on without it, instead of trapping
@@ -89,6 +93,7 @@ typedef struct ep_ll_status {
 #define EP_LL_STATUS_COMBINE_INPUT 4u     // this PE's combine input: value = fault word
 #define EP_LL_STATUS_COMBINE_PEER 5u      // peer poisoned its combine flag: value = fault word
 #define EP_LL_STATUS_COMBINE_ROWS 6u      // peer returned `value` rows, routing expects `expected`
+#define EP_LL_STATUS_COMBINE_HANDLE 7u    // peer combined another dispatch: value = its mark, expected = ours
 
 // rshmem_device_error_t.code for an EP launch whose arguments are inconsistent (invalid
 // config for this kernel's H, R or L beyond the limits above, a handle row pointing
@@ -107,7 +112,10 @@ typedef struct ep_ll_status {
 // which call's stage kernel last ran (for IBGDA destinations).
 typedef struct ep_ll_ctl {
   uint64_t set_calls[2];            // LL calls completed (received) on each set
-  ep_ll_status_t status[2];         // per set
+  ep_ll_status_t status[2][2];      // per set and kind ([set][0] dispatch, [set][1] combine):
+                                    //   a dispatch's record outlives a combine on its set
+                                    //   (before 2026-12-07 one per set: a failing combine two
+                                    //   calls later overwrote a failed dispatch's record)
   uint32_t grid_done[2][4];         // blocks finished, per set and kernel kind (reset by the last)
   uint32_t dest_done[2][2][EP_LL_MAX_PES];  // [set][dispatch/combine][dest]: units finished
   uint64_t staged[2];               // tag of the call whose stage kernel last ran, per set
@@ -141,30 +149,30 @@ static_assert(__builtin_offsetof(ep_ll_args_t, fault) == 120, "ep_ll_args_t layo
 static_assert(sizeof(ep_ll_status_t) == 48, "ep_ll_status_t layout");
 #if !defined(__CUDACC_RTC__)
 static_assert(__builtin_offsetof(ep_ll_ctl_t, status) == 16, "ep_ll_ctl_t layout");
-static_assert(__builtin_offsetof(ep_ll_ctl_t, grid_done) == 112, "ep_ll_ctl_t layout");
-static_assert(__builtin_offsetof(ep_ll_ctl_t, dest_done) == 144, "ep_ll_ctl_t layout");
+static_assert(__builtin_offsetof(ep_ll_ctl_t, grid_done) == 208, "ep_ll_ctl_t layout");
+static_assert(__builtin_offsetof(ep_ll_ctl_t, dest_done) == 240, "ep_ll_ctl_t layout");
 #endif
 #if !defined(__CUDACC_RTC__)
-static_assert(__builtin_offsetof(ep_ll_ctl_t, staged) == 144 + 2 * 2 * EP_LL_MAX_PES * 4, "ep_ll_ctl_t layout");
+static_assert(__builtin_offsetof(ep_ll_ctl_t, staged) == 240 + 2 * 2 * EP_LL_MAX_PES * 4, "ep_ll_ctl_t layout");
 #endif
 #if !defined(__CUDACC_RTC__)
-static_assert(__builtin_offsetof(ep_ll_ctl_t, shrink_decided) == 144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16,
+static_assert(__builtin_offsetof(ep_ll_ctl_t, shrink_decided) == 240 + 2 * 2 * EP_LL_MAX_PES * 4 + 16,
               "ep_ll_ctl_t layout");
 #endif
 #if !defined(__CUDACC_RTC__)
 static_assert(__builtin_offsetof(ep_ll_ctl_t, team_size) ==
-                  144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8,
+                  240 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8,
               "ep_ll_ctl_t layout");
 static_assert(__builtin_offsetof(ep_ll_ctl_t, team_pe) ==
-                  144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8,
+                  240 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8,
               "ep_ll_ctl_t layout");
 #endif
 #if !defined(__CUDACC_RTC__)
 static_assert(__builtin_offsetof(ep_ll_ctl_t, credit_decided) ==
-                  144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8 + EP_LL_MAX_PES * 4,
+                  240 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8 + EP_LL_MAX_PES * 4,
               "ep_ll_ctl_t layout");
 #endif
-static_assert(sizeof(ep_ll_ctl_t) == 144 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8 +
+static_assert(sizeof(ep_ll_ctl_t) == 240 + 2 * 2 * EP_LL_MAX_PES * 4 + 16 + 2 * EP_LL_MAX_PES * 8 + 8 +
                                          EP_LL_MAX_PES * 4 + 2 * EP_LL_MAX_PES * 8,
               "ep_ll_ctl_t layout");
 #endif
