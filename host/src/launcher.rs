@@ -265,16 +265,27 @@ pub fn run_cli(args: RunArgs) -> i32 {
 /// `Err` means the job could not be started (nothing runs any more when it returns);
 /// a job that ran and failed is `Ok` with a non-zero [`LaunchOutcome::exit_code`].
 pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
+    // The root this launcher hosts logs through the stderr writer thread too: it logs
+    // deaths while the supervisor may wait for its state (see bootstrap::set_log_sink).
+    crate::bootstrap::set_log_sink(|line| {
+        output::write_to(output::Target::Stderr, line.as_bytes())
+    });
     let signals = if opts.handle_signals {
         Some(signals::SignalGuard::install()?)
     } else {
         None
     };
     let result = run_job(opts, signals.as_ref());
-    let result = result.map(|outcome| finish_output(outcome, signals.as_ref()));
+    let result = result.map(|(outcome, seen)| finish_output(outcome, signals.as_ref(), seen));
     if result.is_err() {
-        // The messages queued before the job failed to start come before the error.
-        output::flush(&|| false);
+        // The messages queued before the job failed to start come before the error; a
+        // signal, or 2 s, ends the wait for a stream nobody reads.
+        let seen = signals.as_ref().map_or(0, |s| s.received().1);
+        let give_up = std::time::Instant::now() + STOP_GRACE;
+        output::flush(&|| {
+            signals.as_ref().is_some_and(|s| s.received().1 > seen)
+                || std::time::Instant::now() >= give_up
+        });
     }
     drop(signals);
     result
@@ -284,11 +295,13 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
 /// [`output::flush`]). A signal that arrives meanwhile drops what is left; the job then
 /// exits 128 + that signal unless a PE's failure already set its status. A job that was
 /// interrupted already waits at most [`STOP_GRACE`] for its output.
+/// `seen`: the signals the supervisor acted on; one that arrived after its last look
+/// (during the final drain or the cleanup) counts as new here.
 fn finish_output(
     mut outcome: LaunchOutcome,
     signals: Option<&signals::SignalGuard>,
+    seen: usize,
 ) -> LaunchOutcome {
-    let seen = signals.map_or(0, |s| s.received().1);
     let interrupted = outcome.interrupted_by.is_some();
     let give_up_at = std::time::Instant::now() + STOP_GRACE;
     let stopped_by = std::cell::Cell::new(None);
@@ -323,8 +336,12 @@ fn finish_output(
     outcome
 }
 
-/// [`launch`] up to the end of the job, with the signal handlers installed when asked.
-fn run_job(opts: &LaunchOptions, signals: Option<&signals::SignalGuard>) -> Result<LaunchOutcome> {
+/// [`launch`] up to the end of the job, with the signal handlers installed when asked;
+/// also the number of signals the supervisor acted on.
+fn run_job(
+    opts: &LaunchOptions,
+    signals: Option<&signals::SignalGuard>,
+) -> Result<(LaunchOutcome, usize)> {
     check_npes(opts.npes)?;
     let program = process::resolve_program(&opts.program)?;
     check_extra_env(&opts.env)?;
@@ -358,14 +375,17 @@ fn run_job(opts: &LaunchOptions, signals: Option<&signals::SignalGuard>) -> Resu
         ));
     }
 
-    Ok(LaunchOutcome {
-        exit_code: report.exit_code(),
-        job_id,
-        pe_exits: report.pe_exits,
-        first_failure: report.first_failure,
-        interrupted_by: report.interrupted_by,
-        removed_segments,
-    })
+    Ok((
+        LaunchOutcome {
+            exit_code: report.exit_code(),
+            job_id,
+            pe_exits: report.pe_exits,
+            first_failure: report.first_failure,
+            interrupted_by: report.interrupted_by,
+            removed_segments,
+        },
+        report.signals_seen,
+    ))
 }
 
 /// Open files the launcher needs for a job of `npes` PEs: two per PE for the bootstrap

@@ -712,35 +712,28 @@ fn collectives_time_the_slowest_pe_on_request() {
     );
 }
 
-/// Output into a reader that stops early (`rshmem bench put | head -1`): the process ends
-/// by SIGPIPE, as Unix tools do, instead of panicking in println! on EPIPE.
+/// Output into a reader that is gone (`rshmem selftest --list | head -0`): the process ends
+/// by SIGPIPE, as Unix tools do, instead of panicking in println! on EPIPE. The stdout
+/// given is a pipe whose read end is closed before the child starts, so the first write
+/// fails whatever the timing.
 #[test]
-fn a_reader_that_stops_early_ends_the_bench_quietly() {
-    use std::io::BufRead;
+fn a_reader_that_is_gone_ends_the_command_quietly() {
+    use std::os::fd::FromRawFd;
     use std::os::unix::process::ExitStatusExt;
-    let mut child = Command::new(BIN)
-        .args([
-            "bench",
-            "put",
-            "--iters",
-            "16",
-            "--warmup",
-            "1",
-            "--max-size",
-            "1M",
-        ])
-        .env_remove("RSHMEM_TRANSPORT")
-        .stdout(std::process::Stdio::piped())
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) fills two descriptors into a valid array of two.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: fds[0] is the read end pipe(2) just opened; closing it leaves the write end
+    // with no reader.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: fds[1] is an open descriptor owned by nothing else; OwnedFd takes it.
+    let write_end = unsafe { std::os::fd::OwnedFd::from_raw_fd(fds[1]) };
+    let o = Command::new(BIN)
+        .args(["selftest", "--list"])
+        .stdout(std::process::Stdio::from(write_end))
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    assert!(first.starts_with("rshmem bench put"), "{first:?}");
-    // The reader is gone: the next row finds the pipe closed.
-    let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(
         o.status.signal(),

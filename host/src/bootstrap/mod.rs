@@ -24,7 +24,7 @@ mod socket;
 pub(crate) mod wire;
 
 pub use client::{Bootstrap, JoinParams};
-pub use root::Root;
+pub use root::{set_log_sink, Root};
 
 /// A set of PEs taking part in a collective: a team's unique id and its members' world ranks
 /// in team order.

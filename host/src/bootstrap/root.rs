@@ -114,11 +114,26 @@ struct Pending {
     failed: Option<(String, HashSet<u32>)>,
 }
 
+/// Where the root's log lines go instead of stderr (one line, newline included), when set:
+/// `rshmem run` sets its stderr writer thread, so that a stderr nobody reads blocks
+/// neither a connection thread nor, through the locks it holds, the launcher's
+/// supervisor.
+static LOG_SINK: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
+
+/// Sends the root's log lines to `sink` from now on (the first call wins).
+pub fn set_log_sink(sink: fn(&str)) {
+    let _ = LOG_SINK.set(sink);
+}
+
 fn log(msg: impl std::fmt::Display) {
+    let line = format!("rshmem bootstrap: {msg}\n");
+    if let Some(sink) = LOG_SINK.get() {
+        return sink(&line);
+    }
     // Not eprintln!: after the terminal went away (SIGHUP) a write error must not panic
     // a connection thread before it records a death.
     use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "rshmem bootstrap: {msg}");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 fn random_job_id() -> Result<String> {
@@ -422,8 +437,12 @@ fn serve_connection(hub: &Arc<Hub>, mut stream: TcpStream, peer: SocketAddr) {
     // Dropping the sender ends the writer thread once it has sent what is queued.
     st.peers[rank as usize] = None;
     if let Some(detail) = death {
-        log(format!("PE {rank} ({peer}) died: {detail}"));
+        let line = format!("PE {rank} ({peer}) died: {detail}");
         report_death(&mut st, rank, detail);
+        // Logged after the state lock is released: a write that blocks (a stderr nobody
+        // reads) must not hold the lock every other connection and the launcher need.
+        drop(st);
+        log(line);
     }
 }
 

@@ -236,6 +236,8 @@ pub(super) struct Report {
     pub pe_exits: Vec<PeExit>,
     pub first_failure: Option<(usize, PeExit)>,
     pub interrupted_by: Option<i32>,
+    /// Signals received that supervision acted on (a later one is new to the caller).
+    pub signals_seen: usize,
 }
 
 impl Report {
@@ -653,6 +655,7 @@ impl Job {
                 .collect(),
             first_failure,
             interrupted_by,
+            signals_seen,
         }
     }
 }
@@ -708,6 +711,7 @@ mod tests {
             pe_exits: Vec::new(),
             first_failure,
             interrupted_by,
+            signals_seen: 0,
         };
         assert_eq!(report(Some((2, PeExit::Code(0))), None).exit_code(), 1);
         assert_eq!(report(Some((2, PeExit::Code(7))), None).exit_code(), 7);

@@ -85,8 +85,8 @@ impl SignalGuard {
             // we fill in before use.
             let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
             action.sa_sigaction = record_signal as extern "C" fn(libc::c_int) as usize;
-            // SA_RESTART: the supervisor's blocking writes to stdout/stderr resume after
-            // the handler; poll is never restarted, so the supervisor still wakes up.
+            // SA_RESTART: the writer threads' blocking writes to stdout/stderr resume
+            // after the handler; poll is never restarted, so the supervisor still wakes up.
             action.sa_flags = libc::SA_RESTART;
             // SAFETY: `action.sa_mask` is a valid sigset_t owned by `action`.
             unsafe { libc::sigemptyset(&mut action.sa_mask) };
