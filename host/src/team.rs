@@ -133,9 +133,11 @@ impl Team {
     }
 }
 
-/// First word of a team split's record, so that a split meeting another call (the other
-/// split, an allocation's agreement) on the same parent is a mismatch on every member
-/// rather than arguments read from the wrong record. (Before 2026-12-07 a strided split
+/// First word of a team split's record, so that a split meeting another bootstrap
+/// agreement (the other split; an allocation's agreement on a team whose agreements go
+/// through the bootstrap) on the same parent is a mismatch on every member rather than
+/// arguments read from the wrong record. (On p2p teams allocations agree through the
+/// heap, so a split meeting one is not seen by either side: both time out.) (Before 2026-12-07 a strided split
 /// meeting a 2-D split could pass on one side with the other's words as its arguments.)
 const SPLIT_STRIDED: u64 = u64::from_le_bytes(*b"tsplit-s");
 const SPLIT_2D: u64 = u64::from_le_bytes(*b"tsplit-2");
@@ -363,11 +365,13 @@ impl Pe {
     }
 
     /// Barrier over `team` that also completes this PE's outstanding RMA (quiet + sync).
-    /// A failed quiet is reported after the sync, which runs anyway: the other members do
-    /// not wait out their timeout for a PE that left the barrier with its error.
+    /// A PE whose quiet fails returns its error without the sync, so the other members do
+    /// not pass the barrier believing its puts landed: they time out naming it. (Syncing
+    /// anyway, tried on 2026-12-07, let them go on with data that never arrived; carrying
+    /// the quiet's outcome in the barrier would fail them at once, and is not built.)
     pub fn team_barrier(&self, team: &Team) -> Result<()> {
-        let quiet = self.try_quiet();
-        self.sync_team(team).and(quiet)
+        self.try_quiet()?;
+        self.sync_team(team)
     }
 
     /// Synchronisation over `team` without completing RMA (OpenSHMEM `shmem_team_sync`).

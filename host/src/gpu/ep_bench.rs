@@ -53,7 +53,7 @@ pub struct GpuEpStats {
     /// Device-to-device copy bandwidth, bytes copied per second / 1e9: the better of
     /// cuMemcpyDtoD and the library's rshmem_copy kernel (512 MiB, same GPU).
     pub copy_gbps: f64,
-    /// Distinct GPUs the PEs are on (by PCI bus id).
+    /// Distinct GPUs the PEs are on (by node and PCI bus id).
     pub gpus: usize,
     pub memcpy_dtod_gbps: f64,
     pub copy_kernel_gbps: f64,
@@ -1599,13 +1599,14 @@ fn point(
     let layout_bytes = buf.layout().total_bytes;
     let msg = buf.layout().msg_bytes as f64;
     let h2 = (cfg.hidden * 2) as f64;
-    // Gather: problem flag, bytes, this PE's GPU (a hash of its PCI bus id, as f64 bits),
-    // per-iteration times.
+    // Gather: problem flag, bytes, this PE's GPU (a hash of its node's id and its PCI bus
+    // id, as f64 bits: identical nodes reuse bus ids), per-iteration times.
+    let node = pe.boot().node_ids()[pe.my_pe()].clone();
     let gpu_id = f64::from_bits(crate::pe::mix64(
-        g.device()
-            .pci_bus_id
-            .bytes()
-            .fold(0u64, |h, b| h.rotate_left(8) ^ b as u64),
+        node.bytes()
+            .chain([0u8])
+            .chain(g.device().pci_bus_id.bytes())
+            .fold(0u64, |h, b| crate::pe::mix64(h ^ b as u64)),
     ));
     let mut blob = Vec::new();
     blob.extend((problem.is_some() as u64).to_le_bytes());

@@ -256,17 +256,19 @@ impl IbgdaQp {
     pub fn cqes(&self) -> u64 {
         self.cqes.load(Ordering::Acquire)
     }
-    /// A wait timed out with a reservation unpublished.
     /// The wait that timed out first (`RSHMEM_IBGDA_WAIT_*`: 1 free slots, 2 in-order
     /// publication, 3 completion, 4 the doorbell lock) and the index it waited for.
     pub fn timed_out_waiting(&self) -> Option<(u32, u64)> {
-        // Relaxed, as the producer stores them: diagnostics.
-        match self.timeout_what.load(Ordering::Relaxed) {
+        // Acquire: pairs with the producer's release of `what` after the index (a claim
+        // in progress reads as u32::MAX, "being written").
+        match self.timeout_what.load(Ordering::Acquire) {
             0 => None,
             w => Some((w, self.timeout_index.load(Ordering::Relaxed))),
         }
     }
 
+    /// The queue is broken: a wait timed out holding a reservation it will never publish,
+    /// or the doorbell lock was never released; every later post fails at once.
     pub fn is_broken(&self) -> bool {
         self.broken.load(Ordering::Acquire) != 0
     }

@@ -943,13 +943,23 @@ impl Proxy {
     /// the first failed QP: the QPs to higher PEs were not waited for, a caller that went
     /// on after the kept error could signal before its other puts landed, and a QP whose
     /// error is sticky stopped every later quiet at the same place.)
+    ///
+    /// A QP that timed out ends the call at once: each QP's wait has its own bound, and
+    /// going on would make a stalled engine cost one timeout per QP. Errors that are
+    /// already known (an error CQE, a broken queue) do not wait, so the other QPs are
+    /// still waited for after them.
     pub(crate) fn quiet(&self) -> Result<()> {
         let mut first = Ok(());
         for (pe, q) in self.qps.iter().enumerate() {
             if let Some(Ok(q)) = q.get() {
                 if let Err(e) = q.sq.quiet() {
+                    let timed_out = matches!(e, SqError::Timeout { .. });
+                    let e = self.err(pe, "quiet", e);
+                    if timed_out {
+                        return first.and(Err(e));
+                    }
                     if first.is_ok() {
-                        first = Err(self.err(pe, "quiet", e));
+                        first = Err(e);
                     }
                 }
             }
