@@ -445,9 +445,9 @@ int main(int argc, char **argv) {
   };
   auto status = [&](FILE *out, unsigned p) {
     for (unsigned s = 0; s < 2; ++s) {
-      // Per set: the dispatch record if it holds one, else the combine record.
-      const ep_ll_status_t &st =
-          pes[p].ctl->status[s][0].kind ? pes[p].ctl->status[s][0] : pes[p].ctl->status[s][1];
+      // Per set: the later of its dispatch and combine records (by commit tag).
+      const ep_ll_status_t &d = pes[p].ctl->status[s][0], &c = pes[p].ctl->status[s][1];
+      const ep_ll_status_t &st = c.commit > d.commit ? c : d;
       fprintf(out, "status %u %u %d %llu %llu %llu\n", s, st.kind, st.peer,
               (unsigned long long)st.value, (unsigned long long)st.commit,
               (unsigned long long)pes[p].ctl->set_calls[s]);

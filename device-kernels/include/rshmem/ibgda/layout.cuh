@@ -91,7 +91,8 @@ typedef struct rshmem_ibgda_qp {
   uint64_t pad2[4];
   // Line 3 — completion: every WQEBB before `completed` has completed (its CQE was
   // consumed); `cq_ci` = CQEs consumed (normal mode); `cq_lock` = one CQ poller at a time;
-  // `broken` = a reservation will never be published (a wait timed out). `timeout_what`
+  // `broken` = a reservation will never be published (a wait timed out holding one), or
+  // the doorbell lock was never released (ring timed out). `timeout_what`
   // (RSHMEM_IBGDA_WAIT_*) and `timeout_index`: the wait that timed out first and the index
   // it waited for, stored (relaxed) by the thread that gave up, for the error report.
   uint64_t completed;

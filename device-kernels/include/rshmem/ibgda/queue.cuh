@@ -115,12 +115,14 @@ RSHMEM_HOST_DEVICE bool expired(const rshmem_ibgda_qp_t *qp, waiter &w) {
   return false;
 }
 
-// A wait gave up: records what it waited for (the first one only; relaxed, the record is
-// diagnostics read after the trap) for the error report.
+// A wait gave up: records what it waited for, for the error report. The first one only:
+// a claim (0 -> a marker no wait uses, acquire) makes one thread the writer, which stores
+// the index and then `what` (release), so a reader that acquires `what` sees its index,
+// never another thread's.
 RSHMEM_HOST_DEVICE void note_timeout(rshmem_ibgda_qp_t *qp, uint32_t what, uint64_t index) {
-  if (ld_relaxed_gpu_u32(&qp->timeout_what) == 0) {
+  if (cas_acquire_gpu_u32(&qp->timeout_what, 0, 0xffffffffu)) {
     st_relaxed_gpu_u64(&qp->timeout_index, index);
-    st_relaxed_gpu_u32(&qp->timeout_what, what);
+    st_release_gpu_u32(&qp->timeout_what, what);
   }
 }
 
@@ -733,7 +735,8 @@ inline __device__ __noinline__ __attribute__((noreturn)) void fail(rshmem_ibgda_
                                                            rshmem_device_error_t *rec, int pe,
                                                            uint32_t *claim = nullptr) {
   const bool cqe = status == RSHMEM_IBGDA_ERR_CQE;
-  const uint32_t waited = ld_relaxed_gpu_u32(&qp->timeout_what);
+  // Acquire: pairs with note_timeout's release (the index is the same wait's).
+  const uint32_t waited = ld_acquire_gpu_u32(&qp->timeout_what);
   // A timeout (or a queue broken by one) names the index the wait was for.
   const uint64_t expected = cqe ? qp->first_error_index
                                 : (waited ? ld_relaxed_gpu_u64(&qp->timeout_index)
