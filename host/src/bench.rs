@@ -657,9 +657,15 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         settings.symmetric_size = need.next_multiple_of(1 << 20);
     }
     let mut out = run_threads(args.pe_count(), settings, |pe| bench_pe(pe, args))?;
-    // Report the first failure (by rank) if any.
-    for r in out.iter_mut() {
-        if let Err(e) = r {
+    // Report the first failure (by rank) that is not only another PE's death: a PE that
+    // failed a check leaves, and the others then fail naming it, which would hide its
+    // own error (before 2026-12-07 PE 0's "PE 1 died" hid PE 1's verification error).
+    let cause = out
+        .iter()
+        .position(|r| matches!(r, Err(e) if !matches!(e, Error::PeerDied { .. })))
+        .or_else(|| out.iter().position(|r| r.is_err()));
+    if let Some(i) = cause {
+        if let Err(e) = &mut out[i] {
             return Err(std::mem::replace(e, Error::Launch(String::new())));
         }
     }
@@ -1149,7 +1155,10 @@ fn put_like(
     let mut assisted = 0.0;
     let bw_tag = salt | 0xB000_0000;
     if me == 0 {
-        fill(src, bw_tag);
+        // The warm-up moves other data than the timed stream (refilled after it), so the
+        // check below sees what the timed puts delivered: before 2026-12-07 both moved
+        // the same bytes, and a timed stream that moved nothing still validated.
+        fill(src, salt | 0xA000_0000);
         // Untimed warm-up of the same stream (caches, TLB, clock), as ucx_perftest and
         // NVSHMEM's perftest do: a quarter of the timed puts, at most --warmup. Signal
         // puts SET the signal to 0, which the timed stream's ADDs then count from (the
@@ -1162,6 +1171,7 @@ fn put_like(
             }
         }
         pe.quiet();
+        fill(src, bw_tag);
         let before = pe.assist_stats().bytes_received;
         let t = Instant::now();
         for _ in 0..bw_n {
@@ -1384,11 +1394,11 @@ fn coll_row(
     let (me, n) = (pe.my_pe(), pe.n_pes());
     let w = size / 8;
     let blocks = a.kind.coll_blocks(n);
-    let tag = |p: usize, j: usize| salt ^ ((p as u64) << 32) ^ ((j as u64) << 16);
+    let tag_of = |salt: u64, p: usize, j: usize| salt ^ ((p as u64) << 32) ^ ((j as u64) << 16);
     let mut v = vec![0u64; w * blocks];
     for (j, b) in v.chunks_mut(w).enumerate() {
         let src_block = if a.kind == Kind::Alltoall { j } else { 0 };
-        fill(b, tag(me, src_block));
+        fill(b, tag_of(salt, me, src_block));
     }
     pe.put(src.slice(0..w * blocks), &v, me)?;
     let team = pe.world().clone();
@@ -1419,6 +1429,18 @@ fn coll_row(
     } else {
         timed_batches(measured / batch, batch, call)?
     };
+    // The timed calls all moved the same inputs: one more call on new inputs (untimed)
+    // is what is checked, so a collective that stopped moving data after its first calls
+    // fails here (before 2026-12-07 the check read the timed calls' identical result).
+    let salt = salt ^ 0x5A5A_0000_0000;
+    for (j, b) in v.chunks_mut(w).enumerate() {
+        let src_block = if a.kind == Kind::Alltoall { j } else { 0 };
+        fill(b, tag_of(salt, me, src_block));
+    }
+    pe.put(src.slice(0..w * blocks), &v, me)?;
+    pe.barrier_all()?;
+    call()?;
+    let tag = |p: usize, j: usize| tag_of(salt, p, j);
     let mut got = vec![0u64; out_words];
     pe.get(&mut got, dst.slice(0..out_words), me)?;
     let what = |p: usize| format!("{size}-byte {}, block of PE {p}", a.kind.name());
