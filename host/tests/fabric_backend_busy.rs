@@ -10,7 +10,7 @@ mod fabric_lo;
 use rshmem::fabric::{Endpoint, MemoryRegion};
 use rshmem::mlx5::Syndrome;
 use rshmem::softhca::backend::{Gather, LocalBuf};
-use rshmem::softhca::{Backend, FabricPeer, Op};
+use rshmem::softhca::{Backend, FabricBackend, FabricPeer, Op};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,6 +27,35 @@ fn peer(addr: rshmem::fabric::PeerAddr, mr: &Arc<MemoryRegion>, rkey: u32) -> Fa
         rkey,
         len: MIB as u64,
     }
+}
+
+/// One 8-byte READ from B (into the end of a's region `la`) while B is progressed by hand,
+/// so that rxm's connection to B is up; B is not progressed afterwards.
+fn connect_by_hand(a: &mut FabricBackend, b: &mut Endpoint, la: &MemoryRegion, pb: &FabricPeer) {
+    const WARM: u64 = 1 << 41;
+    let warm = [LocalBuf {
+        // SAFETY: inside a's region.
+        ptr: unsafe { la.as_ptr().add(MIB - 16) },
+        len: 8,
+    }];
+    let op = Op::Read {
+        raddr: pb.vbase,
+        rkey: pb.rkey,
+        len: 8,
+        dst: &warm,
+    };
+    assert!(a.execute(pb, &mut (), WARM, &op).is_none());
+    let mut warmed = None;
+    let (t, mut evs) = (Instant::now(), Vec::new());
+    while warmed.is_none() {
+        a.poll(&mut |t, s| {
+            assert_eq!(t, WARM);
+            warmed = Some(s);
+        });
+        b.poll_into(&mut evs).expect("poll b");
+        assert!(t.elapsed() < TIMEOUT, "B never answered while progressed");
+    }
+    assert_eq!(warmed, Some(Ok(())));
 }
 
 #[test]
@@ -59,30 +88,9 @@ fn a_stalled_peer_neither_blocks_the_engine_nor_starves_the_others() {
     let (pb, pc) = (peer(to_b, &mb, 7), peer(to_c, &mc, 9));
     let mut got: BTreeMap<u64, Result<(), Syndrome>> = BTreeMap::new();
 
-    // 0. One READ from B while B is progressed by hand, so that rxm's connection to B is
-    //    up; from then on B never runs again: posts to it are accepted and never answered,
-    //    as with a peer process that stopped (or whose link went down).
-    const WARM: u64 = 1 << 41;
-    let warm = [LocalBuf {
-        // SAFETY: inside a's region.
-        ptr: unsafe { la.as_ptr().add(MIB - 16) },
-        len: 8,
-    }];
-    let op = Op::Read {
-        raddr: pb.vbase,
-        rkey: pb.rkey,
-        len: 8,
-        dst: &warm,
-    };
-    assert!(a.execute(&pb, &mut (), WARM, &op).is_none());
-    let t = Instant::now();
-    let mut evs = Vec::new();
-    while !got.contains_key(&WARM) {
-        a.poll(&mut |t, s| assert!(got.insert(t, s).is_none()));
-        b.poll_into(&mut evs).expect("poll b");
-        assert!(t.elapsed() < TIMEOUT, "B never answered while progressed");
-    }
-    assert_eq!(got[&WARM], Ok(()));
+    // 0. B's connection up; from then on B never runs again: posts to it are accepted and
+    //    never answered, as with a peer process that stopped (or whose link went down).
+    connect_by_hand(&mut a, &mut b, &la, &pb);
 
     // 1. More 8-byte READs to B than B may hold in flight: every execute returns at once
     //    (asynchronous), the ones past B's share wait in B's queue. The old backend waited
@@ -281,31 +289,7 @@ fn a_slow_peer_that_progresses_is_not_timed_out() {
     let to_b = a.insert_peer(b.name()).expect("a knows b");
     b.insert_peer(&a.name()).expect("b knows a");
     let pb = peer(to_b, &mb, 7);
-    // One READ while B is progressed by hand, so that rxm's connection to B is up.
-    const WARM: u64 = 1 << 41;
-    let warm = [LocalBuf {
-        // SAFETY: inside a's region.
-        ptr: unsafe { la.as_ptr().add(MIB - 16) },
-        len: 8,
-    }];
-    let op = Op::Read {
-        raddr: pb.vbase,
-        rkey: pb.rkey,
-        len: 8,
-        dst: &warm,
-    };
-    assert!(a.execute(&pb, &mut (), WARM, &op).is_none());
-    let mut warmed = None;
-    let (t, mut evs) = (Instant::now(), Vec::new());
-    while warmed.is_none() {
-        a.poll(&mut |t, s| {
-            assert_eq!(t, WARM);
-            warmed = Some(s);
-        });
-        b.poll_into(&mut evs).expect("poll b");
-        assert!(t.elapsed() < TIMEOUT, "B never answered while progressed");
-    }
-    assert_eq!(warmed, Some(Ok(())));
+    connect_by_hand(&mut a, &mut b, &la, &pb);
     let cap = a.peer_cap();
     // A burst completes about a peer-share and a bit (rxm takes the posts that follow in
     // the same burst): four shares keep posts waiting past the timeout.

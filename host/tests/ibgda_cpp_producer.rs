@@ -975,10 +975,9 @@ fn blocking_fetch_add_with_bad_rkey_fails_at_once() {
     assert_eq!(&env.local_bytes()[128..136], &[0u8; 8]);
 }
 
-#[test]
-fn waits_time_out_and_a_timed_out_reservation_breaks_the_queue() {
-    let env = Env::new(16, 4096);
-    let w = |_: usize| TestOp {
+/// An 8-byte WRITE from the local buffer's start to the remote buffer's start.
+fn write8(env: &Env) -> TestOp {
+    TestOp {
         kind: WRITE,
         len: 8,
         raddr: env.raddr(0),
@@ -986,7 +985,13 @@ fn waits_time_out_and_a_timed_out_reservation_breaks_the_queue() {
         rkey: env.rkey,
         lkey: env.lkey,
         ..TestOp::default()
-    };
+    }
+}
+
+#[test]
+fn waits_time_out_and_a_timed_out_reservation_breaks_the_queue() {
+    let env = Env::new(16, 4096);
+    let w = |_: usize| write8(&env);
     let mem = Arc::new(QueueMemory::new(8, 8).unwrap());
     let t = Duration::from_millis(100);
     // No engine: 8 WRITEs fill the ring; the final quiet times out.
@@ -1047,15 +1052,7 @@ fn waits_time_out_and_a_timed_out_reservation_breaks_the_queue() {
 #[test]
 fn a_timeout_names_the_wait_and_a_later_quiet_fails_at_once() {
     let env = Env::new(16, 4096);
-    let w = |_: usize| TestOp {
-        kind: WRITE,
-        len: 8,
-        raddr: env.raddr(0),
-        laddr: env.laddr(0),
-        rkey: env.rkey,
-        lkey: env.lkey,
-        ..TestOp::default()
-    };
+    let w = |_: usize| write8(&env);
     let mem = Arc::new(QueueMemory::new(8, 8).unwrap());
     let t = Duration::from_millis(100);
     let out = run(

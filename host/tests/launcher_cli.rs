@@ -72,17 +72,7 @@ fn collect(mut pipe: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
 /// Waits (bounded) for `child` and everything it wrote.
 fn finish(mut child: Child, started: Instant, stdout: mpsc::Receiver<Vec<u8>>) -> Finished {
     let stderr = collect(child.stderr.take().expect("stderr piped"));
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if started.elapsed() > BOUND {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("rshmem run did not finish within {BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = wait_bounded(&mut child, started, BOUND);
     let elapsed = started.elapsed();
     let stdout = stdout
         .recv_timeout(Duration::from_secs(3))

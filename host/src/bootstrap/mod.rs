@@ -120,7 +120,7 @@ impl Liveness {
         if self.any.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        self.died_to(pe)
+        self.died_to(pe, true)
     }
 
     /// Fails only when PE `pe` itself died (tolerated or not): for a wait that must not
@@ -130,22 +130,17 @@ impl Liveness {
         if self.any.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        let r = lock(&self.record);
-        match r.deaths.iter().find(|d| d.0 == pe) {
-            Some((pe, detail, _)) => Err(Error::PeerDied {
-                pe: *pe,
-                detail: detail.clone(),
-            }),
-            None => Ok(()),
-        }
+        self.died_to(pe, false)
     }
 
+    /// The death of `target`, or (`any_untolerated`) the first untolerated death first.
     #[cold]
     #[inline(never)]
-    fn died_to(&self, target: usize) -> Result<()> {
+    fn died_to(&self, target: usize, any_untolerated: bool) -> Result<()> {
         let r = lock(&self.record);
-        let d = r
-            .first_untolerated()
+        let d = any_untolerated
+            .then(|| r.first_untolerated())
+            .flatten()
             .or_else(|| r.deaths.iter().find(|d| d.0 == target));
         match d {
             Some((pe, detail, _)) => Err(Error::PeerDied {

@@ -428,16 +428,40 @@ fn gpu_case(g: &GpuPe, m: &Module, c: &Case, oracle: &Oracle) -> Result<()> {
 
 /// Faults: an expert id >= E on PE 1, then T > N on PE 0; every PE fails the call naming
 /// the PE at fault, and the buffer works again afterwards.
-fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
-    let (n, me) = (g.n_pes(), g.my_pe());
-    let cfg = Config {
-        num_max_dispatch_tokens_per_rank: 16,
+/// The small BF16 shape of the fault cases: H = 2048, two experts per PE.
+fn small_bf16(n: usize, tokens: usize, topk: usize) -> Config {
+    Config {
+        num_max_dispatch_tokens_per_rank: tokens,
         hidden: 2048,
         num_experts: 2 * n,
-        num_topk: 2,
+        num_topk: topk,
         use_fp8: false,
         round_scale: false,
-    };
+    }
+}
+
+/// What a call with an input fault on PE `culprit` must give on PE `me`: the culprit its
+/// own InvalidArgument, every other PE EpPeerFailed naming it, both saying `text`.
+fn expect_fault<T>(r: Result<T>, me: usize, culprit: usize, text: &str, case: &str) -> Result<()> {
+    match r {
+        Ok(_) => Err(Error::Verification(format!(
+            "ep GPU {case} case on PE {me}: a call with a fault on PE {culprit} succeeded"
+        ))),
+        Err(Error::EpPeerFailed { peer, reason, .. })
+            if me != culprit && peer == culprit && reason.contains(text) =>
+        {
+            Ok(())
+        }
+        Err(Error::InvalidArgument(m)) if me == culprit && m.contains(text) => Ok(()),
+        Err(e) => Err(Error::Verification(format!(
+            "ep GPU {case} case on PE {me}: fault on PE {culprit}: unexpected error: {e}"
+        ))),
+    }
+}
+
+fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
+    let (n, me) = (g.n_pes(), g.my_pe());
+    let cfg = small_bf16(n, 16, 2);
     let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
     let t_max = 17;
     let x = upload(g, bf16_bytes(&check::origin_x(me, t_max, cfg.hidden)), "x")?;
@@ -455,21 +479,8 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
     let idx_long = upload(g, &idx_bytes(&long_idx, IdxType::I64), "topk_idx")?;
     // Every slot of 16 tokens names expert 0: its 17th entry (index 16) passes N = 16.
     let idx_over = upload(g, &idx_bytes(&[0i64; 32], IdxType::I64), "topk_idx")?;
-    let expect = |r: Result<DispatchOutput>, culprit: usize, text: &str| -> Result<()> {
-        match r {
-            Ok(_) => Err(Error::Verification(format!(
-                "ep GPU fault case on PE {me}: a call with a fault on PE {culprit} succeeded"
-            ))),
-            Err(Error::EpPeerFailed { peer, reason, .. })
-                if me != culprit && peer == culprit && reason.contains(text) =>
-            {
-                Ok(())
-            }
-            Err(Error::InvalidArgument(m)) if me == culprit && m.contains(text) => Ok(()),
-            Err(e) => Err(Error::Verification(format!(
-                "ep GPU fault case on PE {me}: fault on PE {culprit}: unexpected error: {e}"
-            ))),
-        }
+    let expect = |r: Result<DispatchOutput>, culprit: usize, text: &str| {
+        expect_fault(r, me, culprit, text, "fault")
     };
     let body = (|| -> Result<()> {
         // 1: a bad expert id on PE 1 (PE 0 when alone).
@@ -518,14 +529,7 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
 /// the dispatch's, and A's partial outputs were returned as a success.
 fn status_case(g: &GpuPe, m: &Module) -> Result<()> {
     let (n, me) = (g.n_pes(), g.my_pe());
-    let cfg = Config {
-        num_max_dispatch_tokens_per_rank: 16,
-        hidden: 2048,
-        num_experts: 2 * n,
-        num_topk: 2,
-        use_fp8: false,
-        round_scale: false,
-    };
+    let cfg = small_bf16(n, 16, 2);
     let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
     let good = check::random_routing(7, me, 16, &cfg, None, 0);
     let mut bad_idx = good.topk_idx.clone();
@@ -548,21 +552,14 @@ fn status_case(g: &GpuPe, m: &Module) -> Result<()> {
                 "ep GPU status case on PE {me}: the faulty combine succeeded"
             )));
         }
-        match buf.read_dispatch(&ha) {
-            Err(Error::EpPeerFailed { peer, reason, .. })
-                if me != culprit && peer == culprit && reason.contains("is outside [-1,") =>
-            {
-                Ok(())
-            }
-            Err(Error::InvalidArgument(m)) if me == culprit && m.contains("is outside [-1,") => {
-                Ok(())
-            }
-            other => Err(Error::Verification(format!(
-                "ep GPU status case on PE {me}: dispatch A (bad id on PE {culprit}) read after \
-                 a failing combine on its set gave {:?}",
-                other.map(|_| "outputs")
-            ))),
-        }
+        // Read after a failing combine on its set: still the dispatch's own fault.
+        expect_fault(
+            buf.read_dispatch(&ha),
+            me,
+            culprit,
+            "is outside [-1,",
+            "status",
+        )
     })();
     let d = buf.destroy();
     drop((x, idx_bad, idx_ok, w));
@@ -576,14 +573,7 @@ fn status_case(g: &GpuPe, m: &Module) -> Result<()> {
 /// counts).
 fn handle_case(g: &GpuPe, m: &Module) -> Result<()> {
     let (n, me) = (g.n_pes(), g.my_pe());
-    let cfg = Config {
-        num_max_dispatch_tokens_per_rank: 4,
-        hidden: 2048,
-        num_experts: 2 * n,
-        num_topk: 1,
-        use_fp8: false,
-        round_scale: false,
-    };
+    let cfg = small_bf16(n, 4, 1);
     let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
     // Token t of PE me goes to expert (2 me + t + shift) % E: at 2 PEs every owner gets
     // the same count from each PE for shift 0 (A) and 1 (B).
