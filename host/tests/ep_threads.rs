@@ -7,6 +7,10 @@ use rshmem::ep::{bf16, check, Buffer, Config, Dispatch, Layout};
 use rshmem::{run_threads, Error, Pe, Settings};
 use std::time::Duration;
 
+#[path = "thread-pes-support/mod.rs"]
+mod thread_pes;
+use thread_pes::arrive_and_wait;
+
 fn settings(timeout_ms: u64) -> Settings {
     let mut s = Settings::from_lookup(|_| None).expect("default settings");
     s.symmetric_size = 48 << 20;
@@ -495,24 +499,6 @@ fn round_trip(
     check::validate_combine(c, n, me, r, mask, &scale, &y).map(|_| ())
 }
 
-/// Waits until `n` PEs arrived at `counter`, this one included. The death tests use it
-/// twice: the PE that dies leaves only once every PE has *returned* from the barrier
-/// before (a PE still inside it would see the death first and fail), and survivors leave
-/// together (one that returns first fails its finalize, which needs the dead PE, and drops
-/// its `Pe` unannounced: the others would see, and shrink-mask, one more death).
-fn arrive_and_wait(counter: &std::sync::atomic::AtomicUsize, n: usize) {
-    use std::sync::atomic::Ordering::SeqCst;
-    counter.fetch_add(1, SeqCst);
-    let end = std::time::Instant::now() + Duration::from_secs(30);
-    while counter.load(SeqCst) < n {
-        assert!(
-            std::time::Instant::now() < end,
-            "the other PEs never arrived"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 /// A buffer on `team` (shrink mode as given), this PE's routing of `tokens` tokens, every
 /// member's routing, and a first round trip with nothing masked.
 fn started_buffer<'p>(
@@ -744,7 +730,9 @@ fn shrink_after_death(transport: TransportMode, fabric: bool) {
 fn shrink_masks_a_pe_that_stops_answering() {
     let c = cfg(4, 128, 4, 2, false);
     let finished = std::sync::atomic::AtomicUsize::new(0);
-    let out = run_threads(4, settings(600), |pe| {
+    // 2 s (the test waits it out about twice): the working PEs' waits for each other are
+    // bounded by it too, and a shorter bound could mask a PE descheduled under load.
+    let out = run_threads(4, settings(2_000), |pe| {
         let me = pe.my_pe();
         let (mut buf, r, all) = started_buffer(pe, pe.world(), c, true, (5, 4, 0))?;
         if me == 1 {
@@ -924,7 +912,10 @@ fn an_expert_named_more_than_n_times_fails_on_every_pe() {
 #[test]
 fn timeout_names_the_pe_and_expert_waited_for() {
     let c = cfg(2, 128, 4, 1, false);
-    let out = run_threads(2, settings(400), |pe| {
+    // 2 s: the bound every wait of the test has, the barrier's and the setup's too, so
+    // it must outlast a PE thread descheduled on a loaded machine.
+    let arrived = std::sync::atomic::AtomicUsize::new(0);
+    let out = run_threads(2, settings(2_000), |pe| {
         let mut buf = Buffer::new(pe, pe.world(), c)?;
         let r = if pe.my_pe() == 0 {
             let x = check::origin_x(0, 1, 128);
@@ -941,9 +932,11 @@ fn timeout_names_the_pe_and_expert_waited_for() {
                     && msg.contains("timed out"),
                 "{msg}"
             );
+            arrive_and_wait(&arrived, 2);
             e
         } else {
-            std::thread::sleep(Duration::from_millis(700)); // PE 1 never dispatches
+            // PE 1 never dispatches: it waits, outside rshmem, until PE 0 has timed out.
+            arrive_and_wait(&arrived, 2);
             None
         };
         pe.barrier_all()?;
@@ -970,7 +963,8 @@ fn timeout_names_the_pe_and_expert_waited_for() {
 #[test]
 fn a_peer_that_made_the_other_kind_of_call_is_named() {
     let c = cfg(2, 128, 4, 1, false);
-    let out = run_threads(2, settings(300), |pe| {
+    // 2 s, as in the test above: the setup's waits are bounded by it too.
+    let out = run_threads(2, settings(2_000), |pe| {
         let me = pe.my_pe();
         let mut buf = Buffer::new(pe, pe.world(), c)?;
         let x = check::origin_x(me, 1, 128);

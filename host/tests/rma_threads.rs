@@ -2,6 +2,10 @@
 //! (non-powers of two and more PEs than cores included).
 use rshmem::{run_threads, Settings};
 
+#[path = "thread-pes-support/mod.rs"]
+mod thread_pes;
+use thread_pes::arrive_and_wait;
+
 fn settings() -> Settings {
     let mut s = Settings::from_lookup(|_| None).expect("default settings");
     s.symmetric_size = 16 << 20;
@@ -374,11 +378,20 @@ fn tolerated_death(s: Settings) {
     // from a leave that the root did not notice (its Pe's drop, the root's reader). This
     // wait failed once in CI (docs/runtime.md, "Failures").
     let left = std::sync::atomic::AtomicU64::new(0);
+    let (past, done) = (
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    );
     let out = run_threads(3, s, |pe| {
         let me = pe.my_pe();
         let pair = pe.team_split_strided(pe.world(), 0, 1, 2)?;
         let x = pe.calloc::<u64>(1)?;
         pe.barrier_all()?;
+        // PE 2 leaves only once PEs 0 and 1 are out of the barrier: a survivor still in
+        // it when the death arrives fails there (an untolerated death fails its waits), as
+        // it should, and its leave then shows the other survivor two deaths. Under load
+        // that happened in CI twice (2026-12-07), seen as "PE 2's death was not reported".
+        arrive_and_wait(&past, 3);
         if me == 2 {
             // Leaves without finalize: the others see it die.
             let ms = start.elapsed().as_millis() as u64;
@@ -389,8 +402,9 @@ fn tolerated_death(s: Settings) {
         while pe.dead_pes() != vec![2] {
             assert!(
                 Instant::now() < end,
-                "PE {me}: PE 2's death was not reported within 10 s ({what}); PE 2 {}, \
-                 {} ms after the job started",
+                "PE {me}: PE 2's death was not reported within 10 s ({what}): dead PEs {:?}; \
+                 PE 2 {}, {} ms after the job started",
+                pe.dead_pes(),
                 match left.load(std::sync::atomic::Ordering::Relaxed) {
                     0 => "had not left its closure".to_string(),
                     ms => format!("left its closure at {ms} ms"),
@@ -427,6 +441,9 @@ fn tolerated_death(s: Settings) {
             "team split",
         );
         assert!(pe.tolerate_death(me).is_err(), "PE {me} tolerates itself");
+        // The survivors leave together: one that left first (its finalize fails) would
+        // show the other a second death during its checks.
+        arrive_and_wait(&done, 2);
         Ok(())
     })
     .unwrap();
