@@ -381,9 +381,10 @@ fn join_times_out_naming_the_missing_pes() {
     let n = 3;
     let root = Root::bind("127.0.0.1:0", n, TOKEN).unwrap();
     let addr = root.local_addr().to_string();
-    // PE 0 waits patiently; PE 1 gives up after 400 ms; PE 2 never comes.
+    // PE 0 waits patiently; PE 1 gives up after 400 ms; PE 2 never comes. (The bounds
+    // asserted below leave room for threads descheduled on a loaded machine.)
     let patient = {
-        let p = params(&addr, 0, n, 3000);
+        let p = params(&addr, 0, n, 10_000);
         thread::spawn(move || (Instant::now(), Bootstrap::join(&p).map(|_| ())))
     };
     while root.joined() < 1 {
@@ -399,12 +400,12 @@ fn join_times_out_naming_the_missing_pes() {
             assert_eq!(pe, 1);
             assert!(what.contains("2 of 3 PEs joined"), "{what}");
             assert!(what.contains("missing rank(s) 2"), "{what}");
-            assert!((400..2000).contains(&waited_ms), "{waited_ms}");
+            assert!((400..5000).contains(&waited_ms), "{waited_ms}");
         }
         Err(e) => panic!("expected Timeout, got {e:?}"),
         Ok(_) => panic!("expected Timeout, got a bootstrap"),
     }
-    assert!(t0.elapsed() < Duration::from_secs(2));
+    assert!(t0.elapsed() < Duration::from_secs(5));
     // PE 1 left without finalize: the waiting PE 0 learns it at once, not at its timeout.
     let (t0, r) = patient.join().unwrap();
     match r {
@@ -412,7 +413,7 @@ fn join_times_out_naming_the_missing_pes() {
         other => panic!("expected PeerDied, got {other:?}"),
     }
     assert!(
-        t0.elapsed() < Duration::from_millis(2500),
+        t0.elapsed() < Duration::from_millis(8000),
         "{:?}",
         t0.elapsed()
     );
@@ -444,7 +445,9 @@ fn collective_times_out_when_a_member_never_calls() {
     let done = Arc::new(Barrier::new(n));
     let handles: Vec<_> = (0..n)
         .map(|rank| {
-            let p = params(&addr, rank, n, 300);
+            // 2 s: also the join's bound, which a thread descheduled under load must not
+            // outlast.
+            let p = params(&addr, rank, n, 2000);
             let done = done.clone();
             thread::spawn(move || {
                 let b = Bootstrap::join(&p).unwrap();

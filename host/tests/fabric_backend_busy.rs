@@ -251,11 +251,14 @@ fn more_inline_writes_than_bounce_slots_are_all_confirmed() {
     let t = Instant::now();
     while got.len() < N {
         a.poll(&mut |t, s| assert!(got.insert(t, s).is_none(), "token {t} reported twice"));
-        if t.elapsed() > TIMEOUT {
+        // A deadlock detector only (a write the backend timed out fails the check after
+        // the loop): generous, for a loaded machine.
+        if t.elapsed() > 5 * TIMEOUT {
             stop.store(true, Ordering::Relaxed);
             panic!(
-                "{} of {N} writes confirmed within {TIMEOUT:?} ({} in flight, {} waiting)",
+                "{} of {N} writes confirmed within {:?} ({} in flight, {} waiting)",
                 got.len(),
+                5 * TIMEOUT,
                 a.in_flight(),
                 a.waiting()
             );
@@ -328,7 +331,9 @@ fn a_slow_peer_that_progresses_is_not_timed_out() {
     let mut got: BTreeMap<u64, Result<(), Syndrome>> = BTreeMap::new();
     let t = Instant::now();
     let mut last_waiting = Duration::ZERO;
-    while got.len() < n && t.elapsed() < 4 * TIMEOUT {
+    // The cap only ends a failing run: a burst preempted on a loaded machine serves less,
+    // so a passing run may need twice its usual 4 bursts or more.
+    while got.len() < n && t.elapsed() < 15 * TIMEOUT {
         a.poll(&mut |t, s| assert!(got.insert(t, s).is_none(), "token {t} reported twice"));
         if a.waiting() > 0 {
             last_waiting = t.elapsed();

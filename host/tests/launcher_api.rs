@@ -327,16 +327,24 @@ fn three_hundred_pes_join_under_a_soft_limit_of_1024_open_files() {
 
 #[test]
 fn launch_reports_each_pe_and_the_first_failure() {
-    let mut opts = LaunchOptions::new(
-        "sh",
-        [
-            "-c",
-            "[ \"$EXTRA\" = yes ] || exit 9; [ $RSHMEM_RANK = 1 ] && { sleep 0.3; exit 5; }; exit 0",
-        ],
-        2,
+    // PE 1 fails once PE 0 has ended (exited and been reaped by the launcher: `kill -0`
+    // fails), so PE 0 is not stopped by PE 1's failure whatever the machine's load.
+    let dir = std::env::temp_dir().join(format!("rshmem-first-failure-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("marker directory");
+    let script = format!(
+        "[ \"$EXTRA\" = yes ] || exit 9; f={}/pe0; \
+         if [ $RSHMEM_RANK = 0 ]; then echo $$ > $f.tmp && mv $f.tmp $f; exit 0; fi; \
+         i=0; until [ -e $f ]; do sleep 0.02; i=$((i+1)); [ $i -gt 1500 ] && exit 8; done; \
+         while kill -0 $(cat $f) 2>/dev/null; do \
+           sleep 0.02; i=$((i+1)); [ $i -gt 3000 ] && exit 8; \
+         done; exit 5",
+        dir.display()
     );
+    let mut opts = LaunchOptions::new("sh", ["-c", script.as_str()], 2);
     opts.env.push(("EXTRA".into(), "yes".into()));
     let outcome = launch(&opts).expect("job starts");
+    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(outcome.exit_code, 5);
     assert_eq!(outcome.pe_exits, [PeExit::Code(0), PeExit::Code(5)]);
     assert_eq!(outcome.first_failure, Some((1, PeExit::Code(5))));

@@ -370,9 +370,12 @@ fn a_pe_killed_mid_job_is_reported_by_the_others() {
                 ("RSHMEM_MASTER_ADDR", "127.0.0.1".into()),
                 ("RSHMEM_MASTER_PORT", port.to_string()),
                 ("RSHMEM_TOKEN", TOKEN.into()),
+                // Far above the bound asserted below, which also covers the start of
+                // three processes on a loaded machine.
+                ("RSHMEM_TIMEOUT_MS", "30000".into()),
             ])
         },
-        Duration::from_secs(40),
+        Duration::from_secs(60),
     );
     let elapsed = t0.elapsed();
     use std::os::unix::process::ExitStatusExt;
@@ -387,7 +390,7 @@ fn a_pe_killed_mid_job_is_reported_by_the_others() {
         );
         ids.insert(r, job_id(&out).unwrap());
     }
-    // Well inside RSHMEM_TIMEOUT_MS (8 s): the death is pushed, not timed out.
-    assert!(elapsed < Duration::from_secs(8), "took {elapsed:?}");
+    // Well inside RSHMEM_TIMEOUT_MS (30 s): the death is pushed, not timed out.
+    assert!(elapsed < Duration::from_secs(20), "took {elapsed:?}");
     assert_no_segments(&ids[&0]);
 }

@@ -504,7 +504,9 @@ fn a_lock_held_by_one_thread_of_a_pe_is_refused_to_another() {
 #[test]
 fn a_timed_out_set_lock_resumes_its_ticket() {
     let mut s = settings();
-    s.timeout = std::time::Duration::from_millis(1000);
+    // 3 s: the test waits out four timeouts, but a shorter bound also ends the waiting
+    // thread's set_lock below before the main thread (descheduled) could clear the lock.
+    s.timeout = std::time::Duration::from_millis(3000);
     // Outside the PE's bounded waits (its timeout would end them): poll a local flag.
     fn await_flag(pe: &rshmem::Pe, flags: rshmem::SymPtr<u64>, i: usize) -> rshmem::Result<()> {
         let t0 = std::time::Instant::now();

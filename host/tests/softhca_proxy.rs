@@ -3,6 +3,10 @@
 use rshmem::config::TransportMode;
 use rshmem::{run_threads, Settings};
 
+#[path = "thread-pes-support/mod.rs"]
+mod thread_pes;
+use thread_pes::arrive_and_wait;
+
 fn settings() -> Settings {
     let mut s = Settings::from_lookup(|_| None).expect("default settings");
     s.symmetric_size = 16 << 20;
@@ -207,6 +211,9 @@ fn a_large_get_and_a_large_put_share_a_queue_pair_from_two_threads() {
     const ROUNDS: usize = 40;
     let mut s = settings();
     s.timeout = std::time::Duration::from_secs(10);
+    // PE 1 waits for PE 0's 60 MiB outside rshmem: in a barrier its wait would be bounded
+    // by the 10 s meant for single operations (a debug build on a loaded machine nears it).
+    let done = std::sync::atomic::AtomicUsize::new(0);
     let out = run_threads(2, s, |pe| {
         let src: rshmem::SymPtr<u8> = pe.calloc(GET)?;
         let dst: rshmem::SymPtr<u8> = pe.calloc(PUT)?;
@@ -215,7 +222,9 @@ fn a_large_get_and_a_large_put_share_a_queue_pair_from_two_threads() {
         let mine: Vec<u8> = (0..GET).map(pattern).collect();
         pe.put(src, &mine, me)?;
         pe.barrier_all()?;
-        if me == 0 {
+        let traffic = if me != 0 {
+            Ok(())
+        } else {
             let theirs: Vec<u8> = (0..GET).map(|i| (i * 31 + 7 * 2) as u8).collect();
             let data: Vec<u8> = (0..PUT).map(|i| (i % 251) as u8).collect();
             std::thread::scope(|sc| -> rshmem::Result<()> {
@@ -237,8 +246,11 @@ fn a_large_get_and_a_large_put_share_a_queue_pair_from_two_threads() {
                 }
                 pe.try_quiet()?;
                 getter.join().expect("getter thread")
-            })?;
-        }
+            })
+        };
+        // Also after a failure, so that PE 1 does not wait out its bound for nothing.
+        arrive_and_wait(&done, 2);
+        traffic?;
         pe.barrier_all()?;
         if me == 1 {
             let mut got = vec![0u8; PUT];

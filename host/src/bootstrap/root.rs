@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -32,14 +32,19 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 const ACCEPT_POLL_MS: libc::c_int = 50;
 /// At most this many missing ranks are listed in a join status.
 const MAX_MISSING_LISTED: usize = 16;
+/// How long dropping the [`Root`] waits for its writer threads to send what is queued.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 /// The bootstrap root (hub): accepts PEs, runs collectives, reports deaths.
 ///
 /// Dropping the `Root` stops accepting new connections (within ~50 ms; the listening port
-/// is closed when `drop` returns). PEs already connected are not disturbed: their
-/// connection threads keep serving collectives and death reports until each PE leaves
-/// (finalize or close). A job whose PEs have all joined therefore survives its root handle
-/// being dropped early; a job still waiting for PEs will not get them.
+/// is closed when `drop` returns) and waits (at most [`DRAIN_WAIT`]) until what was queued
+/// for each PE has been written: a PE hosting the root that fails because it was told of
+/// a death, and exits, must not take the same news to the others with it (they would
+/// report the lost root instead of the PE that died). PEs already connected are not
+/// disturbed: their connection threads keep serving collectives and death reports until
+/// each PE leaves (finalize or close). A job whose PEs have all joined therefore survives
+/// its root handle being dropped early; a job still waiting for PEs will not get them.
 pub struct Root {
     local_addr: SocketAddr,
     hub: Arc<Hub>,
@@ -94,12 +99,43 @@ struct HubState {
     /// The first death: once set, the job is broken (joins are refused, pending and later
     /// collectives dropped). Every death, this one and later ones, is sent as PeerDied.
     broken: Option<(u32, String)>,
+    /// Every writer thread's backlog, for the drain when the root is dropped.
+    backlogs: Vec<Arc<Backlog>>,
 }
 
 struct Peer {
     /// Encoded frames for this PE's writer thread (order preserved).
     tx: mpsc::Sender<Arc<[u8]>>,
+    backlog: Arc<Backlog>,
     finalized: bool,
+}
+
+impl Peer {
+    /// Queues `msg` for this PE's writer thread.
+    fn send(&self, msg: Arc<[u8]>) {
+        // Relaxed (here and in `Backlog`): the count carries no data, it only has to
+        // reach zero once the writer is done; the drain reads it until then.
+        self.backlog.queued.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(msg).is_err() {
+            // The writer is gone (it failed a write): nothing will send this.
+            self.backlog.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What one writer thread has yet to send: frames queued and not yet written, and whether
+/// it has ended (after a failed write, or once its PE left and the channel closed).
+#[derive(Default)]
+struct Backlog {
+    queued: AtomicUsize,
+    ended: AtomicBool,
+}
+
+impl Backlog {
+    fn drained(&self) -> bool {
+        // Relaxed: see `Peer::send`.
+        self.ended.load(Ordering::Relaxed) || self.queued.load(Ordering::Relaxed) == 0
+    }
 }
 
 /// A collective some members have contributed to.
@@ -176,6 +212,7 @@ impl Root {
                 node_ids: vec![String::new(); world_size],
                 pending: HashMap::new(),
                 broken: None,
+                backlogs: Vec::new(),
             }),
         });
         let h = hub.clone();
@@ -259,6 +296,24 @@ impl Drop for Root {
         self.hub.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.accept_thread.take() {
             let _ = t.join();
+        }
+        self.drain(DRAIN_WAIT);
+    }
+}
+
+impl Root {
+    /// Waits (at most `timeout`) until every writer thread has written what was queued
+    /// for its PE, or ended. Returns whether they all did.
+    fn drain(&self, timeout: Duration) -> bool {
+        let t0 = std::time::Instant::now();
+        loop {
+            if lock(&self.hub.state).backlogs.iter().all(|b| b.drained()) {
+                return true;
+            }
+            if t0.elapsed() >= timeout {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(1));
         }
     }
 }
@@ -391,7 +446,7 @@ fn serve_connection(hub: &Arc<Hub>, mut stream: TcpStream, peer: SocketAddr) {
                 let mut st = lock(&hub.state);
                 if let Some(p) = st.peers[rank as usize].as_mut() {
                     p.finalized = true;
-                    let _ = p.tx.send(Arc::from(Frame::FinalizeAck.encode()));
+                    p.send(Arc::from(Frame::FinalizeAck.encode()));
                 }
             }
             Ok(Frame::JoinStatusQuery) => {
@@ -458,7 +513,7 @@ fn report_death(st: &mut HubState, rank: u32, detail: String) {
     }
     let msg: Arc<[u8]> = Arc::from(Frame::PeerDied { rank, detail }.encode());
     for p in st.peers.iter().flatten() {
-        let _ = p.tx.send(msg.clone());
+        p.send(msg.clone());
     }
 }
 
@@ -505,12 +560,16 @@ fn admit(hub: &Arc<Hub>, stream: &TcpStream, h: &Hello) -> std::result::Result<u
         .try_clone()
         .map_err(|e| format!("root cannot duplicate the socket: {e}"))?;
     let (tx, rx) = mpsc::channel::<Arc<[u8]>>();
+    let backlog = Arc::new(Backlog::default());
+    let b = backlog.clone();
     thread::Builder::new()
         .name("rshmem-root-writer".into())
-        .spawn(move || write_loop(writer_stream, rx))
+        .spawn(move || write_loop(writer_stream, rx, &b))
         .map_err(|e| format!("root cannot spawn a writer thread: {e}"))?;
+    st.backlogs.push(backlog.clone());
     st.peers[rank as usize] = Some(Peer {
         tx,
+        backlog,
         finalized: false,
     });
     st.has_joined[rank as usize] = true;
@@ -525,7 +584,7 @@ fn admit(hub: &Arc<Hub>, stream: &TcpStream, h: &Hello) -> std::result::Result<u
             .encode(),
         );
         for p in st.peers.iter().flatten() {
-            let _ = p.tx.send(welcome.clone());
+            p.send(welcome.clone());
         }
     }
     Ok(rank)
@@ -533,22 +592,22 @@ fn admit(hub: &Arc<Hub>, stream: &TcpStream, h: &Hello) -> std::result::Result<u
 
 /// Writes queued frames to one PE. On a write failure (the PE stopped reading, or the
 /// link died) the socket is shut down, so its reader sees the close and reports the PE.
-fn write_loop(mut stream: TcpStream, rx: mpsc::Receiver<Arc<[u8]>>) {
+fn write_loop(mut stream: TcpStream, rx: mpsc::Receiver<Arc<[u8]>>, backlog: &Backlog) {
     for msg in rx {
-        if stream
-            .write_all(&msg)
-            .and_then(|()| stream.flush())
-            .is_err()
-        {
+        let sent = stream.write_all(&msg).and_then(|()| stream.flush());
+        if sent.is_err() {
             let _ = stream.shutdown(Shutdown::Both);
-            return;
+            break;
         }
+        // Relaxed: see `Peer::send`.
+        backlog.queued.fetch_sub(1, Ordering::Relaxed);
     }
+    backlog.ended.store(true, Ordering::Relaxed);
 }
 
 fn send(st: &mut HubState, rank: u32, msg: Arc<[u8]>) {
     if let Some(p) = st.peers[rank as usize].as_ref() {
-        let _ = p.tx.send(msg);
+        p.send(msg);
     }
 }
 
@@ -699,5 +758,62 @@ fn frame_name(f: &Frame) -> &'static str {
         Frame::FinalizeAck => "finalize-ack",
         Frame::JoinStatusQuery => "join-status-query",
         Frame::JoinStatus { .. } => "join-status",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Joins as `rank` over a plain socket (hello only; reading is left to the caller).
+    fn hello(root: &Root, rank: u32, token: &str) -> TcpStream {
+        let mut s = TcpStream::connect(root.local_addr()).unwrap();
+        let h = Hello {
+            magic: wire::MAGIC,
+            version: wire::PROTOCOL_VERSION,
+            token: token.as_bytes().to_vec(),
+            rank,
+            world_size: 2,
+            node_id: "n".into(),
+        };
+        wire::write_frame(&mut s, &Frame::Hello(h)).unwrap();
+        s
+    }
+
+    /// Dropping the root waits for what its writers have queued: a frame a PE has not
+    /// read yet (here 64 MiB, more than the sockets hold) keeps the drain waiting until
+    /// the PE reads it, and no longer.
+    #[test]
+    fn the_drain_waits_for_queued_frames() {
+        let root = Root::bind("127.0.0.1:0", 2, "tok").unwrap();
+        let _a = hello(&root, 0, "tok");
+        let mut b = hello(&root, 1, "tok");
+        let t0 = std::time::Instant::now();
+        while root.joined() < 2 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the PEs never joined"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        const BIG: usize = 64 << 20;
+        send(&mut lock(&root.hub.state), 1, Arc::from(vec![7u8; BIG]));
+        assert!(
+            !root.drain(Duration::from_millis(200)),
+            "drained with 64 MiB unread"
+        );
+        let reader = thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut got = 0;
+            while got < BIG {
+                match b.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+            }
+            got
+        });
+        assert!(root.drain(Duration::from_secs(30)), "never drained");
+        assert!(reader.join().unwrap() >= BIG);
     }
 }
