@@ -351,8 +351,9 @@ impl BenchArgs {
     /// rshmem bench put` measured p2p, and under a launcher was refused for a flag nobody
     /// gave).
     pub fn resolve(&mut self) -> Result<()> {
-        // bench copy uses no transport: only a --transport given is refused there.
-        if self.transport.is_none() && self.kind != Kind::Copy {
+        // bench copy and bench softhca use no transport: only a --transport given is
+        // refused there.
+        if self.transport.is_none() && !matches!(self.kind, Kind::Copy | Kind::Softhca) {
             self.transport = Some(match Settings::from_env()?.transport {
                 TransportMode::Proxy => Transport::Proxy,
                 TransportMode::Ibgda => Transport::Ibgda,
@@ -657,13 +658,16 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         settings.symmetric_size = need.next_multiple_of(1 << 20);
     }
     let mut out = run_threads(args.pe_count(), settings, |pe| bench_pe(pe, args))?;
-    // Report the first failure (by rank) that is not only another PE's death: a PE that
-    // failed a check leaves, and the others then fail naming it, which would hide its
-    // own error (before 2026-12-07 PE 0's "PE 1 died" hid PE 1's verification error).
-    let cause = out
-        .iter()
-        .position(|r| matches!(r, Err(e) if !matches!(e, Error::PeerDied { .. })))
-        .or_else(|| out.iter().position(|r| r.is_err()));
+    // Report a failed check first, then the first failure (by rank) that is not only
+    // another PE's death, then any: a PE that failed a check leaves, and the others then
+    // fail naming it (or time out waiting for it, if they wait where the death is not
+    // seen yet), which would hide its own error (before 2026-12-07 PE 0's "PE 1 died" hid
+    // PE 1's verification error).
+    let first =
+        |want: &dyn Fn(&Error) -> bool| out.iter().position(|r| matches!(r, Err(e) if want(e)));
+    let cause = first(&|e| matches!(e, Error::Verification(_)))
+        .or_else(|| first(&|e| !matches!(e, Error::PeerDied { .. })))
+        .or_else(|| first(&|_| true));
     if let Some(i) = cause {
         if let Err(e) = &mut out[i] {
             return Err(std::mem::replace(e, Error::Launch(String::new())));
@@ -1224,6 +1228,8 @@ fn get_row(pe: &Pe, a: &BenchArgs, buf: SymPtr<u64>, size: usize, salt: u64) -> 
         for _ in 0..a.warmup_for(measured) {
             pe.get(&mut dst, src, 1)?;
         }
+        // What the warm-up fetched must not pass for what the timed gets fetched.
+        dst.fill(0);
         for _ in 0..measured / batch {
             let t = Instant::now();
             for _ in 0..batch {

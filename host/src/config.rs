@@ -203,9 +203,13 @@ impl LaunchInfo {
                 .map(|a| (var, a))
         };
         let master_addr = match addr_of("RSHMEM_MASTER_ADDR").or_else(|| addr_of("MASTER_ADDR")) {
-            // One colon, and not an IPv6 address: host:port, which would be taken for a
-            // bare IPv6 address and fail to resolve on every PE.
-            Some((var, a)) if a.matches(':').count() == 1 && !a.starts_with('[') => {
+            // One colon, and not an IPv6 address, or a bracketed IPv6 address followed by
+            // a port: host:port, which would be taken for a bare IPv6 address (or given a
+            // second port) and fail to resolve on every PE.
+            Some((var, a))
+                if (a.matches(':').count() == 1 && !a.starts_with('['))
+                    || (a.starts_with('[') && a.contains("]:")) =>
+            {
                 return Err(env_err(
                     var,
                     &a,
@@ -949,11 +953,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(info.master_addr.as_deref(), Some("node0"));
-        let e = with(&[("RSHMEM_MASTER_ADDR", "node0:29500")]).unwrap_err();
-        assert_eq!(
-            env_var_of(e),
-            ("RSHMEM_MASTER_ADDR".into(), "node0:29500".into())
-        );
+        for a in ["node0:29500", "[fe80::1]:29500"] {
+            let e = with(&[("RSHMEM_MASTER_ADDR", a)]).unwrap_err();
+            assert_eq!(env_var_of(e), ("RSHMEM_MASTER_ADDR".into(), a.into()));
+        }
         // IPv6 addresses, bare or bracketed, stay addresses.
         for a in ["fe80::1", "[fe80::1]", "::1"] {
             let v = [

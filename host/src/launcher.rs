@@ -27,8 +27,10 @@
 //!
 //! With prefixing on (the CLI default) every line a PE writes is relayed as
 //! `[pe <rank>] <line>`: its stdout to the launcher's stdout, its stderr to the launcher's
-//! stderr. Lines are written whole by one thread, so lines of different PEs never mix
-//! inside a line. Bytes are relayed as they are (invalid UTF-8 included). A final line
+//! stderr. Lines are written whole by one thread per stream, so lines of different PEs
+//! never mix inside a line; when the launcher's stdout and stderr are one file (`2>&1`,
+//! a terminal, one log file) the two threads take turns, so a stdout line is not spliced
+//! into a stderr line either (before 2026-12-07 they could be, on a pipe that filled). Bytes are relayed as they are (invalid UTF-8 included). A final line
 //! without a newline is relayed at end of stream with a newline added; a line longer than
 //! [`MAX_LINE`] bytes is cut into pieces of that size, each relayed as its own line.
 //! Without prefixing the PEs simply inherit the launcher's stdout and stderr.
@@ -41,7 +43,9 @@
 //! launcher waits for its stdout and stderr to take what is queued, as any program writing
 //! to a pipe does; a signal ends that wait (exit 128 + signal unless a PE failed), saying
 //! how many bytes were not written, and a job that was interrupted waits at most
-//! [`STOP_GRACE`] for it.
+//! [`STOP_GRACE`] for it. A signal that arrives after the job ended but before the
+//! launcher exits (its cleanup) counts the same. The bootstrap root's own log lines are
+//! dropped while [`output::BACKLOG_LIMIT`] bytes wait for stderr.
 //!
 //! # Supervision and exit status
 //!
@@ -253,7 +257,15 @@ pub fn run_cli(args: RunArgs) -> i32 {
     match launch(&opts) {
         Ok(outcome) => outcome.exit_code,
         Err(e) => {
-            eprintln!("rshmem run: {e}");
+            // Through the stderr writer, after what it has queued, and bounded: the writer
+            // may be stuck in a write to a stderr nobody reads (holding its lock, which
+            // eprintln! would wait for), and a stderr that is gone must not panic.
+            output::write_to(
+                output::Target::Stderr,
+                format!("rshmem run: {e}\n").as_bytes(),
+            );
+            let give_up = std::time::Instant::now() + STOP_GRACE;
+            output::flush(&|| std::time::Instant::now() >= give_up);
             2
         }
     }
@@ -268,7 +280,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     // The root this launcher hosts logs through the stderr writer thread too: it logs
     // deaths while the supervisor may wait for its state (see bootstrap::set_log_sink).
     crate::bootstrap::set_log_sink(|line| {
-        output::write_to(output::Target::Stderr, line.as_bytes())
+        output::log_line(line);
     });
     let signals = if opts.handle_signals {
         Some(signals::SignalGuard::install()?)
@@ -315,6 +327,11 @@ fn finish_output(
         interrupted && std::time::Instant::now() >= give_up_at
     };
     let left = output::flush(&stop);
+    // A signal that came while nothing was left to write (during the cleanup, or the
+    // root's drain) is seen here: `flush` asks `stop` only while bytes wait.
+    if stopped_by.get().is_none() {
+        stop();
+    }
     if left > 0 {
         say(format_args!(
             "rshmem run: {left} bytes of the PEs' output and messages were not written \

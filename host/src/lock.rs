@@ -218,7 +218,11 @@ impl Pe {
 
     /// Releases `lock`, held by this PE, to the next PE in line (OpenSHMEM
     /// `shmem_clear_lock`), after completing this PE's puts and atomics (quiet), so the
-    /// next holder sees them. On an error the PE still holds the lock. A ticket a failed
+    /// next holder sees them. On an error before the release was posted (the quiet) the
+    /// PE still holds the lock; on a transport error of the release itself it may already
+    /// have passed on (the compare-and-swap landed, its reply was lost): retry
+    /// `clear_lock`, which then finds it passed and does nothing, and do not write under
+    /// the lock meanwhile. A ticket a failed
     /// `set_lock` left queued is given up here once it is served (the lock passes on);
     /// before that it is an error.
     pub fn clear_lock(&self, lock: SymPtr<u64>) -> Result<()> {

@@ -863,3 +863,64 @@ fn a_signal_ends_the_wait_for_a_stdout_nobody_reads() {
         "stderr after the pid: {rest:?}"
     );
 }
+
+/// The launcher's stdout and stderr are one pipe (`2>&1 | tee`), read slowly, while PE 0
+/// writes long lines to stdout and PE 1 to stderr: every line arrives whole. The two
+/// writer threads take turns on a shared file; before, a chunk written to a full pipe
+/// (past the 4 KiB a pipe write keeps whole) could be spliced into the other stream's.
+#[test]
+fn stdout_and_stderr_on_one_pipe_do_not_splice_lines() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two new fds into the array, each owned below exactly once.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+    // SAFETY: fds[0] and fds[1] are the new pipe's ends, owned by nothing else.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let both = write_end.try_clone().expect("dup");
+    let a = "a".repeat(999);
+    let b = "b".repeat(999);
+    let script = format!(
+        "if [ $RSHMEM_RANK = 0 ]; then yes {a} | head -n 3000; \
+         else yes {b} | head -n 3000 >&2; fi"
+    );
+    let mut cmd = rshmem(&["run", "-n", "2", "--", "sh", "-c", &script]);
+    cmd.stdout(Stdio::from(write_end)).stderr(Stdio::from(both));
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("spawn rshmem");
+    drop(cmd); // the parent's copies of the write end: EOF comes when the launcher exits
+    let mut pipe = std::fs::File::from(read_end);
+    let mut text = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // Slowly: the pipe stays full, so the launcher's writes block part-way.
+        std::thread::sleep(Duration::from_micros(300));
+        match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => text.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("reading the pipe: {e}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the job did not end"
+        );
+    }
+    let status = wait_bounded(&mut child, started, BOUND);
+    assert_eq!(status.code(), Some(0));
+    let text = String::from_utf8(text).expect("utf-8");
+    let (pe0, pe1) = (format!("[pe 0] {a}"), format!("[pe 1] {b}"));
+    let mut counts = [0usize; 2];
+    for (i, line) in text.lines().enumerate() {
+        if line == pe0 {
+            counts[0] += 1;
+        } else if line == pe1 {
+            counts[1] += 1;
+        } else {
+            panic!(
+                "line {i} is not one PE's whole line: {:?}",
+                &line[..line.len().min(80)]
+            );
+        }
+    }
+    assert_eq!(counts, [3000, 3000]);
+}

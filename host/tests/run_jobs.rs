@@ -186,6 +186,20 @@ fn bench_takes_the_transport_from_the_environment() {
     assert_eq!(json(Some("auto"), None), "p2p");
     // The flag wins.
     assert_eq!(json(Some("proxy"), Some("p2p")), "p2p");
+    // bench softhca uses no transport: the variable is not taken for a flag (it was
+    // refused as an unused --transport, or as IBGDA needing a GPU).
+    for t in ["proxy", "ibgda"] {
+        let o = Command::new(BIN)
+            .args(["bench", "softhca", "--max-size", "8", "--json"])
+            .env("RSHMEM_TRANSPORT", t)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "RSHMEM_TRANSPORT={t}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
 }
 
 #[test]

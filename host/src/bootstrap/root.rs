@@ -38,7 +38,7 @@ const DRAIN_WAIT: Duration = Duration::from_secs(2);
 /// The bootstrap root (hub): accepts PEs, runs collectives, reports deaths.
 ///
 /// Dropping the `Root` stops accepting new connections (within ~50 ms; the listening port
-/// is closed when `drop` returns) and waits (at most [`DRAIN_WAIT`]) until what was queued
+/// is closed when `drop` returns) and waits (at most 2 s) until what was queued
 /// for each PE has been written: a PE hosting the root that fails because it was told of
 /// a death, and exits, must not take the same news to the others with it (they would
 /// report the lost root instead of the PE that died). PEs already connected are not
@@ -125,8 +125,9 @@ impl Peer {
 
 /// What one writer thread has yet to send: frames queued and not yet written, and whether
 /// it has ended (after a failed write, or once its PE left and the channel closed).
-#[derive(Default)]
 struct Backlog {
+    /// The PE the writer serves.
+    rank: u32,
     queued: AtomicUsize,
     ended: AtomicBool,
 }
@@ -297,21 +298,34 @@ impl Drop for Root {
         if let Some(t) = self.accept_thread.take() {
             let _ = t.join();
         }
-        self.drain(DRAIN_WAIT);
+        if let Err(waiting) = self.drain(DRAIN_WAIT) {
+            log(format!(
+                "gave up after {} s on sending what was queued for PE(s) {waiting:?} (not \
+                 reading, or a link that stalled): they may report the lost root rather \
+                 than what was sent them last",
+                DRAIN_WAIT.as_secs()
+            ));
+        }
     }
 }
 
 impl Root {
     /// Waits (at most `timeout`) until every writer thread has written what was queued
-    /// for its PE, or ended. Returns whether they all did.
-    fn drain(&self, timeout: Duration) -> bool {
+    /// for its PE, or ended. Err: the PEs whose frames were still queued.
+    fn drain(&self, timeout: Duration) -> std::result::Result<(), Vec<u32>> {
         let t0 = std::time::Instant::now();
         loop {
-            if lock(&self.hub.state).backlogs.iter().all(|b| b.drained()) {
-                return true;
+            let waiting: Vec<u32> = lock(&self.hub.state)
+                .backlogs
+                .iter()
+                .filter(|b| !b.drained())
+                .map(|b| b.rank)
+                .collect();
+            if waiting.is_empty() {
+                return Ok(());
             }
             if t0.elapsed() >= timeout {
-                return false;
+                return Err(waiting);
             }
             thread::sleep(Duration::from_millis(1));
         }
@@ -560,7 +574,11 @@ fn admit(hub: &Arc<Hub>, stream: &TcpStream, h: &Hello) -> std::result::Result<u
         .try_clone()
         .map_err(|e| format!("root cannot duplicate the socket: {e}"))?;
     let (tx, rx) = mpsc::channel::<Arc<[u8]>>();
-    let backlog = Arc::new(Backlog::default());
+    let backlog = Arc::new(Backlog {
+        rank,
+        queued: AtomicUsize::new(0),
+        ended: AtomicBool::new(false),
+    });
     let b = backlog.clone();
     thread::Builder::new()
         .name("rshmem-root-writer".into())
@@ -798,9 +816,10 @@ mod tests {
         }
         const BIG: usize = 64 << 20;
         send(&mut lock(&root.hub.state), 1, Arc::from(vec![7u8; BIG]));
-        assert!(
-            !root.drain(Duration::from_millis(200)),
-            "drained with 64 MiB unread"
+        assert_eq!(
+            root.drain(Duration::from_millis(200)),
+            Err(vec![1]),
+            "64 MiB unread by PE 1"
         );
         let reader = thread::spawn(move || {
             let mut buf = vec![0u8; 1 << 20];
@@ -813,7 +832,7 @@ mod tests {
             }
             got
         });
-        assert!(root.drain(Duration::from_secs(30)), "never drained");
+        assert_eq!(root.drain(Duration::from_secs(30)), Ok(()), "never drained");
         assert!(reader.join().unwrap() >= BIG);
     }
 }

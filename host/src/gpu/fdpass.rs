@@ -19,7 +19,7 @@
 
 use crate::error::{Error, Result};
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -276,7 +276,7 @@ impl FdExchange {
             })?;
             Ok(Some(rank))
         } else {
-            let _ = (&*conn).write_all(&reply);
+            let _ = send_all(conn, &reply);
             Err(Error::Refused {
                 rank,
                 reason: format!(
@@ -345,9 +345,7 @@ impl FdExchange {
         hello[24..28].copy_from_slice(&(self.rank as u32).to_le_bytes());
         hello[28..36].copy_from_slice(&self.heap_size.to_le_bytes());
         hello[36..40].copy_from_slice(&(peer as u32).to_le_bytes());
-        (&conn)
-            .write_all(&hello)
-            .map_err(|e| io("sending the hello to", e))?;
+        send_all(&conn, &hello).map_err(|e| io("sending the hello to", e))?;
         let (reply, fd) = recv_with_fd(&conn).map_err(|e| io("receiving the heap handle of", e))?;
         if &reply[..8] != MAGIC {
             return Err(Error::Refused {
@@ -426,6 +424,39 @@ fn peer_uid(s: &UnixStream) -> Result<u32> {
 /// 24 bytes on 64-bit Linux; 64 is ample and 8-aligned).
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 64]);
+
+/// `write_all` with MSG_NOSIGNAL: a peer that closed its end gives EPIPE, not a SIGPIPE
+/// that would kill this PE (only recent Rust releases pass the flag in the standard
+/// library's own UnixStream writes; rshmem supports 1.85).
+fn send_all(s: &UnixStream, mut data: &[u8]) -> std::io::Result<()> {
+    while !data.is_empty() {
+        // SAFETY: `data` is a live buffer of `data.len()` bytes; the socket is open for
+        // the call (borrowed from `s`).
+        let n = unsafe {
+            libc::send(
+                s.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                "send wrote nothing",
+            ));
+        }
+        data = &data[n as usize..];
+    }
+    Ok(())
+}
 
 fn send_with_fd(s: &UnixStream, data: &[u8], fd: RawFd) -> std::io::Result<()> {
     let mut iov = libc::iovec {

@@ -166,6 +166,11 @@ impl OutputPump {
             if pfd.revents == 0 {
                 continue;
             }
+            // Looked at again before each read: many pipes ready in one round would each
+            // add a read's worth (64 KiB) past the limit.
+            if full(self.sources[i].target) {
+                continue;
+            }
             if !self.read_one(i) {
                 closed.push(i);
             }
@@ -226,6 +231,19 @@ pub(super) fn write_to(target: Target, bytes: &[u8]) {
     if !bytes.is_empty() {
         stream(target).queue(bytes.to_vec());
     }
+}
+
+/// [`write_to`] stderr for a log line of the launcher's own (the bootstrap root's): dropped
+/// while stderr has [`BACKLOG_LIMIT`] bytes waiting, so that lines nobody reads (a stderr
+/// that is stuck, and something that keeps connecting to the root's port) cannot grow
+/// the queue without end. Returns whether the line was queued.
+pub(super) fn log_line(line: &str) -> bool {
+    let s = stream(Target::Stderr);
+    if s.backlog() >= BACKLOG_LIMIT {
+        return false;
+    }
+    write_to(Target::Stderr, line.as_bytes());
+    true
 }
 
 /// Waits until everything queued for the launcher's stdout and stderr was written (or
@@ -350,10 +368,33 @@ impl Stream {
     }
 }
 
+/// Whether the launcher's stdout and stderr are one file (`2>&1`, a terminal, one log
+/// file): then the two writer threads take turns ([`TOGETHER`]), or a chunk of one could
+/// be spliced into the other's (a pipe write past 4 KiB is not atomic).
+fn one_file() -> bool {
+    static ONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ONE.get_or_init(|| {
+        let id = |fd| {
+            // SAFETY: fstat writes one stat struct into `st`, a valid local; a closed fd
+            // gives an error, checked before `st` is read.
+            unsafe {
+                let mut st: libc::stat = std::mem::zeroed();
+                (libc::fstat(fd, &mut st) == 0).then_some((st.st_dev, st.st_ino))
+            }
+        };
+        matches!((id(1), id(2)), (Some(a), Some(b)) if a == b)
+    })
+}
+
+/// Held around each write while stdout and stderr are one file ([`one_file`]).
+static TOGETHER: Mutex<()> = Mutex::new(());
+
 /// Writes `bytes` to the launcher's stream in one locked write. Errors (e.g. a closed
 /// stdout, EPIPE, or EIO from a terminal that is gone) drop the bytes: losing output must
 /// not stop the launcher.
 fn write_now(target: Target, bytes: &[u8]) {
+    // A poisoned lock guards nothing that can be half done: take it anyway.
+    let _turn = one_file().then(|| TOGETHER.lock().unwrap_or_else(|e| e.into_inner()));
     match target {
         Target::Stdout => {
             let mut out = io::stdout().lock();

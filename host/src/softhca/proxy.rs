@@ -953,13 +953,15 @@ impl Proxy {
         for (pe, q) in self.qps.iter().enumerate() {
             if let Some(Ok(q)) = q.get() {
                 if let Err(e) = q.sq.quiet() {
-                    let timed_out = matches!(e, SqError::Timeout { .. });
-                    let e = self.err(pe, "quiet", e);
-                    if timed_out {
+                    if let SqError::Timeout { .. } = e {
+                        let e = self.err(pe, "quiet", e);
                         return first.and(Err(e));
                     }
+                    // Only the first error is made into the report: `err` may wait up to
+                    // DEATH_GRACE for a death to name, which for every further QP in a
+                    // sticky error would cost each quiet that much again for nothing.
                     if first.is_ok() {
-                        first = Err(e);
+                        first = Err(self.err(pe, "quiet", e));
                     }
                 }
             }
