@@ -356,7 +356,8 @@ pub struct IbSettings {
     /// RSHMEM_IB_SL: the service level (0..=15, default 0).
     pub sl: u8,
     /// RSHMEM_IB_TIMEOUT: the local ACK timeout exponent, 4.096 µs · 2^t (1..=31, default
-    /// 20 ≈ 4.3 s, NVSHMEM's; with 7 retries a congested fabric has about 30 s).
+    /// 19 ≈ 2.1 s; with 7 retries a congested fabric has about 17 s, inside the default
+    /// RSHMEM_TIMEOUT_MS: `RcParams::timeout`).
     pub timeout: u8,
 }
 
@@ -366,7 +367,7 @@ impl Default for IbSettings {
             gid_index: None,
             traffic_class: 0,
             sl: 0,
-            timeout: 20,
+            timeout: 19,
         }
     }
 }
@@ -1073,7 +1074,7 @@ mod tests {
                 .ib,
             IbSettings::default()
         );
-        assert_eq!(s.ib.timeout, 20);
+        assert_eq!(s.ib.timeout, 19);
         let ib = settings(&[
             ("RSHMEM_IB_GID_INDEX", "3"),
             ("RSHMEM_IB_TC", " 106 "),

@@ -175,6 +175,13 @@ fn bench_ep_rejects_bad_arguments() {
             vec!["--warmup", "2000000"],
             "--warmup 2000000: at most 1000000",
         ),
+        // PE 0 gathers every PE's times in one 64 MiB bootstrap message (this count
+        // passed the check and failed after the timed run).
+        (
+            vec!["--iters", "200000", "--pes", "8"],
+            "--iters 200000 at 8 PEs: every PE's 48 bytes per iteration are gathered in \
+             one message of at most 64 MiB, which holds at most 174677 iterations at 8 PEs",
+        ),
         (
             vec!["--pes", "2,0"],
             "--pes 0: every value of --pes must be at least 1",

@@ -423,6 +423,35 @@ fn the_device_benches_run_and_their_records_check() {
         let frac = r["put_fraction_of_copy"].as_f64().expect("fraction");
         assert!((frac - put / best).abs() <= 1e-9 * frac.max(1.0), "{r}");
     }
+    // Two GPUs: the PEs are spread over them, so the put would cross between GPUs; the
+    // bench says so instead of comparing that with one GPU's copy.
+    let copy_args = [
+        "bench",
+        "copy",
+        "--device",
+        "gpu",
+        "--pes",
+        "2",
+        "--iters",
+        "5",
+        "--reps",
+        "2",
+        "--max-size",
+        "64K",
+        "--json",
+    ];
+    let (rc, out) = rshmem_env(&copy_args, &[("HOSTCUDA_DEVICES", "2")]);
+    assert_eq!(rc, Some(1), "{out}");
+    assert!(
+        out.contains("spread over this node's GPUs (1 on this one)")
+            && out.contains("RSHMEM_DEVICE=0"),
+        "{out}"
+    );
+    let (rc, out) = rshmem_env(
+        &copy_args,
+        &[("HOSTCUDA_DEVICES", "2"), ("RSHMEM_DEVICE", "1")],
+    );
+    assert_eq!(rc, Some(0), "{out}");
 }
 
 /// gpu-check's ibgda-rate: the IBGDA producer kernels post WQEs that the discard engine

@@ -237,6 +237,22 @@ pub(crate) fn check_counts(a: &EpBenchArgs) -> Result<()> {
             )));
         }
     }
+    // Every PE's times reach PE 0 in one bootstrap allgather, whose result is one frame:
+    // a count that cannot fit fails there, after the whole timed run (4 KiB per PE covers
+    // the blob's other values and a failed check's message).
+    for &n in &a.pes {
+        let frame = crate::bootstrap::wire::MAX_FRAME;
+        let per_pe = a.iters.saturating_mul(48).saturating_add(4096);
+        if n.saturating_mul(per_pe) > frame {
+            return Err(Error::InvalidArgument(format!(
+                "--iters {} at {n} PEs: every PE's 48 bytes per iteration are gathered in \
+                 one message of at most {} MiB, which holds at most {} iterations at {n} PEs",
+                a.iters,
+                frame >> 20,
+                (frame / n).saturating_sub(4096) / 48
+            )));
+        }
+    }
     for (flag, v) in [("--pes", &a.pes), ("--tokens", &a.tokens)] {
         if v.contains(&0) {
             return Err(Error::InvalidArgument(format!(

@@ -373,7 +373,7 @@ pub(crate) const COUNT_MASK: u64 = 0xff_ffff;
 /// sender's `dispatch_send`. Combine: the rows are in the owner's `combine_send`, to be
 /// read there, not put into the receiver's `combine_recv`.
 const DIRECT: u64 = 1 << 30;
-/// In a combine flag without POISON, bits 24..30: the low bits of the LL call number of the
+/// In a combine flag without POISON, bits 24..29: the low bits of the LL call number of the
 /// dispatch whose handle the sender combined with. Every PE must pass the handle of the
 /// same dispatch; one that passed another (two dispatches in flight with hooks, taken in
 /// different orders on different PEs) would return rows laid out for another routing,

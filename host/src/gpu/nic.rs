@@ -900,8 +900,16 @@ mod tests {
 
     #[test]
     fn the_device_timeout_is_checked_against_the_nic_retry_budget() {
-        let p = RcParams::default(); // timeout 20, retry 7
-                                     // 8 tries of 4.096 us * 2^20 = 4.295 s each.
+        // The defaults agree: 8 tries of 4.096 us * 2^19 = 2.147 s each end inside the
+        // default 30 s wait (NVSHMEM's 20 did not, and warned on every job).
+        let d = RcParams::default();
+        assert_eq!(nic_retry_budget(&d).as_millis(), 17_179);
+        let default_wait = Duration::from_millis(crate::config::DEFAULT_TIMEOUT_MS);
+        assert!(retry_budget_warning(&d, default_wait).is_none());
+        let p = RcParams {
+            timeout: 20, // retry 7: 8 tries of 4.295 s
+            ..RcParams::default()
+        };
         assert_eq!(nic_retry_budget(&p).as_millis(), 34_359);
         let w = retry_budget_warning(&p, Duration::from_secs(30)).expect("30 s is shorter");
         assert!(

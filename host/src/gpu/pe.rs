@@ -1701,9 +1701,10 @@ impl GpuPe {
                     });
                 }
                 return ck(rc, "cuStreamQuery", || {
-                    let shared = if self.sharing.pes > 1 {
+                    let shared = if self.sharing.in_process > 1 {
                         // A fault is sticky for the whole context, which the PEs of a
-                        // process on one GPU share.
+                        // process on one GPU share (PEs of other processes have their
+                        // own contexts: a fault there does not end this PE's work).
                         " (this PE's device error record is empty: when PEs of this process \
                          share the GPU, one kernel's fault ends every PE's work; look for \
                          the PE whose error names a device fault)"
@@ -1796,6 +1797,8 @@ type DeviceSetup = (Arc<Ctx>, Stream, DeviceInfo, bool);
 struct Sharing {
     pes: usize,
     processes: usize,
+    /// Of `pes`, those in this process (this one included): they share its context.
+    in_process: usize,
 }
 
 fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, Sharing)> {
@@ -1831,6 +1834,7 @@ fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, Sharing
     let sharing = Sharing {
         pes: here.len(),
         processes: processes_of(&here, &procs),
+        in_process: here.iter().filter(|&&r| procs[r] == procs[rank]).count(),
     };
     Ok((setup, ids, sharing))
 }

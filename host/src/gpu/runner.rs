@@ -1494,10 +1494,18 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
         },
         Err(e) => (None, Some(e.to_string())),
     };
+    // The copy loop runs in the put's module, grid and scratch (it is the put's kernel
+    // with a local destination): a manifest whose copy kernel differs in any of them gets
+    // no copy-loop column rather than a launch that fails on PE 0 alone.
     let copy_loop = m
         .as_ref()
         .ok()
         .and_then(|m| m.bench("copy", "block", "bandwidth"))
+        .filter(|c| {
+            put.as_ref().is_some_and(|p| {
+                c.module == p.module && c.block == p.block && c.scratch_bytes <= p.scratch_bytes
+            })
+        })
         .cloned();
     let max = o.max_size.max(8).next_multiple_of(16);
     let sizes: Vec<usize> = crate::bench::sizes(crate::bench::Kind::Put, o.min_size.max(4096), max);
@@ -1510,7 +1518,19 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
     // with the copy: never over another transport, whatever RSHMEM_TRANSPORT says.
     settings.transport = crate::config::TransportMode::P2p;
     let sources = o.sources.clone();
+    let pes = o.pes;
     let out = run_gpu_threads(o.pes, settings, |g| {
+        // The put is held against one GPU's copy: PEs spread over several GPUs would
+        // measure the link between them instead (every PE sees the same count, so all
+        // refuse together, before the first collective).
+        if g.pes_sharing_gpu() < pes {
+            return Err(Error::InvalidArgument(format!(
+                "bench copy compares the put between PEs on one GPU with that GPU's own \
+                 copy, but the {pes} PEs were spread over this node's GPUs ({} on this \
+                 one): set RSHMEM_DEVICE to one ordinal (e.g. RSHMEM_DEVICE=0)",
+                g.pes_sharing_gpu()
+            )));
+        }
         let me = g.my_pe();
         let k = g.load_library_module("rshmem_kernels", sources.ptx_dir.as_deref())?;
         let pm = match &put {

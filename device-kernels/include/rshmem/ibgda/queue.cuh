@@ -162,12 +162,18 @@ RSHMEM_HOST_DEVICE rshmem_ibgda_qp_t *table_qp(const rshmem_ibgda_table_t *table
 // timeout instead of hanging, and the waits then report it.
 RSHMEM_HOST_DEVICE void ring(rshmem_ibgda_qp_t *qp) {
   waiter w = {0, 0};
+  // What this call must see rung: what was published when it started. Later
+  // publications are rung by their own publishers; chasing them could keep a thread that
+  // keeps losing the lock here until its timeout under a steady stream of posts, and
+  // break a healthy queue. Any holder that takes the lock after this point rings at least
+  // `target`, so the wait is bounded by one holder's short critical section.
+  // Acquire: the WQE stores of every producer that published up to `ready` happen before
+  // what we do next (in particular before our record store, which releases them to the
+  // NIC: release is cumulative).
+  const uint64_t target = ld_acquire_gpu_u64(&qp->ready);
   for (;;) {
-    // Acquire: the WQE stores of every producer that published up to `ready` happen
-    // before what we do next (in particular before our record store, which releases them
-    // to the NIC: release is cumulative).
-    uint64_t ready = ld_acquire_gpu_u64(&qp->ready);
-    if (ld_acquire_gpu_u64(&qp->rung) >= ready) return;
+    uint64_t ready = target;
+    if (ld_acquire_gpu_u64(&qp->rung) >= target) return;
     // Acquire: enter after the previous ringer left (its record store is before ours).
     if (cas_acquire_gpu_u32(&qp->ring_lock, 0, 1)) {
       ready = ld_acquire_gpu_u64(&qp->ready);
@@ -381,8 +387,9 @@ RSHMEM_HOST_DEVICE int wait_index(rshmem_ibgda_qp_t *qp, uint64_t end) {
     for (;;) {
       poll_cq(qp);
       if (ld_acquire_gpu_u64(&qp->completed) >= end) break;
-      // A reservation before `end` that will never be published: what we wait for
-      // cannot complete (before 2026-12-07 this waited out a second timeout).
+      // A broken queue (a reservation that will never be published, or a doorbell lock
+      // never released): what we wait for may never complete, and every later post
+      // fails anyway (before 2026-12-07 this waited out a second timeout).
       if (ld_acquire_gpu_u32(&qp->broken)) return RSHMEM_IBGDA_ERR_BROKEN;
       if (expired(qp, w)) {
         note_timeout(qp, RSHMEM_IBGDA_WAIT_COMPLETE, end);
@@ -735,8 +742,19 @@ inline __device__ __noinline__ __attribute__((noreturn)) void fail(rshmem_ibgda_
                                                            rshmem_device_error_t *rec, int pe,
                                                            uint32_t *claim = nullptr) {
   const bool cqe = status == RSHMEM_IBGDA_ERR_CQE;
-  // Acquire: pairs with note_timeout's release (the index is the same wait's).
-  const uint32_t waited = ld_acquire_gpu_u32(&qp->timeout_what);
+  // The timeout fields describe this failure only when it is a timeout, or a queue broken
+  // by one; other statuses (a WQE too big, ...) name the reservation head.
+  const bool timed = status == RSHMEM_IBGDA_ERR_TIMEOUT || status == RSHMEM_IBGDA_ERR_BROKEN;
+  // Acquire: pairs with note_timeout's release (the index is the same wait's). All ones is
+  // the claim of a thread still writing the fields (threads time out together when the NIC
+  // stalls): wait a bounded moment for it, then name no wait rather than a half record.
+  uint32_t waited = 0;
+  if (timed) {
+    waited = ld_acquire_gpu_u32(&qp->timeout_what);
+    for (int spin = 0; waited == 0xffffffffu && spin < 100000; ++spin)
+      waited = ld_acquire_gpu_u32(&qp->timeout_what);
+    if (waited == 0xffffffffu) waited = 0;
+  }
   // A timeout (or a queue broken by one) names the index the wait was for.
   const uint64_t expected = cqe ? qp->first_error_index
                                 : (waited ? ld_relaxed_gpu_u64(&qp->timeout_index)
@@ -756,8 +774,9 @@ inline __device__ __noinline__ __attribute__((noreturn)) void fail(rshmem_ibgda_
     rec->expected = expected;
     rec->observed = observed;
     rec->cmp = detail;
-    rec->block = blockIdx.x;
-    rec->thread = threadIdx.x;
+    // Linear indices (x fastest), as rshmemi_fail writes them.
+    rec->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    rec->thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
     __threadfence_system();
     // Volatile: the code is the record's "valid" flag, stored last.
     *(volatile uint32_t *)&rec->code =
