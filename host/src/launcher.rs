@@ -45,7 +45,8 @@
 //! how many bytes were not written, and a job that was interrupted waits at most
 //! [`STOP_GRACE`] for it. A signal that arrives after the job ended but before the
 //! launcher exits (its cleanup) counts the same. The bootstrap root's own log lines are
-//! dropped while [`output::BACKLOG_LIMIT`] bytes wait for stderr.
+//! dropped while 4 MiB more than [`output::BACKLOG_LIMIT`] wait for stderr (a stderr that
+//! is stuck), which the PEs' output alone does not reach.
 //!
 //! # Supervision and exit status
 //!

@@ -1030,13 +1030,17 @@ fn waits_time_out_and_a_timed_out_reservation_breaks_the_queue() {
     assert!(out.elapsed >= t);
     // The first timeout stays the one reported.
     assert_eq!(out.desc.timed_out_waiting(), Some((3, 8)));
-    // Every later post fails at once: well before a long bound (the run's own time, thread
-    // start included, on a loaded machine, stays far below it).
+    // Every later post fails at once: well before a long bound, which the descriptor
+    // (reused, so `run`'s timeout argument does not reach it) is given too: a post that
+    // waited out its timeout before failing would take that long. (The run's own time,
+    // thread start included, on a loaded machine, stays far below it.)
     let long = Duration::from_secs(5);
+    let mut desc = out.desc;
+    desc.timeout_ns = long.as_nanos() as u64;
     let out = run(
         &env,
         &mem,
-        Some(out.desc),
+        Some(desc),
         CqMode::Normal,
         false,
         long,
@@ -1073,12 +1077,15 @@ fn a_timeout_names_the_wait_and_a_later_quiet_fails_at_once() {
     // Reserved 9, published 8: the hole is the ninth.
     assert_eq!((out.desc.reserved(), out.desc.ready()), (9, 8));
     // A plan with no operation: only its final quiet, which can never see the hole
-    // complete. At once: well before a long bound, as in the test above.
+    // complete. At once: well before a long bound, given to the descriptor as in the test
+    // above.
     let long = Duration::from_secs(5);
+    let mut desc = out.desc;
+    desc.timeout_ns = long.as_nanos() as u64;
     let out = run(
         &env,
         &mem,
-        Some(out.desc),
+        Some(desc),
         CqMode::Normal,
         false,
         long,

@@ -194,7 +194,9 @@ fn pe_main(mode: &str) -> rshmem::Result<()> {
 }
 
 /// Round trips of the "ep-shrink" mode.
-const EP_SHRINK_ROUND_TRIPS: usize = 120;
+/// (About 20 ms each here: 250 leave a PE 3 killed a second or two late, on a loaded
+/// machine, still well before the last; 120 left about 2 s.)
+const EP_SHRINK_ROUND_TRIPS: usize = 250;
 
 /// EP LL round trips in shrink mode while the test kills PE 3, each validated with the
 /// mask it ran with. A round trip whose mask changed while it ran (the one during which
@@ -223,11 +225,11 @@ fn ep_shrink(pe: Pe) -> rshmem::Result<()> {
     // A fixed number of round trips, the same on every PE: the calls go in lockstep, so
     // a survivor that stopped early would look dead to the others (the test kills PE 3
     // 300 ms after READY, a few dozen round trips in).
-    let end = Instant::now() + Duration::from_secs(25);
+    let end = Instant::now() + Duration::from_secs(60);
     for _ in 0..EP_SHRINK_ROUND_TRIPS {
         if Instant::now() > end {
             return Err(Error::InvalidArgument(format!(
-                "{EP_SHRINK_ROUND_TRIPS} round trips did not finish within 25 s"
+                "{EP_SHRINK_ROUND_TRIPS} round trips did not finish within 60 s"
             )));
         }
         let mask = buf.query_mask();
@@ -701,7 +703,8 @@ fn killed_pe_in_another_namespace_is_named() {
     if !netns_available("killed_pe_in_another_namespace_is_named") {
         return;
     }
-    let job = start_job(2, 2, "kill", 10_000, 10_000, &[]);
+    // A 30 s grace, for the bound below (see killed_pe_during_rma_is_named).
+    let job = start_job(2, 2, "kill", 10_000, 30_000, &[]);
     job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
     // A segment file of this job that a killed PE could not remove (a PE SIGKILLed while
     // its heap file still had a name): run-job must remove it, and only it.
@@ -725,7 +728,7 @@ fn killed_pe_in_another_namespace_is_named() {
     // SAFETY: kill on the pid PE 3 printed; it is alive (it waits in barriers).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let t0 = Instant::now();
-    let (status, text) = job.finish(Duration::from_secs(20));
+    let (status, text) = job.finish(Duration::from_secs(60));
     // Which failure run-job sees first is a race (PE 3's, or a peer that noticed it
     // fast); every failure is logged, so PE 3's kill must be.
     assert!(
@@ -744,7 +747,7 @@ fn killed_pe_in_another_namespace_is_named() {
         assert!(err.contains("PE 3 died"), "PE {r}: {err}\n{text}");
     }
     assert!(
-        t0.elapsed() < Duration::from_secs(5),
+        t0.elapsed() < Duration::from_secs(15),
         "took {:?}",
         t0.elapsed()
     );
@@ -914,8 +917,10 @@ fn run_selftest(hosts: usize, pph: usize) {
         hosts,
         pph,
         "selftest",
-        20_000,
-        Duration::from_secs(50),
+        // A bound on progress, not a timing: a barrier waits for a peer's whole case,
+        // which a loaded 2-core machine stretches (20 s ran out under overload).
+        60_000,
+        Duration::from_secs(150),
         |host, r| {
             format!(
                 "[host {host} pe {r}] NETNS-OK selftest pe {r} cases {}",
@@ -948,15 +953,18 @@ fn killed_pe_during_rma_is_named() {
     if !netns_available("killed_pe_during_rma_is_named") {
         return;
     }
-    const TIMEOUT_MS: u64 = 6000;
-    let job = start_job(2, 2, "rma-fail", TIMEOUT_MS, 10_000, &[]);
+    // A 20 s timeout and a 30 s grace: the bound below (15 s) tells "noticed at once"
+    // from "timed out" or "waited out the grace" with room for teardown and exit of three
+    // namespaces' PEs on a loaded machine.
+    const TIMEOUT_MS: u64 = 20_000;
+    let job = start_job(2, 2, "rma-fail", TIMEOUT_MS, 30_000, &[]);
     job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(200));
     let pid = job.pid_of(3);
     // SAFETY: kill on the pid PE 3 printed; it is alive (it runs RMA until told to stop).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let t0 = Instant::now();
-    let (status, text) = job.finish(Duration::from_secs(25));
+    let (status, text) = job.finish(Duration::from_secs(60));
     let took = t0.elapsed();
     assert!(
         !status.success(),
@@ -967,13 +975,15 @@ fn killed_pe_during_rma_is_named() {
             .into_iter()
             .find(|l| l.contains("PE-ERROR"))
             .unwrap_or_else(|| panic!("PE {r} reported no error:\n{text}"));
+        // A death report, not a timeout of an operation to PE 3 (whose text names it too).
         assert!(
-            err.contains("PE 3"),
-            "PE {r} should name PE 3: {err}\n{text}"
+            err.contains("PE 3 died"),
+            "PE {r} should name PE 3's death: {err}\n{text}"
         );
     }
-    // The bootstrap notices the death at once; RMA waits check it (not the timeout).
-    assert!(took < Duration::from_secs(5), "took {took:?}:\n{text}");
+    // The bootstrap notices the death at once; RMA waits check it (not the timeout, nor
+    // the grace).
+    assert!(took < Duration::from_secs(15), "took {took:?}:\n{text}");
     eprintln!("PE 3 killed during RMA, job ended after {took:?}:\n{text}");
 }
 
@@ -1031,9 +1041,10 @@ fn link_down_during_rma_is_reported() {
             "PE {r}'s RMA failed {ms} ms after ready, link down at {down_ms} ms:\n{text}"
         );
     }
-    // ...and the job then ended (teardown and exit included) within the same bound.
+    // ...and the job then ended (teardown and exit included) well before the 20 s grace
+    // ran out (the RMA-FAILED bound above is the check that detection was fast).
     assert!(
-        took < Duration::from_millis(TIMEOUT_MS + 4000),
+        took < Duration::from_secs(16),
         "every PE failed in time, but the job ended {took:?} after link-down (slow \
          teardown or exit):\n{text}"
     );
@@ -1048,14 +1059,14 @@ fn ep_shrink_survives_a_killed_pe() {
     if !netns_available("ep_shrink_survives_a_killed_pe") {
         return;
     }
-    let job = start_job(2, 2, "ep-shrink", 6000, 15_000, &[]);
+    let job = start_job(2, 2, "ep-shrink", 6000, 30_000, &[]);
     job.wait_for("NETNS-READY", 4, Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(300));
     let pid = job.pid_of(3);
     // SAFETY: kill on the pid PE 3 printed; it is alive (it runs EP calls in a loop).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let prefix = job.prefix.clone();
-    let (status, text) = job.finish(Duration::from_secs(40));
+    let (status, text) = job.finish(Duration::from_secs(90));
     assert!(
         !status.success(),
         "PE 3 was killed, the job cannot succeed:\n{text}"

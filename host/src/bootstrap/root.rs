@@ -816,11 +816,11 @@ mod tests {
         }
         const BIG: usize = 64 << 20;
         send(&mut lock(&root.hub.state), 1, Arc::from(vec![7u8; BIG]));
-        assert_eq!(
-            root.drain(Duration::from_millis(200)),
-            Err(vec![1]),
-            "64 MiB unread by PE 1"
-        );
+        match root.drain(Duration::from_millis(200)) {
+            // PE 0's writer may still be sending its welcome on a loaded machine.
+            Err(waiting) if waiting.contains(&1) => {}
+            other => panic!("drained with 64 MiB unread by PE 1: {other:?}"),
+        }
         let reader = thread::spawn(move || {
             let mut buf = vec![0u8; 1 << 20];
             let mut got = 0;

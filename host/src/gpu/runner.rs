@@ -1503,7 +1503,7 @@ pub fn copy_bench(o: &BenchOpts) -> Result<CopyReport> {
         .and_then(|m| m.bench("copy", "block", "bandwidth"))
         .filter(|c| {
             put.as_ref().is_some_and(|p| {
-                c.module == p.module && c.block == p.block && c.scratch_bytes <= p.scratch_bytes
+                c.module == p.module && c.block == p.block && c.scratch_bytes == p.scratch_bytes
             })
         })
         .cloned();

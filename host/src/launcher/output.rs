@@ -234,12 +234,14 @@ pub(super) fn write_to(target: Target, bytes: &[u8]) {
 }
 
 /// [`write_to`] stderr for a log line of the launcher's own (the bootstrap root's): dropped
-/// while stderr has [`BACKLOG_LIMIT`] bytes waiting, so that lines nobody reads (a stderr
-/// that is stuck, and something that keeps connecting to the root's port) cannot grow
-/// the queue without end. Returns whether the line was queued.
+/// while stderr has [`BACKLOG_LIMIT`] + 4 MiB bytes waiting, so that lines nobody reads (a
+/// stderr that is stuck, and something that keeps connecting to the root's port) cannot
+/// grow the queue without end. The PEs' relayed output stops at about [`BACKLOG_LIMIT`]
+/// (one read past it), so a slow reader of busy PEs' stderr still gets these lines: only
+/// log lines use the room above. Returns whether the line was queued.
 pub(super) fn log_line(line: &str) -> bool {
     let s = stream(Target::Stderr);
-    if s.backlog() >= BACKLOG_LIMIT {
+    if s.backlog() >= BACKLOG_LIMIT + (4 << 20) {
         return false;
     }
     write_to(Target::Stderr, line.as_bytes());

@@ -42,8 +42,10 @@ pub const STAGING_CHUNK: usize = 8 << 10;
 /// Longest put sent inline: what fits one WQEBB (ctrl + raddr + 4-B header + 28 B).
 pub const MAX_INLINE_PUT: usize = 28;
 /// How long a broken connection's error waits for the bootstrap to report a death that
-/// explains it (`Proxy::err`).
-const DEATH_GRACE: Duration = Duration::from_millis(500);
+/// explains it (`Proxy::err`). 2 s (500 ms before 2026-12-07): the report's threads (the
+/// root's writer, this PE's bootstrap reader) may be descheduled that long on a loaded
+/// machine, and an error with no death behind it is only reported that much later.
+const DEATH_GRACE: Duration = Duration::from_secs(2);
 
 /// What a PE knows about a peer it reaches by proxy.
 pub(crate) struct ProxyPeer {
