@@ -58,7 +58,8 @@ pub enum Kind {
     /// most 1 GiB moved.
     Softhca,
     /// GPU only (`--device gpu`): device-to-device copy bandwidth (the rshmem_copy kernel
-    /// and cuMemcpyDtoD) next to device put bandwidth.
+    /// and cuMemcpyDtoD) next to device put bandwidth, its PEs on one GPU (on a node with
+    /// several, set RSHMEM_DEVICE).
     Copy,
 }
 
