@@ -366,9 +366,12 @@ impl Pe {
 
     /// Barrier over `team` that also completes this PE's outstanding RMA (quiet + sync).
     /// A PE whose quiet fails returns its error without the sync, so the other members do
-    /// not pass the barrier believing its puts landed: they time out naming it. (Syncing
-    /// anyway, tried on 2026-12-07, let them go on with data that never arrived; carrying
-    /// the quiet's outcome in the barrier would fail them at once, and is not built.)
+    /// not pass the barrier believing its puts landed: they time out, the ones whose
+    /// dissemination partner it is naming it, the others naming a partner stuck waiting
+    /// for it (in teams of 3 or more). (Syncing anyway, tried on 2026-12-07, let them go on
+    /// with data that never arrived; carrying the quiet's outcome in the barrier would fail
+    /// them at once, and is not built.) After such an error the team's barrier counters
+    /// are out of step: docs/runtime.md, "Teams".
     pub fn team_barrier(&self, team: &Team) -> Result<()> {
         self.try_quiet()?;
         self.sync_team(team)

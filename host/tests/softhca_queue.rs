@@ -567,6 +567,30 @@ fn doorbell_relay_follows_many_producers_past_the_index_wrap() {
     drop(rig);
 }
 
+/// A held batch larger than the ring minus the unsignalled WQEs that may precede it (128 -
+/// 32 + 1 = 97 slots here) is refused up front, and the queue stays usable: such a batch
+/// could wait for WQEs that only a signalled WQE behind it completes, until the queue broke.
+#[test]
+fn a_held_batch_past_the_signalling_bound_is_refused() {
+    let t = target(1, 1);
+    let rig = rig_bounded(&t, 128, 128, CqMode::Normal, Duration::from_secs(10));
+    let Rig { sq, .. } = &rig;
+    assert_eq!(sq.signal_every(), 32);
+    let e = sq
+        .post_held_batch(98, |_, _, _| WqeOp::Nop)
+        .expect_err("98 held slots on 128 with a CQE every 32");
+    assert!(matches!(e, SqError::Build { .. }), "{e}");
+    let (posted, err) = sq
+        .post_held_batch(97, |_, _, _| WqeOp::Nop)
+        .expect("97 fit");
+    assert!(err.is_none(), "{err:?}");
+    for p in posted {
+        sq.wait_posted(p).expect("each NOP completes");
+        sq.release(p);
+    }
+    sq.quiet().expect("the queue is usable");
+}
+
 /// A batch of held READs is one reservation of consecutive slots, whatever other producers
 /// post meanwhile: here another thread posts NOPs around 300 batches of 64 READs on a ring
 /// of 128, and every READ's result is exact. (Held READs posted one reservation at a time

@@ -814,6 +814,21 @@ impl SendQueue {
     ) -> Result<(Vec<Posted>, Option<SqError>), SqError> {
         let n = count as u64;
         self.can_reserve(n, 4)?;
+        // A batch must leave room for the unsignalled WQEs before it: its holder cannot
+        // post the signalled NOP that would complete them, and a NOP another thread posts
+        // lands behind the batch. Past `wqe_cnt - signal_every + 1` slots the reservation
+        // could wait for them until the queue breaks (`signal_interval`'s bound).
+        let most = self.wqe_cnt() as u64 - self.signal_every + 1;
+        if n > most {
+            return Err(SqError::Build {
+                qpn: self.qpn,
+                source: BuildError::BufferTooSmall {
+                    need: n as usize * WQEBB,
+                    have: most as usize * WQEBB,
+                    ds: 4,
+                },
+            });
+        }
         if n == 0 {
             return Ok((Vec::new(), None));
         }
