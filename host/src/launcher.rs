@@ -30,9 +30,10 @@
 //! stderr. Lines are written whole by one thread per stream, so lines of different PEs
 //! never mix inside a line; when the launcher's stdout and stderr are one file (`2>&1`,
 //! a terminal, one log file) the two threads take turns, so a stdout line is not spliced
-//! into a stderr line either (before 2026-12-07 they could be, on a pipe that filled). Bytes are relayed as they are (invalid UTF-8 included). A final line
-//! without a newline is relayed at end of stream with a newline added; a line longer than
-//! [`MAX_LINE`] bytes is cut into pieces of that size, each relayed as its own line.
+//! into a stderr line either (before 2026-12-07 they could be, on a pipe that filled).
+//! Bytes are relayed as they are (invalid UTF-8 included). A final line without a newline
+//! is relayed at end of stream with a newline added; a line longer than [`MAX_LINE`]
+//! bytes is cut into pieces of that size, each relayed as its own line.
 //! Without prefixing the PEs simply inherit the launcher's stdout and stderr.
 //!
 //! A writer thread per stream writes the relayed lines and the launcher's own messages,
@@ -265,8 +266,7 @@ pub fn run_cli(args: RunArgs) -> i32 {
                 output::Target::Stderr,
                 format!("rshmem run: {e}\n").as_bytes(),
             );
-            let give_up = std::time::Instant::now() + STOP_GRACE;
-            output::flush(&|| std::time::Instant::now() >= give_up);
+            output::flush_within(STOP_GRACE, &|| false);
             2
         }
     }
@@ -280,9 +280,7 @@ pub fn run_cli(args: RunArgs) -> i32 {
 pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     // The root this launcher hosts logs through the stderr writer thread too: it logs
     // deaths while the supervisor may wait for its state (see bootstrap::set_log_sink).
-    crate::bootstrap::set_log_sink(|line| {
-        output::log_line(line);
-    });
+    crate::bootstrap::set_log_sink(output::log_line);
     let signals = if opts.handle_signals {
         Some(signals::SignalGuard::install()?)
     } else {
@@ -294,10 +292,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         // The messages queued before the job failed to start come before the error; a
         // signal, or 2 s, ends the wait for a stream nobody reads.
         let seen = signals.as_ref().map_or(0, |s| s.received().1);
-        let give_up = std::time::Instant::now() + STOP_GRACE;
-        output::flush(&|| {
+        output::flush_within(STOP_GRACE, &|| {
             signals.as_ref().is_some_and(|s| s.received().1 > seen)
-                || std::time::Instant::now() >= give_up
         });
     }
     drop(signals);
@@ -344,8 +340,7 @@ fn finish_output(
             }
         ));
         // A short, bounded try: stderr may be the stream nobody reads.
-        let deadline = std::time::Instant::now() + Duration::from_millis(200);
-        output::flush(&|| std::time::Instant::now() >= deadline);
+        output::flush_within(Duration::from_millis(200), &|| false);
     }
     if let (Some(sig), None) = (stopped_by.get(), outcome.first_failure) {
         outcome.interrupted_by.get_or_insert(sig);

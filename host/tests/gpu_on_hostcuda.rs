@@ -392,21 +392,25 @@ fn the_device_benches_run_and_their_records_check() {
             }
         }
     }
-    let (rc, out) = rshmem(&[
-        "bench",
-        "copy",
-        "--device",
-        "gpu",
-        "--pes",
-        "2",
-        "--iters",
-        "5",
-        "--reps",
-        "2",
-        "--max-size",
-        "1M",
-        "--json",
-    ]);
+    let copy = |max: &str, env: &[(&str, &str)]| {
+        let args = [
+            "bench",
+            "copy",
+            "--device",
+            "gpu",
+            "--pes",
+            "2",
+            "--iters",
+            "5",
+            "--reps",
+            "2",
+            "--max-size",
+            max,
+            "--json",
+        ];
+        rshmem_env(&args, env)
+    };
+    let (rc, out) = copy("1M", &[]);
     assert_eq!(rc, Some(0), "copy: {out}");
     // Every size the put is measured at also has the in-kernel copy (the reference the
     // put is held against with the event-timed copies), and the fraction uses the best.
@@ -425,32 +429,14 @@ fn the_device_benches_run_and_their_records_check() {
     }
     // Two GPUs: the PEs are spread over them, so the put would cross between GPUs; the
     // bench says so instead of comparing that with one GPU's copy.
-    let copy_args = [
-        "bench",
-        "copy",
-        "--device",
-        "gpu",
-        "--pes",
-        "2",
-        "--iters",
-        "5",
-        "--reps",
-        "2",
-        "--max-size",
-        "64K",
-        "--json",
-    ];
-    let (rc, out) = rshmem_env(&copy_args, &[("HOSTCUDA_DEVICES", "2")]);
+    let (rc, out) = copy("64K", &[("HOSTCUDA_DEVICES", "2")]);
     assert_eq!(rc, Some(1), "{out}");
     assert!(
         out.contains("spread over this node's GPUs (1 on this one)")
             && out.contains("RSHMEM_DEVICE=0"),
         "{out}"
     );
-    let (rc, out) = rshmem_env(
-        &copy_args,
-        &[("HOSTCUDA_DEVICES", "2"), ("RSHMEM_DEVICE", "1")],
-    );
+    let (rc, out) = copy("64K", &[("HOSTCUDA_DEVICES", "2"), ("RSHMEM_DEVICE", "1")]);
     assert_eq!(rc, Some(0), "{out}");
 }
 

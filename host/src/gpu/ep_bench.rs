@@ -978,15 +978,25 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
         for c in &cs {
             s = settings_for(s, &c.cfg, n)?;
         }
+        // The cases after the shapes: name, the fewest PEs it needs, the case.
+        type Case = fn(&GpuPe, &Module) -> Result<()>;
+        let extra: Vec<(&str, Case)> = [
+            ("faults", 1, fault_case as Case),
+            ("graph-replay-x3", 1, |g, m| graph_case(g, m, 3)),
+            ("status-per-kind", 1, status_case),
+            ("handle-mismatch", 2, handle_case),
+            ("masked-PE", 3, mask_case),
+            ("shrink-dead-PE", 3, shrink_case),
+            ("team-split", 4, team_case),
+        ]
+        .into_iter()
+        .filter(|&(_, fewest, _)| n >= fewest)
+        .map(|(name, _, case)| (name, case))
+        .collect();
         let names: Vec<String> = cs
             .iter()
             .map(|c| c.name.clone())
-            .chain(["faults".to_string(), "graph-replay-x3".to_string()])
-            .chain(["status-per-kind".to_string()])
-            .chain((n >= 2).then(|| "handle-mismatch".to_string()))
-            .chain((n >= 3).then(|| "masked-PE".to_string()))
-            .chain((n >= 3).then(|| "shrink-dead-PE".to_string()))
-            .chain((n >= 4).then(|| "team-split".to_string()))
+            .chain(extra.iter().map(|(name, _)| name.to_string()))
             .collect();
         let t0 = Instant::now();
         let per_pe = run_gpu_threads(n, s, |g| {
@@ -1001,31 +1011,13 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
                 out.push((r, t.elapsed().as_secs_f64()));
                 g.pe().barrier_all()?;
             }
-            let t = Instant::now();
-            out.push((fault_case(g, &m), t.elapsed().as_secs_f64()));
-            g.pe().barrier_all()?;
-            let t = Instant::now();
-            out.push((graph_case(g, &m, 3), t.elapsed().as_secs_f64()));
-            g.pe().barrier_all()?;
-            let t = Instant::now();
-            out.push((status_case(g, &m), t.elapsed().as_secs_f64()));
-            if n >= 2 {
-                g.pe().barrier_all()?;
+            // A barrier between cases (the shapes' loop ends with one).
+            for (i, (_, case)) in extra.iter().enumerate() {
+                if i > 0 {
+                    g.pe().barrier_all()?;
+                }
                 let t = Instant::now();
-                out.push((handle_case(g, &m), t.elapsed().as_secs_f64()));
-            }
-            if n >= 3 {
-                g.pe().barrier_all()?;
-                let t = Instant::now();
-                out.push((mask_case(g, &m), t.elapsed().as_secs_f64()));
-                g.pe().barrier_all()?;
-                let t = Instant::now();
-                out.push((shrink_case(g, &m), t.elapsed().as_secs_f64()));
-            }
-            if n >= 4 {
-                g.pe().barrier_all()?;
-                let t = Instant::now();
-                out.push((team_case(g, &m), t.elapsed().as_secs_f64()));
+                out.push((case(g, &m), t.elapsed().as_secs_f64()));
             }
             Ok(out)
         });

@@ -238,14 +238,17 @@ pub(super) fn write_to(target: Target, bytes: &[u8]) {
 /// stderr that is stuck, and something that keeps connecting to the root's port) cannot
 /// grow the queue without end. The PEs' relayed output stops at about [`BACKLOG_LIMIT`]
 /// (one read past it), so a slow reader of busy PEs' stderr still gets these lines: only
-/// log lines use the room above. Returns whether the line was queued.
-pub(super) fn log_line(line: &str) -> bool {
-    let s = stream(Target::Stderr);
-    if s.backlog() >= BACKLOG_LIMIT + (4 << 20) {
-        return false;
+/// log lines use the room above.
+pub(super) fn log_line(line: &str) {
+    if stream(Target::Stderr).backlog() < BACKLOG_LIMIT + (4 << 20) {
+        write_to(Target::Stderr, line.as_bytes());
     }
-    write_to(Target::Stderr, line.as_bytes());
-    true
+}
+
+/// [`flush`] for at most `limit` (or until `stop`).
+pub(super) fn flush_within(limit: Duration, stop: &dyn Fn() -> bool) -> usize {
+    let give_up = Instant::now() + limit;
+    flush(&|| stop() || Instant::now() >= give_up)
 }
 
 /// Waits until everything queued for the launcher's stdout and stderr was written (or

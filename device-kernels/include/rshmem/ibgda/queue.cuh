@@ -172,11 +172,11 @@ RSHMEM_HOST_DEVICE void ring(rshmem_ibgda_qp_t *qp) {
   // NIC: release is cumulative).
   const uint64_t target = ld_acquire_gpu_u64(&qp->ready);
   for (;;) {
-    uint64_t ready = target;
     if (ld_acquire_gpu_u64(&qp->rung) >= target) return;
     // Acquire: enter after the previous ringer left (its record store is before ours).
     if (cas_acquire_gpu_u32(&qp->ring_lock, 0, 1)) {
-      ready = ld_acquire_gpu_u64(&qp->ready);
+      // Acquire, as for `target`: the holder rings all that is published by now.
+      const uint64_t ready = ld_acquire_gpu_u64(&qp->ready);
       if (ld_relaxed_gpu_u64(&qp->rung) < ready) {
         // Release, system scope: the NIC / soft HCA reads WQEs after reading the record,
         // so every WQE store up to `ready` must be visible system-wide before it.
@@ -208,7 +208,7 @@ RSHMEM_HOST_DEVICE void ring(rshmem_ibgda_qp_t *qp) {
       return;
     }
     if (expired(qp, w)) {
-      note_timeout(qp, RSHMEM_IBGDA_WAIT_RING, ready);
+      note_timeout(qp, RSHMEM_IBGDA_WAIT_RING, target);
       st_release_gpu_u32(&qp->broken, 1);
       return;
     }
