@@ -25,7 +25,9 @@
 //!   combines only): the owner leaves the rows in its `combine_send`, writes
 //!   `begin << 32 | count` of each of its blocks for that source into the source's pull
 //!   area, and sets the flag with `DIRECT`; the source reads the rows from the owner's
-//!   memory in the same pass as the sum.
+//!   memory in the same pass as the sum. Own rows (owner = source) of a combine without
+//!   a hook or zero copy are not copied at all: the sum reads them from the caller's
+//!   `expert_out`, still borrowed; the own flag still carries the count.
 //! - credits: when a PE has received call `seq`, it writes `tag` into its credit word on
 //!   every PE. Before call `seq + 2` reuses the set, a PE waits for every credit of
 //!   `seq`, so nothing is overwritten before it was read (two calls may be in flight).
@@ -1321,10 +1323,29 @@ impl<'p> Buffer<'p> {
             None
         };
         let masked = self.masked.clone();
+        // This PE's own rows, without a hook and without zero copy, are summed straight from
+        // `expert_out` (borrowed until this call returns, which is after the sum): copying
+        // them into our own combine_recv first moved 1/R of the rows twice for nothing.
+        let own_in_place = !return_recv_hook && !zero_copy && fault.is_none();
         let sent: Result<()> = (|| {
             for step in 0..r {
                 let s = (sh.me + 1 + step) % r;
                 if masked[s] {
+                    continue;
+                }
+                if s == sh.me && own_in_place {
+                    let mut own_rows = 0u64;
+                    for le in 0..l {
+                        own_rows += handle.layout_range[le * r + s] as u64 & 0xffff_ffff;
+                    }
+                    // Our own flag, set as for any owner so that the receive checks the
+                    // count and handle mark the same way; no data behind it to publish.
+                    sh.signal(
+                        self.pe,
+                        lay.combine_flag_word(set, sh.me),
+                        wire(tag(seq)) << 32 | own_rows | handle_mark(handle.call),
+                        s,
+                    )?;
                     continue;
                 }
                 // In shrink mode a PE that died is masked here and skipped (to_peer).
@@ -1439,7 +1460,13 @@ impl<'p> Buffer<'p> {
         if return_recv_hook {
             Ok(Combine::Pending(hook))
         } else {
-            hook.recv().map(Combine::Received)
+            let mut hook = hook;
+            hook.received = true;
+            let own = own_in_place.then_some(OwnRows {
+                expert_out,
+                layout_range: &handle.layout_range,
+            });
+            hook.receive(own).map(Combine::Received)
         }
     }
 }
@@ -1747,7 +1774,7 @@ impl Drop for CombineHook<'_> {
     fn drop(&mut self) {
         if !std::mem::replace(&mut self.received, true) {
             let (sh, seq) = (self.sh.clone(), self.seq);
-            drop_unreceived(&sh, seq, "low_latency_combine", || self.receive());
+            drop_unreceived(&sh, seq, "low_latency_combine", || self.receive(None));
         }
     }
 }
@@ -1770,6 +1797,13 @@ impl<'p> Combine<'p> {
 
 /// The receive half of a combine issued with `return_recv_hook`.
 #[must_use = "the call's buffer set stays busy until the hook has received"]
+/// A combine's own rows in the caller's `expert_out` (`[L, R*N, H]`) and the dispatch
+/// handle's `layout_range` that says where this PE's block of each local expert starts.
+struct OwnRows<'a> {
+    expert_out: &'a [bf16],
+    layout_range: &'a [i64],
+}
+
 pub struct CombineHook<'p> {
     pe: &'p Pe,
     sh: Arc<Shared>,
@@ -1794,10 +1828,12 @@ impl CombineHook<'_> {
     /// Waits for every unmasked expert owner's rows, then reduces.
     pub fn recv(mut self) -> Result<Vec<bf16>> {
         self.received = true;
-        self.receive()
+        self.receive(None)
     }
 
-    fn receive(&mut self) -> Result<Vec<bf16>> {
+    /// `own`: this PE's rows are read from the caller's `expert_out` (no hook, no zero
+    /// copy: the combine did not copy them into our combine_recv).
+    fn receive(&mut self, own: Option<OwnRows<'_>>) -> Result<Vec<bf16>> {
         let sh = &*self.sh;
         sh.outlived("low_latency_combine", self.seq)?;
         let (cfg, lay) = (&sh.cfg, &sh.layout);
@@ -1884,6 +1920,29 @@ impl CombineHook<'_> {
                     self.pe.my_pe(),
                     expected[p]
                 )));
+            } else if p == sh.me && own.is_some() {
+                let Some(own) = &own else { unreachable!() };
+                let mut want = vec![0usize; l];
+                for &e in &self.topk_idx {
+                    if e >= 0 && e as usize / l == p {
+                        want[e as usize % l] += 1;
+                    }
+                }
+                for (le, &n_want) in want.iter().enumerate() {
+                    let lr = own.layout_range[le * r + p];
+                    let (b, c) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
+                    // The handle's routing hash matched topk_idx, so this holds unless the
+                    // hash collided; checked because the sum below indexes expert_out by it.
+                    if c != n_want || b + c > r * cfg.num_max_dispatch_tokens_per_rank {
+                        problem.get_or_insert(Error::InvalidArgument(format!(
+                            "low_latency_combine: the handle holds {c} rows of this PE for \
+                             expert {} (from row {b}) but topk_idx routes {n_want} there: \
+                             pass the dispatch's topk_idx",
+                            p * l + le
+                        )));
+                    }
+                    begin[p * l + le] = b;
+                }
             } else if low & DIRECT != 0 {
                 if sh.peer_main[p].is_none() {
                     problem = Some(Error::Verification(format!(
@@ -1920,6 +1979,7 @@ impl CombineHook<'_> {
         }
         if problem.is_none() {
             let direct = |p: usize| flags[p] & DIRECT != 0;
+            let rows_per_expert = r * cfg.num_max_dispatch_tokens_per_rank;
             let mut next = vec![0usize; cfg.num_experts];
             let mut rows: Vec<&[u16]> = Vec::with_capacity(k);
             let mut weights: Vec<f32> = Vec::with_capacity(k);
@@ -1934,7 +1994,13 @@ impl CombineHook<'_> {
                     let e = e as usize;
                     let (p, le) = (e / l, e % l);
                     let w = self.topk_weights[t * k + kk];
-                    let addr = if direct(p) {
+                    let addr = if let (true, Some(own)) = (p == sh.me, &own) {
+                        // Our own block of expert e in expert_out, in token order as the
+                        // dispatch received it (its rows sit at le * R*N + begin ..).
+                        let j = begin[e] + next[e];
+                        next[e] += 1;
+                        own.expert_out[(le * rows_per_expert + j) * h..].as_ptr() as usize
+                    } else if direct(p) {
                         // Rows of one (expert, source) block are in this PE's token order,
                         // as dispatch sent them.
                         let j = begin[e] + next[e];
@@ -1945,10 +2011,14 @@ impl CombineHook<'_> {
                     };
                     // SAFETY: a row of H bf16 in a mapped allocation: the owner's
                     // combine_send row of this token (direct; in bounds, checked against
-                    // the published range above) or our combine_recv row. The owner wrote
-                    // or put it before its flag (observed with Acquire above) and does not
-                    // write it again until we release the set. Rows are 64-byte aligned
-                    // (H*2-byte rows from a 64-aligned region start), so u16 is aligned.
+                    // the published range above), our combine_recv row, or a row of the
+                    // caller's expert_out (own rows: in bounds by the handle's range checked
+                    // above and expert_out's length checked at the call; borrowed for this
+                    // whole call). The owner wrote or put a mapped row before its flag
+                    // (observed with Acquire above) and does not write it again until we
+                    // release the set. Mapped rows are 64-byte aligned (H*2-byte rows from a
+                    // 64-aligned region start) and expert_out is a bf16 slice, so u16 is
+                    // aligned.
                     let row = unsafe { std::slice::from_raw_parts(addr as *const u16, h) };
                     rows.push(row);
                     weights.push(w);
