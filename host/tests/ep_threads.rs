@@ -1094,6 +1094,56 @@ fn the_checks_catch_tampered_outputs() {
     }
 }
 
+/// Past 256 tokens the token index in the last 128 columns is rounded (bf16), so rows of
+/// tokens 256 and 257 used to be equal and two of their rows filed under each other's token
+/// passed every check. The rounding residual in the 128 columns before them (H >= 384)
+/// tells them apart; both formats. With FP8 the codes and scales are checked themselves:
+/// a group of zeros (the residual of tokens below 256) under another scale dequantises
+/// to the same zeros.
+#[test]
+fn rows_filed_under_the_wrong_token_past_256_are_caught() {
+    for fp8 in [true, false] {
+        let c = cfg(300, 384, 1, 1, fp8);
+        let out = run_threads(1, settings(20_000), |pe| {
+            let team = pe.world().clone();
+            let r = check::random_routing(5, 0, 300, &c, None, 0);
+            let all = check::allgather_routing(pe, &team, &r)?;
+            let x = check::origin_x(0, 300, 384);
+            let mut buf = Buffer::new(pe, &team, c)?;
+            let o = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+            check::validate_dispatch(&c, 0, &all, &[false], &o)?;
+            // One expert, one source: row j holds token j.
+            assert_eq!(&o.src_info[255..259], &[255, 256, 257, 258]);
+            let mut swapped = o.clone();
+            swapped.src_info.swap(256, 257);
+            let mut errors = vec![check::validate_dispatch(&c, 0, &all, &[false], &swapped)
+                .expect_err("rows of tokens 256 and 257 filed under each other's index")
+                .to_string()];
+            let mut rescaled = o.clone();
+            if let rshmem::ep::RecvX::Fp8 { data, scales } = &mut rescaled.recv_x {
+                assert!(data[128..256].iter().all(|&q| q == 0));
+                scales[1] *= 2.0;
+                let e = check::validate_dispatch(&c, 0, &all, &[false], &rescaled)
+                    .expect_err("a zero group's scale doubled");
+                errors.push(e.to_string());
+            }
+            Ok(errors)
+        })
+        .unwrap();
+        let e = out.into_iter().next().unwrap().unwrap();
+        assert!(
+            e[0].contains("row 256 (token 257 of PE 0)"),
+            "fp8 {fp8}: {e:?}"
+        );
+        if fp8 {
+            assert!(
+                e[1].contains("row 0 (token 0 of PE 0): scale of group 1"),
+                "{e:?}"
+            );
+        }
+    }
+}
+
 /// Output storage of another buffer (another format, another N) handed to `recycle` is
 /// dropped, not reused: the next dispatch still delivers this buffer's shape.
 #[test]

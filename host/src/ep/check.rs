@@ -37,14 +37,37 @@ impl Rng {
     }
 }
 
-/// The origin-encoded input of PE `rank`: `[T, H]`.
+/// The origin-encoded input of PE `rank`: `[T, H]`. As DeepEP's test: every value is
+/// `rank - 128`, except the last 128 columns, which hold the token index `t` (as bf16,
+/// so rounded past 256). With H >= 384 the 128 columns before them hold what that
+/// rounding lost, `t - bf16(t)` (a small integer, exact), so every token's row differs
+/// from every other's up to t = 65535 and a row filed under the wrong token is seen
+/// (docs/ep.md, "Checks"); at least one group keeps the source's value. Each part is one
+/// whole FP8 group, so it survives the cast.
 pub fn origin_x(rank: usize, num_tokens: usize, hidden: usize) -> Vec<bf16> {
     let mut x = vec![bf16::from_f32(rank as f32 - 128.0); num_tokens * hidden];
     for t in 0..num_tokens {
-        let tail = hidden.min(128);
-        x[(t + 1) * hidden - tail..(t + 1) * hidden].fill(bf16::from_f32(t as f32));
+        let row = &mut x[t * hidden..(t + 1) * hidden];
+        let (tail, residual) = token_columns(hidden);
+        row[tail.clone()].fill(bf16::from_f32(t as f32));
+        if let Some(cols) = residual {
+            row[cols].fill(bf16::from_f32(token_residual(t)));
+        }
     }
     x
+}
+
+/// The columns of a row that hold the token index (the last 128, as bf16) and, with
+/// H >= 384, the 128 before them that hold its rounding residual.
+fn token_columns(hidden: usize) -> (std::ops::Range<usize>, Option<std::ops::Range<usize>>) {
+    let tail = hidden.min(128);
+    let residual = (hidden >= 384).then(|| hidden - 256..hidden - 128);
+    (hidden - tail..hidden, residual)
+}
+
+/// `t - bf16(t)`: 0 up to 256, then a small integer (|r| <= 128 below 65536).
+fn token_residual(t: usize) -> f32 {
+    t as f32 - bf16::from_f32(t as f32).to_f32()
 }
 
 /// Random routing like DeepEP's test: K distinct experts per token among `experts`
@@ -135,6 +158,17 @@ pub fn expected_row(cfg: &Config, src: usize, t: usize) -> Vec<f32> {
     }
 }
 
+/// The e4m3 codes and per-group scales the reference quantiser makes of token `t` of PE
+/// `src` (FP8 only).
+fn expected_fp8(cfg: &Config, src: usize, t: usize) -> (Vec<u8>, Vec<f32>) {
+    let h = cfg.hidden;
+    let x = &origin_x(src, t + 1, h)[t * h..];
+    let mut q = vec![0u8; h];
+    let mut s = vec![0f32; h / fp8::GROUP];
+    fp8::quantize_row(x, cfg.round_scale, &mut q, &mut s);
+    (q, s)
+}
+
 /// Row `row` of `[L, R*N, H]` received data, as f32 (dequantised).
 pub fn recv_row(cfg: &Config, x: &RecvX, row: usize) -> Vec<f32> {
     let h = cfg.hidden;
@@ -179,6 +213,7 @@ pub fn validate_dispatch(
     );
     let rows = r * n;
     let mut cache: Vec<Option<Vec<f32>>> = vec![None; r * n];
+    let mut raw_cache: Vec<Option<(Vec<u8>, Vec<f32>)>> = vec![None; r * n];
     for le in 0..l {
         let e = (me * l + le) as i64;
         let mut total = 0usize;
@@ -236,6 +271,36 @@ pub fn validate_dispatch(
                 let row = le * rows + j;
                 let t = out.src_info[row] as usize;
                 let want = cache[s * n + t].get_or_insert_with(|| expected_row(cfg, s, t));
+                // FP8: the codes and scale bits themselves, against the reference
+                // quantiser (two encodings can dequantise to the same values, e.g. a
+                // group of zeros under any scale).
+                if let RecvX::Fp8 { data, scales } = &out.recv_x {
+                    let g = h / fp8::GROUP;
+                    let (q, sc) =
+                        raw_cache[s * n + t].get_or_insert_with(|| expected_fp8(cfg, s, t));
+                    let got_q = &data[row * h..(row + 1) * h];
+                    if let Some(c0) = (0..h).find(|&c| got_q[c] != q[c]) {
+                        return Err(fail(
+                            me,
+                            format!(
+                                "expert {e}, row {j} (token {t} of PE {s}): column {c0} holds \
+                                 e4m3 code {:#04x}, the reference quantiser makes {:#04x}",
+                                got_q[c0], q[c0]
+                            ),
+                        ));
+                    }
+                    let got_s = &scales[row * g..(row + 1) * g];
+                    if let Some(g0) = (0..g).find(|&i| got_s[i].to_bits() != sc[i].to_bits()) {
+                        return Err(fail(
+                            me,
+                            format!(
+                                "expert {e}, row {j} (token {t} of PE {s}): scale of group \
+                                 {g0} is {:e}, the reference quantiser makes {:e}",
+                                got_s[g0], sc[g0]
+                            ),
+                        ));
+                    }
+                }
                 let got = recv_row(cfg, &out.recv_x, row);
                 if let Some(c0) = (0..h).find(|&c| got[c].to_bits() != want[c].to_bits()) {
                     return Err(fail(
@@ -247,12 +312,15 @@ pub fn validate_dispatch(
                     ));
                 }
                 // The origin itself (independent of the quantiser) where it is exact:
-                // one value per row (its source's), the last 128 columns = src_info.
+                // one value per row (its source's), the last 128 columns = src_info (as
+                // bf16) and, with H >= 384, the 128 before them its rounding residual.
                 if !cfg.round_scale {
-                    let tail = h.min(128);
+                    let (tail, residual) = token_columns(h);
                     for (c, &v) in got.iter().enumerate() {
-                        let expect = if c >= h - tail {
+                        let expect = if tail.contains(&c) {
                             t as f32
+                        } else if residual.as_ref().is_some_and(|r| r.contains(&c)) {
+                            token_residual(t)
                         } else {
                             s as f32 - 128.0
                         };

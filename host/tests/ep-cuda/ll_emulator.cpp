@@ -347,11 +347,15 @@ int main(int argc, char **argv) {
     pe.heap = ibgda ? reinterpret_cast<uint8_t *>(shm_states[p].heap_base) : dev_alloc<uint8_t>(heap_size);
     pe.ctl = dev_alloc<ep_ll_ctl_t>(1);
     pe.x = dev_alloc<uint16_t>(size_t(pe.T) * H);
-    // origin_x: row t of team rank r = r - 128, last 128 columns = t (host/src/ep/check.rs).
-    for (unsigned t = 0; t < pe.T; ++t)
+    // origin_x: row t of team rank r = r - 128, last 128 columns = t, and with H >= 384
+    // the 128 before them t - bf16(t) (host/src/ep/check.rs).
+    for (unsigned t = 0; t < pe.T; ++t) {
+      const float residual = float(t) - ep_bf16_to_f32(ep_f32_to_bf16(float(t)));
       for (unsigned h = 0; h < H; ++h)
-        pe.x[size_t(t) * H + h] =
-            ep_f32_to_bf16(h + 128 >= H ? float(t) : float(pe.rank) - 128.0f);
+        pe.x[size_t(t) * H + h] = ep_f32_to_bf16(h + 128 >= H                ? float(t)
+                                                 : H >= 384 && h + 256 >= H ? residual
+                                                                            : float(pe.rank) - 128.0f);
+    }
     pe.topk = dev_alloc<int64_t>(pe.idx.size());
     memcpy(pe.topk, pe.idx.data(), pe.idx.size() * 8);
     pe.weights = dev_alloc<float>(pe.w.size());
