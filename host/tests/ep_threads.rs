@@ -723,6 +723,64 @@ fn shrink_after_death(transport: TransportMode, fabric: bool) {
     }
 }
 
+/// Shrink mode, a PE the caller masked dies between a dispatch and its combine: the
+/// combine's only signal is to this PE itself (its own rows, summed in place), which
+/// reports the untolerated death; shrink mode tolerates it and the combine completes, as
+/// every other step does (a review found the own signal outside that path, 2026-12-07).
+#[test]
+fn shrink_a_masked_pe_that_dies_before_the_combine() {
+    let c = cfg(8, 256, 4, 2, true);
+    let (past, died) = (
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    );
+    let combined = std::sync::atomic::AtomicBool::new(false);
+    let out = run_threads(2, settings(20_000), |pe| {
+        let me = pe.my_pe();
+        let (mut buf, r, all) = started_buffer(pe, pe.world(), c, true, (13, 8, 0))?;
+        pe.barrier_all()?;
+        arrive_and_wait(&past, 2);
+        if me == 1 {
+            // Leaves once PE 0 has dispatched without it.
+            arrive_and_wait(&died, 2);
+            return Err(Error::Verification("PE 1 leaves (dies)".into()));
+        }
+        buf.update_mask(1, true)?;
+        let mask = [false, true];
+        let x = check::origin_x(0, r.num_tokens, c.hidden);
+        let o = buf.low_latency_dispatch(&x, &r.topk_idx, false)?.wait()?;
+        check::validate_dispatch(&c, 0, &all, &mask, &o)?;
+        arrive_and_wait(&died, 2);
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while pe.dead_pes() != vec![1] {
+            assert!(
+                std::time::Instant::now() < end,
+                "PE 1's death not seen within 10 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let mut e = vec![bf16::ZERO; 2 * 2 * 8 * 256];
+        check::expert_forward(&c, 2, 0, &o, &scale, &mut e);
+        let y = buf
+            .low_latency_combine(&e, &r.topk_idx, &r.topk_weights, &o.handle, false, false)?
+            .wait()?;
+        check::validate_combine(&c, 2, 0, &r, &mask, &scale, &y)?;
+        combined.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    })
+    .unwrap();
+    // PE 0's finalize needs PE 1, so it reports the death; the combine before it passed.
+    match &out[0] {
+        Err(Error::PeerDied { pe: 1, .. }) => {}
+        other => panic!("PE 0: {other:?}"),
+    }
+    assert!(
+        combined.load(std::sync::atomic::Ordering::SeqCst),
+        "PE 0's combine failed: {:?}",
+        out[0]
+    );
+}
+
 /// Shrink mode with a PE that is alive but stops calling: the others' waits time out
 /// (RSHMEM_TIMEOUT_MS), mask it, and their calls complete without it; clean_mask
 /// unmasks it. No death is reported.

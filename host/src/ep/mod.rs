@@ -1340,12 +1340,16 @@ impl<'p> Buffer<'p> {
                     }
                     // Our own flag, set as for any owner so that the receive checks the
                     // count and handle mark the same way; no data behind it to publish.
-                    sh.signal(
-                        self.pe,
-                        lay.combine_flag_word(set, sh.me),
-                        wire(tag(seq)) << 32 | own_rows | handle_mark(handle.call),
-                        s,
-                    )?;
+                    // Through to_peer like every other step: a signal (even to this PE)
+                    // reports an untolerated death, which shrink mode masks and goes on.
+                    sh.to_peer(self.pe, s, || {
+                        sh.signal(
+                            self.pe,
+                            lay.combine_flag_word(set, sh.me),
+                            wire(tag(seq)) << 32 | own_rows | handle_mark(handle.call),
+                            s,
+                        )
+                    })?;
                     continue;
                 }
                 // In shrink mode a PE that died is masked here and skipped (to_peer).
@@ -1795,8 +1799,6 @@ impl<'p> Combine<'p> {
     }
 }
 
-/// The receive half of a combine issued with `return_recv_hook`.
-#[must_use = "the call's buffer set stays busy until the hook has received"]
 /// A combine's own rows in the caller's `expert_out` (`[L, R*N, H]`) and the dispatch
 /// handle's `layout_range` that says where this PE's block of each local expert starts.
 struct OwnRows<'a> {
@@ -1804,6 +1806,8 @@ struct OwnRows<'a> {
     layout_range: &'a [i64],
 }
 
+/// The receive half of a combine issued with `return_recv_hook`.
+#[must_use = "the call's buffer set stays busy until the hook has received"]
 pub struct CombineHook<'p> {
     pe: &'p Pe,
     sh: Arc<Shared>,
