@@ -505,7 +505,11 @@ impl Pe {
         finish: impl FnOnce(&[&[T]]) -> Result<()>,
     ) -> Result<()> {
         let name = call.coll.name();
-        self.usable_team(team, name)?;
+        if let Err(e) = self.intact_team(team, name) {
+            // Step 1's own error (a quiet's, taken already) first, as coll_agree does.
+            ready?;
+            return Err(e);
+        }
         let bytes = elems * std::mem::size_of::<T>();
         let words = bytes.div_ceil(8);
         let mut rec = [0u64; AGREE_WORDS - 2];

@@ -102,6 +102,29 @@ pub enum Error {
         failed: Vec<usize>,
     },
 
+    /// A barrier or collective on a team that an earlier one broke on this PE (a timeout
+    /// or transport error left the members' counters out of step).
+    #[error(
+        "{op}: team {team:#x} is unusable on this PE: an earlier barrier or collective on it \
+         failed ({cause}), which leaves its members' barrier and agreement counters out of \
+         step (OpenSHMEM leaves such a team undefined); {}",
+        if *predefined {
+            "the world and node teams cannot be destroyed or repaired (symmetric \
+             allocation agrees on the world team, so it fails too): split a new team from \
+             it (team_split_strided) for barriers and collectives, which starts with fresh \
+             counters"
+        } else {
+            "destroy it (team_destroy) and split a new team from its parent"
+        }
+    )]
+    TeamBroken {
+        op: String,
+        team: u64,
+        cause: String,
+        /// The world or node team (which cannot be destroyed).
+        predefined: bool,
+    },
+
     /// A bounded wait on symmetric memory expired.
     #[error(
         "PE {pe}: timed out after {waited_ms} ms in {op} waiting for the value at symmetric \
@@ -261,6 +284,26 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this error, from a bootstrap agreement, a split or a barrier's quiet,
+    /// leaves the team's counters out of step between its members, so that the team is
+    /// marked broken on this PE: a timeout (this PE gave up on a member that may still
+    /// come, and its late signal would satisfy a later call) or a transport error (a
+    /// signal or quiet that failed here). Not the errors every member reports alike after
+    /// the agreement (mismatched arguments, a failed data phase), and not a peer's death,
+    /// which is sticky on its own (every later call that involves the dead PE reports
+    /// it). Inside a barrier or exchange over the heap every error marks the team
+    /// (`Pe::note_out_of_step`): this PE's counters have moved on there.
+    pub fn breaks_team(&self) -> bool {
+        matches!(
+            self,
+            Error::WaitTimeout { .. }
+                | Error::Timeout { .. }
+                | Error::Transport { .. }
+                | Error::Fabric { .. }
+                | Error::Verbs { .. }
+        )
+    }
+
     /// Wraps an I/O error with a description of the operation that failed.
     pub fn io(what: impl Into<String>, source: io::Error) -> Self {
         Error::Io {

@@ -1028,12 +1028,13 @@ impl Pe {
         args: &[u64],
         show: impl Fn(&[u64]) -> String,
     ) -> Result<Vec<Vec<u64>>> {
-        self.usable_team(team, op)?;
+        self.intact_team(team, op)?;
         if team.p2p() && args.len() <= AGREE_WORDS - 2 {
             return self.gather_in_heap(team, op, args, show);
         }
         let bytes: Vec<u8> = args.iter().flat_map(|a| a.to_le_bytes()).collect();
-        let all = self.boot().allgather(&team.group(), &bytes)?;
+        let all = self.boot().allgather(&team.group(), &bytes);
+        let all = self.note_team_failure(team, op, all)?;
         let vals: Vec<Vec<u64>> = all
             .iter()
             .map(|b| b.chunks_exact(8).map(le_u64).collect())
@@ -1096,6 +1097,17 @@ impl Pe {
     /// Bounded like every wait: a member that does not come is named, with the agreement
     /// its record holds.
     pub(crate) fn exchange_polled(
+        &self,
+        team: &Team,
+        op: &'static str,
+        count: u64,
+        words: &[u64],
+    ) -> Result<(u64, Vec<[u64; AGREE_WORDS]>)> {
+        let r = self.exchange_polled_unchecked(team, op, count, words);
+        self.note_out_of_step(team, op, r)
+    }
+
+    fn exchange_polled_unchecked(
         &self,
         team: &Team,
         op: &'static str,

@@ -43,6 +43,11 @@ struct TeamInner {
     owner: u64,
     /// `team_destroy` ran on some clone of this handle.
     destroyed: AtomicBool,
+    /// Set by the first barrier or collective on this team that failed on this PE in a
+    /// way that leaves the members' counters out of step (a timeout, a transport error):
+    /// what failed. Every later barrier or collective on the team is refused with it
+    /// (docs/runtime.md, "Teams"); splits and `team_destroy` still work.
+    broken: std::sync::OnceLock<String>,
 }
 
 impl Team {
@@ -70,6 +75,7 @@ impl Team {
                 p2p: AtomicBool::new(p2p),
                 owner,
                 destroyed: AtomicBool::new(false),
+                broken: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -184,7 +190,10 @@ impl Pe {
         let mine = [start as u64, stride as u64, size as u64, free_mask];
         let all = self
             .boot()
-            .allgather(&parent.group(), &split_record(SPLIT_STRIDED, &mine))?;
+            .allgather(&parent.group(), &split_record(SPLIT_STRIDED, &mine));
+        // A split that timed out met members at another call of the parent (a barrier or
+        // agreement whose signals may then satisfy this PE's next one): out of step.
+        let all = self.note_team_failure(parent, "team_split_strided", all)?;
         let got = split_records::<4>(&all, SPLIT_STRIDED);
         if got.iter().any(|v| v.is_none_or(|v| v[..3] != mine[..3])) {
             let args: Vec<Option<[u64; 3]>> =
@@ -265,6 +274,46 @@ impl Pe {
         Ok(())
     }
 
+    /// [`Pe::usable_team`] for a barrier or collective: also refused once an earlier one
+    /// broke the team on this PE ([`Pe::note_team_failure`]).
+    pub(crate) fn intact_team(&self, team: &Team, op: &str) -> Result<()> {
+        self.usable_team(team, op)?;
+        match team.inner.broken.get() {
+            None => Ok(()),
+            Some(cause) => Err(Error::TeamBroken {
+                op: op.to_string(),
+                team: team.uid(),
+                cause: cause.clone(),
+                predefined: team.slot() < 2,
+            }),
+        }
+    }
+
+    /// Passes `r` through; an error that leaves `team`'s counters out of step between its
+    /// members ([`Error::breaks_team`]) first marks the team broken on this PE, once (the
+    /// first cause is kept). A team of one has nobody to be out of step with.
+    pub(crate) fn note_team_failure<R>(&self, team: &Team, op: &str, r: Result<R>) -> Result<R> {
+        if let Err(e) = &r {
+            if e.breaks_team() && team.n_pes() > 1 {
+                let _ = team.inner.broken.set(format!("{op} failed here: {e}"));
+            }
+        }
+        r
+    }
+
+    /// [`Pe::note_team_failure`] for an error from inside a p2p barrier or exchange, after
+    /// this PE's counters moved on (its epoch or agreement number taken, signals sent):
+    /// any error leaves the team out of step there, a peer's death or an unreachable
+    /// peer included.
+    pub(crate) fn note_out_of_step<R>(&self, team: &Team, op: &str, r: Result<R>) -> Result<R> {
+        if let Err(e) = &r {
+            if team.n_pes() > 1 {
+                let _ = team.inner.broken.set(format!("{op} failed here: {e}"));
+            }
+        }
+        r
+    }
+
     /// Collective over `parent`: splits it into a 2-D grid of `xrange` columns, parent
     /// member i at x = i % xrange, y = i / xrange, and returns this PE's two teams
     /// (OpenSHMEM `shmem_team_split_2d`): the x-axis team (the PEs of its row, numbered by
@@ -279,7 +328,9 @@ impl Pe {
         let mine = [xrange as u64, free_mask];
         let all = self
             .boot()
-            .allgather(&parent.group(), &split_record(SPLIT_2D, &mine))?;
+            .allgather(&parent.group(), &split_record(SPLIT_2D, &mine));
+        // As in team_split_strided.
+        let all = self.note_team_failure(parent, "team_split_2d", all)?;
         let got = split_records::<2>(&all, SPLIT_2D);
         if got.iter().any(|v| v.is_none_or(|v| v[0] != mine[0])) {
             let args: Vec<Option<u64>> = got.iter().map(|v| v.map(|v| v[0])).collect();
@@ -350,8 +401,14 @@ impl Pe {
                 team.uid()
             )));
         }
+        // Complete this PE's signals first (through the proxy a late barrier's signal may
+        // still be in flight), so none lands on a member after it reset the slot below.
+        let quiet = self.try_quiet();
         // Everyone has left every barrier of this team once this returns...
         self.boot().barrier(&team.group())?;
+        // A quiet that failed leaves the slot held (not reset, not reused): a signal of
+        // ours may still arrive there.
+        quiet?;
         // ...so no member will signal our counters again: reset them for the next owner.
         for round in 0..PSYNC_WORDS {
             let w = self.runtime_word(self.my_pe(), psync_offset(team.slot(), round))?;
@@ -371,9 +428,14 @@ impl Pe {
     /// for it (in teams of 3 or more). (Syncing anyway, tried on 2026-12-07, let them go on
     /// with data that never arrived; carrying the quiet's outcome in the barrier would fail
     /// them at once, and is not built.) After such an error the team's barrier counters
-    /// are out of step: docs/runtime.md, "Teams".
+    /// are out of step, so this PE marks the team broken and refuses later barriers and
+    /// collectives on it (`Error::TeamBroken`): docs/runtime.md, "Teams".
     pub fn team_barrier(&self, team: &Team) -> Result<()> {
-        self.try_quiet()?;
+        self.intact_team(team, "barrier")?;
+        // A quiet that fails skips the sync: the other members' barrier counters move on
+        // without this PE's, so the team is out of step.
+        let quiet = self.try_quiet();
+        self.note_team_failure(team, "barrier", quiet)?;
         self.sync_team(team)
     }
 
@@ -386,7 +448,18 @@ impl Pe {
 
     /// [`Pe::sync_team`], its timeout naming `what` (a collective's agreement).
     pub(crate) fn sync_team_as(&self, team: &Team, what: &str) -> Result<()> {
-        self.usable_team(team, what)?;
+        self.intact_team(team, what)?;
+        let r = self.sync_team_unchecked(team, what);
+        if team.p2p() {
+            self.note_out_of_step(team, what, r)
+        } else {
+            // Through the bootstrap: the root keeps a late member's part of the same
+            // barrier (keyed by team and sequence), so the members stay in step.
+            r
+        }
+    }
+
+    fn sync_team_unchecked(&self, team: &Team, what: &str) -> Result<()> {
         let n = team.n_pes();
         if n <= 1 {
             return Ok(());

@@ -604,3 +604,90 @@ fn a_strided_split_meeting_a_2d_split_is_a_mismatch_on_every_member() {
         );
     }
 }
+
+/// A barrier that timed out leaves the team's counters out of step between its members,
+/// so the team is marked broken on the PE that failed: its later barriers and collectives
+/// on it are refused at once, naming the first failure, instead of running on counters
+/// that no longer match (docs/runtime.md, "Teams"). The member that was late is not
+/// affected; `team_destroy` and splits still work, and a new team works on both.
+#[test]
+fn a_barrier_that_timed_out_marks_the_team_broken() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::time::{Duration, Instant};
+    for transport in [TransportMode::Auto, TransportMode::Proxy] {
+        // Every wait of the job has this bound (start-up, splits, the destroy's barrier):
+        // long enough for a loaded machine, while PE 0's first barrier waits it out once.
+        let timeout = Duration::from_secs(2);
+        let mut s = settings();
+        s.timeout = timeout;
+        s.transport = transport;
+        let failed = AtomicUsize::new(0);
+        let out = run_threads(2, s, |pe| {
+            let me = pe.my_pe();
+            let pair = pe
+                .team_split_strided(pe.world(), 0, 1, 2)?
+                .expect("both PEs are members");
+            let src = pe.calloc::<u64>(1)?;
+            let dst = pe.calloc::<u64>(1)?;
+            let mut refused = Vec::new();
+            if me == 0 {
+                // PE 1 stays away until PE 0 has given up.
+                let first = pe.team_barrier(&pair);
+                assert!(
+                    matches!(
+                        first,
+                        Err(Error::WaitTimeout { .. } | Error::Timeout { .. })
+                    ),
+                    "{transport:?}: {first:?}"
+                );
+                let start = Instant::now();
+                refused.push(pe.team_barrier(&pair));
+                refused.push(pe.broadcast(&pair, dst, src, 1, 0));
+                refused.push(pe.sync_team(&pair));
+                // Refused at once, not after another wait (each would take the timeout).
+                assert!(start.elapsed() < timeout / 4, "{transport:?}");
+                failed.store(1, SeqCst);
+            } else {
+                let end = Instant::now() + Duration::from_secs(30);
+                while failed.load(SeqCst) == 0 {
+                    assert!(Instant::now() < end, "PE 0 did not fail within 30 s");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                // PE 0 signalled before it gave up: this barrier completes.
+                pe.team_barrier(&pair)?;
+            }
+            pe.team_destroy(pair)?;
+            let fresh = pe
+                .team_split_strided(pe.world(), 0, 1, 2)?
+                .expect("both PEs are members");
+            pe.team_barrier(&fresh)?;
+            pe.team_destroy(fresh)?;
+            Ok(refused
+                .into_iter()
+                .map(|r| r.map_err(|e| e.to_string()))
+                .collect::<Vec<_>>())
+        })
+        .expect("job starts");
+        let mut it = out.into_iter();
+        let pe0 = it
+            .next()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{transport:?}, PE 0: {e}"));
+        assert_eq!(pe0.len(), 3);
+        for (i, r) in pe0.iter().enumerate() {
+            let e = r.as_ref().expect_err("refused");
+            assert!(
+                e.contains("is unusable on this PE")
+                    && e.contains("barrier failed here")
+                    && e.contains("timed out")
+                    && e.contains("destroy it (team_destroy)"),
+                "{transport:?}, call {i}: {e}"
+            );
+        }
+        let pe1 = it
+            .next()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{transport:?}, PE 1: {e}"));
+        assert!(pe1.is_empty());
+    }
+}
