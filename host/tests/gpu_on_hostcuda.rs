@@ -574,6 +574,21 @@ fn the_gpu_ep_bench_runs_and_validates() {
     }
 }
 
+/// The GPU EP bench with the zero-copy combine buffer: the routings taken in turn, each
+/// iteration's expert outputs copied into the zero-copy buffer on the stream, and the last
+/// iteration bit-identical to its routing's validated pair.
+#[test]
+fn the_gpu_ep_bench_validates_with_zero_copy() {
+    let (rc, out) = rshmem_env(
+        &[EP_SMALL, &["--pes", "2", "--zero-copy"]].concat(),
+        &[("RSHMEM_TIMEOUT_MS", "120000")],
+    );
+    assert_eq!(rc, Some(0), "{out}");
+    let v = json_of(&out, "ep");
+    assert_eq!(v["validated"], true, "{out}");
+    assert_eq!(v["zero_copy"], true, "{out}");
+}
+
 /// The JSON object PE 0 printed under a launcher: the line that starts with `tag` (the
 /// launcher's prefix, "[pe 0] " or "[host 0 pe 0] ") followed by `{`.
 fn json_of_pe0(out: &str, tag: &str, what: &str) -> serde_json::Value {

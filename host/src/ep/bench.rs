@@ -409,8 +409,31 @@ fn stats(v: Vec<f64>) -> (f64, f64) {
 /// Most `--iters` and `--warmup` of `bench ep`.
 pub const MAX_ITERS: usize = 1_000_000;
 
-/// Routings the bench takes in turn (`point`).
-const ROUTINGS: usize = 3;
+/// Routings the bench takes in turn (`point`; the GPU bench's too).
+pub(crate) const ROUTINGS: usize = 3;
+
+/// The bench's routings of this PE (`me`): [`ROUTINGS`] of them, from `--seed` and two
+/// seeds derived from it, each with 10 masked slots (fewer when there are fewer slots).
+pub(crate) fn bench_routings(
+    a: &EpBenchArgs,
+    cfg: &Config,
+    me: usize,
+    tokens: usize,
+) -> Vec<check::Routing> {
+    (0..ROUTINGS as u64)
+        .map(|v| {
+            let seed = a.seed.wrapping_add(v.wrapping_mul(0x9e37_79b9));
+            check::random_routing(seed, me, tokens, cfg, None, 10.min(tokens * a.topk))
+        })
+        .collect()
+}
+
+/// The bench's simulated expert scales expert `e`'s rows by this, as the tests' does: with
+/// one factor for every expert, combine could take another expert's row for a token's
+/// slot and still validate.
+pub(crate) fn bench_expert_scale(e: usize) -> f32 {
+    1.0 + (e % 4) as f32 * 0.25
+}
 
 /// One point on one PE; Some on the PE that reports (rank 0).
 fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
@@ -422,12 +445,7 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
     // previous call's identical bytes in its buffer set, so a receiver that read a slot
     // before this call's data landed (or an old slot) still got the right values and every
     // check passed. Three, so that the turn does not line up with the two buffer sets.
-    let routings: Vec<check::Routing> = (0..ROUTINGS as u64)
-        .map(|v| {
-            let seed = a.seed.wrapping_add(v.wrapping_mul(0x9e37_79b9));
-            check::random_routing(seed, me, tokens, &cfg, None, 10.min(tokens * a.topk))
-        })
-        .collect();
+    let routings = bench_routings(a, &cfg, me, tokens);
     let alls = routings
         .iter()
         .map(|r| check::allgather_routing(pe, &team, r))
@@ -451,10 +469,7 @@ fn point(pe: &Pe, a: &EpBenchArgs, tokens: usize) -> Result<Option<EpPoint>> {
         b.set_message(format!("bench ep: {n} PEs, {tokens} tokens"));
         b
     });
-    // The simulated expert scales by 1 + (e % 4) / 4, as the tests' does: with one factor
-    // for every expert, combine could take another expert's row for a token's slot and
-    // still validate.
-    let expert = |e: usize| 1.0 + (e % 4) as f32 * 0.25;
+    let expert = bench_expert_scale;
     let mut times = vec![[0f64; 6]; a.iters];
     // Per routing: the hashes of its first (validated) iteration, which every later
     // iteration with it must repeat bit for bit.
