@@ -576,7 +576,9 @@ fn the_gpu_ep_bench_runs_and_validates() {
 
 /// The GPU EP bench with the zero-copy combine buffer: the routings taken in turn, each
 /// iteration's expert outputs copied into the zero-copy buffer on the stream, and the last
-/// iteration bit-identical to its routing's validated pair.
+/// iteration bit-identical to its routing's validated pair. (Warm-up 1 + 3 iterations: the
+/// last takes routing 0 after routing 2, so a fill left out leaves another routing's rows
+/// there and fails; with a multiple of 3 the stale rows would be its own.)
 #[test]
 fn the_gpu_ep_bench_validates_with_zero_copy() {
     let (rc, out) = rshmem_env(

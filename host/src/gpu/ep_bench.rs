@@ -1540,7 +1540,9 @@ fn point(
         "cuMemHostGetDevicePointer",
         || "the EP bench start gate in this PE's context".into(),
     )?;
-    let ev = events(g, 6)?;
+    // ev[6]: after the zero-copy fill, which the host waits for before it opens the
+    // combine's gate (so no PE's fill runs into the timed combines).
+    let ev = events(g, 7)?;
     let mut times = vec![[0f64; 6]; a.iters];
     let open = |v: u32| {
         if opener {
@@ -1560,9 +1562,12 @@ fn point(
             record(g, ev[1])?;
             buf.recv_hook(&mut h)?;
             record(g, ev[2])?;
-            // Outside the timed events: ev[3] is recorded after the copy.
+            // Outside the timed combine: every PE's host waits for its fill (ev[6]) before
+            // the barrier that opens the combine's gate, so every fill has ended when any
+            // combine starts (on a shared GPU too).
             let eo_ptr = if a.zero_copy {
                 fill_zero_copy(&mut buf, &h, eo_dev)?;
+                record(g, ev[6])?;
                 None
             } else {
                 Some(eo_dev.ptr())
@@ -1575,7 +1580,11 @@ fn point(
             record(g, ev[5])?;
             pe.barrier_all()?;
             open(v + 1);
-            wait_event(g, ev[2], "EP bench dispatch")?;
+            if a.zero_copy {
+                wait_event(g, ev[6], "EP bench dispatch and zero-copy fill")?;
+            } else {
+                wait_event(g, ev[2], "EP bench dispatch")?;
+            }
             pe.barrier_all()?;
             open(v + 2);
             wait_event(g, ev[5], "EP bench combine")?;
