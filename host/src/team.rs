@@ -404,11 +404,16 @@ impl Pe {
         // Complete this PE's signals first (through the proxy a late barrier's signal may
         // still be in flight), so none lands on a member after it reset the slot below.
         let quiet = self.try_quiet();
-        // Everyone has left every barrier of this team once this returns...
-        self.boot().barrier(&team.group())?;
-        // A quiet that failed leaves the slot held (not reset, not reused): a signal of
-        // ours may still arrive there.
+        // Everyone has left every barrier of this team once this returns (an allgather of
+        // the quiets' outcomes, as a barrier)...
+        let all = self.boot().allgather(&team.group(), &[quiet.is_ok() as u8]);
         quiet?;
+        // A member whose quiet failed may still have a signal on its way to any member's
+        // counters of this slot: then every member keeps the slot (not reset, not reused;
+        // splits pick slots free on all their members).
+        if all?.iter().any(|r| r.first() != Some(&1)) {
+            return Ok(());
+        }
         // ...so no member will signal our counters again: reset them for the next owner.
         for round in 0..PSYNC_WORDS {
             let w = self.runtime_word(self.my_pe(), psync_offset(team.slot(), round))?;
@@ -422,19 +427,41 @@ impl Pe {
     }
 
     /// Barrier over `team` that also completes this PE's outstanding RMA (quiet + sync).
-    /// A PE whose quiet fails returns its error without the sync, so the other members do
-    /// not pass the barrier believing its puts landed: they time out, the ones whose
-    /// dissemination partner it is naming it, the others naming a partner stuck waiting
-    /// for it (in teams of 3 or more). (Syncing anyway, tried on 2026-12-07, let them go on
-    /// with data that never arrived; carrying the quiet's outcome in the barrier would fail
-    /// them at once, and is not built.) After such an error the team's barrier counters
-    /// are out of step, so this PE marks the team broken and refuses later barriers and
-    /// collectives on it (`Error::TeamBroken`): docs/runtime.md, "Teams".
+    /// On a team whose heaps are all mapped here (p2p), a PE whose quiet fails returns its
+    /// error without the sync, so the other members do not pass the barrier believing its
+    /// puts landed: they time out, the ones whose dissemination partner it is naming it,
+    /// the others naming a partner stuck waiting for it (in teams of 3 or more). (Syncing
+    /// anyway, tried on 2026-12-07, let them go on with data that never arrived.) After
+    /// such an error the team's barrier counters are out of step, so this PE marks the
+    /// team broken and refuses later barriers and collectives on it (`Error::TeamBroken`):
+    /// docs/runtime.md, "Teams". Through the bootstrap (other teams) the barrier carries
+    /// each member's quiet outcome: a failed quiet fails the barrier on every member at
+    /// once (its own error there, `CollectiveFailed` naming it elsewhere), in step.
     pub fn team_barrier(&self, team: &Team) -> Result<()> {
         self.intact_team(team, "barrier")?;
+        let quiet = self.try_quiet();
+        if !team.p2p() && team.n_pes() > 1 {
+            // Skipping the bootstrap barrier would leave this PE's bootstrap sequence on
+            // the team one behind the others', pairing every later call with another.
+            let all = self.boot().allgather(&team.group(), &[quiet.is_ok() as u8]);
+            quiet?;
+            let failed: Vec<usize> = all?
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.first() != Some(&1))
+                .map(|(i, _)| team.world_pe(i).expect("member index below n_pes"))
+                .collect();
+            return if failed.is_empty() {
+                Ok(())
+            } else {
+                Err(Error::CollectiveFailed {
+                    op: "barrier (its quiet)",
+                    failed,
+                })
+            };
+        }
         // A quiet that fails skips the sync: the other members' barrier counters move on
         // without this PE's, so the team is out of step.
-        let quiet = self.try_quiet();
         self.note_team_failure(team, "barrier", quiet)?;
         self.sync_team(team)
     }
@@ -453,8 +480,11 @@ impl Pe {
         if team.p2p() {
             self.note_out_of_step(team, what, r)
         } else {
-            // Through the bootstrap: the root keeps a late member's part of the same
-            // barrier (keyed by team and sequence), so the members stay in step.
+            // Through the bootstrap: the root keys every call by team and sequence and
+            // keeps a late member's part, so a timed-out barrier still pairs with the same
+            // call of the late member (team_barrier also enters it after a failed quiet).
+            // gather_in's bootstrap path is marked for another reason: after a failed
+            // agreement a late member goes on into the collective's data phase.
             r
         }
     }
