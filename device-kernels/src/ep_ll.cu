@@ -841,6 +841,10 @@ __device__ void combine_send(const ep_ll_args_t &a) {
   __shared__ unsigned long long s_rows;
   const Ctx c = setup(a, H, buffer_fp8(a));
   wait_credits(c, a);
+  // The zero-copy guard (EP_LL_CREDITS_ONLY): the credits are what it waits for; the
+  // combine's own launch waits for them again (at once) and does the rest. Uniform over
+  // the block (an argument), after wait_credits' barrier.
+  if ((a.flags & EP_LL_CREDITS_ONLY) != 0) return;
   const uint64_t fault = send_fault(c, a, false);
   if (fault != 0 && threadIdx.x == 0)
     record(c, a.set, EP_LL_STATUS_COMBINE_INPUT, c.me, fault & 0xffffffffu, 0);

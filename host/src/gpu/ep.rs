@@ -51,6 +51,9 @@ pub const FLAG_ROUND_SCALE: u32 = 0x2;
 pub const FLAG_FP8_BUFFER: u32 = 0x4;
 /// `EP_LL_SHRINK`: a wait that times out masks its PE instead of trapping.
 pub const FLAG_SHRINK: u32 = 0x8;
+/// `EP_LL_CREDITS_ONLY`: combine_send waits for its set's credits and returns (the
+/// zero-copy guard of [`GpuBuffer::get_next_low_latency_combine_buffer`]).
+pub const FLAG_CREDITS_ONLY: u32 = 0x10;
 /// `EP_LL_MARK_SHIFT` / `EP_LL_MARK_BITS`: combine's flags carry the handle's dispatch
 /// call mod 64 there (the CPU's handle mark).
 pub const MARK_SHIFT: u32 = 24;
@@ -232,6 +235,7 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("EP_LL_ROUND_SCALE", FLAG_ROUND_SCALE as u64),
         ("EP_LL_FP8_BUFFER", FLAG_FP8_BUFFER as u64),
         ("EP_LL_SHRINK", FLAG_SHRINK as u64),
+        ("EP_LL_CREDITS_ONLY", FLAG_CREDITS_ONLY as u64),
         ("EP_LL_STATUS_NONE", STATUS_NONE as u64),
         ("EP_LL_STATUS_DISPATCH_INPUT", STATUS_DISPATCH_INPUT as u64),
         ("EP_LL_STATUS_DISPATCH_PEER", STATUS_DISPATCH_PEER as u64),
@@ -1580,10 +1584,24 @@ impl<'g> GpuBuffer<'g> {
     /// `get_next_low_latency_combine_buffer`): `bf16 [L, R*N, H]`, rows laid out as the
     /// handle's dispatch delivered them. Write the expert outputs there, then call
     /// [`GpuBuffer::low_latency_combine`] with `expert_out = None`.
+    ///
+    /// With a peer behind a queue (IBGDA, proxy) it also enqueues a guard on the stream:
+    /// the combine send kernel with `EP_LL_CREDITS_ONLY`, which waits (bounded, as every
+    /// send kernel does) until every unmasked PE has received the call two before on this
+    /// set. That call's rows went out as RDMA WRITEs straight from these rows, and with
+    /// receive hooks deferred across calls a NIC may still be reading them when the caller's
+    /// expert kernel writes the new ones; work the caller enqueues after this call on the
+    /// same stream now waits for those reads. Over p2p the combine kernel stores the rows
+    /// itself before it returns, so there is no guard.
     pub fn get_next_low_latency_combine_buffer(&mut self, h: &GpuHandle) -> Result<u64> {
         self.book
             .handle_set(h.call, "get_next_low_latency_combine_buffer")?;
         let set = self.book.next_zero_copy();
+        if self.stage {
+            let mut args = self.base_args().common(set, IdxType::I64, 0, 0);
+            args.flags |= FLAG_CREDITS_ONLY;
+            self.launch(Kernel::CombineSend, &args)?;
+        }
         Ok(self.g.heap_base() + self.zero_copy_offset(set) as u64)
     }
 

@@ -34,6 +34,11 @@ extern "C" {
 #define EP_LL_SHRINK 0x8u       // shrink mode (DeepEP's enable_shrink): a wait that times out
                                 // masks its PE (mask[pe] = EP_LL_MASK_SHRUNK(tag)) and the
                                 // call goes on without it, instead of trapping
+#define EP_LL_CREDITS_ONLY 0x10u  // combine_send: wait for this set's credits (call seq - 2)
+                                  // and return: the host's stream-ordered guard in
+                                  // get_next_low_latency_combine_buffer, so the caller's
+                                  // writes into the zero-copy rows wait for the NIC's reads
+                                  // of the call two before (IBGDA WRITEs from those rows)
 
 // The mask entry a kernel in shrink mode writes for a PE it gave up on during the call of
 // tag `tag` (the host writes 1). Kernels of that call treat the PE through its settled
