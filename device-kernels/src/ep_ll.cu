@@ -54,7 +54,10 @@
 //   combine_send   reads x = expert outputs [L, rows, H] (or the zero-copy region),
 //                  layout_range, src_info, recv_topk_slot of the dispatch (the handle),
 //                  topk_idx [T, K] (checked only); writes peers' combine_recv rows and
-//                  combine_flag words.
+//                  combine_flag words. With EP_LL_CREDITS_ONLY it only waits for the
+//                  credits (below) and returns: the zero-copy guard the host enqueues in
+//                  get_next_low_latency_combine_buffer when a peer is behind a queue
+//                  (same call, same set: the combine's own wait then passes at once).
 //   combine_recv   reads topk_idx, topk_weights [T, K]; writes out = combined_x [T, H]
 //                  bf16; credits; increments set_calls[set].
 //

@@ -770,10 +770,21 @@ impl Book {
         }
     }
 
-    /// Asks for the zero-copy buffer of the next call: its set.
-    fn next_zero_copy(&mut self) -> usize {
+    /// Asks for the zero-copy buffer of the next call: its set. Refused while that set's
+    /// previous call is not received here (its receive hook pending), as on the CPU: the
+    /// device's call counter would not count it yet, so the zero-copy guard would wait for
+    /// the wrong call's credits (and the combine would be refused anyway).
+    fn next_zero_copy(&mut self) -> Result<usize> {
+        let set = (self.seq % 2) as usize;
+        let pending = self.pending.map(|p| p.map(|(c, _)| c));
+        check_pending(
+            &pending,
+            set,
+            self.seq,
+            "get_next_low_latency_combine_buffer",
+        )?;
         self.zero_copy_call = Some(self.seq);
-        (self.seq % 2) as usize
+        Ok(set)
     }
 
     /// For combine call `seq` with dispatch handle (`h_call`, `h_tokens`): the set of the
@@ -1049,6 +1060,10 @@ pub struct GpuBuffer<'g> {
     shrink: bool,
     /// Shrink mode: how long a wait lasts before it gives up (None: the PE's timeout).
     shrink_timeout: Option<std::time::Duration>,
+    /// The shrink setting a zero-copy guard (get_next_low_latency_combine_buffer) ran with,
+    /// and its call: that call's combine keeps it, so the guard's give-ups and the combine
+    /// agree even if `set_shrink` changed in between.
+    guard_shrink: Option<(u64, bool, Option<std::time::Duration>)>,
     /// The device mask may hold entries the kernels wrote (shrink mode was on since the
     /// last clean_mask), which `masked` may not show yet.
     kernel_marks: bool,
@@ -1311,6 +1326,7 @@ impl<'g> GpuBuffer<'g> {
             team_rank: team.my_pe(),
             shrink: false,
             shrink_timeout: None,
+            guard_shrink: None,
             kernel_marks: false,
             outs,
             book: Book::default(),
@@ -1348,6 +1364,10 @@ impl<'g> GpuBuffer<'g> {
     }
 
     fn base_args(&self) -> ArgBase {
+        self.base_args_with(self.shrink, self.shrink_timeout)
+    }
+
+    fn base_args_with(&self, shrink: bool, shrink_timeout: Option<std::time::Duration>) -> ArgBase {
         ArgBase {
             buf: self.base.offset() as u64,
             ctl: self.ctl.ptr(),
@@ -1357,9 +1377,8 @@ impl<'g> GpuBuffer<'g> {
             num_topk: self.cfg.num_topk as u32,
             fp8: self.cfg.use_fp8,
             round_scale: self.cfg.round_scale,
-            shrink: self.shrink.then(|| {
-                self.shrink_timeout
-                    .map_or(0, |d| d.as_millis().clamp(1, u32::MAX as u128) as u32)
+            shrink: shrink.then(|| {
+                shrink_timeout.map_or(0, |d| d.as_millis().clamp(1, u32::MAX as u128) as u32)
             }),
         }
     }
@@ -1596,11 +1615,12 @@ impl<'g> GpuBuffer<'g> {
     pub fn get_next_low_latency_combine_buffer(&mut self, h: &GpuHandle) -> Result<u64> {
         self.book
             .handle_set(h.call, "get_next_low_latency_combine_buffer")?;
-        let set = self.book.next_zero_copy();
+        let set = self.book.next_zero_copy()?;
         if self.stage {
             let mut args = self.base_args().common(set, IdxType::I64, 0, 0);
             args.flags |= FLAG_CREDITS_ONLY;
             self.launch(Kernel::CombineSend, &args)?;
+            self.guard_shrink = Some((self.book.seq, self.shrink, self.shrink_timeout));
         }
         Ok(self.g.heap_base() + self.zero_copy_offset(set) as u64)
     }
@@ -1655,7 +1675,11 @@ impl<'g> GpuBuffer<'g> {
             0
         };
         let x = expert_out.unwrap_or(self.g.heap_base() + self.zero_copy_offset(set) as u64);
-        let args = self.base_args().combine(
+        let base = match self.guard_shrink.take() {
+            Some((call, shrink, timeout)) if call == seq => self.base_args_with(shrink, timeout),
+            _ => self.base_args(),
+        };
+        let args = base.combine(
             set,
             &self.outs[handle_set].ptrs(),
             h.call,
@@ -2332,6 +2356,14 @@ mod tests {
             e.contains("LL call #0 on buffer set 0 has not been received"),
             "{e}"
         );
+        // So is a zero-copy request for that call: its guard would wait for the wrong
+        // call's credits.
+        let e = b.next_zero_copy().unwrap_err().to_string();
+        assert!(
+            e.contains("get_next_low_latency_combine_buffer: LL call #0 on buffer set 0"),
+            "{e}"
+        );
+        assert_eq!(b.zero_copy_call, None, "a refused request is not recorded");
         assert_eq!(b.seq, 2, "a refused call does not count");
         // Wrong kind, wrong call, then the right hooks.
         let e = b.hook(0, Kernel::CombineRecv).unwrap_err().to_string();
@@ -2343,7 +2375,7 @@ mod tests {
         assert_eq!(b.hook(1, Kernel::DispatchRecv).unwrap(), 1);
         // Combine #2 of dispatch #0 (zero-copy, requested), combine #3 of #1 (not requested).
         assert_eq!(b.handle_set(0, "x").unwrap(), 0);
-        assert_eq!(b.next_zero_copy(), 0);
+        assert_eq!(b.next_zero_copy().unwrap(), 0);
         let (seq, set) = b.start("c").unwrap();
         assert_eq!((seq, set), (2, 0));
         assert_eq!(b.combine_fault(seq, 0, 10, 16, true), (0, None));
