@@ -596,20 +596,7 @@ impl Pe {
             .to_string()
         });
         done?;
-        let failed: Vec<usize> = all?
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.first() != Some(&1))
-            .map(|(i, _)| team.world_pe(i).expect("member index below n_pes"))
-            .collect();
-        if failed.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::CollectiveFailed {
-                op: coll.name(),
-                failed,
-            })
-        }
+        crate::team::failed_members(team, coll.name(), &all?)
     }
 
     /// This member's first `n` elements of `source` as step 3 sends them (step 1): when

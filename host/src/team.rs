@@ -445,20 +445,7 @@ impl Pe {
             // the team one behind the others', pairing every later call with another.
             let all = self.boot().allgather(&team.group(), &[quiet.is_ok() as u8]);
             quiet?;
-            let failed: Vec<usize> = all?
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| r.first() != Some(&1))
-                .map(|(i, _)| team.world_pe(i).expect("member index below n_pes"))
-                .collect();
-            return if failed.is_empty() {
-                Ok(())
-            } else {
-                Err(Error::CollectiveFailed {
-                    op: "barrier (its quiet)",
-                    failed,
-                })
-            };
+            return failed_members(team, "barrier (its quiet)", &all?);
         }
         // A quiet that fails skips the sync: the other members' barrier counters move on
         // without this PE's, so the team is out of step.
@@ -529,5 +516,25 @@ impl Pe {
     /// Barrier over all PEs without completing RMA (OpenSHMEM `shmem_sync_all`).
     pub fn sync_all(&self) -> Result<()> {
         self.sync_team(self.world())
+    }
+}
+
+/// `CollectiveFailed` naming the members of `team` whose record (one per member, in team
+/// order) does not start with 1, each member's "my part succeeded"; Ok when none.
+pub(crate) fn failed_members<T: Copy + PartialEq + From<u8>>(
+    team: &Team,
+    op: &'static str,
+    all: &[Vec<T>],
+) -> Result<()> {
+    let failed: Vec<usize> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.first() != Some(&T::from(1)))
+        .map(|(i, _)| team.world_pe(i).expect("member index below n_pes"))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::CollectiveFailed { op, failed })
     }
 }
