@@ -96,7 +96,10 @@
 // from the host, T > N, an id outside [-1, E)) sends poisoned words instead of data, so
 // every PE's receive kernel completes; each PE records what it saw in ctl->status[set][kind]
 // (first reporter wins) for the launcher to turn into the CPU's errors. Outputs of a
-// failed call are unspecified (combine writes zeros). Every wait is bounded by
+// failed call are unspecified (combine writes zeros). A dispatch receive that finds a
+// peer's count beyond its receive area, or a message header (token, slot) outside
+// [0, N) x [0, K), records DISPATCH_CORRUPT or DISPATCH_HEADER (the CPU's verification
+// errors) and keeps its writes in bounds. Every wait is bounded by
 // state.timeout_ns and, on timeout, fills the device error record (the peer waited for,
 // the word's address, expected tag, last value; the printed line names the expert) and
 // traps.
@@ -304,8 +307,8 @@ __device__ __forceinline__ uint64_t *local_word(const ep_ll_args_t &a, uint64_t 
 // First reporter of a call (per set) writes the status; later ones are dropped.
 __device__ void record(const Ctx &c, uint32_t set, uint32_t kind, int32_t peer, uint64_t value,
                        uint64_t expected) {
-  // Dispatch kinds (1..3) and combine kinds (4..) keep separate records.
-  ep_ll_status_t *st = &c.ctl->status[set][kind >= EP_LL_STATUS_COMBINE_INPUT ? 1 : 0];
+  // Dispatch kinds (1..3, 8) and combine kinds (4..7) keep separate records.
+  ep_ll_status_t *st = &c.ctl->status[set][EP_LL_STATUS_IS_COMBINE(kind) ? 1 : 0];
   const unsigned long long old =
       atomicMax(reinterpret_cast<unsigned long long *>(&st->claim), c.tag);
   if (old >= c.tag) return;
@@ -399,14 +402,22 @@ __device__ uint64_t first_bad_id(const Ctx &c, const ep_ll_args_t &a) {
 // With ids repeated within a token (sent once per slot, as DeepEP), the smallest index of
 // topk_idx [T, K] (ids in [-1, E)) that names its expert for the (N+1)-th time, or ~0:
 // more than N rows from this PE would overrun the expert's N rows per source PE. Without
-// repeats an expert gets at most T <= N rows, so the quadratic count runs only when some
-// token repeats an id (the CPU's first_overflow, same answer).
+// repeats an expert gets at most T <= N rows, so the ids are counted only when some token
+// repeats an id (the CPU's first_overflow, same answer). The count is a shared-memory
+// histogram, kOverflowTile experts per pass: linear in T * K per pass (one pass up to
+// 1024 experts). Only when an expert is named more than N times (the call fails) is the
+// index found by a quadratic scan; before 2026-12-07 that scan ran whenever a token
+// repeated an id (milliseconds per block at T = 1024, K = 11).
+constexpr uint32_t kOverflowTile = 1024;
 __device__ uint64_t first_overflow(const Ctx &c, const ep_ll_args_t &a) {
   __shared__ unsigned long long s_bad;
   __shared__ int s_repeats;
+  __shared__ int s_over;
+  __shared__ uint32_t s_count[kOverflowTile];
   if (threadIdx.x == 0) {
     s_bad = ~0ull;
     s_repeats = 0;
+    s_over = 0;
   }
   __syncthreads();
   const uint64_t n = static_cast<uint64_t>(c.T) * c.K;
@@ -417,7 +428,24 @@ __device__ uint64_t first_overflow(const Ctx &c, const ep_ll_args_t &a) {
       if (idx_at(a, j) == e) s_repeats = 1;  // every writer stores 1
   }
   __syncthreads();
-  if (s_repeats) {  // block-uniform: read after the barrier
+  if (!s_repeats) return s_bad;  // block-uniform: read after the barrier
+  for (uint32_t base = 0; base < c.E; base += kOverflowTile) {
+    for (uint32_t i = threadIdx.x; i < kOverflowTile; i += kThreads) s_count[i] = 0;
+    __syncthreads();
+    for (uint64_t i = threadIdx.x; i < n; i += kThreads) {
+      const int64_t e = idx_at(a, i);
+      if (e >= static_cast<int64_t>(base) && e < static_cast<int64_t>(base) + kOverflowTile)
+        atomicAdd(&s_count[e - base], 1u);
+    }
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < kOverflowTile; i += kThreads)
+      if (s_count[i] > c.N) s_over = 1;  // every writer stores 1
+    // Orders the flag before its read and the counts' reads before the next pass zeroes
+    // them.
+    __syncthreads();
+    if (s_over) break;  // block-uniform
+  }
+  if (s_over) {
     for (uint64_t i = threadIdx.x; i < n; i += kThreads) {
       const int64_t e = idx_at(a, i);
       if (e < 0) continue;
@@ -425,8 +453,8 @@ __device__ uint64_t first_overflow(const Ctx &c, const ep_ll_args_t &a) {
       for (uint64_t j = 0; j < i; ++j) before += idx_at(a, j) == e;
       if (before >= c.N) atomicMin(&s_bad, static_cast<unsigned long long>(i));
     }
+    __syncthreads();
   }
-  __syncthreads();
   return s_bad;
 }
 
@@ -813,9 +841,20 @@ __device__ void dispatch_recv(const ep_ll_args_t &a) {
           ep_comm::local(a.buf + ep_dispatch_recv_msg(&c.lay, a.set, s, src_off + i));
       const uint64_t row = static_cast<uint64_t>(le) * c.rows + begin + i;
       if (lane == 0) {
+        // The combine writes this row back at (token, slot) in s's receive area: both
+        // must be in range. A header that is not (a corrupt message) fails the call here,
+        // with the CPU's words, and its row is filed at (0, 0) so that a combine of this
+        // handle stays in bounds; before 2026-12-07 combine_send trapped on it.
         const int2 hdr = *reinterpret_cast<const int2 *>(msg);
-        reinterpret_cast<int32_t *>(a.src_info)[row] = hdr.x;
-        reinterpret_cast<int32_t *>(a.recv_topk_slot)[row] = hdr.y;
+        const bool ok = hdr.x >= 0 && static_cast<uint32_t>(hdr.x) < c.N && hdr.y >= 0 &&
+                        static_cast<uint32_t>(hdr.y) < c.K;
+        if (!ok)
+          record(c, a.set, EP_LL_STATUS_DISPATCH_HEADER, static_cast<int32_t>(s),
+                 static_cast<uint64_t>(static_cast<uint32_t>(hdr.x)) << 32 |
+                     static_cast<uint32_t>(hdr.y),
+                 0);
+        reinterpret_cast<int32_t *>(a.src_info)[row] = ok ? hdr.x : 0;
+        reinterpret_cast<int32_t *>(a.recv_topk_slot)[row] = ok ? hdr.y : 0;
       }
       const uint8_t *payload = msg + EP_HEADER_BYTES;
       if constexpr (FP8) {

@@ -591,6 +591,10 @@ struct KCase {
     /// Start as if this many calls had run on each buffer set (ll_emulator.cpp
     /// RSHMEM_EMU_FIRST_SET_CALLS), or None: from call 0.
     first_set_calls: Option<u64>,
+    /// (dst, src, token, slot): after the first dispatch's sends, the header of the first
+    /// message from PE src in PE dst's receive area becomes (token, slot)
+    /// (ll_emulator.cpp RSHMEM_EMU_CORRUPT_HEADER; sequential emulation only).
+    corrupt_header: Option<(usize, usize, i32, i32)>,
 }
 
 impl KCase {
@@ -694,6 +698,9 @@ fn run_emulated(c: &KCase, routes: &[check::Routing]) -> Vec<Vec<PeOut>> {
     }
     if let Some(k) = c.first_set_calls {
         env.push(("RSHMEM_EMU_FIRST_SET_CALLS", k.to_string()));
+    }
+    if let Some((dst, src, t, k)) = c.corrupt_header {
+        env.push(("RSHMEM_EMU_CORRUPT_HEADER", format!("{dst} {src} {t} {k}")));
     }
     if let Some(ts) = &c.teams {
         let spec: Vec<String> = ts
@@ -1104,6 +1111,7 @@ fn kcase(
         teams: None,
         repeat_ids: false,
         first_set_calls: None,
+        corrupt_header: None,
     }
 }
 
@@ -1209,6 +1217,56 @@ fn kernels_emulated_expert_named_more_than_n_times_poisons_every_pe() {
     // Every id of PE 2's 3 tokens is expert 4: the fifth entry naming it (N = 4), index
     // 4, is fault code 5 with that index.
     check_poisoned(c, 2, (1 << 31) | (5 << 24) | 4, |r| r.topk_idx.fill(4));
+}
+
+/// An expert named more than N times where another expert is named often too (repeats
+/// within tokens but no overflow for it): the first entry past N of the expert that
+/// overflows, found after the per-expert count.
+#[test]
+fn kernels_emulated_overflow_among_repeats_names_the_first_entry_past_n() {
+    let c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 4]);
+    // PE 2, K = 3: tokens [1 1 5] [2 2 5] [3 3 -1] [5 5 5]. Experts 1, 2, 3 are named
+    // twice (<= N = 4); expert 5 at flat indices 2, 5, 9, 10, 11: the fifth, 11, is the
+    // first entry past N = 4.
+    check_poisoned(c, 2, (1 << 31) | (5 << 24) | 11, |r| {
+        r.topk_idx = vec![1, 1, 5, 2, 2, 5, 3, 3, -1, 5, 5, 5];
+    });
+    // E = 2400: the count takes three passes of 1024 experts. Expert 7 (first pass) is
+    // named N = 4 times, expert 1500 (second pass) five times: the fifth at index 8.
+    let c = kcase(3, 4, 2048, 2400, 3, true, 2, &[4, 2, 3]);
+    check_poisoned(c, 2, (1 << 31) | (5 << 24) | 8, |r| {
+        r.topk_idx = vec![7, 7, 7, 1500, 7, 1500, 1500, 1500, 1500];
+    });
+}
+
+/// A message header outside [0, N) x [0, K) (a corrupt message) fails the dispatch on its
+/// receiver with the CPU's words (the launcher's status_error), every other PE's call
+/// succeeds, and the receive writes stay in bounds (the row is filed at (0, 0)); before
+/// 2026-12-07 the GPU trapped in the combine that followed.
+#[test]
+fn kernels_emulated_corrupt_header_fails_the_dispatch_on_its_receiver() {
+    for (t, k) in [(4, 0), (0, 3), (-1, 1), (2, -7)] {
+        let mut c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 3]);
+        c.dispatch_only = true;
+        c.repeats = 1;
+        c.corrupt_header = Some((0, 1, t, k));
+        let routes = routing(&c);
+        let emu = run_emulated(&c, &routes);
+        assert_eq!(emu[0].len(), 3);
+        for (me, o) in emu[0].iter().enumerate() {
+            let want = if me == 0 {
+                vec![
+                    (8, 1, (u64::from(t as u32) << 32) | u64::from(k as u32), 1),
+                    (0, 0, 0, 0),
+                ]
+            } else {
+                vec![(0, 0, 0, 0), (0, 0, 0, 0)]
+            };
+            assert_eq!(o.status_full, want, "({t}, {k}) PE {me}: status per set");
+            let kind = if me == 0 { 8 } else { 0 };
+            assert_eq!(o.status, vec![(kind, 1), (0, 0)], "PE {me}: set_calls");
+        }
+    }
 }
 
 #[test]

@@ -75,6 +75,9 @@ pub const STATUS_COMBINE_PEER: u32 = 5;
 pub const STATUS_COMBINE_ROWS: u32 = 6;
 /// A peer combined the handle of another dispatch: value = its mark, expected = ours.
 pub const STATUS_COMBINE_HANDLE: u32 = 7;
+/// A peer's message header (token, top-k slot) was outside [0, N) x [0, K):
+/// value = token << 32 | slot (each as u32).
+pub const STATUS_DISPATCH_HEADER: u32 = 8;
 /// `EP_LL_DEVICE_ERR_CONFIG`: the device error code of an inconsistent EP launch.
 pub const DEVICE_ERR_CONFIG: u32 = 0x4550_0001;
 
@@ -247,6 +250,10 @@ pub fn constant_table() -> Vec<(&'static str, u64)> {
         ("EP_LL_STATUS_COMBINE_PEER", STATUS_COMBINE_PEER as u64),
         ("EP_LL_STATUS_COMBINE_ROWS", STATUS_COMBINE_ROWS as u64),
         ("EP_LL_STATUS_COMBINE_HANDLE", STATUS_COMBINE_HANDLE as u64),
+        (
+            "EP_LL_STATUS_DISPATCH_HEADER",
+            STATUS_DISPATCH_HEADER as u64,
+        ),
         ("EP_LL_MARK_SHIFT", MARK_SHIFT as u64),
         ("EP_LL_MARK_BITS", MARK_BITS as u64),
         ("EP_LL_DEVICE_ERR_CONFIG", DEVICE_ERR_CONFIG as u64),
@@ -538,9 +545,10 @@ pub fn status_error(st: &LlStatus, cfg: &Config, me: usize, call: u64) -> Option
         return None;
     }
     let op = match st.kind {
-        STATUS_DISPATCH_INPUT | STATUS_DISPATCH_PEER | STATUS_DISPATCH_CORRUPT => {
-            "low_latency_dispatch"
-        }
+        STATUS_DISPATCH_INPUT
+        | STATUS_DISPATCH_PEER
+        | STATUS_DISPATCH_CORRUPT
+        | STATUS_DISPATCH_HEADER => "low_latency_dispatch",
         _ => "low_latency_combine",
     };
     let peer = st.peer.max(0) as usize;
@@ -560,6 +568,15 @@ pub fn status_error(st: &LlStatus, cfg: &Config, me: usize, call: u64) -> Option
             "{op} (LL call #{call}) on PE {me}: PE {peer} announced {} tokens, beyond its \
              receive area",
             st.value
+        )),
+        // The CPU's words for the same fault (host/src/ep/mod.rs, the receive loop).
+        STATUS_DISPATCH_HEADER => Error::Verification(format!(
+            "{op} (LL call #{call}) on PE {me}: PE {peer} sent token index {}, top-k slot {} \
+             (N = {}, K = {})",
+            (st.value >> 32) as u32 as i32,
+            st.value as u32 as i32,
+            cfg.num_max_dispatch_tokens_per_rank,
+            cfg.num_topk
         )),
         STATUS_COMBINE_ROWS => Error::Verification(format!(
             "{op} (LL call #{call}) on PE {me}: PE {peer} returned {} rows, this PE's routing \
@@ -2315,6 +2332,15 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("announced 5000 tokens"), "{e}");
+        let hdr = (128u64 << 32) | u64::from(-1i32 as u32);
+        let e = status_error(&st(STATUS_DISPATCH_HEADER, 2, hdr, 0, 3), &c, 1, 2)
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            e,
+            "data check failed: low_latency_dispatch (LL call #2) on PE 1: PE 2 sent token \
+             index 128, top-k slot -1 (N = 128, K = 8)"
+        );
         // The record bytes parse at ll.cuh's offsets.
         let mut b = vec![0u8; 48];
         b[8..16].copy_from_slice(&4u64.to_le_bytes());

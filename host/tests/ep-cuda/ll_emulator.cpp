@@ -31,7 +31,9 @@
 // repeat before is taken back on every receiver, so their send kernels give up on it;
 // "late" — as "counts", but the word comes back right after block 0 of each receiver's
 // dispatch receive ran (a PE later than the whole bound: block 0 gave up on it, the
-// other blocks find all its words).
+// other blocks find all its words). RSHMEM_EMU_CORRUPT_HEADER="DST SRC TOKEN SLOT"
+// (sequential mode): after the first dispatch's sends, the header of the first message
+// from PE SRC in PE DST's receive area becomes (TOKEN, SLOT), as a corrupt message would.
 // stdout: per repeat and PE: recv_count, per (local expert, source) block its begin/count
 //         and per row src_info, recv_topk_slot and an FNV-1a hash of the row's bytes
 //         (recv_x row, then its scales), per token the FNV-1a hash of combined_x's row,
@@ -332,6 +334,13 @@ int main(int argc, char **argv) {
   if (shrink && (masked_pe < 0 || (!dies_in.empty() && g_concurrent))) return 2;
   // Death tests run on the world team (`lay` is then every PE's layout).
   if (shrink && teams_env != nullptr) return 2;
+  int corrupt[4] = {-1, -1, 0, 0};  // DST SRC TOKEN SLOT
+  if (const char *c = getenv("RSHMEM_EMU_CORRUPT_HEADER")) {
+    if (sscanf(c, "%d %d %d %d", &corrupt[0], &corrupt[1], &corrupt[2], &corrupt[3]) != 4 ||
+        g_concurrent || corrupt[0] < 0 || unsigned(corrupt[0]) >= R || corrupt[1] < 0 ||
+        unsigned(corrupt[1]) >= R)
+      return 2;
+  }
   const char *timeout_env = getenv("RSHMEM_EMU_TIMEOUT_MS");
   const uint64_t timeout_ns =
       timeout_env ? strtoull(timeout_env, nullptr, 10) * 1000000ull : 5000000000ull;
@@ -615,6 +624,12 @@ int main(int argc, char **argv) {
       for (unsigned p = 0; p < R; ++p)
         if (p != dead) sent[p] = *reinterpret_cast<uint64_t *>(pes[p].heap + buf + w0);
     if (dies_now && (dies_in == "counts" || late)) take_back(w0);
+    if (rep == 0 && corrupt[0] >= 0) {
+      int32_t *hdr = reinterpret_cast<int32_t *>(
+          pes[corrupt[0]].heap + buf + ep_dispatch_recv_msg(&lay, set, unsigned(corrupt[1]), 0));
+      hdr[0] = corrupt[2];
+      hdr[1] = corrupt[3];
+    }
     for (unsigned p = 0; p < R; ++p) {
       if (late && p != dead)
         g_after_block0 = [&, p] { *reinterpret_cast<uint64_t *>(pes[p].heap + buf + w0) = sent[p]; };

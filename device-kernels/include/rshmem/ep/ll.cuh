@@ -99,6 +99,9 @@ typedef struct ep_ll_status {
 #define EP_LL_STATUS_COMBINE_PEER 5u      // peer poisoned its combine flag: value = fault word
 #define EP_LL_STATUS_COMBINE_ROWS 6u      // peer returned `value` rows, routing expects `expected`
 #define EP_LL_STATUS_COMBINE_HANDLE 7u    // peer combined another dispatch: value = its mark, expected = ours
+#define EP_LL_STATUS_DISPATCH_HEADER 8u   // peer's message header out of range: value = token << 32 | slot
+#define EP_LL_STATUS_IS_COMBINE(kind) \
+  ((kind) >= EP_LL_STATUS_COMBINE_INPUT && (kind) <= EP_LL_STATUS_COMBINE_HANDLE)
 
 // rshmem_device_error_t.code for an EP launch whose arguments are inconsistent (invalid
 // config for this kernel's H, R or L beyond the limits above, a handle row pointing
