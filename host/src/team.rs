@@ -405,8 +405,17 @@ impl Pe {
         // still be in flight), so none lands on a member after it reset the slot below.
         let quiet = self.try_quiet();
         // Everyone has left every barrier of this team once this returns (an allgather of
-        // the quiets' outcomes, as a barrier)...
-        let all = self.boot().allgather(&team.group(), &[quiet.is_ok() as u8]);
+        // the quiets' outcomes, as a barrier)... On a team broken here the wait is twice
+        // the timeout: this PE was refused at once, and a member may still be waiting out
+        // its own timeout in the call this PE was refused (docs/runtime.md, "Teams").
+        let within = if team.inner.broken.get().is_some() {
+            self.timeout().saturating_mul(2)
+        } else {
+            self.timeout()
+        };
+        let all = self
+            .boot()
+            .allgather_within(&team.group(), &[quiet.is_ok() as u8], within);
         quiet?;
         // A member whose quiet failed may still have a signal on its way to any member's
         // counters of this slot: then every member keeps the slot (not reset, not reused;

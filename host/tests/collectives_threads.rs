@@ -691,3 +691,70 @@ fn a_barrier_that_timed_out_marks_the_team_broken() {
         assert!(pe1.is_empty());
     }
 }
+
+/// A PE refused at once on a broken team runs ahead of a member that still waits out its
+/// timeout in the call the PE was refused; the destroy that follows waits twice the
+/// timeout on a broken team, so it meets that member (before session 41 it timed out: the
+/// member reached the destroy about one timeout after the PE did).
+#[test]
+fn a_destroy_after_a_refused_barrier_waits_for_the_member_still_in_it() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::time::{Duration, Instant};
+    let timeout = Duration::from_secs(2);
+    let mut s = settings();
+    s.timeout = timeout;
+    let failed = AtomicUsize::new(0);
+    let out = run_threads(2, s, |pe| {
+        let me = pe.my_pe();
+        let pair = pe
+            .team_split_strided(pe.world(), 0, 1, 2)?
+            .expect("both PEs are members");
+        let mut errors = Vec::new();
+        if me == 0 {
+            // PE 1 stays away until PE 0 has given up.
+            let first = pe.team_barrier(&pair);
+            assert!(
+                matches!(
+                    first,
+                    Err(Error::WaitTimeout { .. } | Error::Timeout { .. })
+                ),
+                "{first:?}"
+            );
+            let refused = pe.team_barrier(&pair).expect_err("refused");
+            assert!(matches!(refused, Error::TeamBroken { .. }), "{refused}");
+            failed.store(1, SeqCst);
+        } else {
+            let end = Instant::now() + Duration::from_secs(30);
+            while failed.load(SeqCst) == 0 {
+                assert!(Instant::now() < end, "PE 0 did not fail within 30 s");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            // PE 0 signalled before it gave up: this barrier completes; the next waits
+            // for PE 0's refused one, which never signals, and times out.
+            pe.team_barrier(&pair)?;
+            let start = Instant::now();
+            let second = pe.team_barrier(&pair);
+            assert!(
+                matches!(
+                    second,
+                    Err(Error::WaitTimeout { .. } | Error::Timeout { .. })
+                ),
+                "{second:?}"
+            );
+            assert!(start.elapsed() >= timeout, "{:?}", start.elapsed());
+            errors.push(second.unwrap_err().to_string());
+        }
+        pe.team_destroy(pair)?;
+        let fresh = pe
+            .team_split_strided(pe.world(), 0, 1, 2)?
+            .expect("both PEs are members");
+        pe.team_barrier(&fresh)?;
+        pe.team_destroy(fresh)?;
+        Ok(errors)
+    })
+    .expect("job starts");
+    for (p, r) in out.into_iter().enumerate() {
+        let r = r.unwrap_or_else(|e| panic!("PE {p}: {e}"));
+        assert_eq!(r.len(), p, "PE {p}: {r:?}");
+    }
+}

@@ -203,12 +203,23 @@ impl Bootstrap {
 
     /// Every member's `data`, index = position in `g.members` (lengths may differ).
     pub fn allgather(&self, g: &Group, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.collective(CollectiveOp::Allgather, g, 0, data)
+        self.collective(CollectiveOp::Allgather, g, 0, data, self.timeout)
+    }
+
+    /// [`Bootstrap::allgather`] that waits at most `timeout` (instead of the join
+    /// timeout) for the other members.
+    pub fn allgather_within(
+        &self,
+        g: &Group,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.collective(CollectiveOp::Allgather, g, 0, data, timeout)
     }
 
     /// Returns once every member of `g` has called `barrier(g)`.
     pub fn barrier(&self, g: &Group) -> Result<()> {
-        self.collective(CollectiveOp::Barrier, g, 0, &[])
+        self.collective(CollectiveOp::Barrier, g, 0, &[], self.timeout)
             .map(|_| ())
     }
 
@@ -224,7 +235,13 @@ impl Bootstrap {
         }
         let mine = g.members.iter().position(|&m| m as usize == self.rank);
         let data = if mine == Some(root_index) { data } else { &[] };
-        let mut out = self.collective(CollectiveOp::Broadcast, g, root_index as u64, data)?;
+        let mut out = self.collective(
+            CollectiveOp::Broadcast,
+            g,
+            root_index as u64,
+            data,
+            self.timeout,
+        )?;
         match out.pop() {
             Some(d) if out.is_empty() => Ok(d),
             _ => Err(Error::bootstrap(
@@ -320,6 +337,7 @@ impl Bootstrap {
         g: &Group,
         arg: u64,
         data: &[u8],
+        timeout: Duration,
     ) -> Result<Vec<Vec<u8>>> {
         let start = Instant::now();
         self.check_group(op, g)?;
@@ -367,7 +385,7 @@ impl Bootstrap {
                 e,
             ));
         }
-        let deadline = start + self.timeout;
+        let deadline = start + timeout;
         let mut inbox = lock(&self.shared.inbox);
         loop {
             if let Some(reply) = inbox.replies.remove(&(g.uid, seq)) {
