@@ -99,7 +99,8 @@
 // failed call are unspecified (combine writes zeros). A dispatch receive that finds a
 // peer's count beyond its receive area, or a message header (token, slot) outside
 // [0, N) x [0, K), records DISPATCH_CORRUPT or DISPATCH_HEADER (the CPU's verification
-// errors) and keeps its writes in bounds. Every wait is bounded by
+// errors) and keeps its writes in bounds; a combine of a handle whose dispatch met a
+// corrupt header here is poisoned (EP_FAULT_DISPATCH_HEADER). Every wait is bounded by
 // state.timeout_ns and, on timeout, fills the device error record (the peer waited for,
 // the word's address, expected tag, last value; the printed line names the expert) and
 // traps.
@@ -887,7 +888,20 @@ __device__ void combine_send(const ep_ll_args_t &a) {
   // combine's own launch waits for them again (at once) and does the rest. Uniform over
   // the block (an argument), after wait_credits' barrier.
   if ((a.flags & EP_LL_CREDITS_ONLY) != 0) return;
-  const uint64_t fault = send_fault(c, a, false);
+  uint64_t fault = send_fault(c, a, false);
+  if (fault == 0) {
+    // A handle whose dispatch met a corrupt header here has that row filed at (0, 0):
+    // returning it would overwrite another row at its source while the right one got
+    // nothing, with every count in agreement. Poison the combine instead (the CPU's
+    // dispatch returns no handle then). The dispatch's record is on its set (call % 2 =
+    // mark % 2) and names its call mod 64 (commit - 1); written by an earlier kernel on
+    // this stream, so plain reads see it.
+    const uint32_t mark = (a.flags >> EP_LL_MARK_SHIFT) & EP_LL_MARK_BITS;
+    const ep_ll_status_t &d = c.ctl->status[mark & 1][0];
+    if (d.kind == EP_LL_STATUS_DISPATCH_HEADER && d.commit != 0 &&
+        ((d.commit - 1) & EP_LL_MARK_BITS) == mark)
+      fault = fault_word(EP_FAULT_DISPATCH_HEADER, 0);
+  }
   if (fault != 0 && threadIdx.x == 0)
     record(c, a.set, EP_LL_STATUS_COMBINE_INPUT, c.me, fault & 0xffffffffu, 0);
   const uint32_t parts = gridDim.x / c.R > 0 ? gridDim.x / c.R : 1;

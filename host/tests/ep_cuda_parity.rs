@@ -1232,40 +1232,55 @@ fn kernels_emulated_overflow_among_repeats_names_the_first_entry_past_n() {
         r.topk_idx = vec![1, 1, 5, 2, 2, 5, 3, 3, -1, 5, 5, 5];
     });
     // E = 2400: the count takes three passes of 1024 experts. Expert 7 (first pass) is
-    // named N = 4 times, expert 1500 (second pass) five times: the fifth at index 8.
-    let c = kcase(3, 4, 2048, 2400, 3, true, 2, &[4, 2, 3]);
-    check_poisoned(c, 2, (1 << 31) | (5 << 24) | 8, |r| {
-        r.topk_idx = vec![7, 7, 7, 1500, 7, 1500, 1500, 1500, 1500];
+    // named 3 times, expert 1500 (second) N = 4 times, expert 2100 (third) five times:
+    // the fifth at index 11.
+    let c = kcase(3, 4, 2048, 2400, 3, true, 2, &[4, 2, 4]);
+    check_poisoned(c, 2, (1 << 31) | (5 << 24) | 11, |r| {
+        r.topk_idx = vec![
+            7, 7, 7, 1500, 1500, 1500, 1500, 2100, 2100, 2100, 2100, 2100,
+        ];
     });
 }
 
 /// A message header outside [0, N) x [0, K) (a corrupt message) fails the dispatch on its
-/// receiver with the CPU's words (the launcher's status_error), every other PE's call
-/// succeeds, and the receive writes stay in bounds (the row is filed at (0, 0)); before
-/// 2026-12-07 the GPU trapped in the combine that followed.
+/// receiver with the CPU's words (the launcher's status_error), every other PE's dispatch
+/// succeeds, and the receive writes stay in bounds: the row is filed at (0, 0). A combine
+/// of that handle is poisoned there (EP_FAULT_DISPATCH_HEADER), so every PE's combine
+/// fails instead of one returning a row to the wrong place; before 2026-12-07 the GPU
+/// trapped in that combine. The routing (seed 11) has PE 1 send PE 0 at least one token.
 #[test]
 fn kernels_emulated_corrupt_header_fails_the_dispatch_on_its_receiver() {
+    let poison7 = (1u64 << 31) | (7 << 24);
     for (t, k) in [(4, 0), (0, 3), (-1, 1), (2, -7)] {
         let mut c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 3]);
-        c.dispatch_only = true;
         c.repeats = 1;
         c.corrupt_header = Some((0, 1, t, k));
         let routes = routing(&c);
         let emu = run_emulated(&c, &routes);
         assert_eq!(emu[0].len(), 3);
         for (me, o) in emu[0].iter().enumerate() {
+            // Set 0: the dispatch's record (tag 1); set 1: the combine's (tag 2).
             let want = if me == 0 {
                 vec![
                     (8, 1, (u64::from(t as u32) << 32) | u64::from(k as u32), 1),
-                    (0, 0, 0, 0),
+                    (4, 0, poison7, 2),
                 ]
             } else {
-                vec![(0, 0, 0, 0), (0, 0, 0, 0)]
+                vec![(0, 0, 0, 0), (5, 0, poison7, 2)]
             };
             assert_eq!(o.status_full, want, "({t}, {k}) PE {me}: status per set");
-            let kind = if me == 0 { 8 } else { 0 };
-            assert_eq!(o.status, vec![(kind, 1), (0, 0)], "PE {me}: set_calls");
+            assert_eq!(o.status.iter().map(|s| s.1).collect::<Vec<_>>(), [1, 1]);
         }
+        // PE 0's first message from PE 1 is the first row of its first non-empty block
+        // from PE 1 (blocks in (local expert, source) order, 3 sources).
+        let first = emu[0][0]
+            .blocks
+            .iter()
+            .skip(1)
+            .step_by(3)
+            .find(|b| !b.1.is_empty())
+            .expect("PE 1 sent PE 0 a token");
+        assert_eq!((first.1[0].0, first.1[0].1), (0, 0), "({t}, {k})");
     }
 }
 

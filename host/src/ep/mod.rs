@@ -439,6 +439,11 @@ impl Fault {
                 cfg.num_max_dispatch_tokens_per_rank
             ),
             6 => "its combine topk_idx differs from the one it dispatched with".into(),
+            // GPU kernels only (EP_FAULT_DISPATCH_HEADER): the CPU's dispatch returns no
+            // handle after a corrupt message.
+            7 => "the dispatch of its handle received a corrupt message there (see that \
+                  dispatch's error), so it returned no rows"
+                .into(),
             c => format!("unknown fault code {c}"),
         }
     }
@@ -2068,6 +2073,9 @@ mod tests {
             d(Fault::BadExpert(8 * 3 + 5)),
             "its topk_idx[3][5] is outside [-1, 32)"
         );
+        // The GPU kernels' EP_FAULT_DISPATCH_HEADER (no CPU Fault makes it).
+        assert!(Fault::describe((POISON | 7 << 24) & 0xffff_ffff, &cfg)
+            .starts_with("the dispatch of its handle received a corrupt message there"));
         assert_eq!(wire(1), 1);
         assert_eq!(wire(0xffff_ffff), 0xffff_ffff);
         assert_eq!(wire(1 << 32), 1);

@@ -337,7 +337,7 @@ int main(int argc, char **argv) {
   int corrupt[4] = {-1, -1, 0, 0};  // DST SRC TOKEN SLOT
   if (const char *c = getenv("RSHMEM_EMU_CORRUPT_HEADER")) {
     if (sscanf(c, "%d %d %d %d", &corrupt[0], &corrupt[1], &corrupt[2], &corrupt[3]) != 4 ||
-        g_concurrent || corrupt[0] < 0 || unsigned(corrupt[0]) >= R || corrupt[1] < 0 ||
+        g_concurrent || ibgda || corrupt[0] < 0 || unsigned(corrupt[0]) >= R || corrupt[1] < 0 ||
         unsigned(corrupt[1]) >= R)
       return 2;
   }

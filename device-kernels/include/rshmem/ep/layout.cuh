@@ -46,6 +46,9 @@
 #define EP_FAULT_EXPERT_OVERFLOW 5ull
 // 6: combine topk_idx differs from the dispatch's (checked on CPU PEs only: the GPU path has no
 // host synchronisation to compare them).
+// 7 (GPU only): the handle's dispatch received a corrupt message header on this PE
+// (EP_LL_STATUS_DISPATCH_HEADER), so the rows it would return are not that routing's.
+#define EP_FAULT_DISPATCH_HEADER 7ull
 
 // ep_layout_init results (0 = ok); the same conditions as Config::validate / Layout::new.
 #define EP_LAYOUT_OK 0
