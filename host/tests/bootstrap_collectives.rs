@@ -262,7 +262,8 @@ fn invalid_groups_are_rejected_locally() {
             b.broadcast(&Group::world(n), n, b""),
             Err(Error::InvalidArgument(_))
         ));
-        // None of the rejected calls consumed a sequence number: group 9 still works.
+        // The rejected calls counted on group 9 (as a member's call elsewhere would), and
+        // the group still works.
         let solo = Group {
             uid: 9,
             members: vec![rank],
@@ -270,6 +271,46 @@ fn invalid_groups_are_rejected_locally() {
         assert_eq!(b.allgather(&solo, b"ok").unwrap(), vec![b"ok".to_vec()]);
         b.finalize().unwrap();
     });
+}
+
+/// A call refused on one PE only (its payload over the frame limit) still counts there,
+/// so the next call of each PE is paired with the other's next: before 2026-12-07 PE 0's
+/// next allgather was paired with PE 1's first, and returned its stale data.
+#[test]
+fn a_call_refused_on_one_pe_only_leaves_the_group_in_step() {
+    let n = 2;
+    let root = Root::bind("127.0.0.1:0", n, TOKEN).expect("bind root");
+    let addr = root.local_addr().to_string();
+    let both = Arc::new(std::sync::Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let mut p = params(&addr, rank, n);
+            p.timeout = Duration::from_secs(1);
+            let both = both.clone();
+            thread::spawn(move || {
+                let b = Bootstrap::join(&p).expect("join");
+                let world = Group::world(n);
+                if rank == 0 {
+                    let big = vec![0u8; 64 << 20];
+                    let e = b.allgather(&world, &big).unwrap_err();
+                    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+                } else {
+                    let e = b.allgather(&world, b"stale").unwrap_err();
+                    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+                }
+                // PE 1's first call has timed out before either makes the next.
+                both.wait();
+                let got = b.allgather(&world, format!("fresh{rank}").as_bytes());
+                let want = vec![b"fresh0".to_vec(), b"fresh1".to_vec()];
+                assert_eq!(got.expect("second allgather"), want, "PE {rank}");
+                b.finalize().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("PE thread");
+    }
+    drop(root);
 }
 
 /// A port that is free now and outside the kernel's ephemeral range, so that neither

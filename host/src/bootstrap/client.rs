@@ -227,6 +227,8 @@ impl Bootstrap {
     /// (other members' `data` is ignored and not sent).
     pub fn broadcast(&self, g: &Group, root_index: usize, data: &[u8]) -> Result<Vec<u8>> {
         if root_index >= g.members.len() {
+            // Refused here, but counted as a call on the group (see `collective`).
+            self.next_seq(g.uid);
             return Err(Error::InvalidArgument(format!(
                 "broadcast root index {root_index} on group {} with {} members",
                 g.uid,
@@ -331,6 +333,15 @@ impl Bootstrap {
         Ok(())
     }
 
+    /// Takes this PE's next call number on group `uid`.
+    fn next_seq(&self, uid: u64) -> u64 {
+        let mut seqs = lock(&self.seqs);
+        let s = seqs.entry(uid).or_insert(0);
+        let seq = *s;
+        *s += 1;
+        seq
+    }
+
     fn collective(
         &self,
         op: CollectiveOp,
@@ -340,6 +351,13 @@ impl Bootstrap {
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>> {
         let start = Instant::now();
+        // The call number is taken before anything can refuse the call here: a call
+        // refused on one member only (its payload too large, a bad group or root index)
+        // still counts on that member, as the call of every other member does, so the
+        // next call of each is paired with the next. (Before 2026-12-07 a refused call took
+        // no number, and that member's next call was paired with the others' refused one:
+        // an allgather returned their stale data, and every later call was one off.)
+        let seq = self.next_seq(g.uid);
         self.check_group(op, g)?;
         let limit = MAX_FRAME.saturating_sub(64 + 4 * g.members.len());
         if data.len() > limit {
@@ -352,13 +370,6 @@ impl Bootstrap {
             )));
         }
         self.shared.liveness.check_strict()?;
-        let seq = {
-            let mut seqs = lock(&self.seqs);
-            let s = seqs.entry(g.uid).or_insert(0);
-            let seq = *s;
-            *s += 1;
-            seq
-        };
         let frame = Frame::Collective(Contribution {
             op,
             uid: g.uid,
