@@ -100,6 +100,11 @@ impl<B: Backend> Rig<B> {
         // SAFETY: as above; exclusive through &mut self.
         unsafe { std::slice::from_raw_parts_mut(self.local.as_mut_ptr().cast(), LWORDS * 8) }
     }
+    /// Zeroes the remote buffer.
+    fn rbytes_mut_clear(&mut self) {
+        // SAFETY: as above; exclusive through &mut self.
+        unsafe { std::ptr::write_bytes(self.rbuf.as_mut_ptr().cast::<u8>(), 0, RWORDS * 8) }
+    }
     /// Writes a WQE's raw bytes at the producer index (wrapping) and advances it.
     fn put_raw(&mut self, wqe: &[u8]) -> u16 {
         let cnt = self.mem.layout().wqe_cnt as usize;
@@ -1157,6 +1162,150 @@ fn async_backend_only_the_first_failure_keeps_its_syndrome() {
         );
     }
     assert_eq!(r.mem.cqe_op_own(3), OP_OWN_INIT, "no extra CQE");
+}
+
+/// A doorbell record more than a ring ahead of the engine, or behind it (gone backwards),
+/// is a producer bug: nothing is executed (the slots past one ring hold the previous lap's
+/// WQEs), and the QP goes to the error state with QP_FATAL. Before 2026-12-07 the count was
+/// clamped to one ring and a whole ring of stale WQEs ran again.
+#[test]
+fn a_doorbell_record_past_one_ring_or_backwards_is_qp_fatal() {
+    for (name, ahead) in [("a ring + 1 ahead", 17u16), ("backwards", 0xfff0)] {
+        let mut r = rig(16, 16, CqMode::Normal);
+        let w = r.write(0, &[0x5a; 8]);
+        r.post(&w);
+        r.run();
+        assert_eq!(&r.rbytes()[..8], &[0x5a; 8], "{name}");
+        r.rbytes_mut_clear();
+        let v = rshmem::mlx5::doorbell::send_counter(1u32.wrapping_add(ahead as u32) & 0xffff);
+        r.mem.qp_dbrec_send().store(
+            u32::from_ne_bytes(v.to_bytes()),
+            std::sync::atomic::Ordering::Release,
+        );
+        for _ in 0..3 {
+            r.core.progress();
+        }
+        assert_eq!(&r.rbytes()[..8], &[0u8; 8], "{name}: a stale WQE ran");
+        assert_eq!(
+            r.qp.wqes.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "{name}"
+        );
+        assert!(
+            r.qp.in_error.load(std::sync::atomic::Ordering::Acquire),
+            "{name}"
+        );
+        let ev = r
+            .mem
+            .async_events()
+            .unwrap()
+            .load(std::sync::atomic::Ordering::Acquire);
+        assert_eq!(ev, EVENT_QP_FATAL, "{name}");
+        assert_eq!(r.mem.cqe_op_own(1), OP_OWN_INIT, "{name}: no CQE");
+    }
+}
+
+/// Starts every operation asynchronously; `poll` completes every pending one except the
+/// first ever started (held until `release`), the second ever started with REMOTE_ACCESS
+/// (a remote NAK that arrives while the first is still in flight), the rest Ok. Records the
+/// raddr of every WRITE started.
+#[derive(Default)]
+struct LateNak {
+    pending: Vec<u64>,
+    started: Vec<u64>,
+    tokens: Vec<u64>,
+    release: bool,
+}
+
+impl Backend for LateNak {
+    type Peer = ();
+    type Cache = ();
+    fn execute(
+        &mut self,
+        _: &(),
+        _: &mut (),
+        token: u64,
+        op: &Op<'_>,
+    ) -> Option<Result<(), Syndrome>> {
+        if let Op::Write { raddr, .. } = *op {
+            self.started.push(raddr);
+        }
+        self.tokens.push(token);
+        self.pending.push(token);
+        None
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u64, Result<(), Syndrome>)) {
+        let first = self.tokens.first().copied();
+        let second = self.tokens.get(1).copied();
+        let release = self.release;
+        self.pending.retain(|&t| {
+            if Some(t) == first && !release {
+                return true;
+            }
+            done(
+                t,
+                if Some(t) == second {
+                    Err(Syndrome::RemoteAccess)
+                } else {
+                    Ok(())
+                },
+            );
+            false
+        });
+    }
+}
+
+/// A failure reported by the backend while an earlier WQE is still in flight stops the
+/// QP at once: WQEs posted after it are flushed without being started (before 2026-12-07
+/// they were started, and then reported as WR_FLUSH although they had executed).
+#[test]
+fn async_backend_failure_reported_behind_inflight_stops_later_wqes() {
+    let mut r = rig_with(LateNak::default(), |_| (), 16, 16, CqMode::Normal);
+    let ab = vec![r.raddr(0), r.raddr(64)];
+    let a = r.write(0, &[1; 8]);
+    r.post(&a);
+    let b = r.write(64, &[2; 8]);
+    r.post(&b);
+    r.ring();
+    // Round 1 starts A and B; round 2's poll reports B's NAK while A is in flight.
+    r.core.progress();
+    r.core.progress();
+    assert_eq!(r.core.backend().started, ab);
+    assert_eq!(r.mem.cqe_op_own(0), OP_OWN_INIT, "A is still in flight");
+    let c = r.write(128, &[3; 8]);
+    r.post(&c);
+    let d = r.write(192, &[4; 8]);
+    r.post(&d);
+    r.ring();
+    for _ in 0..5 {
+        r.core.progress();
+    }
+    assert_eq!(
+        r.core.backend().started,
+        ab,
+        "nothing after the failure started"
+    );
+    r.core.backend().release = true;
+    r.run();
+    assert_eq!(cqe(&r.mem, 0), (REQ, 0, opcode::RDMA_WRITE, 0, 0));
+    assert_eq!(
+        cqe(&r.mem, 1),
+        (ERR, Syndrome::RemoteAccess as u8, opcode::RDMA_WRITE, 1, 0)
+    );
+    for i in 2..4u32 {
+        assert_eq!(
+            cqe(&r.mem, i),
+            (
+                ERR,
+                Syndrome::WrFlush as u8,
+                opcode::RDMA_WRITE,
+                i as u16,
+                0
+            ),
+            "CQE {i}"
+        );
+    }
+    assert_eq!(r.mem.cqe_op_own(4), OP_OWN_INIT, "no extra CQE");
 }
 
 /// A WQE that fails at once (before reaching the backend, or rejected by it) while an

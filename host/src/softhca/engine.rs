@@ -22,8 +22,10 @@
 //!   and raises the asynchronous events CQ_ERR and QP_FATAL in the queue memory.
 //!
 //! Never trusted: anything in the rings. Every read of queue memory is bounded by the ring
-//! (a ds that runs past what the doorbell published is a parse error, not a read past it),
-//! and every access to data memory goes through a registered region's bounds.
+//! (a ds that runs past what the doorbell published is a parse error, not a read past it;
+//! a doorbell record more than a ring ahead of the engine, or behind it, executes nothing
+//! and puts the QP in error with QP_FATAL), and every access to data memory goes through
+//! a registered region's bounds.
 
 use super::backend::{AtomicOp, Backend, Gather, LocalBuf, Op};
 use super::mr::{Access, MrSnapshot, MrTable};
@@ -215,6 +217,12 @@ impl<B: Backend> EngineCore<B> {
                 if let Some(p) = r.inflight.iter_mut().find(|p| p.token == token) {
                     p.status = Some(status);
                     work += 1;
+                    // A failure stops the QP now, also while an earlier WQE is still in
+                    // flight (its CQE waits for theirs): nothing after it may start
+                    // meanwhile. Before 2026-12-07 only failures found at once did; one
+                    // reported later let the next rounds start WQEs that `retire` then
+                    // reported as WR_FLUSH although they had executed.
+                    r.error_queued |= status.is_err();
                 }
             }
         }
@@ -244,8 +252,25 @@ impl<B: Backend> EngineCore<B> {
         // it covers are visible.
         let pi =
             u32::from_be_bytes(mem.qp_dbrec_send().load(Ordering::Acquire).to_ne_bytes()) as u16;
-        // A record more than a ring ahead is a producer bug; never look past one ring.
-        let mut avail = (pi.wrapping_sub(r.ci) as u64).min(cnt as u64);
+        let mut avail = pi.wrapping_sub(r.ci) as u64;
+        if avail > cnt as u64 {
+            // A record more than a ring ahead of what was consumed, or behind it (it went
+            // backwards): a producer bug. The slots past one ring are the previous lap's
+            // WQEs, which the producer may be rewriting; executing them would repeat old
+            // WRITEs and atomics. Nothing is processed; the QP goes to the error state with
+            // the asynchronous event QP_FATAL, as for a fatal QP error on a ConnectX.
+            // (Before 2026-12-07 the count was clamped to one ring, and a stale ring ran.)
+            if !r.error {
+                r.error = true;
+                // Release: whoever sees the QP in error sees the engine's earlier writes.
+                r.qp.in_error.store(true, Ordering::Release);
+                if let Some(ev) = mem.async_events() {
+                    // Release: pairs with the producer's Acquire load in its waits.
+                    ev.fetch_or(EVENT_QP_FATAL, Ordering::Release);
+                }
+            }
+            return work;
+        }
         if avail == 0 {
             return work;
         }
