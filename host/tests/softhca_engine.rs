@@ -463,6 +463,14 @@ fn every_error_path_has_its_syndrome_then_flushes() {
             payload: Payload::Inline(&[1; 4]),
         })
     });
+    // The local gather is checked first, as a ConnectX does before it transmits.
+    error_case("SEND with a bad lkey", Syndrome::LocalProt, |r| {
+        let segs: &'static [DataSeg] = Box::leak(Box::new([DataSeg::new(8, 0xbeef, r.laddr(0))]));
+        r.post(&WqeOp::SendImm {
+            payload: Payload::Sge(segs),
+            imm: 7,
+        })
+    });
 }
 
 #[test]

@@ -526,8 +526,16 @@ fn execute<B: Backend>(
     match *op {
         WqeOp::Nop | WqeOp::Dump { .. } => Exec::Done(0, Ok(())),
         // rshmem queues have no receive queue: a SEND can never be received. A ConnectX
-        // retries until RNR_RETRY_EXC; the engine reports that at once.
-        WqeOp::Send { .. } | WqeOp::SendImm { .. } => Exec::Done(0, Err(Syndrome::RnrRetryExc)),
+        // retries until RNR_RETRY_EXC; the engine reports that at once, after checking the
+        // local gather as a ConnectX does before it transmits (a bad lkey is LOCAL_PROT).
+        WqeOp::Send { payload } | WqeOp::SendImm { payload, .. } => {
+            if let Payload::Sge(segs) = payload {
+                if let Err(s) = gather(bufs, segs, Access::NONE) {
+                    return Exec::Done(0, Err(s));
+                }
+            }
+            Exec::Done(0, Err(Syndrome::RnrRetryExc))
+        }
         WqeOp::RdmaWrite { remote, payload }
         | WqeOp::RdmaWriteImm {
             remote, payload, ..
