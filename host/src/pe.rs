@@ -932,17 +932,37 @@ impl Pe {
         // The block's own size, not the pointer's view of it: a typed view (a cast) may
         // cover fewer bytes than the block holds, and realloc keeps the whole old content.
         let keep = bytes.min(old_bytes);
-        if keep > 0 {
-            let from = self.target(self.rank, ptr.offset(), keep)?;
-            let to = self.target(self.rank, off, keep)?;
-            // SAFETY: both ranges lie in this PE's own mapping (checked by target) and do
-            // not overlap (the new block was allocated while the old one was live). No PE
-            // writes either block during the call (puts were completed and agreed above).
-            unsafe { crate::copy::copy_bytes(from, to, keep) };
+        let copied = if keep > 0 {
+            self.target(self.rank, ptr.offset(), keep)
+                .and_then(|from| Ok((from, self.target(self.rank, off, keep)?)))
+                .map(|(from, to)| {
+                    // SAFETY: both ranges lie in this PE's own mapping (checked by target)
+                    // and do not overlap (the new block was allocated while the old one
+                    // was live). No PE writes either block during the call (puts were
+                    // completed and agreed above).
+                    unsafe { crate::copy::copy_bytes(from, to, keep) }
+                })
+        } else {
+            Ok(())
+        };
+        // Every PE has copied before any returns and writes into the new block, or frees
+        // the old one (a barrier). The puts were completed above and the copy is local, so
+        // no second quiet (as `free` would do). Every PE takes the same allocator step
+        // after it: the old block freed, or, when any PE failed, the new one, so a failed
+        // realloc leaves the heap as it was (before 2026-12-07 a failure here, such as a
+        // quiet failing inside `free`, left the new block allocated and unreachable).
+        let agreed = self.agree("realloc (copied)", &[copied.is_ok() as u64], |a| {
+            format!("copied {}", a[0] == 1)
+        });
+        let step = copied.and(agreed);
+        let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = step {
+            a.free(off)
+                .map_err(|e| Error::InvalidArgument(format!("realloc: {e}")))?;
+            return Err(e);
         }
-        self.free(ptr)?;
-        // Every PE has copied before any returns and writes into the new block.
-        self.sync_team(&self.world)?;
+        a.free(ptr.offset())
+            .map_err(|e| Error::InvalidArgument(format!("realloc: {e}")))?;
         Ok(SymPtr::from_raw(off, count))
     }
 
