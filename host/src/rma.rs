@@ -613,27 +613,22 @@ impl Pe {
     /// here: it is kept and returned by the next [`Pe::try_quiet`] or barrier.
     pub fn quiet(&self) {
         if let Err(e) = self.quiet_proxy() {
-            self.deferred.keep(e.to_string());
+            self.deferred.keep(e);
         }
         // SeqCst: quiet also orders this PE's later loads after its earlier stores.
         fence(Ordering::SeqCst);
     }
 
     /// [`Pe::quiet`] that reports failures: an error a transport met since the last call
-    /// (including one a plain `quiet` swallowed).
+    /// (including one a plain `quiet` swallowed), as it was met (its kind and the PE it
+    /// names). A swallowed error is reported first; this call's own error then waits for
+    /// the next call, so neither is lost. (Before 2026-12-07 a swallowed error came back as
+    /// a transport error naming this PE, whatever it was, and this call's own was dropped.)
     pub fn try_quiet(&self) -> Result<()> {
         let r = self.quiet_proxy();
         // SeqCst: as in quiet.
         fence(Ordering::SeqCst);
-        if let Some(d) = self.deferred.take() {
-            return Err(Error::Transport {
-                pe: self.my_pe(),
-                from: self.my_pe(),
-                op: "quiet",
-                detail: d,
-            });
-        }
-        r
+        self.deferred.report(r)
     }
 
     fn quiet_proxy(&self) -> Result<()> {
@@ -1180,12 +1175,12 @@ fn from_bits<T: AtomicWord>(b: u64) -> T {
 pub(crate) struct KeptError {
     /// Whether `error` holds one: written under its lock, read without it as a hint.
     set: std::sync::atomic::AtomicBool,
-    error: std::sync::Mutex<Option<String>>,
+    error: std::sync::Mutex<Option<Error>>,
 }
 
 impl KeptError {
     /// Keeps `e` unless an earlier error is kept.
-    pub(crate) fn keep(&self, e: String) {
+    pub(crate) fn keep(&self, e: Error) {
         let mut kept = self.error.lock().unwrap_or_else(|p| p.into_inner());
         kept.get_or_insert(e);
         // Relaxed: written under the lock; `take` reads it without the lock only as a hint
@@ -1194,8 +1189,22 @@ impl KeptError {
         self.set.store(true, Ordering::Relaxed);
     }
 
+    /// The outcome of a call whose own result is `r`: the kept error first (it came
+    /// first), `r`'s error then kept for the next call; else `r`.
+    pub(crate) fn report(&self, r: Result<()>) -> Result<()> {
+        match self.take() {
+            Some(kept) => {
+                if let Err(e) = r {
+                    self.keep(e);
+                }
+                Err(kept)
+            }
+            None => r,
+        }
+    }
+
     /// The kept error, if any, which is kept no longer.
-    pub(crate) fn take(&self) -> Option<String> {
+    pub(crate) fn take(&self) -> Option<Error> {
         // Relaxed: a hint (see `keep`); what counts is read under the lock.
         if !self.set.load(Ordering::Relaxed) {
             return None;
@@ -1215,14 +1224,16 @@ mod tests {
     #[test]
     fn a_kept_error_is_taken_once() {
         let k = KeptError::default();
-        assert_eq!(k.take(), None);
-        k.keep("first".into());
-        k.keep("second".into());
-        assert_eq!(k.take().as_deref(), Some("first"));
-        assert_eq!(k.take(), None);
-        k.keep("third".into());
-        assert_eq!(k.take().as_deref(), Some("third"));
-        assert_eq!(k.take(), None);
+        let e = |m: &str| crate::Error::InvalidArgument(m.into());
+        let taken_msg = |k: &KeptError| k.take().map(|e| e.to_string());
+        assert!(k.take().is_none());
+        k.keep(e("first"));
+        k.keep(e("second"));
+        assert_eq!(taken_msg(&k), Some(e("first").to_string()));
+        assert!(k.take().is_none());
+        k.keep(e("third"));
+        assert_eq!(taken_msg(&k), Some(e("third").to_string()));
+        assert!(k.take().is_none());
         // Threads keep and take at once; after they joined, what is left is taken.
         let taken = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
@@ -1230,7 +1241,7 @@ mod tests {
                 let (k, taken) = (&k, &taken);
                 s.spawn(move || {
                     for i in 0..1000 {
-                        k.keep(format!("{t}.{i}"));
+                        k.keep(e(&format!("{t}.{i}")));
                         if k.take().is_some() {
                             taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
@@ -1242,9 +1253,30 @@ mod tests {
         // thread kept; but each thread ends with a take after its last keep, so nothing is
         // left, and the flag agrees with what is kept.
         assert!((1..=4000).contains(&taken.into_inner()));
-        assert_eq!(k.take(), None);
-        k.keep("after".into());
-        assert_eq!(k.take().as_deref(), Some("after"));
+        assert!(k.take().is_none());
+        k.keep(e("after"));
+        assert_eq!(taken_msg(&k), Some(e("after").to_string()));
+    }
+
+    /// `report` returns the kept error as it was kept (its kind and the PE it names), and
+    /// keeps the call's own error for the next call: neither is lost.
+    #[test]
+    fn a_kept_error_is_reported_first_and_the_new_one_next() {
+        use crate::Error;
+        let k = KeptError::default();
+        k.keep(Error::PeerDied {
+            pe: 3,
+            detail: "gone".into(),
+        });
+        let own = || Error::InvalidArgument("this call's own".into());
+        assert!(matches!(
+            k.report(Err(own())),
+            Err(Error::PeerDied { pe: 3, .. })
+        ));
+        assert!(
+            matches!(k.report(Ok(())), Err(Error::InvalidArgument(m)) if m == "this call's own")
+        );
+        assert!(k.report(Ok(())).is_ok());
     }
 
     /// A copy whose source overlaps its destination (memmove semantics, which `put`
