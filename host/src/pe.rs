@@ -947,23 +947,38 @@ impl Pe {
         };
         // Every PE has copied before any returns and writes into the new block, or frees
         // the old one (a barrier). The puts were completed above and the copy is local, so
-        // no second quiet (as `free` would do). Every PE takes the same allocator step
-        // after it: the old block freed, or, when any PE failed, the new one, so a failed
-        // realloc leaves the heap as it was (before 2026-12-07 a failure here, such as a
-        // quiet failing inside `free`, left the new block allocated and unreachable).
+        // no second quiet (as `free` would do). When the agreement completed, every PE
+        // takes the same allocator step after it: the old block freed when every copy
+        // succeeded, else the new one, so a failed realloc leaves the heap as it was
+        // (before 2026-12-07 a failure here, such as a quiet failing inside `free`, left
+        // the new block allocated and unreachable). When the agreement itself failed (a
+        // timeout, a broken world) some PE may have completed it: then neither block is
+        // freed here (the new one is lost), so no PE's allocator runs ahead of another's.
         let agreed = self.agree("realloc (copied)", &[copied.is_ok() as u64], |a| {
             format!("copied {}", a[0] == 1)
         });
-        let step = copied.and(agreed);
-        let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = step {
-            a.free(off)
-                .map_err(|e| Error::InvalidArgument(format!("realloc: {e}")))?;
-            return Err(e);
+        let free = |o: usize| {
+            let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+            // Cannot fail: `o` is a live block this call holds (old or new).
+            let _ = a.free(o);
+        };
+        match (copied, agreed) {
+            (Ok(()), Ok(())) => {
+                free(ptr.offset());
+                Ok(SymPtr::from_raw(off, count))
+            }
+            // Every PE completed the agreement and learned that some copy failed (all
+            // alike when it passed, a mismatch on every PE otherwise).
+            (Err(e), Ok(())) | (Err(e), Err(Error::CollectiveMismatch { .. })) => {
+                free(off);
+                Err(e)
+            }
+            (Ok(()), Err(e @ Error::CollectiveMismatch { .. })) => {
+                free(off);
+                Err(e)
+            }
+            (Err(e), Err(_)) | (Ok(()), Err(e)) => Err(e),
         }
-        a.free(ptr.offset())
-            .map_err(|e| Error::InvalidArgument(format!("realloc: {e}")))?;
-        Ok(SymPtr::from_raw(off, count))
     }
 
     /// Bytes still free in the symmetric heap, and the largest free block.
