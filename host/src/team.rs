@@ -293,12 +293,7 @@ impl Pe {
     /// members ([`Error::breaks_team`]) first marks the team broken on this PE, once (the
     /// first cause is kept). A team of one has nobody to be out of step with.
     pub(crate) fn note_team_failure<R>(&self, team: &Team, op: &str, r: Result<R>) -> Result<R> {
-        if let Err(e) = &r {
-            if e.breaks_team() && team.n_pes() > 1 {
-                let _ = team.inner.broken.set(format!("{op} failed here: {e}"));
-            }
-        }
-        r
+        mark_broken_if(team, op, r, Error::breaks_team)
     }
 
     /// [`Pe::note_team_failure`] for an error from inside a p2p barrier or exchange, after
@@ -306,12 +301,7 @@ impl Pe {
     /// any error leaves the team out of step there, a peer's death or an unreachable
     /// peer included.
     pub(crate) fn note_out_of_step<R>(&self, team: &Team, op: &str, r: Result<R>) -> Result<R> {
-        if let Err(e) = &r {
-            if team.n_pes() > 1 {
-                let _ = team.inner.broken.set(format!("{op} failed here: {e}"));
-            }
-        }
-        r
+        mark_broken_if(team, op, r, |_| true)
     }
 
     /// Collective over `parent`: splits it into a 2-D grid of `xrange` columns, parent
@@ -413,9 +403,12 @@ impl Pe {
         } else {
             self.timeout()
         };
-        let all = self
-            .boot()
-            .allgather_within(&team.group(), &[quiet.is_ok() as u8], within);
+        let all = self.boot().allgather_tagged(
+            &team.group(),
+            *b"destroy\0",
+            &[quiet.is_ok() as u8],
+            within,
+        );
         quiet?;
         // A member whose quiet failed may still have a signal on its way to any member's
         // counters of this slot: then every member keeps the slot (not reset, not reused;
@@ -452,13 +445,21 @@ impl Pe {
         if !team.p2p() && team.n_pes() > 1 {
             // Skipping the bootstrap barrier would leave this PE's bootstrap sequence on
             // the team one behind the others', pairing every later call with another.
-            let all = self.boot().allgather(&team.group(), &[quiet.is_ok() as u8]);
+            // Tagged: a member already in the team's destroy (this call refused on it,
+            // the team broken there) fails this barrier instead of passing it.
+            let all = self.boot().allgather_tagged(
+                &team.group(),
+                *b"barrier\0",
+                &[quiet.is_ok() as u8],
+                self.timeout(),
+            );
             quiet?;
             return failed_members(team, "barrier (its quiet)", &all?);
         }
         // A quiet that fails skips the sync: the other members' barrier counters move on
-        // without this PE's, so the team is out of step.
-        self.note_team_failure(team, "barrier", quiet)?;
+        // without this PE's, so the team is out of step, whatever the error (a peer's
+        // death included: a death tolerated later, as EP shrink mode does, is not sticky).
+        self.note_out_of_step(team, "barrier", quiet)?;
         self.sync_team(team)
     }
 
@@ -546,4 +547,20 @@ pub(crate) fn failed_members<T: Copy + PartialEq + From<u8>>(
     } else {
         Err(Error::CollectiveFailed { op, failed })
     }
+}
+
+/// Marks `team` broken on this PE (the first failure wins) when `r` is an error that
+/// `breaks` and the team has other members; returns `r`.
+fn mark_broken_if<R>(
+    team: &Team,
+    op: &str,
+    r: Result<R>,
+    breaks: impl Fn(&Error) -> bool,
+) -> Result<R> {
+    if let Err(e) = &r {
+        if breaks(e) && team.n_pes() > 1 {
+            let _ = team.inner.broken.set(format!("{op} failed here: {e}"));
+        }
+    }
+    r
 }

@@ -211,6 +211,40 @@ fn mismatched_members_fail_on_every_member() {
     }
 }
 
+/// Tagged allgathers pair only with the same tag: a member in one kind of call (a team's
+/// barrier) and another in a different one (its destroy) both fail, naming both, instead
+/// of passing each other's call; the same tag pairs as usual.
+#[test]
+fn allgathers_with_different_tags_fail_on_every_member() {
+    let n = 2;
+    let (_root, results) = run_job(n, move |b| {
+        let g = Group::world(n);
+        let tag = if b.rank() == 0 {
+            *b"barrier\0"
+        } else {
+            *b"destroy\0"
+        };
+        let r = b.allgather_tagged(&g, tag, b"x", TIMEOUT);
+        let same = b.allgather_tagged(&g, *b"destroy\0", &[b.rank() as u8], TIMEOUT);
+        b.finalize().unwrap();
+        (r, same)
+    });
+    for (r, same) in results {
+        match r {
+            Err(Error::CollectiveMismatch { op, detail }) => {
+                assert_eq!(op, "allgather");
+                assert!(
+                    detail.contains("allgather(\"barrier\")")
+                        && detail.contains("allgather(\"destroy\")"),
+                    "{detail}"
+                );
+            }
+            other => panic!("expected CollectiveMismatch, got {other:?}"),
+        }
+        assert_eq!(same.unwrap(), vec![vec![0u8], vec![1u8]]);
+    }
+}
+
 #[test]
 fn mismatched_ops_fail() {
     let n = 2;

@@ -206,15 +206,25 @@ impl Bootstrap {
         self.collective(CollectiveOp::Allgather, g, 0, data, self.timeout)
     }
 
-    /// [`Bootstrap::allgather`] that waits at most `timeout` (instead of the join
-    /// timeout) for the other members.
-    pub fn allgather_within(
+    /// [`Bootstrap::allgather`] of one kind of call, named by `tag` (up to 8 bytes, e.g.
+    /// `*b"barrier\0"`), that waits at most `timeout` for the other members. The root
+    /// pairs it only with calls of the same tag: members at different kinds of call (one
+    /// in a team's barrier, another already in its destroy) all fail with
+    /// `CollectiveMismatch` naming both, instead of passing each other's call.
+    pub fn allgather_tagged(
         &self,
         g: &Group,
+        tag: [u8; 8],
         data: &[u8],
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>> {
-        self.collective(CollectiveOp::Allgather, g, 0, data, timeout)
+        self.collective(
+            CollectiveOp::Allgather,
+            g,
+            u64::from_le_bytes(tag),
+            data,
+            timeout,
+        )
     }
 
     /// Returns once every member of `g` has called `barrier(g)`.

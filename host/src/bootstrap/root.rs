@@ -642,6 +642,15 @@ fn fail(st: &mut HubState, rank: u32, c: &Contribution, kind: FailKind, reason: 
 fn describe(op: CollectiveOp, arg: u64, members: &[u32]) -> String {
     match op {
         CollectiveOp::Broadcast => format!("broadcast(root index {arg}) over members {members:?}"),
+        // A tagged allgather (Bootstrap::allgather_tagged): its tag as text.
+        CollectiveOp::Allgather if arg != 0 => {
+            let tag = arg.to_le_bytes();
+            let end = tag.iter().position(|&b| b == 0).unwrap_or(8);
+            format!(
+                "allgather({:?}) over members {members:?}",
+                String::from_utf8_lossy(&tag[..end])
+            )
+        }
         _ => format!("{} over members {members:?}", op.name()),
     }
 }
