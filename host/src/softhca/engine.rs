@@ -258,7 +258,8 @@ impl<B: Backend> EngineCore<B> {
             // backwards): a producer bug. The slots past one ring are the previous lap's
             // WQEs, which the producer may be rewriting; executing them would repeat old
             // WRITEs and atomics. Nothing is processed; the QP goes to the error state with
-            // the asynchronous event QP_FATAL, as for a fatal QP error on a ConnectX.
+            // the asynchronous event QP_FATAL, as for a fatal QP error on a ConnectX (which
+            // also completes the WQEs still in flight as flushed, as `retire` does here).
             // (Before 2026-12-07 the count was clamped to one ring, and a stale ring ran.)
             if !r.error {
                 r.error = true;
