@@ -466,6 +466,71 @@ fn interrupt_with(sig: i32, expected_code: i32) {
     );
 }
 
+/// A signal that comes while only what a successful job left behind is being stopped
+/// still counts: exit 128 + signal (before 2026-12-07 the job exited 0).
+#[test]
+fn a_signal_while_stopping_leftovers_exits_128_plus_signal() {
+    let started = Instant::now();
+    // Each PE leaves a sleeper that ignores SIGTERM, so stopping it waits for SIGKILL.
+    let mut cmd = rshmem(&[
+        "run",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; sleep 30 & echo bg=$!; exit 0",
+    ]);
+    with_signals(&mut cmd, &[]);
+    let mut child = cmd.spawn().expect("spawn rshmem");
+    let mut stdout = child.stdout.take().expect("stdout piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 256];
+        let mut reported = false;
+        loop {
+            match stdout.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+            if !reported && pids(&String::from_utf8_lossy(&seen), "bg=").len() == 2 {
+                let _ = tx.send(None);
+                reported = true;
+            }
+        }
+        let _ = tx.send(Some(seen));
+    });
+    let first = rx.recv_timeout(Duration::from_secs(5));
+    if !matches!(first, Ok(None)) {
+        let _ = child.kill();
+        panic!("PEs did not start: {first:?}");
+    }
+    // The PEs exit right after printing; the launcher then sends SIGTERM to what they left
+    // and waits STOP_GRACE (2 s) before SIGKILL. Interrupt inside that window.
+    std::thread::sleep(Duration::from_millis(600));
+    // SAFETY: kill has no memory-safety preconditions; the pid is our live child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let (tx2, rx2) = mpsc::channel();
+    std::thread::spawn(move || {
+        if let Ok(Some(bytes)) = rx.recv() {
+            let _ = tx2.send(bytes);
+        }
+    });
+    let out = finish(child, started, rx2);
+    assert_eq!(out.code, Some(130), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr.contains(
+            "rshmem run: interrupted while stopping what the PEs left behind, sending SIGKILL\n"
+        ),
+        "stderr: {}",
+        out.stderr
+    );
+    for pid in pids(&out.stdout_text(), "bg=") {
+        assert!(!alive(pid), "process {pid} left behind by a PE survived");
+    }
+}
+
 #[test]
 fn sigint_stops_pes_and_exits_130() {
     interrupt_with(libc::SIGINT, 130);

@@ -22,6 +22,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// How long output is still relayed after the last PE exited (pipes held open by
 /// processes a PE left behind).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long supervision waits for PEs after SIGKILL before it gives up on them (a process
+/// in uninterruptible sleep, e.g. in a GPU driver, ignores SIGKILL until it wakes).
+const KILL_WAIT: Duration = Duration::from_secs(10);
 
 /// How a PE process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -288,6 +291,41 @@ fn signal_group(pgid: libc::pid_t, sig: libc::c_int) -> bool {
     unsafe { libc::kill(-pgid, sig) == 0 }
 }
 
+/// The status of PE process `pid` if it has ended, without reaping it (`waitid` with
+/// WNOWAIT): the zombie keeps the pid and its process group id reserved until
+/// [`Job::reap_ended`] reaps it.
+fn exited_unreaped(pid: libc::pid_t) -> std::io::Result<Option<ExitStatus>> {
+    // SAFETY: siginfo_t is plain data; all zeroes is a valid value (si_pid 0 = none).
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid, writable siginfo_t; waitid writes only into it. `pid` is
+    // our child, not yet reaped (WNOWAIT leaves it waitable).
+    let r = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: waitid filled `info` for a child's state change (SIGCHLD layout), or left it
+    // zeroed when none had ended (WNOHANG); si_pid and si_status read that layout.
+    let (spid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if spid == 0 {
+        return Ok(None);
+    }
+    // The wait status a reaping wait would have returned.
+    let raw = match info.si_code {
+        libc::CLD_EXITED => (status & 0xff) << 8,
+        libc::CLD_KILLED => status & 0x7f,
+        libc::CLD_DUMPED => (status & 0x7f) | 0x80,
+        _ => return Ok(None), // stopped or continued: WEXITED asks for neither
+    };
+    Ok(Some(ExitStatus::from_raw(raw)))
+}
+
 /// Whether `proc` lists a process, other than a zombie, in one of `groups`. When `proc`
 /// cannot be read, assumes there is one.
 fn live_members_in(proc: &Path, groups: &[libc::pid_t]) -> bool {
@@ -420,14 +458,20 @@ impl Job {
         self.output.drain(Duration::ZERO);
     }
 
-    /// Reaps PEs that ended; returns the ranks newly reaped.
+    /// Notes PEs that ended; returns their ranks. A PE that ended is seen without being
+    /// reaped (`waitid` with WNOWAIT): its zombie keeps its pid, and so its process group
+    /// id, reserved while processes of its group live on, so signalling the group can
+    /// never reach an unrelated group that reused the id; it is reaped once its group is
+    /// found empty (`note_gone_groups`) or when supervision is over. (Before 2026-12-07 a
+    /// PE was reaped at once, and its id could be reused between that and the /proc scan
+    /// that found its group alive: an unrelated group could then be signalled.)
     fn reap(&mut self) -> Vec<usize> {
         let mut reaped = Vec::new();
         for (rank, pe) in self.pes.iter_mut().enumerate() {
             if pe.exit.is_some() {
                 continue;
             }
-            match pe.child.try_wait() {
+            match exited_unreaped(pe.pgid) {
                 Ok(Some(status)) => pe.exit = Some(PeExit::from_status(status)),
                 Ok(None) => continue,
                 Err(_) => pe.exit = Some(PeExit::Unknown),
@@ -436,6 +480,16 @@ impl Job {
         }
         self.note_gone_groups();
         reaped
+    }
+
+    /// Reaps every PE that ended (their zombies, kept by [`Job::reap`]); a PE still
+    /// running (given up on after SIGKILL) is left to exit on its own.
+    fn reap_ended(&mut self) {
+        for pe in &mut self.pes {
+            if pe.exit.is_some() {
+                let _ = pe.child.try_wait();
+            }
+        }
     }
 
     /// Marks the groups of reaped PEs that have no process left (one /proc scan, only
@@ -452,8 +506,11 @@ impl Job {
         }
         let live = live_groups_in(Path::new("/proc"), &open);
         for pe in &mut self.pes {
-            if pe.exit.is_some() && !live.contains(&pe.pgid) {
+            if pe.exit.is_some() && !pe.group_gone && !live.contains(&pe.pgid) {
+                // No process is left to join the group again: it is never signalled from
+                // now on, so its leader's zombie may go.
                 pe.group_gone = true;
+                let _ = pe.child.try_wait();
             }
         }
     }
@@ -463,13 +520,17 @@ impl Job {
     }
 
     fn signal_all(&self, sig: libc::c_int) {
-        // A reaped PE's group is signalled only while processes of it remain (what it
-        // left behind): with none left its id may have been reused by an unrelated
-        // process group since. `reap` (earlier in the same supervisor round) marked the
-        // groups found empty.
+        // A PE is reaped only once its group was found empty (see `reap`), so the id of
+        // every group not known to be gone is still reserved by its leader, running or a
+        // zombie. A PE still running is also signalled itself, in case it left its group.
         for pe in &self.pes {
-            if pe.exit.is_none() || !pe.group_gone {
+            if !pe.group_gone {
                 signal_group(pe.pgid, sig);
+            }
+            if pe.exit.is_none() && pe.pgid > 1 {
+                // SAFETY: kill has no memory-safety preconditions; `pgid` is the pid of a
+                // PE that has not been reaped, so it names that PE.
+                unsafe { libc::kill(pe.pgid, sig) };
             }
         }
     }
@@ -527,6 +588,8 @@ impl Job {
         // Some(deadline for SIGKILL) once the job is being stopped.
         let mut stopping: Option<Instant> = None;
         let mut killed = false;
+        // When SIGKILL was sent, for the bound on waiting after it.
+        let mut killed_at: Option<Instant> = None;
         let mut signals_seen = 0;
 
         loop {
@@ -580,11 +643,18 @@ impl Job {
                         self.signal_all(libc::SIGTERM);
                         stopping = Some(Instant::now() + STOP_GRACE);
                     } else if !killed {
+                        // A signal counts for the exit status also while only what a
+                        // successful job left behind is being stopped (before
+                        // 2026-12-07 such a job exited 0).
+                        let leftovers = first_failure.is_none() && interrupted_by.is_none();
+                        if leftovers {
+                            interrupted_by = sig;
+                        }
                         say(format_args!(
                             "rshmem run: interrupted {}, sending SIGKILL",
                             // Stopping for neither a failure nor a signal: only the
                             // leftovers of a job that succeeded are being stopped.
-                            if first_failure.is_none() && interrupted_by.is_none() {
+                            if leftovers {
                                 "while stopping what the PEs left behind"
                             } else {
                                 "again"
@@ -592,6 +662,7 @@ impl Job {
                         ));
                         self.signal_all(libc::SIGKILL);
                         killed = true;
+                        killed_at = Some(Instant::now());
                     }
                 }
             }
@@ -637,9 +708,31 @@ impl Job {
                         }
                         self.signal_all(libc::SIGKILL);
                         killed = true;
+                        killed_at = Some(Instant::now());
                     }
                     // Wait for the PEs' own children too, until the deadline.
                     if all_reaped && (killed || !self.any_group_alive()) {
+                        break;
+                    }
+                    // A PE that outlives SIGKILL (stuck in the kernel) is named and given
+                    // up on: its exit is unknown, so the job fails (before 2026-12-07 the
+                    // launcher waited for it without end).
+                    if killed_at.is_some_and(|t| t.elapsed() >= KILL_WAIT) {
+                        let alive: Vec<usize> = (0..self.pes.len())
+                            .filter(|&r| self.pes[r].exit.is_none())
+                            .collect();
+                        say(format_args!(
+                            "rshmem run: PE{} {alive:?} still not ended {} s after SIGKILL; \
+                             giving up on {}",
+                            if alive.len() == 1 { "" } else { "s" },
+                            KILL_WAIT.as_secs(),
+                            if alive.len() == 1 { "it" } else { "them" }
+                        ));
+                        if first_failure.is_none() && interrupted_by.is_none() {
+                            if let Some(&r) = alive.first() {
+                                first_failure = Some((r, PeExit::Unknown));
+                            }
+                        }
                         break;
                     }
                 }
@@ -647,6 +740,7 @@ impl Job {
         }
 
         self.output.drain(DRAIN_TIMEOUT);
+        self.reap_ended();
         Report {
             pe_exits: self
                 .pes
