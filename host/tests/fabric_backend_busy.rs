@@ -365,3 +365,111 @@ fn a_slow_peer_that_progresses_is_not_timed_out() {
     );
     assert_eq!(la.to_vec(0, 8 * n).unwrap(), words[..8 * n]);
 }
+
+/// Two busy peers (B and D: progressed in bursts 0.9 s apart, four shares of READs queued
+/// each) fill every slot between them; a third, healthy peer C then posts READs with
+/// nothing in flight. While posts wait, the slots are shared by the three active peers, so
+/// the slots B and D free at their bursts reach C, and C's reads complete. Before, a
+/// freed slot went to whichever peer was retried first (hash order, fixed for a run): in
+/// about a third of the runs B and D took them all, and C's reads failed with
+/// TRANSPORT_RETRY_EXC after the timeout. The share itself is checked exactly.
+#[test]
+fn busy_peers_share_the_slots_with_a_peer_that_waits() {
+    let (fabric, mut a) = fabric_lo::backend_on_lo(TIMEOUT);
+    let la = a.domain().alloc(4 * MIB).expect("register a's buffer");
+    a.regions().lock().unwrap().push(la.clone());
+    let slots = 2 * a.peer_cap();
+    let mut ends = Vec::new();
+    let mut peers = Vec::new();
+    for (i, rkey) in [(0usize, 7u32), (1, 8), (2, 9)] {
+        let d = fabric.domain().expect("domain");
+        let mut e = Endpoint::new(&d).expect("endpoint");
+        let m = d.alloc(MIB).expect("register");
+        let to = a.insert_peer(e.name()).expect("a knows it");
+        e.insert_peer(&a.name()).expect("it knows a");
+        peers.push(peer(to, &m, rkey));
+        ends.push((i, e, m));
+    }
+    let (_, mut c, _mc) = ends.pop().unwrap();
+    let (_, mut d, _md) = ends.pop().unwrap();
+    let (_, mut b, _mb) = ends.pop().unwrap();
+    let (pb, pd, pc) = (peers[0], peers[1], peers[2]);
+    connect_by_hand(&mut a, &mut b, &la, &pb);
+    connect_by_hand(&mut a, &mut d, &la, &pd);
+    let cap = a.peer_cap();
+    let read = |a: &mut FabricBackend, p: &FabricPeer, token: u64, slot: usize| {
+        let dst = [LocalBuf {
+            // SAFETY: inside a's 4 MiB region (8 * slot bytes, slot < 3 * 4 * 1024).
+            ptr: unsafe { la.as_ptr().add(8 * slot) },
+            len: 8,
+        }];
+        let op = Op::Read {
+            raddr: p.vbase + 8 * (slot as u64 % 1024),
+            rkey: p.rkey,
+            len: 8,
+            dst: &dst,
+        };
+        assert!(a.execute(p, &mut (), token, &op).is_none());
+    };
+    let n = 4 * cap;
+    for k in 0..n {
+        read(&mut a, &pb, k as u64, k);
+        read(&mut a, &pd, (n + k) as u64, n + k);
+    }
+    assert_eq!(
+        a.in_flight() - a.waiting(),
+        slots,
+        "B and D hold every slot (posted, not queued)"
+    );
+    const C0: u64 = 1 << 40;
+    const NC: usize = 40;
+    for k in 0..NC {
+        read(&mut a, &pc, C0 + k as u64, 2 * n + k);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let c_thread = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        while !st.load(Ordering::Relaxed) {
+            out.clear();
+            c.poll_into(&mut out).expect("poll c");
+        }
+    });
+    let st = stop.clone();
+    let bursts = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        while !st.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(900));
+            for e in [&mut b, &mut d] {
+                let burst = Instant::now();
+                while burst.elapsed() < Duration::from_millis(2) {
+                    out.clear();
+                    e.poll_into(&mut out).expect("poll b/d");
+                }
+            }
+        }
+    });
+    let mut got: BTreeMap<u64, Result<(), Syndrome>> = BTreeMap::new();
+    let t = Instant::now();
+    let mut shared = 0;
+    let c_done = |g: &BTreeMap<u64, Result<(), Syndrome>>| g.range(C0..).count();
+    while c_done(&got) < NC && t.elapsed() < 5 * TIMEOUT {
+        a.poll(&mut |t, s| assert!(got.insert(t, s).is_none(), "token {t} reported twice"));
+        if a.waiting() > 0 {
+            shared = shared.max(usize::from(a.peer_cap() == slots / 3));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    c_thread.join().unwrap();
+    bursts.join().unwrap();
+    assert_eq!(shared, 1, "the share while three peers were active");
+    let c_results: Vec<_> = got.range(C0..).map(|(_, s)| *s).collect();
+    assert_eq!(
+        c_results,
+        vec![Ok(()); NC],
+        "C's reads after {:?} ({} of B's and D's done)",
+        t.elapsed(),
+        got.range(..C0).count()
+    );
+}

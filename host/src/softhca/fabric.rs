@@ -238,7 +238,8 @@ pub struct FabricBackend {
     peers: HashMap<u64, PeerQueue>,
     /// Posts waiting, over all peers.
     waiting_n: usize,
-    /// Most posts one peer may have in flight (half the endpoint's slots).
+    /// Most posts one peer may have in flight now: half the endpoint's slots, or while
+    /// posts wait, the slots shared by the active peers (see `drain`).
     peer_cap: usize,
     /// The address at which this endpoint reaches itself (PEs that are threads of this
     /// process), once inserted.
@@ -411,7 +412,8 @@ impl FabricBackend {
         self.waiting_n
     }
 
-    /// Most posts one peer may have in flight (half the endpoint's slots).
+    /// Most posts one peer may have in flight now (half the endpoint's slots; less while
+    /// posts wait and more than two peers are active).
     pub fn peer_cap(&self) -> usize {
         self.peer_cap
     }
@@ -739,9 +741,23 @@ impl FabricBackend {
     /// Retries the waiting posts, per peer in order, until one finds its peer busy. A post
     /// that waited the whole fabric timeout fails with every post behind it to that peer.
     fn drain(&mut self, done: &mut dyn FnMut(u64, std::result::Result<(), Syndrome>)) {
+        let slots = self.ep.slots();
         if self.waiting_n == 0 {
+            self.peer_cap = (slots / 2).max(1);
             return;
         }
+        // While posts wait, the slots are shared by the peers with posts in flight or
+        // waiting (at most half each): a peer above its share posts nothing until it is
+        // below it, so slots that busy peers free reach a peer that waits with nothing in
+        // flight. (Before 2026-12-07 two busy peers could keep all the slots between them,
+        // whichever retried first taking each freed one, and a third peer's posts waited
+        // out the fabric timeout and failed.)
+        let active = self
+            .peers
+            .values()
+            .filter(|q| q.inflight > 0 || !q.waiting.is_empty())
+            .count();
+        self.peer_cap = (slots / active.max(2)).max(1);
         let timeout = self.ep.domain().fabric().timeout();
         let keys: Vec<u64> = self
             .peers
@@ -855,6 +871,11 @@ impl FabricBackend {
                             }
                         };
                         if let Err(e) = region.write(offset, b) {
+                            // The slot goes back (the range is always inside it, so this
+                            // does not happen; kept so a failure cannot leak a slot).
+                            if let Bounce::Slot(s) = bounce {
+                                self.bounce_free.push(s);
+                            }
                             return Some(Err(post_syndrome(&e)));
                         }
                         let i = self.new_op(token, key, 1, bounce);
