@@ -22,9 +22,11 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// How long output is still relayed after the last PE exited (pipes held open by
 /// processes a PE left behind).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long supervision waits for PEs after SIGKILL before it gives up on them (a process
-/// in uninterruptible sleep, e.g. in a GPU driver, ignores SIGKILL until it wakes).
-const KILL_WAIT: Duration = Duration::from_secs(10);
+/// After SIGKILL: when supervision names the PEs still alive (a process in uninterruptible
+/// sleep, e.g. in a GPU driver, ignores SIGKILL until it wakes; a large GPU context can
+/// take seconds to tear down), and when it gives up on them.
+const KILL_NOTE: Duration = Duration::from_secs(10);
+const KILL_WAIT: Duration = Duration::from_secs(60);
 
 /// How a PE process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -404,7 +406,8 @@ impl Job {
             unsafe {
                 cmd.pre_exec(move || {
                     // The PE dies with the launcher (with the thread that forked it, to be
-                    // exact: `launch` blocks on that thread until every PE is reaped).
+                    // exact: `launch` blocks on that thread until every PE has ended, or
+                    // gives up on it KILL_WAIT after SIGKILL).
                     if libc::prctl(
                         libc::PR_SET_PDEATHSIG,
                         libc::SIGKILL as libc::c_ulong,
@@ -474,7 +477,13 @@ impl Job {
             match exited_unreaped(pe.pgid) {
                 Ok(Some(status)) => pe.exit = Some(PeExit::from_status(status)),
                 Ok(None) => continue,
-                Err(_) => pe.exit = Some(PeExit::Unknown),
+                Err(_) => {
+                    // Reaped by someone else (SIGCHLD ignored, a waitpid(-1) in the
+                    // caller): its ids may be reused already, so its group is never
+                    // signalled again.
+                    pe.exit = Some(PeExit::Unknown);
+                    pe.group_gone = true;
+                }
             }
             reaped.push(rank);
         }
@@ -483,11 +492,19 @@ impl Job {
     }
 
     /// Reaps every PE that ended (their zombies, kept by [`Job::reap`]); a PE still
-    /// running (given up on after SIGKILL) is left to exit on its own.
+    /// running (given up on after SIGKILL) is reaped by a detached thread when it ends, so
+    /// no zombie outlives it in a long-lived caller of `launch`.
     fn reap_ended(&mut self) {
         for pe in &mut self.pes {
             if pe.exit.is_some() {
                 let _ = pe.child.try_wait();
+            } else {
+                let pid = pe.pgid;
+                std::thread::spawn(move || {
+                    // SAFETY: waitpid on our own child, not reaped yet; a null status
+                    // pointer is allowed.
+                    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+                });
             }
         }
     }
@@ -527,9 +544,10 @@ impl Job {
             if !pe.group_gone {
                 signal_group(pe.pgid, sig);
             }
-            if pe.exit.is_none() && pe.pgid > 1 {
-                // SAFETY: kill has no memory-safety preconditions; `pgid` is the pid of a
-                // PE that has not been reaped, so it names that PE.
+            // SAFETY (both calls): no memory-safety preconditions; `pgid` is the pid of a
+            // PE that has not been reaped, so it names that PE. Signalled by pid only when
+            // it left its group, so it does not get the signal twice.
+            if pe.exit.is_none() && pe.pgid > 1 && unsafe { libc::getpgid(pe.pgid) } != pe.pgid {
                 unsafe { libc::kill(pe.pgid, sig) };
             }
         }
@@ -576,7 +594,9 @@ impl Job {
 
     /// Relays output and waits for every PE, stopping the job on the first failure or on
     /// a signal (when `signals` is given). `first_death` returns the first PE the bootstrap
-    /// root saw die, if any (see [`blame`]). Returns once every PE is reaped.
+    /// root saw die, if any (see [`blame`]). Returns once every PE has ended, or
+    /// [`KILL_WAIT`] after SIGKILL (a PE still alive then is reaped by a thread of its own
+    /// whenever it ends).
     pub(super) fn supervise(
         mut self,
         signals: Option<&SignalGuard>,
@@ -588,8 +608,10 @@ impl Job {
         // Some(deadline for SIGKILL) once the job is being stopped.
         let mut stopping: Option<Instant> = None;
         let mut killed = false;
-        // When SIGKILL was sent, for the bound on waiting after it.
+        // When SIGKILL was sent, for the bound on waiting after it; whether the PEs still
+        // alive then were named.
         let mut killed_at: Option<Instant> = None;
+        let mut noted = false;
         let mut signals_seen = 0;
 
         loop {
@@ -647,6 +669,7 @@ impl Job {
                         // successful job left behind is being stopped (before
                         // 2026-12-07 such a job exited 0).
                         let leftovers = first_failure.is_none() && interrupted_by.is_none();
+                        let again = interrupted_by.is_some();
                         if leftovers {
                             interrupted_by = sig;
                         }
@@ -656,8 +679,10 @@ impl Job {
                             // leftovers of a job that succeeded are being stopped.
                             if leftovers {
                                 "while stopping what the PEs left behind"
-                            } else {
+                            } else if again {
                                 "again"
+                            } else {
+                                "while stopping the PEs after the failure"
                             }
                         ));
                         self.signal_all(libc::SIGKILL);
@@ -717,17 +742,33 @@ impl Job {
                     // A PE that outlives SIGKILL (stuck in the kernel) is named and given
                     // up on: its exit is unknown, so the job fails (before 2026-12-07 the
                     // launcher waited for it without end).
-                    if killed_at.is_some_and(|t| t.elapsed() >= KILL_WAIT) {
+                    let since_kill = killed_at.map(|t| t.elapsed());
+                    let alive = || {
+                        let a: Vec<String> = (0..self.pes.len())
+                            .filter(|&r| self.pes[r].exit.is_none())
+                            .map(|r| r.to_string())
+                            .collect();
+                        format!("PE{} {}", if a.len() == 1 { "" } else { "s" }, a.join(", "))
+                    };
+                    if !noted && since_kill.is_some_and(|t| t >= KILL_NOTE) {
+                        noted = true;
+                        say(format_args!(
+                            "rshmem run: {} still not ended {} s after SIGKILL; waiting up to \
+                             {} s",
+                            alive(),
+                            KILL_NOTE.as_secs(),
+                            KILL_WAIT.as_secs()
+                        ));
+                    }
+                    if since_kill.is_some_and(|t| t >= KILL_WAIT) {
+                        say(format_args!(
+                            "rshmem run: {} still not ended {} s after SIGKILL; giving up",
+                            alive(),
+                            KILL_WAIT.as_secs()
+                        ));
                         let alive: Vec<usize> = (0..self.pes.len())
                             .filter(|&r| self.pes[r].exit.is_none())
                             .collect();
-                        say(format_args!(
-                            "rshmem run: PE{} {alive:?} still not ended {} s after SIGKILL; \
-                             giving up on {}",
-                            if alive.len() == 1 { "" } else { "s" },
-                            KILL_WAIT.as_secs(),
-                            if alive.len() == 1 { "it" } else { "them" }
-                        ));
                         if first_failure.is_none() && interrupted_by.is_none() {
                             if let Some(&r) = alive.first() {
                                 first_failure = Some((r, PeExit::Unknown));

@@ -45,7 +45,8 @@ extern "C" fn record_signal(sig: libc::c_int) {
     }
     // Only lock-free atomic operations: async-signal-safe.
     LAST_SIGNAL.store(sig, Ordering::Relaxed);
-    SIGNAL_COUNT.fetch_add(1, Ordering::Relaxed);
+    // Release: a reader that sees this count sees the signal stored above.
+    SIGNAL_COUNT.fetch_add(1, Ordering::Release);
 }
 
 /// Handlers for the [`CAUGHT`] signals installed for the life of the guard; the previous
@@ -109,8 +110,12 @@ impl SignalGuard {
 
     /// The last signal received and how many arrived so far.
     pub(super) fn received(&self) -> (Option<i32>, usize) {
+        // The count first (Acquire, pairs with the handler's Release): a signal counted
+        // here has its number stored, so a new count never comes with no signal (before
+        // 2026-12-07 the signal was read first, and one landing between the two loads
+        // gave a new count with the old signal, or none).
+        let count = SIGNAL_COUNT.load(Ordering::Acquire);
         let sig = LAST_SIGNAL.load(Ordering::Relaxed);
-        let count = SIGNAL_COUNT.load(Ordering::Relaxed);
         ((sig != 0).then_some(sig), count)
     }
 }
