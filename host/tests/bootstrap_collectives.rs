@@ -347,6 +347,48 @@ fn a_call_refused_on_one_pe_only_leaves_the_group_in_step() {
     drop(root);
 }
 
+/// The reply to a call that timed out comes later (the other member made the call after
+/// all) and is dropped, not held until the PE leaves (before 2026-12-07 each such reply
+/// stayed in the PE's inbox, up to a frame's 64 MiB).
+#[test]
+fn a_late_reply_to_a_call_that_timed_out_is_not_kept() {
+    let n = 2;
+    let root = Root::bind("127.0.0.1:0", n, TOKEN).expect("bind root");
+    let addr = root.local_addr().to_string();
+    let both = Arc::new(std::sync::Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let mut p = params(&addr, rank, n);
+            p.timeout = Duration::from_secs(1);
+            let both = both.clone();
+            thread::spawn(move || {
+                let b = Bootstrap::join(&p).expect("join");
+                let world = Group::world(n);
+                if rank == 1 {
+                    let e = b.allgather(&world, b"early").unwrap_err();
+                    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+                }
+                both.wait();
+                if rank == 0 {
+                    // Pairs with PE 1's call #0, which PE 1 gave up on.
+                    assert_eq!(
+                        b.allgather(&world, b"late").unwrap(),
+                        vec![b"late".to_vec(), b"early".to_vec()]
+                    );
+                }
+                // The replies come in order: once this one is here, the late one came.
+                b.barrier(&world).expect("barrier");
+                assert_eq!(b.held_replies(), 0, "PE {rank}");
+                b.finalize().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("PE thread");
+    }
+    drop(root);
+}
+
 /// A port that is free now and outside the kernel's ephemeral range, so that neither
 /// another test's `bind(:0)` nor an outgoing connection's source port takes it between
 /// its release and the root's bind (a released ephemeral port did get taken in CI:

@@ -8,7 +8,7 @@
 use super::wire::{self, CollectiveOp, Contribution, FailKind, Frame, Hello, ReadError, MAX_FRAME};
 use super::{lock, socket, Group, Liveness};
 use crate::error::{Error, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Condvar, Mutex};
@@ -67,6 +67,9 @@ struct ClientShared {
 #[derive(Default)]
 struct Inbox {
     replies: HashMap<(u64, u64), Reply>,
+    /// Calls that returned before their reply came (a timeout, a death): the reply is
+    /// dropped when it comes instead of being kept until the PE leaves.
+    abandoned: HashSet<(u64, u64)>,
     finalize_acked: bool,
     /// The reader thread has stopped (connection closed).
     closed: bool,
@@ -225,6 +228,12 @@ impl Bootstrap {
             data,
             timeout,
         )
+    }
+
+    /// Replies held for calls not yet collected (diagnostics and tests): a reply to a call
+    /// that already returned (it timed out) is dropped when it comes, not held.
+    pub fn held_replies(&self) -> usize {
+        lock(&self.shared.inbox).replies.len()
     }
 
     /// Returns once every member of `g` has called `barrier(g)`.
@@ -390,7 +399,14 @@ impl Bootstrap {
         });
         let sent = {
             let mut w = lock(&self.writer);
-            wire::write_frame(&mut *w, &frame)
+            let r = wire::write_frame(&mut *w, &frame);
+            if r.is_err() {
+                // Part of the frame may be on the connection: nothing written after it
+                // could be read as a frame, so the connection ends here (the root then
+                // sees this PE leave) rather than carrying a broken stream on.
+                let _ = w.shutdown(Shutdown::Both);
+            }
+            r
         };
         if let Err(e) = sent {
             // A broken connection usually means a death the reader is about to report.
@@ -440,7 +456,10 @@ impl Bootstrap {
                     )),
                 };
             }
-            self.shared.liveness.check_strict()?;
+            if let Err(e) = self.shared.liveness.check_strict() {
+                inbox.abandoned.insert((g.uid, seq));
+                return Err(e);
+            }
             if inbox.closed {
                 return Err(Error::PeerDied {
                     pe: 0,
@@ -449,6 +468,7 @@ impl Bootstrap {
             }
             let left = remaining(deadline);
             if left.is_zero() {
+                inbox.abandoned.insert((g.uid, seq));
                 return Err(Error::Timeout {
                     pe: self.rank,
                     what: format!(
@@ -618,7 +638,9 @@ fn read_loop(sh: &ClientShared, mut stream: TcpStream, root_addr: &str) {
         let mut inbox = lock(&sh.inbox);
         match frame {
             Ok(Frame::CollectiveDone { uid, seq, payloads }) => {
-                inbox.replies.insert((uid, seq), Reply::Done(payloads));
+                if !inbox.abandoned.remove(&(uid, seq)) {
+                    inbox.replies.insert((uid, seq), Reply::Done(payloads));
+                }
             }
             Ok(Frame::CollectiveFailed {
                 uid,
@@ -626,9 +648,11 @@ fn read_loop(sh: &ClientShared, mut stream: TcpStream, root_addr: &str) {
                 kind,
                 reason,
             }) => {
-                inbox
-                    .replies
-                    .insert((uid, seq), Reply::Failed(kind, reason));
+                if !inbox.abandoned.remove(&(uid, seq)) {
+                    inbox
+                        .replies
+                        .insert((uid, seq), Reply::Failed(kind, reason));
+                }
             }
             Ok(Frame::PeerDied { rank, detail }) => {
                 // Reported while holding the inbox lock: a waiter checks liveness under
