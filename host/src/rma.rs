@@ -23,8 +23,8 @@
 //! # Memory ordering
 //! - Synchronisation words (signals, atomics, waited-on variables) are only ever accessed
 //!   with atomic instructions.
-//! - `put`/`put_nbi` of 4 or 8 aligned bytes (or more, when the last 8 bytes are 8-aligned)
-//!   write the final word last, with a Release store, so a PE polling that word with
+//! - `put`/`put_nbi` of 4 or more bytes whose last 8 (or else last 4) bytes are a naturally
+//!   aligned word write that word last, with a Release store, so a PE polling that word with
 //!   `wait_until` (Acquire) sees the whole put. This is a property of the p2p transport,
 //!   not an OpenSHMEM guarantee: portable code uses `put_signal` or `fence` + a flag.
 //! - `put_signal` writes the data, then updates the signal with Release; a
@@ -1069,8 +1069,8 @@ fn check_len(op: &'static str, n: usize, room: usize) -> Result<()> {
     Ok(())
 }
 
-/// Copies `n` bytes and, when the last 8 (or, for a 4-byte put, 4) destination bytes are
-/// naturally aligned, writes them last with a Release store.
+/// Copies `n` bytes and, when the last 8 destination bytes are naturally aligned (else the
+/// last 4), writes them last with a Release store.
 ///
 /// # Safety
 /// `dst` must be valid for `n` bytes of writes, `src` for `n` bytes of reads.
@@ -1089,10 +1089,18 @@ pub(crate) unsafe fn copy_last_word_release(dst: *mut u8, src: *const u8, n: usi
             }
             // Release: the bytes copied above are visible to whoever acquires this word.
             AtomicU64::from_ptr(dst.add(n - 8).cast()).store(last, Ordering::Release);
-        } else if n == 4 && (dst as usize) % 4 == 0 {
-            let v = std::ptr::read_unaligned(src.cast::<u32>());
-            // Release: orders this PE's earlier stores before the word.
-            AtomicU32::from_ptr(dst.cast()).store(v, Ordering::Release);
+        } else if n >= 4 && (dst as usize + n) % 4 == 0 {
+            // The last 4 bytes are a naturally aligned u32 (a put of u32s that ends on a
+            // 4- but not 8-aligned address, or a single u32): written last, as above.
+            // Before 2026-12-07 only a single u32 was, and a longer put of u32s ending
+            // there was a plain copy with the fence after it.
+            let last = std::ptr::read_unaligned(src.add(n - 4).cast::<u32>());
+            if n > 4 {
+                copy_bytes(src, dst, n - 4);
+            }
+            // Release: the bytes copied above (and this PE's earlier stores) are visible
+            // to whoever acquires this word.
+            AtomicU32::from_ptr(dst.add(n - 4).cast()).store(last, Ordering::Release);
         } else {
             copy_bytes(src, dst, n);
             // Release fence: later stores (e.g. a flag) are not seen before this copy.
@@ -1300,6 +1308,48 @@ mod tests {
                 })
                 .collect();
             assert_eq!(v, want, "shift {shift}");
+        }
+        // The u32 branch (the destination ends 4- but not 8-aligned): u32 elements, 5 of
+        // them, moved by 1 and 3 elements, overlapping.
+        for shift in [1usize, 3] {
+            let mut v: Vec<u32> = (0..10).collect();
+            let p = v.as_mut_ptr();
+            // SAFETY: both ranges are inside `v` (10 elements), read and written only
+            // through `p` here.
+            unsafe { copy_last_word_release(p.add(shift).cast(), p.cast_const().cast(), 20) };
+            let want: Vec<u32> = (0..10)
+                .map(|i| {
+                    if (shift..shift + 5).contains(&i) {
+                        (i - shift) as u32
+                    } else {
+                        i as u32
+                    }
+                })
+                .collect();
+            assert_eq!(v, want, "u32 shift {shift}");
+        }
+    }
+
+    /// Every byte lands, whichever branch the destination's end selects (8-aligned,
+    /// 4-aligned, neither), for every start alignment and length up to 39.
+    #[test]
+    fn the_release_copy_moves_every_byte_for_every_end() {
+        let src: Vec<u8> = (0..64u8).collect();
+        for start in 0..8usize {
+            for n in 0..40usize {
+                let mut dst = vec![0xeeu8; 64];
+                // SAFETY: dst[start..start + n] and src[..n] are in bounds (start + n < 64).
+                unsafe { copy_last_word_release(dst.as_mut_ptr().add(start), src.as_ptr(), n) };
+                assert_eq!(&dst[start..start + n], &src[..n], "start {start} n {n}");
+                assert!(
+                    dst[..start].iter().all(|&b| b == 0xee),
+                    "start {start} n {n}"
+                );
+                assert!(
+                    dst[start + n..].iter().all(|&b| b == 0xee),
+                    "start {start} n {n}"
+                );
+            }
         }
     }
 }
