@@ -389,6 +389,39 @@ fn a_late_reply_to_a_call_that_timed_out_is_not_kept() {
     drop(root);
 }
 
+/// An allgather whose result cannot fit a frame fails on every member as soon as the
+/// parts that came say so: PEs 0 and 1 (40 MiB each, more than the 64 MiB limit
+/// together) get the error before PE 2 makes the call, and PE 2 gets it on arrival.
+/// Before 2026-12-07 the root held every part until the last came, so PEs 0 and 1 waited
+/// for PE 2 (here: until their timeout).
+#[test]
+fn an_allgather_too_large_for_a_frame_fails_before_the_last_part() {
+    let n = 3;
+    let both = Arc::new(std::sync::Barrier::new(n));
+    let (_root, results) = run_job(n, move |b| {
+        let world = Group::world(n);
+        let rank = b.rank();
+        let big = vec![rank as u8; 40 << 20];
+        let r = if rank < 2 {
+            let r = b.allgather(&world, &big);
+            both.wait();
+            r
+        } else {
+            both.wait();
+            b.allgather(&world, &big)
+        };
+        b.finalize().unwrap();
+        r.map(|_| ()).map_err(|e| e.to_string())
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        let e = r.expect_err("too large");
+        assert!(
+            e.contains("more than the bootstrap's 67108864-byte frame limit"),
+            "PE {rank}: {e}"
+        );
+    }
+}
+
 /// A port that is free now and outside the kernel's ephemeral range, so that neither
 /// another test's `bind(:0)` nor an outgoing connection's source port takes it between
 /// its release and the root's bind (a released ephemeral port did get taken in CI:

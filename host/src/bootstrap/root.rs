@@ -147,8 +147,11 @@ struct Pending {
     first: u32,
     payloads: Vec<Option<Vec<u8>>>,
     arrived: usize,
-    /// Set on mismatch: the reason, and the ranks already told.
-    failed: Option<(String, HashSet<u32>)>,
+    /// Bytes an allgather's result holds so far (payloads and their length fields).
+    bytes: usize,
+    /// Set when the call failed for everyone (a mismatch, a result too large): how, the
+    /// reason, and the ranks already told. Its payloads are dropped then.
+    failed: Option<(FailKind, String, HashSet<u32>)>,
 }
 
 /// Where the root's log lines go instead of stderr (one line, newline included), when set:
@@ -690,12 +693,13 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
         first: rank,
         payloads: vec![None; c.members.len()],
         arrived: 0,
+        bytes: 0,
         failed: None,
     });
-    if let Some((reason, told)) = p.failed.as_mut() {
+    if let Some((kind, reason, told)) = p.failed.as_mut() {
         if told.insert(rank) {
-            let reason = reason.clone();
-            fail(&mut st, rank, &c, FailKind::Mismatch, reason);
+            let (kind, reason) = (*kind, reason.clone());
+            fail(&mut st, rank, &c, kind, reason);
         }
         return;
     }
@@ -711,7 +715,8 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
         );
         // Tell every PE named by either side, once; later arrivals are told on arrival.
         let told: HashSet<u32> = p.members.iter().chain(&c.members).copied().collect();
-        p.failed = Some((reason.clone(), told.clone()));
+        p.failed = Some((FailKind::Mismatch, reason.clone(), told.clone()));
+        p.payloads = Vec::new(); // never delivered: not held for the job's life
         let msg: Arc<[u8]> = Arc::from(
             Frame::CollectiveFailed {
                 uid: c.uid,
@@ -733,6 +738,36 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
             c.seq, c.uid
         );
         return fail(&mut st, rank, &c, FailKind::Invalid, reason);
+    }
+    if p.op == CollectiveOp::Allgather {
+        p.bytes += c.payload.len() + 4;
+        // The result's size is known to be too large as soon as the parts that came say
+        // so: the call fails for every member now, and the parts are dropped (before
+        // 2026-12-07 the root held every part until the last came, up to a frame per
+        // member, and only then failed the call).
+        if p.bytes + 32 > MAX_FRAME {
+            let reason = format!(
+                "the result would be more than {} bytes, more than the bootstrap's \
+                 {MAX_FRAME}-byte frame limit (move bulk data through the symmetric heap)",
+                p.bytes + 32
+            );
+            let told: HashSet<u32> = p.members.iter().copied().collect();
+            p.failed = Some((FailKind::Invalid, reason.clone(), told.clone()));
+            p.payloads = Vec::new();
+            let msg: Arc<[u8]> = Arc::from(
+                Frame::CollectiveFailed {
+                    uid: c.uid,
+                    seq: c.seq,
+                    kind: FailKind::Invalid,
+                    reason,
+                }
+                .encode(),
+            );
+            for r in told {
+                send(&mut st, r, msg.clone());
+            }
+            return;
+        }
     }
     p.payloads[pos] = Some(c.payload);
     p.arrived += 1;
