@@ -53,6 +53,11 @@ enum LocalSize {
 }
 
 /// Launcher variable sets in order of precedence: the first whose rank variable is set wins.
+/// PMI comes before Slurm: a PMI process manager (MPICH's or Intel MPI's `mpiexec`) run
+/// inside a Slurm allocation starts processes that inherit the batch script's
+/// `SLURM_PROCID` (0 on every one of them), and `PMI_RANK` is the one set for each
+/// process; under `srun --mpi=pmi2` both are set and agree. (Before 2026-12-07 Slurm came
+/// first, and every process of such a job took rank 0.)
 const LAUNCHERS: [LauncherVars; 5] = [
     LauncherVars {
         source: LaunchSource::Rshmem,
@@ -76,18 +81,18 @@ const LAUNCHERS: [LauncherVars; 5] = [
         local_size: LocalSize::Var("OMPI_COMM_WORLD_LOCAL_SIZE"),
     },
     LauncherVars {
-        source: LaunchSource::Slurm,
-        rank: "SLURM_PROCID",
-        size: "SLURM_NTASKS",
-        local_rank: Some("SLURM_LOCALID"),
-        local_size: LocalSize::NumberIfPlain("SLURM_NTASKS_PER_NODE"),
-    },
-    LauncherVars {
         source: LaunchSource::Pmi,
         rank: "PMI_RANK",
         size: "PMI_SIZE",
         local_rank: None,
         local_size: LocalSize::None,
+    },
+    LauncherVars {
+        source: LaunchSource::Slurm,
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: Some("SLURM_LOCALID"),
+        local_size: LocalSize::NumberIfPlain("SLURM_NTASKS_PER_NODE"),
     },
 ];
 
@@ -125,7 +130,7 @@ impl LaunchInfo {
 
     /// Same, with an injectable lookup (for tests).
     ///
-    /// The first launcher set (rshmem, torchrun, Open MPI, Slurm, PMI) whose rank variable
+    /// The first launcher set (rshmem, torchrun, Open MPI, PMI, Slurm) whose rank variable
     /// is set supplies rank, size, local rank and local size; the root address comes from
     /// `RSHMEM_MASTER_ADDR`/`RSHMEM_MASTER_PORT`, else `MASTER_ADDR`/`MASTER_PORT`, whatever
     /// the launcher. An empty address counts as unset.
@@ -930,6 +935,10 @@ mod tests {
         ])
         .unwrap()
         .unwrap();
+        assert_eq!((info.source, info.world_size), (LaunchSource::Pmi, 5));
+        let info = launch(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2")])
+            .unwrap()
+            .unwrap();
         assert_eq!((info.source, info.world_size), (LaunchSource::Slurm, 2));
         // A size variable alone does not make a set present.
         let info = launch(&[
