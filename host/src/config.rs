@@ -137,6 +137,33 @@ impl LaunchInfo {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>> {
         let Some((vars, rank_value)) = LAUNCHERS.iter().find_map(|l| get(l.rank).map(|v| (l, v)))
         else {
+            // rshmem's own job variables without a rank: a launcher rshmem does not know,
+            // or a script that forgot RSHMEM_RANK. Running alone would make N one-PE jobs
+            // that all succeed; refused instead (before 2026-12-07 they were ignored).
+            let blank = |v: &str| v.trim().is_empty();
+            for var in [
+                "RSHMEM_WORLD_SIZE",
+                "RSHMEM_MASTER_ADDR",
+                "RSHMEM_MASTER_PORT",
+                "RSHMEM_ROOT",
+            ] {
+                if let Some(v) = get(var).filter(|v| !blank(v)) {
+                    if var == "RSHMEM_WORLD_SIZE" && v.trim() == "1" {
+                        continue;
+                    }
+                    let ranks: Vec<&str> = LAUNCHERS.iter().map(|l| l.rank).collect();
+                    return Err(env_err(
+                        var,
+                        &v,
+                        format!(
+                            "is set, but no rank variable is ({}): this process would run \
+                             alone as a 1-PE job; set RSHMEM_RANK and RSHMEM_WORLD_SIZE for \
+                             every PE (or start the job with rshmem run), or unset {var}",
+                            ranks.join(", ")
+                        ),
+                    ));
+                }
+            }
             return Ok(None);
         };
         let rank = parse_count(vars.rank, &rank_value)?;
@@ -940,6 +967,25 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((info.source, info.world_size), (LaunchSource::Slurm, 2));
+        // rshmem's job variables without any rank variable are refused, naming the
+        // variable and the rank variables; RSHMEM_WORLD_SIZE=1 and blank ones are not.
+        for (var, value) in [
+            ("RSHMEM_WORLD_SIZE", "4"),
+            ("RSHMEM_MASTER_ADDR", "head"),
+            ("RSHMEM_MASTER_PORT", "29500"),
+            ("RSHMEM_ROOT", "external"),
+        ] {
+            let e = launch(&[(var, value)]).unwrap_err().to_string();
+            assert!(
+                e.contains(var)
+                    && e.contains(value)
+                    && e.contains("no rank variable is (RSHMEM_RANK, RANK, OMPI_COMM_WORLD_RANK")
+                    && e.contains("would run alone"),
+                "{e}"
+            );
+        }
+        assert!(launch(&[("RSHMEM_WORLD_SIZE", "1")]).unwrap().is_none());
+        assert!(launch(&[("RSHMEM_MASTER_ADDR", " ")]).unwrap().is_none());
         // A size variable alone does not make a set present.
         let info = launch(&[
             ("RSHMEM_WORLD_SIZE", "4"),
