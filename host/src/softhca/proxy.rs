@@ -317,6 +317,9 @@ pub(crate) struct Proxy {
     /// `rshmem doctor --queues` when the period is set.
     job_id: String,
     debug_queues: Option<Duration>,
+    /// Per peer: the death grace of its QP's error was waited out once (`err`). The error
+    /// is sticky, so later calls check for a death once instead of waiting again.
+    grace_spent: Box<[std::sync::atomic::AtomicBool]>,
 }
 
 /// The process-wide engine (started on demand, stopped when the last proxy PE goes).
@@ -460,6 +463,9 @@ impl Proxy {
             pd,
             peers,
             qps: (0..n).map(|_| OnceLock::new()).collect(),
+            grace_spent: (0..n)
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
             waker: hca.waker(),
             hca,
         })
@@ -551,9 +557,23 @@ impl Proxy {
             // echo of a death elsewhere in the job: `pe` exited because the bootstrap told
             // it that some PE died, and our bootstrap connection is about to say so too.
             // Name the death if the bootstrap reports one within DEATH_GRACE.
-            if [Syndrome::TransportRetryExc as u8, Syndrome::WrFlush as u8]
-                .contains(&first.syndrome)
-            {
+            let retry_like = [Syndrome::TransportRetryExc as u8, Syndrome::WrFlush as u8]
+                .contains(&first.syndrome);
+            // The wait only once per peer: the QP's error is sticky, and every later call
+            // on it reports it again (before 2026-12-07 each of them waited the grace
+            // again, so every operation to a peer whose connection broke took 2 s to
+            // fail); later calls check for a death once. Relaxed: a flag only; a second
+            // caller at the same moment just skips its wait.
+            let waited_before = retry_like
+                && self
+                    .grace_spent
+                    .get(pe)
+                    .is_none_or(|g| g.swap(true, std::sync::atomic::Ordering::Relaxed));
+            if waited_before {
+                if let Err(dead) = self.live.check() {
+                    return dead;
+                }
+            } else if retry_like {
                 let t0 = std::time::Instant::now();
                 loop {
                     if let Err(dead) = self.live.check() {
