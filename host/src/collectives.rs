@@ -679,10 +679,19 @@ impl Pe {
         root: usize,
     ) -> Result<()> {
         let is_root = team.my_pe() == root;
+        // A source shorter than nelems is refused by `Call::check` on every member alike
+        // once the arguments agree (they carry "source long enough"); the root does not
+        // take the snapshot then, so its readiness matches the others' (before 2026-12-07
+        // the root's snapshot failed, and every other member got a CollectiveMismatch
+        // about arguments that did not differ).
         let (data, ready) = self.snapshot(
             Coll::Broadcast,
             source,
-            if is_root { nelems } else { 0 },
+            if is_root && source.len() >= nelems {
+                nelems
+            } else {
+                0
+            },
             dest,
             nelems,
         );
@@ -703,7 +712,9 @@ impl Pe {
                 nelems,
                 ready,
                 |part| {
-                    if is_root {
+                    // A root whose source is short took no snapshot: the call is refused
+                    // alike on every member after the exchange (`Call::check`).
+                    if is_root && data.len() == part.len() {
                         part.copy_from_slice(&data);
                     }
                     Ok(())

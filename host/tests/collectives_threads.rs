@@ -351,9 +351,11 @@ fn a_collective_meeting_an_allocation_is_a_mismatch_on_every_member() {
     }
 }
 
-/// A member whose own part of a small call is wrong: a root whose source is too short gets
-/// its own error and the others a mismatch naming it; a dest too short on one member only
-/// is a mismatch on every member (the agreed "long enough" differs). Then in step again.
+/// A member whose own part of a small call is wrong: a source too short on the root only,
+/// or a dest too short on one member only, is a mismatch on every member naming it (the
+/// agreed "long enough" differs); a source too short on every member is refused on every
+/// member with the same clear error (before 2026-12-07 the root got that error and the
+/// others a mismatch about arguments that did not differ). Then in step again.
 #[test]
 fn a_small_call_with_one_bad_member_fails_on_every_member() {
     let n = 3;
@@ -367,6 +369,11 @@ fn a_small_call_with_one_bad_member_fails_on_every_member() {
             Err(Error::InvalidArgument(m)) => format!("own: {m}"),
             Err(Error::CollectiveMismatch { op, detail }) => format!("{op}: {detail}"),
             other => panic!("PE {me}: expected an error, got {other:?}"),
+        });
+        // Every member passes a source of 1 element for a broadcast of 2.
+        seen.push(match pe.broadcast(pe.world(), dst, src.slice(0..1), 2, 1) {
+            Err(Error::InvalidArgument(m)) => format!("own: {m}"),
+            other => panic!("PE {me}: expected InvalidArgument, got {other:?}"),
         });
         // Member 2's dest holds 1 element where the call needs 2.
         let d = if me == 2 { dst.slice(0..1) } else { dst };
@@ -382,27 +389,24 @@ fn a_small_call_with_one_bad_member_fails_on_every_member() {
         Ok(seen)
     });
     for (rank, seen) in out.into_iter().enumerate() {
-        if rank == 1 {
-            assert_eq!(
-                seen[0], "own: broadcast: source has 1 elements, the call needs 2",
-                "PE 1"
-            );
-        } else {
-            assert!(
-                seen[0].starts_with("broadcast: ")
-                    && seen[0].contains("PE 1: broadcast of type")
-                    && seen[0].contains("ready: false"),
-                "PE {rank}: {}",
-                seen[0]
-            );
-        }
         assert!(
-            seen[1].starts_with("fcollect: ")
-                && seen[1].contains("PE 2: fcollect of type")
-                && seen[1].contains("dest at 0x")
-                && seen[1].contains("(long enough: false)"),
+            seen[0].starts_with("broadcast: ")
+                && seen[0].contains("PE 1: broadcast of type")
+                && seen[0].contains("(long enough: false), ready: true"),
             "PE {rank}: {}",
-            seen[1]
+            seen[0]
+        );
+        assert_eq!(
+            seen[1], "own: broadcast: source has 1 elements, the call needs 2",
+            "PE {rank}"
+        );
+        assert!(
+            seen[2].starts_with("fcollect: ")
+                && seen[2].contains("PE 2: fcollect of type")
+                && seen[2].contains("dest at 0x")
+                && seen[2].contains("(long enough: false)"),
+            "PE {rank}: {}",
+            seen[2]
         );
     }
 }
