@@ -640,6 +640,11 @@ impl Pe {
                 return (Snapshot::Heap(p, n), Ok(()));
             }
         }
+        // The range is checked before the copy's buffer is allocated: a hand-made SymPtr
+        // of 2^40 elements failed the allocation (an abort) before the get could refuse it.
+        if let Err(e) = self.own_heap(s.offset(), s.bytes()) {
+            return (Snapshot::Copy(Vec::new()), Err(e));
+        }
         let mut data = zeroed::<T>(n);
         match self.get(&mut data, s, self.my_pe()) {
             Ok(()) => (Snapshot::Copy(data), Ok(())),

@@ -762,3 +762,24 @@ fn a_destroy_after_a_refused_barrier_waits_for_the_member_still_in_it() {
         assert_eq!(r.len(), p, "PE {p}: {r:?}");
     }
 }
+
+/// A hand-made source of 2^40 elements (far past the heap) is refused on every member
+/// before anything is allocated for it; the team stays usable. Before 2026-12-07 the copy
+/// of the source was allocated first (8 TiB), which aborted the process.
+#[test]
+fn a_source_far_past_the_heap_is_refused_before_any_allocation() {
+    let n = 2;
+    on_every_pe(n, |pe| {
+        let me = pe.my_pe();
+        let (src, dst) = (pe.calloc::<u64>(4)?, pe.calloc::<u64>(4 * n)?);
+        let huge = SymPtr::<u64>::from_raw(src.offset(), 1 << 40);
+        let r = pe.fcollect(pe.world(), dst, huge, 1 << 40);
+        assert!(r.is_err(), "PE {me}: {r:?}");
+        pe.put(src, &[me as u64 + 1; 4], me)?;
+        pe.fcollect(pe.world(), dst, src.slice(0..1), 1)?;
+        let mut got = vec![0u64; n];
+        pe.get(&mut got, dst.slice(0..n), me)?;
+        assert_eq!(got, (1..=n as u64).collect::<Vec<_>>(), "PE {me}");
+        Ok(())
+    });
+}
