@@ -450,7 +450,7 @@ impl Pe {
         let mut fabric_peers: Vec<Option<FabricPeer>> = (0..n).map(|_| None).collect();
         if any_fabric {
             let hca = hca.as_ref().expect("engine started");
-            let opened = install_fabric(hca, settings.fabric).and_then(|ctx| {
+            let opened = install_fabric(hca, settings.fabric, settings.timeout).and_then(|ctx| {
                 // SAFETY: the heap mapping lives in `peers` until the Pe drops, after
                 // `proxy` (field order), which holds this registration.
                 let mr = unsafe { ctx.domain.register(my_base, heap_size)? };

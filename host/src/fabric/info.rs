@@ -67,14 +67,22 @@ impl Default for FabricConfig {
 impl FabricConfig {
     /// [`PROVIDER_ENV`], [`DOMAIN_ENV`] and `RSHMEM_TIMEOUT_MS`.
     pub fn from_env() -> Result<Self> {
+        Ok(Self::from_env_with(
+            crate::config::Settings::from_env()?.timeout,
+        ))
+    }
+
+    /// [`PROVIDER_ENV`] and [`DOMAIN_ENV`], with the PE's own `timeout` (a PE started with
+    /// settings of its own keeps their timeout; before 2026-12-07 its fabric read
+    /// `RSHMEM_TIMEOUT_MS` again, and failed on a bad value in any other variable).
+    pub fn from_env_with(timeout: std::time::Duration) -> Self {
         let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let timeout = crate::config::Settings::from_env()?.timeout;
-        Ok(FabricConfig {
+        FabricConfig {
             provider: get(PROVIDER_ENV),
             domain: get(DOMAIN_ENV),
             timeout,
             ..FabricConfig::default()
-        })
+        }
     }
 }
 

@@ -339,8 +339,9 @@ impl FabricBackend {
     /// Opens the provider chosen by `RSHMEM_FABRIC_PROVIDER` (or the first that fits),
     /// a domain and one endpoint. Fails with `Error::LibraryMissing` (naming libfabric1)
     /// when libfabric is not installed.
-    pub fn open(switches: FabricSwitches) -> Result<FabricBackend> {
-        FabricBackend::open_on(&Fabric::open_from_env()?, switches)
+    pub fn open(switches: FabricSwitches, timeout: Duration) -> Result<FabricBackend> {
+        let cfg = crate::fabric::FabricConfig::from_env_with(timeout);
+        FabricBackend::open_on(&Fabric::open(&cfg)?, switches)
     }
 
     /// As [`FabricBackend::open`] on an opened fabric (its config chooses the provider and

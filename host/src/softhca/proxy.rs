@@ -147,10 +147,11 @@ pub(crate) struct FabricCtx {
 pub(crate) fn install_fabric(
     hca: &SoftHca<ProxyBackend>,
     switches: FabricSwitches,
+    timeout: Duration,
 ) -> Result<FabricCtx> {
     hca.with_backend(|b| {
         if b.fabric.is_none() {
-            b.fabric = Some(FabricBackend::open(switches)?);
+            b.fabric = Some(FabricBackend::open(switches, timeout)?);
         }
         let f = b.fabric.as_ref().expect("installed");
         Ok(FabricCtx {
