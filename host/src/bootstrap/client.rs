@@ -70,6 +70,9 @@ struct Inbox {
     /// Calls that returned before their reply came (a timeout, a death): the reply is
     /// dropped when it comes instead of being kept until the PE leaves.
     abandoned: HashSet<(u64, u64)>,
+    /// This PE closed the connection after a write to the root failed (why): the reader
+    /// reports that, not a lost root.
+    write_failed: Option<String>,
     finalize_acked: bool,
     /// The reader thread has stopped (connection closed).
     closed: bool,
@@ -377,10 +380,18 @@ impl Bootstrap {
         // no number, and that member's next call was paired with the others' refused one:
         // an allgather returned their stale data, and every later call was one off.)
         let seq = self.next_seq(g.uid);
-        self.check_group(op, g)?;
+        // A refused call is abandoned: a reply the root may still send it (a member's
+        // call failed early, or mismatched, and every member is told) is dropped.
+        let refused = |e: Error| {
+            lock(&self.shared.inbox).abandoned.insert((g.uid, seq));
+            Err(e)
+        };
+        if let Err(e) = self.check_group(op, g) {
+            return refused(e);
+        }
         let limit = MAX_FRAME.saturating_sub(64 + 4 * g.members.len());
         if data.len() > limit {
-            return Err(Error::InvalidArgument(format!(
+            return refused(Error::InvalidArgument(format!(
                 "{} of {} bytes on group {}: the bootstrap carries at most {limit} bytes per \
                  call (move bulk data through the symmetric heap)",
                 op.name(),
@@ -400,10 +411,16 @@ impl Bootstrap {
         let sent = {
             let mut w = lock(&self.writer);
             let r = wire::write_frame(&mut *w, &frame);
-            if r.is_err() {
+            if let Err(e) = &r {
                 // Part of the frame may be on the connection: nothing written after it
                 // could be read as a frame, so the connection ends here (the root then
-                // sees this PE leave) rather than carrying a broken stream on.
+                // sees this PE leave) rather than carrying a broken stream on. Noted
+                // first, so that the reader names this, not a lost root.
+                lock(&self.shared.inbox)
+                    .write_failed
+                    .get_or_insert_with(|| {
+                        format!("sending {} on group {}: {e}", op.name(), g.uid)
+                    });
                 let _ = w.shutdown(Shutdown::Both);
             }
             r
@@ -669,11 +686,18 @@ fn read_loop(sh: &ClientShared, mut stream: TcpStream, root_addr: &str) {
                         ReadError::Closed => "it closed the connection".to_string(),
                         other => other.to_string(),
                     };
-                    sh.liveness.report_root_lost(format!(
-                        "lost the bootstrap root at {root_addr}: {why} (the process \
+                    match inbox.write_failed.clone() {
+                        Some(w) => sh.liveness.report_root_lost(format!(
+                            "closed the connection to the bootstrap root at {root_addr} \
+                             after a write to it failed ({w}): the root stopped reading, \
+                             or the network failed"
+                        )),
+                        None => sh.liveness.report_root_lost(format!(
+                            "lost the bootstrap root at {root_addr}: {why} (the process \
                              hosting it, rank 0 or the launcher, exited or was killed, or \
                              the network failed)"
-                    ));
+                        )),
+                    };
                 }
                 drop(inbox);
                 sh.wake.notify_all();

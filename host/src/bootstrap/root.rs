@@ -152,6 +152,9 @@ struct Pending {
     /// Set when the call failed for everyone (a mismatch, a result too large): how, the
     /// reason, and the ranks already told. Its payloads are dropped then.
     failed: Option<(FailKind, String, HashSet<u32>)>,
+    /// The members whose call came (any version of it): once all have, a failed call's
+    /// entry goes.
+    came: HashSet<u32>,
 }
 
 /// Where the root's log lines go instead of stderr (one line, newline included), when set:
@@ -695,10 +698,16 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
         arrived: 0,
         bytes: 0,
         failed: None,
+        came: HashSet::new(),
     });
+    p.came.insert(rank);
     if let Some((kind, reason, told)) = p.failed.as_mut() {
-        if told.insert(rank) {
-            let (kind, reason) = (*kind, reason.clone());
+        let tell = told.insert(rank).then(|| (*kind, reason.clone()));
+        // Every member's call came: nothing will look the entry up again.
+        if p.members.iter().all(|m| p.came.contains(m)) {
+            st.pending.remove(&key);
+        }
+        if let Some((kind, reason)) = tell {
             fail(&mut st, rank, &c, kind, reason);
         }
         return;
@@ -717,6 +726,7 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
         let told: HashSet<u32> = p.members.iter().chain(&c.members).copied().collect();
         p.failed = Some((FailKind::Mismatch, reason.clone(), told.clone()));
         p.payloads = Vec::new(); // never delivered: not held for the job's life
+        let all_came = p.members.iter().all(|m| p.came.contains(m));
         let msg: Arc<[u8]> = Arc::from(
             Frame::CollectiveFailed {
                 uid: c.uid,
@@ -728,6 +738,9 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
         );
         for r in told {
             send(&mut st, r, msg.clone());
+        }
+        if all_came {
+            st.pending.remove(&key);
         }
         return;
     }
@@ -754,6 +767,7 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
             let told: HashSet<u32> = p.members.iter().copied().collect();
             p.failed = Some((FailKind::Invalid, reason.clone(), told.clone()));
             p.payloads = Vec::new();
+            let all_came = p.members.iter().all(|m| p.came.contains(m));
             let msg: Arc<[u8]> = Arc::from(
                 Frame::CollectiveFailed {
                     uid: c.uid,
@@ -765,6 +779,9 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
             );
             for r in told {
                 send(&mut st, r, msg.clone());
+            }
+            if all_came {
+                st.pending.remove(&key);
             }
             return;
         }
