@@ -318,9 +318,9 @@ pub(crate) struct Proxy {
     /// `rshmem doctor --queues` when the period is set.
     job_id: String,
     debug_queues: Option<Duration>,
-    /// Per peer: the death grace of its QP's error was waited out once (`err`). The error
-    /// is sticky, so later calls check for a death once instead of waiting again.
-    grace_spent: Box<[std::sync::atomic::AtomicBool]>,
+    /// Per peer: when the death grace of its QP's error began (`err`). The error is
+    /// sticky: every caller waits until the same end, so later calls do not wait again.
+    grace_began: Mutex<Vec<Option<std::time::Instant>>>,
 }
 
 /// The process-wide engine (started on demand, stopped when the last proxy PE goes).
@@ -464,9 +464,7 @@ impl Proxy {
             pd,
             peers,
             qps: (0..n).map(|_| OnceLock::new()).collect(),
-            grace_spent: (0..n)
-                .map(|_| std::sync::atomic::AtomicBool::new(false))
-                .collect(),
+            grace_began: Mutex::new(vec![None; n]),
             waker: hca.waker(),
             hca,
         })
@@ -560,27 +558,25 @@ impl Proxy {
             // Name the death if the bootstrap reports one within DEATH_GRACE.
             let retry_like = [Syndrome::TransportRetryExc as u8, Syndrome::WrFlush as u8]
                 .contains(&first.syndrome);
-            // The wait only once per peer: the QP's error is sticky, and every later call
-            // on it reports it again (before 2026-12-07 each of them waited the grace
-            // again, so every operation to a peer whose connection broke took 2 s to
-            // fail); later calls check for a death once. Relaxed: a flag only; a second
-            // caller at the same moment just skips its wait.
-            let waited_before = retry_like
-                && self
-                    .grace_spent
-                    .get(pe)
-                    .is_none_or(|g| g.swap(true, std::sync::atomic::Ordering::Relaxed));
-            if waited_before {
-                if let Err(dead) = self.live.check() {
-                    return dead;
-                }
-            } else if retry_like {
-                let t0 = std::time::Instant::now();
+            if retry_like {
+                // One grace per peer: the QP's error is sticky, and every later call on
+                // it reports it again; each waits until the end of the grace the first
+                // began (before 2026-12-07 each waited a grace of its own, so every
+                // operation to a peer whose connection broke took 2 s to fail). A second
+                // thread at the same moment waits as long as the first, so both name the
+                // death if it comes.
+                let began = {
+                    let mut g = self.grace_began.lock().unwrap_or_else(|e| e.into_inner());
+                    match g.get_mut(pe) {
+                        Some(b) => *b.get_or_insert_with(std::time::Instant::now),
+                        None => std::time::Instant::now(),
+                    }
+                };
                 loop {
                     if let Err(dead) = self.live.check() {
                         return dead;
                     }
-                    if t0.elapsed() >= DEATH_GRACE {
+                    if began.elapsed() >= DEATH_GRACE {
                         break;
                     }
                     std::thread::sleep(Duration::from_millis(1));
