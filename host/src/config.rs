@@ -148,7 +148,10 @@ impl LaunchInfo {
                 "RSHMEM_ROOT",
             ] {
                 if let Some(v) = get(var).filter(|v| !blank(v)) {
-                    if var == "RSHMEM_WORLD_SIZE" && v.trim() == "1" {
+                    // The values that say nothing about other PEs.
+                    if (var == "RSHMEM_WORLD_SIZE" && v.trim() == "1")
+                        || (var == "RSHMEM_ROOT" && v.trim() == "self")
+                    {
                         continue;
                     }
                     let ranks: Vec<&str> = LAUNCHERS.iter().map(|l| l.rank).collect();
@@ -985,6 +988,7 @@ mod tests {
             );
         }
         assert!(launch(&[("RSHMEM_WORLD_SIZE", "1")]).unwrap().is_none());
+        assert!(launch(&[("RSHMEM_ROOT", "self")]).unwrap().is_none());
         assert!(launch(&[("RSHMEM_MASTER_ADDR", " ")]).unwrap().is_none());
         // A size variable alone does not make a set present.
         let info = launch(&[
