@@ -26,13 +26,23 @@ where
     T: Send + 'static,
     F: Fn(Bootstrap) -> T + Send + Sync + 'static,
 {
+    run_job_within(n, TIMEOUT, f)
+}
+
+/// [`run_job`] with every PE's bootstrap timeout `timeout`.
+fn run_job_within<T, F>(n: usize, timeout: Duration, f: F) -> (Root, Vec<T>)
+where
+    T: Send + 'static,
+    F: Fn(Bootstrap) -> T + Send + Sync + 'static,
+{
     let root = Root::bind("127.0.0.1:0", n, TOKEN).expect("bind root");
     let addr = root.local_addr().to_string();
     let f = Arc::new(f);
     let handles: Vec<_> = (0..n)
         .map(|rank| {
             let f = f.clone();
-            let p = params(&addr, rank, n);
+            let mut p = params(&addr, rank, n);
+            p.timeout = timeout;
             thread::spawn(move || f(Bootstrap::join(&p).expect("join")))
         })
         .collect();
@@ -313,38 +323,24 @@ fn invalid_groups_are_rejected_locally() {
 #[test]
 fn a_call_refused_on_one_pe_only_leaves_the_group_in_step() {
     let n = 2;
-    let root = Root::bind("127.0.0.1:0", n, TOKEN).expect("bind root");
-    let addr = root.local_addr().to_string();
     let both = Arc::new(std::sync::Barrier::new(n));
-    let handles: Vec<_> = (0..n)
-        .map(|rank| {
-            let mut p = params(&addr, rank, n);
-            p.timeout = Duration::from_secs(1);
-            let both = both.clone();
-            thread::spawn(move || {
-                let b = Bootstrap::join(&p).expect("join");
-                let world = Group::world(n);
-                if rank == 0 {
-                    let big = vec![0u8; 64 << 20];
-                    let e = b.allgather(&world, &big).unwrap_err();
-                    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-                } else {
-                    let e = b.allgather(&world, b"stale").unwrap_err();
-                    assert!(matches!(e, Error::Timeout { .. }), "{e}");
-                }
-                // PE 1's first call has timed out before either makes the next.
-                both.wait();
-                let got = b.allgather(&world, format!("fresh{rank}").as_bytes());
-                let want = vec![b"fresh0".to_vec(), b"fresh1".to_vec()];
-                assert_eq!(got.expect("second allgather"), want, "PE {rank}");
-                b.finalize().unwrap();
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().expect("PE thread");
-    }
-    drop(root);
+    run_job_within(n, Duration::from_secs(1), move |b| {
+        let (rank, world) = (b.rank(), Group::world(n));
+        if rank == 0 {
+            let big = vec![0u8; 64 << 20];
+            let e = b.allgather(&world, &big).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        } else {
+            let e = b.allgather(&world, b"stale").unwrap_err();
+            assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        }
+        // PE 1's first call has timed out before either makes the next.
+        both.wait();
+        let got = b.allgather(&world, format!("fresh{rank}").as_bytes());
+        let want = vec![b"fresh0".to_vec(), b"fresh1".to_vec()];
+        assert_eq!(got.expect("second allgather"), want, "PE {rank}");
+        b.finalize().unwrap();
+    });
 }
 
 /// The reply to a call that timed out comes later (the other member made the call after
@@ -353,40 +349,26 @@ fn a_call_refused_on_one_pe_only_leaves_the_group_in_step() {
 #[test]
 fn a_late_reply_to_a_call_that_timed_out_is_not_kept() {
     let n = 2;
-    let root = Root::bind("127.0.0.1:0", n, TOKEN).expect("bind root");
-    let addr = root.local_addr().to_string();
     let both = Arc::new(std::sync::Barrier::new(n));
-    let handles: Vec<_> = (0..n)
-        .map(|rank| {
-            let mut p = params(&addr, rank, n);
-            p.timeout = Duration::from_secs(1);
-            let both = both.clone();
-            thread::spawn(move || {
-                let b = Bootstrap::join(&p).expect("join");
-                let world = Group::world(n);
-                if rank == 1 {
-                    let e = b.allgather(&world, b"early").unwrap_err();
-                    assert!(matches!(e, Error::Timeout { .. }), "{e}");
-                }
-                both.wait();
-                if rank == 0 {
-                    // Pairs with PE 1's call #0, which PE 1 gave up on.
-                    assert_eq!(
-                        b.allgather(&world, b"late").unwrap(),
-                        vec![b"late".to_vec(), b"early".to_vec()]
-                    );
-                }
-                // The replies come in order: once this one is here, the late one came.
-                b.barrier(&world).expect("barrier");
-                assert_eq!(b.held_replies(), 0, "PE {rank}");
-                b.finalize().unwrap();
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().expect("PE thread");
-    }
-    drop(root);
+    run_job_within(n, Duration::from_secs(1), move |b| {
+        let (rank, world) = (b.rank(), Group::world(n));
+        if rank == 1 {
+            let e = b.allgather(&world, b"early").unwrap_err();
+            assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        }
+        both.wait();
+        if rank == 0 {
+            // Pairs with PE 1's call #0, which PE 1 gave up on.
+            assert_eq!(
+                b.allgather(&world, b"late").unwrap(),
+                vec![b"late".to_vec(), b"early".to_vec()]
+            );
+        }
+        // The replies come in order: once this one is here, the late one came.
+        b.barrier(&world).expect("barrier");
+        assert_eq!(b.held_replies(), 0, "PE {rank}");
+        b.finalize().unwrap();
+    });
 }
 
 /// An allgather whose result cannot fit a frame fails on every member as soon as the

@@ -393,24 +393,17 @@ fn processes_left_behind_by_successful_pes_are_stopped() {
     }
 }
 
-/// Starts a 2-PE job of shells that each wait for a background sleeper, waits until both
-/// report their pids, sends `sig` to the launcher, and checks the exit code and that the
-/// PEs and their children are gone.
-fn interrupt_with(sig: i32, expected_code: i32) {
-    let started = Instant::now();
-    let mut cmd = rshmem(&[
-        "run",
-        "-n",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        "sleep 30 & echo pid=$$ bg=$!; wait",
-    ]);
+/// Spawns `cmd` (with the usual signal dispositions) and reads its stdout until `count`
+/// pids tagged `tag` have been printed; the receiver then yields the whole stdout once it
+/// ends. Panics (killing the launcher) if they do not come within 5 s.
+fn start_until(
+    mut cmd: Command,
+    tag: &'static str,
+    count: usize,
+) -> (std::process::Child, mpsc::Receiver<Option<Vec<u8>>>) {
     with_signals(&mut cmd, &[]);
     let mut child = cmd.spawn().expect("spawn rshmem");
     let mut stdout = child.stdout.take().expect("stdout piped");
-    // Read until both PEs have printed their pid.
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut seen = Vec::new();
@@ -421,7 +414,7 @@ fn interrupt_with(sig: i32, expected_code: i32) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => seen.extend_from_slice(&buf[..n]),
             }
-            if !reported && pids(&String::from_utf8_lossy(&seen), "pid=").len() == 2 {
+            if !reported && pids(&String::from_utf8_lossy(&seen), tag).len() == count {
                 let _ = tx.send(None);
                 reported = true;
             }
@@ -433,6 +426,24 @@ fn interrupt_with(sig: i32, expected_code: i32) {
         let _ = child.kill();
         panic!("PEs did not start: {first:?}");
     }
+    (child, rx)
+}
+
+/// Starts a 2-PE job of shells that each wait for a background sleeper, waits until both
+/// report their pids, sends `sig` to the launcher, and checks the exit code and that the
+/// PEs and their children are gone.
+fn interrupt_with(sig: i32, expected_code: i32) {
+    let started = Instant::now();
+    let cmd = rshmem(&[
+        "run",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "sleep 30 & echo pid=$$ bg=$!; wait",
+    ]);
+    let (child, rx) = start_until(cmd, "pid=", 2);
     // SAFETY: kill has no memory-safety preconditions; the pid is our live child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
     let (tx2, rx2) = mpsc::channel();
@@ -472,7 +483,7 @@ fn interrupt_with(sig: i32, expected_code: i32) {
 fn a_signal_while_stopping_leftovers_exits_128_plus_signal() {
     let started = Instant::now();
     // Each PE leaves a sleeper that ignores SIGTERM, so stopping it waits for SIGKILL.
-    let mut cmd = rshmem(&[
+    let cmd = rshmem(&[
         "run",
         "-n",
         "2",
@@ -481,31 +492,7 @@ fn a_signal_while_stopping_leftovers_exits_128_plus_signal() {
         "-c",
         "trap '' TERM; sleep 30 & echo bg=$!; exit 0",
     ]);
-    with_signals(&mut cmd, &[]);
-    let mut child = cmd.spawn().expect("spawn rshmem");
-    let mut stdout = child.stdout.take().expect("stdout piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 256];
-        let mut reported = false;
-        loop {
-            match stdout.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => seen.extend_from_slice(&buf[..n]),
-            }
-            if !reported && pids(&String::from_utf8_lossy(&seen), "bg=").len() == 2 {
-                let _ = tx.send(None);
-                reported = true;
-            }
-        }
-        let _ = tx.send(Some(seen));
-    });
-    let first = rx.recv_timeout(Duration::from_secs(5));
-    if !matches!(first, Ok(None)) {
-        let _ = child.kill();
-        panic!("PEs did not start: {first:?}");
-    }
+    let (child, rx) = start_until(cmd, "bg=", 2);
     // The PEs exit right after printing; the launcher then sends SIGTERM to what they left
     // and waits STOP_GRACE (2 s) before SIGKILL. Interrupt inside that window.
     std::thread::sleep(Duration::from_millis(600));

@@ -635,6 +635,39 @@ fn send(st: &mut HubState, rank: u32, msg: Arc<[u8]>) {
     }
 }
 
+/// Fails pending call `key` for every rank in `told` (each is sent the failure now; a
+/// later arrival of another rank is told on arrival): its parts are dropped (never
+/// delivered, not held for the job's life), and its entry goes once every member's call
+/// came.
+fn fail_everyone(
+    st: &mut HubState,
+    key: (u64, u64),
+    kind: FailKind,
+    reason: String,
+    told: HashSet<u32>,
+) {
+    let Some(p) = st.pending.get_mut(&key) else {
+        return;
+    };
+    p.failed = Some((kind, reason.clone(), told.clone()));
+    p.payloads = Vec::new();
+    if p.members.iter().all(|m| p.came.contains(m)) {
+        st.pending.remove(&key);
+    }
+    let msg: Arc<[u8]> = Arc::from(
+        Frame::CollectiveFailed {
+            uid: key.0,
+            seq: key.1,
+            kind,
+            reason,
+        }
+        .encode(),
+    );
+    for r in told {
+        send(st, r, msg.clone());
+    }
+}
+
 fn fail(st: &mut HubState, rank: u32, c: &Contribution, kind: FailKind, reason: String) {
     let msg = Frame::CollectiveFailed {
         uid: c.uid,
@@ -724,25 +757,7 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
         );
         // Tell every PE named by either side, once; later arrivals are told on arrival.
         let told: HashSet<u32> = p.members.iter().chain(&c.members).copied().collect();
-        p.failed = Some((FailKind::Mismatch, reason.clone(), told.clone()));
-        p.payloads = Vec::new(); // never delivered: not held for the job's life
-        let all_came = p.members.iter().all(|m| p.came.contains(m));
-        let msg: Arc<[u8]> = Arc::from(
-            Frame::CollectiveFailed {
-                uid: c.uid,
-                seq: c.seq,
-                kind: FailKind::Mismatch,
-                reason,
-            }
-            .encode(),
-        );
-        for r in told {
-            send(&mut st, r, msg.clone());
-        }
-        if all_came {
-            st.pending.remove(&key);
-        }
-        return;
+        return fail_everyone(&mut st, key, FailKind::Mismatch, reason, told);
     }
     let pos = c.members.iter().position(|&m| m == rank).unwrap_or(0);
     if p.payloads[pos].is_some() {
@@ -765,25 +780,7 @@ fn on_collective(hub: &Hub, rank: u32, c: Contribution) {
                 p.bytes + 32
             );
             let told: HashSet<u32> = p.members.iter().copied().collect();
-            p.failed = Some((FailKind::Invalid, reason.clone(), told.clone()));
-            p.payloads = Vec::new();
-            let all_came = p.members.iter().all(|m| p.came.contains(m));
-            let msg: Arc<[u8]> = Arc::from(
-                Frame::CollectiveFailed {
-                    uid: c.uid,
-                    seq: c.seq,
-                    kind: FailKind::Invalid,
-                    reason,
-                }
-                .encode(),
-            );
-            for r in told {
-                send(&mut st, r, msg.clone());
-            }
-            if all_came {
-                st.pending.remove(&key);
-            }
-            return;
+            return fail_everyone(&mut st, key, FailKind::Invalid, reason, told);
         }
     }
     p.payloads[pos] = Some(c.payload);
