@@ -482,7 +482,8 @@ fn interrupt_with(sig: i32, expected_code: i32) {
 #[test]
 fn a_signal_while_stopping_leftovers_exits_128_plus_signal() {
     let started = Instant::now();
-    // Each PE leaves a sleeper that ignores SIGTERM, so stopping it waits for SIGKILL.
+    // Each PE leaves a loop that survives SIGTERM and says when it got it, so stopping it
+    // waits for SIGKILL, and the test knows the launcher is stopping the leftovers.
     let cmd = rshmem(&[
         "run",
         "-n",
@@ -490,12 +491,10 @@ fn a_signal_while_stopping_leftovers_exits_128_plus_signal() {
         "--",
         "sh",
         "-c",
-        "trap '' TERM; sleep 30 & echo bg=$!; exit 0",
+        "(trap 'echo term=$((RSHMEM_RANK + 100))' TERM; while :; do sleep 0.05; done) & echo bg=$!; exit 0",
     ]);
-    let (child, rx) = start_until(cmd, "bg=", 2);
-    // The PEs exit right after printing; the launcher then sends SIGTERM to what they left
-    // and waits STOP_GRACE (2 s) before SIGKILL. Interrupt inside that window.
-    std::thread::sleep(Duration::from_millis(600));
+    // Both leftovers got the launcher's SIGTERM; it sends SIGKILL STOP_GRACE (2 s) later.
+    let (child, rx) = start_until(cmd, "term=", 2);
     // SAFETY: kill has no memory-safety preconditions; the pid is our live child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let (tx2, rx2) = mpsc::channel();
@@ -506,14 +505,19 @@ fn a_signal_while_stopping_leftovers_exits_128_plus_signal() {
     });
     let out = finish(child, started, rx2);
     assert_eq!(out.code, Some(130), "stderr: {}", out.stderr);
-    assert!(
-        out.stderr.contains(
-            "rshmem run: interrupted while stopping what the PEs left behind, sending SIGKILL\n"
-        ),
-        "stderr: {}",
-        out.stderr
-    );
-    for pid in pids(&out.stdout_text(), "bg=") {
+    // (The shells may also report their killed sleeps on stderr, between these.)
+    let stopping = out
+        .stderr
+        .find("rshmem run: every PE ended; stopping the processes they left behind")
+        .unwrap_or_else(|| panic!("stderr: {}", out.stderr));
+    let killed = out
+        .stderr
+        .find("rshmem run: interrupted while stopping what the PEs left behind, sending SIGKILL\n")
+        .unwrap_or_else(|| panic!("stderr: {}", out.stderr));
+    assert!(stopping < killed, "stderr: {}", out.stderr);
+    let bg = pids(&out.stdout_text(), "bg=");
+    assert_eq!(bg.len(), 2, "stdout: {}", out.stdout_text());
+    for pid in bg {
         assert!(!alive(pid), "process {pid} left behind by a PE survived");
     }
 }
