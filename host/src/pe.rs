@@ -962,22 +962,19 @@ impl Pe {
             // Cannot fail: `o` is a live block this call holds (old or new).
             let _ = a.free(o);
         };
-        match (copied, agreed) {
-            (Ok(()), Ok(())) => {
+        // Completed on every PE: passed, or a mismatch (every PE read the same records).
+        let completed = matches!(agreed, Ok(()) | Err(Error::CollectiveMismatch { .. }));
+        match copied.and(agreed) {
+            Ok(()) => {
                 free(ptr.offset());
                 Ok(SymPtr::from_raw(off, count))
             }
-            // Every PE completed the agreement and learned that some copy failed (all
-            // alike when it passed, a mismatch on every PE otherwise).
-            (Err(e), Ok(())) | (Err(e), Err(Error::CollectiveMismatch { .. })) => {
-                free(off);
+            Err(e) => {
+                if completed {
+                    free(off);
+                }
                 Err(e)
             }
-            (Ok(()), Err(e @ Error::CollectiveMismatch { .. })) => {
-                free(off);
-                Err(e)
-            }
-            (Err(e), Err(_)) | (Ok(()), Err(e)) => Err(e),
         }
     }
 

@@ -742,39 +742,35 @@ impl Job {
                     // A PE that outlives SIGKILL (stuck in the kernel) is named and given
                     // up on: its exit is unknown, so the job fails (before 2026-12-07 the
                     // launcher waited for it without end).
-                    let since_kill = killed_at.map(|t| t.elapsed());
-                    let alive = || {
-                        let a: Vec<String> = (0..self.pes.len())
-                            .filter(|&r| self.pes[r].exit.is_none())
-                            .map(|r| r.to_string())
-                            .collect();
-                        format!("PE{} {}", if a.len() == 1 { "" } else { "s" }, a.join(", "))
-                    };
-                    if !noted && since_kill.is_some_and(|t| t >= KILL_NOTE) {
-                        noted = true;
-                        say(format_args!(
-                            "rshmem run: {} still not ended {} s after SIGKILL; waiting up to \
-                             {} s",
-                            alive(),
-                            KILL_NOTE.as_secs(),
-                            KILL_WAIT.as_secs()
-                        ));
-                    }
-                    if since_kill.is_some_and(|t| t >= KILL_WAIT) {
-                        say(format_args!(
-                            "rshmem run: {} still not ended {} s after SIGKILL; giving up",
-                            alive(),
-                            KILL_WAIT.as_secs()
-                        ));
+                    let since_kill = killed_at.map_or(Duration::ZERO, |t| t.elapsed());
+                    if since_kill >= KILL_NOTE {
                         let alive: Vec<usize> = (0..self.pes.len())
                             .filter(|&r| self.pes[r].exit.is_none())
                             .collect();
-                        if first_failure.is_none() && interrupted_by.is_none() {
-                            if let Some(&r) = alive.first() {
-                                first_failure = Some((r, PeExit::Unknown));
-                            }
+                        let a: Vec<String> = alive.iter().map(|r| r.to_string()).collect();
+                        let named =
+                            format!("PE{} {}", if a.len() == 1 { "" } else { "s" }, a.join(", "));
+                        if !noted {
+                            noted = true;
+                            say(format_args!(
+                                "rshmem run: {named} still not ended {} s after SIGKILL; \
+                                 waiting up to {} s",
+                                KILL_NOTE.as_secs(),
+                                KILL_WAIT.as_secs()
+                            ));
                         }
-                        break;
+                        if since_kill >= KILL_WAIT {
+                            say(format_args!(
+                                "rshmem run: {named} still not ended {} s after SIGKILL; giving up",
+                                KILL_WAIT.as_secs()
+                            ));
+                            if first_failure.is_none() && interrupted_by.is_none() {
+                                if let Some(&r) = alive.first() {
+                                    first_failure = Some((r, PeExit::Unknown));
+                                }
+                            }
+                            break;
+                        }
                     }
                 }
             }

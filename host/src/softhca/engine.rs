@@ -262,13 +262,7 @@ impl<B: Backend> EngineCore<B> {
             // also completes the WQEs still in flight as flushed, as `retire` does here).
             // (Before 2026-12-07 the count was clamped to one ring, and a stale ring ran.)
             if !r.error {
-                r.error = true;
-                // Release: whoever sees the QP in error sees the engine's earlier writes.
-                r.qp.in_error.store(true, Ordering::Release);
-                if let Some(ev) = mem.async_events() {
-                    // Release: pairs with the producer's Acquire load in its waits.
-                    ev.fetch_or(EVENT_QP_FATAL, Ordering::Release);
-                }
+                qp_fatal(r, mem, EVENT_QP_FATAL);
             }
             return work;
         }
@@ -412,6 +406,18 @@ fn retire<P, C>(r: &mut QpRun<P, C>) -> usize {
     n
 }
 
+/// Puts the QP in the error state and raises the asynchronous `events` in the queue memory.
+fn qp_fatal<P, C>(r: &mut QpRun<P, C>, mem: &QueueMemory, events: u32) {
+    r.error = true;
+    // Release: whoever sees the QP in error (status, the event below) sees the engine's
+    // earlier writes.
+    r.qp.in_error.store(true, Ordering::Release);
+    if let Some(ev) = mem.async_events() {
+        // Release: pairs with the producer's Acquire load in its waits.
+        ev.fetch_or(events, Ordering::Release);
+    }
+}
+
 fn cq_has_room<P, C>(r: &mut QpRun<P, C>, mem: &QueueMemory) -> bool {
     if r.qp.cfg.cq_mode == CqMode::Collapsed {
         return true;
@@ -450,14 +456,7 @@ fn complete<P, C>(
         // later WQEs are flushed without completions), and the owner gets the
         // asynchronous events CQ_ERR and QP_FATAL.
         r.cq_error = true;
-        r.error = true;
-        // Release: whoever sees the QP in error (status, the event below) sees the
-        // engine's earlier writes.
-        r.qp.in_error.store(true, Ordering::Release);
-        if let Some(ev) = mem.async_events() {
-            // Release: pairs with the producer's Acquire load in its waits.
-            ev.fetch_or(EVENT_CQ_ERR | EVENT_QP_FATAL, Ordering::Release);
-        }
+        qp_fatal(r, mem, EVENT_CQ_ERR | EVENT_QP_FATAL);
         return;
     }
     let cqe_cnt = mem.layout().cqe_cnt;
