@@ -166,8 +166,10 @@ started with ignored (nohup) stays ignored.
 
 Cleanup: each PE runs in its own process group; processes a PE left running there (a
 shell's background job) get SIGTERM when every PE has ended, SIGKILL 2 s later, also in a
-job that succeeded (start a process with setsid to keep it). Leftover shared-memory
-segments of the job (/dev/shm/rshmem-JOBID-*) are removed at the end.
+job that succeeded (start a process with setsid to keep it); a signal to rshmem meanwhile
+still makes it exit 128+N. A PE still alive 10 s after SIGKILL is named, and after 60 s
+given up on (the job fails). Leftover shared-memory segments of the job
+(/dev/shm/rshmem-JOBID-*) are removed at the end.
 
 Exit status 2: nothing was started (bad -n, no program, program not found or not
 executable, or the job could not be set up).";
