@@ -9,6 +9,9 @@
 use crate::error::{Error, Result};
 use std::time::Duration;
 
+mod names;
+pub use names::{is_known, unknown_vars, warn_unknown_env, UnknownVar, ENV_VARS};
+
 /// Which launcher's variables supplied rank and size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LaunchSource {

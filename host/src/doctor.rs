@@ -294,6 +294,9 @@ fn render_table(r: &Report) -> String {
         for (i, v) in c.env.iter().enumerate() {
             let k = if i == 0 { "RSHMEM_* set" } else { "" };
             lines.push(kv(k, format!("{}={}", v.name, v.value)));
+            if let Some(why) = &v.unknown {
+                lines.push(kv("", format!("  warning: {why}")));
+            }
         }
     }
 

@@ -302,6 +302,8 @@ impl Pe {
 
     /// Starts a PE with explicit parameters. `root`, if given, is kept alive by this PE.
     pub fn init_with(cfg: PeConfig, root: Option<Root>) -> Result<Pe> {
+        // A misspelled RSHMEM_* variable would otherwise leave its default in force unsaid.
+        crate::config::warn_unknown_env(cfg.rank);
         let settings = cfg.settings;
         // Settings built in code skip the environment's checks: the heap must hold the
         // runtime region (every wait reads words in it) and be whole pages.

@@ -44,6 +44,43 @@ fn selftest_under_rshmem_run() {
     }
 }
 
+/// A misspelled variable is named once, by PE 0, with the variable it most likely meant;
+/// the job runs (with the default the variable was meant to change).
+#[test]
+fn a_misspelled_variable_is_named_once_by_pe_0() {
+    let o = Command::new(BIN)
+        .args(["run", "-n", "3", "--", BIN, "selftest", "--case", "alloc"])
+        .env("RSHMEM_SYMMETRIC_SIZE", "64M")
+        .env("RSHMEM_TIMEOUT_MS", "20000")
+        .env("RSHMEM_TIMEOUT", "5000")
+        .env("RSHMEM_TRANSPORTS", "p2p")
+        .env("RSHMEM_EMU_ANYTHING", "1")
+        .output()
+        .expect("rshmem run");
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{out}\n{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning:")).collect();
+    assert_eq!(
+        warnings,
+        [
+            "[pe 0] rshmem: warning: RSHMEM_TIMEOUT is set but rshmem reads no such variable \
+             (did you mean RSHMEM_TIMEOUT_MS?)",
+            "[pe 0] rshmem: warning: RSHMEM_TRANSPORTS is set but rshmem reads no such \
+             variable (did you mean RSHMEM_TRANSPORT?)",
+        ],
+        "{err}"
+    );
+    for r in 0..3 {
+        assert!(
+            out.contains(&format!("[pe {r}] selftest: all 1 cases passed on PE {r}")),
+            "{out}"
+        );
+    }
+}
+
 /// A case name that does not exist is refused before the PEs join the job: one line per
 /// PE naming the cases, no "PE died" report from the bootstrap root, exit 1.
 #[test]

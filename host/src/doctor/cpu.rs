@@ -41,6 +41,9 @@ pub struct EnvVar {
     pub name: String,
     /// The value, or `"(hidden)"` for secrets such as RSHMEM_TOKEN.
     pub value: String,
+    /// Set for a variable nothing reads (a misspelling): what the PEs' warning says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
 }
 
 pub(super) fn probe() -> CpuReport {
@@ -99,7 +102,14 @@ fn rshmem_env(vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString
             } else {
                 v.to_string_lossy().into_owned()
             };
-            Some(EnvVar { name, value })
+            let unknown = crate::config::unknown_vars([&name])
+                .first()
+                .map(|u| u.to_string());
+            Some(EnvVar {
+                name,
+                value,
+                unknown,
+            })
         })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -175,6 +185,7 @@ mod tests {
             ("PATH", "/bin"),
             ("RSHMEM_TIMEOUT_MS", "100"),
             ("XRSHMEM_A", "x"),
+            ("RSHMEM_TIMEOUT", "100"),
         ]
         .into_iter()
         .map(|(k, v)| (OsString::from(k), OsString::from(v)));
@@ -185,7 +196,23 @@ mod tests {
             .collect();
         assert_eq!(
             got,
-            vec![("RSHMEM_TIMEOUT_MS", "100"), ("RSHMEM_TOKEN", "(hidden)")]
+            vec![
+                ("RSHMEM_TIMEOUT", "100"),
+                ("RSHMEM_TIMEOUT_MS", "100"),
+                ("RSHMEM_TOKEN", "(hidden)")
+            ]
+        );
+        let notes: Vec<Option<&str>> = env.iter().map(|e| e.unknown.as_deref()).collect();
+        assert_eq!(
+            notes,
+            vec![
+                Some(
+                    "RSHMEM_TIMEOUT is set but rshmem reads no such variable \
+                     (did you mean RSHMEM_TIMEOUT_MS?)"
+                ),
+                None,
+                None
+            ]
         );
     }
 
