@@ -844,28 +844,28 @@ impl Pe {
     /// Collective: every PE allocates `size` bytes at the same offset (16-byte aligned).
     /// `size == 0` returns an empty pointer and allocates nothing.
     pub fn malloc(&self, size: usize) -> Result<SymPtr<u8>> {
-        self.alloc_collective("malloc", size, 16, false)
+        self.alloc_collective("malloc", Ok(size), 16, false)
             .map(|o| SymPtr::from_raw(o, size))
     }
 
     /// Collective: `count` zeroed elements of `T` at the same offset on every PE. Returns
     /// after every PE has zeroed its copy.
     pub fn calloc<T: Element>(&self, count: usize) -> Result<SymPtr<T>> {
-        let bytes = bytes_of::<T>(count)?;
+        let bytes = bytes_of::<T>(count);
         let o = self.alloc_collective("calloc", bytes, align_of_elem::<T>(), true)?;
         Ok(SymPtr::from_raw(o, count))
     }
 
     /// Collective: `count` elements of `T` (uninitialised content) at the same offset.
     pub fn alloc<T: Element>(&self, count: usize) -> Result<SymPtr<T>> {
-        let bytes = bytes_of::<T>(count)?;
+        let bytes = bytes_of::<T>(count);
         let o = self.alloc_collective("alloc", bytes, align_of_elem::<T>(), false)?;
         Ok(SymPtr::from_raw(o, count))
     }
 
     /// Collective: `size` bytes aligned to `alignment` (a power of two up to the page size).
     pub fn align(&self, alignment: usize, size: usize) -> Result<SymPtr<u8>> {
-        self.alloc_collective("align", size, alignment, false)
+        self.alloc_collective("align", Ok(size), alignment, false)
             .map(|o| SymPtr::from_raw(o, size))
     }
 
@@ -876,9 +876,7 @@ impl Pe {
     pub fn free<T>(&self, ptr: SymPtr<T>) -> Result<()> {
         let quiet = self.try_quiet();
         let args = [ptr.offset() as u64, quiet.is_ok() as u64];
-        let agreed = self.agree("free", &args, |a| {
-            format!("offset {:#x} ready {}", a[0], a[1] == 1)
-        });
+        let agreed = self.agree_heap("free", HeapCall::Free, &args);
         // A PE whose quiet failed reports that (the cause), not the mismatch it made.
         quiet?;
         agreed?;
@@ -898,17 +896,22 @@ impl Pe {
     /// copied its contents (so writes into the new block after the call are not lost).
     /// When the heap has no room the old block is left as it was, on every PE.
     pub fn realloc<T: Element>(&self, ptr: SymPtr<T>, count: usize) -> Result<SymPtr<T>> {
-        let bytes = bytes_of::<T>(count)?;
+        // A count whose bytes overflow is agreed as u64::MAX and refused after the
+        // agreement, so that every PE fails this call, not this PE alone.
+        let bytes = bytes_of::<T>(count);
         let quiet = self.try_quiet();
-        let args = [ptr.offset() as u64, bytes as u64, quiet.is_ok() as u64];
-        let agreed = self.agree("realloc", &args, |a| {
-            format!("offset {:#x} bytes {} ready {}", a[0], a[1], a[2] == 1)
-        });
+        let args = [
+            ptr.offset() as u64,
+            bytes.as_ref().map_or(u64::MAX, |&b| b as u64),
+            quiet.is_ok() as u64,
+        ];
+        let agreed = self.agree_heap("realloc", HeapCall::Realloc, &args);
         // As in free: this PE's own failed quiet is the error it reports.
         quiet?;
         agreed?;
+        let bytes = bytes?;
         if ptr.offset() == 0 {
-            let o = self.alloc_collective("realloc", bytes, align_of_elem::<T>(), false)?;
+            let o = self.alloc_collective("realloc", Ok(bytes), align_of_elem::<T>(), false)?;
             return Ok(SymPtr::from_raw(o, count));
         }
         let old_bytes = {
@@ -930,7 +933,7 @@ impl Pe {
             a.shrink(ptr.offset(), bytes);
             return Ok(SymPtr::from_raw(ptr.offset(), count));
         }
-        let off = self.alloc_collective("realloc", bytes, align_of_elem::<T>(), false)?;
+        let off = self.alloc_collective("realloc", Ok(bytes), align_of_elem::<T>(), false)?;
         // The block's own size, not the pointer's view of it: a typed view (a cast) may
         // cover fewer bytes than the block holds, and realloc keeps the whole old content.
         let keep = bytes.min(old_bytes);
@@ -956,9 +959,11 @@ impl Pe {
         // the new block allocated and unreachable). When the agreement itself failed (a
         // timeout, a broken world) some PE may have completed it: then neither block is
         // freed here (the new one is lost), so no PE's allocator runs ahead of another's.
-        let agreed = self.agree("realloc (copied)", &[copied.is_ok() as u64], |a| {
-            format!("copied {}", a[0] == 1)
-        });
+        let agreed = self.agree_heap(
+            "realloc (copied)",
+            HeapCall::ReallocCopied,
+            &[copied.is_ok() as u64],
+        );
         let free = |o: usize| {
             let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
             // Cannot fail: `o` is a live block this call holds (old or new).
@@ -986,16 +991,25 @@ impl Pe {
         (a.free_bytes(), a.largest_free())
     }
 
+    /// `size` is an error when the caller's element count overflowed: agreed as u64::MAX
+    /// and reported after the agreement, like a bad alignment, so that every PE fails the
+    /// call (before 2026-12-07 that PE alone returned at once and the others waited for
+    /// it, or met its next call).
     fn alloc_collective(
         &self,
         op: &'static str,
-        size: usize,
+        size: Result<usize>,
         align: usize,
         zero: bool,
     ) -> Result<usize> {
-        self.agree(op, &[size as u64, align as u64], |a| {
-            format!("size {} align {}", a[0], a[1])
-        })?;
+        let call = if zero {
+            HeapCall::Calloc
+        } else {
+            HeapCall::Alloc
+        };
+        let words = [size.as_ref().map_or(u64::MAX, |&s| s as u64), align as u64];
+        self.agree_heap(op, call, &words)?;
+        let size = size?;
         if !align.is_power_of_two() || align > MAX_ALIGN {
             return Err(Error::InvalidArgument(format!(
                 "{op}: alignment {align} is not a power of two up to {MAX_ALIGN}"
@@ -1023,6 +1037,17 @@ impl Pe {
             self.sync_team(&self.world)?;
         }
         Ok(off)
+    }
+
+    /// [`Pe::agree`] for a call that changes the heap's layout: its kind goes first, so that
+    /// two different calls whose arguments are equal are a mismatch (before 2026-12-07 a
+    /// `free` of the block at 0x10000 on one PE met an `align(1, 0x10000)` on another,
+    /// both passed, and the heaps were no longer symmetric).
+    pub(crate) fn agree_heap(&self, op: &'static str, call: HeapCall, args: &[u64]) -> Result<()> {
+        let words: Vec<u64> = std::iter::once(call.code())
+            .chain(args.iter().copied())
+            .collect();
+        self.agree(op, &words, HeapCall::show)
     }
 
     /// Collective check that every PE passed the same arguments to `op`; on mismatch every
@@ -1244,6 +1269,95 @@ impl Pe {
             root.wait_all_left(self.settings.timeout);
         }
         r
+    }
+}
+
+/// The calls that change a heap's layout, as the first word of their agreement
+/// ([`Pe::agree_heap`]). `malloc`, `alloc`, `align` and a `realloc` of the empty pointer
+/// take the same allocator step, so they are one kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeapCall {
+    Alloc,
+    Calloc,
+    Free,
+    Realloc,
+    ReallocCopied,
+    GpuAlloc,
+    GpuCalloc,
+    GpuFree,
+}
+
+impl HeapCall {
+    const ALL: [HeapCall; 8] = [
+        HeapCall::Alloc,
+        HeapCall::Calloc,
+        HeapCall::Free,
+        HeapCall::Realloc,
+        HeapCall::ReallocCopied,
+        HeapCall::GpuAlloc,
+        HeapCall::GpuCalloc,
+        HeapCall::GpuFree,
+    ];
+
+    pub(crate) fn code(self) -> u64 {
+        u64::from_le_bytes(match self {
+            HeapCall::Alloc => *b"heap-alc",
+            HeapCall::Calloc => *b"heap-clc",
+            HeapCall::Free => *b"heap-fre",
+            HeapCall::Realloc => *b"heap-rea",
+            HeapCall::ReallocCopied => *b"heap-rec",
+            HeapCall::GpuAlloc => *b"gpuh-alc",
+            HeapCall::GpuCalloc => *b"gpuh-clc",
+            HeapCall::GpuFree => *b"gpuh-fre",
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            HeapCall::Alloc => "malloc",
+            HeapCall::Calloc => "calloc",
+            HeapCall::Free => "free",
+            HeapCall::Realloc => "realloc",
+            HeapCall::ReallocCopied => "realloc (copied)",
+            HeapCall::GpuAlloc => "gpu malloc",
+            HeapCall::GpuCalloc => "gpu calloc",
+            HeapCall::GpuFree => "gpu free",
+        }
+    }
+
+    /// One member's agreement words in a mismatch error.
+    fn show(r: &[u64]) -> String {
+        let a = |i: usize| r.get(i).copied().unwrap_or(u64::MAX);
+        let Some(call) = Self::ALL
+            .into_iter()
+            .find(|c| Some(c.code()) == r.first().copied())
+        else {
+            return format!(
+                "another kind of call ({} words: a collective, a team split, ...)",
+                r.len()
+            );
+        };
+        let size = |w: u64| match w {
+            u64::MAX => "overflowing".to_string(),
+            w => w.to_string(),
+        };
+        let args = match call {
+            HeapCall::Alloc | HeapCall::Calloc | HeapCall::GpuAlloc | HeapCall::GpuCalloc => {
+                format!("size {} align {}", size(a(1)), a(2))
+            }
+            HeapCall::Free => format!("offset {:#x} ready {}", a(1), a(2) == 1),
+            HeapCall::GpuFree => format!("offset {:#x}", a(1)),
+            HeapCall::Realloc => {
+                format!(
+                    "offset {:#x} bytes {} ready {}",
+                    a(1),
+                    size(a(2)),
+                    a(3) == 1
+                )
+            }
+            HeapCall::ReallocCopied => format!("copied {}", a(1) == 1),
+        };
+        format!("{} {args}", call.name())
     }
 }
 

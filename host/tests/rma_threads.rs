@@ -303,6 +303,125 @@ fn heap_agreement_stays_in_step_across_calls_and_mismatches() {
     }
 }
 
+/// Two different heap calls whose arguments are equal are a mismatch on every PE, and the
+/// heaps stay symmetric: a `free` of the block at 0x10000 on PE 0 met an `align(1, 0x10000)`
+/// on PE 1 (both agreed on the words `[0x10000, 1]`), and a `malloc(64)` met a
+/// `calloc::<u8>(64)` (both `[64, 16]`, but calloc's barrier put PE 1 one barrier ahead).
+/// Before 2026-12-07 both passed and the next allocation came at different offsets.
+#[test]
+fn different_heap_calls_with_equal_arguments_are_a_mismatch() {
+    let out = run_threads(2, settings(), |pe| {
+        let me = pe.my_pe();
+        let p = pe.malloc(0x1000)?;
+        let mut seen = Vec::new();
+        let r = if me == 0 {
+            pe.free(p).map(|_| ())
+        } else {
+            pe.align(1, p.offset()).map(|_| ())
+        };
+        match r {
+            Err(rshmem::Error::CollectiveMismatch { op, detail }) => seen.push((op, detail)),
+            other => panic!("PE {me}: expected a mismatch, got {other:?}"),
+        }
+        let r = if me == 0 {
+            pe.malloc(64).map(|_| ())
+        } else {
+            pe.calloc::<u8>(64).map(|_| ())
+        };
+        match r {
+            Err(rshmem::Error::CollectiveMismatch { op, detail }) => seen.push((op, detail)),
+            other => panic!("PE {me}: expected a mismatch, got {other:?}"),
+        }
+        // In step and symmetric: the same offset everywhere, and a barrier pairs.
+        let q = pe.malloc(16)?;
+        pe.barrier_all()?;
+        pe.free(q)?;
+        pe.free(p)?;
+        Ok((seen, q.offset()))
+    })
+    .expect("job starts");
+    let offsets: Vec<usize> = out
+        .iter()
+        .map(|r| *r.as_ref().map(|(_, o)| o).unwrap_or(&0))
+        .collect();
+    for (rank, r) in out.into_iter().enumerate() {
+        let (seen, offset) = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+        assert_eq!(
+            offset, offsets[0],
+            "PE {rank}: the next allocation's offsets {offsets:?}"
+        );
+        let ops: Vec<&str> = seen.iter().map(|(op, _)| *op).collect();
+        let want = if rank == 0 {
+            ["free", "malloc"]
+        } else {
+            ["align", "calloc"]
+        };
+        assert_eq!(ops, want, "PE {rank}");
+        assert!(
+            seen[0].1.contains("free offset 0x10000 ready true")
+                && seen[0].1.contains("malloc size 65536 align 1"),
+            "PE {rank}: {}",
+            seen[0].1
+        );
+        assert!(
+            seen[1].1.contains("malloc size 64 align 16")
+                && seen[1].1.contains("calloc size 64 align 16"),
+            "PE {rank}: {}",
+            seen[1].1
+        );
+    }
+}
+
+/// An element count whose bytes overflow on one PE only is a mismatch on every PE (it was
+/// refused on that PE before the agreement, and the other waited out its timeout); on
+/// every PE, the same clear error everywhere. Then in step.
+#[test]
+fn an_overflowing_count_on_one_pe_fails_the_call_on_every_pe() {
+    let mut s = settings();
+    s.timeout = std::time::Duration::from_secs(5);
+    let out = run_threads(2, s, |pe| {
+        let me = pe.my_pe();
+        let mut seen = Vec::new();
+        let count = if me == 0 { usize::MAX / 4 } else { 4 };
+        seen.push(match pe.alloc::<u64>(count) {
+            Err(rshmem::Error::CollectiveMismatch { op, detail }) => format!("{op}: {detail}"),
+            other => panic!("PE {me}: expected a mismatch, got {other:?}"),
+        });
+        let keep = pe.calloc::<u64>(4)?;
+        let count = if me == 0 { usize::MAX / 2 } else { 4 };
+        seen.push(match pe.realloc(keep, count) {
+            Err(rshmem::Error::CollectiveMismatch { op, detail }) => format!("{op}: {detail}"),
+            other => panic!("PE {me}: expected a mismatch, got {other:?}"),
+        });
+        seen.push(match pe.calloc::<u32>(usize::MAX / 3) {
+            Err(rshmem::Error::InvalidArgument(m)) => m,
+            other => panic!("PE {me}: expected an invalid argument, got {other:?}"),
+        });
+        pe.barrier_all()?;
+        pe.free(keep)?;
+        Ok(seen)
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        let seen = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+        assert!(
+            seen[0].starts_with("alloc: ")
+                && seen[0].contains("malloc size overflowing align 16")
+                && seen[0].contains("malloc size 32 align 16"),
+            "PE {rank}: {}",
+            seen[0]
+        );
+        assert!(
+            seen[1].starts_with("realloc: ")
+                && seen[1].contains("bytes overflowing")
+                && seen[1].contains("bytes 32"),
+            "PE {rank}: {}",
+            seen[1]
+        );
+        assert!(seen[2].contains("overflow"), "PE {rank}: {}", seen[2]);
+    }
+}
+
 /// A source that overlaps dest is copied before any member writes (fcollect, alltoall and
 /// broadcast with source inside dest); a source apart from dest is sent from the heap.
 /// Both give exact results.

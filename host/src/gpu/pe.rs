@@ -24,7 +24,7 @@ use super::state::{self, DeviceError, DevicePeer, DeviceState, DeviceTeamEntry};
 use crate::config::{Settings, TransportMode};
 use crate::error::{Error, Result};
 use crate::heap::{Allocator, MAX_ALIGN, RESERVED_BYTES};
-use crate::pe::{exchange_status, random_token, Pe, PeConfig};
+use crate::pe::{exchange_status, random_token, HeapCall, Pe, PeConfig};
 use crate::team::Team;
 use crate::types::{SignalOp, SymPtr};
 use cudarc::driver::sys;
@@ -1067,10 +1067,12 @@ impl GpuPe {
 
     /// Collective: like [`GpuPe::malloc`] with an alignment.
     pub fn align(&self, align: usize, size: usize) -> Result<SymPtr<u8>> {
+        self.alloc_as(HeapCall::GpuAlloc, align, size)
+    }
+
+    fn alloc_as(&self, call: HeapCall, align: usize, size: usize) -> Result<SymPtr<u8>> {
         self.pe
-            .agree("gpu malloc", &[size as u64, align as u64], |a| {
-                format!("size {} align {}", a[0], a[1])
-            })?;
+            .agree_heap("gpu malloc", call, &[size as u64, align as u64])?;
         if !align.is_power_of_two() || align > MAX_ALIGN {
             return Err(Error::InvalidArgument(format!(
                 "gpu malloc: alignment {align} is not a power of two up to {MAX_ALIGN}"
@@ -1093,7 +1095,8 @@ impl GpuPe {
 
     /// Collective: `size` zeroed bytes; returns after every PE zeroed its copy.
     pub fn calloc(&self, size: usize) -> Result<SymPtr<u8>> {
-        let p = self.malloc(size)?;
+        // Its own kind: a member at a plain malloc of the same size would skip the barrier.
+        let p = self.alloc_as(HeapCall::GpuCalloc, 16, size)?;
         if size > 0 {
             self.memset(p.offset(), 0, size)?;
             self.pe.sync_all()?;
@@ -1103,9 +1106,8 @@ impl GpuPe {
 
     /// Collective: releases an allocation on every PE.
     pub fn free<T>(&self, ptr: SymPtr<T>) -> Result<()> {
-        self.pe.agree("gpu free", &[ptr.offset() as u64], |a| {
-            format!("offset {:#x}", a[0])
-        })?;
+        self.pe
+            .agree_heap("gpu free", HeapCall::GpuFree, &[ptr.offset() as u64])?;
         if ptr.offset() == 0 {
             return Ok(());
         }
