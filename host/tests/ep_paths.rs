@@ -266,6 +266,54 @@ fn zero_copy_with_calls_in_flight() {
     }
 }
 
+/// A zero-copy combine refused on the PE itself (the other set's receive hook not yet
+/// called) keeps its permission: after the hook, the retry runs and sums exactly. Before
+/// 2026-12-07 the refusal used the permission up and the retry was poisoned as a wrong
+/// zero-copy buffer on every PE. The message path: the direct path refuses the buffer
+/// request itself while a set is pending.
+#[test]
+fn a_refused_zero_copy_combine_can_be_retried() {
+    let c = case(2, 4, 256, 4, 2, true, 4).cfg;
+    let out = run_threads(2, settings(), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::with_path(pe, &team, c, Path::Message)?;
+        let m = vec![false; 2];
+        let x = check::origin_x(me, 4, 256);
+        let r0 = check::random_routing(31, me, 4, &c, None, 0);
+        let o0 = buf.low_latency_dispatch(&x, &r0.topk_idx, false)?.wait()?;
+        let mut e = vec![bf16::ZERO; 2 * 2 * 4 * 256];
+        check::expert_forward(&c, 2, me, &o0, &scale, &mut e);
+        // Call 1: a combine whose receive is left for later (set 1 pending).
+        let c1 =
+            buf.low_latency_combine(&e, &r0.topk_idx, &r0.topk_weights, &o0.handle, true, false)?;
+        let r2 = check::random_routing(32, me, 4, &c, None, 0);
+        let o2 = buf.low_latency_dispatch(&x, &r2.topk_idx, false)?.wait()?;
+        let zc = buf.get_next_low_latency_combine_buffer(&o2.handle)?;
+        check::expert_forward(&c, 2, me, &o2, &scale, zc);
+        let refused = buf
+            .low_latency_combine(&[], &r2.topk_idx, &r2.topk_weights, &o2.handle, false, true)
+            .err()
+            .map(|e| e.to_string());
+        let y1 = rshmem::ep::Combine::wait(c1)?;
+        check::validate_combine(&c, 2, me, &r0, &m, &scale, &y1)?;
+        let y3 = buf
+            .low_latency_combine(&[], &r2.topk_idx, &r2.topk_weights, &o2.handle, false, true)?
+            .wait()?;
+        check::validate_combine(&c, 2, me, &r2, &m, &scale, &y3)?;
+        Ok(refused)
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        let refused = o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+        let refused = refused.unwrap_or_else(|| panic!("PE {r}: the first try was not refused"));
+        assert!(
+            refused.contains("has not been received yet: call its receive hook"),
+            "PE {r}: {refused}"
+        );
+    }
+}
+
 /// A zero-copy combine (the direct path) whose topk_idx differs from the dispatch's fails
 /// with a clear error instead of reading the wrong rows (since 2026-12-06 the routing
 /// check at the start of combine catches it, before the direct path's block sizes).

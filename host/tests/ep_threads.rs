@@ -1134,6 +1134,27 @@ fn the_checks_catch_tampered_outputs() {
         let mut t = o.clone();
         t.layout_range[0] += 1 << 32;
         caught += check::validate_dispatch(&c, me, &all, &m, &t).is_err() as usize;
+        // Ranges and counts outside the expert's rows (R·N = 8), as a faulty kernel's
+        // output read back would hold, fail the check instead of indexing out of bounds
+        // (they panicked before 2026-12-07); the simulated expert and the hash clamp them.
+        for lr in [(8i64 << 32) | 1, (6i64 << 32) | 3, -1, i64::MIN | 2] {
+            let mut t = o.clone();
+            t.layout_range[2] = lr;
+            let e = check::validate_dispatch(&c, me, &all, &m, &t)
+                .expect_err("a range outside the rows");
+            assert!(
+                e.to_string().contains("outside the expert's 8 rows"),
+                "PE {me}: {e}"
+            );
+            check::dispatch_hash(&c, 2, &t);
+        }
+        for n in [9, -3, i32::MAX] {
+            let mut t = o.clone();
+            t.recv_count[1] = n;
+            assert!(check::validate_dispatch(&c, me, &all, &m, &t).is_err());
+            let mut e = vec![bf16::ZERO; 2 * 2 * 4 * 256];
+            check::expert_forward(&c, 2, me, &t, &scale, &mut e);
+        }
         let mut e = vec![bf16::ZERO; 2 * 2 * 4 * 256];
         check::expert_forward(&c, 2, me, &o, &scale, &mut e);
         let mut y = buf

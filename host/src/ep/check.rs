@@ -45,16 +45,21 @@ impl Rng {
 /// (docs/ep.md, "Checks"); at least one group keeps the source's value. Each part is one
 /// whole FP8 group, so it survives the cast.
 pub fn origin_x(rank: usize, num_tokens: usize, hidden: usize) -> Vec<bf16> {
-    let mut x = vec![bf16::from_f32(rank as f32 - 128.0); num_tokens * hidden];
-    for t in 0..num_tokens {
-        let row = &mut x[t * hidden..(t + 1) * hidden];
-        let (tail, residual) = token_columns(hidden);
-        row[tail.clone()].fill(bf16::from_f32(t as f32));
-        if let Some(cols) = residual {
-            row[cols].fill(bf16::from_f32(token_residual(t)));
-        }
+    (0..num_tokens)
+        .flat_map(|t| origin_row(rank, t, hidden))
+        .collect()
+}
+
+/// Row `t` of [`origin_x`] alone (the checks build one row at a time: building the
+/// rows before it too made a check O(T^2 H)).
+pub fn origin_row(rank: usize, t: usize, hidden: usize) -> Vec<bf16> {
+    let mut row = vec![bf16::from_f32(rank as f32 - 128.0); hidden];
+    let (tail, residual) = token_columns(hidden);
+    row[tail].fill(bf16::from_f32(t as f32));
+    if let Some(cols) = residual {
+        row[cols].fill(bf16::from_f32(token_residual(t)));
     }
-    x
+    row
 }
 
 /// The columns of a row that hold the token index (the last 128, as bf16) and, with
@@ -145,7 +150,7 @@ pub fn allgather_routing(pe: &Pe, team: &Team, r: &Routing) -> Result<Vec<Routin
 /// What a receiver must see for token `t` of PE `src` (dequantised with FP8).
 pub fn expected_row(cfg: &Config, src: usize, t: usize) -> Vec<f32> {
     let h = cfg.hidden;
-    let x = &origin_x(src, t + 1, h)[t * h..];
+    let x = &origin_row(src, t, h);
     if cfg.use_fp8 {
         let mut q = vec![0u8; h];
         let mut s = vec![0f32; h / fp8::GROUP];
@@ -162,7 +167,7 @@ pub fn expected_row(cfg: &Config, src: usize, t: usize) -> Vec<f32> {
 /// `src` (FP8 only).
 fn expected_fp8(cfg: &Config, src: usize, t: usize) -> (Vec<u8>, Vec<f32>) {
     let h = cfg.hidden;
-    let x = &origin_x(src, t + 1, h)[t * h..];
+    let x = &origin_row(src, t, h);
     let mut q = vec![0u8; h];
     let mut s = vec![0f32; h / fp8::GROUP];
     fp8::quantize_row(x, cfg.round_scale, &mut q, &mut s);
@@ -229,6 +234,18 @@ pub fn validate_dispatch(
             }
             let lr = out.layout_range[le * r + s];
             let (begin, count) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
+            // A kernel's output is read back unchecked: a range outside the expert's rows
+            // is a failed check, not an index out of bounds.
+            if lr < 0 || begin.checked_add(count).is_none_or(|end| end > rows) {
+                return Err(fail(
+                    me,
+                    format!(
+                        "layout_range[{le}][{s}] = {lr:#x} (begin {}, count {count}) is \
+                         outside the expert's {rows} rows",
+                        lr >> 32
+                    ),
+                ));
+            }
             if count != want.len() {
                 return Err(fail(me, format!(
                     "layout_range[{le}][{s}] counts {count} tokens, PE {s}'s routing sends {} to expert {e}",
@@ -355,7 +372,10 @@ pub fn expert_forward(
     let h = cfg.hidden;
     for le in 0..l {
         let f = scale(me * l + le);
-        for j in 0..out.recv_count[le] as usize {
+        // Clamped: a kernel's count is read back unchecked (validate_dispatch reports a
+        // wrong one), and rows past the expert's own belong to the next expert.
+        let count = (out.recv_count[le].max(0) as usize).min(rows);
+        for j in 0..count {
             let row = le * rows + j;
             let v = recv_row(cfg, &out.recv_x, row);
             for (d, x) in dest[row * h..(row + 1) * h].iter_mut().zip(v) {
@@ -454,7 +474,13 @@ pub fn dispatch_hash(cfg: &Config, num_pes: usize, out: &DispatchOutput) -> u64 
         for s in 0..num_pes {
             let lr = out.layout_range[le * num_pes + s];
             let (b, c) = ((lr >> 32) as usize, (lr & 0xffff_ffff) as usize);
-            for j in b..b + c {
+            // Clamped to the expert's rows: a kernel's range is read back unchecked.
+            let (b, e) = if lr < 0 {
+                (0, 0)
+            } else {
+                (b.min(rows), b.saturating_add(c).min(rows))
+            };
+            for j in b..e {
                 let row = le * rows + j;
                 let mut w = WordHash::new();
                 w.word(le as u64);

@@ -1267,8 +1267,12 @@ impl<'p> Buffer<'p> {
         return_recv_hook: bool,
         zero_copy: bool,
     ) -> Result<Combine<'p>> {
-        let zc_ok = self.zero_copy_call.take() == Some(self.seq);
+        // The zero-copy permission is used up by a call that starts, not by one that
+        // start_call refuses here (a pending receive hook): its retry keeps it (before
+        // 2026-12-07 the retry was poisoned as a wrong zero-copy buffer on every PE).
+        let zc_ok = self.zero_copy_call == Some(self.seq);
         let (seq, set) = self.start_call("low_latency_combine")?;
+        self.zero_copy_call = None;
         let sh = self.sh.clone();
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (k, h, l, r) = (cfg.num_topk, cfg.hidden, sh.l(), sh.n());
