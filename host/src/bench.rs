@@ -626,7 +626,15 @@ pub fn run(args: &BenchArgs) -> Result<Option<Report>> {
         (2 * COLL_BUF_MAX.min(args.max_size.saturating_mul(args.pe_count())) + (4 << 20))
             .saturating_add(times)
     } else {
-        args.max_size.saturating_mul(3) + (4 << 20)
+        // The largest size measured, not --max-size: barrier, atomic and p move a word
+        // whatever it says (before 2026-12-07 `bench barrier --max-size 1T` was refused
+        // for a 3 TiB heap it never used, and the default 32M took 100 MiB per PE).
+        let largest = sizes(args.kind, args.min_size, args.max_size)
+            .into_iter()
+            .max()
+            .unwrap_or(8)
+            .max(8);
+        largest.saturating_mul(3).saturating_add(4 << 20)
     };
     // A collective size that no PE could run is refused before any PE starts (bench_pe
     // checks the same on every PE of a launched job).
@@ -1262,13 +1270,21 @@ fn p_row(pe: &Pe, a: &BenchArgs, aux: SymPtr<u64>, size: usize, salt: u64) -> Re
     }
 }
 
+/// The counter part of p's `it`-th value: the ping-pong's and the timed stream's are
+/// disjoint (bit 30), so a stream that delivered nothing does not find its last value
+/// already there (before 2026-12-07, with `--warmup 0` the ping-pong left exactly the
+/// stream's last value in PE 1's word).
+fn p_tag(it: usize, stream: bool) -> u64 {
+    ((it as u64 + 1) & 0x3FFF_FFFF) | if stream { 0x4000_0000 } else { 0 }
+}
+
 fn p_row_typed<T>(pe: &Pe, a: &BenchArgs, w: SymPtr<T>, size: usize, salt: T) -> Result<Row>
 where
     T: crate::AtomicInt + TryFrom<u64> + std::ops::BitOr<Output = T> + Default,
 {
     let me = pe.my_pe();
-    let tag =
-        |it: usize| -> T { salt | T::try_from((it as u64 + 1) & 0x7FFF_FFFF).unwrap_or_default() };
+    let tag = |it: usize| -> T { salt | T::try_from(p_tag(it, false)).unwrap_or_default() };
+    let stream_tag = |it: usize| -> T { salt | T::try_from(p_tag(it, true)).unwrap_or_default() };
     pe.atomic_set(w, T::default(), me)?;
     pe.barrier_all()?;
     let iters = lat_iters(a, size);
@@ -1310,7 +1326,7 @@ where
     if me == 0 {
         let t = Instant::now();
         for it in 0..bw_n {
-            pe.p(w, tag(it), 1)?;
+            pe.p(w, stream_tag(it), 1)?;
         }
         pe.quiet();
         bw = (size * bw_n) as f64 / t.elapsed().as_secs_f64() / 1e9;
@@ -1318,10 +1334,10 @@ where
     pe.barrier_all()?;
     if me == 1 {
         let got = pe.g(w, me)?;
-        if got != tag(bw_n - 1) {
+        if got != stream_tag(bw_n - 1) {
             return Err(Error::Verification(format!(
                 "PE 1: p stream ended with {got}, expected {}",
-                tag(bw_n - 1)
+                stream_tag(bw_n - 1)
             )));
         }
     }
@@ -1657,7 +1673,21 @@ fn binding_line(bind: &str, cpus: &[Option<usize>]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{binding_line, stats};
+    use super::{binding_line, p_tag, stats};
+
+    /// p's ping-pong and its stream never share a value: with --warmup 0 the ping-pong's
+    /// last value (iteration n - 1) was the stream's last, so a stream that moved nothing
+    /// passed the check.
+    #[test]
+    fn p_stream_values_differ_from_the_ping_pong_values() {
+        for n in [1usize, 16, 10_000, (1 << 30) - 1, 1 << 30, 3 << 30] {
+            assert_ne!(p_tag(n - 1, false), p_tag(n - 1, true), "n = {n}");
+            assert_ne!(p_tag(n - 1, true), 0, "n = {n}");
+            assert_eq!(p_tag(n - 1, false) & 0x4000_0000, 0);
+        }
+        // Both fit the 31 bits a 4-byte p leaves beside its salt (bit 31).
+        assert!(p_tag(usize::MAX - 1, true) < 1 << 31);
+    }
 
     #[test]
     fn the_binding_line_names_each_pe_cpu() {

@@ -239,6 +239,12 @@ fn bench_ep_plot_writes_a_png() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The text names each point's buffer and bytes (they differ with the PE count).
+    let text = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("buffer: ")).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with("1 PEs, 8 tokens: buffer: "), "{text}");
+    assert!(lines[1].starts_with("2 PEs, 8 tokens: buffer: "), "{text}");
     let b = std::fs::read(&png).unwrap();
     assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n");
     let _ = std::fs::remove_dir_all(&dir);

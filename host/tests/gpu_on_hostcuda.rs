@@ -563,6 +563,9 @@ fn the_gpu_ep_bench_runs_and_validates() {
     assert_eq!(v["validated"], true, "{out}");
     assert_eq!(v["pes"], 4, "{out}");
     assert_eq!(v["gpu"], "hostcuda 0 (CPU stand-in)", "{out}");
+    // Without --hook too: the GPU bench always runs the halves apart and reports the split.
+    assert_eq!(v["hook"], true, "{out}");
+    assert!(v["dispatch_send_us_median"].is_number(), "{out}");
     for k in [
         "dispatch_us_median",
         "combine_us_median",

@@ -239,6 +239,28 @@ fn bench_takes_the_transport_from_the_environment() {
     }
 }
 
+/// Benches that move a word (barrier, atomic, p) size their heaps by what they move, not
+/// by --max-size: before 2026-12-07 a 1T --max-size asked for a 3 TiB heap per PE and was
+/// refused. p with --warmup 0 checks its stream against values of its own.
+#[test]
+fn word_benches_ignore_the_max_size_for_their_heaps() {
+    for kind in ["barrier", "atomic", "p"] {
+        let o = Command::new(BIN)
+            .args(["bench", kind, "--pes", "2", "--json", "--iters", "32"])
+            .args(["--warmup", "0", "--max-size", "1T"])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        // One size each (p: 8 bytes, the default --min-size being 8).
+        assert_eq!(v["rows"].as_array().unwrap().len(), 1, "{kind}: {v}");
+    }
+}
+
 #[test]
 fn bench_starts_its_own_pes_and_rejects_bad_arguments() {
     let o = Command::new(BIN)

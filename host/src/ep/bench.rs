@@ -108,7 +108,7 @@ pub struct EpPoint {
     pub dispatch_us_p99: f64,
     pub combine_us_median: f64,
     pub combine_us_p99: f64,
-    /// With --hook: the send half and the receive half separately.
+    /// With --hook (always on GPU): the send half and the receive half separately.
     pub dispatch_send_us_median: Option<f64>,
     pub dispatch_recv_us_median: Option<f64>,
     pub combine_send_us_median: Option<f64>,
@@ -713,14 +713,23 @@ pub(crate) fn print(r: &EpReport, json: bool) {
             );
         }
     }
-    println!(
-        "buffer: {:.1} MiB per PE (DeepEP's layout for this shape: {:.1} MiB); bytes sent per PE \
-         per call: dispatch {:.0}, combine {:.0}",
-        p0.buffer_bytes as f64 / (1 << 20) as f64,
-        p0.deepep_buffer_bytes as f64 / (1 << 20) as f64,
-        p0.dispatch_bytes_per_pe,
-        p0.combine_bytes_per_pe
-    );
+    // Per point: buffer and bytes change with the PE count and the tokens of a sweep
+    // (before 2026-12-07 the first point's figures stood for every point).
+    for p in &r.points {
+        let at = if r.points.len() > 1 {
+            format!("{} PEs, {} tokens: ", p.pes, p.tokens)
+        } else {
+            String::new()
+        };
+        println!(
+            "{at}buffer: {:.1} MiB per PE (DeepEP's layout for this shape: {:.1} MiB); bytes \
+             sent per PE per call: dispatch {:.0}, combine {:.0}",
+            p.buffer_bytes as f64 / (1 << 20) as f64,
+            p.deepep_buffer_bytes as f64 / (1 << 20) as f64,
+            p.dispatch_bytes_per_pe,
+            p.combine_bytes_per_pe
+        );
+    }
     for p in &r.points {
         if let Some(g) = &p.gpu {
             println!(

@@ -1715,7 +1715,10 @@ fn point(
         experts: cfg.num_experts,
         fp8: cfg.use_fp8,
         round_scale: cfg.round_scale,
-        hook: a.hook,
+        // The GPU bench always launches the send and receive halves apart (hooks; the
+        // kernels are the same either way) and reports the split, whatever --hook says:
+        // before 2026-12-07 the JSON said `"hook": false` beside a filled split.
+        hook: true,
         zero_copy: a.zero_copy,
         iters: a.iters,
         warmup: a.warmup,
