@@ -196,6 +196,17 @@ impl Pe {
         check_len("put_signal", src.len(), dest.len())?;
         let route = self.route(pe, dest.offset(), bytes)?;
         let s = self.sync_route::<u64>(sig, pe, "put_signal")?;
+        // OpenSHMEM 1.5: dest and sig_addr must not overlap. Checked (since 2026-12-07,
+        // from a review): the data's plain stores would race the signal's atomic update,
+        // and a waiter could see the data's bytes as the signal.
+        let (d0, s0) = (dest.offset(), sig.offset());
+        if bytes > 0 && s0 < d0 + bytes && d0 < s0 + 8 {
+            return Err(Error::InvalidArgument(format!(
+                "put_signal: the signal word at {s0:#x} lies inside the destination \
+                 [{d0:#x}, {:#x})",
+                d0 + bytes
+            )));
+        }
         match (route, s) {
             (Route::P2p(d), Route::P2p(s)) => {
                 // SAFETY: validated destination inside the mapping; src valid for `bytes`.
@@ -1021,6 +1032,10 @@ impl Pe {
                 Err(state) => {
                     if polls == 0 {
                         _drive = self.proxy.as_ref().map(|p| p.drive());
+                        // From the first miss (before 2026-12-07 from the CHECK_EVERY-th:
+                        // the polls before it, each up to 1 MiB of assist copies, were
+                        // not counted); a wait that succeeds at once reads no clock.
+                        start = Some(Instant::now());
                     }
                     polls += 1;
                     if polls % CHECK_EVERY == 0 {

@@ -303,6 +303,60 @@ fn heap_agreement_stays_in_step_across_calls_and_mismatches() {
     }
 }
 
+/// A signal word inside put_signal's destination is refused (OpenSHMEM: they must not
+/// overlap), whatever part of it overlaps; next to it is fine, and nothing was written.
+#[test]
+fn put_signal_refuses_a_signal_inside_its_destination() {
+    let out = run_threads(2, settings(), |pe| {
+        let buf = pe.calloc::<u64>(6)?;
+        let peer = 1 - pe.my_pe();
+        let mut refused = Vec::new();
+        // (first element, elements, signal element): the signal is the last word, the
+        // first word, and the last word of a shorter put.
+        for (at, n, sig) in [(0, 4, 3), (1, 3, 1), (0, 2, 1)] {
+            let dest = buf.slice(at..at + n);
+            let r = pe.put_signal(
+                dest,
+                &[7u64; 4][..n],
+                buf.at(sig),
+                1,
+                rshmem::SignalOp::Set,
+                peer,
+            );
+            match r {
+                Err(rshmem::Error::InvalidArgument(m)) => refused.push(m),
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
+        // A u32 view whose last element ends at the signal's first byte: apart.
+        let words = buf.cast::<u32>();
+        pe.put_signal(
+            words.slice(0..8),
+            &[9u32; 8],
+            buf.at(4),
+            5,
+            rshmem::SignalOp::Set,
+            peer,
+        )?;
+        pe.barrier_all()?;
+        let mut got = [0u64; 6];
+        pe.get(&mut got, buf, pe.my_pe())?;
+        Ok((refused, got))
+    })
+    .expect("job starts");
+    for (rank, r) in out.into_iter().enumerate() {
+        let (refused, got) = r.unwrap_or_else(|e| panic!("PE {rank}: {e}"));
+        let nine = 9u64 | 9 << 32;
+        assert_eq!(got, [nine, nine, nine, nine, 5, 0], "PE {rank}");
+        assert_eq!(refused.len(), 3);
+        assert!(
+            refused[0].contains("the signal word at ")
+                && refused[0].contains("lies inside the destination"),
+            "PE {rank}: {refused:?}"
+        );
+    }
+}
+
 /// Two different heap calls whose arguments are equal are a mismatch on every PE, and the
 /// heaps stay symmetric: a `free` of the block at 0x10000 on PE 0 met an `align(1, 0x10000)`
 /// on PE 1 (both agreed on the words `[0x10000, 1]`), and a `malloc(64)` met a
