@@ -1364,6 +1364,10 @@ impl<'g> GpuBuffer<'g> {
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
+    /// The buffer's offset in the symmetric heap (the layout's offsets are from it).
+    pub fn heap_offset(&self) -> usize {
+        self.base.offset()
+    }
     /// Number of LL calls made so far (the next call's number).
     pub fn calls(&self) -> u64 {
         self.book.seq

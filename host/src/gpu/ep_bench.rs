@@ -33,7 +33,7 @@ use super::ep::{load_module, GpuBuffer, GpuHandle, IdxType, Replayed};
 use super::module::{Ctx, Module};
 use super::pe::{DevBuf, GpuPe};
 use super::run_gpu_threads;
-use crate::config::{LaunchInfo, Settings};
+use crate::config::{LaunchInfo, Settings, TransportMode};
 use crate::ep::bench::{config_of, EpBenchArgs, EpPoint, EpReport};
 use crate::ep::{bf16, check, Buffer, Config, DispatchOutput, Layout, RecvX};
 use crate::error::{Error, Result};
@@ -566,6 +566,76 @@ fn status_case(g: &GpuPe, m: &Module) -> Result<()> {
     body.and(d)
 }
 
+/// A corrupt message (p2p only: the sends must have landed when the host writes): after
+/// every PE's dispatch send kernel ended, PE 0 overwrites the header of the first message
+/// from PE 1 in its receive area with token N (out of [0, N)), then every PE runs its
+/// receive hook. PE 0's dispatch fails with the CPU's words, every other PE's validates
+/// against the routing, and the combine of that handle fails on every PE (PE 0 poisons
+/// it: EP_FAULT_DISPATCH_HEADER) instead of trapping (as before 2026-12-07) or returning
+/// a row to the wrong token. PE 1's token 0 names expert 0 (on PE 0), so the message is
+/// there.
+fn header_case(g: &GpuPe, m: &Module) -> Result<()> {
+    let (n, me) = (g.n_pes(), g.my_pe());
+    let tokens = 16;
+    let cfg = small_bf16(n, tokens, 2);
+    let mut buf = GpuBuffer::with_module(g, m, cfg, 0)?;
+    let mut r = check::random_routing(13, me, tokens, &cfg, None, 0);
+    if me == 1 {
+        r.topk_idx[0] = 0;
+    }
+    let all = check::allgather_routing(g.pe(), g.pe().world(), &r)?;
+    let x = upload(g, bf16_bytes(&check::origin_x(me, tokens, cfg.hidden)), "x")?;
+    let idx = upload(g, &idx_bytes(&r.topk_idx, IdxType::I64), "topk_idx")?;
+    let w = upload(g, &f32_bytes(&r.topk_weights), "topk_weights")?;
+    let rows = n * tokens;
+    let eo = DevBuf::new(
+        g.ctx(),
+        buf.num_local_experts() * rows * cfg.hidden * 2,
+        "expert outputs",
+    )?;
+    let body = (|| -> Result<()> {
+        let set = (buf.calls() % 2) as usize;
+        let mut h = buf.low_latency_dispatch(x.ptr(), idx.ptr(), IdxType::I64, tokens, true)?;
+        // Every PE's sends have landed (p2p stores, their kernels ended) before PE 0
+        // writes over one of them.
+        g.sync("header case: dispatch send")?;
+        g.pe().barrier_all()?;
+        if me == 0 {
+            let at = buf.heap_offset() + buf.layout().dispatch_recv_msg(set, 1, 0);
+            let header: Vec<u8> = [tokens as i32, 0i32]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            g.write_local(at, &header)?;
+        }
+        g.pe().barrier_all()?;
+        buf.recv_hook(&mut h)?;
+        let dispatched = buf.read_dispatch(&h);
+        let first = match (me, dispatched) {
+            (0, Err(Error::Verification(m)))
+                if m.contains(&format!("PE 1 sent token index {tokens}, top-k slot 0")) =>
+            {
+                Ok(())
+            }
+            (0, other) => Err(Error::Verification(format!(
+                "ep GPU header case on PE 0: expected the corrupt header reported, got {:?}",
+                other.map(|_| "a validated dispatch")
+            ))),
+            (_, Ok(o)) => check::validate_dispatch(&cfg, me, &all, &vec![false; n], &o),
+            (_, Err(e)) => Err(Error::Verification(format!(
+                "ep GPU header case on PE {me}: only PE 0 received a corrupt message: {e}"
+            ))),
+        };
+        let c =
+            buf.low_latency_combine(Some(eo.ptr()), idx.ptr(), IdxType::I64, w.ptr(), &h, false)?;
+        let second = expect_fault(buf.read_combined(&c), me, 0, "corrupt message", "header");
+        first.and(second)
+    })();
+    let d = buf.destroy();
+    drop((x, idx, w, eo));
+    body.and(d)
+}
+
 /// Two dispatches in flight (receive hooks), then PE 0 combines the first one's handle
 /// and the others the second's: every PE fails naming a PE that combined another
 /// dispatch (the CPU's check; at 2 PEs both routings return the same number of rows from
@@ -985,12 +1055,20 @@ fn check_suite(a: &EpBenchArgs) -> Result<()> {
             ("graph-replay-x3", 1, |g, m| graph_case(g, m, 3)),
             ("status-per-kind", 1, status_case),
             ("handle-mismatch", 2, handle_case),
+            ("corrupt-header", 2, header_case),
             ("masked-PE", 3, mask_case),
             ("shrink-dead-PE", 3, shrink_case),
             ("team-split", 4, team_case),
         ]
         .into_iter()
-        .filter(|&(_, fewest, _)| n >= fewest)
+        // The corrupt header is written by the host once the sends' kernels ended, which
+        // means landed only over p2p (the suite's PEs are threads of one process: auto
+        // is p2p); over a NIC's queues the write could come before the message.
+        .filter(|&(name, fewest, _)| {
+            n >= fewest
+                && (name != "corrupt-header"
+                    || matches!(s.transport, TransportMode::Auto | TransportMode::P2p))
+        })
         .map(|(name, _, case)| (name, case))
         .collect();
         let names: Vec<String> = cs
