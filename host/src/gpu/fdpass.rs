@@ -1,10 +1,11 @@
 //! Passing a file descriptor (the POSIX-fd handle of a PE's GPU heap) to the other PEs of
 //! the node over Unix sockets with `SCM_RIGHTS`.
 //!
-//! Every PE listens on an abstract-namespace socket named after the job and its rank
-//! (nothing in the file system, nothing to clean up after a crash) and serves its fd once
-//! to each node peer that asks; at the same time it connects to each node peer and fetches
-//! theirs. PEs in one process exchange the same way (one code path).
+//! Every PE listens on an abstract-namespace socket named after the job, the job's token
+//! and its rank (nothing in the file system, nothing to clean up after a crash) and serves
+//! its fd once to each node peer that asks; at the same time it connects to each node peer
+//! in another process and fetches theirs. PEs in one process map each other's heaps
+//! without fds (`cuMemRetainAllocationHandle`, gpu/pe.rs).
 //!
 //! Handshake (all little-endian):
 //! - client → server, 40 bytes: magic `RSHFD001`, the 16-byte GPU job token, the client's
@@ -51,16 +52,23 @@ pub struct FdExchange {
     pub timeout: Duration,
 }
 
-/// The abstract socket name of PE `rank` of job `job` (at most 107 bytes).
-pub fn socket_name(job: &str, rank: usize) -> String {
+/// The abstract socket name of PE `rank` of job `job` (at most 107 bytes). The hash
+/// covers the job's secret token and the rank, so a process that sees the job id (in
+/// /dev/shm, or a name in /proc/net/unix) cannot bind the PEs' names first and fail the
+/// job (since 2026-12-07, from a review; every other user's process could).
+pub fn socket_name(job: &str, token: &[u8; 16], rank: usize) -> String {
     let short: String = job
         .chars()
         .filter(|c| c.is_ascii_alphanumeric())
         .take(40)
         .collect();
+    let mut key = job.as_bytes().to_vec();
+    key.push(0);
+    key.extend_from_slice(token);
+    key.extend_from_slice(&(rank as u64).to_le_bytes());
     format!(
         "rshmem-gpuheap-{short}-{:016x}-pe{rank}",
-        crate::pe::fnv(job.as_bytes())
+        crate::pe::fnv(&key)
     )
 }
 
@@ -103,7 +111,7 @@ impl FdExchange {
     /// in `GpuPe` puts a bootstrap barrier between binding and fetching; fetches also
     /// retry until the timeout).
     pub fn serve(&self, fd: RawFd, clients: BTreeSet<usize>) -> Result<Server> {
-        let name = socket_name(&self.job, self.rank);
+        let name = socket_name(&self.job, &self.token, self.rank);
         let addr = SocketAddr::from_abstract_name(name.as_bytes())
             .map_err(|e| Error::io(format!("abstract socket name {name}"), e))?;
         let listener = UnixListener::bind_addr(&addr).map_err(|e| {
@@ -291,8 +299,13 @@ impl FdExchange {
     /// Fetches PE `peer`'s fd: connects (retrying until the peer listens, within the
     /// timeout), shakes hands, receives the fd.
     pub fn fetch(&self, peer: usize) -> Result<OwnedFd> {
+        self.fetch_from(peer, &socket_name(&self.job, &self.token, peer))
+    }
+
+    /// [`FdExchange::fetch`] from the socket `name` (tests: a client with another token
+    /// than the server's, which would not find the server's name).
+    fn fetch_from(&self, peer: usize, name: &str) -> Result<OwnedFd> {
         let deadline = Instant::now() + self.timeout;
-        let name = socket_name(&self.job, peer);
         let addr = SocketAddr::from_abstract_name(name.as_bytes())
             .map_err(|e| Error::io(format!("abstract socket name {name}"), e))?;
         let conn = loop {
@@ -508,25 +521,54 @@ fn recv_with_fd(s: &UnixStream) -> std::io::Result<([u8; REPLY_LEN], Option<Owne
     msg.msg_iovlen = 1;
     msg.msg_control = buf.0.as_mut_ptr().cast();
     msg.msg_controllen = buf.0.len() as _;
-    // SAFETY: msg points at live buffers of the stated sizes; MSG_CMSG_CLOEXEC marks the
-    // received fd close-on-exec. The read timeout set on the socket bounds the call.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut fd = None;
+    let n = loop {
+        // SAFETY: msg points at live buffers of the stated sizes; MSG_CMSG_CLOEXEC marks
+        // the received fds close-on-exec. The read timeout set on the socket bounds the
+        // call.
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    // Every fd that came is owned (closed on every path below), not only the first of the
+    // first message: a peer that sent more would otherwise leave them open in this
+    // process for good (before 2026-12-07, from a review).
+    let mut fds: Vec<OwnedFd> = Vec::new();
     // SAFETY: walking the control messages the kernel wrote into `buf` (msg_controllen
-    // was updated to their length).
+    // was updated to their length); each SCM_RIGHTS payload holds
+    // (cmsg_len - CMSG_LEN(0)) / 4 descriptors, now ours.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
-                fd = Some(OwnedFd::from_raw_fd(raw));
+                let payload = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                for i in 0..payload / std::mem::size_of::<RawFd>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > 1 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "the reply carried {} descriptor(s){} where one was expected",
+                fds.len(),
+                if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+                    " and more the kernel dropped"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    let fd = fds.pop();
     let mut got = n as usize;
     // The fd comes with the first bytes; read the rest of a split reply (rare).
     while got < REPLY_LEN {
@@ -716,7 +758,7 @@ mod tests {
         let e = ex(&job, 0, [3u8; 16], 1 << 12, 600_000);
         let server = e.serve(fd.as_raw_fd(), [1, 2].into()).unwrap();
         // The name is taken while the server runs.
-        let name = socket_name(&job, 0);
+        let name = socket_name(&job, &[3u8; 16], 0);
         let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
         assert!(
             UnixListener::bind_addr(&addr).is_err(),
@@ -748,8 +790,10 @@ mod tests {
         let server = ex(&job, 0, [1u8; 16], 4096, 3000)
             .serve(fd.as_raw_fd(), [1].into())
             .unwrap();
+        // A client with another token derives another name (it would wait out its
+        // timeout); at the server's name, the server still refuses it.
         let e = ex(&job, 1, [2u8; 16], 4096, 3000)
-            .fetch(0)
+            .fetch_from(0, &socket_name(&job, &[1u8; 16], 0))
             .unwrap_err()
             .to_string();
         assert!(
@@ -801,9 +845,92 @@ mod tests {
     #[test]
     fn socket_names_fit_and_differ() {
         let long = "x".repeat(500);
-        let a = socket_name(&long, 1023);
+        let t = [7u8; 16];
+        let a = socket_name(&long, &t, 1023);
         assert!(a.len() < 107, "{a}");
-        assert_ne!(socket_name("job", 0), socket_name("job", 1));
-        assert_ne!(socket_name("job-a", 0), socket_name("job-b", 0));
+        assert_ne!(socket_name("job", &t, 0), socket_name("job", &t, 1));
+        assert_ne!(socket_name("job-a", &t, 0), socket_name("job-b", &t, 0));
+        // Another token, another name: the job id alone does not give it away.
+        assert_ne!(socket_name("job", &t, 0), socket_name("job", &[8u8; 16], 0));
+    }
+
+    /// A name bound by someone who knows only the job id (as every user on the machine
+    /// can) is not the PE's: the server binds its own and serves.
+    #[test]
+    fn a_name_taken_from_the_job_id_does_not_stop_the_server() {
+        let job = job("squat");
+        let squatted = format!(
+            "rshmem-gpuheap-{}-{:016x}-pe0",
+            job.chars()
+                .filter(|c| c.is_ascii_alphanumeric())
+                .take(40)
+                .collect::<String>(),
+            crate::pe::fnv(job.as_bytes())
+        );
+        let _squatter =
+            UnixListener::bind_addr(&SocketAddr::from_abstract_name(squatted.as_bytes()).unwrap())
+                .unwrap();
+        let fd = memfd_with(1 << 12, 5);
+        let server = ex(&job, 0, [4u8; 16], 1 << 12, 10_000);
+        let client = ex(&job, 1, [4u8; 16], 1 << 12, 10_000);
+        let s = server.serve(fd.as_raw_fd(), [1].into()).unwrap();
+        client.fetch(0).unwrap();
+        s.join().unwrap();
+    }
+
+    /// A reply with two descriptors is refused and both are closed (before 2026-12-07 the
+    /// second stayed open in this process).
+    #[test]
+    fn extra_descriptors_in_a_reply_are_refused_and_closed() {
+        let tag = format!("rshmem-extra-{}", std::process::id());
+        let named = |n: &str| {
+            let c = std::ffi::CString::new(n).unwrap();
+            // SAFETY: valid name and flags.
+            let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0);
+            // SAFETY: a fresh descriptor owned here.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        };
+        let open_here = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy().contains(&tag))
+                .count()
+        };
+        let (a, b) = UnixStream::pair().unwrap();
+        {
+            let (f1, f2) = (named(&tag), named(&tag));
+            let data = [0u8; REPLY_LEN];
+            let mut iov = libc::iovec {
+                iov_base: data.as_ptr() as *mut _,
+                iov_len: data.len(),
+            };
+            let mut buf = CmsgBuf([0; 64]);
+            // SAFETY: zeroed msghdr is valid; fields point at live buffers.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = buf.0.as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE of two descriptors fits the 64-byte buffer; the header
+            // and data written lie inside it.
+            unsafe {
+                msg.msg_controllen = libc::CMSG_SPACE(8) as _;
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(8) as _;
+                let d = libc::CMSG_DATA(c).cast::<RawFd>();
+                std::ptr::write_unaligned(d, f1.as_raw_fd());
+                std::ptr::write_unaligned(d.add(1), f2.as_raw_fd());
+            }
+            // SAFETY: msg is fully initialised; the socket is connected.
+            let n = unsafe { libc::sendmsg(a.as_raw_fd(), &msg, 0) };
+            assert_eq!(n, REPLY_LEN as isize);
+        }
+        // The sender's copies are closed; two are in flight.
+        let e = recv_with_fd(&b).expect_err("two descriptors");
+        assert!(e.to_string().contains("carried 2 descriptor(s)"), "{e}");
+        assert_eq!(open_here(), 0, "a received descriptor stayed open");
     }
 }

@@ -8,8 +8,9 @@
 //! `cuMemMap`; `cuMemSetAccess` (read-write for the PE's device). Sharing:
 //! `cuMemExportToShareableHandle` gives an fd, [`super::fdpass`] passes it to the node's
 //! other PEs, which `cuMemImportFromShareableHandle` it and map it the same way in their
-//! context. PEs of one process share a context and still map each other's heaps through
-//! this path (one code path; a second mapping of the same memory is allowed).
+//! context. PEs of one process take each other's allocation handles with
+//! `cuMemRetainAllocationHandle` instead (no fd) and map them the same way (a second
+//! mapping of the same memory is allowed).
 //!
 //! Release: a [`VmmMapping`] unmaps, frees its address range and releases its handle when
 //! dropped. The physical memory goes away when the last handle anywhere is released; when

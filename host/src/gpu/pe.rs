@@ -571,20 +571,23 @@ impl GpuPe {
             heap_size: heap_size as u64,
             timeout: settings.timeout,
         };
+        // The device count too before the status exchange: a PE that failed it after the
+        // barrier left its peers fetching from it, one timeout each (from a review,
+        // 2026-12-07).
         let served = elsewhere.and_then(|elsewhere| {
+            let count = device_count()?;
             if elsewhere.is_empty() {
-                return Ok((elsewhere, None));
+                return Ok((count, elsewhere, None));
             }
             let fd = mine.export()?;
             use std::os::fd::AsRawFd;
             let server = ex.serve(fd.as_raw_fd(), elsewhere.clone())?;
-            Ok((elsewhere, Some(server)))
+            Ok((count, elsewhere, Some(server)))
         });
         exchange_status(boot, &world, "export its GPU heap", &served)?;
-        let (elsewhere, server) = served?;
+        let (my_dev_count, elsewhere, server) = served?;
         boot.barrier(&world)?;
         let mut heaps: Vec<Option<VmmMapping>> = (0..n).map(|_| None).collect();
-        let my_dev_count = device_count()?;
         // Peers reached over P2P without native atomics (PEER_NO_P2P_ATOMICS).
         let mut no_atomics = vec![false; n];
         // Node peers whose GPU this process does not see (CUDA_VISIBLE_DEVICES).
