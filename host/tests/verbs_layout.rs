@@ -37,6 +37,18 @@ int main(void) {
     S(mlx5dv_cq); O(mlx5dv_cq, buf); O(mlx5dv_cq, dbrec); O(mlx5dv_cq, cqe_cnt); O(mlx5dv_cq, cqe_size);
     S(mlx5dv_obj); O(mlx5dv_obj, qp); O(mlx5dv_obj, cq);
     S(mlx5dv_context); O(mlx5dv_context, flags);
+    /* Fields read through nested members and function tables (from a review, 2026-12-07):
+       atomic_cap decides whether ibgda is allowed, ops.post_send / ops.poll_cq are called. */
+    O(ibv_device_attr, atomic_cap); O(mlx5dv_qp, sq.buf); O(mlx5dv_qp, sq.wqe_cnt);
+    O(mlx5dv_qp, sq.stride); O(mlx5dv_qp, bf.reg); O(mlx5dv_qp, bf.size);
+    O(ibv_context, ops); O(ibv_context_ops, post_send); O(ibv_context_ops, poll_cq);
+    S(ibv_wc); O(ibv_wc, wr_id); O(ibv_wc, status); O(ibv_wc, opcode); O(ibv_wc, vendor_err);
+    O(ibv_wc, byte_len); O(ibv_wc, qp_num);
+    S(ibv_sge); O(ibv_sge, addr); O(ibv_sge, length); O(ibv_sge, lkey);
+    S(ibv_send_wr); O(ibv_send_wr, wr_id); O(ibv_send_wr, next); O(ibv_send_wr, sg_list);
+    O(ibv_send_wr, num_sge); O(ibv_send_wr, opcode); O(ibv_send_wr, send_flags);
+    O(ibv_send_wr, wr.rdma.remote_addr); O(ibv_send_wr, wr.rdma.rkey);
+    O(ibv_gid_entry, gid);
     return 0;
 }
 "#;
@@ -72,10 +84,10 @@ fn c_layout() -> BTreeMap<String, u64> {
 
 fn rust_layout() -> BTreeMap<String, u64> {
     macro_rules! o {
-        ($m:ident, $t:ident, $f:ident) => {
+        ($m:ident, $t:ident, $($f:ident).+) => {
             $m.insert(
-                format!("{}.{}", stringify!($t), stringify!($f)),
-                offset_of!(sys::$t, $f) as u64,
+                format!("{}.{}", stringify!($t), [$(stringify!($f)),+].join(".")),
+                offset_of!(sys::$t, $($f).+) as u64,
             );
         };
     }
@@ -150,6 +162,36 @@ fn rust_layout() -> BTreeMap<String, u64> {
     o!(m, mlx5dv_obj, cq);
     s!(m, mlx5dv_context);
     o!(m, mlx5dv_context, flags);
+    o!(m, ibv_device_attr, atomic_cap);
+    o!(m, mlx5dv_qp, sq.buf);
+    o!(m, mlx5dv_qp, sq.wqe_cnt);
+    o!(m, mlx5dv_qp, sq.stride);
+    o!(m, mlx5dv_qp, bf.reg);
+    o!(m, mlx5dv_qp, bf.size);
+    o!(m, ibv_context, ops);
+    o!(m, ibv_context_ops, post_send);
+    o!(m, ibv_context_ops, poll_cq);
+    s!(m, ibv_wc);
+    o!(m, ibv_wc, wr_id);
+    o!(m, ibv_wc, status);
+    o!(m, ibv_wc, opcode);
+    o!(m, ibv_wc, vendor_err);
+    o!(m, ibv_wc, byte_len);
+    o!(m, ibv_wc, qp_num);
+    s!(m, ibv_sge);
+    o!(m, ibv_sge, addr);
+    o!(m, ibv_sge, length);
+    o!(m, ibv_sge, lkey);
+    s!(m, ibv_send_wr);
+    o!(m, ibv_send_wr, wr_id);
+    o!(m, ibv_send_wr, next);
+    o!(m, ibv_send_wr, sg_list);
+    o!(m, ibv_send_wr, num_sge);
+    o!(m, ibv_send_wr, opcode);
+    o!(m, ibv_send_wr, send_flags);
+    o!(m, ibv_send_wr, wr.rdma.remote_addr);
+    o!(m, ibv_send_wr, wr.rdma.rkey);
+    o!(m, ibv_gid_entry, gid);
     m
 }
 
