@@ -1281,6 +1281,24 @@ extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_misaligned_atomic
   rshmem_uint64_atomic_add(reinterpret_cast<uint64_t *>(scratch(a) + 4), 1, rshmem_my_pe());
 }
 
+// A put of 2^61 + 1 u64 elements (whose byte count wraps to 8): OUT_OF_HEAP for the
+// saturated length, record.addr = scratch, record.expected = 2^64 - 1. Before 2026-12-07
+// it moved 8 bytes and returned.
+extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_put_count_wrap(rshmem_harness_args_t a) {
+  uint64_t *s = reinterpret_cast<uint64_t *>(scratch(a));
+  rshmem_put(s, s + 8, (1ull << 61) + 1, rshmem_my_pe());
+}
+
+// rshmem_p of a class of size 8 and alignment 4 on scratch + 4: BAD_ARG (the store is one
+// 8-byte word), record.expected = 8. Before 2026-12-07 the alignment checked was 4 and
+// the GPU faulted with a misaligned address, naming nothing.
+struct rshmemi_test_f2 {
+  float x, y;
+};
+extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_misaligned_p_class(rshmem_harness_args_t a) {
+  rshmem_p(reinterpret_cast<rshmemi_test_f2 *>(scratch(a) + 4), rshmemi_test_f2{1.0f, 2.0f}, rshmem_my_pe());
+}
+
 // signal_wait_until on scratch + 4: BAD_ARG at once (no wait), record.addr = scratch + 4,
 // record.expected = 8.
 extern "C" __global__ void __launch_bounds__(1, 1) rshmem_trap_misaligned_signal_wait(rshmem_harness_args_t a) {

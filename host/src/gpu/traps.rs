@@ -639,8 +639,25 @@ mod tests {
                 "rshmem_trap_bad_team",
                 "rshmem_trap_bad_sig_op",
                 "rshmem_trap_misaligned_atomic",
-                "rshmem_trap_misaligned_signal_wait"
+                "rshmem_trap_misaligned_signal_wait",
+                "rshmem_trap_put_count_wrap",
+                "rshmem_trap_misaligned_p_class"
             ]
+        );
+        // The wrapped count's saturated length, and the class p's 8-byte width.
+        let last = |name: &str| {
+            let t = m.traps.iter().find(|t| t.name == name).expect("listed");
+            let e = |s: &Option<crate::gpu::manifest::Sym>| s.as_ref().map(|s| s.eval(&ENV));
+            (t.expect_code, e(&t.expect.addr), e(&t.expect.expected))
+        };
+        let s = ENV.scratch as i128;
+        assert_eq!(
+            last("rshmem_trap_put_count_wrap"),
+            (3, Some(s), Some(u64::MAX as i128))
+        );
+        assert_eq!(
+            last("rshmem_trap_misaligned_p_class"),
+            (6, Some(s + 4), Some(8))
         );
         let ev = |t: &TrapCase| {
             let x = &t.expect;
@@ -724,7 +741,7 @@ mod tests {
             );
             assert!(t.bind && t.kernel() == t.name);
         }
-        assert_eq!(m.traps.len(), 12);
+        assert_eq!(m.traps.len(), 14);
     }
 
     #[test]

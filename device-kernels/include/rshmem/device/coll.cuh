@@ -161,15 +161,15 @@ RSHMEM_DEVICE int rshmemi_reduce_block(rshmem_team_t team, T *dest, const T *sou
 #define RSHMEMI_TYPED_COLL(NAME, TYPE)                                                           \
   RSHMEM_DEVICE void rshmem_##NAME##_broadcast_block(rshmem_team_t team, TYPE *dest, const TYPE *source, \
                                                      size_t nelems, int root) {                  \
-    rshmem_broadcastmem_block(team, dest, source, nelems * sizeof(TYPE), root);                  \
+    rshmem_broadcastmem_block(team, dest, source, rshmemi_bytes<TYPE>(nelems), root);                  \
   }                                                                                              \
   RSHMEM_DEVICE void rshmem_##NAME##_fcollect_block(rshmem_team_t team, TYPE *dest, const TYPE *source, \
                                                     size_t nelems) {                             \
-    rshmem_fcollectmem_block(team, dest, source, nelems * sizeof(TYPE));                         \
+    rshmem_fcollectmem_block(team, dest, source, rshmemi_bytes<TYPE>(nelems));                         \
   }                                                                                              \
   RSHMEM_DEVICE void rshmem_##NAME##_alltoall_block(rshmem_team_t team, TYPE *dest, const TYPE *source, \
                                                     size_t nelems) {                             \
-    rshmem_alltoallmem_block(team, dest, source, nelems * sizeof(TYPE));                         \
+    rshmem_alltoallmem_block(team, dest, source, rshmemi_bytes<TYPE>(nelems));                         \
   }
 RSHMEM_RMA_TYPES(RSHMEMI_TYPED_COLL)
 #undef RSHMEMI_TYPED_COLL

@@ -188,6 +188,14 @@ RSHMEM_DEVICE void rshmemi_check_local(const void *addr, uint64_t len, int pe, c
 }
 
 // Checks (when checks are on) that addr is a multiple of size (a power of two).
+// The bytes of `n` elements of T, saturated: a count whose byte size would wrap asks for
+// more than any heap holds (the range check then refuses it: OUT_OF_HEAP) instead of
+// moving the few bytes the wrapped product names.
+template <typename T>
+RSHMEM_DEVICE size_t rshmemi_bytes(size_t n) {
+  return n > ~size_t(0) / sizeof(T) ? ~size_t(0) : n * sizeof(T);
+}
+
 RSHMEM_DEVICE void rshmemi_check_aligned(const void *addr, uint64_t size, int pe, const char *what) {
   const uint64_t a = reinterpret_cast<uint64_t>(addr);
   if (__builtin_expect(rshmemi_checks_on() && (a & (size - 1)) != 0, 0)) rshmemi_misaligned(pe, a, size, what);

@@ -214,7 +214,9 @@ struct rshmemi_volatile<T, true> {
 template <typename T>
 RSHMEM_DEVICE void rshmem_p(T *dest, T value, int pe) {
   const rshmemi_target_t t = rshmemi_resolve(dest, sizeof(T), pe, "rshmem_p");
-  rshmemi_check_aligned(dest, alignof(T), pe, "rshmem_p");
+  // Aligned to the access's width, sizeof(T), not alignof(T): a class type such as
+  // struct { float x, y; } (size 8, alignment 4) is stored as one 8-byte word.
+  rshmemi_check_aligned(dest, sizeof(T), pe, "rshmem_p");
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P: rshmemi_volatile<T>::store(t.addr, value); break;
     case RSHMEM_TRANSPORT_IBGDA:
@@ -233,7 +235,7 @@ RSHMEM_DEVICE void rshmem_p(T *dest, T value, int pe) {
 template <typename T>
 RSHMEM_DEVICE T rshmem_g(const T *source, int pe) {
   const rshmemi_target_t t = rshmemi_resolve(source, sizeof(T), pe, "rshmem_g");
-  rshmemi_check_aligned(source, alignof(T), pe, "rshmem_g");
+  rshmemi_check_aligned(source, sizeof(T), pe, "rshmem_g");  // the access's width, as in p
   switch (t.transport) {
     case RSHMEM_TRANSPORT_P2P: return rshmemi_volatile<T>::load(t.addr);
     case RSHMEM_TRANSPORT_IBGDA:
@@ -262,11 +264,11 @@ RSHMEM_DEVICE T rshmem_g(const T *source, int pe) {
   }                                                                                            \
   template <typename T>                                                                        \
   RSHMEM_DEVICE void rshmem_put##suffix(T *dest, const T *source, size_t nelems, int pe) {     \
-    rshmemi_putmem<S, nbi>(dest, source, nelems * sizeof(T), pe, "rshmem_put" #suffix);        \
+    rshmemi_putmem<S, nbi>(dest, source, rshmemi_bytes<T>(nelems), pe, "rshmem_put" #suffix);  \
   }                                                                                            \
   template <typename T>                                                                        \
   RSHMEM_DEVICE void rshmem_get##suffix(T *dest, const T *source, size_t nelems, int pe) {     \
-    rshmemi_getmem<S>(dest, source, nelems * sizeof(T), pe, "rshmem_get" #suffix);             \
+    rshmemi_getmem<S>(dest, source, rshmemi_bytes<T>(nelems), pe, "rshmem_get" #suffix);       \
   }
 RSHMEMI_DEF_MEM(, RSHMEMI_THREAD, false)
 RSHMEMI_DEF_MEM(_nbi, RSHMEMI_THREAD, true)
@@ -409,7 +411,7 @@ RSHMEM_DEVICE void rshmemi_putmem_signal(void *dest, const void *source, size_t 
   RSHMEM_DEVICE void rshmem_put_signal##suffix(T *dest, const T *source, size_t nelems,          \
                                                uint64_t *sig_addr, uint64_t signal, int sig_op,  \
                                                int pe) {                                         \
-    rshmemi_putmem_signal<S, nbi>(dest, source, nelems * sizeof(T), sig_addr, signal, sig_op, pe, \
+    rshmemi_putmem_signal<S, nbi>(dest, source, rshmemi_bytes<T>(nelems), sig_addr, signal, sig_op, pe, \
                              "rshmem_put_signal" #suffix);                                       \
   }
 RSHMEMI_DEF_SIG(, RSHMEMI_THREAD, false)
