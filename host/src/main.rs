@@ -211,12 +211,20 @@ fn selftest(a: SelftestArgs) -> i32 {
         Ok(n)
     });
     match r {
-        Ok(n) => match pe.finalize() {
-            Ok(()) => {
+        Ok(n) => match (pe.n_pes(), pe.finalize()) {
+            (pes, Ok(())) => {
                 println!("selftest: all {n} cases passed on PE {me}");
+                if pes == 1 {
+                    // Said, not implied: alone, every operation went to this PE itself.
+                    println!(
+                        "selftest: one PE: no operation crossed between PEs; run it with 2 or \
+                         more (rshmem run -n 2 -- rshmem selftest) to check PEs against each \
+                         other"
+                    );
+                }
                 0
             }
-            Err(e) => {
+            (_, Err(e)) => {
                 eprintln!("rshmem selftest: finalize: {e}");
                 1
             }

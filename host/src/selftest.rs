@@ -296,10 +296,21 @@ fn put_get(pe: &Pe) -> Result<()> {
     // Sizes around word and page boundaries, unaligned starts included.
     let sizes = [1usize, 7, 8, 9, 63, 64, 4095, 4096, 65_537, 1 << 20];
     let buf = pe.malloc(2 << 20)?;
+    // Each put's bytes depend on its size and skew too, and the destination (with a byte
+    // on either side) holds a sentinel before it: a put that moves nothing, or only its
+    // last word, cannot pass on what an earlier put of another size left (before
+    // 2026-12-07 most sizes were covered by the bytes the sizes before them had put).
+    const SENTINEL: u8 = 0xFF; // above every pattern byte (% 251)
+    let byte = |pe: usize, i: usize, size: usize, skew: usize| {
+        ((pat(pe, i + skew) ^ ((size as u64) << 3 | skew as u64)) % 251) as u8
+    };
     for &size in &sizes {
         for &skew in &[0usize, 3] {
-            let src: Vec<u8> = (0..size).map(|i| (pat(me, i + skew) % 251) as u8).collect();
+            let src: Vec<u8> = (0..size).map(|i| byte(me, i, size, skew)).collect();
             let dest = buf.slice(skew..skew + size);
+            let around = buf.slice(skew.saturating_sub(1)..skew + size + 1);
+            pe.put(around, &vec![SENTINEL; around.len()], me)?;
+            pe.barrier_all()?;
             if size % 2 == 0 {
                 pe.put(dest, &src, next)?;
             } else {
@@ -307,13 +318,20 @@ fn put_get(pe: &Pe) -> Result<()> {
                 pe.quiet();
             }
             pe.barrier_all()?;
-            let mut got = vec![0u8; size];
-            pe.get(&mut got, dest, me)?;
-            let want: Vec<u8> = (0..size)
-                .map(|i| (pat(prev, i + skew) % 251) as u8)
-                .collect();
+            let mut got = vec![0u8; around.len()];
+            pe.get(&mut got, around, me)?;
+            let mut want: Vec<u8> = (0..size).map(|i| byte(prev, i, size, skew)).collect();
+            if skew > 0 {
+                want.insert(0, SENTINEL);
+            }
+            want.push(SENTINEL);
             check_bytes(
-                || format!("put of {size} B (skew {skew}) from PE {prev}"),
+                || {
+                    format!(
+                        "put of {size} B (skew {skew}) from PE {prev}, with the bytes \
+                         around it untouched"
+                    )
+                },
                 &got,
                 &want,
             )?;
@@ -333,6 +351,27 @@ fn put_get(pe: &Pe) -> Result<()> {
             pe.barrier_all()?;
         }
     }
+    // putmem, then fence, then a flag: the successor that sees the flag sees the bytes
+    // (fence orders puts to one PE: a p2p property anyway, the proxy's queues need it);
+    // try_quiet reports success. (These were not called before 2026-12-07.)
+    let (bytes, flag) = (pe.alloc::<u8>(24)?, pe.calloc::<u64>(1)?);
+    let payload: Vec<u8> = (0..24).map(|i| (pat(me, i) % 251) as u8).collect();
+    pe.putmem(bytes, &payload, next)?;
+    pe.fence();
+    pe.atomic_set(flag, me as u64 + 1, next)?;
+    pe.wait_until(flag, Cmp::Eq, prev as u64 + 1)?;
+    let mut got = vec![0u8; 24];
+    pe.getmem(&mut got, bytes, me)?;
+    let want: Vec<u8> = (0..24).map(|i| (pat(prev, i) % 251) as u8).collect();
+    check_bytes(
+        || format!("putmem then fence then flag from PE {prev}"),
+        &got,
+        &want,
+    )?;
+    pe.try_quiet()?;
+    pe.barrier_all()?;
+    pe.free(flag)?;
+    pe.free(bytes)?;
     // Typed puts of every width, to every PE (including self).
     let w = pe.calloc::<u64>(n * 4)?;
     for t in 0..n {
@@ -632,7 +671,12 @@ fn wait(pe: &Pe) -> Result<()> {
         (Cmp::Lt, -5, -6),
         (Cmp::Le, -30, -31),
     ];
+    // Shifted by a multiple of 1000 that names the receiver (the comparisons hold the
+    // same), and the value found is checked: a set that went to the setter's own word
+    // satisfied its own wait before 2026-12-07.
+    let shift = |p: usize| (p as i64 % 1000) * 1000;
     for (k, &(cmp, target, set)) in cases.iter().enumerate() {
+        let (target, set_next, set_mine) = (target + shift(me), set + shift(next), set + shift(me));
         // Start from a value that does not satisfy the comparison.
         let start = match cmp {
             Cmp::Eq | Cmp::Ge | Cmp::Gt => target - 100,
@@ -646,12 +690,17 @@ fn wait(pe: &Pe) -> Result<()> {
             false,
         )?;
         pe.barrier_all()?;
-        pe.atomic_set(iv.at(0), set, next)?;
+        pe.atomic_set(iv.at(0), set_next, next)?;
         pe.wait_until(iv.at(0), cmp, target)?;
         check(
             || format!("test {cmp} after (case {k})"),
             pe.test(iv.at(0), cmp, target)?,
             true,
+        )?;
+        check(
+            || format!("the value PE {prev} set for {cmp} (case {k})"),
+            pe.atomic_fetch(iv.at(0), me)?,
+            set_mine,
         )?;
         pe.barrier_all()?;
     }
@@ -661,8 +710,15 @@ fn wait(pe: &Pe) -> Result<()> {
     }
     pe.barrier_all()?;
     // The predecessor sets elements 1 and 3; element 0 is excluded by status, 2 never set.
-    pe.atomic_set(uv.at(1), 9u32, next)?;
-    pe.atomic_set(uv.at(3), 9u32, next)?;
+    // Then each owner checks they hold 9 + 16 * (its rank % 4096), which only its
+    // predecessor wrote.
+    pe.atomic_set(uv.at(1), 9u32 + 16 * (next as u32 % 4096), next)?;
+    pe.atomic_set(uv.at(3), 9u32 + 16 * (next as u32 % 4096), next)?;
+    let nine = 9u32 + 16 * (me as u32 % 4096);
+    pe.wait_until_all(uv, Some(&[1, 0, 1, 0]), Cmp::Eq, nine)?;
+    for i in [1, 3] {
+        pe.atomic_set(uv.at(i), 9u32, me)?;
+    }
     let status = [1, 0, 0, 0];
     let any = pe.wait_until_any(uv, Some(&status), Cmp::Eq, 9)?;
     check(|| "wait_until_any index".into(), any == 1 || any == 3, true)?;
@@ -741,7 +797,15 @@ fn atomics_one<T: AtomicInt + From<u8> + std::ops::Add<Output = T>>(
     let w = pe.calloc::<T>(8)?;
     let t = |x: u8| T::from(x);
     let name = std::any::type_name::<T>();
-    // Everyone operates on its successor's words; each check reads back on the owner.
+    // Everyone operates on its successor's words with operands that name the successor
+    // (`c`, and `hi` in the bits), and each owner checks its words' final values against
+    // its own: an operation executed on the wrong PE's word ends with another PE's values
+    // (before 2026-12-07 every PE used the same operands, and only the u64 operations of
+    // atomics-concurrent could tell).
+    let tag = |p: usize| ((p % 97) * 2 + 1) as u8;
+    let c = tag(next);
+    let hi = t(((next % 7 + 1) as u8) << 4);
+    let lo = |x: u8| hi + t(x); // disjoint bits
     pe.atomic_set(w.at(0), base, next)?;
     check(
         || format!("{name} fetch"),
@@ -750,60 +814,61 @@ fn atomics_one<T: AtomicInt + From<u8> + std::ops::Add<Output = T>>(
     )?;
     check(
         || format!("{name} swap"),
-        pe.atomic_swap(w.at(0), t(5), next)?,
+        pe.atomic_swap(w.at(0), t(5) + t(c), next)?,
         base,
     )?;
     check(
         || format!("{name} cswap fail"),
-        pe.atomic_compare_swap(w.at(0), t(6), t(9), next)?,
-        t(5),
+        pe.atomic_compare_swap(w.at(0), t(6) + t(c), t(9) + t(c), next)?,
+        t(5) + t(c),
     )?;
     check(
         || format!("{name} cswap ok"),
-        pe.atomic_compare_swap(w.at(0), t(5), t(9), next)?,
-        t(5),
+        pe.atomic_compare_swap(w.at(0), t(5) + t(c), t(9) + t(c), next)?,
+        t(5) + t(c),
     )?;
     check(
         || format!("{name} fetch_add"),
         pe.atomic_fetch_add(w.at(0), t(3), next)?,
-        t(9),
+        t(9) + t(c),
     )?;
     pe.atomic_add(w.at(0), t(2), next)?;
     check(
         || format!("{name} fetch_inc"),
         pe.atomic_fetch_inc(w.at(0), next)?,
-        t(14),
+        t(14) + t(c),
     )?;
     pe.atomic_inc(w.at(0), next)?;
-    pe.atomic_set(w.at(1), t(0b1100), next)?;
+    pe.atomic_set(w.at(1), lo(0b1100), next)?;
     check(
         || format!("{name} fetch_and"),
-        pe.atomic_fetch_and(w.at(1), t(0b1010), next)?,
-        t(0b1100),
+        pe.atomic_fetch_and(w.at(1), t(0xF0 | 0b1010), next)?,
+        lo(0b1100),
     )?;
     check(
         || format!("{name} fetch_or"),
         pe.atomic_fetch_or(w.at(1), t(0b0001), next)?,
-        t(0b1000),
+        lo(0b1000),
     )?;
     check(
         || format!("{name} fetch_xor"),
         pe.atomic_fetch_xor(w.at(1), t(0b1111), next)?,
-        t(0b1001),
+        lo(0b1001),
     )?;
-    pe.atomic_and(w.at(1), t(0b0111), next)?; // 0110 & 0111
-    pe.atomic_or(w.at(1), t(0b1000), next)?; // 1110
-    pe.atomic_xor(w.at(1), t(0b0011), next)?; // 1101
+    // Each non-fetching one changes the word (a no-op fails).
+    pe.atomic_and(w.at(1), t(0xF0 | 0b0101), next)?; // 0110 & 0101 = 0100
+    pe.atomic_or(w.at(1), t(0b1000), next)?; // 1100
+    pe.atomic_xor(w.at(1), t(0b0011), next)?; // 1111
     pe.barrier_all()?;
     check(
         || format!("{name} final value from PE {prev}"),
         pe.atomic_fetch(w.at(0), me)?,
-        t(16),
+        t(16) + t(tag(me)),
     )?;
     check(
         || format!("{name} final bits from PE {prev}"),
         pe.atomic_fetch(w.at(1), me)?,
-        t(0b1101),
+        t((((me % 7 + 1) as u8) << 4) | 0b1111),
     )?;
     pe.barrier_all()?;
     pe.free(w)?;
@@ -831,6 +896,10 @@ fn atomics(pe: &Pe) -> Result<()> {
 /// bit-exactly (`b` is -0.0 or another value `==` cannot tell apart; `nan` has a payload).
 fn atomics_float<T: AtomicWord>(pe: &Pe, a: T, b: T, nan: T) -> Result<()> {
     let (next, _) = neighbours(pe);
+    // The NaN's payload names the PE whose word it goes to (low bits, quiet bit kept): an
+    // owner that finds another PE's NaN had its word set by the wrong PE's operation.
+    let nan_for = |p: usize| T::from_bits64(nan.to_bits64() ^ ((p as u64 % 255 + 1) << 1));
+    let nan = nan_for(next);
     let name = std::any::type_name::<T>();
     let w = pe.calloc::<T>(1)?;
     pe.atomic_set(w, a, next)?;
@@ -854,7 +923,7 @@ fn atomics_float<T: AtomicWord>(pe: &Pe, a: T, b: T, nan: T) -> Result<()> {
     check(
         || format!("{name} NaN payload"),
         pe.atomic_fetch(w, pe.my_pe())?.to_bits64(),
-        nan.to_bits64(),
+        nan_for(pe.my_pe()).to_bits64(),
     )?;
     pe.barrier_all()?;
     pe.free(w)
@@ -877,18 +946,31 @@ fn collectives(pe: &Pe) -> Result<()> {
         pe.get(&mut out, dst.slice(0..len), me)?;
         Ok(out)
     };
+    // dest holds a sentinel before each collective, so one that moves nothing cannot
+    // pass on what the one before it left (before 2026-12-07 a no-op collect passed at 2
+    // PEs: the max reduce had left its one expected word).
+    let reset = || pe.put(dst, &vec![0xDEAD_BEEF_DEAD_BEEFu64; 3 * n + 8], me);
 
-    let root = n - 1;
-    pe.broadcast(&world, dst, src, 5, root)?;
-    check(
-        || format!("broadcast from {root}"),
-        read(5)?,
-        (0..5).map(|i| v(root, i)).collect::<Vec<_>>(),
-    )?;
+    // Every root, up to 4 (an implementation that ignores the root fails).
+    let mut roots = vec![n - 1, 0, n / 2, 1 % n];
+    roots.dedup();
+    roots.sort_unstable();
+    roots.dedup();
+    for root in roots {
+        reset()?;
+        pe.broadcast(&world, dst, src, 5, root)?;
+        check(
+            || format!("broadcast from {root}"),
+            read(5)?,
+            (0..5).map(|i| v(root, i)).collect::<Vec<_>>(),
+        )?;
+    }
+    reset()?;
     pe.fcollect(&world, dst, src, 3)?;
     let want: Vec<u64> = (0..n).flat_map(|p| (0..3).map(move |i| v(p, i))).collect();
     check(|| "fcollect".into(), read(3 * n)?, want)?;
     // alltoall: member j's block for me is its source block `me`: words 2me, 2me + 1.
+    reset()?;
     pe.alltoall(&world, dst, src, 2)?;
     let want: Vec<u64> = (0..n)
         .flat_map(|p| (0..2).map(move |i| v(p, 2 * me + i)))
@@ -943,6 +1025,7 @@ fn collectives(pe: &Pe) -> Result<()> {
 
     let isrc = src.cast::<i64>();
     let idst = dst.cast::<i64>();
+    reset()?;
     pe.reduce(&world, idst, isrc, 4, ReduceOp::Sum)?;
     let sum = |i: usize| (1000 * n * (n - 1) / 2 + n * i) as u64;
     check(
@@ -950,12 +1033,58 @@ fn collectives(pe: &Pe) -> Result<()> {
         read(4)?,
         (0..4).map(sum).collect::<Vec<_>>(),
     )?;
-    pe.reduce(&world, idst, isrc, 4, ReduceOp::Max)?;
-    check(
-        || "max reduce".into(),
-        read(4)?,
-        (0..4).map(|i| v(n - 1, i)).collect::<Vec<_>>(),
-    )?;
+    // Every operation on values that are not monotone in the rank (negative ones too):
+    // an operation that takes the last or the first member's value, or another operation,
+    // fails. Prod on values in [-2, 2] (wrapping, as the reduction does).
+    let w = |p: usize, i: usize| ((p * 7 + i * 3) % (n + 5)) as i64 - 3;
+    let wsrc = pe.calloc::<i64>(4)?;
+    pe.put(wsrc, &(0..4).map(|i| w(me, i)).collect::<Vec<_>>(), me)?;
+    type Fold = fn(i64, i64) -> i64;
+    let ops: [(ReduceOp, Fold); 6] = [
+        (ReduceOp::Max, |a, b| a.max(b)),
+        (ReduceOp::Min, |a, b| a.min(b)),
+        (ReduceOp::And, |a, b| a & b),
+        (ReduceOp::Or, |a, b| a | b),
+        (ReduceOp::Xor, |a, b| a ^ b),
+        (ReduceOp::Prod, |a, b| a.wrapping_mul(b)),
+    ];
+    for (op, f) in ops {
+        let val = |p: usize, i: usize| match op {
+            ReduceOp::Prod => w(p, i) % 3,
+            _ => w(p, i),
+        };
+        if op == ReduceOp::Prod {
+            pe.put(wsrc, &(0..4).map(|i| val(me, i)).collect::<Vec<_>>(), me)?;
+        }
+        reset()?;
+        pe.reduce(&world, idst, wsrc, 4, op)?;
+        let want: Vec<u64> = (0..4)
+            .map(|i| (1..n).fold(val(0, i), |a, p| f(a, val(p, i))) as u64)
+            .collect();
+        check(|| format!("{op:?} reduce (i64)"), read(4)?, want)?;
+    }
+    // And on f32: Min and Max (0.25 steps are exact).
+    let fsrc = pe.calloc::<f32>(2)?;
+    let fv = |p: usize, i: usize| w(p, i) as f32 * 0.25;
+    pe.put(fsrc, &[fv(me, 0), fv(me, 1)], me)?;
+    for op in [ReduceOp::Min, ReduceOp::Max] {
+        reset()?;
+        pe.reduce(&world, dst.cast::<f32>(), fsrc, 2, op)?;
+        let mut got = [0f32; 2];
+        pe.get(&mut got, dst.cast::<f32>().slice(0..2), me)?;
+        let want: Vec<f32> = (0..2)
+            .map(|i| {
+                (1..n).fold(fv(0, i), |a, p| match op {
+                    ReduceOp::Min => a.min(fv(p, i)),
+                    _ => a.max(fv(p, i)),
+                })
+            })
+            .collect();
+        check(|| format!("{op:?} reduce (f32)"), got.to_vec(), want)?;
+    }
+    pe.barrier_all()?;
+    pe.free(fsrc)?;
+    pe.free(wsrc)?;
     // In place (dest == source), on u32 words: xor of every PE's p * 1000 + i.
     let x = pe.calloc::<u32>(4)?;
     let xs: Vec<u32> = (0..4).map(|i| v(me, i) as u32).collect();
@@ -982,6 +1111,7 @@ fn collectives(pe: &Pe) -> Result<()> {
     // collect: PE p contributes p % 3 words (none from some PEs), concatenated in order.
     let counts: Vec<usize> = (0..n).map(|p| p % 3).collect();
     let total: usize = counts.iter().sum();
+    reset()?;
     pe.collect(&world, dst, src, counts[me])?;
     let want: Vec<u64> = (0..n)
         .flat_map(|p| (0..p % 3).map(move |i| v(p, i)))
@@ -993,6 +1123,7 @@ fn collectives(pe: &Pe) -> Result<()> {
     )?;
     // In place: the source is dest's block of this PE (copied before anyone writes).
     let at: usize = counts[..me].iter().sum();
+    reset()?;
     let mine_in_dst: Vec<u64> = (0..counts[me]).map(|i| v(me, 100 + i)).collect();
     pe.put(dst.slice(at..at + counts[me]), &mine_in_dst, me)?;
     pe.collect(&world, dst, dst.slice(at..at + counts[me]), counts[me])?;
@@ -1003,6 +1134,7 @@ fn collectives(pe: &Pe) -> Result<()> {
 
     // On a sub-team: the even PEs fcollect their first word.
     let evens = pe.team_split_strided(&world, 0, 2, n.div_ceil(2))?;
+    reset()?;
     if let Some(t) = &evens {
         pe.fcollect(t, dst, src, 1)?;
         let want: Vec<u64> = (0..t.n_pes()).map(|j| v(2 * j, 0)).collect();
@@ -1285,12 +1417,31 @@ fn locks(pe: &Pe) -> Result<()> {
             n as u64,
         )?;
     }
-    // Free at the end: as many tickets served as taken.
+    // test_lock while another PE holds the lock: false at once, and no ticket taken
+    // (before 2026-12-07 it was only ever tried on a free lock).
+    if me == 0 {
+        pe.set_lock(lock)?;
+    }
+    pe.barrier_all()?;
+    if me != 0 {
+        check(
+            || "test_lock while PE 0 holds the lock".into(),
+            pe.test_lock(lock)?,
+            false,
+        )?;
+    }
+    pe.barrier_all()?;
+    if me == 0 {
+        pe.clear_lock(lock)?;
+    }
+    pe.barrier_all()?;
+    // Free at the end: as many tickets served as taken (PE 0's hold above: one more).
     let w = pe.atomic_fetch(lock, 0)?;
+    let tickets = (K + 1) * n as u64 + 1;
     check(
         || "lock word (next ticket, serving)".into(),
         (w >> 32, w & 0xffff_ffff),
-        ((K + 1) * n as u64, (K + 1) * n as u64),
+        (tickets, tickets),
     )?;
     // A word that was not zero before use is refused, not waited on.
     let junk = pe.calloc::<u64>(1)?;
@@ -1395,20 +1546,31 @@ fn teams(pe: &Pe) -> Result<()> {
         team.translate_pe(n, &world),
         None,
     )?;
-    // Team barrier: count arrivals on the team's first member.
-    let ctr = pe.calloc::<u64>(1)?;
-    let lead = team.world_pe(0).unwrap_or(0);
-    for k in 1..=50u64 {
-        pe.atomic_inc(ctr, lead)?;
-        pe.team_barrier(team)?;
-        let v = pe.atomic_fetch(ctr, lead)?;
-        if v < team.n_pes() as u64 * k {
-            return Err(Error::Verification(format!(
-                "team barrier {k}: only {v} arrivals"
-            )));
+    check(
+        || "team_translate_pe to world".into(),
+        pe.team_translate_pe(team, team.my_pe(), &world),
+        Some(me),
+    )?;
+    // Team barrier: count arrivals on the team's first member, on the parity team and on
+    // the world team (at 2 PEs each parity team has one member, where a barrier that
+    // waits for nobody passed: before 2026-12-07 only the parity teams ran this).
+    let ctrs = pe.calloc::<u64>(2)?;
+    for (i, t) in [team, &world].into_iter().enumerate() {
+        let (ctr, lead) = (ctrs.at(i), t.world_pe(0).unwrap_or(0));
+        for k in 1..=50u64 {
+            pe.atomic_inc(ctr, lead)?;
+            pe.team_barrier(t)?;
+            let v = pe.atomic_fetch(ctr, lead)?;
+            if v < t.n_pes() as u64 * k {
+                return Err(Error::Verification(format!(
+                    "team barrier {k} on a team of {}: only {v} arrivals",
+                    t.n_pes()
+                )));
+            }
+            pe.sync_team(t)?;
         }
-        pe.sync_team(team)?;
     }
+    let ctr = ctrs;
     // A split of a split, then destroy and re-create: the slot is reused.
     let sub = pe.team_split_strided(team, 0, 1, 1)?;
     if team.my_pe() == 0 {
@@ -1548,10 +1710,17 @@ fn bad_input(pe: &Pe) -> Result<()> {
     })?;
     let heap = pe.heap_size();
     let beyond = SymPtr::<u64>::from_raw(heap - 8, 2);
+    let last = SymPtr::<u64>::from_raw(heap - 8, 1);
+    let before = pe.g(last, me)?;
     expect_err(
         "put past the heap end",
-        pe.put(beyond, &[1, 2], me),
+        pe.put(beyond, &[before ^ 1, 2], me),
         |e| matches!(e, Error::OutOfBounds { offset, len: 16, .. } if *offset == heap - 8),
+    )?;
+    check(
+        || "the heap's last word after a refused put across its end".into(),
+        pe.g(last, me)?,
+        before,
     )?;
     let reserved = SymPtr::<u64>::from_raw(0, 1);
     expect_err("put into the runtime region", pe.p(reserved, 1, me), |e| {
@@ -1569,7 +1738,7 @@ fn bad_input(pe: &Pe) -> Result<()> {
     })?;
     expect_err(
         "put longer than its destination",
-        pe.put(w, &[0u64; 5], me),
+        pe.put(w, &[7u64; 5], me),
         |e| matches!(e, Error::InvalidArgument(_)),
     )?;
     // Nothing was written by the refused calls.
