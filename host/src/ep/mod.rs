@@ -428,7 +428,9 @@ impl Fault {
                 v % cfg.num_topk as u64,
                 cfg.num_experts
             ),
-            3 => "its input shapes do not match the config".into(),
+            3 => "its inputs do not match the config (shapes; on a GPU also a null or \
+                  misaligned device pointer)"
+                .into(),
             4 => "it passed a handle of another buffer, or a wrong zero-copy buffer".into(),
             5 => format!(
                 "its topk_idx[{}][{}] names an expert {} times, more rows than \

@@ -1510,6 +1510,7 @@ impl<'g> GpuBuffer<'g> {
     // ------------------------------------------------------------ calls
 
     fn check_ptr(what: &str, p: u64, align: u64, needed: bool) -> Result<()> {
+        // (A bad pointer poisons its call on every PE: see low_latency_dispatch.)
         if needed && p == 0 {
             return Err(Error::InvalidArgument(format!(
                 "{what} is a null device pointer"
@@ -1539,16 +1540,29 @@ impl<'g> GpuBuffer<'g> {
         return_recv_hook: bool,
     ) -> Result<GpuHandle> {
         let op = "low_latency_dispatch";
-        Self::check_ptr("low_latency_dispatch: x", x, 16, num_tokens > 0)?;
-        Self::check_ptr(
-            "low_latency_dispatch: topk_idx",
-            topk_idx,
-            idx_type.bytes(),
-            num_tokens > 0,
-        )?;
+        // A bad pointer fails the call on every PE, as the CPU's input faults do: the
+        // kernels run with the shape fault, no inputs and no tokens (before 2026-12-07 it
+        // was refused here alone, and the peers' receive kernels waited for this PE's
+        // counts until their timeout trapped).
+        let bad_ptr = Self::check_ptr("low_latency_dispatch: x", x, 16, num_tokens > 0)
+            .and_then(|()| {
+                Self::check_ptr(
+                    "low_latency_dispatch: topk_idx",
+                    topk_idx,
+                    idx_type.bytes(),
+                    num_tokens > 0,
+                )
+            })
+            .err();
         let (seq, set) = self.book.start(op)?;
         let n = self.cfg.num_max_dispatch_tokens_per_rank;
-        let (fault, err) = if num_tokens > n {
+        let (x, topk_idx, t_launch) = match bad_ptr {
+            Some(_) => (0, 0, 0),
+            None => (x, topk_idx, num_tokens),
+        };
+        let (fault, err) = if let Some(e) = bad_ptr {
+            (Fault::Shape.encode(), Some(invalid_text(e)))
+        } else if num_tokens > n {
             (
                 Fault::TooManyTokens(num_tokens as u64).encode(),
                 Some(format!(
@@ -1565,7 +1579,7 @@ impl<'g> GpuBuffer<'g> {
             x,
             topk_idx,
             idx_type,
-            num_tokens,
+            t_launch,
             fault,
         );
         if self.stage {
@@ -1666,16 +1680,20 @@ impl<'g> GpuBuffer<'g> {
     ) -> Result<GpuCombine> {
         let op = "low_latency_combine";
         let t = h.num_tokens.min(self.cfg.num_max_dispatch_tokens_per_rank);
-        Self::check_ptr(
+        // As in dispatch: a bad pointer poisons the call on every PE (checked after the
+        // local refusal below, which starts no call and can be retried).
+        let bad_ptr = Self::check_ptr(
             "low_latency_combine: topk_idx",
             topk_idx,
             idx_type.bytes(),
             t > 0,
-        )?;
-        Self::check_ptr("low_latency_combine: topk_weights", topk_weights, 4, t > 0)?;
-        if let Some(x) = expert_out {
-            Self::check_ptr("low_latency_combine: expert outputs", x, 16, true)?;
-        }
+        )
+        .and_then(|()| Self::check_ptr("low_latency_combine: topk_weights", topk_weights, 4, t > 0))
+        .and_then(|()| match expert_out {
+            Some(x) => Self::check_ptr("low_latency_combine: expert outputs", x, 16, true),
+            None => Ok(()),
+        })
+        .err();
         if h.hook_pending {
             return Err(Error::InvalidArgument(format!(
                 "{op}: dispatch #{} has not been received yet: run its receive hook first",
@@ -1690,12 +1708,18 @@ impl<'g> GpuBuffer<'g> {
             self.cfg.num_max_dispatch_tokens_per_rank,
             expert_out.is_none(),
         );
-        let fault = if err.is_some() {
-            Fault::Handle.encode()
-        } else {
-            0
+        let zero_copy = self.g.heap_base() + self.zero_copy_offset(set) as u64;
+        // The combine kernels read no input with a fault and no tokens (combine_recv
+        // reads topk_idx and the weights even then: t = 0).
+        let (x, topk_idx, topk_weights, t) = match (&bad_ptr, expert_out) {
+            (Some(_), _) => (zero_copy, 0, 0, 0),
+            (None, x) => (x.unwrap_or(zero_copy), topk_idx, topk_weights, t),
         };
-        let x = expert_out.unwrap_or(self.g.heap_base() + self.zero_copy_offset(set) as u64);
+        let (fault, err) = match (bad_ptr, err) {
+            (Some(e), _) => (Fault::Shape.encode(), Some(invalid_text(e))),
+            (None, Some(e)) => (Fault::Handle.encode(), Some(e)),
+            (None, None) => (0, None),
+        };
         let base = match self.guard_shrink.take() {
             Some((call, shrink, timeout)) if call == seq => self.base_args_with(shrink, timeout),
             _ => self.base_args(),
@@ -2023,6 +2047,14 @@ pub fn args_bytes(a: &LlArgs) -> [u8; 128] {
         b[96 + i * 4..100 + i * 4].copy_from_slice(&v.to_le_bytes());
     }
     b
+}
+
+/// The text of an input error without its kind's prefix (the status error adds its own).
+fn invalid_text(e: Error) -> String {
+    match e {
+        Error::InvalidArgument(m) => m,
+        e => e.to_string(),
+    }
 }
 
 #[cfg(test)]

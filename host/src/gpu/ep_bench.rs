@@ -479,8 +479,30 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
     let idx_long = upload(g, &idx_bytes(&long_idx, IdxType::I64), "topk_idx")?;
     // Every slot of 16 tokens names expert 0: its 17th entry (index 16) passes N = 16.
     let idx_over = upload(g, &idx_bytes(&[0i64; 32], IdxType::I64), "topk_idx")?;
+    let w = upload(g, &f32_bytes(&good.topk_weights), "topk_weights")?;
+    let eo = DevBuf::new(
+        g.ctx(),
+        buf.num_local_experts() * n * 16 * cfg.hidden * 2,
+        "expert outputs",
+    )?;
     let expect = |r: Result<DispatchOutput>, culprit: usize, text: &str| {
         expect_fault(r, me, culprit, text, "fault")
+    };
+    // A null device pointer on PE `culprit`: its own error names the pointer, every other
+    // PE's the poisoned call (before 2026-12-07 only the culprit failed, at once, and the
+    // others' kernels waited for it until their timeout trapped).
+    let null_ptr = |r: std::result::Result<(), Error>, culprit: usize, what: &str| match r {
+        Err(Error::InvalidArgument(m)) if me == culprit && m.contains(what) => Ok(()),
+        Err(Error::EpPeerFailed { peer, reason, .. })
+            if me != culprit
+                && peer == culprit
+                && reason.contains("a null or misaligned device pointer") =>
+        {
+            Ok(())
+        }
+        r => Err(Error::Verification(format!(
+            "ep GPU fault case on PE {me}: {what} null on PE {culprit}: got {r:?}"
+        ))),
     };
     let body = (|| -> Result<()> {
         // 1: a bad expert id on PE 1 (PE 0 when alone).
@@ -508,16 +530,45 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
             n - 1,
             "its topk_idx[8][0] names an expert 17 times",
         );
+        // 2c: a null x on PE 1 (PE 0 when alone).
+        let culprit = 1 % n;
+        let p = if me == culprit { 0 } else { x.ptr() };
+        let h = buf.low_latency_dispatch(p, idx_ok.ptr(), IdxType::I64, 16, false)?;
+        let null_x = null_ptr(
+            buf.read_dispatch(&h).map(|_| ()),
+            culprit,
+            "low_latency_dispatch: x is a null device pointer",
+        );
         // 3: a valid call afterwards works (the credits flowed through the failed calls).
         let all = check::allgather_routing(g.pe(), g.pe().world(), &good)?;
         let h = buf.low_latency_dispatch(x.ptr(), idx_ok.ptr(), IdxType::I64, 16, false)?;
         let third =
             check::validate_dispatch(&cfg, me, &all, &vec![false; n], &buf.read_dispatch(&h)?);
-        first.and(second).and(over).and(third)
+        // 4: its combine with null weights on the last PE fails on every PE, and the
+        // next round trip is in step.
+        let culprit = n - 1;
+        let wp = if me == culprit { 0 } else { w.ptr() };
+        let c =
+            buf.low_latency_combine(Some(eo.ptr()), idx_ok.ptr(), IdxType::I64, wp, &h, false)?;
+        let null_w = null_ptr(
+            buf.read_combined(&c).map(|_| ()),
+            culprit,
+            "low_latency_combine: topk_weights is a null device pointer",
+        );
+        let h = buf.low_latency_dispatch(x.ptr(), idx_ok.ptr(), IdxType::I64, 16, false)?;
+        let fourth =
+            check::validate_dispatch(&cfg, me, &all, &vec![false; n], &buf.read_dispatch(&h)?);
+        first
+            .and(second)
+            .and(over)
+            .and(null_x)
+            .and(third)
+            .and(null_w)
+            .and(fourth)
     })();
     // Every PE reaches the collective destroy, even after an error above.
     let d = buf.destroy();
-    drop((x, idx, idx_ok, idx_long, idx_over));
+    drop((x, idx, idx_ok, idx_long, idx_over, w, eo));
     body.and(d)
 }
 
