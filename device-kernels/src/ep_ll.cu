@@ -379,6 +379,17 @@ __device__ bool arrive_last(uint32_t *counter, uint32_t arrivals) {
 // The receive kernels' end: credits to every unmasked PE, then the call counter.
 __device__ void finish_receive(const Ctx &c, const ep_ll_args_t &a, int kind) {
   if (!arrive_last(&c.ctl->grid_done[a.set][kind], gridDim.x)) return;
+  // A dispatch that met no corrupt header clears an earlier dispatch's DISPATCH_HEADER
+  // record on this set, so that combine_send poisons only the combine of the dispatch
+  // that met one (the latest on its set: the host refuses older handles). Every block's
+  // record() came before (arrive_last), and this PE's combine_send runs after this
+  // kernel on its stream. Before 2026-12-07 the record stayed and combine_send matched
+  // it by the call mod 64: a clean combine 32 round trips later was poisoned, and a
+  // graph replay (whose baked mark names the captured call) was not.
+  if (kind == EP_LL_DISPATCH_RECV && threadIdx.x == 0) {
+    ep_ll_status_t *st = &c.ctl->status[a.set][0];
+    if (st->commit != c.tag && st->kind == EP_LL_STATUS_DISPATCH_HEADER) st->kind = EP_LL_STATUS_NONE;
+  }
   for (uint32_t p = threadIdx.x; p < c.R; p += kThreads) {
     if (masked(c, p)) continue;
     ep_comm::signal(wpe(c, p), a.buf + ep_credit_word(&c.lay, a.set, c.me), c.tag);
@@ -894,13 +905,12 @@ __device__ void combine_send(const ep_ll_args_t &a) {
     // returning it would overwrite another row at its source while the right one got
     // nothing, with every count in agreement. Poison the combine instead (the CPU's
     // dispatch returns no handle then). The dispatch's record is on its set (call % 2 =
-    // mark % 2) and names its call mod 64 (commit - 1); written by an earlier kernel on
-    // this stream, so plain reads see it.
+    // mark % 2, which a graph replay keeps), and it holds DISPATCH_HEADER only when the
+    // latest dispatch on that set, the handle's, met one (finish_receive clears it
+    // otherwise); written by an earlier kernel on this stream, so plain reads see it.
     const uint32_t mark = (a.flags >> EP_LL_MARK_SHIFT) & EP_LL_MARK_BITS;
     const ep_ll_status_t &d = c.ctl->status[mark & 1][0];
-    if (d.kind == EP_LL_STATUS_DISPATCH_HEADER && d.commit != 0 &&
-        ((d.commit - 1) & EP_LL_MARK_BITS) == mark)
-      fault = fault_word(EP_FAULT_DISPATCH_HEADER, 0);
+    if (d.kind == EP_LL_STATUS_DISPATCH_HEADER) fault = fault_word(EP_FAULT_DISPATCH_HEADER, 0);
   }
   if (fault != 0 && threadIdx.x == 0)
     record(c, a.set, EP_LL_STATUS_COMBINE_INPUT, c.me, fault & 0xffffffffu, 0);

@@ -1253,11 +1253,30 @@ fn kernels_emulated_corrupt_header_fails_the_dispatch_on_its_receiver() {
     let poison7 = (1u64 << 31) | (7 << 24);
     for (t, k) in [(4, 0), (0, 3), (-1, 1), (2, -7)] {
         let mut c = kcase(3, 4, 2048, 6, 3, true, 2, &[4, 2, 3]);
-        c.repeats = 1;
+        // The first pair runs 34 round trips: the combines of repeats 1 to 33 (the
+        // header is corrupt in repeat 0 only) sum exactly. Before 2026-12-07 the
+        // dispatch's record stayed, matched by the call mod 64, and repeat 32's combine
+        // (call 65, its dispatch call 64) was poisoned on every PE.
+        c.repeats = if (t, k) == (4, 0) { 34 } else { 1 };
         c.corrupt_header = Some((0, 1, t, k));
         let routes = routing(&c);
         let emu = run_emulated(&c, &routes);
         assert_eq!(emu[0].len(), 3);
+        for rep in 2..c.repeats {
+            for (me, o) in emu[rep].iter().enumerate() {
+                assert_eq!(
+                    o.comb, emu[1][me].comb,
+                    "repeat {rep} PE {me}: combined rows"
+                );
+                // Nothing recorded by this repeat's calls (2 rep and 2 rep + 1: tags
+                // 2 rep + 1 and 2 rep + 2); the records shown are repeat 0's.
+                assert!(
+                    o.status_full.iter().all(|s| s.3 <= 2),
+                    "repeat {rep} PE {me}: {:?}",
+                    o.status_full
+                );
+            }
+        }
         for (me, o) in emu[0].iter().enumerate() {
             // Set 0: the dispatch's record (tag 1); set 1: the combine's (tag 2).
             let want = if me == 0 {
