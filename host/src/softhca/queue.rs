@@ -1176,8 +1176,13 @@ impl SendQueue {
     /// Consumes new CQEs (one poller at a time; others return at once). Returns the number
     /// consumed.
     pub fn poll_cq(&self) -> usize {
-        let Ok(mut cq) = self.cq.try_lock() else {
-            return 0;
+        // Busy: another thread polls. Poisoned (a panic while polling): the CQ state is a
+        // consumer index and counters, consistent between CQEs, so polling goes on (it
+        // returned 0 for ever, and every wait timed out blaming the engine).
+        let mut cq = match self.cq.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return 0,
         };
         let cqe_cnt = self.mem.layout().cqe_cnt;
         let mut n = 0;
