@@ -25,6 +25,15 @@ fn repo(tag: &str, bundle: bool) -> PathBuf {
         let m = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../device-kernels/src/rshmem_device_tests.json");
         std::fs::copy(m, root.join(".gpu/rshmem_device_tests.json")).unwrap();
+        // As build-gpu-bundle ends: what it was built from (here, gpu-check itself).
+        std::fs::write(root.join(".gpu/BUILD-INFO"), "commit test\n").unwrap();
+        let sums = Command::new("sha256sum")
+            .arg("scripts/gpu-check")
+            .current_dir(&root)
+            .output()
+            .expect("sha256sum");
+        assert!(sums.status.success());
+        std::fs::write(root.join(".gpu/SOURCES.sha256"), &sums.stdout).unwrap();
     }
     root
 }
@@ -72,6 +81,42 @@ fn refuses_without_a_bundle() {
         "{}",
         text(&o)
     );
+}
+
+/// A bundle built from other sources than the carried ones (a .gpu/ left from an older
+/// build) or one whose build did not finish is refused before any step, saying so in the
+/// summary; RSHMEM_GPU_ALLOW_STALE=1 runs it anyway with the note on top (before
+/// 2026-12-07 a stale bundle ran and its results read as the tree's).
+#[test]
+fn a_stale_or_incomplete_bundle_is_refused() {
+    let root = repo("stale", true);
+    let script = root.join("scripts/gpu-check");
+    let mut text_of = std::fs::read_to_string(&script).unwrap();
+    text_of.push_str("\n# changed after the bundle was built\n");
+    std::fs::write(&script, text_of).unwrap();
+    let o = run(&root, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let summary = std::fs::read_to_string(root.join("out/summary.txt")).unwrap();
+    assert!(
+        summary.starts_with("gpu-check: no GPU check ran: bundle STALE: 1 source file(s) differ")
+            && summary.contains("scripts/gpu-check: FAILED"),
+        "{summary}"
+    );
+    let o = run(&root, &[("RSHMEM_GPU_ALLOW_STALE", "1")]);
+    assert!(
+        text(&o).contains("RSHMEM_GPU_ALLOW_STALE=1: run anyway"),
+        "{}",
+        text(&o)
+    );
+    std::fs::remove_file(root.join(".gpu/SOURCES.sha256")).unwrap();
+    let o = run(&root, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("the bundle is incomplete"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// A bundle whose binary the machine's loader refuses (built against a newer glibc): one

@@ -398,9 +398,23 @@ fn report_case(
     o: &BTreeMap<(usize, usize), PeOutcome>,
 ) -> Option<bool> {
     let per: Vec<&PeOutcome> = (0..n).filter_map(|p| o.get(&(i, p))).collect();
+    // Skipped only when every PE skipped: a PE that skipped beside others that ran is a
+    // failure naming it (before 2026-12-07 PE 0's skip stood for all, so a failure on
+    // another PE read as "skipped" and the run passed).
+    let skipped: Vec<usize> = (0..n)
+        .filter(|p| matches!(o.get(&(i, *p)), Some(PeOutcome::Skipped(_))))
+        .collect();
     if let Some(PeOutcome::Skipped(why)) = per.first() {
-        println!("gpu selftest {name}: skipped ({why})");
-        return None;
+        if skipped.len() == n {
+            println!("gpu selftest {name}: skipped ({why})");
+            return None;
+        }
+    }
+    if !skipped.is_empty() {
+        println!(
+            "gpu selftest {name}: FAIL (skipped on PE(s) {skipped:?} only, run on the others)"
+        );
+        return Some(false);
     }
     let rs: Vec<(usize, TestResult)> = (0..n)
         .filter_map(|p| match o.get(&(i, p)) {
@@ -414,7 +428,17 @@ fn report_case(
         Some(t) => t.checks_per_pe * n as u64,
         None => rs.iter().map(|(_, r)| r.reserved[0]).sum(), // host cases state their own count
     };
-    let pass = failures == 0 && checks == expected && rs.len() == n;
+    // A manifest case makes exactly checks_per_pe checks on every PE (as the emulation
+    // proves at 2, 3, 5 and 8 PEs): one PE over and another under by as much is a failure.
+    let uneven = t.and_then(|t| rs.iter().find(|(_, r)| r.checks != t.checks_per_pe));
+    let pass = failures == 0 && checks == expected && rs.len() == n && uneven.is_none();
+    if let (Some((p, r)), Some(t), true) = (uneven, t, failures == 0 && checks == expected) {
+        println!(
+            "gpu selftest {name}: FAIL (PE {p} made {} checks, the manifest says {} per PE)",
+            r.checks, t.checks_per_pe
+        );
+        return Some(false);
+    }
     if pass {
         println!("gpu selftest {name}: ok (checks {checks}/{expected})");
     } else {
@@ -1680,6 +1704,63 @@ mod tests {
         assert_eq!(shared_team_params(&node(vec![2, 3], 3), 3), [3, 1, 0]);
         // One PE per node.
         assert_eq!(shared_team_params(&node(vec![1], 1), 1), [2, 0, 1]);
+    }
+
+    /// A case skipped on PE 0 only, or with checks uneven over PEs, fails; skipped on every
+    /// PE it is skipped.
+    #[test]
+    fn a_case_is_judged_on_every_pe() {
+        let res = |checks: u64, failures: u64| {
+            PeOutcome::Result(TestResult {
+                checks,
+                failures,
+                ..Default::default()
+            })
+        };
+        let skip = || PeOutcome::Skipped("no libnvrtc".into());
+        let t: TestCase = serde_json::from_value(serde_json::json!({
+            "name": "k", "module": "m", "grid": 1, "block": 1, "collective": false,
+            "scratch_bytes": 0, "checks_per_pe": 10
+        }))
+        .unwrap();
+        let of = |v: Vec<PeOutcome>| -> BTreeMap<(usize, usize), PeOutcome> {
+            v.into_iter()
+                .enumerate()
+                .map(|(p, x)| ((0, p), x))
+                .collect()
+        };
+        assert_eq!(
+            report_case("k", 0, 2, Some(&t), &of(vec![res(10, 0), res(10, 0)])),
+            Some(true)
+        );
+        assert_eq!(
+            report_case("k", 0, 2, Some(&t), &of(vec![res(11, 0), res(9, 0)])),
+            Some(false)
+        );
+        assert_eq!(
+            report_case("k", 0, 2, Some(&t), &of(vec![skip(), res(10, 1)])),
+            Some(false)
+        );
+        assert_eq!(
+            report_case("k", 0, 2, Some(&t), &of(vec![res(10, 0), skip()])),
+            Some(false)
+        );
+        assert_eq!(
+            report_case("k", 0, 2, Some(&t), &of(vec![skip(), skip()])),
+            None
+        );
+        // Host cases state their own count (reserved[0]).
+        let host = |c: u64| {
+            PeOutcome::Result(TestResult {
+                checks: c,
+                reserved: [c, 0, 0],
+                ..Default::default()
+            })
+        };
+        assert_eq!(
+            report_case("h", 0, 2, None, &of(vec![host(3), host(5)])),
+            Some(true)
+        );
     }
 
     #[test]
