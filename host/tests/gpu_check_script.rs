@@ -430,6 +430,18 @@ fn runs_every_step_and_ends_with_the_table() {
     // copy, ep-check and ep, selftest-proxy-2, ibgda-rate, ep-proxy, 2 benches over the
     // proxy.
     assert_eq!(rows.len(), 1 + 4 + 2 + 15 + 1 + 2 + 3 + 2, "{summary}");
+    // The traps step's limit follows the manifest's trap count (14: 20 + 5 x 14 s).
+    let traps_log = std::fs::read_to_string(root.join("logs/traps.log")).unwrap();
+    assert!(
+        traps_log
+            .lines()
+            .next()
+            .unwrap_or("")
+            .ends_with("limit 90s"),
+        "{traps_log}"
+    );
+    // No row is left "running" once the run ended.
+    assert!(!summary.contains("running (cut off here?)"), "{summary}");
     assert!(
         summary.contains("selftest-proxy-2")
             && summary.contains("ibgda-rate")
