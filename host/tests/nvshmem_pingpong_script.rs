@@ -87,6 +87,16 @@ fn repo(tag: &str, nvshmem: bool) -> PathBuf {
     std::fs::create_dir_all(root.join("nvlib")).unwrap();
     std::fs::write(root.join("nvlib/libnvshmem_host.so.3"), "").unwrap();
     write_exe(&root.join("fakebin/nvidia-cuda-mps-control"), FAKE_MPS);
+    // As build-gpu-bundle ends (gpu-check refuses a bundle without them): what the bundle
+    // was built from.
+    std::fs::write(root.join(".gpu/BUILD-INFO"), "commit test\n").unwrap();
+    let sums = Command::new("sha256sum")
+        .args(["scripts/gpu-check", "scripts/nvshmem-pingpong"])
+        .current_dir(&root)
+        .output()
+        .expect("sha256sum");
+    assert!(sums.status.success());
+    std::fs::write(root.join(".gpu/SOURCES.sha256"), &sums.stdout).unwrap();
     root
 }
 
