@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use std::time::Duration;
 
 mod names;
-pub use names::{is_known, unknown_vars, warn_unknown_env, UnknownVar, ENV_VARS};
+pub use names::{env_vars, is_known, unknown_vars, warn_unknown_env, UnknownVar};
 
 /// Which launcher's variables supplied rank and size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

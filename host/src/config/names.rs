@@ -8,18 +8,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Every `RSHMEM_*` variable the library and the `rshmem` command read: the README's
-/// "Environment variables" table (a test keeps the two equal).
-pub const ENV_VARS: &[&str] = &[
-    "RSHMEM_RANK",
-    "RSHMEM_WORLD_SIZE",
-    "RSHMEM_LOCAL_RANK",
-    "RSHMEM_LOCAL_SIZE",
-    "RSHMEM_MASTER_ADDR",
-    "RSHMEM_MASTER_PORT",
-    "RSHMEM_TOKEN",
-    "RSHMEM_ROOT",
-    "RSHMEM_JOB_ID",
+/// The `RSHMEM_*` variables the library and the `rshmem` command read besides those
+/// `rshmem run` sets ([`crate::launcher::PE_VARIABLES`]); both together are the README's
+/// "Environment variables" table (a test keeps them equal): [`env_vars`].
+const OTHER_VARS: &[&str] = &[
     "RSHMEM_SYMMETRIC_SIZE",
     "RSHMEM_TIMEOUT_MS",
     "RSHMEM_NODE_ID",
@@ -51,6 +43,13 @@ pub const ENV_VARS: &[&str] = &[
     "RSHMEM_PTX_DIR",
     "RSHMEM_GPU_MANIFEST",
 ];
+
+/// Every `RSHMEM_*` variable the library and the `rshmem` command read.
+pub fn env_vars() -> impl Iterator<Item = &'static str> {
+    crate::launcher::PE_VARIABLES
+        .into_iter()
+        .chain(OTHER_VARS.iter().copied())
+}
 
 /// `RSHMEM_*` variables that the scripts, the GPU bundle and the tests read, not the
 /// library: set in a job's environment they are not misspellings.
@@ -105,7 +104,7 @@ impl std::fmt::Display for UnknownVar {
 
 /// Whether rshmem, its scripts or its tests read `name`.
 pub fn is_known(name: &str) -> bool {
-    ENV_VARS.contains(&name)
+    env_vars().any(|v| v == name)
         || TOOL_VARS.contains(&name)
         || TOOL_PREFIXES.iter().any(|p| name.starts_with(p))
 }
@@ -134,13 +133,12 @@ where
 
 /// The documented variable nearest to `name` by edit distance, if within 3 edits
 /// (`RSHMEM_TIMEOUT` → `RSHMEM_TIMEOUT_MS`, `RSHMEM_SYMETRIC_SIZE` →
-/// `RSHMEM_SYMMETRIC_SIZE`); ties go to the first in [`ENV_VARS`]. Case is ignored, so
+/// `RSHMEM_SYMMETRIC_SIZE`); ties go to the first in [`env_vars`]. Case is ignored, so
 /// `RSHMEM_Transport` finds `RSHMEM_TRANSPORT`.
 fn closest(name: &str) -> Option<&'static str> {
     let upper = name.to_ascii_uppercase();
-    ENV_VARS
-        .iter()
-        .map(|k| (edit_distance(&upper, k), *k))
+    env_vars()
+        .map(|k| (edit_distance(&upper, k), k))
         .filter(|(d, _)| *d <= 3)
         .min_by_key(|(d, _)| *d)
         .map(|(_, k)| k)
@@ -226,7 +224,10 @@ mod tests {
 
     #[test]
     fn every_known_variable_passes() {
-        assert_eq!(unknown_vars(ENV_VARS.iter().chain(TOOL_VARS)), vec![]);
+        assert_eq!(
+            unknown_vars(env_vars().chain(TOOL_VARS.iter().copied())),
+            vec![]
+        );
         assert_eq!(edit_distance("", "abc"), 3);
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(edit_distance("RSHMEM_IB_TC", "RSHMEM_IB_SL"), 2);
@@ -252,8 +253,8 @@ mod tests {
         }
         documented.sort_unstable();
         documented.dedup();
-        let mut read: Vec<&str> = ENV_VARS.to_vec();
+        let mut read: Vec<&str> = env_vars().collect();
         read.sort_unstable();
-        assert_eq!(documented, read, "README table vs config::ENV_VARS");
+        assert_eq!(documented, read, "README table vs config::env_vars()");
     }
 }

@@ -276,7 +276,7 @@ impl FdExchange {
         reply[12..16].copy_from_slice(&(self.rank as u32).to_le_bytes());
         reply[16..24].copy_from_slice(&self.heap_size.to_le_bytes());
         if status == ST_OK {
-            send_with_fd(conn, &reply, fd).map_err(|e| {
+            send_with_fds(conn, &reply, &[fd]).map_err(|e| {
                 Error::io(
                     format!("PE {}: sending its heap handle to PE {rank}", self.rank),
                     e,
@@ -471,28 +471,37 @@ fn send_all(s: &UnixStream, mut data: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-fn send_with_fd(s: &UnixStream, data: &[u8], fd: RawFd) -> std::io::Result<()> {
+/// Sends `data` with `fds` (at most 8) in one SCM_RIGHTS message.
+fn send_with_fds(s: &UnixStream, data: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+    assert!(
+        fds.len() <= 8,
+        "at most 8 descriptors fit the control buffer"
+    );
+    let fd_bytes = std::mem::size_of_val(fds) as u32;
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
     let mut buf = CmsgBuf([0; 64]);
     // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
     // SAFETY: zeroed msghdr is valid; fields set below point at live buffers.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = buf.0.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
-    // SAFETY: msg_control points at `space` (<= 64) bytes, enough for one cmsg with an int;
-    // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
+    // SAFETY: msg_control points at `space` (<= 16 + 32 <= 64) bytes, enough for one cmsg
+    // with `fds.len()` ints; CMSG_FIRSTHDR/CMSG_DATA and the writes stay inside it.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as _;
+        let d = libc::CMSG_DATA(c).cast::<RawFd>();
+        for (i, &fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(d.add(i), fd);
+        }
     }
     // SAFETY: msg is fully initialised; the socket is connected.
     let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
@@ -901,32 +910,7 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         {
             let (f1, f2) = (named(&tag), named(&tag));
-            let data = [0u8; REPLY_LEN];
-            let mut iov = libc::iovec {
-                iov_base: data.as_ptr() as *mut _,
-                iov_len: data.len(),
-            };
-            let mut buf = CmsgBuf([0; 64]);
-            // SAFETY: zeroed msghdr is valid; fields point at live buffers.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = buf.0.as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE of two descriptors fits the 64-byte buffer; the header
-            // and data written lie inside it.
-            unsafe {
-                msg.msg_controllen = libc::CMSG_SPACE(8) as _;
-                let c = libc::CMSG_FIRSTHDR(&msg);
-                (*c).cmsg_level = libc::SOL_SOCKET;
-                (*c).cmsg_type = libc::SCM_RIGHTS;
-                (*c).cmsg_len = libc::CMSG_LEN(8) as _;
-                let d = libc::CMSG_DATA(c).cast::<RawFd>();
-                std::ptr::write_unaligned(d, f1.as_raw_fd());
-                std::ptr::write_unaligned(d.add(1), f2.as_raw_fd());
-            }
-            // SAFETY: msg is fully initialised; the socket is connected.
-            let n = unsafe { libc::sendmsg(a.as_raw_fd(), &msg, 0) };
-            assert_eq!(n, REPLY_LEN as isize);
+            send_with_fds(&a, &[0u8; REPLY_LEN], &[f1.as_raw_fd(), f2.as_raw_fd()]).unwrap();
         }
         // The sender's copies are closed; two are in flight.
         let e = recv_with_fd(&b).expect_err("two descriptors");

@@ -430,9 +430,9 @@ fn report_case(
     };
     // A manifest case makes exactly checks_per_pe checks on every PE (as the emulation
     // proves at 2, 3, 5 and 8 PEs): one PE over and another under by as much is a failure.
-    let uneven = t.and_then(|t| rs.iter().find(|(_, r)| r.checks != t.checks_per_pe));
-    let pass = failures == 0 && checks == expected && rs.len() == n && uneven.is_none();
-    if let (Some((p, r)), Some(t), true) = (uneven, t, failures == 0 && checks == expected) {
+    let pass = failures == 0 && checks == expected && rs.len() == n;
+    let uneven = t.and_then(|t| Some((rs.iter().find(|(_, r)| r.checks != t.checks_per_pe)?, t)));
+    if let (true, Some(((p, r), t))) = (pass, uneven) {
         println!(
             "gpu selftest {name}: FAIL (PE {p} made {} checks, the manifest says {} per PE)",
             r.checks, t.checks_per_pe
