@@ -239,6 +239,55 @@ fn timeout_reports_qp_index_and_last_cqe() {
     assert!(e.contains("unusable"), "{e}");
 }
 
+#[test]
+fn a_waiter_behind_a_broken_reservation_stops_when_the_queue_breaks() {
+    // No engine: a 2-slot ring fills, and two producers wait for free slots (WQE indices 2
+    // and 3). The first one's wait times out holding index 2, which is never published,
+    // so the second one can never publish either. It must stop when the queue breaks and
+    // say why, not wait out its own timeout and blame the engine.
+    let mem = Arc::new(QueueMemory::new(2, 2).unwrap());
+    let sq = SendQueue::new(mem, 0x78, CqMode::Normal, Duration::from_millis(1500), None);
+    let _ = sq.post(&WqeOp::Nop).unwrap();
+    let _ = sq.post(&WqeOp::Nop).unwrap();
+    let (first, second) = std::thread::scope(|s| {
+        let a = s.spawn(|| sq.post(&WqeOp::Nop).unwrap_err());
+        let t0 = std::time::Instant::now();
+        while sq.reserved() < 3 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "no third reservation"
+            );
+            std::thread::yield_now();
+        }
+        // The second waiter starts well after the first (its own timeout would come
+        // 300 ms after the first one's).
+        std::thread::sleep(Duration::from_millis(300));
+        let b = s.spawn(|| sq.post(&WqeOp::Nop).unwrap_err());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(
+        matches!(first, SqError::Timeout { index: 2, .. }),
+        "{first:?}"
+    );
+    assert!(
+        matches!(
+            second,
+            SqError::BrokenWhileWaiting {
+                qpn: 0x78,
+                what: "free send-queue slots",
+                index: 3
+            }
+        ),
+        "{second:?}"
+    );
+    let msg = second.to_string();
+    assert!(
+        msg.contains("another producer's wait failed") && msg.contains("WQE index 0x3"),
+        "{msg}"
+    );
+    assert_eq!(sq.reserved(), 4);
+}
+
 /// Posts eight 8-byte inline WRITEs of `byte` to words 0..8 of `t` (the one at `bad_key`
 /// with a wrong rkey) and waits (bounded) until the engine has taken all eight, before
 /// anyone polls the CQ (a poll that freed entries first would avoid an overrun).

@@ -415,6 +415,18 @@ pub enum SqError {
     /// found the CQ overrun): the queue cannot make progress any more.
     #[error("QP {qpn:#x} is unusable after an earlier failed wait (timeout or CQ overrun)")]
     Broken { qpn: u32 },
+    /// Another producer's wait failed (see [`SqError::Broken`]) while this one was waiting:
+    /// what it waited for may never come, so it stopped instead of waiting out its timeout.
+    #[error(
+        "QP {qpn:#x}: stopped waiting for {what} (WQE index {index:#x}): another producer's \
+         wait failed meanwhile (timeout or CQ overrun; its error names the cause) and the \
+         queue is unusable"
+    )]
+    BrokenWhileWaiting {
+        qpn: u32,
+        what: &'static str,
+        index: u64,
+    },
     /// The engine raised an asynchronous event: the CQ overran (a normal-mode CQ needs as
     /// many entries as completions can be outstanding: at least the SQ's WQEBBs), which
     /// put the QP in the error state; completions will not come.
@@ -1038,9 +1050,6 @@ impl SendQueue {
                 _drive = self.wake.as_ref().map(|w| w.drive());
             }
             let t0 = *start.get_or_insert_with(Instant::now);
-            if t0.elapsed() >= self.timeout {
-                return Err(self.timeout_error(what, index, t0.elapsed()));
-            }
             if self.abort.as_ref().is_some_and(|a| (a.0)()) {
                 return Err(SqError::Aborted { qpn: self.qpn });
             }
@@ -1070,6 +1079,22 @@ impl SendQueue {
                         wqe_cnt: l.wqe_cnt,
                     });
                 }
+            }
+            // Another producer's wait failed holding a reservation it will never publish:
+            // what we wait for may never come (a later reservation is never published, and
+            // nothing past the hole completes), so stop now rather than at our own timeout.
+            // As the CUDA producer does (rshmem/ibgda/queue.cuh), every wait stops, even
+            // one for a WQE before the hole; the queue takes no more posts anyway.
+            // Acquire: pairs with the Release of the waiter that broke the queue.
+            if self.broken.load(Ordering::Acquire) {
+                return Err(SqError::BrokenWhileWaiting {
+                    qpn: self.qpn,
+                    what,
+                    index,
+                });
+            }
+            if t0.elapsed() >= self.timeout {
+                return Err(self.timeout_error(what, index, t0.elapsed()));
             }
             // Run an engine round here if the engine is free (no context switch needed);
             // otherwise give the core away.
