@@ -428,8 +428,8 @@ impl Fault {
                 v % cfg.num_topk as u64,
                 cfg.num_experts
             ),
-            3 => "its inputs do not match the config (shapes; on a GPU also a null or \
-                  misaligned device pointer)"
+            3 => "its inputs do not match the config (shapes; on a GPU also a null, \
+                  misaligned or too short device tensor)"
                 .into(),
             4 => "it passed a handle of another buffer, or a wrong zero-copy buffer".into(),
             5 => format!(

@@ -60,6 +60,8 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
+    // EP: how much of a caller's tensor is mapped (gpu/ep.rs).
+    "cuMemGetAddressRange_v2",
     "cuMemHostAlloc",
     "cuMemHostRegister_v2",
     "cuMemHostUnregister",
@@ -348,6 +350,37 @@ pub fn ck(rc: sys::CUresult, call: &'static str, what: impl FnOnce() -> String) 
             detail: format!("{} while {}", result_name(rc), what()),
         })
     }
+}
+
+/// Whether device memory `[p, p + len)` is mapped, as far as `cuMemGetAddressRange`
+/// sees: `Err(at)` names the first address from `p` on that no allocation covers. The
+/// allocations may follow each other (a VMM range of several physical chunks, where the
+/// driver answers one chunk at a time, as PyTorch's expandable segments are). `Ok` too
+/// when the driver does not know `p` itself (memory it cannot describe, such as managed
+/// or host memory on some drivers: not checked) or after 1024 chunks. Needs the context
+/// current.
+pub fn mapped_through(p: u64, len: u64) -> std::result::Result<(), u64> {
+    let Some(end) = p.checked_add(len) else {
+        return Err(p);
+    };
+    let mut at = p;
+    for step in 0..1024 {
+        if at >= end {
+            return Ok(());
+        }
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: valid out-pointers; the call only reads the driver's address map.
+        let rc = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, at) };
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            return if step == 0 { Ok(()) } else { Err(at) };
+        }
+        let stop = base.saturating_add(size as u64);
+        if stop <= at {
+            return Ok(()); // an answer that does not cover `at`: not checked
+        }
+        at = stop;
+    }
+    Ok(())
 }
 
 /// Waits until the synchronous copies and memsets issued so far in the current context

@@ -410,6 +410,13 @@ pub enum IdxType {
 }
 
 impl IdxType {
+    /// The element type's name, for errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            IdxType::I64 => "int64",
+            IdxType::I32 => "int32",
+        }
+    }
     pub fn bytes(self) -> u64 {
         match self {
             IdxType::I64 => 8,
@@ -1524,6 +1531,25 @@ impl<'g> GpuBuffer<'g> {
         Ok(())
     }
 
+    /// `what` at `p` must hold `len` bytes (`shape`, for the error): a device tensor
+    /// shorter than its shape would fault the kernels (a sticky CUDA error that ends the
+    /// process's context), so it is refused as a bad pointer is. Memory the driver cannot
+    /// describe is not checked ([`super::driver::mapped_through`]).
+    fn check_len(&self, what: &str, p: u64, len: u64, shape: &str) -> Result<()> {
+        if p == 0 || len == 0 {
+            return Ok(());
+        }
+        self.g.enter()?;
+        match super::driver::mapped_through(p, len) {
+            Ok(()) => Ok(()),
+            Err(at) => Err(Error::InvalidArgument(format!(
+                "{what} ({p:#x}) must hold {len} bytes ({shape}), but only {} bytes from \
+                 it on are allocated device memory",
+                at.saturating_sub(p)
+            ))),
+        }
+    }
+
     /// LL dispatch of `x` (device `bf16 [T, H]`) routed by `topk_idx` (device `[T, K]`,
     /// int64 or int32; -1 = slot unused), T = `num_tokens`. Enqueues the send kernel and,
     /// without a receive hook, the receive kernel on the PE's stream; nothing waits on the
@@ -1551,6 +1577,25 @@ impl<'g> GpuBuffer<'g> {
                     topk_idx,
                     idx_type.bytes(),
                     num_tokens > 0,
+                )
+            })
+            .and_then(|()| {
+                let (t, h, k) = (
+                    num_tokens as u64,
+                    self.cfg.hidden as u64,
+                    self.cfg.num_topk as u64,
+                );
+                self.check_len(
+                    "low_latency_dispatch: x",
+                    x,
+                    t.saturating_mul(h).saturating_mul(2),
+                    &format!("[{t}, {h}] bf16"),
+                )?;
+                self.check_len(
+                    "low_latency_dispatch: topk_idx",
+                    topk_idx,
+                    t.saturating_mul(k).saturating_mul(idx_type.bytes()),
+                    &format!("[{t}, {k}] {}", idx_type.name()),
                 )
             })
             .err();
@@ -1692,6 +1737,37 @@ impl<'g> GpuBuffer<'g> {
         .and_then(|()| match expert_out {
             Some(x) => Self::check_ptr("low_latency_combine: expert outputs", x, 16, true),
             None => Ok(()),
+        })
+        .and_then(|()| {
+            let (t, k) = (t as u64, self.cfg.num_topk as u64);
+            self.check_len(
+                "low_latency_combine: topk_idx",
+                topk_idx,
+                t * k * idx_type.bytes(),
+                &format!("[{t}, {k}] {}", idx_type.name()),
+            )?;
+            self.check_len(
+                "low_latency_combine: topk_weights",
+                topk_weights,
+                t * k * 4,
+                &format!("[{t}, {k}] f32"),
+            )?;
+            // DeepEP's expert outputs: [L, R * N, H] bf16, read at any row a dispatch
+            // may have filled.
+            let (l, rows, h) = (
+                self.num_local_experts() as u64,
+                (self.layout.num_pes * self.layout.num_max_tokens) as u64,
+                self.cfg.hidden as u64,
+            );
+            match expert_out {
+                Some(x) => self.check_len(
+                    "low_latency_combine: expert outputs",
+                    x,
+                    l * rows * h * 2,
+                    &format!("[{l}, {rows}, {h}] bf16"),
+                ),
+                None => Ok(()),
+            }
         })
         .err();
         if h.hook_pending {

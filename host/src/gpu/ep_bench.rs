@@ -485,23 +485,33 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
         buf.num_local_experts() * n * 16 * cfg.hidden * 2,
         "expert outputs",
     )?;
+    // One 16-byte vector short of 16 tokens, and of the expert outputs: the end of each is
+    // no allocation's (the next one starts at a page or allocation boundary past it).
+    let mut short = bf16_bytes(&check::origin_x(me, 16, cfg.hidden)).to_vec();
+    short.truncate(short.len() - 16);
+    let x_short = upload(g, &short, "x")?;
+    let eo_short = DevBuf::new(
+        g.ctx(),
+        buf.num_local_experts() * n * 16 * cfg.hidden * 2 - 16,
+        "expert outputs",
+    )?;
     let expect = |r: Result<DispatchOutput>, culprit: usize, text: &str| {
         expect_fault(r, me, culprit, text, "fault")
     };
     // A null device pointer on PE `culprit`: its own error names the pointer, every other
     // PE's the poisoned call (before 2026-12-07 only the culprit failed, at once, and the
     // others' kernels waited for it until their timeout trapped).
-    let null_ptr = |r: std::result::Result<(), Error>, culprit: usize, what: &str| match r {
+    let bad_tensor = |r: std::result::Result<(), Error>, culprit: usize, what: &str| match r {
         Err(Error::InvalidArgument(m)) if me == culprit && m.contains(what) => Ok(()),
         Err(Error::EpPeerFailed { peer, reason, .. })
             if me != culprit
                 && peer == culprit
-                && reason.contains("a null or misaligned device pointer") =>
+                && reason.contains("a null, misaligned or too short device tensor") =>
         {
             Ok(())
         }
         r => Err(Error::Verification(format!(
-            "ep GPU fault case on PE {me}: {what} null on PE {culprit}: got {r:?}"
+            "ep GPU fault case on PE {me}: {what} on PE {culprit}: got {r:?}"
         ))),
     };
     let body = (|| -> Result<()> {
@@ -534,7 +544,7 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
         let culprit = 1 % n;
         let p = if me == culprit { 0 } else { x.ptr() };
         let h = buf.low_latency_dispatch(p, idx_ok.ptr(), IdxType::I64, 16, false)?;
-        let null_x = null_ptr(
+        let null_x = bad_tensor(
             buf.read_dispatch(&h).map(|_| ()),
             culprit,
             "low_latency_dispatch: x is a null device pointer",
@@ -550,13 +560,45 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
         let wp = if me == culprit { 0 } else { w.ptr() };
         let c =
             buf.low_latency_combine(Some(eo.ptr()), idx_ok.ptr(), IdxType::I64, wp, &h, false)?;
-        let null_w = null_ptr(
+        let null_w = bad_tensor(
             buf.read_combined(&c).map(|_| ()),
             culprit,
             "low_latency_combine: topk_weights is a null device pointer",
         );
         let h = buf.low_latency_dispatch(x.ptr(), idx_ok.ptr(), IdxType::I64, 16, false)?;
         let fourth =
+            check::validate_dispatch(&cfg, me, &all, &vec![false; n], &buf.read_dispatch(&h)?);
+        // 5: expert outputs 16 bytes short of [L, R * N, H] on PE 1 (PE 0 when alone): the
+        // kernels would read past the allocation (a fault that ends the CUDA context);
+        // the call fails on every PE instead, and the next round trip is in step.
+        let culprit = 1 % n;
+        let eo_p = if me == culprit {
+            eo_short.ptr()
+        } else {
+            eo.ptr()
+        };
+        let c =
+            buf.low_latency_combine(Some(eo_p), idx_ok.ptr(), IdxType::I64, w.ptr(), &h, false)?;
+        let short_eo = bad_tensor(
+            buf.read_combined(&c).map(|_| ()),
+            culprit,
+            "low_latency_combine: expert outputs",
+        );
+        // 6: x 16 bytes short of [16, H] on the last PE.
+        let culprit = n - 1;
+        let xp = if me == culprit {
+            x_short.ptr()
+        } else {
+            x.ptr()
+        };
+        let h = buf.low_latency_dispatch(xp, idx_ok.ptr(), IdxType::I64, 16, false)?;
+        let short_x = bad_tensor(
+            buf.read_dispatch(&h).map(|_| ()),
+            culprit,
+            "low_latency_dispatch: x",
+        );
+        let h = buf.low_latency_dispatch(x.ptr(), idx_ok.ptr(), IdxType::I64, 16, false)?;
+        let fifth =
             check::validate_dispatch(&cfg, me, &all, &vec![false; n], &buf.read_dispatch(&h)?);
         first
             .and(second)
@@ -565,10 +607,13 @@ fn fault_case(g: &GpuPe, m: &Module) -> Result<()> {
             .and(third)
             .and(null_w)
             .and(fourth)
+            .and(short_eo)
+            .and(short_x)
+            .and(fifth)
     })();
     // Every PE reaches the collective destroy, even after an error above.
     let d = buf.destroy();
-    drop((x, idx, idx_ok, idx_long, idx_over, w, eo));
+    drop((x, idx, idx_ok, idx_long, idx_over, w, eo, x_short, eo_short));
     body.and(d)
 }
 

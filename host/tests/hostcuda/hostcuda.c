@@ -718,6 +718,22 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
   pthread_mutex_unlock(&lock);
   return r;
 }
+// The allocation containing p, as a GPU driver answers: a cuMemAlloc allocation whole,
+// or one cuMemMap mapping of a VMM range (one physical chunk, not the whole reservation);
+// CUDA_ERROR_NOT_FOUND elsewhere (this stand-in does not describe host memory).
+EXPORT CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  pthread_mutex_lock(&lock);
+  const struct range *g = find_range(R_ALLOC, (uintptr_t)p);
+  if (!g) g = find_range(R_MAPPED, (uintptr_t)p);
+  if (g) {
+    if (base) *base = (CUdeviceptr)g->lo;
+    if (size) *size = g->hi - g->lo;
+  }
+  pthread_mutex_unlock(&lock);
+  return g ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
 EXPORT CUresult cuMemGetHandleForAddressRange(void *h, CUdeviceptr p, size_t size,
                                               CUmemRangeHandleType t, unsigned long long f) {
   (void)h, (void)p, (void)size, (void)t, (void)f;
