@@ -1266,6 +1266,42 @@ fn a_hidden_size_past_the_address_space_is_refused() {
             assert!(m.contains("overflow the address space"), "H={h}: {m}");
         }
     }
+    // Regions whose end passes the add but wraps when rounded up to the region alignment
+    // (a release build gave a 0-byte layout, and Buffer::new then zeroed the runtime's own
+    // words below it).
+    for (n_pes, c) in [
+        (
+            1,
+            Config {
+                num_max_dispatch_tokens_per_rank: 1,
+                hidden: 128,
+                num_experts: (1 << 61) - 1,
+                num_topk: 1,
+                use_fp8: false,
+                round_scale: false,
+            },
+        ),
+        (
+            2,
+            Config {
+                num_max_dispatch_tokens_per_rank: 1,
+                hidden: 1152921504606846953,
+                num_experts: 2,
+                num_topk: 3,
+                use_fp8: false,
+                round_scale: false,
+            },
+        ),
+    ] {
+        for e in [
+            Layout::new(&c, n_pes).err(),
+            Layout::size_hint(&c, n_pes).err(),
+            Layout::alloc_hint(&c, n_pes).err(),
+        ] {
+            let m = e.expect("refused").to_string();
+            assert!(m.contains("overflow the address space"), "{c:?}: {m}");
+        }
+    }
 }
 
 /// Combine with a topk_idx other than the dispatch's (here two slots of a token swapped,

@@ -98,9 +98,12 @@ impl Layout {
         let mut region = |bytes: Option<usize>| -> Result<Region> {
             let bytes = bytes.ok_or_else(overflow)?;
             let r = Region { offset: at, bytes };
+            // Checked twice: a region ending within REGION_ALIGN of the top of the
+            // address space passes the add but wraps when rounded up (a release build then
+            // gave a layout of 0 bytes whose regions lie past its end).
             at = at
                 .checked_add(bytes)
-                .map(|e| e.next_multiple_of(REGION_ALIGN))
+                .and_then(|e| e.checked_next_multiple_of(REGION_ALIGN))
                 .ok_or_else(overflow)?;
             Ok(r)
         };
@@ -119,7 +122,12 @@ impl Layout {
         )?;
         let combine_recv = region(n.checked_mul(k).and_then(|x| x.checked_mul(row_bf16)))?;
         let set_bytes = at;
-        let total_bytes = set_bytes.checked_mul(2).ok_or_else(overflow)?;
+        // Two sets, and room for the pull area after them (alloc_hint's sum, whose parts
+        // are smaller than a set each).
+        let total_bytes = set_bytes
+            .checked_mul(2)
+            .filter(|t| t.checked_add(set_bytes.saturating_mul(2)).is_some())
+            .ok_or_else(overflow)?;
         Ok(Layout {
             num_pes,
             num_local_experts: l,
