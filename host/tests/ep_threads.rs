@@ -1304,6 +1304,36 @@ fn a_hidden_size_past_the_address_space_is_refused() {
     }
 }
 
+/// A heap that holds the buffer's main block but not its pull area as well: Buffer::new
+/// fails with HeapExhausted on every PE and leaves the heap as it found it (the main block
+/// stayed allocated, unreachable, before).
+#[test]
+fn a_buffer_that_does_not_fit_leaves_nothing_allocated() {
+    let c = cfg(4, 128, 4, 2, false);
+    let main = Layout::size_hint(&c, 2).unwrap();
+    let out = run_threads(2, settings(20_000), |pe| {
+        // Leave a largest free block that fits the main block but not both.
+        let (_, largest) = pe.heap_free();
+        let filler = pe.malloc(largest - main - 64)?;
+        let before = pe.heap_free();
+        assert!(before.1 >= main && before.1 < Layout::alloc_hint(&c, 2).unwrap());
+        let team = pe.world().clone();
+        let e = match Buffer::new(pe, &team, c) {
+            Ok(_) => panic!("the buffer fitted"),
+            Err(e) => e,
+        };
+        assert!(matches!(e, Error::HeapExhausted { .. }), "{e}");
+        assert_eq!(pe.heap_free(), before, "PE {}", pe.my_pe());
+        pe.free(filler)?;
+        // The heap still holds a buffer once the filler is gone.
+        Buffer::new(pe, &team, c)?.destroy()
+    })
+    .expect("job starts");
+    for (r, o) in out.into_iter().enumerate() {
+        o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+    }
+}
+
 /// Combine with a topk_idx other than the dispatch's (here two slots of a token swapped,
 /// which keeps every per-PE count) fails on every PE instead of combining rows under the
 /// wrong weights; the buffer stays usable.

@@ -721,8 +721,9 @@ impl<'p> Buffer<'p> {
     /// a split (groups may differ in size; each PE allocates the largest need). Within
     /// `team` it agrees on `cfg` (a mismatch fails on every member, naming each PE's
     /// config, and the other PEs with an error naming the first PE that failed) and
-    /// validates it. The buffer uses [`Layout::size_hint`] bytes for its team size;
-    /// [`Buffer::destroy`] is world-collective too.
+    /// validates it. The buffer allocates [`Layout::alloc_hint`] bytes for its team size
+    /// (two blocks: [`Layout::size_hint`] and the pull area); if the heap cannot hold them,
+    /// it fails with nothing left allocated. [`Buffer::destroy`] is world-collective too.
     /// The combine path comes from `RSHMEM_EP_PATH` ([`Path::from_env`]).
     pub fn new(pe: &'p Pe, team: &Team, cfg: Config) -> Result<Buffer<'p>> {
         Buffer::with_path(pe, team, cfg, Path::from_env()?)
@@ -769,7 +770,16 @@ impl<'p> Buffer<'p> {
         }
         let max = |i: usize| all.iter().map(|b| word(b, i) as usize).max().unwrap_or(0);
         let base = pe.align(layout::REGION_ALIGN, max(1))?;
-        let pull_base = pe.align(layout::REGION_ALIGN, max(2))?;
+        // The second block failing (the heap holds the first but not both) frees the first
+        // on every PE (the heaps are symmetric, so every PE fails here alike); before, it
+        // stayed allocated with no handle to free it.
+        let pull_base = match pe.align(layout::REGION_ALIGN, max(2)) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = pe.free(base);
+                return Err(e);
+            }
+        };
         let pull_local = pe.ptr(pull_base, pe.my_pe()).ok_or_else(|| {
             Error::InvalidArgument("ep::Buffer::new: the pull area is not mapped".into())
         })? as usize;
