@@ -426,10 +426,10 @@ fn runs_every_step_and_ends_with_the_table() {
                 || l.starts_with("ibgda-")
         })
         .collect();
-    // doctor, 3 selftests and selftest-procs-2, traps, example-ring, 5 ops x 3 scopes,
-    // copy, ep-check and ep, selftest-proxy-2, ibgda-rate, ep-proxy, 2 benches over the
-    // proxy.
-    assert_eq!(rows.len(), 1 + 4 + 2 + 15 + 1 + 2 + 3 + 2, "{summary}");
+    // doctor, 3 selftests and selftest-procs-2, traps, example-ring, 11 op/scope benches
+    // (put, get, signal at 3 scopes; p, atomic at thread), copy, ep-check and ep,
+    // selftest-proxy-2, ibgda-rate, ep-proxy, 2 benches over the proxy.
+    assert_eq!(rows.len(), 1 + 4 + 2 + 11 + 1 + 2 + 3 + 2, "{summary}");
     // The traps step's limit follows the manifest's trap count (14: 20 + 5 x 14 s).
     let traps_log = std::fs::read_to_string(root.join("logs/traps.log")).unwrap();
     assert!(
