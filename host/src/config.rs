@@ -490,6 +490,10 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 /// The smallest symmetric heap accepted (RSHMEM_SYMMETRIC_SIZE).
 pub const MIN_SYMMETRIC_SIZE: usize = 1 << 20;
 
+/// The longest `RSHMEM_TIMEOUT_MS` (about 31 years): deadlines are `now + timeout` plus
+/// margins, and a longer one (`Duration::MAX` as "no timeout") would overflow `Instant`.
+pub const MAX_TIMEOUT_MS: u64 = 1_000_000_000_000;
+
 /// The page size the symmetric heap is rounded up to: the system's, and at least 4096.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions; it only reads a constant.
@@ -509,6 +513,49 @@ impl Settings {
     /// Parses the settings through `get`. Defaults: heap [`DEFAULT_SYMMETRIC_SIZE`], timeout
     /// [`DEFAULT_TIMEOUT_MS`], no token, node id [`default_node_id`], root hosted by rank 0.
     /// The heap size is rounded up to [`page_size`] silently.
+    /// The checks [`Settings::from_lookup`] makes on each value, for settings built or
+    /// changed in code (every PE start runs them): the heap holds the runtime region and
+    /// is whole pages, the timeout is from 1 ms to [`MAX_TIMEOUT_MS`], the fabric chunk a
+    /// power of two from 8 KiB to 1 MiB, the queue-state period from 10 ms to 60 s.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::InvalidArgument(format!("Settings: {what}")));
+        let size = self.symmetric_size;
+        if size < MIN_SYMMETRIC_SIZE || size % page_size() != 0 {
+            return bad(format!(
+                "symmetric heap size {size} bytes: it must be at least {MIN_SYMMETRIC_SIZE} \
+                 bytes (1 MiB, which holds the {}-byte runtime region) and a multiple of the \
+                 page size ({}) (RSHMEM_SYMMETRIC_SIZE)",
+                crate::heap::RESERVED_BYTES,
+                page_size()
+            ));
+        }
+        if self.timeout < Duration::from_millis(1)
+            || self.timeout > Duration::from_millis(MAX_TIMEOUT_MS)
+        {
+            return bad(format!(
+                "timeout {:?}: it must be from 1 ms to 10^12 ms (RSHMEM_TIMEOUT_MS; no wait is \
+                 unbounded)",
+                self.timeout
+            ));
+        }
+        let c = self.fabric_chunk;
+        if !c.is_power_of_two() || !(8 << 10..=1 << 20).contains(&c) {
+            return bad(format!(
+                "fabric chunk {c} bytes: it must be a power of two from 8 KiB to 1 MiB \
+                 (RSHMEM_FABRIC_CHUNK)"
+            ));
+        }
+        if let Some(p) = self.debug_queues {
+            if !(Duration::from_millis(10)..=Duration::from_secs(60)).contains(&p) {
+                return bad(format!(
+                    "queue-state period {p:?}: it must be from 10 ms to 60 s, or None \
+                     (RSHMEM_DEBUG_QUEUES)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Settings> {
         const SIZE: &str = "RSHMEM_SYMMETRIC_SIZE";
         let symmetric_size = match get(SIZE) {
@@ -532,6 +579,13 @@ impl Settings {
             None => DEFAULT_TIMEOUT_MS,
             Some(v) => match v.trim().parse::<u64>() {
                 Ok(0) => return Err(env_err(TIMEOUT, &v, "the timeout must be at least 1 ms")),
+                Ok(ms) if ms > MAX_TIMEOUT_MS => {
+                    return Err(env_err(
+                        TIMEOUT,
+                        &v,
+                        "the timeout must be at most 10^12 ms (about 31 years)",
+                    ))
+                }
                 Ok(ms) => ms,
                 Err(_) => return Err(env_err(TIMEOUT, &v, "expected milliseconds as an integer")),
             },
@@ -1267,6 +1321,7 @@ mod tests {
             ("RSHMEM_SYMMETRIC_SIZE", "1.5G"),
             ("RSHMEM_TIMEOUT_MS", "0"),
             ("RSHMEM_TIMEOUT_MS", "5s"),
+            ("RSHMEM_TIMEOUT_MS", "1000000000001"),
             ("RSHMEM_NODE_ID", " "),
             ("RSHMEM_ROOT", "rank0"),
         ] {

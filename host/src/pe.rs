@@ -305,18 +305,9 @@ impl Pe {
         // A misspelled RSHMEM_* variable would otherwise leave its default in force unsaid.
         crate::config::warn_unknown_env(cfg.rank);
         let settings = cfg.settings;
-        // Settings built in code skip the environment's checks: the heap must hold the
-        // runtime region (every wait reads words in it) and be whole pages.
-        let size = settings.symmetric_size;
-        if size < crate::config::MIN_SYMMETRIC_SIZE || size % crate::config::page_size() != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "symmetric heap size {size} bytes: it must be at least {} bytes (1 MiB, which \
-                 holds the {}-byte runtime region) and a multiple of the page size ({})",
-                crate::config::MIN_SYMMETRIC_SIZE,
-                crate::heap::RESERVED_BYTES,
-                crate::config::page_size()
-            )));
-        }
+        // Settings built in code skip the environment's checks (a Duration::MAX timeout
+        // overflowed the first deadline; a fabric chunk of 0 panicked in the first put).
+        settings.validate()?;
         if settings.transport == TransportMode::Ibgda {
             return Err(Error::Env {
                 var: "RSHMEM_TRANSPORT".into(),
@@ -1467,6 +1458,7 @@ pub fn run_threads<R: Send>(
     if n == 0 {
         return Err(Error::InvalidArgument("run_threads: 0 PEs".into()));
     }
+    settings.validate()?;
     crate::heap::check_thread_pes_mappings(n, settings.transport == TransportMode::Proxy)?;
     let token = random_token()?;
     let root = Root::bind("127.0.0.1:0", n, &token)?;

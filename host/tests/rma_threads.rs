@@ -961,3 +961,38 @@ fn realloc_keeps_the_block_not_the_view() {
         );
     }
 }
+
+/// Settings built in code get the environment's checks: each bad value is refused with
+/// InvalidArgument naming it, before any PE starts (a Duration::MAX timeout panicked on the
+/// first deadline, a fabric chunk of 0 in the first put, a zero queue-state period spun).
+#[test]
+fn settings_built_in_code_are_checked() {
+    type Change = fn(&mut Settings);
+    let cases: [(&str, Change); 6] = [
+        ("timeout", |s| s.timeout = std::time::Duration::MAX),
+        ("timeout", |s| s.timeout = std::time::Duration::ZERO),
+        ("fabric chunk", |s| s.fabric_chunk = 0),
+        ("fabric chunk", |s| s.fabric_chunk = 3 << 20),
+        ("queue-state period", |s| {
+            s.debug_queues = Some(std::time::Duration::ZERO)
+        }),
+        ("symmetric heap size", |s| s.symmetric_size = 4096),
+    ];
+    for (what, change) in cases {
+        let mut s = settings();
+        change(&mut s);
+        let e = match s.validate() {
+            Err(e) => e,
+            Ok(()) => panic!("{what}: accepted"),
+        };
+        assert!(
+            matches!(&e, rshmem::Error::InvalidArgument(m) if m.contains(what)),
+            "{what}: {e}"
+        );
+        match run_threads(1, s, |_| Ok(())) {
+            Err(rshmem::Error::InvalidArgument(m)) => assert!(m.contains(what), "{m}"),
+            r => panic!("{what}: run_threads gave {r:?}"),
+        }
+    }
+    assert!(settings().validate().is_ok());
+}

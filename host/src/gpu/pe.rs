@@ -1963,6 +1963,7 @@ pub fn run_gpu_threads<R: Send>(
     if n == 0 {
         return Err(Error::InvalidArgument("run_gpu_threads: 0 PEs".into()));
     }
+    settings.validate()?;
     // PEs of this process on one GPU: all of them with RSHMEM_DEVICE, else spread by rank.
     let per_gpu = if std::env::var_os("RSHMEM_DEVICE").is_some() {
         n
