@@ -780,6 +780,15 @@ impl Pe {
                 )));
             }
         }
+        // The whole set's range first, so that a set past the heap (a bad length) is
+        // refused before a word list is built for it (16 bytes per element, up to 4x the
+        // heap for u32 before the first element outside it was met).
+        if !ivars.is_empty() {
+            // Saturating: an overflowing length is past the heap all the same.
+            let bytes = ivars.len().saturating_mul(std::mem::size_of::<T>());
+            self.sync_word(ivars.at(0), self.my_pe(), op)?;
+            self.target(self.my_pe(), ivars.offset(), bytes)?;
+        }
         (0..ivars.len())
             .filter(|&i| status.is_none_or(|s| s[i] == 0))
             .map(|i| Ok((i, self.sync_word(ivars.at(i), self.my_pe(), op)?)))

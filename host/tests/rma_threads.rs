@@ -996,3 +996,36 @@ fn settings_built_in_code_are_checked() {
     }
     assert!(settings().validate().is_ok());
 }
+
+/// A wait set whose length runs past the heap is refused before any per-element work: no
+/// word list is built for it (16 bytes an element: 1 GiB for this 256 MiB heap of u32s,
+/// and an abort on a large heap, before the first element outside the heap was met).
+#[test]
+fn a_wait_set_past_the_heap_is_refused_before_building_its_words() {
+    fn peak_kib() -> u64 {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        let l = s.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        l.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+    let mut s = settings();
+    s.symmetric_size = 256 << 20;
+    let out = run_threads(1, s, |pe| {
+        let word = pe.calloc::<u32>(1)?;
+        let set = rshmem::SymPtr::<u32>::from_raw(word.offset(), usize::MAX / 4);
+        let before = peak_kib();
+        let e = pe
+            .wait_until_all(set, None, rshmem::Cmp::Eq, 0)
+            .unwrap_err();
+        let t = pe.test_all(set, None, rshmem::Cmp::Eq, 0).unwrap_err();
+        let grew = peak_kib() - before;
+        for e in [&e, &t] {
+            assert!(matches!(e, rshmem::Error::OutOfBounds { .. }), "{e}");
+        }
+        assert!(grew < 128 << 10, "the peak grew by {grew} KiB");
+        pe.free(word)
+    })
+    .expect("job starts");
+    for (r, o) in out.into_iter().enumerate() {
+        o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+    }
+}
