@@ -151,6 +151,43 @@ fn bench_ep_under_rshmem_run_as_processes() {
     assert_eq!(v["fp8"], false);
 }
 
+/// Under a launcher without --pes, the count checks use the job's size: 200 000
+/// iterations' times from 8 PEs do not fit one gather (they do from 4, the default
+/// without a launcher, which the check used before and so let the job run to its end and
+/// fail there).
+#[test]
+fn bench_ep_under_a_launcher_checks_counts_for_the_jobs_size() {
+    let o = Command::new(BIN)
+        .args([
+            "run",
+            "-n",
+            "8",
+            "--",
+            BIN,
+            "bench",
+            "ep",
+            "--iters",
+            "200000",
+            "--tokens",
+            "4",
+            "--experts",
+            "8",
+            "--hidden",
+            "256",
+        ])
+        .env("RSHMEM_TIMEOUT_MS", "20000")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("--iters 200000 at 8 PEs"), "{err}");
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}
+
 #[test]
 fn bench_ep_rejects_bad_arguments() {
     for (args, msg) in [

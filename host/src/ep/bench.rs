@@ -144,7 +144,12 @@ pub fn run_cli(mut a: EpBenchArgs) -> i32 {
         return 2;
     }
     if a.pes.is_empty() {
-        a.pes = vec![4];
+        // Under a launcher the job's size (what the count checks must use: the gather of
+        // every PE's times is sized by it); else 4 PEs as threads.
+        a.pes = match LaunchInfo::from_env() {
+            Ok(Some(l)) => vec![l.world_size],
+            _ => vec![4],
+        };
     }
     if a.check {
         return crate::gpu::ep_bench::check_cli(&a);
