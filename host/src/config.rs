@@ -110,6 +110,33 @@ fn env_err(var: &str, value: &str, reason: impl Into<String>) -> Error {
     }
 }
 
+/// Runs a parser over the process environment: `f` gets a lookup of variables, and a
+/// variable whose value is not valid UTF-8 is an [`Error::Env`] naming it (taken as unset,
+/// its default was used without a word).
+fn with_process_env<T>(f: impl FnOnce(&dyn Fn(&str) -> Option<String>) -> Result<T>) -> Result<T> {
+    let bad: std::cell::RefCell<Option<(String, String)>> = Default::default();
+    let get = |k: &str| match std::env::var(k) {
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(v)) => {
+            bad.borrow_mut()
+                .get_or_insert_with(|| (k.to_string(), v.to_string_lossy().into_owned()));
+            None
+        }
+    };
+    let r = f(&get);
+    match bad.into_inner() {
+        Some((var, value)) => Err(env_err(&var, &value, "not valid UTF-8")),
+        None => r,
+    }
+}
+
+/// One variable of the process environment: `Ok(None)` when unset, an [`Error::Env`] when
+/// its value is not valid UTF-8.
+pub fn env_text(var: &str) -> Result<Option<String>> {
+    with_process_env(|get| Ok(get(var)))
+}
+
 /// Parses a non-negative decimal integer (surrounding whitespace allowed).
 fn parse_count(var: &str, value: &str) -> Result<usize> {
     let v = value.trim();
@@ -128,7 +155,7 @@ fn lookup_count(get: &impl Fn(&str) -> Option<String>, var: &str) -> Result<Opti
 impl LaunchInfo {
     /// Reads the process environment. `Ok(None)`: no launcher variables at all.
     pub fn from_env() -> Result<Option<LaunchInfo>> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        with_process_env(|get| Self::from_lookup(get))
     }
 
     /// Same, with an injectable lookup (for tests).
@@ -413,7 +440,7 @@ impl Default for IbSettings {
 impl IbSettings {
     /// From the process environment.
     pub fn from_env() -> Result<IbSettings> {
-        Self::from_lookup(&|k: &str| std::env::var(k).ok())
+        with_process_env(|get| Self::from_lookup(&get))
     }
 
     fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<IbSettings> {
@@ -507,7 +534,7 @@ pub fn page_size() -> usize {
 
 impl Settings {
     pub fn from_env() -> Result<Settings> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        with_process_env(|get| Self::from_lookup(get))
     }
 
     /// Parses the settings through `get`. Defaults: heap [`DEFAULT_SYMMETRIC_SIZE`], timeout

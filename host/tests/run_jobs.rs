@@ -46,6 +46,30 @@ fn selftest_under_rshmem_run() {
 
 /// A misspelled variable is named once, by PE 0, with the variable it most likely meant;
 /// the job runs (with the default the variable was meant to change).
+/// A value that is not UTF-8 is an error naming its variable (it was taken as unset, and
+/// the default heap, transport or timeout used without a word).
+#[test]
+fn a_value_that_is_not_utf8_is_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    for var in [
+        "RSHMEM_SYMMETRIC_SIZE",
+        "RSHMEM_TRANSPORT",
+        "RSHMEM_TIMEOUT_MS",
+    ] {
+        let o = Command::new(BIN)
+            .args(["selftest", "--case", "alloc"])
+            .env(var, std::ffi::OsStr::from_bytes(b"64M\xff"))
+            .output()
+            .expect("rshmem selftest");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{var}: {err}");
+        assert!(
+            err.contains(var) && err.contains("not valid UTF-8"),
+            "{var}: {err}"
+        );
+    }
+}
+
 #[test]
 fn a_misspelled_variable_is_named_once_by_pe_0() {
     let o = Command::new(BIN)

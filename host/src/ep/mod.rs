@@ -173,7 +173,12 @@ impl Path {
     /// `RSHMEM_EP_PATH`: `auto` (default) or `message`.
     pub fn from_env() -> Result<Path> {
         match std::env::var("RSHMEM_EP_PATH") {
-            Err(_) => Ok(Path::Auto),
+            Err(std::env::VarError::NotPresent) => Ok(Path::Auto),
+            Err(std::env::VarError::NotUnicode(v)) => Err(Error::Env {
+                var: "RSHMEM_EP_PATH".into(),
+                value: v.to_string_lossy().into_owned(),
+                reason: "not valid UTF-8".into(),
+            }),
             Ok(v) => match v.trim() {
                 "" | "auto" => Ok(Path::Auto),
                 "message" => Ok(Path::Message),

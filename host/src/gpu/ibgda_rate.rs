@@ -170,7 +170,7 @@ pub fn run(a: &IbgdaRateArgs) -> Result<RateReport> {
     // RSHMEM_DEVICE checked as for a PE (a bad or out-of-range value is refused; it fell
     // back to GPU 0 silently); unset: GPU 0.
     let ordinal = super::launch::pick_device(
-        std::env::var("RSHMEM_DEVICE").ok().as_deref(),
+        crate::config::env_text("RSHMEM_DEVICE")?.as_deref(),
         0,
         super::pe::device_count()?,
     )?;

@@ -1818,7 +1818,7 @@ fn open_device(pe: &Pe, vmm: bool) -> Result<(DeviceSetup, Vec<Vec<u8>>, Sharing
         .unwrap_or(0);
     let picked = device_count().and_then(|count| {
         super::launch::pick_device(
-            std::env::var("RSHMEM_DEVICE").ok().as_deref(),
+            crate::config::env_text("RSHMEM_DEVICE")?.as_deref(),
             local_rank,
             count,
         )
