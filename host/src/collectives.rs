@@ -478,6 +478,19 @@ fn zeroed<T: Element>(n: usize) -> Vec<T> {
     vec![unsafe { std::mem::zeroed::<T>() }; n]
 }
 
+/// Collectives count elements in bytes: a zero-sized element type (`[T; 0]`) has no
+/// bytes to move and turns the element counts into unchecked sums, so it is refused (on
+/// every member alike: each refuses before any agreement).
+fn zero_sized<T>(op: &str) -> Result<()> {
+    if std::mem::size_of::<T>() == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: the element type {} has size 0",
+            std::any::type_name::<T>()
+        )));
+    }
+    Ok(())
+}
+
 impl Pe {
     /// Step 2 of the frame (module comment): agreement, then the checks every member makes
     /// alike. `ready` is step 1's outcome, its quiet included ([`Pe::snapshot`]).
@@ -683,6 +696,7 @@ impl Pe {
         nelems: usize,
         root: usize,
     ) -> Result<()> {
+        zero_sized::<T>("broadcast")?;
         let is_root = team.my_pe() == root;
         // A source shorter than nelems is refused by `Call::check` on every member alike
         // once the arguments agree (they carry "source long enough"); the root does not
@@ -749,6 +763,7 @@ impl Pe {
         source: SymPtr<T>,
         nelems: usize,
     ) -> Result<()> {
+        zero_sized::<T>("fcollect")?;
         self.exchange_blocks(Coll::Fcollect, team, dest, source, nelems)
     }
 
@@ -761,6 +776,7 @@ impl Pe {
         source: SymPtr<T>,
         nelems: usize,
     ) -> Result<()> {
+        zero_sized::<T>("alltoall")?;
         self.exchange_blocks(Coll::Alltoall, team, dest, source, nelems)
     }
 
@@ -779,6 +795,7 @@ impl Pe {
         sst: usize,
         nelems: usize,
     ) -> Result<()> {
+        zero_sized::<T>("alltoalls")?;
         let coll = Coll::Alltoalls;
         let total = team.n_pes().saturating_mul(nelems);
         // Elements a side spans; usize::MAX (never long enough) when it overflows.
@@ -850,6 +867,7 @@ impl Pe {
         source: SymPtr<T>,
         nelems: usize,
     ) -> Result<()> {
+        zero_sized::<T>("collect")?;
         let coll = Coll::Collect;
         // Step 1. The total is known only after step 2, so the whole dest counts as
         // written when deciding whether the source must be copied first.

@@ -783,3 +783,44 @@ fn a_source_far_past_the_heap_is_refused_before_any_allocation() {
         Ok(())
     });
 }
+
+/// A zero-sized element type is refused by every collective on every member (collect's
+/// prefix sum of counts overflowed and panicked on one PE), and the team stays usable.
+#[test]
+fn zero_sized_elements_are_refused_by_every_collective() {
+    let out = run_threads(2, settings(), |pe| {
+        let team = pe.world().clone();
+        let me = pe.my_pe();
+        let block = pe.calloc::<u64>(1)?;
+        let a = SymPtr::<[u8; 0]>::from_raw(block.offset(), usize::MAX);
+        let n = if me == 0 { usize::MAX } else { 1 };
+        let results = [
+            ("collect", pe.collect(&team, a, a, n)),
+            ("fcollect", pe.fcollect(&team, a, a, n)),
+            ("broadcast", pe.broadcast(&team, a, a, n, 0)),
+            ("alltoall", pe.alltoall(&team, a, a, n)),
+        ];
+        for (op, r) in results {
+            match r {
+                Err(Error::InvalidArgument(m)) if m.contains(op) && m.contains("size 0") => {}
+                r => panic!("PE {me}: {op} gave {r:?}"),
+            }
+        }
+        // Still in step: a real collective works.
+        let src = pe.calloc::<u64>(1)?;
+        let dst = pe.calloc::<u64>(2)?;
+        pe.put(src, &[10 + me as u64], me)?;
+        pe.barrier_all()?;
+        pe.fcollect(&team, dst, src, 1)?;
+        let mut got = [0u64; 2];
+        pe.get(&mut got, dst, me)?;
+        assert_eq!(got, [10, 11]);
+        pe.free(dst)?;
+        pe.free(src)?;
+        pe.free(block)
+    })
+    .expect("job starts");
+    for (r, o) in out.into_iter().enumerate() {
+        o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+    }
+}
