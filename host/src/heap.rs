@@ -474,7 +474,11 @@ pub fn create_node_segment(
         }
         Err(e) => e,
     };
-    let (seg, name) = Segment::create_memfd(&format!("rshmem-{job_id}-pe{rank}"), len, skew)
+    // A memfd is limited by memory only, and only when touched: heaps the node cannot
+    // back would be made, and the first large calloc would end in the OOM killer (the
+    // /dev/shm path refuses them above, with an error).
+    let (seg, name) = memfd_fits(len, node_pes, node_memory_bytes())
+        .and_then(|()| Segment::create_memfd(&format!("rshmem-{job_id}-pe{rank}"), len, skew))
         .map_err(|m| {
             // Both reasons, without repeating the size and the path in each.
             let why = |e: &Error| match e {
@@ -594,6 +598,26 @@ fn map_count_hint(e: io::Error, max: Option<usize>, now: Option<usize>) -> io::E
             )
         }
         _ => e,
+    }
+}
+
+/// Whether the node's memory can back `node_pes` heaps of `len` bytes in memfds (`mem`:
+/// [`node_memory_bytes`]; unknown is not refused).
+fn memfd_fits(len: usize, node_pes: usize, mem: Option<u128>) -> Result<()> {
+    let need = len as u128 * node_pes.max(1) as u128;
+    match mem {
+        Some(mem) if need > mem => Err(Error::Shm {
+            op: "size",
+            path: "a memfd".into(),
+            size: len,
+            source: io::Error::other(format!(
+                "the node's {} PE heap(s) of {len} bytes ({need} bytes) exceed the memory \
+                 that can back them ({mem} bytes: RAM plus swap under this process's cgroup \
+                 limits); lower RSHMEM_SYMMETRIC_SIZE",
+                node_pes.max(1)
+            )),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -971,6 +995,20 @@ mod tests {
         // The pod's 200 KiB and the job's zero swap.
         assert_eq!(node_memory_from(&nested), Some(200 * 1024));
         assert_eq!(node_memory_from(&tree(&[])), None);
+    }
+
+    #[test]
+    fn memfd_heaps_past_the_nodes_memory_are_refused() {
+        let g = 1usize << 30;
+        assert!(memfd_fits(g, 4, Some(4 << 30)).is_ok());
+        assert!(memfd_fits(g, 4, None).is_ok());
+        let e = memfd_fits(g, 5, Some(4 << 30)).unwrap_err().to_string();
+        assert!(
+            e.contains("5 PE heap(s)") && e.contains("RSHMEM_SYMMETRIC_SIZE"),
+            "{e}"
+        );
+        // A 1 TiB heap on a 64 GiB node, one PE.
+        assert!(memfd_fits(1 << 40, 1, Some(64 << 30)).is_err());
     }
 
     /// PEs as threads: refused by name where their heap mappings pass the mapping limit,
