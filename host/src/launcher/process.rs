@@ -428,11 +428,15 @@ impl Job {
             let mut child = match cmd.spawn() {
                 Ok(child) => child,
                 Err(e) => {
-                    job.kill_all_now();
-                    return Err(Error::Launch(format!(
-                        "starting PE {rank} ({}) failed: {e}",
-                        program.display()
-                    )));
+                    let why = format!("starting PE {rank} ({}) failed: {e}", program.display());
+                    if !job.pes.is_empty() {
+                        say(format_args!(
+                            "rshmem run: {why}; stopping the {} PE(s) started",
+                            job.pes.len()
+                        ));
+                    }
+                    job.kill_all_now(KILL_NOTE, KILL_WAIT);
+                    return Err(Error::Launch(why));
                 }
             };
             if let Some(out) = child.stdout.take() {
@@ -452,13 +456,57 @@ impl Job {
         Ok(job)
     }
 
-    /// SIGKILL to every PE group and a blocking reap (used when starting fails).
-    fn kill_all_now(&mut self) {
-        for pe in &mut self.pes {
+    /// SIGKILL to every PE group and a bounded reap (used when starting fails): PEs still
+    /// alive `note` after it are named, and given up on at `give_up` (a process in
+    /// uninterruptible sleep, as in a GPU driver, ignores SIGKILL until it wakes; before
+    /// 2026-12-07 this waited for each without end, before the start error was shown).
+    /// Returns the ranks given up on; a thread reaps them when they end.
+    fn kill_all_now(&mut self, note: Duration, give_up: Duration) -> Vec<usize> {
+        for pe in &self.pes {
             signal_group(pe.pgid, libc::SIGKILL);
-            let _ = pe.child.wait();
+        }
+        let t0 = Instant::now();
+        let mut noted = false;
+        let alive = loop {
+            let alive: Vec<usize> = (0..self.pes.len())
+                .filter(|&r| !matches!(self.pes[r].child.try_wait(), Ok(Some(_)) | Err(_)))
+                .collect();
+            if alive.is_empty() {
+                break alive;
+            }
+            let named = || {
+                let a: Vec<String> = alive.iter().map(|r| r.to_string()).collect();
+                format!("PE{} {}", if a.len() == 1 { "" } else { "s" }, a.join(", "))
+            };
+            if t0.elapsed() >= give_up {
+                say(format_args!(
+                    "rshmem run: {} still not ended {} s after SIGKILL; giving up",
+                    named(),
+                    give_up.as_secs_f64()
+                ));
+                break alive;
+            }
+            if t0.elapsed() >= note && !noted {
+                noted = true;
+                say(format_args!(
+                    "rshmem run: {} still not ended {} s after SIGKILL; waiting up to {} s",
+                    named(),
+                    note.as_secs_f64(),
+                    give_up.as_secs_f64()
+                ));
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        };
+        for &r in &alive {
+            let pid = self.pes[r].pgid;
+            std::thread::spawn(move || {
+                // SAFETY: waitpid on our own child, not reaped yet; a null status pointer
+                // is allowed.
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+            });
         }
         self.output.drain(Duration::ZERO);
+        alive
     }
 
     /// Notes PEs that ended; returns their ranks. A PE that ended is seen without being
@@ -794,6 +842,37 @@ impl Job {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn killing_after_a_failed_start_is_bounded() {
+        // PE 1's recorded group is not its own (a stand-in for a process SIGKILL does not
+        // end at once: one in uninterruptible sleep): the reap gives it up after the bound
+        // and names it, instead of waiting for it without end; PE 0 dies and is reaped.
+        let mut c0 = Command::new("sleep");
+        c0.arg("30").process_group(0);
+        let c0 = c0.spawn().unwrap();
+        let c1 = Command::new("sleep").arg("30").spawn().unwrap();
+        let (p0, p1) = (c0.id() as libc::pid_t, c1.id() as libc::pid_t);
+        let pe = |child, pgid| Pe {
+            child,
+            pgid,
+            exit: None,
+            group_gone: false,
+        };
+        let mut job = Job {
+            // A group id no process has (pid_max is at most 2^22).
+            pes: vec![pe(c0, p0), pe(c1, (1 << 22) + 7)],
+            output: OutputPump::new(),
+        };
+        let t0 = Instant::now();
+        let left = job.kill_all_now(Duration::from_millis(100), Duration::from_millis(300));
+        assert_eq!(left, vec![1]);
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert!(matches!(job.pes[0].child.try_wait(), Ok(Some(_))));
+        // SAFETY: kill on our own child's pid, still unreaped (a zombie at worst).
+        unsafe { libc::kill(p1, libc::SIGKILL) };
+        let _ = job.pes[1].child.wait();
+    }
 
     #[test]
     fn exit_descriptions() {
