@@ -232,8 +232,16 @@ fn trap_cases_without_libcuda_fail_naming_the_driver() {
     );
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
-    let verdicts: Vec<&str> = t.lines().filter(|l| l.starts_with("gpu trap ")).collect();
-    assert_eq!(verdicts.len(), 2, "{t}");
+    // Each case is named before it runs (a step cut off by its limit still says which),
+    // then judged.
+    let lines: Vec<&str> = t.lines().filter(|l| l.starts_with("gpu trap ")).collect();
+    assert_eq!(lines.len(), 4, "{t}");
+    assert!(
+        lines[0].starts_with("gpu trap rshmem_trap_bad_pe: running (limit ")
+            && lines[2].starts_with("gpu trap rshmem_trap_unbound: running (limit "),
+        "{t}"
+    );
+    let verdicts = [lines[1], lines[3]];
     assert!(
         verdicts[0].starts_with("gpu trap rshmem_trap_bad_pe: FAIL ("),
         "{t}"

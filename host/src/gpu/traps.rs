@@ -272,29 +272,36 @@ pub fn judge(t: &TrapCase, out: &ChildOutput) -> std::result::Result<String, Vec
     ))
 }
 
-/// Runs `cmd` to completion with its output captured, killing it after `limit`.
+/// Runs `cmd` to completion with its output captured, killing it after `limit`. The child
+/// leads its own process group, and the whole group is killed; a child still alive
+/// [`KILL_WAIT`] after SIGKILL (asleep in a GPU driver) is an error naming its pid, and
+/// output still open [`PIPE_WAIT`] after it ended (held by a process it left behind) is
+/// taken as it stands, so nothing here waits without a bound.
 pub fn run_child(mut cmd: Command, limit: Duration) -> Result<ChildOutput> {
+    use std::os::unix::process::CommandExt;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stderr(Stdio::piped())
+        .process_group(0);
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::io(format!("starting {:?}", cmd.get_program()), e))?;
     // Readers on threads: a child that fills one pipe must not block on it while we wait.
-    let mut so = child.stdout.take().expect("piped");
-    let mut se = child.stderr.take().expect("piped");
-    let ro = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let re = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = se.read_to_end(&mut v);
-        v
-    });
+    // Each sends what it read when its pipe closes.
+    let reader = |mut pipe: Box<dyn Read + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = pipe.read_to_end(&mut v);
+            let _ = tx.send(v);
+        });
+        rx
+    };
+    let ro = reader(Box::new(child.stdout.take().expect("piped")));
+    let re = reader(Box::new(child.stderr.take().expect("piped")));
+    let pid = child.id();
     let deadline = Instant::now() + limit;
-    let mut timed_out = false;
+    let mut killed: Option<Instant> = None;
     let status = loop {
         if let Some(s) = child
             .try_wait()
@@ -302,27 +309,47 @@ pub fn run_child(mut cmd: Command, limit: Duration) -> Result<ChildOutput> {
         {
             break s;
         }
-        if Instant::now() >= deadline {
-            timed_out = true;
-            let _ = child.kill();
-            break child
-                .wait()
-                .map_err(|e| Error::io("reaping a killed trap child", e))?;
+        match killed {
+            None if Instant::now() >= deadline => {
+                // SAFETY: kill(2) on the child's own process group (it called setpgid(0)
+                // before exec, so the group id is its pid, and the group lives while the
+                // child is unreaped).
+                unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
+                killed = Some(Instant::now());
+            }
+            Some(t) if t.elapsed() >= KILL_WAIT => {
+                return Err(Error::Timeout {
+                    pe: 0,
+                    what: format!(
+                        "trap child pid {pid} to end after SIGKILL (it ran past its {} s \
+                         limit; a process asleep in the GPU driver ignores SIGKILL until it \
+                         wakes)",
+                        limit.as_secs_f64()
+                    ),
+                    waited_ms: KILL_WAIT.as_millis() as u64,
+                });
+            }
+            _ => {}
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    // The pipes close when the child (and anything it started) exits; a grandchild that
-    // kept them open would block these joins, but the child starts none.
-    let stdout = String::from_utf8_lossy(&ro.join().unwrap_or_default()).into_owned();
-    let stderr = String::from_utf8_lossy(&re.join().unwrap_or_default()).into_owned();
+    let take = |rx: std::sync::mpsc::Receiver<Vec<u8>>| {
+        String::from_utf8_lossy(&rx.recv_timeout(PIPE_WAIT).unwrap_or_default()).into_owned()
+    };
+    let (stdout, stderr) = (take(ro), take(re));
     Ok(ChildOutput {
         code: status.code(),
-        timed_out,
+        timed_out: killed.is_some(),
         limit,
         stdout,
         stderr,
     })
 }
+
+/// How long [`run_child`] waits for a killed child to end.
+pub const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How long [`run_child`] waits for a child's output to close once it ended.
+pub const PIPE_WAIT: Duration = Duration::from_secs(2);
 
 /// Arguments of the parent.
 #[derive(Debug, Clone)]
@@ -378,6 +405,14 @@ pub fn run_traps(o: &TrapsOpts, child: impl Fn(&TrapCase) -> Command) -> Result<
             cmd.env("RSHMEM_TIMEOUT_MS", ms.to_string());
             limit += Duration::from_millis(ms);
         }
+        // Named before it runs: a step cut off by its own limit still says which case
+        // was running.
+        println!(
+            "gpu trap {}: running (limit {:.0} s)",
+            t.name,
+            limit.as_secs_f64()
+        );
+        let _ = std::io::stdout().flush();
         let t0 = Instant::now();
         let out = run_child(cmd, limit)?;
         for l in out.stdout.lines().chain(out.stderr.lines()) {
@@ -942,6 +977,16 @@ mod tests {
         assert!(o.timed_out && o.code.is_none(), "{o:?}");
         assert_eq!(o.stdout, "started\n");
         assert!(t0.elapsed() < Duration::from_secs(5));
+        // A process the child left behind holding its output: the whole group is killed,
+        // so the output closes at once (only the child was killed before, and reading its
+        // output waited for the leftover's 30 s).
+        let mut c = Command::new("sh");
+        c.args(["-c", "sleep 30 & echo started; exec sleep 30"]);
+        let t0 = Instant::now();
+        let o = run_child(c, Duration::from_millis(300)).unwrap();
+        assert!(o.timed_out && o.code.is_none(), "{o:?}");
+        assert_eq!(o.stdout, "started\n");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     }
 
     /// The parent with stand-in children: a shell that prints what a child would. One case
