@@ -819,6 +819,41 @@ fn shrink_masks_a_pe_that_stops_answering() {
     }
 }
 
+/// Two PEs stop answering at once: the first timeout masks both (the other one had the
+/// same full timeout to answer), instead of one full timeout each, one after the other.
+#[test]
+fn shrink_masks_every_silent_pe_after_one_timeout() {
+    let c = cfg(4, 128, 4, 2, false);
+    let finished = std::sync::atomic::AtomicUsize::new(0);
+    let timeout = Duration::from_millis(1500);
+    let out = run_threads(4, settings(timeout.as_millis() as u64), |pe| {
+        let me = pe.my_pe();
+        let (mut buf, r, all) = started_buffer(pe, pe.world(), c, true, (9, 4, 0))?;
+        if me == 1 || me == 2 {
+            let end = std::time::Instant::now() + Duration::from_secs(30);
+            while finished.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+                assert!(std::time::Instant::now() < end, "the others never finished");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            return Ok(());
+        }
+        let mask = [false, true, true, false];
+        let t0 = std::time::Instant::now();
+        round_trip(&mut buf, &c, 4, me, &r, &all, &mask, 0)?;
+        // One timeout and the round trip's own work; two timeouts before.
+        let took = t0.elapsed();
+        assert!(took < 2 * timeout, "PE {me}: {took:?}");
+        assert_eq!(buf.query_mask(), mask.to_vec(), "PE {me}");
+        round_trip(&mut buf, &c, 4, me, &r, &all, &mask, 1)?;
+        finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+    }
+}
+
 /// Runs `f` on `n` PEs and returns each PE's error text (panics if a PE succeeded).
 fn errors(n: usize, timeout_ms: u64, f: impl Fn(&Pe) -> rshmem::Result<()> + Sync) -> Vec<Error> {
     run_threads(n, settings(timeout_ms), |pe| match f(pe) {

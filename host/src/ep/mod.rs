@@ -632,19 +632,26 @@ impl Shared {
         }
     }
     /// Runs `wait` with the call's mask; in shrink mode, a failure naming an unmasked team
-    /// PE masks it and runs `wait` again without it.
+    /// PE masks it and runs `wait` again without it. After a timeout, the retries only look
+    /// once (`wait`'s second argument: see [`poll_or_look`]): the PEs still silent then had
+    /// the same full timeout to answer, so each is masked at once (before 2026-12-07 each
+    /// silent PE cost a full timeout of its own, one after the other).
     fn wait_shrinking<R>(
         &self,
         pe: &Pe,
         masked: &mut [bool],
-        mut wait: impl FnMut(&[bool]) -> Result<R>,
+        mut wait: impl FnMut(&[bool], bool) -> Result<R>,
     ) -> Result<R> {
+        let mut timed_out = false;
         loop {
             self.fold_shrunk(masked);
-            match wait(masked) {
+            match wait(masked, timed_out) {
                 Ok(r) => return Ok(r),
                 Err(e) => match self.shrink_target(pe, &e) {
-                    Some(s) if !masked[s] => masked[s] = true,
+                    Some(s) if !masked[s] => {
+                        masked[s] = true;
+                        timed_out |= matches!(e, Error::EpTimeout { .. });
+                    }
                     _ => return Err(e),
                 },
             }
@@ -681,8 +688,10 @@ impl Shared {
         let set = (seq % 2) as usize;
         let want = tag(seq - 2);
         let start = Instant::now();
-        self.wait_shrinking(pe, masked, |masked| {
-            pe.poll(
+        self.wait_shrinking(pe, masked, |masked, look| {
+            poll_or_look(
+                pe,
+                look,
                 || match (0..self.n())
                     .filter(|&p| !masked[p])
                     .find(|&p| self.load(self.layout.credit_word(set, p)) < want)
@@ -717,6 +726,21 @@ impl Shared {
         }
         self.pending[set].store(0, Ordering::Release);
         Ok(())
+    }
+}
+
+/// `pe.poll(step, expired)`, or with `look` a single step: a miss is the timeout error at
+/// once (shrink mode's retries after a timeout: [`Shared::wait_shrinking`]).
+fn poll_or_look<R, S>(
+    pe: &Pe,
+    look: bool,
+    mut step: impl FnMut() -> std::result::Result<R, S>,
+    expired: impl FnOnce(&S) -> Error,
+) -> Result<R> {
+    if look {
+        step().map_err(|s| expired(&s))
+    } else {
+        pe.poll(step, expired)
     }
 }
 
@@ -1577,13 +1601,15 @@ impl DispatchHook<'_> {
         let mut corrupt: Option<String> = None;
         let mut masked = self.masked.clone();
         let start = Instant::now();
-        sh.wait_shrinking(self.pe, &mut masked, |masked| {
+        sh.wait_shrinking(self.pe, &mut masked, |masked, look| {
             for (s, next) in next_le.iter_mut().enumerate() {
                 if masked[s] {
                     *next = l;
                 }
             }
-            self.pe.poll(
+            poll_or_look(
+                self.pe,
+                look,
                 || {
                     let mut missing = None;
                     for s in 0..r {
@@ -1873,8 +1899,10 @@ impl CombineHook<'_> {
         let mut masked = self.masked.clone();
         let start = Instant::now();
         let flags = sh
-            .wait_shrinking(self.pe, &mut masked, |masked| {
-                self.pe.poll(
+            .wait_shrinking(self.pe, &mut masked, |masked, look| {
+                poll_or_look(
+                    self.pe,
+                    look,
                     || {
                         let mut got = vec![0u64; r];
                         for p in (0..r).filter(|&p| !masked[p]) {
