@@ -1305,10 +1305,18 @@ fn elapsed_us(a: sys::CUevent, b: sys::CUevent) -> Result<f64> {
     Ok(ms as f64 * 1e3)
 }
 
-/// Waits (bounded) until event `e` has completed; a failed stream becomes the PE's device
-/// error.
+/// Waits (bounded as [`GpuPe::sync`] is: the device waits' own timeout, plus 10 s) until
+/// event `e` has completed; a failed stream becomes the PE's device error, and so does
+/// the bound running out when the kernels wrote one (a device wait naming the peer and
+/// word it waited for says more than the host's own timeout). Before 2026-12-07 the bound
+/// was a fixed 30 s, which a RSHMEM_TIMEOUT_MS above it made the first to expire, hiding
+/// the device's report.
 fn wait_event(g: &GpuPe, e: sys::CUevent, what: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    wait_event_within(g, e, what, g.stream_bound())
+}
+
+fn wait_event_within(g: &GpuPe, e: sys::CUevent, what: &str, bound: Duration) -> Result<()> {
+    let deadline = Instant::now() + bound;
     loop {
         // SAFETY: an event of this context.
         let rc = unsafe { sys::cuEventQuery(e) };
@@ -1320,10 +1328,13 @@ fn wait_event(g: &GpuPe, e: sys::CUevent, what: &str) -> Result<()> {
             return ck(rc, "cuEventQuery", || what.to_string());
         }
         if Instant::now() > deadline {
+            if let Some(fault) = g.device_fault(what) {
+                return Err(fault);
+            }
             return Err(Error::Timeout {
                 pe: g.my_pe(),
-                what: format!("{what} (EP bench, 30 s)"),
-                waited_ms: 30_000,
+                what: format!("{what} (EP bench: the kernels did not complete)"),
+                waited_ms: bound.as_millis() as u64,
             });
         }
         std::thread::sleep(Duration::from_micros(20));

@@ -1680,9 +1680,32 @@ impl GpuPe {
     /// Waits until this PE's stream is idle, bounded by RSHMEM_TIMEOUT_MS plus 10 s (the
     /// device's own waits are bounded by the timeout and trap). A failure is turned into
     /// [`Error::DeviceFault`] when the device wrote its error record.
+    /// What this PE's device error record says, as the error of `what` (None: empty).
+    pub fn device_fault(&self, what: &str) -> Option<Error> {
+        let e = self.device_error();
+        (e.code != state::ERR_NONE).then(|| Error::DeviceFault {
+            pe: self.my_pe(),
+            kernel: what.to_string(),
+            code: e.code,
+            what: e.what(),
+            target_pe: e.pe,
+            addr: e.addr,
+            wait: e.wait_text(),
+            block: e.block,
+            thread: e.thread,
+        })
+    }
+
+    /// How long [`GpuPe::sync`] and the EP bench's event waits wait for the stream: the
+    /// PE's timeout, which bounds every device wait, plus 10 s for the kernels to see it
+    /// and end.
+    pub fn stream_bound(&self) -> Duration {
+        self.timeout + Duration::from_secs(10)
+    }
+
     pub fn sync(&self, what: &str) -> Result<()> {
         self.enter()?;
-        let deadline = Instant::now() + self.timeout + Duration::from_secs(10);
+        let deadline = Instant::now() + self.stream_bound();
         let mut polls = 0u64;
         loop {
             // SAFETY: the stream belongs to the current context.
@@ -1691,19 +1714,8 @@ impl GpuPe {
                 return Ok(());
             }
             if rc != sys::CUresult::CUDA_ERROR_NOT_READY {
-                let e = self.device_error();
-                if e.code != state::ERR_NONE {
-                    return Err(Error::DeviceFault {
-                        pe: self.my_pe(),
-                        kernel: what.to_string(),
-                        code: e.code,
-                        what: e.what(),
-                        target_pe: e.pe,
-                        addr: e.addr,
-                        wait: e.wait_text(),
-                        block: e.block,
-                        thread: e.thread,
-                    });
+                if let Some(e) = self.device_fault(what) {
+                    return Err(e);
                 }
                 return ck(rc, "cuStreamQuery", || {
                     let shared = if self.sharing.in_process > 1 {
@@ -1723,9 +1735,7 @@ impl GpuPe {
                 return Err(Error::Timeout {
                     pe: self.my_pe(),
                     what: format!("its GPU stream to finish {what} (the kernel did not complete)"),
-                    waited_ms: crate::pe::ms_since(
-                        deadline - self.timeout - Duration::from_secs(10),
-                    ),
+                    waited_ms: crate::pe::ms_since(deadline - self.stream_bound()),
                 });
             }
             polls += 1;
