@@ -1386,8 +1386,22 @@ fn locks(pe: &Pe) -> Result<()> {
         pe.clear_lock(lock)?;
     }
     // test_lock: taken here, so another try fails and nobody else gets it meanwhile.
+    // Bounded: a holder that stalls without dying (stopped, in a debugger) would keep
+    // this loop going for ever (a dead holder ends it through test_lock's liveness check).
     let mut taken = 0u64;
+    let t0 = std::time::Instant::now();
     while !pe.test_lock(lock)? {
+        if t0.elapsed() >= pe.timeout() {
+            return Err(Error::Timeout {
+                pe: me,
+                what: format!(
+                    "test_lock to take the self-test's lock at heap offset {:#x} (another PE \
+                     holds it and did not release it)",
+                    lock.offset()
+                ),
+                waited_ms: t0.elapsed().as_millis() as u64,
+            });
+        }
         std::thread::yield_now();
     }
     taken += 1;
