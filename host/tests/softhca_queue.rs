@@ -288,6 +288,48 @@ fn a_waiter_behind_a_broken_reservation_stops_when_the_queue_breaks() {
     assert_eq!(sq.reserved(), 4);
 }
 
+#[test]
+fn a_doorbell_record_out_of_range_is_a_fatal_qp_error_not_a_cq_overrun() {
+    // The record more than a ring ahead of what the engine consumed: the engine raises
+    // QP_FATAL alone (no CQ overran), and the waits say that, not "the CQ overran".
+    let t = target(8, 1);
+    let rig = rig(&t, 8, 8, CqMode::Normal);
+    let Rig { sq, mem, .. } = &rig;
+    sq.quiet().unwrap();
+    mem.qp_dbrec_send().store(
+        u32::from_ne_bytes(1000u32.to_be_bytes()),
+        std::sync::atomic::Ordering::Release,
+    );
+    let events = mem.async_events().unwrap();
+    let t0 = std::time::Instant::now();
+    while events.load(std::sync::atomic::Ordering::Acquire) == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no event raised");
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        events.load(std::sync::atomic::Ordering::Acquire),
+        EVENT_QP_FATAL
+    );
+    let _ = sq.post(&WqeOp::Nop);
+    let e = sq.quiet().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            SqError::QpFatal {
+                events: 2,
+                wqe_cnt: 8,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("doorbell record") && !msg.contains("overran"),
+        "{msg}"
+    );
+}
+
 /// Posts eight 8-byte inline WRITEs of `byte` to words 0..8 of `t` (the one at `bad_key`
 /// with a wrong rkey) and waits (bounded) until the engine has taken all eight, before
 /// anyone polls the CQ (a poll that freed entries first would avoid an overrun).

@@ -100,7 +100,8 @@ impl QueueLayout {
 /// every entry was unconsumed. The CQ takes no more completions.
 pub const EVENT_CQ_ERR: u32 = 1;
 /// Asynchronous event bit: the QP hit an error that prevents completions
-/// (`IBV_EVENT_QP_FATAL`; raised with [`EVENT_CQ_ERR`]). The QP is in the error state.
+/// (`IBV_EVENT_QP_FATAL`): raised with [`EVENT_CQ_ERR`] when the CQ overran, alone when the
+/// send doorbell record was out of range. The QP is in the error state.
 pub const EVENT_QP_FATAL: u32 = 2;
 
 /// The memory of one queue pair: page-aligned host memory laid out by [`QueueLayout`]
@@ -442,6 +443,16 @@ pub enum SqError {
         cqe_cnt: u32,
         wqe_cnt: u32,
     },
+    /// The engine raised QP_FATAL without CQ_ERR: the send doorbell record named a
+    /// producer index more than a ring away from what the engine had consumed (a producer
+    /// wrote the record wrongly), so the QP is in the error state and runs nothing more.
+    #[error(
+        "QP {qpn:#x}: fatal QP error (IBV_EVENT_QP_FATAL; events {events:#x}): the send \
+         doorbell record named a producer index more than the ring's {wqe_cnt} WQEBBs away \
+         from what the engine consumed (whoever wrote the record wrote it wrongly), so the QP \
+         is in the error state"
+    )]
+    QpFatal { qpn: u32, events: u32, wqe_cnt: u32 },
     /// The producer's abort check (see [`SendQueue::set_abort`]) said stop waiting: the
     /// job is failing (a peer died).
     #[error("QP {qpn:#x}: wait abandoned, the job is failing")]
@@ -1072,6 +1083,13 @@ impl SendQueue {
                         });
                     }
                     let l = self.mem.layout();
+                    if e & EVENT_CQ_ERR == 0 {
+                        return Err(SqError::QpFatal {
+                            qpn: self.qpn,
+                            events: e,
+                            wqe_cnt: l.wqe_cnt,
+                        });
+                    }
                     return Err(SqError::CqOverrun {
                         qpn: self.qpn,
                         events: e,
