@@ -330,6 +330,67 @@ fn a_doorbell_record_out_of_range_is_a_fatal_qp_error_not_a_cq_overrun() {
     );
 }
 
+#[test]
+fn a_quiet_that_times_out_on_a_full_ring_leaves_the_queue_usable() {
+    // A 64-WQEBB ring (a CQE every 16) full of published WQEs whose last asked for no CQE,
+    // and an engine that stalls: quiet needs a signalled NOP and there is no slot for it.
+    // It times out, and the queue stays usable once the engine goes on (it reserved the
+    // NOP and broke the queue for good before).
+    let mem = Arc::new(QueueMemory::new(64, 64).unwrap());
+    let sq = SendQueue::new(
+        mem.clone(),
+        0x79,
+        CqMode::Normal,
+        Duration::from_millis(300),
+        None,
+    );
+    assert_eq!(sq.signal_every(), 16);
+    let mut engine = rshmem::softhca::DiscardEngine::new(mem.clone(), 0x79, CqMode::Normal);
+    let write = |bytes: usize| WqeOp::RdmaWrite {
+        remote: RaddrSeg::new(0x1000, 1),
+        payload: rshmem::mlx5::wqe::Payload::Inline(&[7; 64][..bytes]),
+    };
+    for _ in 0..15 {
+        let _ = sq.post(&WqeOp::Nop).unwrap();
+    }
+    // [15, 17): two WQEBBs, across 16, so signalled.
+    let p = sq.post(&write(40)).unwrap();
+    assert_eq!((p.index, p.wqebbs), (15, 2));
+    engine.progress();
+    sq.wait_posted(p).unwrap();
+    assert_eq!(sq.completed(), 17);
+    // [17, 81): the ring is full, and the WQE at 80 asks for no CQE.
+    for _ in 0..64 {
+        let _ = sq.post(&WqeOp::Nop).unwrap();
+    }
+    assert_eq!(sq.reserved(), 81);
+    let e = sq.quiet().unwrap_err();
+    assert!(matches!(e, SqError::Timeout { .. }), "{e:?}");
+    assert!(!sq.counters().broken, "{e}");
+    assert_eq!(
+        sq.reserved(),
+        81,
+        "nothing reserved by the quiet that timed out"
+    );
+    // The engine goes on: the queue works.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                engine.progress();
+                std::thread::yield_now();
+            }
+        });
+        let r = sq
+            .quiet()
+            .and_then(|()| sq.post(&WqeOp::Nop).map(|_| ()))
+            .and_then(|()| sq.quiet());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        r.unwrap();
+    });
+    assert_eq!(sq.completed(), sq.reserved());
+}
+
 /// Posts eight 8-byte inline WRITEs of `byte` to words 0..8 of `t` (the one at `bad_key`
 /// with a wrong rkey) and waits (bounded) until the engine has taken all eight, before
 /// anyone polls the CQ (a poll that freed entries first would avoid an overrun).

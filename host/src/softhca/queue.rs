@@ -1166,6 +1166,7 @@ impl SendQueue {
 
     /// Rings the doorbell for everything published so far (if not rung yet).
     pub fn ring(&self) {
+        let mut spins = 0u32;
         loop {
             let ready = self.ready.load(Ordering::Acquire);
             if self.rung.load(Ordering::Acquire) >= ready {
@@ -1212,7 +1213,16 @@ impl SendQueue {
                 }
                 return;
             }
-            std::hint::spin_loop();
+            // The holder rings within nanoseconds unless it lost its core: then spinning
+            // only keeps it off (waits call this from inside their bounded loops, whose
+            // clock is not read meanwhile), so give the core away after a few tries, as
+            // the C++ producer's waits do.
+            spins = spins.wrapping_add(1);
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 
@@ -1308,13 +1318,38 @@ impl SendQueue {
     }
 
     fn wait_index(&self, end: u64, what: &'static str, index: u64) -> Result<(), SqError> {
-        if self.completed.load(Ordering::Acquire) < end
-            && self.signaled_end.load(Ordering::Acquire) < end
-        {
-            // No signalled WQE covers `end` yet: one more, so that a CQE will.
-            let _ = self.post_inner(1, false, true, false, |_| WqeOp::Nop)?;
-            // Relaxed: a statistic.
-            self.signal_nops.fetch_add(1, Ordering::Relaxed);
+        let uncovered = || {
+            self.completed.load(Ordering::Acquire) < end
+                && self.signaled_end.load(Ordering::Acquire) < end
+        };
+        if uncovered() {
+            // No signalled WQE covers `end` yet: one more, so that a CQE will. Room for it
+            // first, without reserving: a reservation whose wait for a slot times out can
+            // never be published and breaks the queue for good, while this wait timing out
+            // leaves it usable, as the CUDA producer's wait_index does (it reserves
+            // nothing). Another producer may still take the slot first; then the
+            // reservation below waits as any post does.
+            let cnt = self.wqe_cnt() as u64;
+            if self.reserved.load(Ordering::Acquire) >= self.completed.load(Ordering::Acquire) + cnt
+            {
+                self.ring();
+                self.wait(
+                    "a free slot for the signalled NOP that quiet needs",
+                    end,
+                    || {
+                        self.poll_cq();
+                        // Acquire: as in wait_slots_free.
+                        !uncovered()
+                            || self.reserved.load(Ordering::Acquire)
+                                < self.completed.load(Ordering::Acquire) + cnt
+                    },
+                )?;
+            }
+            if uncovered() {
+                let _ = self.post_inner(1, false, true, false, |_| WqeOp::Nop)?;
+                // Relaxed: a statistic.
+                self.signal_nops.fetch_add(1, Ordering::Relaxed);
+            }
         }
         if self.completed.load(Ordering::Acquire) < end {
             self.ring();
