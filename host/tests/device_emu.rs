@@ -670,7 +670,8 @@ impl ProducerJob {
             dev.wrapping_sub(r),
             qp.qpn(),
             Duration::from_millis(TIMEOUT_MS),
-        );
+        )
+        .unwrap();
         let bytes = descriptor_bytes(&[d]);
         map.write(desc, &bytes);
         // The driver's (unbound) state: only its error pointer and heap size are read.

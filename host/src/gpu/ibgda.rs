@@ -78,7 +78,7 @@ pub fn peer_table(peers: &[Option<(u64, u32)>]) -> (Vec<DevicePeer>, Vec<usize>)
 
 /// The descriptor of queue `mem` (attached to the engine as `qpn`) for a GPU that sees
 /// the queue memory at `host + delta`.
-pub fn descriptor(mem: &QueueMemory, delta: u64, qpn: u32, timeout: Duration) -> IbgdaQp {
+pub fn descriptor(mem: &QueueMemory, delta: u64, qpn: u32, timeout: Duration) -> Result<IbgdaQp> {
     let l = mem.layout();
     IbgdaQp::new(
         QueueAddrs::of(mem, delta),
@@ -425,7 +425,7 @@ impl ProxyGpu {
                 via,
                 CqMode::Normal,
             ));
-            descs.push(descriptor(&mem, reg.delta(), handle.qpn(), timeout));
+            descs.push(descriptor(&mem, reg.delta(), handle.qpn(), timeout)?);
             me.qps.push(GpuQp {
                 _handle: handle,
                 _reg: reg,
@@ -513,7 +513,9 @@ mod tests {
         let descs: Vec<IbgdaQp> = mems
             .iter()
             .enumerate()
-            .map(|(i, m)| descriptor(m, delta, 0x100 + i as u32, Duration::from_millis(1500)))
+            .map(|(i, m)| {
+                descriptor(m, delta, 0x100 + i as u32, Duration::from_millis(1500)).unwrap()
+            })
             .collect();
         for (m, d) in mems.iter().zip(&descs) {
             let p = m.parts();
@@ -542,7 +544,7 @@ mod tests {
         assert!(b[64..320].iter().all(|&x| x == 0), "counters start at 0");
         // A NIC's doorbell register: doorbell_mode (line 1, offset 72) says MMIO, nothing
         // else changes.
-        let nic = descriptor(&mems[0], delta, 0x100, Duration::from_millis(1500));
+        let nic = descriptor(&mems[0], delta, 0x100, Duration::from_millis(1500)).unwrap();
         let m = descriptor_bytes(&[nic.with_mmio_doorbell()]);
         assert_eq!(
             u32::from_le_bytes(m[72..76].try_into().unwrap()),

@@ -290,7 +290,7 @@ fn one_run(
         qpn,
         CqMode::Collapsed,
         timeout,
-    );
+    )?;
     let qbuf = DevBuf::new(ctx, 320, "the benchmark descriptor")?;
     qbuf.write(&descriptor_bytes(std::slice::from_ref(&desc)))?;
     let times = DevBuf::new(ctx, 16 * blocks as usize, "the block timestamps")?;

@@ -329,7 +329,7 @@ pub fn nic_descriptor(
         q.qpn,
         CqMode::Normal,
         timeout,
-    );
+    )?;
     Ok(match doorbell {
         Doorbell::Mmio(_) => d.with_mmio_doorbell(),
         Doorbell::Relayed(_) => d,

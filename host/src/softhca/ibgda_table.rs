@@ -167,6 +167,10 @@ pub struct IbgdaError {
 impl IbgdaQp {
     /// A fresh descriptor (counters zero) for a queue whose memory is at `addrs`, with
     /// `wqe_cnt` WQEBBs, `cqe_cnt` CQEs, QP number `qpn`; `timeout` bounds every wait.
+    /// Both counts must be powers of two; a normal-mode CQ needs at least `wqe_cnt`
+    /// entries, because the CUDA producer asks a CQE of every WQE: a smaller one overruns
+    /// (on a ConnectX as on the soft HCA), and the producer, which cannot see the
+    /// asynchronous event, would only time out.
     pub fn new(
         addrs: QueueAddrs,
         wqe_cnt: u32,
@@ -174,8 +178,23 @@ impl IbgdaQp {
         qpn: u32,
         cq_mode: CqMode,
         timeout: Duration,
-    ) -> IbgdaQp {
-        IbgdaQp {
+    ) -> crate::error::Result<IbgdaQp> {
+        let bad = |why: String| {
+            Err(crate::error::Error::InvalidArgument(format!(
+                "IBGDA queue of QP {qpn:#x} ({wqe_cnt} WQEBBs, {cqe_cnt} CQEs, {cq_mode:?} CQ): \
+                 {why}"
+            )))
+        };
+        if !wqe_cnt.is_power_of_two() || !cqe_cnt.is_power_of_two() {
+            return bad("both counts must be powers of two".into());
+        }
+        if cq_mode == CqMode::Normal && cqe_cnt < wqe_cnt {
+            return bad(format!(
+                "a normal CQ needs at least {wqe_cnt} entries (a CQE for every WQE, as the \
+                 CUDA producer asks); use a larger CQ or a collapsed one"
+            ));
+        }
+        Ok(IbgdaQp {
             sq: addrs.sq,
             qp_dbrec: addrs.qp_dbrec,
             doorbell: addrs.doorbell,
@@ -214,7 +233,7 @@ impl IbgdaQp {
             first_error_index: 0,
             cqes: AtomicU64::new(0),
             pad4: [0; 5],
-        }
+        })
     }
 
     /// The same descriptor for a doorbell that is a NIC register (the UAR's BlueFlame
@@ -225,7 +244,12 @@ impl IbgdaQp {
     }
 
     /// A descriptor of `mem` for producers in this process (host addresses).
-    pub fn for_host(mem: &QueueMemory, qpn: u32, cq_mode: CqMode, timeout: Duration) -> IbgdaQp {
+    pub fn for_host(
+        mem: &QueueMemory,
+        qpn: u32,
+        cq_mode: CqMode,
+        timeout: Duration,
+    ) -> crate::error::Result<IbgdaQp> {
         let l = mem.layout();
         IbgdaQp::new(
             QueueAddrs::of(mem, 0),
@@ -402,4 +426,28 @@ pub fn layout_facts() -> Vec<u64> {
         status::BROKEN as u64,
         status::TOO_BIG as u64,
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_normal_cq_smaller_than_the_ring_is_refused() {
+        let t = Duration::from_secs(1);
+        let small = QueueMemory::new(64, 16).unwrap();
+        let e = IbgdaQp::for_host(&small, 7, CqMode::Normal, t)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least 64 entries"), "{e}");
+        // A collapsed CQ needs one entry; an equal normal one is enough.
+        assert!(IbgdaQp::for_host(&small, 7, CqMode::Collapsed, t).is_ok());
+        let equal = QueueMemory::new(64, 64).unwrap();
+        assert!(IbgdaQp::for_host(&equal, 7, CqMode::Normal, t).is_ok());
+        let addrs = QueueAddrs::of(&equal, 0);
+        let e = IbgdaQp::new(addrs, 48, 64, 7, CqMode::Normal, t)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("powers of two"), "{e}");
+    }
 }

@@ -305,7 +305,7 @@ impl Shared {
                     LocalPeer::new(pds[q].clone()),
                     CqMode::Normal,
                 ));
-                d.push(descriptor(&mem, delta, h.qpn(), timeout));
+                d.push(descriptor(&mem, delta, h.qpn(), timeout).unwrap());
                 qps.push(h);
             }
             let write = |off: usize, bytes: &[u8]| map.write(off, bytes);
