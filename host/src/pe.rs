@@ -1257,7 +1257,20 @@ impl Pe {
         }
         if let Some(root) = self.root.take() {
             // Keep serving the other PEs' farewells before this process goes away.
-            root.wait_all_left(self.settings.timeout);
+            let t0 = std::time::Instant::now();
+            let left = root.wait_all_left(self.settings.timeout);
+            if !left.is_empty() {
+                // Said here: the finalize took a second timeout, and those PEs will report
+                // a lost root with nothing linking the two.
+                let names: Vec<String> = left.iter().map(|r| r.to_string()).collect();
+                eprintln!(
+                    "rshmem: PE {} (hosting the bootstrap root) waited {} ms in finalize for \
+                     PE(s) {} to leave and gave up; they will report the lost root",
+                    self.rank,
+                    t0.elapsed().as_millis(),
+                    names.join(", ")
+                );
+            }
         }
         r
     }

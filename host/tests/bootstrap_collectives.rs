@@ -449,3 +449,24 @@ fn pes_may_start_before_the_root() {
         assert_eq!(got, vec![vec![0], vec![1], vec![2]]);
     }
 }
+
+/// A root's wait for the PEs to leave names those still connected when it gives up (rank
+/// 0's finalize says so instead of taking a second timeout without a word), and nothing
+/// once all left.
+#[test]
+fn wait_all_left_names_the_pes_still_connected() {
+    let (root, mut held) = run_job(3, |b| b);
+    // PE 1 finalizes; PEs 0 and 2 stay connected.
+    let b1 = held.remove(1);
+    b1.finalize().unwrap();
+    let t0 = Instant::now();
+    assert_eq!(root.wait_all_left(Duration::from_millis(200)), vec![0, 2]);
+    assert!(t0.elapsed() >= Duration::from_millis(200));
+    for b in held {
+        b.finalize().unwrap();
+    }
+    assert_eq!(
+        root.wait_all_left(Duration::from_secs(5)),
+        Vec::<usize>::new()
+    );
+}

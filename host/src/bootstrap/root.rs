@@ -279,16 +279,22 @@ impl Root {
 
     /// Waits (at most `timeout`) until every PE that joined has left — finalized or died,
     /// also after a death (PEs that tolerate it go on). A PE hosting the root calls this
-    /// before its process exits, so the other PEs' farewells are still answered.
-    pub fn wait_all_left(&self, timeout: std::time::Duration) {
+    /// before its process exits, so the other PEs' farewells are still answered. Returns
+    /// the ranks still connected when it gave up (empty: all left).
+    pub fn wait_all_left(&self, timeout: std::time::Duration) -> Vec<usize> {
         let t0 = std::time::Instant::now();
-        while t0.elapsed() < timeout {
+        loop {
             {
                 let st = lock(&self.hub.state);
                 // Not "or the job broke": PEs that tolerate a death (EP shrink mode) go on
                 // using the root after it, so a rank-0-hosted root waits for them too.
                 if st.joined > 0 && st.peers.iter().all(|p| p.is_none()) {
-                    return;
+                    return Vec::new();
+                }
+                if t0.elapsed() >= timeout {
+                    return (0..st.peers.len())
+                        .filter(|&r| st.peers[r].is_some())
+                        .collect();
                 }
             }
             thread::sleep(std::time::Duration::from_millis(2));
