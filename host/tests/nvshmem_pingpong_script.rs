@@ -33,6 +33,8 @@ if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && [ "${FAKE_MPS_WORKS:-0}" != 1 ]; the
   exit 1
 fi
 mode=${FAKE_NV:-full}
+# hang: a run that ignores its --timeout-s (the step's own limit must stop it).
+[ "$mode" = hang ] && exec sleep 61
 [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && mode=full
 if [ "$mode" = refuse ]; then
   echo "/dvs/p4/src/host/init/init.cu:1014: non-zero status: 7 cuMemImportFromShareableHandle failed" >&2
@@ -408,5 +410,51 @@ fn gpu_check_runs_the_step_and_puts_its_finding_under_the_table() {
     assert!(
         summary.contains("\nnvshmem-pingpong: NVSHMEM n/a: NVSHMEM refused two PEs on one GPU: "),
         "{summary}"
+    );
+}
+
+/// The step's limit passes while NVSHMEM's run hangs: gpu-check's `timeout` sends TERM to
+/// the script's process group, which the run's own `timeout` left. The script stops the
+/// run and its private MPS daemon and exits at once (bash ran its TERM trap only after the
+/// run's own limit, gpu-check's kill came first, and the daemon was left running).
+#[test]
+fn the_steps_limit_stops_the_run_and_the_mps_daemon() {
+    let root = repo("limit", true);
+    let log = root.join("fake.log");
+    let path = std::env::var("PATH").unwrap_or_default();
+    let t0 = std::time::Instant::now();
+    let o = Command::new("timeout")
+        .current_dir(&root)
+        .args(["-k", "5", "6", "bash", "scripts/nvshmem-pingpong"])
+        .args(["--iters", "1000", "--reps", "20", "--budget-s", "50"])
+        .env("RSHMEM_NVSHMEM_LIB_DIR", root.join("nvlib"))
+        .env("FAKE_LOG", &log)
+        .env("FAKE_NV", "hang")
+        .env("FAKE_MPS_WORKS", "1")
+        .env("PATH", format!("{}:{path}", root.join("fakebin").display()))
+        .env_remove("CUDA_MPS_PIPE_DIRECTORY")
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .expect("run scripts/nvshmem-pingpong under timeout");
+    let took = t0.elapsed();
+    let t = text(&o);
+    // TERM at 6 s: the script's own exit (143 -> timeout's 124), not the kill 5 s later.
+    assert_eq!(o.status.code(), Some(124), "{t}");
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}\n{t}");
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log.contains("mps -d ") && log.contains("mps quit "),
+        "{log}"
+    );
+    // The hung run was stopped with the script.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let left = Command::new("pgrep")
+        .args(["-f", "sleep 61"])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "left running: {}",
+        String::from_utf8_lossy(&left.stdout)
     );
 }
