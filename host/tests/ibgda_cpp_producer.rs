@@ -1095,6 +1095,31 @@ fn a_timeout_names_the_wait_and_a_later_quiet_fails_at_once() {
     assert!(out.elapsed < long, "{:?}", out.elapsed);
 }
 
+/// A ring that gives up (its lock never released: a descriptor not zeroed) fails the post
+/// that rang, not only a later quiet: a put with no quiet after it was lost without a
+/// word before (its post returned OK).
+#[test]
+fn a_ring_that_gives_up_fails_the_post() {
+    let env = Env::new(16, 4096);
+    let mem = Arc::new(QueueMemory::new(8, 8).unwrap());
+    let t = Duration::from_millis(100);
+    let desc = Box::new(IbgdaQp::for_host(&mem, 0x42, CqMode::Normal, t).unwrap());
+    desc.ring_lock
+        .store(1, std::sync::atomic::Ordering::Relaxed);
+    let out = run(
+        &env,
+        &mem,
+        Some(desc),
+        CqMode::Normal,
+        false,
+        t,
+        &[vec![write8(&env)]],
+    );
+    assert_eq!(out.status, vec![status::TIMEOUT]);
+    assert_eq!(out.failed, vec![0], "the WRITE's own post");
+    assert!(out.desc.is_broken());
+}
+
 #[test]
 fn the_last_publisher_rings_the_doorbell() {
     // Post-only op lists (no quiet, nothing blocking): when the threads return, nobody has

@@ -159,8 +159,9 @@ RSHMEM_HOST_DEVICE rshmem_ibgda_qp_t *table_qp(const rshmem_ibgda_table_t *table
 // moves backwards: ringers take ring_lock (a try-lock retried while someone else rings; the
 // holder does a bounded amount of work). Bounded all the same, like every wait: a lock
 // word that is never released (a descriptor not zeroed) breaks the queue after the
-// timeout instead of hanging, and the waits then report it.
-RSHMEM_HOST_DEVICE void ring(rshmem_ibgda_qp_t *qp) {
+// timeout instead of hanging, and the waits then report it. Returns
+// RSHMEM_IBGDA_ERR_TIMEOUT when it gave up (what was published may never be rung), else OK.
+RSHMEM_HOST_DEVICE int ring(rshmem_ibgda_qp_t *qp) {
   waiter w = {0, 0};
   // What this call must see rung: what was published when it started. Later
   // publications are rung by their own publishers; chasing them could keep a thread that
@@ -172,7 +173,7 @@ RSHMEM_HOST_DEVICE void ring(rshmem_ibgda_qp_t *qp) {
   // NIC: release is cumulative).
   const uint64_t target = ld_acquire_gpu_u64(&qp->ready);
   for (;;) {
-    if (ld_acquire_gpu_u64(&qp->rung) >= target) return;
+    if (ld_acquire_gpu_u64(&qp->rung) >= target) return RSHMEM_IBGDA_OK;
     // Acquire: enter after the previous ringer left (its record store is before ours).
     if (cas_acquire_gpu_u32(&qp->ring_lock, 0, 1)) {
       // Acquire, as for `target`: the holder rings all that is published by now.
@@ -205,12 +206,12 @@ RSHMEM_HOST_DEVICE void ring(rshmem_ibgda_qp_t *qp) {
 #if !RSHMEM_DEVICE_COMPILE
       if (hooks().doorbell) hooks().doorbell(hooks().ctx);
 #endif
-      return;
+      return RSHMEM_IBGDA_OK;
     }
     if (expired(qp, w)) {
       note_timeout(qp, RSHMEM_IBGDA_WAIT_RING, target);
       st_release_gpu_u32(&qp->broken, 1);
-      return;
+      return RSHMEM_IBGDA_ERR_TIMEOUT;
     }
   }
 }
@@ -373,7 +374,10 @@ RSHMEM_HOST_DEVICE int publish(rshmem_ibgda_qp_t *qp, uint64_t index, uint32_t n
   st_release_gpu_u64(&qp->ready, index + n);
   // Relaxed: a batching hint; if a later reservation exists, its producer will publish
   // after us (it waits for ready == its index) and ring then.
-  if (ld_relaxed_gpu_u64(&qp->reserved) == index + n) ring(qp);
+  // A ring that gave up fails this post: its WQE is published but may never be rung
+  // (before 2026-12-07 the post returned OK, and a put with no later quiet was lost
+  // without a word).
+  if (ld_relaxed_gpu_u64(&qp->reserved) == index + n) return ring(qp);
   return RSHMEM_IBGDA_OK;
 }
 
