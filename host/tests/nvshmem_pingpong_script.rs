@@ -14,6 +14,10 @@ use std::process::{Command, Output};
 /// other command prints a line and succeeds (the other gpu-check steps). FAKE_RSHMEM_FAIL=1
 /// makes `bench` fail.
 const FAKE_RSHMEM: &str = r#"#!/bin/bash
+if [ "$1" = doctor ] && [ "${FAKE_HANG_DOCTOR:-0}" = 1 ]; then
+  echo "doctor: partial output before hanging"
+  exec sleep 31
+fi
 if [ "$1" = bench ]; then
   [ "${FAKE_RSHMEM_FAIL:-0}" = 1 ] && { echo "rshmem bench $2 --device gpu: CUDA_ERROR_FAKE" >&2; exit 1; }
   case "$2" in p) m=1.2; q=1.5 ;; signal) m=1.8; q=2.5 ;; *) m=3.0; q=3.0 ;; esac
@@ -456,5 +460,48 @@ fn the_steps_limit_stops_the_run_and_the_mps_daemon() {
         left.stdout.is_empty(),
         "left running: {}",
         String::from_utf8_lossy(&left.stdout)
+    );
+}
+
+/// gpu-check cut off inside a step (its caller's limit): the step's log so far is in
+/// OUT/running-step.log (logs.tgz is written between steps, so it held only the step's
+/// header line), and the summary names the step that was running.
+#[test]
+fn gpu_check_cut_off_inside_a_step_leaves_its_log_so_far() {
+    let root = repo("cutoff", false);
+    let lib = root.join("fakelib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("fake.c"), FAKE_CUDA_C).unwrap();
+    let b = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(lib.join("libcuda.so.1"))
+        .arg(lib.join("fake.c"))
+        .output()
+        .expect("cc");
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let o = Command::new("timeout")
+        .args(["-k", "2", "5", "bash"])
+        .arg(root.join("scripts/gpu-check"))
+        .arg(root.join("out"))
+        .env("RSHMEM_GPU_LOGS", root.join("logs"))
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("FAKE_HANG_DOCTOR", "1")
+        .env("GPU_CHECK_SNAPSHOT_S", "1")
+        .output()
+        .expect("run gpu-check");
+    let _ = Command::new("pkill").args(["-f", "sleep 31"]).output();
+    assert_eq!(o.status.code(), Some(124), "{}", text(&o));
+    let summary = std::fs::read_to_string(root.join("out/summary.txt")).unwrap();
+    assert!(
+        summary
+            .lines()
+            .any(|l| l.starts_with("doctor ") && l.contains("running (cut off here?)")),
+        "{summary}"
+    );
+    let running = std::fs::read_to_string(root.join("out/running-step.log")).unwrap();
+    assert!(
+        running.starts_with("== doctor (")
+            && running.contains("doctor: partial output before hanging"),
+        "{running}"
     );
 }
