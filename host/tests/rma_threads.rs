@@ -890,22 +890,36 @@ fn zero_length_operations_on_the_empty_allocation() {
     }
 }
 
-/// Settings built in code skip the environment's checks: a heap smaller than the runtime
-/// region (or not whole pages) is refused on every PE, not mapped and then read past its
-/// end by the first wait (SIGSEGV before 2026-12-07).
+/// Settings built in code get the environment's checks: a heap smaller than the runtime
+/// region (or not whole pages) is refused before any PE starts, not mapped and then read
+/// past its end by the first wait (SIGSEGV before 2026-12-07); a PE started on its own
+/// (`Pe::init_with`) refuses it too (settings_built_in_code_are_checked covers the rest).
 #[test]
 fn a_heap_too_small_for_the_runtime_region_is_refused() {
     for size in [16 << 10, (1 << 20) + 1] {
         let mut s = settings();
         s.symmetric_size = size;
-        let out = run_threads(2, s, |pe| pe.barrier_all()).expect("threads start");
-        for (rank, r) in out.iter().enumerate() {
-            let e = r.as_ref().expect_err("refused").to_string();
+        let check = |e: &str| {
             assert!(
                 e.contains(&format!("symmetric heap size {size} bytes"))
                     && e.contains("at least 1048576 bytes"),
-                "PE {rank}: {e}"
-            );
+                "{e}"
+            )
+        };
+        match run_threads(2, s.clone(), |pe| pe.barrier_all()) {
+            Err(rshmem::Error::InvalidArgument(m)) => check(&m),
+            r => panic!("size {size}: run_threads gave {r:?}"),
+        }
+        let cfg = rshmem::PeConfig {
+            rank: 0,
+            world_size: 1,
+            root_addr: "127.0.0.1:1".into(),
+            token: "t".into(),
+            settings: s,
+        };
+        match rshmem::Pe::init_with(cfg, None) {
+            Err(e) => check(&e.to_string()),
+            Ok(_) => panic!("size {size}: Pe::init_with accepted it"),
         }
     }
 }
