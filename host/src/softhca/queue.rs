@@ -1077,10 +1077,7 @@ impl SendQueue {
                     // An error CQE at or before what we wait for is the real cause (the
                     // overrun came from the flush after it).
                     if let Some(first) = self.error().filter(|f| f.index <= index) {
-                        return Err(SqError::Completion {
-                            qpn: self.qpn,
-                            first,
-                        });
+                        return Err(self.completion_error(first));
                     }
                     let l = self.mem.layout();
                     if e & EVENT_CQ_ERR == 0 {
@@ -1366,12 +1363,35 @@ impl SendQueue {
         // may be that WR_FLUSH rather than the original syndrome.
         match self.error() {
             Some(first) if first.index < end || self.cq_mode == CqMode::Collapsed => {
-                Err(SqError::Completion {
-                    qpn: self.qpn,
-                    first,
-                })
+                Err(self.completion_error(first))
             }
             _ => Ok(()),
+        }
+    }
+
+    /// The error for a failed completion `first`: a WR_FLUSH while QP_FATAL alone was
+    /// raised (a doorbell record out of range) is that fatal error's consequence, so the
+    /// fatal error is reported (whichever the waiter saw first, the flush CQE or the
+    /// event); anything else as it is.
+    fn completion_error(&self, first: CqeReport) -> SqError {
+        // Acquire: pairs with the engine's Release when it raised the event.
+        let e = self
+            .mem
+            .async_events()
+            .map_or(0, |w| w.load(Ordering::Acquire));
+        if e & EVENT_QP_FATAL != 0
+            && e & EVENT_CQ_ERR == 0
+            && first.syndrome == crate::mlx5::cqe::Syndrome::WrFlush as u8
+        {
+            return SqError::QpFatal {
+                qpn: self.qpn,
+                events: e,
+                wqe_cnt: self.mem.layout().wqe_cnt,
+            };
+        }
+        SqError::Completion {
+            qpn: self.qpn,
+            first,
         }
     }
 
