@@ -331,6 +331,58 @@ fn a_hook_that_outlives_its_buffer_is_refused() {
     }
 }
 
+/// A receive hook running on another thread when its buffer is destroyed: destroy waits
+/// for it to finish (bounded by its own wait) before freeing the memory it reads and the
+/// peers' words it writes. PE 1 makes no call and destroys late, so PE 0's hook waits out
+/// its timeout; before, PE 0's destroy freed at once under the receiving hook and then
+/// waited for PE 1's free past its own timeout.
+#[test]
+fn destroy_waits_for_a_hook_receiving_on_another_thread() {
+    let c = cfg(4, 256, 8, 2, true);
+    let timeout = Duration::from_millis(1500);
+    let out = run_threads(2, settings(timeout.as_millis() as u64), |pe| {
+        let team = pe.world().clone();
+        let me = team.my_pe();
+        let mut buf = Buffer::new(pe, &team, c)?;
+        if me == 1 {
+            // Past PE 0's hook timeout, within its destroy's wait after it.
+            std::thread::sleep(timeout + Duration::from_millis(500));
+            return buf.destroy().map(|()| None);
+        }
+        let r = check::random_routing(4, me, 4, &c, None, 1);
+        let x = check::origin_x(me, 4, 256);
+        let Dispatch::Pending(hook) = buf.low_latency_dispatch(&x, &r.topk_idx, true)? else {
+            panic!("a hook was asked for");
+        };
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let b = s.spawn(|| {
+                let r = hook.recv();
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+                r.err().map(|e| e.to_string())
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            let d = buf.destroy();
+            let finished_first = done.load(std::sync::atomic::Ordering::SeqCst);
+            let e = b.join().unwrap();
+            d.map(|()| Some((finished_first, e)))
+        })
+    })
+    .unwrap();
+    for (r, o) in out.into_iter().enumerate() {
+        let o = o.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+        if r == 0 {
+            let (finished_first, e) = o.expect("PE 0 reports");
+            assert!(
+                finished_first,
+                "destroy returned while the hook was receiving"
+            );
+            let e = e.expect("the hook's wait for PE 1 timed out");
+            assert!(e.contains("PE 1"), "{e}");
+        }
+    }
+}
+
 #[test]
 fn two_calls_in_flight_with_hooks_and_a_third_refused() {
     let c = cfg(4, 256, 8, 2, true);

@@ -351,6 +351,9 @@ struct Shared {
     broken: Mutex<Option<String>>,
     /// `Buffer::destroy` freed the memory: a hook still alive must not touch it.
     destroyed: AtomicBool,
+    /// Held (shared) by each receive hook while it works ([`Shared::enter`]), and
+    /// (exclusive) by `Buffer::destroy` while it marks the buffer destroyed and frees it.
+    active: std::sync::RwLock<()>,
     /// Per team PE: the address here of its pull area (same condition).
     peer_pull: Vec<Option<usize>>,
 }
@@ -512,15 +515,21 @@ fn wire(tag: u64) -> u64 {
 }
 
 impl Shared {
-    /// Refuses a receive hook whose buffer was destroyed (its memory is freed).
-    fn outlived(&self, op: &str, seq: u64) -> Result<()> {
+    /// Starts a receive hook's work: refuses a hook whose buffer was destroyed (its memory
+    /// is freed), else returns the guard that keeps [`Buffer::destroy`] from freeing the
+    /// memory until the hook is done with it (hooks may run on other threads: before
+    /// 2026-12-07 a destroy meanwhile freed the memory under a receiving hook, which then
+    /// read it and wrote credit words into peers' heaps at offsets their next allocations
+    /// could own).
+    fn enter(&self, op: &str, seq: u64) -> Result<std::sync::RwLockReadGuard<'_, ()>> {
+        let active = self.active.read().unwrap_or_else(|e| e.into_inner());
         if self.destroyed.load(Ordering::Acquire) {
             return Err(Error::InvalidArgument(format!(
                 "{op}: the receive hook of LL call #{seq} outlived its buffer, which was \
                  destroyed"
             )));
         }
-        Ok(())
+        Ok(active)
     }
 
     /// For a wait on team rank `src` that ran out in `op` (dispatch or combine) of the
@@ -862,6 +871,7 @@ impl<'p> Buffer<'p> {
                 shrunk: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 broken: Mutex::new(None),
                 destroyed: AtomicBool::new(false),
+                active: std::sync::RwLock::new(()),
             }),
             seq: 0,
             first: 0,
@@ -887,6 +897,9 @@ impl<'p> Buffer<'p> {
 
     /// Collective over the whole job, like [`Buffer::new`]: frees the symmetric memory.
     pub fn destroy(self) -> Result<()> {
+        // Waits for hooks receiving on other threads to finish (each wait is bounded by the
+        // PE's timeout), and keeps new ones out until the memory is freed.
+        let _gone = self.sh.active.write().unwrap_or_else(|e| e.into_inner());
         // Release: a hook that sees the flag (Acquire) does not touch the memory freed
         // below; one still alive is refused from then on (its drop does nothing).
         self.sh.destroyed.store(true, Ordering::Release);
@@ -1575,7 +1588,7 @@ impl DispatchHook<'_> {
 
     fn receive(&mut self) -> Result<DispatchOutput> {
         let sh = &*self.sh;
-        sh.outlived("low_latency_dispatch", self.seq)?;
+        let _active = sh.enter("low_latency_dispatch", self.seq)?;
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (h, l, r) = (cfg.hidden, sh.l(), sh.n());
         let rows = r * cfg.num_max_dispatch_tokens_per_rank;
@@ -1891,7 +1904,7 @@ impl CombineHook<'_> {
     /// copy: the combine did not copy them into our combine_recv).
     fn receive(&mut self, own: Option<OwnRows<'_>>) -> Result<Vec<bf16>> {
         let sh = &*self.sh;
-        sh.outlived("low_latency_combine", self.seq)?;
+        let _active = sh.enter("low_latency_combine", self.seq)?;
         let (cfg, lay) = (&sh.cfg, &sh.layout);
         let (h, k, l, r) = (cfg.hidden, cfg.num_topk, sh.l(), sh.n());
         let set = (self.seq % 2) as usize;
