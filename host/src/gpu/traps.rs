@@ -276,26 +276,65 @@ pub fn judge(t: &TrapCase, out: &ChildOutput) -> std::result::Result<String, Vec
 /// leads its own process group, and the whole group is killed; a child still alive
 /// [`KILL_WAIT`] after SIGKILL (asleep in a GPU driver) is an error naming its pid, and
 /// output still open [`PIPE_WAIT`] after it ended (held by a process it left behind) is
-/// taken as it stands, so nothing here waits without a bound.
+/// taken as far as it came, so nothing here waits without a bound. The child dies with
+/// this process (its own group keeps it out of the signals sent to ours).
 pub fn run_child(mut cmd: Command, limit: Duration) -> Result<ChildOutput> {
     use std::os::unix::process::CommandExt;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: prctl and getppid (plain system calls), and
+    // io::Errors built from raw OS codes (no allocation).
+    unsafe {
+        cmd.pre_exec(move || {
+            // Its own process group keeps it out of the signals meant for this process's
+            // group (gpu-check's step limit, a Ctrl-C): it dies with this process instead
+            // (with the thread that forked it, which waits for it below).
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::io(format!("starting {:?}", cmd.get_program()), e))?;
     // Readers on threads: a child that fills one pipe must not block on it while we wait.
-    // Each sends what it read when its pipe closes.
+    // Each appends what it reads as it comes, and says when its pipe closed; what came
+    // is taken when it closed or PIPE_WAIT after the child ended, whichever is first.
     let reader = |mut pipe: Box<dyn Read + Send>| {
-        let (tx, rx) = std::sync::mpsc::channel();
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let sink = got.clone();
         std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = pipe.read_to_end(&mut v);
-            let _ = tx.send(v);
+            let mut buf = [0u8; 8192];
+            loop {
+                match pipe.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => sink
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = tx.send(());
         });
-        rx
+        (got, rx)
     };
     let ro = reader(Box::new(child.stdout.take().expect("piped")));
     let re = reader(Box::new(child.stderr.take().expect("piped")));
@@ -333,8 +372,13 @@ pub fn run_child(mut cmd: Command, limit: Duration) -> Result<ChildOutput> {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let take = |rx: std::sync::mpsc::Receiver<Vec<u8>>| {
-        String::from_utf8_lossy(&rx.recv_timeout(PIPE_WAIT).unwrap_or_default()).into_owned()
+    let take = |(got, closed): (
+        std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+        std::sync::mpsc::Receiver<()>,
+    )| {
+        let _ = closed.recv_timeout(PIPE_WAIT);
+        let v = got.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&v).into_owned()
     };
     let (stdout, stderr) = (take(ro), take(re));
     Ok(ChildOutput {
@@ -985,6 +1029,16 @@ mod tests {
         let t0 = Instant::now();
         let o = run_child(c, Duration::from_millis(300)).unwrap();
         assert!(o.timed_out && o.code.is_none(), "{o:?}");
+        assert_eq!(o.stdout, "started\n");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        // A leftover in a session of its own (out of reach of the group kill) holding the
+        // output: what came before is kept, PIPE_WAIT after the child ended (it was lost).
+        let mut c = Command::new("sh");
+        c.args(["-c", "setsid sleep 32 & echo started; exit 5"]);
+        let t0 = Instant::now();
+        let o = run_child(c, Duration::from_secs(10)).unwrap();
+        let _ = Command::new("pkill").args(["-f", "sleep 32"]).status();
+        assert_eq!((o.code, o.timed_out), (Some(5), false), "{o:?}");
         assert_eq!(o.stdout, "started\n");
         assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     }
