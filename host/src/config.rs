@@ -537,9 +537,6 @@ impl Settings {
         with_process_env(|get| Self::from_lookup(get))
     }
 
-    /// Parses the settings through `get`. Defaults: heap [`DEFAULT_SYMMETRIC_SIZE`], timeout
-    /// [`DEFAULT_TIMEOUT_MS`], no token, node id [`default_node_id`], root hosted by rank 0.
-    /// The heap size is rounded up to [`page_size`] silently.
     /// The checks [`Settings::from_lookup`] makes on each value, for settings built or
     /// changed in code (every PE start runs them): the heap holds the runtime region and
     /// is whole pages, the timeout is from 1 ms to [`MAX_TIMEOUT_MS`], the fabric chunk a
@@ -583,6 +580,9 @@ impl Settings {
         Ok(())
     }
 
+    /// Parses the settings through `get`. Defaults: heap [`DEFAULT_SYMMETRIC_SIZE`], timeout
+    /// [`DEFAULT_TIMEOUT_MS`], no token, node id [`default_node_id`], root hosted by rank 0.
+    /// The heap size is rounded up to [`page_size`] silently.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Settings> {
         const SIZE: &str = "RSHMEM_SYMMETRIC_SIZE";
         let symmetric_size = match get(SIZE) {

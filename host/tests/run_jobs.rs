@@ -44,8 +44,6 @@ fn selftest_under_rshmem_run() {
     }
 }
 
-/// A misspelled variable is named once, by PE 0, with the variable it most likely meant;
-/// the job runs (with the default the variable was meant to change).
 /// A value that is not UTF-8 is an error naming its variable (it was taken as unset, and
 /// the default heap, transport or timeout used without a word).
 #[test]
@@ -70,6 +68,8 @@ fn a_value_that_is_not_utf8_is_refused() {
     }
 }
 
+/// A misspelled variable is named once, by PE 0, with the variable it most likely meant;
+/// the job runs (with the default the variable was meant to change).
 #[test]
 fn a_misspelled_variable_is_named_once_by_pe_0() {
     let o = Command::new(BIN)

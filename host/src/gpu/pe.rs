@@ -1677,9 +1677,6 @@ impl GpuPe {
         unsafe { std::ptr::read_volatile(self.cuda.err.host.cast::<DeviceError>()) }
     }
 
-    /// Waits until this PE's stream is idle, bounded by RSHMEM_TIMEOUT_MS plus 10 s (the
-    /// device's own waits are bounded by the timeout and trap). A failure is turned into
-    /// [`Error::DeviceFault`] when the device wrote its error record.
     /// What this PE's device error record says, as the error of `what` (None: empty).
     pub fn device_fault(&self, what: &str) -> Option<Error> {
         let e = self.device_error();
@@ -1703,6 +1700,9 @@ impl GpuPe {
         self.timeout + Duration::from_secs(10)
     }
 
+    /// Waits until this PE's stream is idle, bounded by RSHMEM_TIMEOUT_MS plus 10 s (the
+    /// device's own waits are bounded by the timeout and trap). A failure is turned into
+    /// [`Error::DeviceFault`] when the device wrote its error record.
     pub fn sync(&self, what: &str) -> Result<()> {
         self.enter()?;
         let deadline = Instant::now() + self.stream_bound();
