@@ -747,6 +747,10 @@ fn poll_or_look<R, S>(
     expired: impl FnOnce(&S) -> Error,
 ) -> Result<R> {
     if look {
+        // The liveness check a poll makes: a death reported meanwhile is masked as a death
+        // (tolerated), not as a timeout (which would leave it untolerated, failing the
+        // next call's first check).
+        pe.live.check()?;
         step().map_err(|s| expired(&s))
     } else {
         pe.poll(step, expired)
