@@ -74,7 +74,8 @@ pub fn probe() -> Report {
         .iter()
         .map(|d| (d.ordinal, d.pci_bus_id.clone()))
         .collect();
-    let hca = std::env::var("RSHMEM_HCA").ok();
+    // Not valid UTF-8: no such device name; the IBGDA report says it found no such HCA.
+    let hca = std::env::var_os("RSHMEM_HCA").map(|v| v.to_string_lossy().into_owned());
     let ibgda = rdma::ibgda(&rdma, &gpus, &crate::topo::sysfs_root(), hca.as_deref());
     Report {
         cpu,

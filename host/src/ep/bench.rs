@@ -148,7 +148,11 @@ pub fn run_cli(mut a: EpBenchArgs) -> i32 {
         // every PE's times is sized by it); else 4 PEs as threads.
         a.pes = match LaunchInfo::from_env() {
             Ok(Some(l)) => vec![l.world_size],
-            _ => vec![4],
+            Ok(None) => vec![4],
+            Err(e) => {
+                eprintln!("rshmem bench ep: {e}");
+                return 2;
+            }
         };
     }
     if a.check {

@@ -266,12 +266,14 @@ pub fn nvrtc() -> Result<()> {
     static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     READY
         .get_or_init(|| {
-            if let Ok(path) = std::env::var("RSHMEM_NVRTC_LIB") {
+            // A path: read as bytes (a name that is not UTF-8 is still a file name).
+            if let Some(path) = std::env::var_os("RSHMEM_NVRTC_LIB") {
+                let path = std::path::PathBuf::from(path);
                 // NVRTC dlopens libnvrtc-builtins.so.<major>.<minor> by name when it
                 // compiles; off the linker's path (the PyPI wheel) that fails with
                 // NVRTC_ERROR_BUILTIN_OPERATION_FAILURE. A library already loaded under
                 // that soname satisfies the lookup, so load it from the same folder first.
-                for b in nvrtc_builtins_beside(std::path::Path::new(&path)) {
+                for b in nvrtc_builtins_beside(&path) {
                     // SAFETY: as below: NVRTC's builtins library has benign initialisers;
                     // leaked so that it stays loaded.
                     match unsafe { libloading::Library::new(&b) } {
@@ -284,7 +286,10 @@ pub fn nvrtc() -> Result<()> {
                 match unsafe { libloading::Library::new(&path) } {
                     Ok(l) => std::mem::forget(l),
                     Err(e) => {
-                        return Err(format!("RSHMEM_NVRTC_LIB={path} could not be loaded: {e}"))
+                        return Err(format!(
+                            "RSHMEM_NVRTC_LIB={} could not be loaded: {e}",
+                            path.display()
+                        ))
                     }
                 }
             }
