@@ -1395,8 +1395,8 @@ fn locks(pe: &Pe) -> Result<()> {
             return Err(Error::Timeout {
                 pe: me,
                 what: format!(
-                    "test_lock to take the self-test's lock at heap offset {:#x} (another PE \
-                     holds it and did not release it)",
+                    "test_lock to take the self-test's lock at heap offset {:#x} (other PEs \
+                     held it, or took it first, all that time)",
                     lock.offset()
                 ),
                 waited_ms: t0.elapsed().as_millis() as u64,

@@ -498,7 +498,7 @@ impl Job {
             std::thread::sleep(POLL_INTERVAL);
         };
         for &r in &alive {
-            let pid = self.pes[r].pgid;
+            let pid = self.pes[r].child.id() as libc::pid_t;
             std::thread::spawn(move || {
                 // SAFETY: waitpid on our own child, not reaped yet; a null status pointer
                 // is allowed.
