@@ -424,7 +424,19 @@ impl Module {
             return Module::load(ctx, name, ptx);
         }
         let lock = jit_lock(name);
-        let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _one_at_a_time = match lock.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                // Said once per wait: a compilation can take tens of seconds, during which
+                // this PE shows no other sign of life.
+                eprintln!(
+                    "rshmem: GPU: waiting for another PE of this process to JIT-compile \
+                     module {name} (its compilation fills the driver's cache for this one)"
+                );
+                lock.lock().unwrap_or_else(|p| p.into_inner())
+            }
+        };
         Module::load(ctx, name, ptx)
     }
 
