@@ -362,30 +362,30 @@ pub fn ck(rc: sys::CUresult, call: &'static str, what: impl FnOnce() -> String) 
 /// allocations may follow each other (a VMM range of several physical chunks, where the
 /// driver answers one chunk at a time, as PyTorch's expandable segments are). `Ok` too
 /// when the driver does not know `p` itself (memory it cannot describe, such as managed
-/// or host memory on some drivers: not checked) or after 1024 chunks. Needs the context
-/// current.
-pub fn mapped_through(p: u64, len: u64) -> std::result::Result<(), u64> {
+/// or host memory on some drivers: not checked) or after 1024 chunks. `Ok(n)`: the
+/// chunks looked up (0: not checked). Needs the context current.
+pub fn mapped_through(p: u64, len: u64) -> std::result::Result<u32, u64> {
     let Some(end) = p.checked_add(len) else {
         return Err(p);
     };
     let mut at = p;
-    for step in 0..1024 {
+    for step in 0..1024u32 {
         if at >= end {
-            return Ok(());
+            return Ok(step);
         }
         let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: valid out-pointers; the call only reads the driver's address map.
         let rc = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, at) };
         if rc != sys::CUresult::CUDA_SUCCESS {
-            return if step == 0 { Ok(()) } else { Err(at) };
+            return if step == 0 { Ok(0) } else { Err(at) };
         }
         let stop = base.saturating_add(size as u64);
         if stop <= at {
-            return Ok(()); // an answer that does not cover `at`: not checked
+            return Ok(0); // an answer that does not cover `at`: not checked
         }
         at = stop;
     }
-    Ok(())
+    Ok(0)
 }
 
 /// Waits until the synchronous copies and memsets issued so far in the current context

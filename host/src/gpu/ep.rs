@@ -1095,7 +1095,14 @@ pub struct GpuBuffer<'g> {
     book: Book,
     /// Per set: the arguments of its last call (for its receive hook).
     hook_args: [Option<LlArgs>; 2],
+    /// Tensor ranges `[p, end)` found mapped across several chunks (a VMM range, as
+    /// PyTorch's expandable segments): later calls on the same tensors skip the walk,
+    /// one driver call per chunk ([`GpuBuffer::check_len`]). At most [`RANGES_KEPT`].
+    mapped: std::sync::Mutex<Vec<(u64, u64)>>,
 }
+
+/// How many multi-chunk tensor ranges a [`GpuBuffer`] remembers as mapped.
+const RANGES_KEPT: usize = 16;
 
 /// Waits until the zeroing memsets of `dev` (asynchronous to the host, on the legacy
 /// stream) have landed; see [`settle_sync_copies`]. Uploads need no call: `DevBuf::write`
@@ -1355,6 +1362,7 @@ impl<'g> GpuBuffer<'g> {
             outs,
             book: Book::default(),
             hook_args: [None, None],
+            mapped: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -1535,13 +1543,31 @@ impl<'g> GpuBuffer<'g> {
     /// shorter than its shape would fault the kernels (a sticky CUDA error that ends the
     /// process's context), so it is refused as a bad pointer is. Memory the driver cannot
     /// describe is not checked ([`super::driver::mapped_through`]).
+    ///
+    /// A range found across several chunks is remembered (the walk costs one driver call
+    /// per chunk, tens for a large expert-output tensor in 20 MiB chunks, on every LL
+    /// call); a one-chunk range (an ordinary allocation) is looked up each time. A
+    /// remembered range freed and mapped again shorter is not noticed.
     fn check_len(&self, what: &str, p: u64, len: u64, shape: &str) -> Result<()> {
         if p == 0 || len == 0 {
             return Ok(());
         }
+        let end = p.saturating_add(len);
+        let mut kept = self.mapped.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.iter().any(|&(a, b)| a <= p && end <= b) {
+            return Ok(());
+        }
         self.g.enter()?;
         match super::driver::mapped_through(p, len) {
-            Ok(()) => Ok(()),
+            Ok(chunks) => {
+                if chunks > 1 {
+                    if kept.len() == RANGES_KEPT {
+                        kept.remove(0);
+                    }
+                    kept.push((p, end));
+                }
+                Ok(())
+            }
             Err(at) => Err(Error::InvalidArgument(format!(
                 "{what} ({p:#x}) must hold {len} bytes ({shape}), but only {} bytes from \
                  it on are allocated device memory",
