@@ -51,7 +51,7 @@ use crate::pe::{ms_since, Pe, Route};
 use crate::softhca::proxy::Amo;
 use crate::types::{Cmp, Element, SignalOp, SymPtr};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Polls before a waiting PE starts yielding its core (tens of microseconds), when the
 /// node has a core for every PE.
@@ -1027,6 +1027,29 @@ impl Pe {
     pub(crate) fn poll_checking<R, S>(
         &self,
         alive: impl Fn() -> Result<()>,
+        step: impl FnMut() -> std::result::Result<R, S>,
+        expired: impl FnOnce(&S) -> Error,
+    ) -> Result<R> {
+        self.poll_within(self.timeout(), alive, step, expired)
+    }
+
+    /// [`Pe::poll`] bounded by `limit` instead of the PE's timeout (at least
+    /// `CHECK_EVERY` steps).
+    pub(crate) fn poll_for<R, S>(
+        &self,
+        limit: Duration,
+        step: impl FnMut() -> std::result::Result<R, S>,
+        expired: impl FnOnce(&S) -> Error,
+    ) -> Result<R> {
+        self.poll_within(limit, || self.live.check(), step, expired)
+    }
+
+    /// The loop of [`Pe::poll_checking`], giving up `limit` after the first miss.
+    #[inline]
+    fn poll_within<R, S>(
+        &self,
+        limit: Duration,
+        alive: impl Fn() -> Result<()>,
         mut step: impl FnMut() -> std::result::Result<R, S>,
         expired: impl FnOnce(&S) -> Error,
     ) -> Result<R> {
@@ -1050,7 +1073,7 @@ impl Pe {
                     if polls % CHECK_EVERY == 0 {
                         alive()?;
                         let t0 = *start.get_or_insert_with(Instant::now);
-                        if t0.elapsed() >= self.timeout() {
+                        if t0.elapsed() >= limit {
                             return Err(expired(&state));
                         }
                     }

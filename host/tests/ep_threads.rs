@@ -906,6 +906,67 @@ fn shrink_masks_every_silent_pe_after_one_timeout() {
     }
 }
 
+/// A PE masked by a timeout (it stalled) that dies afterwards: its death, reported in a
+/// later call's wait, is tolerated and the calls go on (it failed the call and broke the
+/// buffer before: the PE was already masked, so the death was not "new").
+#[test]
+fn shrink_a_pe_masked_by_a_timeout_that_dies_later() {
+    let c = cfg(4, 128, 6, 2, false);
+    let timeout = Duration::from_millis(1000);
+    let done = std::sync::Mutex::new(Vec::new());
+    // The survivors make the same number of calls: PE 0 sets it once PE 2's death is well
+    // past, a few calls ahead of where it is (the other can be at most two calls ahead).
+    let stop_at = std::sync::atomic::AtomicUsize::new(usize::MAX);
+    let out = run_threads(3, settings(timeout.as_millis() as u64), |pe| {
+        let me = pe.my_pe();
+        let (mut buf, r, all) = started_buffer(pe, pe.world(), c, true, (21, 4, 0))?;
+        if me == 2 {
+            // Stalls past the others' timeout, then leaves without finalize (a death).
+            std::thread::sleep(timeout + Duration::from_millis(700));
+            return Err(Error::Verification("PE 2 leaves (dies)".into()));
+        }
+        let mask = [false, false, true];
+        let t0 = std::time::Instant::now();
+        let mut trips = 0;
+        // Until well after PE 2's death was reported, so that some wait meets it.
+        while trips < stop_at.load(std::sync::atomic::Ordering::SeqCst) {
+            if me == 0 && trips >= 5 && t0.elapsed() >= 3 * timeout {
+                let _ = stop_at.compare_exchange(
+                    usize::MAX,
+                    trips + 10,
+                    std::sync::atomic::Ordering::SeqCst,
+                    std::sync::atomic::Ordering::SeqCst,
+                );
+            }
+            if let Err(e) = round_trip(&mut buf, &c, 3, me, &r, &all, &mask, trips % 3) {
+                return Err(Error::Verification(format!(
+                    "round trip {trips} (mode {}) at {:?}, mask {:?}, dead {:?}: {e}",
+                    trips % 3,
+                    t0.elapsed(),
+                    buf.query_mask(),
+                    pe.dead_pes()
+                )));
+            }
+            trips += 1;
+        }
+        assert_eq!(buf.query_mask(), mask.to_vec(), "PE {me}");
+        assert_eq!(pe.dead_pes(), vec![2], "PE {me}");
+        done.lock().unwrap().push(me);
+        Ok(())
+    })
+    .unwrap();
+    for (r, o) in out.iter().enumerate().take(2) {
+        // Finalize needs every PE, so it reports the death.
+        match o {
+            Err(Error::PeerDied { pe: 2, .. }) => {}
+            other => panic!("PE {r}: {other:?}"),
+        }
+    }
+    let mut done = done.into_inner().unwrap();
+    done.sort();
+    assert_eq!(done, vec![0, 1], "survivors that went on after the death");
+}
+
 /// Runs `f` on `n` PEs and returns each PE's error text (panics if a PE succeeded).
 fn errors(n: usize, timeout_ms: u64, f: impl Fn(&Pe) -> rshmem::Result<()> + Sync) -> Vec<Error> {
     run_threads(n, settings(timeout_ms), |pe| match f(pe) {

@@ -641,25 +641,38 @@ impl Shared {
         }
     }
     /// Runs `wait` with the call's mask; in shrink mode, a failure naming an unmasked team
-    /// PE masks it and runs `wait` again without it. After a timeout, the retries only look
-    /// once (`wait`'s second argument: see [`poll_or_look`]): the PEs still silent then had
-    /// the same full timeout to answer, so each is masked at once (before 2026-12-07 each
-    /// silent PE cost a full timeout of its own, one after the other).
+    /// PE masks it and runs `wait` again without it. After a timeout, the retries share
+    /// one grace period of half the timeout (`wait`'s second argument, the deadline: see
+    /// [`poll_or_look`]): every PE still silent at its end had the full timeout and more
+    /// to answer, and is masked; one that was only late because it too waited for the
+    /// silent PE answers within it. Before 2026-12-07 each silent PE cost a full timeout
+    /// of its own, one after the other.
     fn wait_shrinking<R>(
         &self,
         pe: &Pe,
         masked: &mut [bool],
-        mut wait: impl FnMut(&[bool], bool) -> Result<R>,
+        mut wait: impl FnMut(&[bool], Option<Instant>) -> Result<R>,
     ) -> Result<R> {
-        let mut timed_out = false;
+        let mut grace: Option<Instant> = None;
+        // Each retry follows a newly masked PE or a newly tolerated death: at most 2n.
+        let mut retries = 0;
         loop {
             self.fold_shrunk(masked);
-            match wait(masked, timed_out) {
+            match wait(masked, grace) {
                 Ok(r) => return Ok(r),
                 Err(e) => match self.shrink_target(pe, &e) {
                     Some(s) if !masked[s] => {
                         masked[s] = true;
-                        timed_out |= matches!(e, Error::EpTimeout { .. });
+                        if grace.is_none() && matches!(e, Error::EpTimeout { .. }) {
+                            grace = Some(Instant::now() + pe.timeout() / 2);
+                        }
+                    }
+                    // A PE already masked (by an earlier timeout, or update_mask) that died
+                    // since: shrink_target has now tolerated the death, so the liveness
+                    // check will not report it again; wait on (it failed the call and
+                    // broke the buffer before).
+                    Some(_) if matches!(e, Error::PeerDied { .. }) && retries < 2 * self.n() => {
+                        retries += 1;
                     }
                     _ => return Err(e),
                 },
@@ -697,10 +710,10 @@ impl Shared {
         let set = (seq % 2) as usize;
         let want = tag(seq - 2);
         let start = Instant::now();
-        self.wait_shrinking(pe, masked, |masked, look| {
+        self.wait_shrinking(pe, masked, |masked, grace| {
             poll_or_look(
                 pe,
-                look,
+                grace,
                 || match (0..self.n())
                     .filter(|&p| !masked[p])
                     .find(|&p| self.load(self.layout.credit_word(set, p)) < want)
@@ -738,22 +751,24 @@ impl Shared {
     }
 }
 
-/// `pe.poll(step, expired)`, or with `look` a single step: a miss is the timeout error at
-/// once (shrink mode's retries after a timeout: [`Shared::wait_shrinking`]).
+/// `pe.poll(step, expired)`, or, with a `grace` deadline (shrink mode's retries after a
+/// timeout: [`Shared::wait_shrinking`]), the same poll bounded by what is left until that
+/// deadline instead of a full timeout (a few polls when it has passed). Either way the
+/// poll checks liveness, so a death reported meanwhile is masked as a death (tolerated),
+/// not as a timeout (which would leave it untolerated).
 fn poll_or_look<R, S>(
     pe: &Pe,
-    look: bool,
-    mut step: impl FnMut() -> std::result::Result<R, S>,
+    grace: Option<Instant>,
+    step: impl FnMut() -> std::result::Result<R, S>,
     expired: impl FnOnce(&S) -> Error,
 ) -> Result<R> {
-    if look {
-        // The liveness check a poll makes: a death reported meanwhile is masked as a death
-        // (tolerated), not as a timeout (which would leave it untolerated, failing the
-        // next call's first check).
-        pe.live.check()?;
-        step().map_err(|s| expired(&s))
-    } else {
-        pe.poll(step, expired)
+    match grace {
+        None => pe.poll(step, expired),
+        Some(deadline) => pe.poll_for(
+            deadline.saturating_duration_since(Instant::now()),
+            step,
+            expired,
+        ),
     }
 }
 
@@ -1618,7 +1633,7 @@ impl DispatchHook<'_> {
         let mut corrupt: Option<String> = None;
         let mut masked = self.masked.clone();
         let start = Instant::now();
-        sh.wait_shrinking(self.pe, &mut masked, |masked, look| {
+        sh.wait_shrinking(self.pe, &mut masked, |masked, grace| {
             for (s, next) in next_le.iter_mut().enumerate() {
                 if masked[s] {
                     *next = l;
@@ -1626,7 +1641,7 @@ impl DispatchHook<'_> {
             }
             poll_or_look(
                 self.pe,
-                look,
+                grace,
                 || {
                     let mut missing = None;
                     for s in 0..r {
@@ -1916,10 +1931,10 @@ impl CombineHook<'_> {
         let mut masked = self.masked.clone();
         let start = Instant::now();
         let flags = sh
-            .wait_shrinking(self.pe, &mut masked, |masked, look| {
+            .wait_shrinking(self.pe, &mut masked, |masked, grace| {
                 poll_or_look(
                     self.pe,
-                    look,
+                    grace,
                     || {
                         let mut got = vec![0u64; r];
                         for p in (0..r).filter(|&p| !masked[p]) {
