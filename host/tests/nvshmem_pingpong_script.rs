@@ -16,6 +16,7 @@ use std::process::{Command, Output};
 const FAKE_RSHMEM: &str = r#"#!/bin/bash
 if [ "$1" = doctor ] && [ "${FAKE_HANG_DOCTOR:-0}" = 1 ]; then
   echo "doctor: partial output before hanging"
+  echo $$ > "$FAKE_PIDFILE"
   exec sleep 31
 fi
 if [ "$1" = bench ]; then
@@ -38,7 +39,7 @@ if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && [ "${FAKE_MPS_WORKS:-0}" != 1 ]; the
 fi
 mode=${FAKE_NV:-full}
 # hang: a run that ignores its --timeout-s (the step's own limit must stop it).
-[ "$mode" = hang ] && exec sleep 61
+if [ "$mode" = hang ]; then echo $$ > "$FAKE_PIDFILE"; exec sleep 61; fi
 [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && mode=full
 if [ "$mode" = refuse ]; then
   echo "/dvs/p4/src/host/init/init.cu:1014: non-zero status: 7 cuMemImportFromShareableHandle failed" >&2
@@ -434,6 +435,7 @@ fn the_steps_limit_stops_the_run_and_the_mps_daemon() {
         .env("RSHMEM_NVSHMEM_LIB_DIR", root.join("nvlib"))
         .env("FAKE_LOG", &log)
         .env("FAKE_NV", "hang")
+        .env("FAKE_PIDFILE", root.join("hang.pid"))
         .env("FAKE_MPS_WORKS", "1")
         .env("PATH", format!("{}:{path}", root.join("fakebin").display()))
         .env_remove("CUDA_MPS_PIPE_DIRECTORY")
@@ -452,14 +454,16 @@ fn the_steps_limit_stops_the_run_and_the_mps_daemon() {
     );
     // The hung run was stopped with the script.
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let left = Command::new("pgrep")
-        .args(["-f", "sleep 61"])
-        .output()
+    let pid = std::fs::read_to_string(root.join("hang.pid")).expect("the run started");
+    let alive = Command::new("kill")
+        .args(["-0", pid.trim()])
+        .stderr(std::process::Stdio::null())
+        .status()
         .unwrap();
     assert!(
-        left.stdout.is_empty(),
-        "left running: {}",
-        String::from_utf8_lossy(&left.stdout)
+        !alive.success(),
+        "the hung run (pid {}) is still running",
+        pid.trim()
     );
 }
 
@@ -486,10 +490,14 @@ fn gpu_check_cut_off_inside_a_step_leaves_its_log_so_far() {
         .env("RSHMEM_GPU_LOGS", root.join("logs"))
         .env("LD_LIBRARY_PATH", &lib)
         .env("FAKE_HANG_DOCTOR", "1")
+        .env("FAKE_PIDFILE", root.join("hang.pid"))
         .env("GPU_CHECK_SNAPSHOT_S", "1")
         .output()
         .expect("run gpu-check");
-    let _ = Command::new("pkill").args(["-f", "sleep 31"]).output();
+    // The hung doctor (its own process group, out of timeout's reach) is this test's own.
+    if let Ok(pid) = std::fs::read_to_string(root.join("hang.pid")) {
+        let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+    }
     assert_eq!(o.status.code(), Some(124), "{}", text(&o));
     let summary = std::fs::read_to_string(root.join("out/summary.txt")).unwrap();
     assert!(

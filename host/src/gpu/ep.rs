@@ -1546,18 +1546,24 @@ impl<'g> GpuBuffer<'g> {
     ///
     /// A range found across several chunks is remembered (the walk costs one driver call
     /// per chunk, tens for a large expert-output tensor in 20 MiB chunks, on every LL
-    /// call); a one-chunk range (an ordinary allocation) is looked up each time. A
-    /// remembered range freed and mapped again shorter is not noticed.
+    /// call), and later only its last byte is looked up; a one-chunk range (an ordinary
+    /// allocation) is looked up each time. A hole opened inside a remembered range (one
+    /// chunk in the middle unmapped, its ends kept) is not noticed.
     fn check_len(&self, what: &str, p: u64, len: u64, shape: &str) -> Result<()> {
         if p == 0 || len == 0 {
             return Ok(());
         }
         let end = p.saturating_add(len);
         let mut kept = self.mapped.lock().unwrap_or_else(|e| e.into_inner());
-        if kept.iter().any(|&(a, b)| a <= p && end <= b) {
-            return Ok(());
-        }
         self.g.enter()?;
+        if let Some(i) = kept.iter().position(|&(a, b)| a <= p && end <= b) {
+            // One lookup at the last byte: a tail unmapped since (a VMM range shrunk by an
+            // allocator's empty_cache) is walked again.
+            if super::driver::mapped_through(end - 1, 1) == Ok(1) {
+                return Ok(());
+            }
+            kept.remove(i);
+        }
         match super::driver::mapped_through(p, len) {
             Ok(chunks) => {
                 if chunks > 1 {

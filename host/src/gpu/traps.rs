@@ -372,11 +372,13 @@ pub fn run_child(mut cmd: Command, limit: Duration) -> Result<ChildOutput> {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    // One PIPE_WAIT for both pipes, from the child's end.
+    let closed_by = Instant::now() + PIPE_WAIT;
     let take = |(got, closed): (
         std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
         std::sync::mpsc::Receiver<()>,
     )| {
-        let _ = closed.recv_timeout(PIPE_WAIT);
+        let _ = closed.recv_timeout(closed_by.saturating_duration_since(Instant::now()));
         let v = got.lock().unwrap_or_else(|e| e.into_inner());
         String::from_utf8_lossy(&v).into_owned()
     };
@@ -1034,10 +1036,13 @@ mod tests {
         // A leftover in a session of its own (out of reach of the group kill) holding the
         // output: what came before is kept, PIPE_WAIT after the child ended (it was lost).
         let mut c = Command::new("sh");
-        c.args(["-c", "setsid sleep 32 & echo started; exit 5"]);
+        c.args(["-c", "setsid sleep 32 & echo $! >&2; echo started; exit 5"]);
         let t0 = Instant::now();
         let o = run_child(c, Duration::from_secs(10)).unwrap();
-        let _ = Command::new("pkill").args(["-f", "sleep 32"]).status();
+        if let Ok(pid) = o.stderr.trim().parse::<i32>() {
+            // SAFETY: kill(2) on the leftover this case started (its pid, from its shell).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
         assert_eq!((o.code, o.timed_out), (Some(5), false), "{o:?}");
         assert_eq!(o.stdout, "started\n");
         assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());

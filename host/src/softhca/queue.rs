@@ -1369,18 +1369,22 @@ impl SendQueue {
         }
     }
 
-    /// The error for a failed completion `first`: a WR_FLUSH while QP_FATAL alone was
-    /// raised (a doorbell record out of range) is that fatal error's consequence, so the
-    /// fatal error is reported (whichever the waiter saw first, the flush CQE or the
-    /// event); anything else as it is.
+    /// The error for a failed completion `first`: a WR_FLUSH caused by QP_FATAL (a
+    /// doorbell record out of range) is that fatal error's consequence, so the fatal error
+    /// is reported (whichever the waiter saw first, the flush CQE or the event); anything
+    /// else as it is.
     fn completion_error(&self, first: CqeReport) -> SqError {
         // Acquire: pairs with the engine's Release when it raised the event.
         let e = self
             .mem
             .async_events()
             .map_or(0, |w| w.load(Ordering::Acquire));
+        // In a normal CQ the first error CQE of a genuine failure is the failed WQE's own
+        // (never a flush), and an overrun writes no flush CQEs, so a first WR_FLUSH there
+        // comes from the fatal error even when the flushes then overran the CQ (CQ_ERR
+        // too); a collapsed CQ shows only its latest CQE, so only QP_FATAL alone says it.
         if e & EVENT_QP_FATAL != 0
-            && e & EVENT_CQ_ERR == 0
+            && (e & EVENT_CQ_ERR == 0 || self.cq_mode == CqMode::Normal)
             && first.syndrome == crate::mlx5::cqe::Syndrome::WrFlush as u8
         {
             return SqError::QpFatal {
