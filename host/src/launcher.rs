@@ -105,6 +105,38 @@ mod output;
 mod process;
 mod signals;
 
+/// Makes the child `cmd` starts die (SIGKILL) with the thread of this process that
+/// spawns it: `PR_SET_PDEATHSIG` in the child before exec, and a child whose parent
+/// already died before that took effect does not run. For children that lead their own
+/// process group (out of reach of the signals sent to ours), so they are not left
+/// running when this process is killed.
+pub(crate) fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it calls prctl and getppid (plain system calls)
+    // and builds io::Errors from raw OS codes (no allocation).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before prctl took effect: do not run orphaned.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 use crate::error::{Error, Result};
 use std::ffi::{OsStr, OsString};
 use std::io::Read;

@@ -349,18 +349,7 @@ fn trap_report(t: &TrapCase, l: &Launch) -> TrapReport {
     let e = l.errors[0];
     let launch_error = trapped.then(|| {
         if e.code != 0 {
-            rshmem::Error::DeviceFault {
-                pe: 0,
-                kernel: t.kernel().to_string(),
-                code: e.code,
-                what: e.what(),
-                target_pe: e.pe,
-                addr: e.addr,
-                wait: e.wait_text(),
-                block: e.block,
-                thread: e.thread,
-            }
-            .to_string()
+            e.fault(0, t.kernel()).to_string()
         } else {
             "CUDA cuStreamQuery failed: CUDA_ERROR_LAUNCH_FAILED (emulated)".to_string()
         }

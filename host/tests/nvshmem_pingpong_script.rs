@@ -346,13 +346,9 @@ fn mps_is_tried_in_a_private_daemon_then_stopped_and_the_run_falls_back() {
     );
 }
 
-const FAKE_CUDA_C: &str = r#"
-int cuInit(unsigned int f) { return 0; }
-"#;
-
-#[test]
-fn gpu_check_runs_the_step_and_puts_its_finding_under_the_table() {
-    let root = repo("gpucheck", true);
+/// Builds the stand-in driver (FAKE_CUDA_C) as `root/fakelib/libcuda.so.1`; returns the
+/// folder.
+fn fake_libcuda(root: &Path) -> PathBuf {
     let lib = root.join("fakelib");
     std::fs::create_dir_all(&lib).unwrap();
     std::fs::write(lib.join("fake.c"), FAKE_CUDA_C).unwrap();
@@ -363,6 +359,17 @@ fn gpu_check_runs_the_step_and_puts_its_finding_under_the_table() {
         .output()
         .expect("cc");
     assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    lib
+}
+
+const FAKE_CUDA_C: &str = r#"
+int cuInit(unsigned int f) { return 0; }
+"#;
+
+#[test]
+fn gpu_check_runs_the_step_and_puts_its_finding_under_the_table() {
+    let root = repo("gpucheck", true);
+    let lib = fake_libcuda(&root);
     let o = Command::new("bash")
         .arg(root.join("scripts/gpu-check"))
         .arg(root.join("out"))
@@ -473,16 +480,7 @@ fn the_steps_limit_stops_the_run_and_the_mps_daemon() {
 #[test]
 fn gpu_check_cut_off_inside_a_step_leaves_its_log_so_far() {
     let root = repo("cutoff", false);
-    let lib = root.join("fakelib");
-    std::fs::create_dir_all(&lib).unwrap();
-    std::fs::write(lib.join("fake.c"), FAKE_CUDA_C).unwrap();
-    let b = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(lib.join("libcuda.so.1"))
-        .arg(lib.join("fake.c"))
-        .output()
-        .expect("cc");
-    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let lib = fake_libcuda(&root);
     let o = Command::new("timeout")
         .args(["-k", "2", "5", "bash"])
         .arg(root.join("scripts/gpu-check"))

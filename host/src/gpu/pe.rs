@@ -1680,17 +1680,7 @@ impl GpuPe {
     /// What this PE's device error record says, as the error of `what` (None: empty).
     pub fn device_fault(&self, what: &str) -> Option<Error> {
         let e = self.device_error();
-        (e.code != state::ERR_NONE).then(|| Error::DeviceFault {
-            pe: self.my_pe(),
-            kernel: what.to_string(),
-            code: e.code,
-            what: e.what(),
-            target_pe: e.pe,
-            addr: e.addr,
-            wait: e.wait_text(),
-            block: e.block,
-            thread: e.thread,
-        })
+        (e.code != state::ERR_NONE).then(|| e.fault(self.my_pe(), what))
     }
 
     /// How long [`GpuPe::sync`] and the EP bench's event waits wait for the stream: the

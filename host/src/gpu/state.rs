@@ -182,6 +182,21 @@ const _: () = {
 };
 
 impl DeviceError {
+    /// This record as the error of PE `pe`'s kernel `kernel`.
+    pub fn fault(&self, pe: usize, kernel: &str) -> crate::Error {
+        crate::Error::DeviceFault {
+            pe,
+            kernel: kernel.to_string(),
+            code: self.code,
+            what: self.what(),
+            target_pe: self.pe,
+            addr: self.addr,
+            wait: self.wait_text(),
+            block: self.block,
+            thread: self.thread,
+        }
+    }
+
     /// What `code` means, in words.
     pub fn what(&self) -> &'static str {
         match self.code {
@@ -400,17 +415,7 @@ mod tests {
             thread: 31,
             ..Default::default()
         };
-        let err = crate::Error::DeviceFault {
-            pe: 1,
-            kernel: "rshmem_test_wait".into(),
-            code: e.code,
-            what: e.what(),
-            target_pe: e.pe,
-            addr: e.addr,
-            wait: e.wait_text(),
-            block: e.block,
-            thread: e.thread,
-        };
+        let err = e.fault(1, "rshmem_test_wait");
         assert_eq!(
             err.to_string(),
             "PE 1: kernel rshmem_test_wait trapped: wait timed out (RSHMEM_TIMEOUT_MS) (device error 4, \

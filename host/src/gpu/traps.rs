@@ -284,31 +284,10 @@ pub fn run_child(mut cmd: Command, limit: Duration) -> Result<ChildOutput> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed: prctl and getppid (plain system calls), and
-    // io::Errors built from raw OS codes (no allocation).
-    unsafe {
-        cmd.pre_exec(move || {
-            // Its own process group keeps it out of the signals meant for this process's
-            // group (gpu-check's step limit, a Ctrl-C): it dies with this process instead
-            // (with the thread that forked it, which waits for it below).
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
+    // Its own process group keeps it out of the signals meant for this process's group
+    // (gpu-check's step limit, a Ctrl-C): it dies with this process instead (with the
+    // thread that forked it, which waits for it below).
+    crate::launcher::die_with_parent(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::io(format!("starting {:?}", cmd.get_program()), e))?;

@@ -387,7 +387,6 @@ impl Job {
             pes: Vec::with_capacity(opts.npes),
             output: OutputPump::new(),
         };
-        let launcher_pid = std::process::id() as libc::pid_t;
         for rank in 0..opts.npes {
             let mut cmd = Command::new(program);
             cmd.arg0(&opts.program)
@@ -400,31 +399,10 @@ impl Job {
             if opts.prefix_output {
                 cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
             }
-            // SAFETY: the closure runs in the child between fork and exec, where only
-            // async-signal-safe calls are allowed: it calls prctl and getppid (plain
-            // system calls) and builds io::Errors from raw OS codes (no allocation).
-            unsafe {
-                cmd.pre_exec(move || {
-                    // The PE dies with the launcher (with the thread that forked it, to be
-                    // exact: `launch` blocks on that thread until every PE has ended, or
-                    // gives up on it KILL_WAIT after SIGKILL).
-                    if libc::prctl(
-                        libc::PR_SET_PDEATHSIG,
-                        libc::SIGKILL as libc::c_ulong,
-                        0,
-                        0,
-                        0,
-                    ) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    // The launcher died before prctl took effect: do not run orphaned.
-                    if libc::getppid() != launcher_pid {
-                        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                    }
-                    Ok(())
-                });
-            }
+            // The PE dies with the launcher (with the thread that forked it, to be exact:
+            // `launch` blocks on that thread until every PE has ended, or gives up on it
+            // KILL_WAIT after SIGKILL).
+            super::die_with_parent(&mut cmd);
             let mut child = match cmd.spawn() {
                 Ok(child) => child,
                 Err(e) => {
